@@ -1,0 +1,3 @@
+from neoembed.cli import main
+
+main()

@@ -1,0 +1,162 @@
+# Copyright (c) 2026 the neoembed developers. MIT License.
+"""NeoBERT configuration (Le Breton et al., 2025, "NeoBERT: A Next-Generation BERT").
+
+This file and ``modeling_neobert.py`` hold the whole model. They import only torch and transformers and
+are copied next to every saved model, so that a saved folder loads with ``trust_remote_code=True`` where
+neoembed is not installed.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from transformers import PretrainedConfig
+
+try:  # transformers >= 5 builds configs as strict dataclasses
+    from huggingface_hub.dataclasses import strict
+except ImportError:  # pragma: no cover - older huggingface_hub
+    def strict(cls):  # type: ignore[no-redef]
+        return cls
+
+
+#: Version of the neoembed checkpoint layout written by ``save_pretrained``.
+NEOEMBED_FORMAT_VERSION = 1
+
+#: Keys of the official NeoBERT ``config.json`` that neoembed reads but does not keep as fields.
+OFFICIAL_EXTRA_KEYS = ("dim_head", "kwargs", "auto_map", "torch_dtype")
+
+ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2")
+
+
+@strict
+class NeoBERTConfig(PretrainedConfig):
+    r"""Configuration of a NeoBERT encoder.
+
+    Defaults are those of the released NeoBERT (250M parameters: 28 layers of width 768, 12 heads,
+    SwiGLU, pre-RMSNorm, RoPE, 4,096 tokens, 30,522-token uncased WordPiece vocabulary).
+
+    Args:
+        vocab_size: size of the token vocabulary.
+        hidden_size: model width ``d``.
+        num_hidden_layers: number of encoder blocks.
+        num_attention_heads: attention heads; ``hidden_size`` must be divisible by it.
+        intermediate_size: nominal feed-forward width; the SwiGLU hidden size is
+            ``8 * ceil(int(2 * intermediate_size / 3) / 8)`` (as in the official model).
+        norm_eps: epsilon of the RMSNorm layers.
+        max_length: longest sequence the RoPE tables were trained for (the official key). With YaRN
+            ``rope_scaling`` the model accepts ``factor * max_length`` tokens. Also readable as
+            ``max_position_embeddings``.
+        rope_theta: RoPE base.
+        rope_scaling: ``None`` or ``{"type": "yarn", "factor": s, "beta_fast": 32, "beta_slow": 1,
+            "attention_factor": None}`` to extend the context by ``s``.
+        padding_free: drop padding inside the model (tokens of all sequences packed into one sequence for
+            every linear layer, attention confined to each sequence) and return padded outputs.
+        pad_token_id: id of ``[PAD]``.
+        embedding_init_range / decoder_init_range / classifier_init_range: bounds of the uniform
+            initialisation of embeddings and linear layers (official keys).
+    """
+
+    model_type = "neobert"
+    attribute_map = {"max_position_embeddings": "max_length", "rms_norm_eps": "norm_eps"}
+
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 28
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    norm_eps: float = 1e-5
+    max_length: int = 4096
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    padding_free: bool = True
+    pad_token_id: int | None = 0
+    embedding_init_range: float = 0.02
+    decoder_init_range: float = 0.02
+    classifier_init_range: float = 0.02
+    neoembed_format: int = NEOEMBED_FORMAT_VERSION
+    tie_word_embeddings: bool = False
+
+    def __post_init__(self, **kwargs: Any):
+        # Official extra keys: accepted, checked for consistency, not kept.
+        dim_head = kwargs.pop("dim_head", None)
+        if self.hidden_size % self.num_attention_heads != 0:
+            raise ValueError(
+                f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
+                f"({self.num_attention_heads})"
+            )
+        if dim_head is not None and dim_head != self.hidden_size // self.num_attention_heads:
+            raise ValueError(
+                f"inconsistent config: dim_head={dim_head} but hidden_size / num_attention_heads = "
+                f"{self.hidden_size // self.num_attention_heads}"
+            )
+        if self.head_dim % 2 != 0:
+            raise ValueError(f"RoPE needs an even head dimension, got {self.head_dim}")
+        official_kwargs = kwargs.pop("kwargs", None)
+        if official_kwargs not in (None, {}) and not isinstance(official_kwargs, dict):
+            raise ValueError(f"official 'kwargs' key must be a mapping, got {official_kwargs!r}")
+        auto_map = kwargs.pop("auto_map", None)
+        if auto_map is not None and not isinstance(auto_map, dict):
+            raise ValueError(f"'auto_map' must be a mapping, got {auto_map!r}")
+        # The official auto_map names the official remote code; ours is written at save time.
+        for key in ("max_position_embeddings",):
+            if key in kwargs:
+                self.max_length = int(kwargs.pop(key))
+        if self.max_length <= 0:
+            raise ValueError(f"max_length must be positive, got {self.max_length}")
+        if self.rope_scaling is not None:
+            self.rope_scaling = _validate_rope_scaling(self.rope_scaling)
+        super().__post_init__(**kwargs)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def ffn_hidden_size(self) -> int:
+        """SwiGLU hidden size: ``8 * ceil(int(2 * intermediate_size / 3) / 8)``."""
+        return 8 * math.ceil(int(2 * self.intermediate_size / 3) / 8)
+
+    @property
+    def max_sequence_length(self) -> int:
+        """Longest accepted input: ``max_length``, times the YaRN factor when scaling is on."""
+        if self.rope_scaling is None:
+            return self.max_length
+        return int(self.max_length * self.rope_scaling["factor"])
+
+    def to_dict(self) -> dict[str, Any]:
+        out = super().to_dict()
+        out.pop("auto_map", None)
+        if self._auto_class is not None:
+            out["auto_map"] = {
+                "AutoConfig": "configuration_neobert.NeoBERTConfig",
+                "AutoModel": "modeling_neobert.NeoBERTModel",
+                "AutoModelForMaskedLM": "modeling_neobert.NeoBERTForMaskedLM",
+            }
+        return out
+
+
+def _validate_rope_scaling(scaling: dict) -> dict:
+    scaling = dict(scaling)
+    kind = scaling.get("type", scaling.get("rope_type"))
+    if kind != "yarn":
+        raise ValueError(f"rope_scaling type must be 'yarn' (the only scaling NeoBERT supports), got {kind!r}")
+    allowed = {"type", "rope_type", "factor", "beta_fast", "beta_slow", "attention_factor"}
+    unknown = sorted(set(scaling) - allowed)
+    if unknown:
+        raise ValueError(f"unknown rope_scaling keys {unknown}; valid keys: {sorted(allowed)}")
+    factor = scaling.get("factor")
+    if not isinstance(factor, int | float) or factor < 1:
+        raise ValueError(f"rope_scaling.factor must be a number >= 1, got {factor!r}")
+    scaling.pop("rope_type", None)
+    scaling["type"] = "yarn"
+    scaling["factor"] = float(factor)
+    scaling.setdefault("beta_fast", 32.0)
+    scaling.setdefault("beta_slow", 1.0)
+    scaling.setdefault("attention_factor", None)
+    return scaling
+
+
+NeoBERTConfig.register_for_auto_class()
+
+__all__ = ["ATTN_IMPLEMENTATIONS", "NEOEMBED_FORMAT_VERSION", "NeoBERTConfig"]

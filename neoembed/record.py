@@ -1,0 +1,139 @@
+"""Run records: every command that produces results writes one ``run_record.json`` beside them.
+
+A record holds the resolved recipe, the seed, the git SHA of the code, the versions of the packages
+that matter, the hardware, the command line, and a hash of every data file the run read.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import sys
+from collections.abc import Iterable
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+__all__ = ["atomic_write_text", "collect_run_record", "file_sha256", "git_sha", "write_run_record"]
+
+PACKAGES = (
+    "neoembed",
+    "torch",
+    "transformers",
+    "sentence-transformers",
+    "datasets",
+    "accelerate",
+    "mteb",
+    "safetensors",
+    "faiss-cpu",
+    "faiss-gpu-cu12",
+    "flash-attn",
+    "numpy",
+)
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename, so readers never see half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def git_sha(start: str | Path | None = None) -> str | None:
+    """SHA of the git checkout holding the neoembed code (or ``start``), with ``-dirty`` if it has changes."""
+    where = Path(start) if start else Path(__file__).resolve().parent
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=where,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+        return sha + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def package_versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def hardware() -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "processor": platform.processor() or None,
+        "cpu_count": os.cpu_count(),
+    }
+    try:
+        import torch
+
+        info["torch_threads"] = torch.get_num_threads()
+        if torch.cuda.is_available():
+            info["cuda"] = torch.version.cuda
+            info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    except ImportError:  # pragma: no cover - torch is a dependency
+        pass
+    return info
+
+
+def collect_run_record(
+    command: str,
+    recipe: Any = None,
+    seed: int | None = None,
+    data_files: Iterable[str | Path] = (),
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    if recipe is not None and hasattr(recipe, "model_dump"):
+        recipe = recipe.model_dump(mode="json")
+    if seed is None and isinstance(recipe, dict):
+        seed = recipe.get("seed")
+    data = {}
+    for f in data_files:
+        p = Path(f)
+        if p.is_file():
+            data[str(p)] = file_sha256(p)
+    return {
+        "command": command,
+        "argv": sys.argv,
+        "time_utc": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "seed": seed,
+        "recipe": recipe,
+        "git_sha": git_sha(),
+        "packages": package_versions(),
+        "hardware": hardware(),
+        "data": data,
+        **(extra or {}),
+    }
+
+
+def write_run_record(out_dir: str | Path, command: str, **kwargs: Any) -> Path:
+    """Collect a run record (see :func:`collect_run_record`) and write ``out_dir/run_record.json``."""
+    record = collect_run_record(command, **kwargs)
+    path = Path(out_dir) / "run_record.json"
+    atomic_write_text(path, json.dumps(record, indent=2, default=str) + "\n")
+    return path
