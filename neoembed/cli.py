@@ -44,7 +44,8 @@ def convert(
     dst: Annotated[Path, typer.Argument(help="Output folder.")],
     to: Annotated[str, typer.Option("--to", help="Target layout: 'neoembed' or 'official'.")] = "neoembed",
     sentence: Annotated[
-        bool, typer.Option("--sentence", help="Write a sentence-transformers folder (Transformer -> Pooling).")
+        bool,
+        typer.Option("--sentence", help="Write a sentence-transformers folder (Transformer -> Pooling)."),
     ] = False,
     pooling: Annotated[str, typer.Option("--pooling", help="Pooling for --sentence: mean or cls.")] = "mean",
 ) -> None:

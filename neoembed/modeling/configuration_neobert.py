@@ -16,6 +16,7 @@ from transformers import PretrainedConfig
 try:  # transformers >= 5 builds configs as strict dataclasses
     from huggingface_hub.dataclasses import strict
 except ImportError:  # pragma: no cover - older huggingface_hub
+
     def strict(cls):  # type: ignore[no-redef]
         return cls
 
@@ -140,7 +141,9 @@ def _validate_rope_scaling(scaling: dict) -> dict:
     scaling = dict(scaling)
     kind = scaling.get("type", scaling.get("rope_type"))
     if kind != "yarn":
-        raise ValueError(f"rope_scaling type must be 'yarn' (the only scaling NeoBERT supports), got {kind!r}")
+        raise ValueError(
+            f"rope_scaling type must be 'yarn' (the only scaling NeoBERT supports), got {kind!r}"
+        )
     allowed = {"type", "rope_type", "factor", "beta_fast", "beta_slow", "attention_factor"}
     unknown = sorted(set(scaling) - allowed)
     if unknown:

@@ -109,7 +109,9 @@ class PackedBatch:
     cu_seqlens: torch.Tensor  # (B+1,) int32, cumulative lengths
     max_seqlen: int
     lengths: list[int]  # per sequence, on the host
-    indices: torch.Tensor | None  # (T,) flat positions of real tokens in the (B*L) grid; None if input was packed
+    indices: (
+        torch.Tensor | None
+    )  # (T,) flat positions of real tokens in the (B*L) grid; None if input was packed
 
 
 def _flash_varlen():
@@ -161,7 +163,9 @@ def packed_attention(q, k, v, packed: PackedBatch, flash_required: bool) -> torc
             continue
         sl = slice(start, start + n)
         o = F.scaled_dot_product_attention(
-            q[sl].transpose(0, 1).unsqueeze(0), k[sl].transpose(0, 1).unsqueeze(0), v[sl].transpose(0, 1).unsqueeze(0)
+            q[sl].transpose(0, 1).unsqueeze(0),
+            k[sl].transpose(0, 1).unsqueeze(0),
+            v[sl].transpose(0, 1).unsqueeze(0),
         )
         outs.append(o[0].transpose(0, 1))
         start += n
@@ -248,6 +252,33 @@ class NeoBERTPreTrainedModel(PreTrainedModel):
     _supports_sdpa = True
     _supports_flash_attn = True
 
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        """As transformers' ``from_pretrained``, but a checkpoint with missing or unexpected NeoBERT weights is an
+        error listing them (never a silently half-random model). The MLM ``decoder`` is the one exception: it
+        is dropped when loading the bare encoder, and freshly initialised (with a warning) when loading the
+        masked-LM model from an encoder-only checkpoint."""
+        want_info = kwargs.pop("output_loading_info", False)
+        model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
+        missing = [k for k in info.get("missing_keys", ()) if not k.startswith("decoder.")]
+        unexpected = [k for k in info.get("unexpected_keys", ()) if not k.startswith("decoder.")]
+        mismatched = list(info.get("mismatched_keys", ()))
+        if missing or unexpected or mismatched:
+            parts = [f"missing keys {sorted(missing)}"] if missing else []
+            parts += [f"unexpected keys {sorted(unexpected)}"] if unexpected else []
+            parts += [f"keys with mismatched shapes {mismatched}"] if mismatched else []
+            raise ValueError(
+                f"checkpoint {args[0] if args else kwargs.get('pretrained_model_name_or_path')!r} does not match "
+                f"{cls.__name__}: " + "; ".join(parts) + ". Check that config.json belongs to these weights."
+            )
+        if any(k.startswith("decoder.") for k in info.get("missing_keys", ())):
+            warnings.warn(
+                "the checkpoint has no masked-LM decoder: it was initialised randomly (fine for pre-training, "
+                "not for scoring masked tokens)",
+                stacklevel=2,
+            )
+        return (model, info) if want_info else model
+
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         # Official initialisation: uniform in +-range for linear layers and embeddings.
@@ -281,13 +312,17 @@ def _check_inputs(config: NeoBERTConfig, input_ids, attention_mask, inputs_embed
                 f"max {int(input_ids.max())}. Is the tokenizer the model's own?"
             )
     elif inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != config.hidden_size:
-        raise ValueError(f"inputs_embeds must be (batch, length, {config.hidden_size}), got {tuple(inputs_embeds.shape)}")
+        raise ValueError(
+            f"inputs_embeds must be (batch, length, {config.hidden_size}), got {tuple(inputs_embeds.shape)}"
+        )
     if attention_mask is not None:
         if attention_mask.shape != ref.shape[:2]:
             raise ValueError(
                 f"attention_mask shape {tuple(attention_mask.shape)} does not match input shape {tuple(ref.shape[:2])}"
             )
-        if attention_mask.dtype.is_floating_point and not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
+        if attention_mask.dtype.is_floating_point and not bool(
+            ((attention_mask == 0) | (attention_mask == 1)).all()
+        ):
             raise ValueError("attention_mask must be 0/1 (1 = token, 0 = padding), not an additive mask")
         if not attention_mask.dtype.is_floating_point and attention_mask.dtype != torch.bool:
             if bool(((attention_mask != 0) & (attention_mask != 1)).any()):
@@ -297,10 +332,15 @@ def _check_inputs(config: NeoBERTConfig, input_ids, attention_mask, inputs_embed
 class NeoBERTModel(NeoBERTPreTrainedModel):
     """The NeoBERT encoder: token embedding (no position embedding) -> blocks -> final RMSNorm."""
 
+    # official checkpoints hold the masked-LM decoder too; the bare encoder drops it without complaint
+    _keys_to_ignore_on_load_unexpected = [r"^decoder\."]
+
     def __init__(self, config: NeoBERTConfig):
         super().__init__(config)
         self.encoder = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
-        self.transformer_encoder = nn.ModuleList(NeoBERTBlock(config) for _ in range(config.num_hidden_layers))
+        self.transformer_encoder = nn.ModuleList(
+            NeoBERTBlock(config) for _ in range(config.num_hidden_layers)
+        )
         self.layer_norm = NeoBERTRMSNorm(config.hidden_size, config.norm_eps)
         self.gradient_checkpointing = False
         self.post_init()
@@ -344,7 +384,9 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
             kwargs.pop(name, None)  # tokenizers and flattening collators may send these; NeoBERT has no use
         if kwargs:
             raise TypeError(f"NeoBERTModel.forward got unexpected arguments: {sorted(kwargs)}")
-        output_hidden_states = bool(output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states)
+        output_hidden_states = bool(
+            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
+        )
         output_attentions = bool(output_attentions)
         _check_inputs(self.config, input_ids, attention_mask, inputs_embeds)
         x = self.encoder(input_ids) if inputs_embeds is None else inputs_embeds
@@ -352,14 +394,21 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
         device = x.device
         implementation = self.config._attn_implementation or "sdpa"
         if implementation not in ATTN_IMPLEMENTATIONS:
-            raise ValueError(f"unknown attn_implementation {implementation!r}; valid: {list(ATTN_IMPLEMENTATIONS)}")
+            raise ValueError(
+                f"unknown attn_implementation {implementation!r}; valid: {list(ATTN_IMPLEMENTATIONS)}"
+            )
 
         packed = None
         key_mask = None
         scatter_back = False
         # 1. Input already packed (flattening collators): (1, T) with sequence boundaries.
-        if cu_seq_lens_q is not None or (position_ids is not None and attention_mask is None and B == 1 and L > 1
-                                          and bool((position_ids[0, 1:] == 0).any())):
+        if cu_seq_lens_q is not None or (
+            position_ids is not None
+            and attention_mask is None
+            and B == 1
+            and L > 1
+            and bool((position_ids[0, 1:] == 0).any())
+        ):
             if B != 1:
                 raise ValueError(f"packed input must have batch size 1, got {B}")
             if cu_seq_lens_q is None:
@@ -412,7 +461,11 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
                     packed = PackedBatch(cu, L, lengths, None)
                     x = x.flatten(0, 1)
                     scatter_back = True
-                    pos = torch.arange(L, device=device).repeat(B) if position_ids is None else position_ids.expand(B, L).flatten()
+                    pos = (
+                        torch.arange(L, device=device).repeat(B)
+                        if position_ids is None
+                        else position_ids.expand(B, L).flatten()
+                    )
                 else:
                     pos = torch.arange(L, device=device)[None] if position_ids is None else position_ids
         cos, sin = self._rope(pos, device)
@@ -432,7 +485,9 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
         all_hidden = [to_output(x)] if output_hidden_states else None
         all_attn = [] if output_attentions else None
         for block in self.transformer_encoder:
-            x, weights = block(x, cos, sin, key_mask=key_mask, packed=packed, output_attentions=output_attentions)
+            x, weights = block(
+                x, cos, sin, key_mask=key_mask, packed=packed, output_attentions=output_attentions
+            )
             if output_hidden_states:
                 all_hidden.append(to_output(x))
             if output_attentions:
@@ -482,9 +537,13 @@ class NeoBERTForMaskedLM(NeoBERTPreTrainedModel):
         loss = None
         if labels is not None:
             if labels.shape != logits.shape[:-1]:
-                raise ValueError(f"labels shape {tuple(labels.shape)} does not match logits {tuple(logits.shape[:-1])}")
+                raise ValueError(
+                    f"labels shape {tuple(labels.shape)} does not match logits {tuple(logits.shape[:-1])}"
+                )
             loss = F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), ignore_index=-100)
-        return MaskedLMOutput(loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions)
+        return MaskedLMOutput(
+            loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions
+        )
 
 
 NeoBERTModel.register_for_auto_class("AutoModel")

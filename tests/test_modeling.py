@@ -1,0 +1,424 @@
+"""The NeoBERT backbone: parity with the official implementation's outputs, fast paths equal slow ones,
+checkpoints round-trip, bad input fails loudly."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoModel, AutoModelForMaskedLM, DataCollatorWithFlattening
+
+import neoembed
+from neoembed.modeling import NeoBERTConfig, NeoBERTForMaskedLM, NeoBERTModel
+from neoembed.modeling.convert import convert_checkpoint
+
+TOL = 1e-4  # parity with the official implementation (float32)
+EQ = 1e-5  # fast path vs slow path
+
+
+def tiny_config(**kw) -> NeoBERTConfig:
+    base = dict(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, vocab_size=100
+    )
+    base.update(kw)
+    return NeoBERTConfig(**base)
+
+
+def random_batch(lengths, vocab=100, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    L = max(max(lengths), 1)
+    ids = torch.zeros(len(lengths), L, dtype=torch.long)
+    mask = torch.zeros(len(lengths), L, dtype=torch.long)
+    for i, n in enumerate(lengths):
+        ids[i, :n] = torch.randint(1, vocab, (n,), generator=g)
+        mask[i, :n] = 1
+    return ids, mask
+
+
+# ------------------------------------------------------------------------------------------ parity
+@pytest.mark.parametrize("padding_free", [False, True])
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_automodel_reproduces_official_outputs(tiny_official, tiny_expected, padding_free, attn):
+    model = AutoModel.from_pretrained(tiny_official, attn_implementation=attn).eval()
+    assert isinstance(model, NeoBERTModel)
+    model.config.padding_free = padding_free
+    mask = tiny_expected["attention_mask"].bool()
+    with torch.no_grad():
+        out = model(input_ids=tiny_expected["input_ids"], attention_mask=tiny_expected["attention_mask"])
+    err = (out.last_hidden_state - tiny_expected["last_hidden_state"])[mask].abs().max().item()
+    assert err <= TOL, err
+
+
+def test_masked_lm_reproduces_official_logits(tiny_official, tiny_expected):
+    model = AutoModelForMaskedLM.from_pretrained(tiny_official).eval()
+    assert isinstance(model, NeoBERTForMaskedLM)
+    mask = tiny_expected["attention_mask"].bool()
+    with torch.no_grad():
+        logits = model(
+            input_ids=tiny_expected["input_ids"], attention_mask=tiny_expected["attention_mask"]
+        ).logits
+    assert (logits[..., :2048] - tiny_expected["logits_first_2048"])[mask].abs().max() <= TOL
+    assert (logits.logsumexp(-1) - tiny_expected["logits_logsumexp"])[mask].abs().max() <= TOL
+
+
+def test_long_sequence_reproduces_official(tiny_official, tiny_expected):
+    model = AutoModelForMaskedLM.from_pretrained(tiny_official).eval()
+    ids = tiny_expected["long_input_ids"]
+    assert ids.shape == (1, 1536)
+    with torch.no_grad():
+        hidden = model.model(input_ids=ids).last_hidden_state
+        logits = model(input_ids=ids).logits
+    assert (hidden - tiny_expected["long_last_hidden_state"]).abs().max() <= TOL
+    assert (logits.logsumexp(-1) - tiny_expected["long_logits_logsumexp"]).abs().max() <= TOL
+
+
+def test_official_layout_variants_are_caught(tiny_official, tiny_expected):
+    """The fixture would catch a [Q|K|V] split or half-rotation RoPE: check that it is sensitive at all."""
+    model = AutoModel.from_pretrained(tiny_official).eval()
+    blk = model.transformer_encoder[0]
+    with torch.no_grad():
+        w = blk.qkv.weight.view(4, 3, 16, 64)  # per head [q|k|v]; permute to a global [Q|K|V] reading
+        blk.qkv.weight.copy_(w.transpose(0, 1).reshape(192, 64))
+        out = model(input_ids=tiny_expected["input_ids"], attention_mask=tiny_expected["attention_mask"])
+    mask = tiny_expected["attention_mask"].bool()
+    assert (out.last_hidden_state - tiny_expected["last_hidden_state"])[mask].abs().max() > 1e-2
+
+
+# ------------------------------------------------------------------------------- fast path == slow path
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_padding_free_equals_padded(seed):
+    torch.manual_seed(seed)
+    model = NeoBERTModel(tiny_config()).eval()
+    g = torch.Generator().manual_seed(seed)
+    lengths = [1, 0] + torch.randint(1, 40, (5,), generator=g).tolist()  # length 1 and a fully padded row
+    ids, mask = random_batch(lengths, seed=seed)
+    with torch.no_grad():
+        model.config.padding_free = False
+        padded = model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+        model.config.padding_free = True
+        packed = model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+    m = mask.bool()
+    assert torch.isfinite(padded.last_hidden_state).all() and torch.isfinite(packed.last_hidden_state).all()
+    assert (padded.last_hidden_state - packed.last_hidden_state)[m].abs().max() <= EQ
+    for a, b in zip(padded.hidden_states, packed.hidden_states, strict=True):
+        assert (a - b)[m].abs().max() <= EQ
+
+
+def test_each_sequence_alone_equals_batch():
+    torch.manual_seed(0)
+    model = NeoBERTModel(tiny_config()).eval()
+    lengths = [7, 3, 12]
+    ids, mask = random_batch(lengths)
+    with torch.no_grad():
+        batch = model(input_ids=ids, attention_mask=mask).last_hidden_state
+        for i, n in enumerate(lengths):
+            alone = model(input_ids=ids[i : i + 1, :n]).last_hidden_state
+            assert (alone[0] - batch[i, :n]).abs().max() <= EQ
+
+
+def test_flattened_input_equals_padded():
+    """Input packed as transformers' DataCollatorWithFlattening emits it (sentence-transformers, pre-training)."""
+    torch.manual_seed(0)
+    model = NeoBERTModel(tiny_config()).eval()
+    lengths = [5, 1, 17, 9]
+    ids, mask = random_batch(lengths)
+    features = [{"input_ids": ids[i, :n].tolist()} for i, n in enumerate(lengths)]
+    flat = DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_tensors="pt")(features)
+    flat.pop("labels", None)
+    with torch.no_grad():
+        model.config.padding_free = False
+        padded = model(input_ids=ids, attention_mask=mask).last_hidden_state
+        out = model(**flat).last_hidden_state
+        # position_ids alone (no cu_seq_lens) also describe the boundaries
+        out_pos = model(input_ids=flat["input_ids"], position_ids=flat["position_ids"]).last_hidden_state
+    assert out.shape == (1, sum(lengths), 32)
+    assert (out[0] - padded[mask.bool()]).abs().max() <= EQ
+    assert (out_pos - out).abs().max() <= EQ
+
+
+def test_gradient_checkpointing_same_gradients():
+    torch.manual_seed(0)
+    cfg = tiny_config()
+    a = NeoBERTForMaskedLM(cfg)
+    b = NeoBERTForMaskedLM(cfg)
+    b.load_state_dict(a.state_dict())
+    getattr(b, "activation_checkpointing_enable", b.gradient_checkpointing_enable)()
+    b.train()
+    a.train()
+    ids, mask = random_batch([9, 4, 13])
+    labels = ids.masked_fill(mask == 0, -100)
+    for m in (a, b):
+        m(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+    for (name, p), q in zip(a.named_parameters(), b.parameters(), strict=True):
+        assert torch.allclose(p.grad, q.grad, atol=1e-6), name
+
+
+def test_autocast_bf16_is_close_and_norm_stats_float32(tiny_official, tiny_expected):
+    model = AutoModel.from_pretrained(tiny_official).eval()
+    ids, mask = tiny_expected["input_ids"], tiny_expected["attention_mask"]
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    ref = tiny_expected["last_hidden_state"]
+    m = mask.bool()
+    cos = torch.nn.functional.cosine_similarity(out.float()[m], ref[m], dim=-1)
+    assert torch.isfinite(out).all() and cos.min() > 0.99
+
+
+def test_low_precision_load_keeps_rope(tiny_official, tiny_expected):
+    """from_pretrained builds on the meta device; RoPE tables must not be lost (there is no buffer to lose)."""
+    model = AutoModel.from_pretrained(tiny_official, dtype=torch.bfloat16).eval()
+    assert model.encoder.weight.dtype == torch.bfloat16
+    with torch.no_grad():
+        out = model(input_ids=tiny_expected["long_input_ids"]).last_hidden_state
+    cos = torch.nn.functional.cosine_similarity(
+        out.float()[0], tiny_expected["long_last_hidden_state"][0], dim=-1
+    )
+    assert cos.min() > 0.98
+
+
+def test_same_seed_same_numbers():
+    outs = []
+    for _ in range(2):
+        torch.manual_seed(123)
+        model = NeoBERTModel(tiny_config()).eval()
+        ids, mask = random_batch([6, 11])
+        with torch.no_grad():
+            outs.append(model(input_ids=ids, attention_mask=mask).last_hidden_state)
+    assert torch.equal(outs[0], outs[1])
+
+
+def test_eager_attentions_and_fully_padded_row():
+    model = NeoBERTModel(tiny_config()).eval()
+    model.config._attn_implementation = "eager"
+    ids, mask = random_batch([5, 0, 3])
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask, output_attentions=True)
+    assert len(out.attentions) == 2 and out.attentions[0].shape == (3, 4, 5, 5)
+    assert torch.isfinite(out.last_hidden_state).all()
+    assert all(torch.isfinite(a).all() for a in out.attentions)
+    # attention never reaches padding keys of a real row
+    assert out.attentions[0][2, :, :, 3:].abs().max() == 0
+
+
+# ------------------------------------------------------------------------------------------------ YaRN
+def test_yarn_factor_one_is_plain_rope_and_limits_length():
+    torch.manual_seed(0)
+    plain = NeoBERTModel(tiny_config(max_length=64)).eval()
+    yarn1 = NeoBERTModel(tiny_config(max_length=64, rope_scaling={"type": "yarn", "factor": 1.0})).eval()
+    yarn1.load_state_dict(plain.state_dict())
+    ids, mask = random_batch([60, 30])
+    with torch.no_grad():
+        assert torch.equal(
+            plain(input_ids=ids, attention_mask=mask).last_hidden_state,
+            yarn1(input_ids=ids, attention_mask=mask).last_hidden_state,
+        )
+    long_ids, _ = random_batch([100])
+    with pytest.raises(ValueError, match="exceeds the model's maximum of 64.*yarn"):
+        plain(input_ids=long_ids)
+    yarn2 = NeoBERTModel(tiny_config(max_length=64, rope_scaling={"type": "yarn", "factor": 2.0})).eval()
+    with torch.no_grad():
+        assert torch.isfinite(yarn2(input_ids=long_ids).last_hidden_state).all()
+    with pytest.raises(ValueError, match="maximum of 128"):
+        yarn2(input_ids=random_batch([129])[0])
+    with pytest.raises(ValueError, match="yarn"):
+        tiny_config(rope_scaling={"type": "linear", "factor": 2.0})
+
+
+# ---------------------------------------------------------------------------------- save, load, convert
+def _outputs(model_dir, expected):
+    model = AutoModel.from_pretrained(model_dir).eval()
+    with torch.no_grad():
+        return model(
+            input_ids=expected["input_ids"], attention_mask=expected["attention_mask"]
+        ).last_hidden_state
+
+
+def test_convert_round_trip_both_layouts(tiny_official, tiny_expected, tmp_path):
+    report = convert_checkpoint(tiny_official, tmp_path / "ne")
+    assert "model.transformer_encoder.0.qkv.weight" in report
+    ne = tmp_path / "ne"
+    cfg = json.loads((ne / "config.json").read_text())
+    assert cfg["model_type"] == "neobert" and cfg["neoembed_format"] == 1
+    assert cfg["auto_map"]["AutoModel"] == "modeling_neobert.NeoBERTModel"
+    assert (ne / "modeling_neobert.py").is_file() and (ne / "configuration_neobert.py").is_file()
+    assert (ne / "tokenizer.json").is_file()
+    convert_checkpoint(ne, tmp_path / "off", to="official")
+    off_cfg = json.loads((tmp_path / "off" / "config.json").read_text())
+    assert off_cfg["max_length"] == 4096 and off_cfg["dim_head"] == 16
+    assert off_cfg["auto_map"]["AutoModel"] == "model.NeoBERT"
+    a, b = (
+        load_file(str(tiny_official / "model.safetensors")),
+        load_file(str(tmp_path / "off" / "model.safetensors")),
+    )
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    mask = tiny_expected["attention_mask"].bool()
+    for d in (ne, tmp_path / "off"):
+        assert (_outputs(d, tiny_expected) - tiny_expected["last_hidden_state"])[mask].abs().max() <= TOL
+
+
+def test_save_pretrained_round_trip_without_prefix(tiny_official, tiny_expected, tmp_path):
+    model = AutoModel.from_pretrained(tiny_official)
+    model.save_pretrained(tmp_path)
+    keys = load_file(str(tmp_path / "model.safetensors")).keys()
+    assert "encoder.weight" in keys  # the bare encoder saves without the `model.` prefix
+    mask = tiny_expected["attention_mask"].bool()
+    assert (_outputs(tmp_path, tiny_expected) - tiny_expected["last_hidden_state"])[mask].abs().max() <= TOL
+    # the MLM class loads an encoder-only checkpoint, warning that its decoder is new
+    with pytest.warns(UserWarning, match="no masked-LM decoder"):
+        AutoModelForMaskedLM.from_pretrained(tmp_path)
+
+
+def test_cli_convert_round_trip(tiny_official, tmp_path):
+    run = [sys.executable, "-m", "neoembed", "convert"]
+    r = subprocess.run([*run, str(tiny_official), str(tmp_path / "a")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "decoder.weight" in r.stdout
+    r = subprocess.run(
+        [*run, str(tmp_path / "a"), str(tmp_path / "b"), "--to", "official"], capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr
+    a, b = (
+        load_file(str(tiny_official / "model.safetensors")),
+        load_file(str(tmp_path / "b" / "model.safetensors")),
+    )
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_fresh_process_loads_fixture_after_import_only(tiny_official, tiny_expected):
+    code = textwrap.dedent(f"""
+        import torch, neoembed
+        from transformers import AutoModel
+        from safetensors.torch import load_file
+        e = load_file({str(tiny_official / "expected.safetensors")!r})
+        m = AutoModel.from_pretrained({str(tiny_official)!r}).eval()
+        with torch.no_grad():
+            out = m(input_ids=e['input_ids'], attention_mask=e['attention_mask']).last_hidden_state
+        err = (out - e['last_hidden_state'])[e['attention_mask'].bool()].abs().max().item()
+        print('ERR', err)
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert float(r.stdout.split("ERR")[1]) <= TOL
+
+
+def test_import_without_optional_packages():
+    """`import neoembed` works without faiss or xformers (blocked here) and without flash-attn (not installed on
+    CPU machines; transformers probes for it, so it is not blocked by force)."""
+    code = textwrap.dedent("""
+        import sys
+        class Block:
+            def find_spec(self, name, path=None, target=None):
+                if name.split('.')[0] in ('faiss', 'xformers'):
+                    raise ImportError(f'blocked {name}')
+        sys.meta_path.insert(0, Block())
+        import neoembed
+        from neoembed.modeling import NeoBERTModel, NeoBERTConfig
+        import torch
+        assert 'faiss' not in sys.modules
+        m = NeoBERTModel(NeoBERTConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                       intermediate_size=32, vocab_size=50))
+        print(m(input_ids=torch.tensor([[1, 2, 3]])).last_hidden_state.shape)
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "torch.Size([1, 3, 16])" in r.stdout
+
+
+def test_official_config_is_read_and_checked(tiny_official, tmp_path):
+    raw = json.loads((tiny_official / "config.json").read_text())
+    cfg = NeoBERTConfig.from_dict(raw)
+    assert cfg.max_length == cfg.max_position_embeddings == 4096 and cfg.head_dim == 16
+    assert cfg.ffn_hidden_size == 176
+    bad = dict(raw, dim_head=32)
+    with pytest.raises(ValueError, match="dim_head=32"):
+        NeoBERTConfig.from_dict(bad)
+    cfg.save_pretrained(tmp_path)  # transformers 5 refuses generation keys such as max_length unless declared
+    again = NeoBERTConfig.from_pretrained(tmp_path)
+    assert again.max_length == 4096
+
+
+# ------------------------------------------------------------------------------------------ bad input
+@pytest.fixture(scope="module")
+def small_model():
+    torch.manual_seed(0)
+    return NeoBERTModel(tiny_config(max_length=32)).eval()
+
+
+def test_bad_input_ids(small_model):
+    with pytest.raises(ValueError, match="2-D"):
+        small_model(input_ids=torch.tensor([1, 2, 3]))
+    with pytest.raises(ValueError, match="2-D"):
+        small_model(input_ids=torch.ones(1, 2, 3, dtype=torch.long))
+    with pytest.raises(TypeError, match="integer token ids"):
+        small_model(input_ids=torch.ones(1, 3))
+    with pytest.raises(ValueError, match=r"\[0, 100\)"):
+        small_model(input_ids=torch.tensor([[1, 100]]))
+    with pytest.raises(ValueError, match="exceeds the model's maximum of 32"):
+        small_model(input_ids=torch.ones(1, 33, dtype=torch.long))
+
+
+def test_bad_attention_mask(small_model):
+    ids = torch.ones(2, 5, dtype=torch.long)
+    with pytest.raises(ValueError, match="does not match"):
+        small_model(input_ids=ids, attention_mask=torch.ones(2, 4, dtype=torch.long))
+    with pytest.raises(ValueError, match="only 0 and 1"):
+        small_model(input_ids=ids, attention_mask=torch.full((2, 5), 2))
+    with pytest.raises(ValueError, match="additive"):
+        small_model(input_ids=ids, attention_mask=torch.full((2, 5), float("-inf")))
+
+
+def test_bad_checkpoints(tiny_official, tmp_path):
+    state = load_file(str(tiny_official / "model.safetensors"))
+    shutil.copy(tiny_official / "config.json", tmp_path / "config.json")
+    broken = dict(state)
+    broken.pop("model.transformer_encoder.1.wo.weight")
+    broken["model.extra.weight"] = torch.zeros(3)
+    save_file(broken, str(tmp_path / "model.safetensors"))
+    with pytest.raises(
+        ValueError,
+        match=r"missing keys \['transformer_encoder.1.wo.weight'\].*unexpected keys \['model.extra.weight'\]",
+    ):
+        AutoModel.from_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="missing keys"):
+        convert_checkpoint(tmp_path, tmp_path / "out")
+    # shapes that do not match the config
+    cfg = json.loads((tiny_official / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(dict(cfg, intermediate_size=512)))
+    save_file(state, str(tmp_path / "model.safetensors"))
+    with pytest.raises((ValueError, RuntimeError), match="(?i)mismatch|shape|size"):
+        AutoModel.from_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="shape of model.transformer_encoder.0.ffn.w12.weight"):
+        convert_checkpoint(tmp_path, tmp_path / "out")
+
+
+def test_bad_attention_backends(tiny_official):
+    with pytest.raises(ValueError, match="sdpa"):
+        AutoModel.from_pretrained(tiny_official, attn_implementation="nonsense")
+    if not _has_flash_attn():
+        with pytest.raises(ImportError, match="(?i)flash"):
+            AutoModel.from_pretrained(tiny_official, attn_implementation="flash_attention_2")
+    model = NeoBERTModel(tiny_config()).eval()
+    model.config._attn_implementation = "flash_attention_3"
+    with pytest.raises(ValueError, match="valid: \\['eager', 'sdpa', 'flash_attention_2'\\]"):
+        model(input_ids=torch.ones(1, 3, dtype=torch.long))
+
+
+def _has_flash_attn() -> bool:
+    try:
+        import flash_attn  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def test_version_and_auto_registration():
+    assert neoembed.__version__
+    from transformers import AutoConfig
+
+    assert AutoConfig.for_model("neobert").__class__ is NeoBERTConfig

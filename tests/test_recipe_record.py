@@ -1,0 +1,84 @@
+"""The typed recipe loader, overrides, seeding, and run records."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from neoembed.recipe import Recipe, RecipeError, StrictModel, apply_overrides, load_recipe, seed_everything
+from neoembed.record import write_run_record
+
+
+class Optim(StrictModel):
+    lr: float = 1e-4
+    betas: tuple[float, float] = (0.9, 0.95)
+
+
+class Demo(Recipe):
+    steps: int = 10
+    optim: Optim = Optim()
+    name: str = "demo"
+
+
+def test_loads_yaml_and_applies_overrides(tmp_path):
+    f = tmp_path / "r.yaml"
+    f.write_text("seed: 3\nsteps: 5\noptim:\n  lr: 0.001\n")
+    r = load_recipe(f, Demo, ["optim.lr=2e-3", "steps=7", "name=x y"])
+    assert (r.seed, r.steps, r.optim.lr, r.name) == (3, 7, 2e-3, "x y")
+    with pytest.raises(ValidationError):
+        r.steps = 3  # frozen
+
+
+def test_unknown_keys_name_the_key_and_the_valid_ones(tmp_path):
+    f = tmp_path / "r.yaml"
+    f.write_text("seed: 1\nstepz: 5\n")
+    with pytest.raises(RecipeError, match=r"unknown key 'stepz'.*Valid keys here: name, optim, seed, steps"):
+        load_recipe(f, Demo)
+    with pytest.raises(RecipeError, match=r"unknown key 'optim.lrr'.*Valid keys here: betas, lr"):
+        load_recipe({"seed": 1}, Demo, ["optim.lrr=0.1"])
+
+
+def test_overrides_are_validated_like_the_file():
+    with pytest.raises(RecipeError, match="'steps'"):
+        load_recipe({"seed": 1}, Demo, ["steps=many"])
+    with pytest.raises(RecipeError, match="missing required key 'seed'"):
+        load_recipe({}, Demo)
+    with pytest.raises(RecipeError, match="key.sub=value"):
+        apply_overrides({}, ["nokey"])
+
+
+def test_unknown_recipe_name_lists_shipped_ones():
+    with pytest.raises(RecipeError, match="not found"):
+        load_recipe("no-such-recipe", Demo)
+
+
+def test_seed_everything_repeats_numbers():
+    seed_everything(5)
+    a = torch.rand(3)
+    seed_everything(5)
+    assert torch.equal(a, torch.rand(3))
+
+
+def test_run_record(tmp_path):
+    data = tmp_path / "d.txt"
+    data.write_text("hello")
+    path = write_run_record(tmp_path, "test", recipe=load_recipe({"seed": 9}, Demo), data_files=[data])
+    rec = json.loads(path.read_text())
+    assert rec["seed"] == 9 and rec["recipe"]["optim"]["lr"] == 1e-4
+    assert rec["data"][str(data)] == "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824"
+    assert {"torch", "transformers", "neoembed"} <= set(rec["packages"])
+    assert rec["hardware"]["cpu_count"] >= 1 and "git_sha" in rec
+
+
+def test_cli_version_and_help():
+    r = subprocess.run([sys.executable, "-m", "neoembed", "--version"], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.startswith("neoembed ")
+    r = subprocess.run(
+        [sys.executable, "-m", "neoembed", "convert", "--help"], capture_output=True, text=True
+    )
+    assert r.returncode == 0 and "--to" in r.stdout
