@@ -1,0 +1,68 @@
+"""CUDA paths of the backbone (marked `gpu`: skipped without a GPU). Run: pytest -m gpu tests/test_modeling_gpu.py"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModel
+
+from neoembed.modeling import NeoBERTConfig, NeoBERTModel
+
+pytestmark = pytest.mark.gpu
+
+
+def _batch(lengths, vocab, device, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    L = max(lengths)
+    ids = torch.zeros(len(lengths), L, dtype=torch.long)
+    mask = torch.zeros(len(lengths), L, dtype=torch.long)
+    for i, n in enumerate(lengths):
+        ids[i, :n] = torch.randint(1, vocab, (n,), generator=g)
+        mask[i, :n] = 1
+    return ids.to(device), mask.to(device)
+
+
+def test_fixture_parity_on_cuda(tiny_official, tiny_expected):
+    model = AutoModel.from_pretrained(tiny_official).cuda().eval()
+    ids, mask = tiny_expected["input_ids"].cuda(), tiny_expected["attention_mask"].cuda()
+    m = mask.bool()
+    for padding_free in (False, True):
+        model.config.padding_free = padding_free
+        with torch.no_grad():
+            out = model(input_ids=ids, attention_mask=mask).last_hidden_state
+        assert (out - tiny_expected["last_hidden_state"].cuda())[m].abs().max() <= 1e-3  # TF32 allowed
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_varlen_kernel_matches_padded_in_low_precision(dtype):
+    """Padding-free on CUDA runs flash-attn's (or torch's) varlen kernel; padded runs SDPA with a key mask."""
+    torch.manual_seed(0)
+    cfg = NeoBERTConfig(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024)
+    model = NeoBERTModel(cfg).cuda().to(dtype).eval()
+    ids, mask = _batch([1, 17, 300, 512, 64, 0], cfg.vocab_size, "cuda")
+    with torch.no_grad():
+        model.config.padding_free = False
+        padded = model(input_ids=ids, attention_mask=mask).last_hidden_state.float()
+        model.config.padding_free = True
+        packed = model(input_ids=ids, attention_mask=mask).last_hidden_state.float()
+    m = mask.bool()
+    rel = (packed - padded)[m].norm() / padded[m].norm()
+    assert torch.isfinite(packed).all() and torch.isfinite(padded).all()
+    assert rel < 2e-2, rel.item()
+
+
+def test_flash_attention_2_if_installed():
+    pytest.importorskip("flash_attn")
+    torch.manual_seed(0)
+    cfg = NeoBERTConfig(hidden_size=256, num_hidden_layers=2, num_attention_heads=4, intermediate_size=1024)
+    ref = NeoBERTModel(cfg).cuda().to(torch.bfloat16).eval()
+    cfg2 = NeoBERTConfig(**{**cfg.to_dict(), "padding_free": False})
+    cfg2._attn_implementation = "flash_attention_2"
+    fa = NeoBERTModel(cfg2).cuda().to(torch.bfloat16).eval()
+    fa.load_state_dict(ref.state_dict())
+    ids, mask = _batch([5, 128, 77], cfg.vocab_size, "cuda")
+    with torch.no_grad():
+        a = ref(input_ids=ids, attention_mask=mask).last_hidden_state.float()
+        b = fa(input_ids=ids, attention_mask=mask).last_hidden_state.float()
+    m = mask.bool()
+    assert (a - b)[m].norm() / a[m].norm() < 2e-2
