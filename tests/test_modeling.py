@@ -422,3 +422,52 @@ def test_version_and_auto_registration():
     from transformers import AutoConfig
 
     assert AutoConfig.for_model("neobert").__class__ is NeoBERTConfig
+
+
+# ------------------------------------------------------------------------ position-less prefix (CDE)
+def _prefix_model():
+    torch.manual_seed(0)
+    return NeoBERTModel(tiny_config()).eval()
+
+
+def test_positionless_prefix_is_a_set_and_text_is_shift_invariant():
+    model = _prefix_model()
+    g = torch.Generator().manual_seed(0)
+    ctx = torch.randn(2, 6, 32, generator=g)
+    text_ids, text_mask = random_batch([9, 5], seed=1)
+    text = model.encoder(text_ids).detach()
+    x = torch.cat([ctx, text], dim=1)
+    mask = torch.cat([torch.ones(2, 6, dtype=torch.long), text_mask], dim=1)
+    m = text_mask.bool()
+    with torch.no_grad():
+        out = model(inputs_embeds=x, attention_mask=mask, positionless_prefix=6).last_hidden_state
+        perm = torch.randperm(6, generator=g)
+        x_perm = torch.cat([ctx[:, perm], text], dim=1)
+        out_perm = model(inputs_embeds=x_perm, attention_mask=mask, positionless_prefix=6).last_hidden_state
+        assert (out[:, 6:] - out_perm[:, 6:])[m].abs().max() <= EQ
+        assert (out[:, :6][:, perm] - out_perm[:, :6]).abs().max() <= EQ
+        shifted = model(
+            inputs_embeds=x,
+            attention_mask=mask,
+            positionless_prefix=6,
+            position_ids=torch.arange(9)[None] + 17,
+        ).last_hidden_state
+        assert (out[:, 6:] - shifted[:, 6:])[m].abs().max() <= EQ
+        changed = x.clone()
+        changed[:, 2] += 1.0
+        out_changed = model(
+            inputs_embeds=changed, attention_mask=mask, positionless_prefix=6
+        ).last_hidden_state
+        assert (out[:, 6:] - out_changed[:, 6:])[m].abs().max() > 1e-3
+
+
+def test_positionless_prefix_of_text_only_model_matches_plain_text():
+    """With no prefix tokens attended (masked out), the text part equals the plain encoder on the text."""
+    model = _prefix_model()
+    ids, mask = random_batch([7, 4])
+    with torch.no_grad():
+        plain = model(input_ids=ids, attention_mask=mask).last_hidden_state
+        x = torch.cat([torch.randn(2, 3, 32), model.encoder(ids)], dim=1)
+        full_mask = torch.cat([torch.zeros(2, 3, dtype=torch.long), mask], dim=1)
+        out = model(inputs_embeds=x, attention_mask=full_mask, positionless_prefix=3).last_hidden_state
+    assert (out[:, 3:] - plain)[mask.bool()].abs().max() <= EQ

@@ -188,6 +188,25 @@ def padded_attention(q, k, v, key_mask: torch.Tensor | None, implementation: str
     return out.transpose(1, 2), weights  # (B, L, H, Dh)
 
 
+def positionless_prefix_attention(q, k, v, q_rot, k_rot, prefix: int, key_mask, output_attentions: bool):
+    """Attention where the first ``prefix`` tokens of every row are a position-less set (CDE's context vectors).
+
+    A pair of tokens interacts through rotated q/k only when both are text tokens (relative positions among
+    the text); any pair involving a prefix token uses the unrotated q/k. So permuting the prefix permutes
+    nothing else, and shifting all text positions changes nothing. q, k, v, q_rot, k_rot: (B, L, H, Dh);
+    q_rot/k_rot hold rotated values for the text part (positions >= prefix).
+    """
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, L, Dh)
+    qt, kt = q_rot[:, prefix:].transpose(1, 2), k_rot[:, prefix:].transpose(1, 2)
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    scores = (q @ k.transpose(-1, -2)) * scale
+    scores[..., prefix:, prefix:] = (qt @ kt.transpose(-1, -2)) * scale
+    if key_mask is not None:
+        scores = scores.masked_fill(~key_mask, torch.finfo(scores.dtype).min)
+    probs = scores.float().softmax(dim=-1).to(q.dtype)
+    return (probs @ v).transpose(1, 2), (probs if output_attentions else None)
+
+
 # ------------------------------------------------------------------------------------------------ SwiGLU
 class NeoBERTSwiGLU(nn.Module):
     """w3(silu(gate) * value) where [gate | value] = w12(x)."""
@@ -225,13 +244,24 @@ class NeoBERTBlock(GradientCheckpointingLayer):
         key_mask: torch.Tensor | None = None,
         packed: PackedBatch | None = None,
         output_attentions: bool = False,
+        positionless_prefix: int = 0,
     ):
         # x: (B, L, D) padded or (T, D) packed; cos/sin broadcast to (..., 1, Dh/2)
         h = self.attention_norm(x)
         qkv = self.qkv(h).unflatten(-1, (self.num_heads, 3 * self.head_dim))  # (..., H, 3*Dh)
         q, k, v = qkv.chunk(3, dim=-1)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         implementation = self.config._attn_implementation or "sdpa"
+        if positionless_prefix:
+            P = positionless_prefix
+            q_rot = torch.cat((q[:, :P], apply_rope(q[:, P:], cos, sin)), dim=1)
+            k_rot = torch.cat((k[:, :P], apply_rope(k[:, P:], cos, sin)), dim=1)
+            attn, weights = positionless_prefix_attention(
+                q, k, v, q_rot, k_rot, P, key_mask, output_attentions
+            )
+            x = x + self.wo(attn.flatten(-2))
+            x = x + self.ffn(self.ffn_norm(x))
+            return x, weights
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if packed is not None:
             attn = packed_attention(q, k, v, packed, flash_required=implementation == "flash_attention_2")
             weights = None
@@ -378,8 +408,20 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
         cu_seq_lens_k: torch.Tensor | None = None,
         max_length_q: int | None = None,
         max_length_k: int | None = None,
+        positionless_prefix: int = 0,
         **kwargs,
     ) -> BaseModelOutput:
+        """Encode a batch.
+
+        Args:
+            input_ids: (B, L) token ids, or (1, T) packed ids with ``cu_seq_lens_q`` / ``position_ids``.
+            attention_mask: (B, L) with 1 for tokens and 0 for padding.
+            position_ids: RoPE positions (default: 0, 1, … per sequence).
+            inputs_embeds: (B, L, D) instead of ``input_ids``.
+            positionless_prefix: the first P positions of every row are a position-less set (CDE's context
+                vectors): no rotation for them, and attention between them and anything else ignores
+                positions. ``position_ids`` then covers the L − P text positions. Runs padded attention.
+        """
         for name in ("token_type_ids", "seq_idx"):
             kwargs.pop(name, None)  # tokenizers and flattening collators may send these; NeoBERT has no use
         if kwargs:
@@ -401,8 +443,24 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
         packed = None
         key_mask = None
         scatter_back = False
+        if positionless_prefix:
+            if not 0 < positionless_prefix <= L:
+                raise ValueError(f"positionless_prefix={positionless_prefix} must lie in [0, {L}]")
+            if cu_seq_lens_q is not None:
+                raise ValueError("positionless_prefix does not combine with packed input")
         # 1. Input already packed (flattening collators): (1, T) with sequence boundaries.
-        if cu_seq_lens_q is not None or (
+        if positionless_prefix:
+            self._check_length(L - positionless_prefix)
+            if attention_mask is not None and not bool(attention_mask.all()):
+                mask = attention_mask.bool()
+                key_mask = (mask | ~mask.any(dim=1, keepdim=True))[:, None, None, :]
+            n_text = L - positionless_prefix
+            pos = torch.arange(n_text, device=device)[None] if position_ids is None else position_ids
+            if pos.shape[-1] != n_text:
+                raise ValueError(
+                    f"with positionless_prefix, position_ids must cover the {n_text} text positions"
+                )
+        elif cu_seq_lens_q is not None or (
             position_ids is not None
             and attention_mask is None
             and B == 1
@@ -486,7 +544,13 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
         all_attn = [] if output_attentions else None
         for block in self.transformer_encoder:
             x, weights = block(
-                x, cos, sin, key_mask=key_mask, packed=packed, output_attentions=output_attentions
+                x,
+                cos,
+                sin,
+                key_mask=key_mask,
+                packed=packed,
+                output_attentions=output_attentions,
+                positionless_prefix=positionless_prefix,
             )
             if output_hidden_states:
                 all_hidden.append(to_output(x))
