@@ -359,6 +359,27 @@ def _check_inputs(config: NeoBERTConfig, input_ids, attention_mask, inputs_embed
                 raise ValueError("attention_mask must hold only 0 and 1 (1 = token, 0 = padding)")
 
 
+def _key_padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """(B, 1, 1, L) bool key mask, or None without padding. Fully padded rows attend to every position
+    (finite garbage that callers ignore) instead of to nothing (NaN)."""
+    if attention_mask is None or bool(attention_mask.all()):
+        return None
+    mask = attention_mask.bool()
+    return (mask | ~mask.any(dim=1, keepdim=True))[:, None, None, :]
+
+
+def _is_packed(position_ids: torch.Tensor | None, attention_mask: torch.Tensor | None) -> bool:
+    """Flattened input described by position_ids alone: one row in which positions restart at 0."""
+    return (
+        position_ids is not None
+        and attention_mask is None
+        and position_ids.dim() == 2
+        and position_ids.shape[0] == 1
+        and position_ids.shape[1] > 1
+        and bool((position_ids[0, 1:] == 0).any())
+    )
+
+
 class NeoBERTModel(NeoBERTPreTrainedModel):
     """The NeoBERT encoder: token embedding (no position embedding) -> blocks -> final RMSNorm."""
 
@@ -394,6 +415,68 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
                 else "raise rope_scaling.factor or truncate the input"
             )
             raise ValueError(f"sequence of {length} tokens exceeds the model's maximum of {limit}: {hint}")
+
+    # Each layout returns (x, RoPE positions, key mask, PackedBatch or None, whether to scatter back to B x L).
+    def _layout_with_prefix(self, x, attention_mask, position_ids, prefix, cu_seq_lens_q):
+        B, L = x.shape[:2]
+        if not 0 < prefix <= L:
+            raise ValueError(f"positionless_prefix={prefix} must lie in [0, {L}]")
+        if cu_seq_lens_q is not None:
+            raise ValueError("positionless_prefix does not combine with packed input")
+        n_text = L - prefix
+        self._check_length(n_text)
+        pos = torch.arange(n_text, device=x.device)[None] if position_ids is None else position_ids
+        if pos.shape[-1] != n_text:
+            raise ValueError(f"with positionless_prefix, position_ids must cover the {n_text} text positions")
+        return x, pos, _key_padding_mask(attention_mask), None, False
+
+    def _layout_packed_input(self, x, position_ids, cu_seq_lens_q, cu_seq_lens_k):
+        """Input already packed by a flattening collator: (1, T) with sequence boundaries."""
+        B, L = x.shape[:2]
+        if B != 1:
+            raise ValueError(f"packed input must have batch size 1, got {B}")
+        if cu_seq_lens_q is None:
+            starts = torch.nonzero(position_ids[0] == 0).flatten()
+            cu_seq_lens_q = torch.cat([starts, starts.new_tensor([L])])
+        if cu_seq_lens_k is not None and not torch.equal(cu_seq_lens_k.cpu(), cu_seq_lens_q.cpu()):
+            raise ValueError("cu_seq_lens_k must equal cu_seq_lens_q (NeoBERT is self-attention only)")
+        cu = cu_seq_lens_q.to(device=x.device, dtype=torch.int32)
+        lengths = (cu[1:] - cu[:-1]).tolist()
+        if int(cu[-1]) != L or min(lengths, default=0) < 0:
+            raise ValueError(f"cu_seq_lens_q {cu.tolist()} does not describe {L} packed tokens")
+        for n in lengths:
+            self._check_length(n)
+        if position_ids is None:
+            position_ids = torch.cat([torch.arange(n, device=x.device) for n in lengths])[None]
+        return x[0], position_ids[0], None, PackedBatch(cu, max(lengths, default=0), lengths, None), False
+
+    def _layout_padded_input(self, x, attention_mask, position_ids, want_packed: bool):
+        B, L = x.shape[:2]
+        self._check_length(L)
+        has_padding = attention_mask is not None and not bool(attention_mask.all())
+        if has_padding and want_packed:
+            # Padding-free: gather the real tokens; positions restart at 0 per sequence.
+            mask = attention_mask.bool()
+            lengths_t = mask.sum(dim=1, dtype=torch.int32)
+            indices = torch.nonzero(mask.flatten()).flatten()
+            cu = F.pad(torch.cumsum(lengths_t, 0, dtype=torch.int32), (1, 0))
+            lengths = lengths_t.tolist()
+            if position_ids is None:
+                pos = torch.cumsum(mask, dim=1).flatten()[indices] - 1
+            else:
+                pos = position_ids.expand(B, L).flatten()[indices]
+            return x.flatten(0, 1)[indices], pos, None, PackedBatch(cu, max(lengths), lengths, indices), True
+        if want_packed and self.config._attn_implementation == "flash_attention_2":
+            # flash attention on a batch without padding: every row is one sequence of length L
+            cu = torch.arange(0, (B + 1) * L, L, device=x.device, dtype=torch.int32)
+            pos = (
+                torch.arange(L, device=x.device).repeat(B)
+                if position_ids is None
+                else position_ids.expand(B, L).flatten()
+            )
+            return x.flatten(0, 1), pos, None, PackedBatch(cu, L, [L] * B, None), True
+        pos = torch.arange(L, device=x.device)[None] if position_ids is None else position_ids
+        return x, pos, _key_padding_mask(attention_mask), None, False
 
     def forward(
         self,
@@ -440,92 +523,21 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
                 f"unknown attn_implementation {implementation!r}; valid: {list(ATTN_IMPLEMENTATIONS)}"
             )
 
-        packed = None
-        key_mask = None
-        scatter_back = False
         if positionless_prefix:
-            if not 0 < positionless_prefix <= L:
-                raise ValueError(f"positionless_prefix={positionless_prefix} must lie in [0, {L}]")
-            if cu_seq_lens_q is not None:
-                raise ValueError("positionless_prefix does not combine with packed input")
-        # 1. Input already packed (flattening collators): (1, T) with sequence boundaries.
-        if positionless_prefix:
-            self._check_length(L - positionless_prefix)
-            if attention_mask is not None and not bool(attention_mask.all()):
-                mask = attention_mask.bool()
-                key_mask = (mask | ~mask.any(dim=1, keepdim=True))[:, None, None, :]
-            n_text = L - positionless_prefix
-            pos = torch.arange(n_text, device=device)[None] if position_ids is None else position_ids
-            if pos.shape[-1] != n_text:
-                raise ValueError(
-                    f"with positionless_prefix, position_ids must cover the {n_text} text positions"
-                )
-        elif cu_seq_lens_q is not None or (
-            position_ids is not None
-            and attention_mask is None
-            and B == 1
-            and L > 1
-            and bool((position_ids[0, 1:] == 0).any())
-        ):
-            if B != 1:
-                raise ValueError(f"packed input must have batch size 1, got {B}")
-            if cu_seq_lens_q is None:
-                starts = torch.nonzero(position_ids[0] == 0).flatten()
-                cu_seq_lens_q = torch.cat([starts, starts.new_tensor([L])]).to(torch.int32)
-            if cu_seq_lens_k is not None and not torch.equal(cu_seq_lens_k.cpu(), cu_seq_lens_q.cpu()):
-                raise ValueError("cu_seq_lens_k must equal cu_seq_lens_q (NeoBERT is self-attention only)")
-            cu = cu_seq_lens_q.to(device=device, dtype=torch.int32)
-            lengths = (cu[1:] - cu[:-1]).tolist()
-            if int(cu[-1]) != L or min(lengths, default=0) < 0:
-                raise ValueError(f"cu_seq_lens_q {cu.tolist()} does not describe {L} packed tokens")
-            for n in lengths:
-                self._check_length(n)
-            if position_ids is None:
-                position_ids = torch.cat([torch.arange(n, device=device) for n in lengths])[None]
-            packed = PackedBatch(cu, max(lengths, default=0), lengths, None)
-            x = x[0]
-            pos = position_ids[0]
+            x, pos, key_mask, packed, scatter_back = self._layout_with_prefix(
+                x, attention_mask, position_ids, positionless_prefix, cu_seq_lens_q
+            )
+        elif cu_seq_lens_q is not None or _is_packed(position_ids, attention_mask):
+            x, pos, key_mask, packed, scatter_back = self._layout_packed_input(
+                x, position_ids, cu_seq_lens_q, cu_seq_lens_k
+            )
         else:
-            self._check_length(L)
-            has_padding = attention_mask is not None and not bool(attention_mask.all())
             want_packed = implementation == "flash_attention_2" or (
                 self.config.padding_free and implementation != "eager" and not output_attentions
             )
-            if has_padding and want_packed:
-                # 2. Padding-free: gather the real tokens, positions restart per sequence.
-                mask = attention_mask.bool()
-                lengths_t = mask.sum(dim=1, dtype=torch.int32)
-                indices = torch.nonzero(mask.flatten()).flatten()
-                cu = F.pad(torch.cumsum(lengths_t, 0, dtype=torch.int32), (1, 0))
-                lengths = lengths_t.tolist()
-                packed = PackedBatch(cu, max(lengths), lengths, indices)
-                if position_ids is None:
-                    # position of each real token within its own sequence
-                    pos = torch.cumsum(mask, dim=1).flatten()[indices] - 1
-                else:
-                    pos = position_ids.expand(B, L).flatten()[indices]
-                x = x.flatten(0, 1)[indices]
-                scatter_back = True
-            else:
-                # 3. Padded: a key-padding mask, once per forward; fully padded rows attend to everything
-                #    (finite garbage) instead of nothing (NaN).
-                if has_padding:
-                    mask = attention_mask.bool()
-                    mask = mask | ~mask.any(dim=1, keepdim=True)
-                    key_mask = mask[:, None, None, :]
-                if implementation == "flash_attention_2":
-                    lengths = [L] * B
-                    cu = torch.arange(0, (B + 1) * L, L, device=device, dtype=torch.int32)
-                    packed = PackedBatch(cu, L, lengths, None)
-                    x = x.flatten(0, 1)
-                    scatter_back = True
-                    pos = (
-                        torch.arange(L, device=device).repeat(B)
-                        if position_ids is None
-                        else position_ids.expand(B, L).flatten()
-                    )
-                else:
-                    pos = torch.arange(L, device=device)[None] if position_ids is None else position_ids
+            x, pos, key_mask, packed, scatter_back = self._layout_padded_input(
+                x, attention_mask, position_ids, want_packed
+            )
         cos, sin = self._rope(pos, device)
 
         def to_output(h: torch.Tensor) -> torch.Tensor:
