@@ -24,10 +24,14 @@ except ImportError:  # pragma: no cover - older huggingface_hub
 #: Version of the neoembed checkpoint layout written by ``save_pretrained``.
 NEOEMBED_FORMAT_VERSION = 1
 
-#: Keys of the official NeoBERT ``config.json`` that neoembed reads but does not keep as fields.
-OFFICIAL_EXTRA_KEYS = ("dim_head", "kwargs", "auto_map", "torch_dtype")
-
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2")
+
+#: Written into every saved config.json: the two files copied beside the weights.
+NEOEMBED_AUTO_MAP = {
+    "AutoConfig": "configuration_neobert.NeoBERTConfig",
+    "AutoModel": "modeling_neobert.NeoBERTModel",
+    "AutoModelForMaskedLM": "modeling_neobert.NeoBERTForMaskedLM",
+}
 
 
 @strict
@@ -99,7 +103,9 @@ class NeoBERTConfig(PretrainedConfig):
         auto_map = kwargs.pop("auto_map", None)
         if auto_map is not None and not isinstance(auto_map, dict):
             raise ValueError(f"'auto_map' must be a mapping, got {auto_map!r}")
-        # The official auto_map names the official remote code; ours is written at save time.
+        # An official auto_map names the official remote code (model.py); this class is ours, so the config
+        # always points at the two bundled files (transformers needs the attribute to load them remotely).
+        self.auto_map = dict(NEOEMBED_AUTO_MAP)
         for key in ("max_position_embeddings",):
             if key in kwargs:
                 self.max_length = int(kwargs.pop(key))
@@ -127,13 +133,7 @@ class NeoBERTConfig(PretrainedConfig):
 
     def to_dict(self) -> dict[str, Any]:
         out = super().to_dict()
-        out.pop("auto_map", None)
-        if self._auto_class is not None:
-            out["auto_map"] = {
-                "AutoConfig": "configuration_neobert.NeoBERTConfig",
-                "AutoModel": "modeling_neobert.NeoBERTModel",
-                "AutoModelForMaskedLM": "modeling_neobert.NeoBERTForMaskedLM",
-            }
+        out["auto_map"] = dict(NEOEMBED_AUTO_MAP)
         return out
 
 
