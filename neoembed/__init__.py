@@ -13,4 +13,14 @@ from neoembed.modeling import (  # noqa: E402  (registers the Auto classes)
     NeoBERTModel,
 )
 
-__all__ = ["NeoBERTConfig", "NeoBERTForMaskedLM", "NeoBERTModel", "__version__"]
+__all__ = ["NeoBERTConfig", "NeoBERTForMaskedLM", "NeoBERTModel", "__version__", "load"]
+
+
+def load(name_or_path, *args, **kwargs):
+    """Load an embedding model as a SentenceTransformer; see :func:`neoembed.sentence.load`.
+
+    (A thin wrapper so that ``import neoembed`` does not import sentence-transformers.)
+    """
+    from neoembed.sentence import load as _load
+
+    return _load(name_or_path, *args, **kwargs)

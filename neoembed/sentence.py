@@ -1,0 +1,405 @@
+"""NeoBERT (or any Hugging Face encoder) as a sentence-transformers model.
+
+``neoembed.load`` returns a :class:`EmbeddingModel`, a :class:`~sentence_transformers.SentenceTransformer`
+with input checks and a finiteness check on its outputs. What it saves is a plain sentence-transformers folder
+built from stock modules (Transformer -> Pooling -> optional Normalize). For NeoBERT, ``config.json`` carries
+``model_type: neobert`` and an ``auto_map`` to ``configuration_neobert.py`` / ``modeling_neobert.py``, which
+are written beside the weights, so the folder loads
+
+1. with ``SentenceTransformer(path)`` in a process that imported ``neoembed``, and
+2. with ``SentenceTransformer(path, trust_remote_code=True)`` where neoembed is not installed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from sentence_transformers import SentenceTransformer
+from sentence_transformers.base.modules import Transformer
+from sentence_transformers.base.modules.normalize import Normalize
+from sentence_transformers.sentence_transformer.modules import Pooling
+
+import neoembed  # noqa: F401  (registers NeoBERT with the Auto classes)
+from neoembed.instructions import DEFAULT_TEMPLATE, instruction_prefix
+
+__all__ = [
+    "POOLING_MODES",
+    "EmbeddingModel",
+    "NonFiniteEmbeddingError",
+    "build_prompts",
+    "convert_to_sentence_transformer",
+    "load",
+    "model_card_text",
+]
+
+logger = logging.getLogger(__name__)
+
+POOLING_MODES = ("mean", "cls")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "vocab.txt",
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+)
+DTYPES = {
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+}
+
+
+class NonFiniteEmbeddingError(FloatingPointError):
+    """Raised when an encoder returns NaN or inf embeddings (typically float16 overflow)."""
+
+
+def build_prompts(
+    query_instruction: str | None = None,
+    document_instruction: str | None = None,
+    template: str = DEFAULT_TEMPLATE,
+    extra: dict[str, str] | None = None,
+) -> dict[str, str]:
+    """Sentence-transformers prompts for an instruction pair: ``{"query": ..., "document": ...}``.
+
+    The paper puts the task instruction before queries and nothing before documents; ``extra`` adds more
+    named prompts (for instance mteb's per-task keys ``"<TaskName>-query"`` / ``"<TaskName>"``).
+    """
+    prompts = {
+        "query": instruction_prefix(query_instruction, template),
+        "document": instruction_prefix(document_instruction, template),
+    }
+    prompts.update(extra or {})
+    return prompts
+
+
+class EmbeddingModel(SentenceTransformer):
+    """A SentenceTransformer that refuses bad input and non-finite output with a clear message.
+
+    - an empty list returns an empty array of shape (0, dim);
+    - a non-string item raises ``TypeError`` naming its index;
+    - text longer than ``max_seq_length`` is truncated, with one warning per call;
+    - NaN or inf embeddings raise :class:`NonFiniteEmbeddingError` with advice.
+    """
+
+    def encode(self, inputs, *args, **kwargs):  # type: ignore[override]
+        single = isinstance(inputs, str)
+        items = [inputs] if single else inputs
+        if isinstance(items, Sequence) and not isinstance(items, str):
+            if len(items) == 0:
+                return self._empty(kwargs)
+            for i, item in enumerate(items):
+                if not isinstance(item, str):
+                    raise TypeError(
+                        f"encode() takes strings; item {i} is {type(item).__name__}: {str(item)[:80]!r}"
+                    )
+            self._warn_truncation(items)
+        out = super().encode(inputs, *args, **kwargs)
+        _check_finite(out)
+        return out
+
+    def _empty(self, kwargs: dict[str, Any]):
+        dim = self.get_embedding_dimension() or 0
+        if kwargs.get("convert_to_tensor"):
+            return torch.empty(0, dim)
+        if kwargs.get("convert_to_numpy", True):
+            return np.empty((0, dim), dtype=np.float32)
+        return []
+
+    def _warn_truncation(self, texts: Sequence[str]) -> None:
+        limit = self.max_seq_length
+        if not limit:
+            return
+        # a WordPiece/BPE token covers at least one character, so only long strings can overflow
+        candidates = [t for t in texts if len(t) + 2 > limit]
+        if not candidates:
+            return
+        tokenizer = self.tokenizer
+        lengths = tokenizer(
+            candidates, add_special_tokens=True, truncation=False, return_length=True, verbose=False
+        )["length"]
+        too_long = sum(int(n) > limit for n in lengths)
+        if too_long:
+            warnings.warn(
+                f"{too_long} text(s) exceed max_seq_length={limit} tokens and are truncated "
+                "(raise model.max_seq_length to keep more)",
+                stacklevel=3,
+            )
+
+    def _create_model_card(self, path, model_name=None, train_datasets="deprecated") -> None:
+        super()._create_model_card(path, model_name, train_datasets)
+        readme = Path(path) / "README.md"
+        if readme.is_file() and _is_neobert(self):
+            text = readme.read_text(encoding="utf8")
+            if "## Loading with and without neoembed" not in text:
+                readme.write_text(
+                    text.rstrip() + "\n\n" + loading_section(model_name or str(path)), encoding="utf8"
+                )
+
+
+def _check_finite(out: Any) -> None:
+    tensors = out if isinstance(out, list) else [out]
+    for t in tensors:
+        if isinstance(t, torch.Tensor):
+            bad = not bool(torch.isfinite(t).all())
+        elif isinstance(t, np.ndarray) and np.issubdtype(t.dtype, np.floating):
+            bad = not bool(np.isfinite(t).all())
+        else:
+            continue
+        if bad:
+            raise NonFiniteEmbeddingError(
+                "the encoder returned NaN or inf embeddings. With float16 this is usually an overflow: load the "
+                "model with dtype='bf16' (same range as float32) or dtype='fp32'."
+            )
+
+
+def _is_neobert(model: SentenceTransformer) -> bool:
+    first = model[0]
+    config = getattr(getattr(first, "auto_model", None), "config", None)
+    return getattr(config, "model_type", None) == "neobert"
+
+
+def _resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    try:
+        return DTYPES[dtype]
+    except KeyError:
+        raise ValueError(f"unknown dtype {dtype!r}; valid: {sorted(DTYPES)}") from None
+
+
+def _local_kind(path: Path, tokenizer: str | None) -> str:
+    """'sentence' for a sentence-transformers folder, 'hf' for a plain checkpoint; errors say what is missing."""
+    if (path / "modules.json").is_file():
+        return "sentence"
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"{path} is not a model: expected modules.json (a sentence-transformers folder) or config.json and "
+            "weights (a Hugging Face checkpoint)"
+        )
+    if not any(
+        (path / f).is_file()
+        for f in ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json")
+    ):
+        raise FileNotFoundError(
+            f"{path} has a config.json but no weights (model.safetensors or pytorch_model.bin)"
+        )
+    if tokenizer is None and not any((path / f).is_file() for f in TOKENIZER_FILES):
+        raise FileNotFoundError(
+            f"{path} has no tokenizer files (one of {', '.join(TOKENIZER_FILES)}). Copy them into the folder or "
+            "pass tokenizer=... (a folder or hub id with the model's tokenizer, e.g. 'chandar-lab/NeoBERT')"
+        )
+    return "hf"
+
+
+def _uses_neoembed_modules(path: Path) -> bool:
+    modules = json.loads((path / "modules.json").read_text())
+    return any(str(m.get("type", "")).startswith("neoembed.") for m in modules)
+
+
+def load(
+    name_or_path: str | Path,
+    pooling: str = "mean",
+    max_seq_length: int | None = None,
+    dtype: str | torch.dtype | None = None,
+    device: str | None = None,
+    *,
+    normalize: bool = False,
+    prompts: dict[str, str] | None = None,
+    default_prompt_name: str | None = None,
+    include_prompt: bool = True,
+    tokenizer: str | None = None,
+    padding_free: bool | None = None,
+    attn_implementation: str | None = None,
+    num_threads: int | None = None,
+    trust_remote_code: bool = False,
+) -> EmbeddingModel:
+    """Load an embedding model as a SentenceTransformer.
+
+    Args:
+        name_or_path: an official NeoBERT checkpoint (folder or hub id such as ``chandar-lab/NeoBERT``), a model
+            saved by neoembed (bi-encoder or CDE), a sentence-transformers folder, or any Hugging Face encoder.
+        pooling: ``"mean"`` (the paper's "avg") or ``"cls"``; used when building from a plain checkpoint.
+        max_seq_length: defaults to the model's maximum (4,096 for NeoBERT).
+        dtype: ``"fp32"``, ``"fp16"``, ``"bf16"`` (or a torch dtype) for the weights.
+        normalize: append a Normalize module (unit-length embeddings).
+        prompts / default_prompt_name: sentence-transformers prompts (see :func:`build_prompts`); merged into
+            the prompts a saved model already has.
+        include_prompt: whether pooling includes the prompt's tokens.
+        tokenizer: a tokenizer folder or hub id for checkpoints saved without tokenizer files.
+        padding_free: NeoBERT only: override ``config.padding_free`` (default: the checkpoint's, True).
+        attn_implementation: ``"sdpa"``, ``"eager"`` or ``"flash_attention_2"``.
+        num_threads: torch CPU threads.
+        trust_remote_code: for third-party models with remote code (neoembed's own modules never need it).
+    """
+    if pooling not in POOLING_MODES:
+        raise ValueError(f"unknown pooling {pooling!r}; valid: {list(POOLING_MODES)}")
+    if num_threads is not None:
+        torch.set_num_threads(int(num_threads))
+    model_kwargs: dict[str, Any] = {}
+    if (resolved := _resolve_dtype(dtype)) is not None:
+        model_kwargs["dtype"] = resolved
+    if attn_implementation is not None:
+        model_kwargs["attn_implementation"] = attn_implementation
+
+    name_or_path = str(name_or_path)
+    path = Path(name_or_path)
+    if path.exists():
+        kind = _local_kind(path, tokenizer)
+    else:
+        kind = _remote_kind(str(name_or_path))
+
+    if kind == "sentence":
+        trust = trust_remote_code or (path.exists() and _uses_neoembed_modules(path))
+        model = EmbeddingModel(
+            name_or_path, device=device, model_kwargs=model_kwargs or None, trust_remote_code=trust
+        )
+        if prompts:
+            model.prompts = {**model.prompts, **prompts}
+        if default_prompt_name is not None:
+            model.default_prompt_name = default_prompt_name
+        if not include_prompt:
+            model.set_pooling_include_prompt(False)
+    else:
+        transformer = Transformer(
+            name_or_path,
+            model_kwargs={**model_kwargs, "trust_remote_code": trust_remote_code}
+            if trust_remote_code
+            else model_kwargs,
+            config_kwargs={"trust_remote_code": True} if trust_remote_code else None,
+            processor_kwargs={"trust_remote_code": True} if trust_remote_code else None,
+            tokenizer_name_or_path=tokenizer,
+            max_seq_length=max_seq_length,
+        )
+        modules: list[torch.nn.Module] = [
+            transformer,
+            Pooling(transformer.get_embedding_dimension(), pooling, include_prompt=include_prompt),
+        ]
+        if normalize:
+            modules.append(Normalize())
+        model = EmbeddingModel(
+            modules=modules,
+            device=device,
+            prompts=prompts,
+            default_prompt_name=default_prompt_name,
+            similarity_fn_name="cosine",
+        )
+        model.model_card_data.base_model = name_or_path
+    if max_seq_length is not None:
+        model.max_seq_length = max_seq_length
+    if padding_free is not None and _is_neobert(model):
+        model[0].auto_model.config.padding_free = bool(padding_free)
+    return model
+
+
+def _remote_kind(name: str) -> str:
+    """Whether a hub id is a sentence-transformers repository (has modules.json) or a plain checkpoint."""
+    from huggingface_hub import file_exists
+
+    try:
+        return "sentence" if file_exists(name, "modules.json") else "hf"
+    except Exception as e:
+        raise OSError(
+            f"{name!r} is not a local path and the Hugging Face hub could not be asked about it ({e}). "
+            "Pass a local folder, or check the id and your network."
+        ) from e
+
+
+def loading_section(model_id: str) -> str:
+    return f"""## Loading with and without neoembed
+
+With neoembed installed (no remote code runs: neoembed provides the NeoBERT classes):
+
+```python
+import neoembed
+model = neoembed.load("{model_id}")
+embeddings = model.encode(["a sentence"])
+```
+
+Without neoembed, the two NeoBERT files saved beside the weights are used:
+
+```python
+from sentence_transformers import SentenceTransformer
+model = SentenceTransformer("{model_id}", trust_remote_code=True)
+```
+"""
+
+
+def model_card_text(
+    model_id: str,
+    base_model: str,
+    datasets: Sequence[dict[str, str]] = (),
+    steps: int | None = None,
+    scores: dict[str, float] | None = None,
+    notes: str = "",
+) -> str:
+    """A model card (README.md) naming the base model, the training data and their licences, the training
+    length, scores, and how to load the model with and without neoembed."""
+    lines = [
+        "---",
+        "library_name: sentence-transformers",
+        "tags: [sentence-transformers, neoembed, feature-extraction, sentence-similarity]",
+        f"base_model: {base_model}",
+        "---",
+        "",
+        f"# {model_id}",
+        "",
+        f"A sentence-embedding model fine-tuned with [neoembed](https://github.com/) from `{base_model}`.",
+        "",
+        "## Training data",
+        "",
+    ]
+    if datasets:
+        lines += ["| dataset | source | licence |", "|---|---|---|"]
+        for d in datasets:
+            lic = d.get("license") or "unknown"
+            lines.append(f"| {d.get('name', '?')} | {d.get('source', '')} | {lic} |")
+        research_only = [
+            d.get("name", "?") for d in datasets if "research" in str(d.get("license", "")).lower()
+        ]
+        if research_only:
+            lines += ["", f"For research use only: {', '.join(research_only)} (see their licences)."]
+    else:
+        lines.append("Not recorded.")
+    if steps is not None:
+        lines += ["", f"Training steps: {steps}."]
+    if scores:
+        lines += ["", "## Scores", "", "| task | score |", "|---|---|"]
+        lines += [
+            f"| {k} | {v:.4f} |" if isinstance(v, float) and math.isfinite(v) else f"| {k} | {v} |"
+            for k, v in scores.items()
+        ]
+    if notes:
+        lines += ["", notes]
+    lines += ["", loading_section(model_id)]
+    return "\n".join(lines)
+
+
+def convert_to_sentence_transformer(src: str | Path, dst: str | Path, pooling: str = "mean") -> str:
+    """An official (or neoembed) NeoBERT checkpoint -> a sentence-transformers folder; returns a report."""
+    from neoembed.modeling.convert import resolve_checkpoint
+
+    folder = resolve_checkpoint(src)
+    model = load(str(folder), pooling=pooling)
+    if not _is_neobert(model):
+        raise ValueError(
+            f"{src} is not a NeoBERT checkpoint (model_type={model[0].auto_model.config.model_type!r})"
+        )
+    model.model_card_data.base_model = str(src)
+    model.save(str(dst))
+    files = sorted(p.name for p in Path(dst).iterdir())
+    return (
+        f"converted {src} -> {dst} (sentence-transformers: Transformer -> Pooling[{pooling}])\n"
+        f"  files: {', '.join(files)}\n"
+        f"  loads with neoembed.load({str(dst)!r}), or SentenceTransformer(path, trust_remote_code=True) without neoembed"
+    )

@@ -1,0 +1,230 @@
+"""NeoBERT as a sentence-transformers model: load, encode, save, and load anywhere."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from sentence_transformers import SentenceTransformer
+
+import neoembed
+from neoembed.sentence import NonFiniteEmbeddingError, build_prompts
+
+TEXTS = ["NeoBERT is the most efficient model of its kind!", "a", "", "Two sentences. Of different lengths."]
+
+# Makes `import neoembed` fail in a subprocess, as on a machine where it is not installed.
+BLOCK_NEOEMBED = """
+import sys
+class _Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] == 'neoembed':
+            raise ImportError('neoembed is not installed here')
+sys.meta_path.insert(0, _Block())
+"""
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_official):
+    return neoembed.load(tiny_official)
+
+
+@pytest.fixture(scope="module")
+def saved(tiny, tmp_path_factory):
+    path = tmp_path_factory.mktemp("st") / "model"
+    tiny.prompts = build_prompts("Represent the query for retrieval:")
+    tiny.save(str(path))
+    return path, tiny.encode(TEXTS, convert_to_numpy=True)
+
+
+def _encode_in_subprocess(code: str, out_file) -> np.ndarray:
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env())
+    assert r.returncode == 0, r.stderr[-3000:]
+    return np.load(out_file)
+
+
+def _env():
+    import os
+
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+def test_saved_folder_layout(saved):
+    path, _ = saved
+    cfg = json.loads((path / "config.json").read_text())
+    assert cfg["model_type"] == "neobert"
+    assert cfg["auto_map"]["AutoModel"] == "modeling_neobert.NeoBERTModel"
+    assert (path / "modeling_neobert.py").is_file() and (path / "configuration_neobert.py").is_file()
+    modules = json.loads((path / "modules.json").read_text())
+    assert all(m["type"].startswith("sentence_transformers.") for m in modules)  # stock modules only
+    assert "Loading with and without neoembed" in (path / "README.md").read_text()
+
+
+def test_case1_fresh_process_with_neoembed(saved, tmp_path):
+    path, expected = saved
+    out = tmp_path / "e.npy"
+    code = textwrap.dedent(f"""
+        import numpy as np, neoembed
+        from sentence_transformers import SentenceTransformer
+        m = SentenceTransformer({str(path)!r})  # no trust_remote_code
+        np.save({str(out)!r}, m.encode({TEXTS!r}, convert_to_numpy=True))
+    """)
+    assert np.abs(_encode_in_subprocess(code, out) - expected).max() <= 1e-6
+
+
+def test_case2_fresh_process_without_neoembed(saved, tmp_path):
+    path, expected = saved
+    out, out2 = tmp_path / "e.npy", tmp_path / "h.npy"
+    code = BLOCK_NEOEMBED + textwrap.dedent(f"""
+        import numpy as np, torch
+        try:
+            import neoembed
+            raise SystemExit('neoembed should not be importable here')
+        except ImportError:
+            pass
+        from sentence_transformers import SentenceTransformer
+        from transformers import AutoModel, AutoTokenizer
+        m = SentenceTransformer({str(path)!r}, trust_remote_code=True)
+        assert type(m[0].auto_model).__module__.startswith('transformers_modules'), type(m[0].auto_model)
+        np.save({str(out)!r}, m.encode({TEXTS!r}, convert_to_numpy=True))
+        am = AutoModel.from_pretrained({str(path)!r}, trust_remote_code=True).eval()
+        tok = AutoTokenizer.from_pretrained({str(path)!r})
+        batch = tok({TEXTS!r}, padding=True, return_tensors='pt')
+        with torch.no_grad():
+            h = am(**batch).last_hidden_state
+        mask = batch['attention_mask'].unsqueeze(-1).float()
+        np.save({str(out2)!r}, ((h * mask).sum(1) / mask.sum(1)).numpy())
+    """)
+    assert np.abs(_encode_in_subprocess(code, out) - expected).max() <= 1e-6
+    assert np.abs(np.load(out2) - expected).max() <= 1e-5
+
+
+def test_case3_convert_sentence_cli_loads_both_ways(tiny_official, tmp_path):
+    dst = tmp_path / "conv"
+    r = subprocess.run(
+        [sys.executable, "-m", "neoembed", "convert", str(tiny_official), str(dst), "--sentence"],
+        capture_output=True,
+        text=True,
+        env=_env(),
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    expected = neoembed.load(dst).encode(TEXTS)
+    out = tmp_path / "e.npy"
+    code = BLOCK_NEOEMBED + textwrap.dedent(f"""
+        import numpy as np
+        from sentence_transformers import SentenceTransformer
+        np.save({str(out)!r}, SentenceTransformer({str(dst)!r}, trust_remote_code=True).encode({TEXTS!r}))
+    """)
+    assert np.abs(_encode_in_subprocess(code, out) - expected).max() <= 1e-6
+
+
+def test_fixture_mean_pooling_matches_official_hidden_states(tiny, tiny_expected):
+    ids, mask = tiny_expected["input_ids"], tiny_expected["attention_mask"]
+    with torch.no_grad():
+        emb = tiny({"input_ids": ids, "attention_mask": mask})["sentence_embedding"]
+    m = mask.unsqueeze(-1).float()
+    ref = (tiny_expected["last_hidden_state"] * m).sum(1) / m.sum(1)
+    assert (emb - ref).abs().max() <= 1e-4
+
+
+def test_cls_pooling_and_normalize(tiny_official, tiny_expected):
+    model = neoembed.load(tiny_official, pooling="cls", normalize=True)
+    ids, mask = tiny_expected["input_ids"], tiny_expected["attention_mask"]
+    with torch.no_grad():
+        emb = model({"input_ids": ids, "attention_mask": mask})["sentence_embedding"]
+    ref = torch.nn.functional.normalize(tiny_expected["last_hidden_state"][:, 0], dim=-1)
+    assert (emb - ref).abs().max() <= 1e-4
+    with pytest.raises(ValueError, match="valid: \\['mean', 'cls'\\]"):
+        neoembed.load(tiny_official, pooling="max")
+
+
+def test_minilm_reproduces_sentence_transformers(minilm_path):
+    ours = neoembed.load(minilm_path).encode(TEXTS)
+    ref = SentenceTransformer(str(minilm_path)).encode(TEXTS)
+    assert np.abs(ours - ref).max() <= 1e-6
+
+
+def test_max_seq_length_defaults_to_model_maximum(tiny, tiny_official):
+    assert tiny.max_seq_length == 4096
+    assert neoembed.load(tiny_official, max_seq_length=128).max_seq_length == 128
+
+
+def test_prompts_survive_save_and_query_differs_by_instruction(saved, tiny):
+    path, _ = saved
+    model = neoembed.load(path)
+    assert model.prompts["query"] == "Represent the query for retrieval: "
+    assert model.prompts["document"] == ""
+    q = model.encode_query(["what is neobert"])
+    manual = model.encode(["Represent the query for retrieval: what is neobert"])
+    d = model.encode_document(["what is neobert"])
+    plain = model.encode(["what is neobert"])
+    assert np.abs(q - manual).max() <= 1e-6 and np.abs(d - plain).max() <= 1e-6
+    assert np.abs(q - d).max() > 1e-3
+
+
+def test_fp16_close_to_fp32(tiny_official):
+    texts = TEXTS[:2] + ["a third, somewhat longer sentence to encode in half precision"]
+    ref = neoembed.load(tiny_official).encode(texts, convert_to_tensor=True)
+    half = neoembed.load(tiny_official, dtype="fp16").encode(texts, convert_to_tensor=True).float()
+    assert torch.nn.functional.cosine_similarity(ref, half).min() >= 0.999
+
+
+def test_padding_free_and_padded_encode_agree(tiny_official):
+    texts = ["short", "a considerably longer sentence that forces padding in the batch", "mid length one"]
+    a = neoembed.load(tiny_official, padding_free=True).encode(texts)
+    b = neoembed.load(tiny_official, padding_free=False).encode(texts)
+    assert np.abs(a - b).max() <= 1e-5
+
+
+# ------------------------------------------------------------------------------------------ bad input
+def test_empty_list_and_empty_string(tiny):
+    assert tiny.encode([]).shape == (0, 64)
+    assert tiny.encode([], convert_to_tensor=True).shape == (0, 64)
+    assert np.isfinite(tiny.encode([""])).all()
+
+
+def test_non_string_item_names_its_index(tiny):
+    with pytest.raises(TypeError, match="item 2 is int"):
+        tiny.encode(["a", "b", 3])
+
+
+def test_truncation_warns_once(tiny_official):
+    model = neoembed.load(tiny_official, max_seq_length=8)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.encode(
+            [
+                "one two three four five six seven eight nine ten",
+                "eleven twelve thirteen fourteen fifteen sixteen seventeen",
+                "short",
+            ]
+        )
+    msgs = [str(w.message) for w in caught if "max_seq_length" in str(w.message)]
+    assert len(msgs) == 1 and "2 text(s)" in msgs[0]
+
+
+def test_not_a_model_and_missing_tokenizer(tiny_official, tmp_path):
+    with pytest.raises(FileNotFoundError, match="is not a model"):
+        neoembed.load(tmp_path)
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for f in ("config.json", "model.safetensors"):
+        shutil.copy(tiny_official / f, bare / f)
+    with pytest.raises(FileNotFoundError, match="no tokenizer files.*tokenizer="):
+        neoembed.load(bare)
+    model = neoembed.load(bare, tokenizer=str(tiny_official))
+    assert model.encode(["works with a separate tokenizer"]).shape == (1, 64)
+
+
+def test_non_finite_output_raises_with_advice(tiny_official):
+    model = neoembed.load(tiny_official)
+    with torch.no_grad():
+        model[0].auto_model.layer_norm.weight[0] = float("nan")
+    with pytest.raises(NonFiniteEmbeddingError, match="bf16"):
+        model.encode(["nan please"])
