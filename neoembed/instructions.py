@@ -10,7 +10,15 @@ from __future__ import annotations
 
 DEFAULT_TEMPLATE = "{instruction} {text}"
 
-__all__ = ["DEFAULT_TEMPLATE", "format_with_instruction", "instruction_prefix"]
+__all__ = [
+    "DEFAULT_TEMPLATE",
+    "INSTRUCTION_SETS",
+    "SIDED_TASK_TYPES",
+    "format_with_instruction",
+    "instruction_prefix",
+    "load_instruction_set",
+    "task_prompts",
+]
 
 
 def instruction_prefix(instruction: str | None, template: str = DEFAULT_TEMPLATE) -> str:
@@ -31,3 +39,49 @@ def instruction_prefix(instruction: str | None, template: str = DEFAULT_TEMPLATE
 def format_with_instruction(instruction: str | None, text: str, template: str = DEFAULT_TEMPLATE) -> str:
     """``instruction`` + ``text`` following ``template``; the text alone when there is no instruction."""
     return instruction_prefix(instruction, template) + text
+
+
+#: Task types whose inputs have a query side and a document side: the instruction goes on queries only.
+SIDED_TASK_TYPES = frozenset({"Retrieval", "Reranking", "InstructionRetrieval", "InstructionReranking"})
+INSTRUCTION_SETS = ("paper", "none")
+
+
+def load_instruction_set(spec: str | None) -> tuple[str, dict[str, str]]:
+    """Resolve ``paper`` | ``none`` | a YAML/JSON file (task name -> instruction) to (label, mapping).
+
+    ``paper`` is the NeoBERT paper's set (Tables 8-9), shipped with the package.
+    """
+    import json
+    from pathlib import Path
+
+    if spec is None or spec == "none":
+        return "none", {}
+    if spec == "paper":
+        data = json.loads((Path(__file__).parent / "instructions_paper.json").read_text(encoding="utf8"))
+        return "paper", dict(data["instructions"])
+    path = Path(spec)
+    if not path.is_file():
+        raise ValueError(
+            f"instructions {spec!r}: expected 'paper', 'none' or a file (task name -> instruction)"
+        )
+    import yaml
+
+    mapping = yaml.safe_load(path.read_text(encoding="utf8"))  # YAML is a superset of JSON
+    if not isinstance(mapping, dict) or not all(isinstance(v, str) for v in mapping.values()):
+        raise ValueError(f"{path} must map task names to instruction strings")
+    return str(path), {str(k): v.strip() for k, v in mapping.items()}
+
+
+def task_prompts(
+    task_name: str, task_type: str, instruction: str | None, template: str = DEFAULT_TEMPLATE
+) -> dict[str, str]:
+    """Sentence-transformers prompts under the keys mteb looks up for one task.
+
+    Sided tasks get ``"<Task>-query"`` (the instruction) and ``"<Task>-document"`` (empty); other tasks get
+    ``"<Task>"``, applied to every text. No instruction gives empty prompts, so no generic prompt of the
+    model leaks into the task.
+    """
+    prefix = instruction_prefix(instruction, template)
+    if task_type in SIDED_TASK_TYPES:
+        return {f"{task_name}-query": prefix, f"{task_name}-document": ""}
+    return {task_name: prefix}

@@ -1,0 +1,1 @@
+"""MTEB evaluation: local or hub data, the paper's instructions, Table-4 summaries, comparisons."""

@@ -1,0 +1,239 @@
+"""Run mteb tasks on a model: hub or local data, the paper's instructions as prompts, fp16/bf16/fp32, robust runs.
+
+Each finished task writes ``OUTPUT/<task>.json`` (atomically): main score, every metric mteb reports, wall
+time, precision and instruction set. mteb's own per-task JSON goes to ``OUTPUT/mteb/``. Tasks already present
+are skipped unless ``overwrite``; a failing task is logged and the others still run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from neoembed.eval.local_data import LocalDataError, point_task_at
+from neoembed.eval.task_cards import CARD_FILE, build_card_task, load_task_card
+from neoembed.instructions import DEFAULT_TEMPLATE, load_instruction_set, task_prompts
+from neoembed.record import atomic_write_text, write_run_record
+
+__all__ = ["EvalConfig", "EvalReport", "resolve_tasks", "run_mteb"]
+
+logger = logging.getLogger(__name__)
+PRECISIONS = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": None}
+
+
+@dataclass
+class EvalConfig:
+    model: str
+    output: Path
+    tasks: list[str] | None = None
+    task_types: list[str] | None = None
+    benchmark: str | None = None
+    precision: str | None = None  # None: fp16 on CUDA, fp32 on CPU
+    instructions: str = "paper"
+    template: str = DEFAULT_TEMPLATE
+    batch_size: int = 32
+    max_length: int | None = None
+    data_dir: Path | None = None
+    overwrite: bool = False
+    seed: int = 42
+    device: str | None = None
+
+
+@dataclass
+class EvalReport:
+    scores: dict[str, dict] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+
+
+class _Unresolvable:
+    """Stands in for a task folder that could not be turned into a task; fails when run."""
+
+    def __init__(self, name: str, error: Exception):
+        from types import SimpleNamespace
+
+        self.metadata = SimpleNamespace(name=name, type="?", main_score=None)
+        self.error = error
+
+
+def _task_from_dir(name: str, folder: Path):
+    import mteb
+
+    if (folder / CARD_FILE).is_file():
+        card, data = load_task_card(folder)
+        return build_card_task(card, data), card.instruction
+    try:
+        task = mteb.get_task(name)
+    except Exception as e:  # mteb raises KeyError/ValueError for unknown names
+        raise LocalDataError(
+            f"{folder} is neither an mteb task name nor a folder with a {CARD_FILE} task card ({e})"
+        ) from None
+    return point_task_at(task, folder), None
+
+
+def resolve_tasks(cfg: EvalConfig) -> list[tuple[object, str | None]]:
+    """(mteb task, card instruction or None) for the run; with a data dir, tasks come from its folders."""
+    import mteb
+
+    out = []
+    if cfg.data_dir is not None:
+        data_dir = Path(cfg.data_dir)
+        if not data_dir.is_dir():
+            raise LocalDataError(f"--data-dir {data_dir} does not exist")
+        names = cfg.tasks or sorted(p.name for p in data_dir.iterdir() if p.is_dir())
+        if not names:
+            raise LocalDataError(
+                f"--data-dir {data_dir} has no task folders (one folder per task, named after it)"
+            )
+        for name in names:
+            folder = data_dir / name
+            if not folder.is_dir():
+                raise LocalDataError(
+                    f"task {name}: expected its data in {folder} (split files such as test.jsonl.gz, config "
+                    f"folders such as corpus/ queries/ qrels/, or a {CARD_FILE} task card)"
+                )
+            try:
+                out.append(_task_from_dir(name, folder))
+            except (LocalDataError, ValueError) as e:  # unusable folder: a failed task, not a failed run
+                out.append((_Unresolvable(name, e), None))
+    else:
+        for spec in cfg.tasks or []:
+            p = Path(spec)
+            if p.suffix in (".yaml", ".yml") or (p.is_dir() and (p / CARD_FILE).is_file()):
+                card, data = load_task_card(p)
+                out.append((build_card_task(card, data), card.instruction))
+        names = [
+            t for t in cfg.tasks or [] if Path(t).suffix not in (".yaml", ".yml") and not Path(t).is_dir()
+        ]
+        if names or not cfg.tasks:
+            bench = mteb.get_benchmark(cfg.benchmark or "MTEB(eng, v1)") if not names else None
+            selected = mteb.get_tasks(tasks=names) if names else list(bench.tasks)
+            out.extend((t, None) for t in selected)
+    if cfg.task_types:
+        wanted = set(cfg.task_types)
+        out = [(t, i) for t, i in out if t.metadata.type in wanted or isinstance(t, _Unresolvable)]
+    return out
+
+
+def _load_model(cfg: EvalConfig):
+    import neoembed
+
+    model = neoembed.load(cfg.model, device=cfg.device)
+    if cfg.max_length:
+        model.max_seq_length = cfg.max_length
+    return model
+
+
+def _precision(cfg: EvalConfig, device: str) -> str:
+    if cfg.precision:
+        if cfg.precision not in PRECISIONS:
+            raise ValueError(f"unknown precision {cfg.precision!r}; valid: {list(PRECISIONS)}")
+        return cfg.precision
+    return "fp16" if device.startswith("cuda") else "fp32"
+
+
+def _autocast(precision: str, device: str):
+    dtype = PRECISIONS[precision]
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type="cuda" if device.startswith("cuda") else "cpu", dtype=dtype)
+
+
+def _task_result_dict(result) -> dict:
+    for attr in ("to_dict", "model_dump"):
+        if hasattr(result, attr):
+            return json.loads(json.dumps(getattr(result, attr)(), default=str))
+    return {}
+
+
+def run_mteb(cfg: EvalConfig, model=None) -> EvalReport:
+    """Evaluate ``cfg.model`` (or an already loaded ``model``) on the configured tasks."""
+    import mteb
+    from mteb.cache import ResultCache
+    from mteb.models import SentenceTransformerEncoderWrapper
+    from tqdm.auto import tqdm
+
+    from neoembed.recipe import seed_everything
+
+    seed_everything(cfg.seed)
+    output = Path(cfg.output)
+    output.mkdir(parents=True, exist_ok=True)
+    label, instruction_map = load_instruction_set(cfg.instructions)
+    tasks = resolve_tasks(cfg)
+    model = model if model is not None else _load_model(cfg)
+    device = str(model.device)
+    precision = _precision(cfg, device)
+    if precision != "fp32" and not device.startswith("cuda"):
+        logger.warning(
+            "running %s autocast on CPU (slow); the paper's fp16 evaluation ran on GPUs", precision
+        )
+    report = EvalReport()
+    record_extra = {"instructions": label, "precision": precision, "device": device, "tasks": []}
+    for task, card_instruction in tqdm(tasks, desc="mteb tasks", unit="task"):
+        name, ttype = task.metadata.name, task.metadata.type
+        target = output / f"{name}.json"
+        if target.is_file() and not cfg.overwrite:
+            report.skipped.append(name)
+            continue
+        instruction = None if label == "none" else instruction_map.get(name, card_instruction)
+        prompts = task_prompts(name, ttype, instruction, cfg.template)
+        wrapper = SentenceTransformerEncoderWrapper(model, model_prompts=prompts)
+        t0 = time.perf_counter()
+        try:
+            if isinstance(task, _Unresolvable):
+                raise task.error
+            with _autocast(precision, device), torch.inference_mode():
+                result = mteb.evaluate(
+                    wrapper,
+                    task,
+                    cache=ResultCache(output / "mteb"),
+                    overwrite_strategy="always",
+                    encode_kwargs={"batch_size": cfg.batch_size},
+                    show_progress_bar=True,
+                )
+            task_result = result.task_results[0]
+            score = float(task_result.get_score())
+            if score != score:  # NaN
+                raise FloatingPointError("the main score is NaN: the model produced non-finite embeddings")
+        except Exception as e:
+            logger.error("task %s failed: %s", name, e)
+            report.failed[name] = f"{type(e).__name__}: {e}"
+            (output / "failures").mkdir(exist_ok=True)
+            atomic_write_text(output / "failures" / f"{name}.txt", traceback.format_exc())
+            continue
+        entry = {
+            "task": name,
+            "type": ttype,
+            "main_score_name": task.metadata.main_score,
+            "main_score": score,
+            "wall_time_s": round(time.perf_counter() - t0, 3),
+            "precision": precision,
+            "instructions": label,
+            "instruction": instruction,
+            "model": cfg.model,
+            "mteb": _task_result_dict(task_result),
+        }
+        atomic_write_text(target, json.dumps(entry, indent=2) + "\n")
+        report.scores[name] = entry
+        record_extra["tasks"].append(name)
+    data_files = []
+    if cfg.data_dir is not None:
+        data_files = [
+            p for p in Path(cfg.data_dir).rglob("*") if p.is_file() and p.stat().st_size < 512 << 20
+        ]
+    write_run_record(
+        output,
+        "mteb",
+        recipe={k: str(v) for k, v in vars(cfg).items()},
+        seed=cfg.seed,
+        data_files=data_files,
+        extra=record_extra,
+    )
+    return report

@@ -1,0 +1,159 @@
+"""Summaries in the form of the paper's Table 4: one row per model, the mean main score per task type,
+the overall mean over tasks, and how many tasks are covered (a partial suite is labelled so)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+from neoembed.record import atomic_write_text
+
+__all__ = ["MTEB_ENG_V1_TASKS_PER_TYPE", "compare_runs", "load_run", "summarize", "write_summary"]
+
+TYPE_ORDER = (
+    "Classification",
+    "Clustering",
+    "PairClassification",
+    "Reranking",
+    "Retrieval",
+    "STS",
+    "Summarization",
+)
+#: Task counts of MTEB(eng, v1) per type (56 tasks; CQADupstack counted once).
+MTEB_ENG_V1_TASKS_PER_TYPE = {
+    "Classification": 12,
+    "Clustering": 11,
+    "PairClassification": 3,
+    "Reranking": 4,
+    "Retrieval": 15,
+    "STS": 10,
+    "Summarization": 1,
+}
+
+
+def load_run(run_dir: str | Path) -> dict[str, dict]:
+    """task name -> result entry, for the per-task JSON files of one ``neoembed mteb`` output folder."""
+    run_dir = Path(run_dir)
+    out = {}
+    for f in sorted(run_dir.glob("*.json")):
+        if f.name in ("run_record.json", "summary.json"):
+            continue
+        entry = json.loads(f.read_text())
+        if "main_score" in entry and "type" in entry:
+            out[entry["task"]] = entry
+    return out
+
+
+def summarize(results: dict[str, dict], model: str, full_suite: dict[str, int] | None = None) -> dict:
+    """Per-type means, overall mean over tasks, task count, and whether the suite is partial."""
+    by_type: dict[str, list[float]] = {}
+    for entry in results.values():
+        by_type.setdefault(entry["type"], []).append(float(entry["main_score"]))
+    types = [t for t in TYPE_ORDER if t in by_type] + sorted(set(by_type) - set(TYPE_ORDER))
+    scores = [s for v in by_type.values() for s in v]
+    suite = full_suite or MTEB_ENG_V1_TASKS_PER_TYPE
+    partial = any(len(by_type.get(t, [])) < n for t, n in suite.items())
+    return {
+        "model": model,
+        "per_type": {t: sum(by_type[t]) / len(by_type[t]) for t in types},
+        "tasks_per_type": {t: len(by_type[t]) for t in types},
+        "mean": sum(scores) / len(scores) if scores else float("nan"),
+        "n_tasks": len(scores),
+        "partial": partial,
+    }
+
+
+def _markdown(rows: list[dict]) -> str:
+    types = []
+    for r in rows:
+        types += [t for t in r["per_type"] if t not in types]
+    head = "| model | " + " | ".join(
+        f"{t} ({max(r['tasks_per_type'].get(t, 0) for r in rows)})" for t in types
+    )
+    head += " | mean | tasks |\n|---|" + "---|" * (len(types) + 2) + "\n"
+    lines = []
+    for r in rows:
+        cells = [f"{100 * r['per_type'][t]:.2f}" if t in r["per_type"] else "–" for t in types]
+        label = f"{r['n_tasks']} (partial)" if r["partial"] else str(r["n_tasks"])
+        lines.append(f"| {r['model']} | " + " | ".join(cells) + f" | {100 * r['mean']:.2f} | {label} |")
+    return head + "\n".join(lines) + "\n"
+
+
+def _csv(rows: list[dict]) -> str:
+    types = []
+    for r in rows:
+        types += [t for t in r["per_type"] if t not in types]
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["model", *types, "mean", "n_tasks", "partial"])
+    for r in rows:
+        w.writerow(
+            [r["model"], *[r["per_type"].get(t, "") for t in types], r["mean"], r["n_tasks"], r["partial"]]
+        )
+    return buf.getvalue()
+
+
+def write_summary(run_dir: str | Path, model: str) -> dict:
+    """Write summary.md / summary.csv / summary.json into the run folder; returns the summary row."""
+    run_dir = Path(run_dir)
+    row = summarize(load_run(run_dir), model)
+    atomic_write_text(run_dir / "summary.json", json.dumps(row, indent=2) + "\n")
+    atomic_write_text(run_dir / "summary.md", _markdown([row]))
+    atomic_write_text(run_dir / "summary.csv", _csv([row]))
+    return row
+
+
+def compare_runs(run_dirs: list[str | Path], out: str | Path | None = None) -> str:
+    """Side-by-side table of several runs (markdown, returned) and, if ``out`` is given, a bar chart per task
+    type (PNG) and the table as markdown/CSV there."""
+    rows = []
+    for d in run_dirs:
+        d = Path(d)
+        results = load_run(d)
+        if not results:
+            raise FileNotFoundError(f"{d} holds no neoembed mteb results (<task>.json files)")
+        model = next(iter(results.values())).get("model") or d.name
+        rows.append({**summarize(results, model), "run": str(d), "tasks": results})
+    for r in rows:
+        r["model"] = (
+            f"{r['model']} [{Path(r['run']).name}]"
+            if len({x["model"] for x in rows}) < len(rows)
+            else r["model"]
+        )
+    table = _markdown(rows)
+    if out is not None:
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out / "compare.md", table)
+        atomic_write_text(out / "compare.csv", _csv(rows))
+        _plot(rows, out / "compare.png")
+    return table
+
+
+def _plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    types = []
+    for r in rows:
+        types += [t for t in r["per_type"] if t not in types]
+    fig, axes = plt.subplots(1, len(types), figsize=(max(4, 3.2 * len(types)), 4), squeeze=False)
+    for ax, t in zip(axes[0], types, strict=True):
+        tasks = sorted({name for r in rows for name, e in r["tasks"].items() if e["type"] == t})
+        x = np.arange(len(tasks))
+        width = 0.8 / len(rows)
+        for i, r in enumerate(rows):
+            ys = [100 * r["tasks"][n]["main_score"] if n in r["tasks"] else 0 for n in tasks]
+            ax.bar(x + i * width, ys, width, label=r["model"])
+        ax.set_xticks(x + width * (len(rows) - 1) / 2, tasks, rotation=45, ha="right", fontsize=8)
+        ax.set_title(t)
+        ax.set_ylabel("main score")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

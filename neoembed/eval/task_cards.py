@@ -1,0 +1,144 @@
+"""Task cards: a local dataset described in a few lines of YAML runs as an mteb task of its type.
+
+A task card (``task.yaml`` in the data folder, or any ``*.yaml`` passed to ``--tasks``)::
+
+    name: MSRP                          # task name used in results and prompts
+    type: PairClassification            # STS | PairClassification | Reranking
+    data: ../shared/data/eval/MSRP      # folder with the split files; relative to the card (default: its folder)
+    eval_splits: [test]
+    columns: {sentence1: sentence1, sentence2: sentence2, labels: label}   # mteb column <- file column
+    main_score: max_ap                  # optional: the type's usual main score otherwise
+    instruction: "Retrieve text that is semantically similar to the given text."   # optional
+    description: Microsoft Research Paraphrase Corpus, test split.
+    score_range: [0, 5]                 # STS only: min and max gold score
+
+Column names mteb expects, per type: STS ``sentence1, sentence2, score``; PairClassification ``sentence1,
+sentence2, labels`` (0/1); Reranking ``query, positive, negative`` (lists of texts).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import ValidationError
+
+from neoembed.eval.local_data import LocalDataError, local_dataset_repo
+from neoembed.recipe import RecipeError, StrictModel, format_validation_error
+
+__all__ = ["CARD_FILE", "TaskCard", "build_card_task", "load_task_card"]
+
+CARD_FILE = "task.yaml"
+TaskType = Literal["STS", "PairClassification", "Reranking"]
+EXPECTED_COLUMNS = {
+    "STS": ("sentence1", "sentence2", "score"),
+    "PairClassification": ("sentence1", "sentence2", "labels"),
+    "Reranking": ("query", "positive", "negative"),
+}
+DEFAULT_MAIN_SCORE = {"STS": "cosine_spearman", "PairClassification": "max_ap", "Reranking": "map_at_1000"}
+
+
+class TaskCard(StrictModel):
+    name: str
+    type: TaskType
+    data: str = "."
+    eval_splits: list[str] = ["test"]
+    columns: dict[str, str] = {}
+    main_score: str | None = None
+    instruction: str | None = None
+    description: str = "A local task described by a neoembed task card."
+    score_range: tuple[float, float] = (0.0, 5.0)
+    license: str | None = None
+
+
+def load_task_card(path: str | Path) -> tuple[TaskCard, Path]:
+    """Validate a task card; returns it with its data folder resolved against the card's own folder."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / CARD_FILE
+    if not path.is_file():
+        raise LocalDataError(f"no task card at {path}")
+    raw = yaml.safe_load(path.read_text(encoding="utf8")) or {}
+    try:
+        card = TaskCard.model_validate(raw)
+    except ValidationError as e:
+        raise RecipeError(format_validation_error(e, TaskCard, str(path))) from None
+    data = (path.parent / card.data).resolve()
+    if not data.is_dir():
+        raise LocalDataError(f"task card {path}: data folder {data} does not exist")
+    return card, data
+
+
+def _load_renamed(card: TaskCard, data: Path):
+    import datasets
+
+    repo = local_dataset_repo(data)
+    ds = datasets.load_dataset(str(repo))
+    missing_splits = [s for s in card.eval_splits if s not in ds]
+    if missing_splits:
+        raise LocalDataError(f"task {card.name}: split(s) {missing_splits} not in {data} (found {list(ds)})")
+    out = {}
+    for split in card.eval_splits:
+        d = ds[split]
+        mapping = {card.columns.get(c, c): c for c in EXPECTED_COLUMNS[card.type]}
+        missing = [src for src in mapping if src not in d.column_names]
+        if missing:
+            raise LocalDataError(
+                f"task {card.name}: column(s) {missing} not in {data} split {split} (has {d.column_names}); "
+                f"map them with `columns:` (mteb expects {list(EXPECTED_COLUMNS[card.type])})"
+            )
+        d = d.select_columns(list(mapping)).rename_columns({k: v for k, v in mapping.items() if k != v})
+        out[split] = d
+    return datasets.DatasetDict(out)
+
+
+def build_card_task(card: TaskCard, data: Path):
+    """An mteb task object of the card's type whose data come from ``data``."""
+    from mteb.abstasks.pair_classification import AbsTaskPairClassification
+    from mteb.abstasks.sts import AbsTaskSTS
+    from mteb.abstasks.task_metadata import TaskMetadata
+    from mteb.abstasks.text import reranking
+
+    metadata = TaskMetadata(
+        name=card.name,
+        description=card.description,
+        dataset={"path": str(data), "revision": "local"},
+        type=card.type,
+        category="t2t",
+        modalities=["text"],
+        eval_splits=card.eval_splits,
+        eval_langs=["eng-Latn"],
+        main_score=card.main_score or DEFAULT_MAIN_SCORE[card.type],
+        license=card.license,
+        prompt=card.instruction,
+    )
+
+    if card.type == "Reranking":
+        if card.name not in reranking.OLD_FORMAT_RERANKING_TASKS:
+            reranking.OLD_FORMAT_RERANKING_TASKS.append(card.name)
+
+        class CardReranking(reranking.AbsTaskReranking):
+            def load_data(self, num_proc=None, **kwargs):
+                if self.data_loaded:
+                    return
+                self.transform_old_dataset_format(_load_renamed(card, data))
+                self.data_loaded = True
+
+        cls = CardReranking
+    else:
+        base = AbsTaskSTS if card.type == "STS" else AbsTaskPairClassification
+
+        class CardTask(base):  # type: ignore[valid-type,misc]
+            def load_data(self, num_proc=None, **kwargs):
+                if self.data_loaded:
+                    return
+                self.dataset = _load_renamed(card, data)
+                self.data_loaded = True
+
+        if card.type == "STS":
+            CardTask.min_score, CardTask.max_score = card.score_range
+        cls = CardTask
+    cls.metadata = metadata
+    cls.__name__ = f"Card{card.type}_{card.name}"
+    return cls()

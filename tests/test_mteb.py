@@ -1,0 +1,270 @@
+"""`neoembed mteb`: anchor reproduction on local data, card tasks, local layouts per task type, summaries,
+resume, failure isolation, precision."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from neoembed.eval.runner import EvalConfig, run_mteb
+from neoembed.eval.summary import compare_runs, summarize, write_summary
+from neoembed.instructions import load_instruction_set, task_prompts
+
+ANCHOR_TOL = 0.005
+
+
+def anchors(shared: Path) -> dict[str, float]:
+    data = yaml.safe_load((shared / "data" / "anchors.yaml").read_text())
+    model = next(m for m in data["models"] if m["model"] == "sentence-transformers/all-MiniLM-L6-v2")
+    return {t["task"]: float(t["main_score"]) for t in model["tasks"]}
+
+
+@pytest.fixture(scope="module")
+def minilm(minilm_path):
+    import neoembed
+
+    return neoembed.load(minilm_path)
+
+
+def _run(model, tmp, **kw):
+    cfg = EvalConfig(model=kw.pop("name", "m"), output=tmp, instructions=kw.pop("instructions", "none"), **kw)
+    return run_mteb(cfg, model=model)
+
+
+@pytest.mark.parametrize("task", ["STS13", "STS16"])
+def test_anchor_sts_subset(minilm, shared_dir, tmp_path, task):
+    report = _run(minilm, tmp_path, data_dir=shared_dir / "data" / "mteb", tasks=[task])
+    assert not report.failed
+    assert abs(report.scores[task]["main_score"] - anchors(shared_dir)[task]) <= ANCHOR_TOL
+
+
+@pytest.mark.slow
+def test_anchor_all_sts(minilm, shared_dir, tmp_path):
+    tasks = ["STS13", "STS14", "STS15", "STS16", "SICK-R"]
+    report = _run(minilm, tmp_path, data_dir=shared_dir / "data" / "mteb", tasks=tasks)
+    ref = anchors(shared_dir)
+    for t in tasks:
+        assert abs(report.scores[t]["main_score"] - ref[t]) <= ANCHOR_TOL, (
+            t,
+            report.scores[t]["main_score"],
+            ref[t],
+        )
+
+
+def _card_dir(tmp_path, shared, name, type_, **extra):
+    d = tmp_path / "cards" / name
+    d.mkdir(parents=True)
+    card = {"name": name, "type": type_, "data": str(shared / "data" / "eval" / name), **extra}
+    (d / "task.yaml").write_text(yaml.safe_dump(card))
+    return d
+
+
+def test_card_tasks_msrp_and_trecqa(minilm, shared_dir, tmp_path):
+    cards = tmp_path / "cards"
+    _card_dir(tmp_path, shared_dir, "MSRP", "PairClassification", columns={"labels": "label"})
+    _card_dir(tmp_path, shared_dir, "TrecQA", "Reranking")
+    report = _run(minilm, tmp_path / "out", data_dir=cards)
+    assert not report.failed, report.failed
+    assert 0.5 < report.scores["MSRP"]["main_score"] <= 1.0  # AP of cosine similarity
+    assert 0.3 < report.scores["TrecQA"]["main_score"] <= 1.0  # MAP
+    assert report.scores["MSRP"]["main_score_name"] == "max_ap"
+
+
+def _write_jsonl_gz(path: Path, rows):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wt", encoding="utf8") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+
+
+def test_local_retrieval_layout_corpus_queries_qrels(minilm, tmp_path):
+    """A retrieval task served from corpus/queries/qrels files in the raw hub layout."""
+    topics = [
+        "cats purr when content",
+        "the stock market fell sharply",
+        "volcanoes erupt molten lava",
+        "bread rises because of yeast",
+        "rain forms when vapour condenses",
+        "chess openings control the centre",
+    ]
+    folder = tmp_path / "data" / "SciFact"
+    _write_jsonl_gz(
+        folder / "corpus.jsonl.gz", [{"_id": f"d{i}", "title": "", "text": t} for i, t in enumerate(topics)]
+    )
+    queries = [
+        "why do cats purr",
+        "what happened to stocks",
+        "what comes out of a volcano",
+        "why does bread rise",
+        "how does rain form",
+        "how to open a chess game",
+    ]
+    _write_jsonl_gz(folder / "queries.jsonl.gz", [{"_id": f"q{i}", "text": q} for i, q in enumerate(queries)])
+    _write_jsonl_gz(
+        folder / "qrels" / "test.jsonl.gz",
+        [{"query-id": f"q{i}", "corpus-id": f"d{i}", "score": 1} for i in range(6)],
+    )
+    report = _run(minilm, tmp_path / "out", data_dir=tmp_path / "data")
+    assert not report.failed, report.failed
+    assert report.scores["SciFact"]["main_score"] > 0.8  # nDCG@10 on an easy toy set
+
+
+def test_local_classification_layout(minilm, tmp_path):
+    folder = tmp_path / "data" / "EmotionClassification"
+    happy = [
+        "what a wonderful day",
+        "i love this so much",
+        "this makes me very happy",
+        "great news today",
+        "i am thrilled and glad",
+        "such a joyful moment",
+        "best party ever",
+        "i feel fantastic",
+    ]
+    sad = [
+        "i feel terrible today",
+        "this is so sad",
+        "i miss them badly",
+        "what an awful loss",
+        "i am heartbroken",
+        "nothing goes right",
+        "such a gloomy evening",
+        "i cried all night",
+    ]
+    rows = [{"text": t, "label": 1} for t in happy] + [{"text": t, "label": 0} for t in sad]
+    _write_jsonl_gz(folder / "train.jsonl.gz", rows * 2)
+    _write_jsonl_gz(folder / "validation.jsonl.gz", rows)
+    _write_jsonl_gz(folder / "test.jsonl.gz", rows)
+    report = _run(minilm, tmp_path / "out", data_dir=tmp_path / "data")
+    assert not report.failed, report.failed
+    assert 0.5 <= report.scores["EmotionClassification"]["main_score"] <= 1.0
+
+
+def test_missing_folder_is_a_clear_error(minilm, tmp_path):
+    from neoembed.eval.local_data import LocalDataError
+
+    (tmp_path / "data").mkdir()
+    with pytest.raises(LocalDataError, match="expected its data in"):
+        _run(minilm, tmp_path / "out", data_dir=tmp_path / "data", tasks=["STS13"])
+
+
+def test_resume_skips_and_broken_task_does_not_stop_others(minilm, shared_dir, tmp_path):
+    data = tmp_path / "data"
+    shutil.copytree(shared_dir / "data" / "mteb" / "STS16", data / "STS16")
+    (data / "STS13").mkdir(parents=True)
+    _write_jsonl_gz(data / "STS13" / "test.jsonl.gz", [{"wrong": "columns"}])  # broken task
+    out = tmp_path / "out"
+    report = _run(minilm, out, data_dir=data)
+    assert "STS13" in report.failed and "STS16" in report.scores
+    assert (out / "failures" / "STS13.txt").is_file()
+    again = _run(minilm, out, data_dir=data, tasks=["STS16"])
+    assert again.skipped == ["STS16"] and not again.scores
+
+
+def test_cli_exit_code_and_summary(minilm_path, shared_dir, tmp_path):
+    data = tmp_path / "data"
+    shutil.copytree(shared_dir / "data" / "mteb" / "STS16", data / "STS16")
+    (data / "Broken").mkdir()
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "neoembed",
+            "mteb",
+            "--model",
+            str(minilm_path),
+            "--data-dir",
+            str(data),
+            "--instructions",
+            "none",
+            "--output",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "Broken" in r.stderr and "STS (1)" in r.stdout
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["n_tasks"] == 1 and summary["partial"]
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "neoembed",
+            "mteb",
+            "compare",
+            str(tmp_path / "out"),
+            str(tmp_path / "out"),
+            "--out",
+            str(tmp_path / "cmp"),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "cmp" / "compare.png").stat().st_size > 1000
+
+
+def test_summary_averages_by_hand(tmp_path):
+    results = {
+        "A": {"task": "A", "type": "STS", "main_score": 0.8},
+        "B": {"task": "B", "type": "STS", "main_score": 0.6},
+        "C": {"task": "C", "type": "Retrieval", "main_score": 0.4},
+    }
+    row = summarize(results, "m")
+    assert row["per_type"] == {"Retrieval": 0.4, "STS": pytest.approx(0.7)}
+    assert row["mean"] == pytest.approx(0.6) and row["n_tasks"] == 3 and row["partial"]
+    for name, entry in results.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(entry))
+    written = write_summary(tmp_path, "m")
+    assert written["mean"] == pytest.approx(0.6)
+    assert "| m | 40.00 | 70.00 | 60.00 | 3 (partial) |" in (tmp_path / "summary.md").read_text()
+    assert "| 40.00 | 70.00 | 60.00 | 3 (partial) |" in compare_runs([tmp_path])
+
+
+def test_instruction_sets_and_prompt_keys(tmp_path):
+    label, paper = load_instruction_set("paper")
+    assert label == "paper" and paper["STS13"] == "Retrieve semantically similar text."
+    assert paper["SciFact"].startswith("Given a scientific claim")
+    assert task_prompts("SciFact", "Retrieval", paper["SciFact"]) == {
+        "SciFact-query": paper["SciFact"] + " ",
+        "SciFact-document": "",
+    }
+    assert task_prompts("STS13", "STS", "Retrieve semantically similar text.") == {
+        "STS13": "Retrieve semantically similar text. "
+    }
+    assert load_instruction_set("none") == ("none", {})
+    f = tmp_path / "mine.yaml"
+    f.write_text("STS13: Find similar sentences.\n")
+    assert load_instruction_set(str(f))[1] == {"STS13": "Find similar sentences."}
+    with pytest.raises(ValueError, match="paper"):
+        load_instruction_set("nonsense")
+
+
+def test_instructions_reach_the_encoder(minilm, shared_dir, tmp_path):
+    a = _run(
+        minilm, tmp_path / "a", data_dir=shared_dir / "data" / "mteb", tasks=["STS16"], instructions="paper"
+    )
+    b = _run(
+        minilm, tmp_path / "b", data_dir=shared_dir / "data" / "mteb", tasks=["STS16"], instructions="none"
+    )
+    assert a.scores["STS16"]["instruction"] == "Retrieve semantically similar text."
+    assert a.scores["STS16"]["main_score"] != b.scores["STS16"]["main_score"]
+
+
+def test_fp16_matches_fp32_on_tiny_neobert(tiny_official, shared_dir, tmp_path):
+    import neoembed
+
+    model = neoembed.load(tiny_official)
+    kw = dict(data_dir=shared_dir / "data" / "mteb", tasks=["STS16"])
+    fp32 = _run(model, tmp_path / "32", precision="fp32", **kw).scores["STS16"]["main_score"]
+    fp16 = _run(model, tmp_path / "16", precision="fp16", **kw).scores["STS16"]["main_score"]
+    assert abs(fp32 - fp16) <= 0.01
