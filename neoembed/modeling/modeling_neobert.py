@@ -19,6 +19,7 @@ Attention runs in one of two layouts:
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from dataclasses import dataclass
@@ -114,8 +115,9 @@ class PackedBatch:
     )  # (T,) flat positions of real tokens in the (B*L) grid; None if input was packed
 
 
+@functools.cache
 def _flash_varlen():
-    """flash-attn's varlen kernel if installed, else None (imported lazily)."""
+    """flash-attn's varlen kernel if installed, else None (imported lazily, looked up once)."""
     try:
         from flash_attn import flash_attn_varlen_func
     except ImportError:
@@ -123,6 +125,7 @@ def _flash_varlen():
     return flash_attn_varlen_func
 
 
+@functools.cache
 def _torch_varlen():
     try:
         from torch.nn.attention.varlen import varlen_attn

