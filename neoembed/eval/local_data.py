@@ -84,8 +84,14 @@ def _config_entry(name: str, files: dict[str, Path], link_dir: Path) -> dict:
     return entry
 
 
-def local_dataset_repo(folder: str | Path, cache_dir: str | Path | None = None) -> Path:
-    """A folder that ``datasets.load_dataset`` reads like the task's hub repository (see module doc)."""
+def local_dataset_repo(
+    folder: str | Path, cache_dir: str | Path | None = None, aliases: tuple[str, ...] = ()
+) -> Path:
+    """A folder that ``datasets.load_dataset`` reads like the task's hub repository (see module doc).
+
+    ``aliases``: config names the task will ask for (for instance the ``en`` subset of a multilingual task);
+    when the folder has no such config, its ``default`` files serve under that name too.
+    """
     folder = Path(folder)
     if not folder.is_dir():
         raise LocalDataError(f"{folder} does not exist (expected a folder with the task's data files)")
@@ -111,7 +117,10 @@ def local_dataset_repo(folder: str | Path, cache_dir: str | Path | None = None) 
             f"extensions {', '.join(sorted(FORMATS))}, or config sub-folders (corpus/, queries/, qrels/), "
             "or a hub snapshot with a README.md listing its configs"
         )
-    key = hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:16]
+    for alias in aliases:
+        if alias and alias not in configs and "default" in configs:
+            configs[alias] = configs["default"]
+    key = hashlib.sha256(f"{folder.resolve()}|{sorted(aliases)}".encode()).hexdigest()[:16]
     root = Path(cache_dir or Path(tempfile.gettempdir()) / "neoembed-local-data") / key
     root.mkdir(parents=True, exist_ok=True)
     entries = [_config_entry(name, files, root) for name, files in configs.items()]
@@ -122,7 +131,8 @@ def local_dataset_repo(folder: str | Path, cache_dir: str | Path | None = None) 
 
 def point_task_at(task, folder: str | Path, cache_dir: str | Path | None = None):
     """Make an mteb task load its data from ``folder``; checks that the task's evaluation splits exist."""
-    repo = local_dataset_repo(folder, cache_dir)
+    aliases = tuple(getattr(task, "hf_subsets", None) or ()) + (task.metadata.dataset.get("name") or "",)
+    repo = local_dataset_repo(folder, cache_dir, aliases=tuple(a for a in aliases if a and a != "default"))
     dataset = {**task.metadata.dataset, "path": str(repo), "revision": "local"}
     task.metadata = task.metadata.model_copy(update={"dataset": dataset})
     return task
