@@ -1,0 +1,202 @@
+"""InfoNCE, the loss of the unified contrastive recipe (NeoBERT paper, Section 5.2.1), plain and cached.
+
+For a batch of B queries q_i, each with a positive d_i+ and k >= 0 hard negatives:
+
+    logits_i = cos(q_i, [d_1+ ... d_B+, every hard negative of the batch]) / tau
+    loss     = cross_entropy(logits, target = i), averaged over the batch (``reduction="sum"`` sums, as the
+               released code does)
+
+A document whose text equals q_i's own positive elsewhere in the batch is a duplicate, not a negative: it is
+masked out of q_i's denominator (``mask_duplicates``).
+
+| input columns | query, positive, negative_1 ... negative_k (k may be 0) |
+|---|---|
+| relations | equals sentence-transformers' ``MultipleNegativesRankingLoss(scale=1/tau)`` when no duplicates occur; ``CachedInfoNCELoss`` is the GradCache version (same loss and gradients, memory of one mini-batch) |
+| references | van den Oord et al. 2018 (InfoNCE); Gao et al. 2021 (GradCache); Le Breton et al. 2025 (NeoBERT) |
+
+Both classes are thin overrides of the sentence-transformers losses: they reuse their embedding, caching and
+cross-device gathering, and replace only the scoring (temperature, duplicate mask, reduction).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from sentence_transformers.sentence_transformer.losses import (
+    CachedMultipleNegativesRankingLoss,
+    MultipleNegativesRankingLoss,
+)
+from torch import Tensor
+
+__all__ = ["CachedInfoNCELoss", "InfoNCELoss", "duplicate_mask", "info_nce", "text_keys"]
+
+
+def text_keys(features: dict[str, Tensor]) -> Tensor:
+    """One int64 key per row identifying its token sequence (equal texts -> equal keys)."""
+    ids = features["input_ids"]
+    mask = features.get("attention_mask")
+    ids = ids * mask if mask is not None else ids
+    # polynomial rolling hash over the (padded) ids; collisions are astronomically unlikely at batch scale
+    powers = torch.arange(1, ids.shape[1] + 1, device=ids.device, dtype=torch.int64)
+    return ((ids.to(torch.int64) + 1) * (powers * 1_000_003 + 7919)).sum(dim=1) + ids.shape[1] * 104_729
+
+
+def duplicate_mask(positive_keys: Tensor, candidate_keys: Tensor, offset: int = 0) -> Tensor:
+    """(B, N) True where candidate j has the same text as query i's positive but is not that positive."""
+    mask = positive_keys[:, None] == candidate_keys[None, :]
+    rows = torch.arange(len(positive_keys), device=mask.device)
+    mask[rows, rows + offset] = False
+    return mask
+
+
+def info_nce(
+    queries: Tensor,
+    candidates: Tensor,
+    temperature: float,
+    mask: Tensor | None = None,
+    reduction: str = "mean",
+    offset: int = 0,
+) -> Tensor:
+    """InfoNCE of queries (B, d) against candidates (N, d) whose column ``offset + i`` is query i's positive."""
+    logits = (
+        F.cosine_similarity(queries[:, None, :].float(), candidates[None, :, :].float(), dim=-1) / temperature
+    )
+    if mask is not None:
+        logits = logits.masked_fill(mask, float("-inf"))
+    target = torch.arange(len(queries), device=queries.device) + offset
+    return F.cross_entropy(logits, target, reduction=reduction)
+
+
+def _gather(t: Tensor, with_grad: bool) -> Tensor:
+    from sentence_transformers.util.distributed import all_gather
+
+    return all_gather(t, with_grad=with_grad)
+
+
+def _rank() -> int:
+    return (
+        torch.distributed.get_rank()
+        if torch.distributed.is_available() and torch.distributed.is_initialized()
+        else 0
+    )
+
+
+class _InfoNCEMixin:
+    tau: float
+    mask_duplicates: bool
+    reduction: str
+    _keys: tuple[Tensor, Tensor] | None = None
+
+    def _remember_keys(self, sentence_features: list[dict[str, Tensor]]) -> None:
+        if not self.mask_duplicates:
+            self._keys = None
+            return
+        pos = text_keys(sentence_features[1])
+        cands = torch.cat([text_keys(f) for f in sentence_features[1:]])
+        self._keys = (pos, cands)
+
+    def _score(self, queries: Tensor, docs: list[Tensor]) -> Tensor:
+        batch = len(queries)
+        offset = 0
+        if self.gather_across_devices:
+            # every process scores its own queries against the candidates of all processes (with gradient)
+            docs = [_gather(d, True) for d in docs]
+            offset = _rank() * batch
+        candidates = torch.cat(docs)
+        mask = None
+        if self._keys is not None:
+            pos, cands = self._keys
+            if self.gather_across_devices:
+                # candidate order after gathering: [positives of all ranks, negatives_1 of all ranks, ...]
+                n_cols = len(docs)
+                per_col = cands.view(n_cols, -1)
+                cands = torch.cat([_gather(per_col[c], False) for c in range(n_cols)])
+            mask = duplicate_mask(pos, cands, offset=offset)
+        return info_nce(queries, candidates, self.tau, mask, self.reduction, offset)
+
+
+class InfoNCELoss(_InfoNCEMixin, MultipleNegativesRankingLoss):
+    """InfoNCE with temperature ``tau`` (default 0.07), duplicate masking and mean/sum reduction."""
+
+    def __init__(
+        self,
+        model,
+        temperature: float = 0.07,
+        mask_duplicates: bool = True,
+        reduction: str = "mean",
+        gather_across_devices: bool = False,
+    ) -> None:
+        if reduction not in ("mean", "sum"):
+            raise ValueError(f"unknown reduction {reduction!r}; valid: 'mean', 'sum'")
+        if temperature <= 0:
+            raise ValueError(f"temperature must be positive, got {temperature}")
+        super().__init__(model, scale=1.0 / temperature, gather_across_devices=gather_across_devices)
+        self.tau, self.mask_duplicates, self.reduction = temperature, mask_duplicates, reduction
+
+    def forward(self, sentence_features: Iterable[dict[str, Tensor]], labels: Tensor) -> Tensor:
+        sentence_features = list(sentence_features)
+        self._remember_keys(sentence_features)
+        return super().forward(sentence_features, labels)
+
+    def compute_loss_from_embeddings(self, embeddings: list[Tensor], labels: Tensor) -> Tensor:
+        if len(embeddings) < 2:
+            raise ValueError(f"InfoNCE needs a query and a positive column, got {len(embeddings)} column(s)")
+        return self._score(embeddings[0], embeddings[1:])
+
+    def get_config_dict(self):
+        return {"temperature": self.tau, "mask_duplicates": self.mask_duplicates, "reduction": self.reduction}
+
+
+class CachedInfoNCELoss(_InfoNCEMixin, CachedMultipleNegativesRankingLoss):
+    """GradCache InfoNCE: embeddings computed in mini-batches without graph, loss and embedding gradients on
+    the full batch, then a second chunked pass backpropagates them. Same loss and gradients as
+    :class:`InfoNCELoss` at the memory of one mini-batch."""
+
+    def __init__(
+        self,
+        model,
+        temperature: float = 0.07,
+        mask_duplicates: bool = True,
+        reduction: str = "mean",
+        mini_batch_size: int = 32,
+        gather_across_devices: bool = False,
+        show_progress_bar: bool = False,
+    ) -> None:
+        if reduction not in ("mean", "sum"):
+            raise ValueError(f"unknown reduction {reduction!r}; valid: 'mean', 'sum'")
+        super().__init__(
+            model,
+            scale=1.0 / temperature,
+            mini_batch_size=mini_batch_size,
+            gather_across_devices=gather_across_devices,
+            show_progress_bar=show_progress_bar,
+        )
+        object.__setattr__(self, "tau", temperature)
+        object.__setattr__(self, "mask_duplicates", mask_duplicates)
+        object.__setattr__(self, "reduction", reduction)
+
+    def forward(self, sentence_features: Iterable[dict[str, Tensor]], labels: Tensor) -> Tensor:
+        sentence_features = list(sentence_features)
+        self._remember_keys(sentence_features)
+        return super().forward(sentence_features, labels)
+
+    def calculate_loss(
+        self, reps: list[list[Tensor]], labels: Tensor | None = None, *, with_backward: bool = False
+    ):
+        queries = torch.cat(reps[0])
+        docs = [torch.cat(r) for r in reps[1:]]
+        loss = self._score(queries, docs)
+        if with_backward:
+            loss.backward()
+            loss = loss.detach()
+        return loss
+
+    def get_config_dict(self):
+        return {
+            "temperature": self.tau,
+            "mask_duplicates": self.mask_duplicates,
+            "reduction": self.reduction,
+            "mini_batch_size": self.mini_batch_size,
+        }

@@ -1,0 +1,115 @@
+"""InfoNCE: hand computation, duplicate masking, cached == plain (loss and every gradient)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import neoembed
+from neoembed.losses import CachedInfoNCELoss, InfoNCELoss, duplicate_mask, info_nce, text_keys
+
+
+def _cos(a, b):
+    return float(torch.nn.functional.cosine_similarity(a, b, dim=0))
+
+
+def test_info_nce_matches_hand_computation_with_hard_negatives():
+    g = torch.Generator().manual_seed(0)
+    q, p, n = torch.randn(2, 4, generator=g), torch.randn(2, 4, generator=g), torch.randn(2, 4, generator=g)
+    tau = 0.07
+    cands = torch.cat([p, n])
+    expected = 0.0
+    for i in range(2):
+        logits = [_cos(q[i], c) / tau for c in cands]
+        expected += -(logits[i] - math.log(sum(math.exp(x) for x in logits)))
+    assert float(info_nce(q, cands, tau)) == pytest.approx(expected / 2, rel=1e-5)
+    assert float(info_nce(q, cands, tau, reduction="sum")) == pytest.approx(expected, rel=1e-5)
+
+
+def test_duplicate_positive_is_masked_out():
+    g = torch.Generator().manual_seed(1)
+    q, p = torch.randn(3, 4, generator=g), torch.randn(3, 4, generator=g)
+    keys = torch.tensor([10, 20, 10])  # rows 0 and 2 share the same positive text
+    mask = duplicate_mask(keys, keys)
+    assert mask.tolist() == [[False, False, True], [False, False, False], [True, False, False]]
+    tau = 0.1
+    loss = float(info_nce(q, p, tau, mask))
+    expected = 0.0
+    for i in range(3):
+        logits = {j: _cos(q[i], p[j]) / tau for j in range(3) if not mask[i, j]}
+        expected += -(logits[i] - math.log(sum(math.exp(x) for x in logits.values())))
+    assert loss == pytest.approx(expected / 3, rel=1e-5)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_official):
+    return neoembed.load(tiny_official)
+
+
+BATCH = {
+    "query": [
+        "what is neobert",
+        "capital of france",
+        "how do cats purr",
+        "what is neobert",
+        "rain forms how",
+    ],
+    "positive": [
+        "an encoder model",
+        "paris",
+        "vibrating vocal folds",
+        "an encoder model",
+        "condensing vapour",
+    ],
+    "negative": ["a decoder model", "lyon", "dogs bark loudly", "a car", "dry desert air"],
+}
+
+
+def _features(model, columns):
+    return [model.tokenize(BATCH[c]) for c in columns]
+
+
+def test_text_keys_identify_duplicates(tiny):
+    keys = text_keys(tiny.tokenize(BATCH["positive"]))
+    assert keys[0] == keys[3] and len(set(keys.tolist())) == 4
+
+
+@pytest.mark.parametrize("columns", [("query", "positive"), ("query", "positive", "negative")])
+@pytest.mark.parametrize("mini_batch_size", [1, 2, 5])
+def test_cached_equals_plain_loss_and_gradients(tiny, columns, mini_batch_size):
+    tiny.train()
+    for m in tiny.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    labels = torch.zeros(5)
+    plain = InfoNCELoss(tiny)
+    tiny.zero_grad()
+    loss_plain = plain(_features(tiny, columns), labels)
+    loss_plain.backward()
+    grads_plain = {n: p.grad.clone() for n, p in tiny.named_parameters() if p.grad is not None}
+    cached = CachedInfoNCELoss(tiny, mini_batch_size=mini_batch_size)
+    tiny.zero_grad()
+    loss_cached = cached(_features(tiny, columns), labels)
+    loss_cached.backward()
+    assert loss_cached.item() == pytest.approx(loss_plain.item(), rel=1e-5)
+    assert grads_plain
+    for n, p in tiny.named_parameters():
+        if n in grads_plain:
+            torch.testing.assert_close(p.grad, grads_plain[n], rtol=1e-4, atol=1e-6, msg=n)
+
+
+def test_masking_changes_the_loss_and_can_be_turned_off(tiny):
+    cols = ("query", "positive")
+    with torch.no_grad():
+        masked = float(InfoNCELoss(tiny)(_features(tiny, cols), torch.zeros(5)))
+        unmasked = float(InfoNCELoss(tiny, mask_duplicates=False)(_features(tiny, cols), torch.zeros(5)))
+    assert masked < unmasked  # the duplicate positive no longer competes
+
+
+def test_bad_arguments(tiny):
+    with pytest.raises(ValueError, match="reduction"):
+        InfoNCELoss(tiny, reduction="max")
+    with pytest.raises(ValueError, match="temperature"):
+        InfoNCELoss(tiny, temperature=0)
