@@ -1,0 +1,1 @@
+"""Training data: data cards, their loaders, and the multi-dataset batch sampler."""

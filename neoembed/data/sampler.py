@@ -1,0 +1,79 @@
+"""Task-homogeneous batches: one dataset per step, drawn with probability pi_i = n_i^alpha / sum_j n_j^alpha.
+
+A sentence-transformers multi-dataset batch sampler (pass the class as ``multi_dataset_batch_sampler``). Each
+step draws a dataset and fills the whole batch from it. Under DDP, accelerate hands consecutive batches of the
+sampler to consecutive ranks; the sampler therefore yields ``world_size`` consecutive batches from the same
+dataset for every step, so that the global batch of a step is single-dataset on every rank.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator
+from itertools import accumulate
+
+import torch
+from sentence_transformers.base.sampler import MultiDatasetDefaultBatchSampler
+
+__all__ = ["PowerLawDatasetBatchSampler", "dataset_probabilities"]
+
+
+def dataset_probabilities(sizes: list[int], alpha: float) -> list[float]:
+    weights = [n**alpha for n in sizes]
+    total = sum(weights)
+    return [w / total for w in weights]
+
+
+def _world() -> int:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_world_size()
+    return 1
+
+
+class PowerLawDatasetBatchSampler(MultiDatasetDefaultBatchSampler):
+    """Draw a dataset per step with pi_i ∝ n_i^alpha; each dataset's own batch sampler fills the batch and is
+    restarted (next epoch of that dataset) when exhausted. ``history`` lists the dataset index of each step."""
+
+    def __init__(
+        self,
+        dataset,
+        batch_samplers,
+        generator=None,
+        seed: int = 0,
+        alpha: float = 0.5,
+        num_steps: int | None = None,
+    ) -> None:
+        super().__init__(dataset, batch_samplers, generator=generator, seed=seed)
+        self.alpha, self.num_steps = alpha, num_steps
+        self.sizes = [len(d) for d in dataset.datasets]
+        self.probabilities = dataset_probabilities(self.sizes, self.alpha)
+        self.history: list[int] = []
+        self.world_size = _world()
+
+    @classmethod
+    def with_settings(cls, alpha: float, num_steps: int | None = None):
+        """What to pass as ``multi_dataset_batch_sampler``: the trainer calls it with the datasets (picklable)."""
+        return functools.partial(cls, alpha=alpha, num_steps=num_steps)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        g = torch.Generator().manual_seed(self.seed + 1_000_003 * self.epoch)
+        offsets = [0, *accumulate(self.sizes)]
+        iters = [iter(s) for s in self.batch_samplers]
+        probs = torch.tensor(self.probabilities)
+        self.history = []
+        for _ in range(len(self) // self.world_size):
+            i = int(torch.multinomial(probs, 1, generator=g))
+            self.history.append(i)
+            for _rank in range(self.world_size):  # the same dataset for every rank of this step
+                try:
+                    batch = next(iters[i])
+                except StopIteration:
+                    if hasattr(self.batch_samplers[i], "set_epoch"):
+                        self.batch_samplers[i].set_epoch(getattr(self.batch_samplers[i], "epoch", 0) + 1)
+                    iters[i] = iter(self.batch_samplers[i])
+                    batch = next(iters[i])
+                yield [j + offsets[i] for j in batch]
+
+    def __len__(self) -> int:
+        steps = self.num_steps or sum(len(s) for s in self.batch_samplers) // self.world_size
+        return steps * self.world_size

@@ -1,0 +1,1 @@
+"""The unified contrastive trainer (`neoembed train`)."""

@@ -1,0 +1,47 @@
+"""``neoembed train RECIPE [key.sub=value ...] [--resume]``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def train_command(
+    recipe: Annotated[str, typer.Argument(help="Recipe YAML path or shipped name (e.g. tiny, quickstart).")],
+    overrides: Annotated[list[str] | None, typer.Argument(help="key.sub=value overrides.")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue from the last checkpoint.")] = False,
+) -> None:
+    """Train with a recipe (the unified contrastive recipe, or CDE when the recipe says kind: cde)."""
+    import yaml
+
+    from neoembed.data.cards import DataCardError
+    from neoembed.recipe import RecipeError, load_recipe, resolve_named_file
+
+    try:
+        path = resolve_named_file(recipe, "recipes")
+        kind = (yaml.safe_load(path.read_text()) or {}).get("kind", "unified")
+        if kind != "unified":
+            raise RecipeError(f"recipe kind {kind!r} is not available in this build; valid: 'unified'")
+        from neoembed.train.recipe import UnifiedRecipe
+        from neoembed.train.trainer import TrainingStopped, train
+
+        parsed = load_recipe(path, UnifiedRecipe, overrides or [])
+        parsed = _resolve_model_path(parsed, path.parent)
+        out = train(parsed, recipe_dir=path.parent, resume=resume)
+    except (RecipeError, DataCardError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    except TrainingStopped as e:
+        typer.echo(f"training stopped: {e}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"done: {out}")
+
+
+def _resolve_model_path(recipe, recipe_dir: Path):
+    """A relative model path is looked up next to the recipe first, then in the working directory."""
+    candidate = recipe_dir / recipe.model
+    if not Path(recipe.model).is_absolute() and candidate.exists() and not Path(recipe.model).exists():
+        return recipe.model_copy(update={"model": str(candidate.resolve())})
+    return recipe

@@ -1,0 +1,273 @@
+"""The unified contrastive trainer: sentence-transformers' trainer with thin overrides.
+
+What is ours: the InfoNCE losses (``neoembed.losses``), the power-law dataset sampler
+(``neoembed.data.sampler``), per-dataset batch sizes, and callbacks that write ``metrics.jsonl``, checkpoint on
+SIGTERM / Ctrl-C and stop on a NaN loss. Everything else (optimiser, schedule, mixed precision, DDP through
+accelerate, checkpoints and exact resume) is the sentence-transformers / transformers trainer.
+
+    neoembed train tiny                       # a shipped recipe by name
+    neoembed train my.yaml steps=500 batch_size=64 optimizer.lr=2e-5
+    accelerate launch --num_processes 2 -m neoembed train my.yaml
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import signal
+import time
+from pathlib import Path
+
+import torch
+from transformers import TrainerCallback
+
+from neoembed.data.cards import DataCardError, build_pairs, find_card, load_card, load_rows
+from neoembed.data.sampler import PowerLawDatasetBatchSampler
+from neoembed.losses import CachedInfoNCELoss, InfoNCELoss
+from neoembed.record import write_run_record
+from neoembed.train.recipe import UnifiedRecipe
+
+__all__ = ["TrainingStopped", "prepare_datasets", "train"]
+
+logger = logging.getLogger(__name__)
+
+
+class TrainingStopped(RuntimeError):
+    """Training stopped early (NaN loss, out of memory); the message says why and what to do."""
+
+
+def prepare_datasets(recipe: UnifiedRecipe, recipe_dir: Path | None = None):
+    """Resolve, load and check every card before training: returns (DatasetDict, cards, per-dataset batch sizes)."""
+    from datasets import DatasetDict
+
+    search = [Path(recipe_dir or ".") / d for d in recipe.card_dirs]
+    out, cards, sizes = {}, [], {}
+    for entry in recipe.datasets:
+        card, folder = load_card(find_card(entry.card, search))
+        if card.name in out:
+            raise DataCardError(f"dataset {card.name!r} appears twice in the recipe")
+        rows = load_rows(card, folder, entry.max_rows)
+        if len(rows) == 0:
+            raise DataCardError(f"card {card.name}: the dataset is empty")
+        pairs = build_pairs(card, rows, entry.max_negatives, recipe.template, recipe.instructions)
+        bs = entry.batch_size or recipe.batch_size
+        if bs > len(pairs):
+            raise DataCardError(
+                f"card {card.name}: batch size {bs} is larger than the dataset ({len(pairs)} usable rows); "
+                "lower batch_size (or this dataset's batch_size) or add data"
+            )
+        out[card.name], sizes[card.name] = pairs, bs
+        cards.append((card, folder))
+    return DatasetDict(out), cards, sizes
+
+
+class _MetricsCallback(TrainerCallback):
+    """Appends step, loss, learning rate, dataset, samples/s and peak memory to metrics.jsonl; stops on NaN."""
+
+    def __init__(self, path: Path, trainer_ref, names: list[str], batch_sizes: dict[str, int]):
+        self.path, self.trainer_ref, self.names, self.batch_sizes = path, trainer_ref, names, batch_sizes
+        self.last_time, self.last_step, self.nan_step = time.perf_counter(), 0, None
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        logs = logs or {}
+        if "loss" not in logs or not state.is_world_process_zero:
+            if "loss" in logs and not math.isfinite(float(logs["loss"])):
+                self.nan_step, control.should_training_stop = state.global_step, True
+            return
+        now, step = time.perf_counter(), state.global_step
+        sampler = getattr(self.trainer_ref(), "_neoembed_sampler", None)
+        history = sampler.history if sampler is not None else []
+        dataset = self.names[history[(step - 1) % len(history)]] if history else None
+        steps = max(step - self.last_step, 1)
+        samples = steps * (self.batch_sizes.get(dataset, args.per_device_train_batch_size)) * args.world_size
+        if torch.cuda.is_available():
+            peak = torch.cuda.max_memory_allocated() / 2**20
+        else:
+            import resource
+
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        row = {
+            "step": step,
+            "loss": float(logs["loss"]),
+            "learning_rate": float(logs.get("learning_rate", float("nan"))),
+            "grad_norm": float(logs["grad_norm"]) if "grad_norm" in logs else None,
+            "dataset": dataset,
+            "samples_per_s": samples / max(now - self.last_time, 1e-9),
+            "peak_memory_mib": round(peak, 1),
+        }
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        self.last_time, self.last_step = now, step
+        if not math.isfinite(row["loss"]):
+            self.nan_step, control.should_training_stop = step, True
+
+
+class _SignalCallback(TrainerCallback):
+    """On SIGTERM or Ctrl-C: finish the current step, write a checkpoint, stop."""
+
+    def __init__(self):
+        self.received = None
+
+    def handler(self, signum, frame):
+        if self.received is not None:  # second Ctrl-C: give up at once
+            raise KeyboardInterrupt
+        self.received = signal.Signals(signum).name
+        logger.warning("%s received: checkpointing after this step, then stopping", self.received)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.received is not None:
+            control.should_save, control.should_training_stop = True, True
+
+
+def _trainer_class():
+    from sentence_transformers import SentenceTransformerTrainer
+
+    class UnifiedTrainer(SentenceTransformerTrainer):
+        """Per-dataset batch sizes, and a handle on the sampler for logging which dataset each step used."""
+
+        neoembed_batch_sizes: dict[str, int] = {}
+
+        def get_multi_dataset_batch_sampler(self, dataset, batch_samplers, generator=None, seed=0):
+            names = list(self.train_dataset.keys())
+            for name, sampler in zip(names, batch_samplers, strict=True):
+                sampler.batch_size = self.neoembed_batch_sizes.get(name, sampler.batch_size)
+            sampler = super().get_multi_dataset_batch_sampler(dataset, batch_samplers, generator, seed)
+            self._neoembed_sampler = sampler
+            return sampler
+
+    return UnifiedTrainer
+
+
+def _model_card(recipe: UnifiedRecipe, cards, output: Path) -> None:
+    from neoembed.record import atomic_write_text
+    from neoembed.sentence import model_card_text
+
+    datasets = []
+    for card, _ in cards:
+        src = card.source.hub.id if card.source.hub else f"local: {card.source.local.path}"
+        lic = card.license or "unknown"
+        if card.research_only and "research" not in lic.lower():
+            lic += " (research use only)"
+        datasets.append({"name": card.name, "source": src, "license": lic})
+    notes = (
+        f"Unified contrastive recipe: InfoNCE, cosine similarity, temperature {recipe.temperature}, "
+        f"dataset sampling alpha {recipe.alpha}, batch size {recipe.batch_size}, max length {recipe.max_length}, "
+        f"seed {recipe.seed}."
+    )
+    text = model_card_text(output.name, recipe.model, datasets, steps=recipe.steps, notes=notes)
+    atomic_write_text(output / "README.md", text)
+
+
+def train(recipe: UnifiedRecipe, recipe_dir: Path | None = None, resume: bool = False) -> Path:
+    """Run the unified recipe; returns the output folder (final model, metrics, run record, model card)."""
+    from sentence_transformers import SentenceTransformerTrainingArguments
+
+    import neoembed
+    from neoembed.recipe import seed_everything
+
+    seed_everything(recipe.seed)
+    output = Path(recipe.output_dir)
+    datasets, cards, batch_sizes = prepare_datasets(recipe, recipe_dir)
+    model = neoembed.load(recipe.model, pooling=recipe.pooling, max_seq_length=recipe.max_length)
+    if recipe.cache_mini_batch_size:
+        loss = CachedInfoNCELoss(
+            model,
+            recipe.temperature,
+            recipe.mask_duplicates,
+            recipe.reduction,
+            mini_batch_size=recipe.cache_mini_batch_size,
+            gather_across_devices=recipe.gather_across_devices,
+        )
+    else:
+        loss = InfoNCELoss(
+            model,
+            recipe.temperature,
+            recipe.mask_duplicates,
+            recipe.reduction,
+            gather_across_devices=recipe.gather_across_devices,
+        )
+    opt = recipe.optimizer
+    args = SentenceTransformerTrainingArguments(
+        output_dir=str(output),
+        max_steps=recipe.steps,
+        per_device_train_batch_size=recipe.batch_size,
+        learning_rate=opt.lr,
+        adam_beta1=opt.betas[0],
+        adam_beta2=opt.betas[1],
+        adam_epsilon=opt.eps,
+        weight_decay=opt.weight_decay,
+        warmup_steps=opt.warmup_steps,
+        lr_scheduler_type=opt.schedule if opt.schedule != "constant" else "constant_with_warmup",
+        max_grad_norm=opt.grad_clip,
+        bf16=recipe.precision == "bf16",
+        fp16=recipe.precision == "fp16",
+        save_strategy="steps",
+        save_steps=recipe.save_steps,
+        save_total_limit=recipe.save_total_limit,
+        logging_steps=recipe.logging_steps,
+        report_to=list(recipe.report_to) or "none",
+        seed=recipe.seed,
+        data_seed=recipe.seed,
+        dataloader_drop_last=True,
+        multi_dataset_batch_sampler=PowerLawDatasetBatchSampler.with_settings(recipe.alpha, recipe.steps),
+        disable_tqdm=False,
+    )
+    trainer_cls = _trainer_class()
+    trainer_cls.neoembed_batch_sizes = batch_sizes
+    trainer = trainer_cls(model=model, args=args, train_dataset=datasets, loss=loss)
+    import weakref
+
+    output.mkdir(parents=True, exist_ok=True)
+    metrics = _MetricsCallback(
+        output / "metrics.jsonl", weakref.ref(trainer), list(datasets.keys()), batch_sizes
+    )
+    signals = _SignalCallback()
+    trainer.add_callback(metrics)
+    trainer.add_callback(signals)
+    if not resume and (output / "metrics.jsonl").exists():
+        (output / "metrics.jsonl").unlink()
+    data_files = [
+        (folder / card.source.local.path).resolve() for card, folder in cards if card.source.local is not None
+    ]
+    if trainer.is_world_process_zero():
+        write_run_record(
+            output,
+            "train",
+            recipe=recipe,
+            data_files=[f for f in data_files if f.is_file()],
+            extra={"cards": {c.name: {"pinned": c.pinned, "license": c.license} for c, _ in cards}},
+        )
+    previous = {s: signal.signal(s, signals.handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        trainer.train(resume_from_checkpoint=_last_checkpoint(output) if resume else None)
+    except torch.OutOfMemoryError as e:
+        raise TrainingStopped(
+            "out of memory: lower batch_size, enable GradCache with cache_mini_batch_size=32 (same loss, memory of "
+            f"one mini-batch), or shorten max_length (now {recipe.max_length}). ({e})"
+        ) from None
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+    if metrics.nan_step is not None:
+        raise TrainingStopped(
+            f"the loss became NaN at step {metrics.nan_step}; training stopped and the NaN state was not saved. "
+            f"The last good checkpoint is {_last_checkpoint(output) or '(none yet)'}: resume from it with a lower "
+            "learning rate, or use bf16/fp32 instead of fp16."
+        )
+    if signals.received is not None:
+        logger.warning(
+            "stopped by %s; checkpoint %s written; continue with --resume",
+            signals.received,
+            _last_checkpoint(output),
+        )
+        return output
+    if trainer.is_world_process_zero():
+        model.save(str(output))
+        _model_card(recipe, cards, output)
+    return output
+
+
+def _last_checkpoint(output: Path) -> str | None:
+    ckpts = sorted(output.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
+    return str(ckpts[-1]) if ckpts else None

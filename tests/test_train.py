@@ -1,0 +1,212 @@
+"""The unified trainer: sampler statistics, a tiny end-to-end run, resume, determinism, records, bad input, DDP."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import BatchSampler, ConcatDataset, RandomSampler
+
+from neoembed.data.cards import DataCardError
+from neoembed.data.sampler import PowerLawDatasetBatchSampler, dataset_probabilities
+from neoembed.recipe import RecipeError, load_recipe
+from neoembed.train.recipe import UnifiedRecipe
+from neoembed.train.trainer import train
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = REPO / "recipes" / "tiny.yaml"
+
+
+def _samplers(sizes, bs):
+    data = [list(range(n)) for n in sizes]
+    samplers = [
+        BatchSampler(RandomSampler(d, generator=torch.Generator().manual_seed(i)), bs, True)
+        for i, d in enumerate(data)
+    ]
+    return ConcatDataset(data), samplers
+
+
+def test_sampling_frequencies_follow_power_law():
+    sizes = [100, 400, 1600]
+    ds, samplers = _samplers(sizes, 4)
+    sampler = PowerLawDatasetBatchSampler(ds, samplers, seed=3, alpha=0.5, num_steps=6000)
+    offsets = [0, 100, 500, 2100]
+    counts = [0, 0, 0]
+    for batch in sampler:
+        owners = {next(i for i in range(3) if offsets[i] <= j < offsets[i + 1]) for j in batch}
+        assert len(owners) == 1  # every batch is single-dataset
+        counts[owners.pop()] += 1
+    expected = dataset_probabilities(sizes, 0.5)  # 1/7, 2/7, 4/7
+    n = sum(counts)
+    for c, p in zip(counts, expected, strict=True):
+        sd = (p * (1 - p) / n) ** 0.5
+        assert abs(c / n - p) < 4 * sd, (c / n, p)
+
+
+def test_two_ranks_draw_the_same_dataset_each_step(monkeypatch):
+    import neoembed.data.sampler as mod
+
+    monkeypatch.setattr(mod, "_world", lambda: 2)
+    sizes = [50, 200]
+    ds, samplers = _samplers(sizes, 5)
+    sampler = PowerLawDatasetBatchSampler(ds, samplers, seed=0, alpha=0.5, num_steps=200)
+    batches = list(sampler)
+    assert len(batches) == 400
+    # accelerate gives batch k to rank k % 2: the two halves of every step come from one dataset
+    for k in range(0, len(batches), 2):
+        owner = {j >= 50 for j in batches[k] + batches[k + 1]}
+        assert len(owner) == 1
+        assert not set(batches[k]) & set(batches[k + 1])  # ranks see disjoint rows
+
+
+def _recipe(tmp_path, tiny_official, *overrides):
+    return load_recipe(TINY, UnifiedRecipe, [f"model={tiny_official}", f"output_dir={tmp_path}", *overrides])
+
+
+def _losses(out: Path):
+    return [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_tiny_recipe_trains_saves_reloads_and_loss_decreases(tmp_path, tiny_official):
+    import neoembed
+
+    recipe = _recipe(
+        tmp_path / "run",
+        tiny_official,
+        "datasets=[{card: msrp_pairs, max_rows: 64}]",
+        "steps=12",
+        "save_steps=100",
+    )
+    out = train(recipe, recipe_dir=TINY.parent)
+    losses = _losses(out)
+    assert len(losses) == 12 and sum(losses[-3:]) / 3 < sum(losses[:3]) / 3
+    model = neoembed.load(out)
+    assert model.encode(["a sentence"]).shape == (1, 64)
+    record = json.loads((out / "run_record.json").read_text())
+    assert record["recipe"]["steps"] == 12 and record["seed"] == 0 and record["data"]
+    card = (out / "README.md").read_text()
+    assert "msrp_pairs" in card and "research use" in card and str(tiny_official) in card
+    assert "trust_remote_code=True" in card
+
+
+def test_resume_equals_uninterrupted_and_seed_repeats(tmp_path, tiny_official):
+    full = train(_recipe(tmp_path / "full", tiny_official), recipe_dir=TINY.parent)
+    again = train(_recipe(tmp_path / "again", tiny_official), recipe_dir=TINY.parent)
+    assert _losses(full) == _losses(again)  # same seed, same numbers
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    shutil.copytree(full / "checkpoint-4", resumed / "checkpoint-4")
+    train(_recipe(resumed, tiny_official), recipe_dir=TINY.parent, resume=True)
+    assert _losses(resumed) == pytest.approx(_losses(full)[4:], rel=1e-6)
+
+
+def test_bad_input_fails_before_training(tmp_path, tiny_official):
+    with pytest.raises(DataCardError, match="not found"):
+        train(_recipe(tmp_path, tiny_official, "datasets=[{card: no_such_card}]"), recipe_dir=TINY.parent)
+    with pytest.raises(DataCardError, match="batch size 500 is larger than the dataset"):
+        train(_recipe(tmp_path, tiny_official, "batch_size=500"), recipe_dir=TINY.parent)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "name: bad\nsource: {local: {path: "
+        + str(REPO.parent / "shared/data/train/msrp_pairs/train.jsonl.gz")
+        + "}}\ncolumns: {query: question, positive: positive}\n"
+    )
+    with pytest.raises(DataCardError, match="column 'question'"):
+        train(_recipe(tmp_path, tiny_official, f"datasets=[{{card: {bad}}}]"), recipe_dir=TINY.parent)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text('{"query": "", "positive": ""}\n')
+    card = tmp_path / "empty.yaml"
+    card.write_text(
+        f"name: empty\nsource: {{local: {{path: {empty}}}}}\ncolumns: {{query: query, positive: positive}}\n"
+    )
+    with pytest.raises(DataCardError, match="no usable rows"):
+        train(_recipe(tmp_path, tiny_official, f"datasets=[{{card: {card}}}]"), recipe_dir=TINY.parent)
+    with pytest.raises(RecipeError, match="unknown key 'stepz'"):
+        _recipe(tmp_path, tiny_official, "stepz=3")
+
+
+def test_cli_train_tiny(tmp_path, tiny_official):
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "neoembed",
+            "train",
+            "tiny",
+            f"model={tiny_official}",
+            f"output_dir={tmp_path / 'o'}",
+            "steps=2",
+            "save_steps=100",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (tmp_path / "o" / "model.safetensors").is_file()
+
+
+DDP_SCRIPT = textwrap.dedent("""
+    import json, sys, torch, torch.distributed as dist
+    from accelerate import Accelerator
+    import neoembed
+    from neoembed.losses import InfoNCELoss
+    acc = Accelerator(cpu=True)
+    model = neoembed.load(sys.argv[1])
+    q = ["what is neobert", "capital of france", "how do cats purr", "what is neobert"]
+    p = ["an encoder model", "paris", "vibrating vocal folds", "an encoder model"]
+    n = ["a decoder", "lyon", "dogs bark", "a car"]
+    world, rank = acc.num_processes, acc.process_index
+    sl = slice(rank * 4 // world, (rank + 1) * 4 // world)
+    loss = InfoNCELoss(model, gather_across_devices=world > 1)
+    feats = [model.tokenize(c[sl]) for c in (q, p, n)]
+    value = loss(feats, torch.zeros(len(q[sl])))
+    value.backward()
+    grad = model[0].auto_model.encoder.weight.grad.clone()
+    if world > 1:
+        dist.all_reduce(grad)
+        grad /= world
+        v = value.detach().clone(); dist.all_reduce(v); v /= world
+    else:
+        v = value.detach()
+    if rank == 0:
+        torch.save({"loss": float(v), "grad": grad}, sys.argv[2])
+""")
+
+
+def test_two_processes_with_gathered_negatives_equal_one_process(tmp_path, tiny_official):
+    script = tmp_path / "ddp.py"
+    script.write_text(DDP_SCRIPT)
+    base = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--cpu",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+    ]
+    one = subprocess.run(
+        [*base, "--num_processes", "1", str(script), str(tiny_official), str(tmp_path / "one.pt")],
+        capture_output=True,
+        text=True,
+    )
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = subprocess.run(
+        [*base, "--num_processes", "2", str(script), str(tiny_official), str(tmp_path / "two.pt")],
+        capture_output=True,
+        text=True,
+    )
+    assert two.returncode == 0, two.stderr[-3000:]
+    a, b = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
+    assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
+    torch.testing.assert_close(b["grad"], a["grad"], rtol=1e-4, atol=1e-6)
