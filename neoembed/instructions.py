@@ -73,15 +73,21 @@ def load_instruction_set(spec: str | None) -> tuple[str, dict[str, str]]:
 
 
 def task_prompts(
-    task_name: str, task_type: str, instruction: str | None, template: str = DEFAULT_TEMPLATE
+    task_name: str,
+    task_type: str,
+    instruction: str | None,
+    template: str = DEFAULT_TEMPLATE,
+    registered: bool = True,
 ) -> dict[str, str]:
     """Sentence-transformers prompts under the keys mteb looks up for one task.
 
     Sided tasks get ``"<Task>-query"`` (the instruction) and ``"<Task>-document"`` (empty); other tasks get
     ``"<Task>"``, applied to every text. No instruction gives empty prompts, so no generic prompt of the
-    model leaks into the task.
+    model leaks into the task. mteb drops keys naming tasks it does not know (local task cards), so for those
+    (``registered=False``) the same prompts are keyed by task type instead.
     """
     prefix = instruction_prefix(instruction, template)
+    key = task_name if registered else task_type
     if task_type in SIDED_TASK_TYPES:
-        return {f"{task_name}-query": prefix, f"{task_name}-document": ""}
-    return {task_name: prefix}
+        return {f"{key}-query": prefix, f"{key}-document": ""}
+    return {key: prefix}

@@ -241,6 +241,10 @@ def test_instruction_sets_and_prompt_keys(tmp_path):
     assert task_prompts("STS13", "STS", "Retrieve semantically similar text.") == {
         "STS13": "Retrieve semantically similar text. "
     }
+    assert task_prompts("MyCard", "Retrieval", "Find it.", registered=False) == {
+        "Retrieval-query": "Find it. ",
+        "Retrieval-document": "",
+    }
     assert load_instruction_set("none") == ("none", {})
     f = tmp_path / "mine.yaml"
     f.write_text("STS13: Find similar sentences.\n")
@@ -268,3 +272,13 @@ def test_fp16_matches_fp32_on_tiny_neobert(tiny_official, shared_dir, tmp_path):
     fp32 = _run(model, tmp_path / "32", precision="fp32", **kw).scores["STS16"]["main_score"]
     fp16 = _run(model, tmp_path / "16", precision="fp16", **kw).scores["STS16"]["main_score"]
     assert abs(fp32 - fp16) <= 0.01
+
+
+def test_card_task_instruction_reaches_the_encoder(minilm, shared_dir, tmp_path):
+    """mteb drops prompt keys naming unknown tasks; card tasks must still get their instruction."""
+    cards = tmp_path / "cards"
+    _card_dir(tmp_path, shared_dir, "MSRP", "PairClassification", columns={"labels": "label"},
+              instruction="Retrieve text that is semantically similar to the given text.")
+    a = _run(minilm, tmp_path / "a", data_dir=cards, instructions="paper").scores["MSRP"]["main_score"]
+    b = _run(minilm, tmp_path / "b", data_dir=cards, instructions="none").scores["MSRP"]["main_score"]
+    assert a != b

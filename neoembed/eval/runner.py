@@ -122,6 +122,16 @@ def resolve_tasks(cfg: EvalConfig) -> list[tuple[object, str | None]]:
     return out
 
 
+def _is_registered(name: str) -> bool:
+    import mteb
+
+    try:
+        mteb.get_task(name)
+    except Exception:  # unknown to mteb: a local task card
+        return False
+    return True
+
+
 def _load_model(cfg: EvalConfig):
     import neoembed
 
@@ -183,7 +193,7 @@ def run_mteb(cfg: EvalConfig, model=None) -> EvalReport:
             report.skipped.append(name)
             continue
         instruction = None if label == "none" else instruction_map.get(name, card_instruction)
-        prompts = task_prompts(name, ttype, instruction, cfg.template)
+        prompts = task_prompts(name, ttype, instruction, cfg.template, registered=_is_registered(name))
         wrapper = SentenceTransformerEncoderWrapper(model, model_prompts=prompts)
         t0 = time.perf_counter()
         try:

@@ -3,7 +3,7 @@
 A task card (``task.yaml`` in the data folder, or any ``*.yaml`` passed to ``--tasks``)::
 
     name: MSRP                          # task name used in results and prompts
-    type: PairClassification            # STS | PairClassification | Reranking
+    type: PairClassification            # STS | PairClassification | Reranking | Retrieval
     data: ../shared/data/eval/MSRP      # folder with the split files; relative to the card (default: its folder)
     eval_splits: [test]
     columns: {sentence1: sentence1, sentence2: sentence2, labels: label}   # mteb column <- file column
@@ -13,7 +13,9 @@ A task card (``task.yaml`` in the data folder, or any ``*.yaml`` passed to ``--t
     score_range: [0, 5]                 # STS only: min and max gold score
 
 Column names mteb expects, per type: STS ``sentence1, sentence2, score``; PairClassification ``sentence1,
-sentence2, labels`` (0/1); Reranking ``query, positive, negative`` (lists of texts).
+sentence2, labels`` (0/1); Reranking ``query, positive, negative`` (lists of texts); Retrieval uses mteb's own
+files (``corpus`` with ``_id, title, text``; ``queries`` with ``_id, text``; ``qrels/<split>`` with
+``query-id, corpus-id, score``) and no column mapping.
 """
 
 from __future__ import annotations
@@ -30,13 +32,19 @@ from neoembed.recipe import RecipeError, StrictModel, format_validation_error
 __all__ = ["CARD_FILE", "TaskCard", "build_card_task", "load_task_card"]
 
 CARD_FILE = "task.yaml"
-TaskType = Literal["STS", "PairClassification", "Reranking"]
+TaskType = Literal["STS", "PairClassification", "Reranking", "Retrieval"]
 EXPECTED_COLUMNS = {
     "STS": ("sentence1", "sentence2", "score"),
     "PairClassification": ("sentence1", "sentence2", "labels"),
     "Reranking": ("query", "positive", "negative"),
+    "Retrieval": (),  # mteb's own layout: corpus (_id, title, text), queries (_id, text), qrels (query-id, corpus-id, score)
 }
-DEFAULT_MAIN_SCORE = {"STS": "cosine_spearman", "PairClassification": "max_ap", "Reranking": "map_at_1000"}
+DEFAULT_MAIN_SCORE = {
+    "STS": "cosine_spearman",
+    "PairClassification": "max_ap",
+    "Reranking": "map_at_1000",
+    "Retrieval": "ndcg_at_10",
+}
 
 
 class TaskCard(StrictModel):
@@ -114,7 +122,18 @@ def build_card_task(card: TaskCard, data: Path):
         prompt=card.instruction,
     )
 
-    if card.type == "Reranking":
+    if card.type == "Retrieval":
+        from mteb.abstasks.retrieval import AbsTaskRetrieval
+
+        metadata = metadata.model_copy(
+            update={"dataset": {"path": str(local_dataset_repo(data)), "revision": "local"}}
+        )
+
+        class CardRetrieval(AbsTaskRetrieval):
+            pass
+
+        cls = CardRetrieval
+    elif card.type == "Reranking":
         if card.name not in reranking.OLD_FORMAT_RERANKING_TASKS:
             reranking.OLD_FORMAT_RERANKING_TASKS.append(card.name)
 
