@@ -62,14 +62,14 @@ def _documented(module) -> list[tuple[str, str]]:
             continue
         if not (inspect.isfunction(obj) or inspect.isclass(obj) or inspect.isbuiltin(obj)):
             continue
-        members = [(f"{module.__name__}.{name}", obj)]
+        members = [obj]
         if inspect.isclass(obj):
             members += [
-                (f"{module.__name__}.{name}.{m}", f)
+                f
                 for m, f in vars(obj).items()
                 if not m.startswith("_") and (inspect.isfunction(f) or inspect.ismethoddescriptor(f))
             ]
-        for qual, o in members:
+        for o in members:
             doc = inspect.getdoc(o) if not inspect.isclass(o) or o.__doc__ else None
             if doc and id(o) not in seen:
                 seen.add(id(o))
@@ -107,9 +107,11 @@ def build_pydoc_retrieval(out_dir: str | Path, test_fraction: float = 0.2) -> di
     task = out_dir / "eval" / "PythonDocsRetrieval"
     (task / "qrels").mkdir(parents=True, exist_ok=True)
     docs: dict[str, str] = {}
-    with open(task / "corpus.jsonl", "w") as fc, open(task / "queries.jsonl", "w") as fq, open(
-        task / "qrels" / "test.jsonl", "w"
-    ) as fr:
+    with (
+        open(task / "corpus.jsonl", "w") as fc,
+        open(task / "queries.jsonl", "w") as fq,
+        open(task / "qrels" / "test.jsonl", "w") as fr,
+    ):
         for i, (q, d) in enumerate(test):
             doc_id = docs.setdefault(d, f"d{len(docs)}")
             fq.write(json.dumps({"_id": f"q{i}", "text": q}) + "\n")
@@ -153,8 +155,12 @@ def quickstart_command(
     output: Annotated[Path, typer.Option("--output", help="Where the data, model and results go.")] = Path(
         "runs/quickstart"
     ),
-    steps: Annotated[int | None, typer.Option("--steps", help="Override the recipe's number of steps.")] = None,
-    model: Annotated[str | None, typer.Option("--model", help="Backbone (default: packaged all-MiniLM-L6-v2).")] = None,
+    steps: Annotated[
+        int | None, typer.Option("--steps", help="Override the recipe's number of steps.")
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option("--model", help="Backbone (default: packaged all-MiniLM-L6-v2).")
+    ] = None,
 ) -> None:
     """Build a retrieval set from Python's own documentation, fine-tune, and compare nDCG@10 before/after."""
     from neoembed.eval.runner import EvalConfig, run_mteb
@@ -183,7 +189,9 @@ def quickstart_command(
     label = "all-MiniLM-L6-v2 (packaged)" if model is None and recipe.model == _maybe_minilm() else backbone
 
     def evaluate(model_path: str, out: Path) -> float:
-        cfg = EvalConfig(model=model_path, output=out, data_dir=data / "eval", precision="fp32", overwrite=True)
+        cfg = EvalConfig(
+            model=model_path, output=out, data_dir=data / "eval", precision="fp32", overwrite=True
+        )
         report = run_mteb(cfg)
         if report.failed:
             raise typer.Exit(f"evaluation failed: {report.failed}")
@@ -191,7 +199,9 @@ def quickstart_command(
 
     typer.echo(f"2/4 nDCG@10 of {label} before fine-tuning ...")
     before = evaluate(backbone, output / "results" / "before")
-    typer.echo(f"3/4 fine-tuning with the unified recipe ({recipe.steps} steps, batch {recipe.batch_size}) ...")
+    typer.echo(
+        f"3/4 fine-tuning with the unified recipe ({recipe.steps} steps, batch {recipe.batch_size}) ..."
+    )
     trained = train(recipe, recipe_dir=recipe_path.parent)
     typer.echo("4/4 nDCG@10 after fine-tuning ...")
     after = evaluate(str(trained), output / "results" / "after")
