@@ -98,8 +98,10 @@ def build_pydoc_retrieval(out_dir: str | Path, test_fraction: float = 0.2) -> di
             side = "test" if bucket < test_fraction else "train"
             modules_used[side].append(name)
             (test if side == "test" else train).extend(pairs)
-    seen_docs: set[str] = set()
-    train = [(q, d) for q, d in train if not (d in seen_docs or seen_docs.add(d))]
+    # no document (nor query) of the held-out modules may appear in training, even if another module shares it
+    seen_docs: set[str] = {d for _, d in test}
+    test_queries = {q for q, _ in test}
+    train = [(q, d) for q, d in train if q not in test_queries and not (d in seen_docs or seen_docs.add(d))]
     out_dir.mkdir(parents=True, exist_ok=True)
     with open(out_dir / "train.jsonl", "w") as f:
         for q, d in train:

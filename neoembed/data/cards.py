@@ -40,11 +40,19 @@ class DataCardError(ValueError):
     """A card that does not validate, or data that do not match their card."""
 
 
+class QrelsJoin(StrictModel):
+    """For mteb-style retrieval sets: qrels (query-id, corpus-id) joined with the corpus and queries configs."""
+
+    corpus: str = "corpus"
+    queries: str = "queries"
+
+
 class HubSource(StrictModel):
     id: str
     config: str | None = None
     split: str = "train"
     revision: str | None = None
+    join: QrelsJoin | None = None
 
 
 class LocalSource(StrictModel):
@@ -97,7 +105,6 @@ _OPS = {
     "==": operator.eq,
     "!=": operator.ne,
 }
-_ITEM = re.compile(r"^(\w[\w\-]*)\[(\d+)\]$")
 
 
 def load_card(path: str | Path) -> tuple[DataCard, Path]:
@@ -154,6 +161,8 @@ def load_rows(card: DataCard, folder: Path, max_rows: int | None = None):
         hub = card.source.hub
         try:
             ds = datasets.load_dataset(hub.id, hub.config, split=hub.split, revision=hub.revision)
+            if hub.join is not None:
+                ds = _join_qrels(ds, hub, max_rows)
         except Exception as e:  # offline, missing repo, auth
             raise DataCardError(
                 f"card {card.name}: could not load hub dataset {hub.id!r} (config {hub.config}, split {hub.split}): "
@@ -170,14 +179,53 @@ def load_rows(card: DataCard, folder: Path, max_rows: int | None = None):
     return ds
 
 
+def _join_qrels(qrels, hub: HubSource, max_rows: int | None):
+    import datasets
+
+    corpus = datasets.load_dataset(hub.id, hub.join.corpus, split="corpus", revision=hub.revision)
+    queries = datasets.load_dataset(hub.id, hub.join.queries, split="queries", revision=hub.revision)
+    docs = {r["_id"]: (r.get("title") or "") + (" " if r.get("title") else "") + r["text"] for r in corpus}
+    qs = {r["_id"]: r["text"] for r in queries}
+    rows = {"query": [], "positive": []}
+    for r in qrels:
+        q, d = qs.get(str(r["query-id"])), docs.get(str(r["corpus-id"]))
+        if q and d and float(r.get("score", 1)) > 0:
+            rows["query"].append(q)
+            rows["positive"].append(d)
+            if max_rows is not None and len(rows["query"]) >= max_rows:
+                break
+    return datasets.Dataset.from_dict(rows)
+
+
+_PART = re.compile(r"^([^\[\]]+)((?:\[\d+\])*)$")
+
+
 def _getter(spec: str, columns: list[str], card: str):
-    m = _ITEM.match(spec)
-    col, idx = (m.group(1), int(m.group(2))) if m else (spec, None)
-    if col not in columns:
-        raise DataCardError(f"card {card}: column {col!r} (from {spec!r}) not in the data; it has {columns}")
-    if idx is None:
-        return lambda row: row[col]
-    return lambda row: row[col][idx] if len(row[col]) > idx else None
+    """A row accessor for ``col``, ``col[0]``, ``col.key`` or ``col.key[1]`` (nested dicts and lists)."""
+    steps: list[str | int] = []
+    for part in spec.split("."):
+        m = _PART.match(part)
+        if not m:
+            raise DataCardError(
+                f"card {card}: cannot read column spec {spec!r} (use col, col[0], col.key[1])"
+            )
+        steps.append(m.group(1))
+        steps += [int(i) for i in re.findall(r"\[(\d+)\]", m.group(2))]
+    if steps[0] not in columns:
+        raise DataCardError(
+            f"card {card}: column {steps[0]!r} (from {spec!r}) not in the data; it has {columns}"
+        )
+
+    def get(row):
+        v = row
+        for st in steps:
+            try:
+                v = v[st]
+            except (KeyError, IndexError, TypeError):
+                return None
+        return v
+
+    return get
 
 
 def build_pairs(

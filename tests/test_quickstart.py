@@ -1,0 +1,32 @@
+"""The quickstart: a real retrieval set from Python's docs, and the whole pipeline end to end (short run)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from neoembed.quickstart import build_pydoc_retrieval
+
+
+def test_pydoc_retrieval_set(tmp_path):
+    counts = build_pydoc_retrieval(tmp_path)
+    assert counts["train_pairs"] > 300 and counts["test_queries"] > 50
+    train = [json.loads(line) for line in (tmp_path / "train.jsonl").read_text().splitlines()]
+    assert all(row["query"] not in row["positive"] for row in train)  # the summary line is removed
+    task = tmp_path / "eval" / "PythonDocsRetrieval"
+    test_docs = {json.loads(line)["text"] for line in (task / "corpus.jsonl").read_text().splitlines()}
+    assert not test_docs & {row["positive"] for row in train}  # held-out modules
+    assert (task / "task.yaml").is_file() and (task / "qrels" / "test.jsonl").is_file()
+
+
+def test_quickstart_end_to_end_short(tmp_path):
+    r = subprocess.run(
+        [sys.executable, "-m", "neoembed", "quickstart", "--output", str(tmp_path), "--steps", "2"],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "PythonDocsRetrieval nDCG@10" in r.stdout and "before" in r.stdout and "after 2 steps" in r.stdout
+    assert "encode([...]) -> array of shape (2, 384)" in r.stdout
+    assert (tmp_path / "model" / "model.safetensors").is_file()
