@@ -89,6 +89,21 @@ class _InfoNCEMixin:
     reduction: str
     _keys: tuple[Tensor, Tensor] | None = None
 
+    def _setup(self, temperature: float, mask_duplicates: bool, reduction: str) -> None:
+        if reduction not in ("mean", "sum"):
+            raise ValueError(f"unknown reduction {reduction!r}; valid: 'mean', 'sum'")
+        if temperature <= 0:
+            raise ValueError(f"temperature must be positive, got {temperature}")
+        # object.__setattr__: the cached loss forwards unknown attribute writes to the loss it wraps
+        object.__setattr__(self, "tau", temperature)
+        object.__setattr__(self, "mask_duplicates", mask_duplicates)
+        object.__setattr__(self, "reduction", reduction)
+
+    def forward(self, sentence_features: Iterable[dict[str, Tensor]], labels: Tensor) -> Tensor:
+        sentence_features = list(sentence_features)
+        self._remember_keys(sentence_features)
+        return super().forward(sentence_features, labels)
+
     def _remember_keys(self, sentence_features: list[dict[str, Tensor]]) -> None:
         if not self.mask_duplicates:
             self._keys = None
@@ -128,17 +143,8 @@ class InfoNCELoss(_InfoNCEMixin, MultipleNegativesRankingLoss):
         reduction: str = "mean",
         gather_across_devices: bool = False,
     ) -> None:
-        if reduction not in ("mean", "sum"):
-            raise ValueError(f"unknown reduction {reduction!r}; valid: 'mean', 'sum'")
-        if temperature <= 0:
-            raise ValueError(f"temperature must be positive, got {temperature}")
+        self._setup(temperature, mask_duplicates, reduction)
         super().__init__(model, scale=1.0 / temperature, gather_across_devices=gather_across_devices)
-        self.tau, self.mask_duplicates, self.reduction = temperature, mask_duplicates, reduction
-
-    def forward(self, sentence_features: Iterable[dict[str, Tensor]], labels: Tensor) -> Tensor:
-        sentence_features = list(sentence_features)
-        self._remember_keys(sentence_features)
-        return super().forward(sentence_features, labels)
 
     def compute_loss_from_embeddings(self, embeddings: list[Tensor], labels: Tensor) -> Tensor:
         if len(embeddings) < 2:
@@ -164,8 +170,7 @@ class CachedInfoNCELoss(_InfoNCEMixin, CachedMultipleNegativesRankingLoss):
         gather_across_devices: bool = False,
         show_progress_bar: bool = False,
     ) -> None:
-        if reduction not in ("mean", "sum"):
-            raise ValueError(f"unknown reduction {reduction!r}; valid: 'mean', 'sum'")
+        self._setup(temperature, mask_duplicates, reduction)
         super().__init__(
             model,
             scale=1.0 / temperature,
@@ -173,14 +178,6 @@ class CachedInfoNCELoss(_InfoNCEMixin, CachedMultipleNegativesRankingLoss):
             gather_across_devices=gather_across_devices,
             show_progress_bar=show_progress_bar,
         )
-        object.__setattr__(self, "tau", temperature)
-        object.__setattr__(self, "mask_duplicates", mask_duplicates)
-        object.__setattr__(self, "reduction", reduction)
-
-    def forward(self, sentence_features: Iterable[dict[str, Tensor]], labels: Tensor) -> Tensor:
-        sentence_features = list(sentence_features)
-        self._remember_keys(sentence_features)
-        return super().forward(sentence_features, labels)
 
     def calculate_loss(
         self, reps: list[list[Tensor]], labels: Tensor | None = None, *, with_backward: bool = False
