@@ -88,6 +88,22 @@ def test_tiny_recipe_trains_saves_reloads_and_loss_decreases(tmp_path, tiny_offi
     assert len(losses) == 12 and sum(losses[-3:]) / 3 < sum(losses[:3]) / 3
     model = neoembed.load(out)
     assert model.encode(["a sentence"]).shape == (1, 64)
+    # the trained model carries the two NeoBERT files, so it loads where neoembed is not installed
+    assert (out / "modeling_neobert.py").is_file() and (out / "configuration_neobert.py").is_file()
+    code = (
+        "import sys\n"
+        "class B:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] == 'neoembed': raise ImportError(name)\n"
+        "sys.meta_path.insert(0, B())\n"
+        "from sentence_transformers import SentenceTransformer\n"
+        f"print(SentenceTransformer({str(out)!r}, trust_remote_code=True).encode(['a sentence']).tolist())\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1])[0] == pytest.approx(
+        model.encode(["a sentence"])[0].tolist(), abs=1e-6
+    )
     record = json.loads((out / "run_record.json").read_text())
     assert record["recipe"]["steps"] == 12 and record["seed"] == 0 and record["data"]
     card = (out / "README.md").read_text()
@@ -99,6 +115,7 @@ def test_resume_equals_uninterrupted_and_seed_repeats(tmp_path, tiny_official):
     full = train(_recipe(tmp_path / "full", tiny_official), recipe_dir=TINY.parent)
     again = train(_recipe(tmp_path / "again", tiny_official), recipe_dir=TINY.parent)
     assert _losses(full) == _losses(again)  # same seed, same numbers
+    assert (full / "checkpoint-4" / "modeling_neobert.py").is_file()  # checkpoints load anywhere too
     resumed = tmp_path / "resumed"
     resumed.mkdir()
     shutil.copytree(full / "checkpoint-4", resumed / "checkpoint-4")

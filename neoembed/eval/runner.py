@@ -12,6 +12,7 @@ import json
 import logging
 import time
 import traceback
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -194,7 +195,9 @@ def run_mteb(cfg: EvalConfig, model=None) -> EvalReport:
             continue
         instruction = None if label == "none" else instruction_map.get(name, card_instruction)
         prompts = task_prompts(name, ttype, instruction, cfg.template, registered=_is_registered(name))
-        wrapper = SentenceTransformerEncoderWrapper(model, model_prompts=prompts)
+        with warnings.catch_warnings():  # mteb nags when a model has no generic query/document prompts
+            warnings.simplefilter("ignore", UserWarning)
+            wrapper = SentenceTransformerEncoderWrapper(model, model_prompts=prompts)
         t0 = time.perf_counter()
         try:
             if isinstance(task, _Unresolvable):
