@@ -15,6 +15,7 @@ import json
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 from _common import SHARED, header, write_results
@@ -79,7 +80,7 @@ def main() -> None:
         "steps": 10 if args.quick else 40,
         "batch": 32,
         "mini": 8,
-        "out": "/tmp/neoembed-train-speed",
+        "out": tempfile.mkdtemp(prefix="neoembed-train-speed-"),
     }
     reps = 3
     results: dict[str, list[dict]] = {"unified": [], "plain": []}
