@@ -116,12 +116,9 @@ def compare_runs(run_dirs: list[str | Path], out: str | Path | None = None) -> s
             raise FileNotFoundError(f"{d} holds no neoembed mteb results (<task>.json files)")
         model = next(iter(results.values())).get("model") or d.name
         rows.append({**summarize(results, model), "run": str(d), "tasks": results})
-    for r in rows:
-        r["model"] = (
-            f"{r['model']} [{Path(r['run']).name}]"
-            if len({x["model"] for x in rows}) < len(rows)
-            else r["model"]
-        )
+    if len({r["model"] for r in rows}) < len(rows):  # the same model in several runs: name the runs
+        for r in rows:
+            r["model"] = f"{r['model']} [{Path(r['run']).name}]"
     table = _markdown(rows)
     if out is not None:
         out = Path(out)
