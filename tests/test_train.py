@@ -227,3 +227,102 @@ def test_two_processes_with_gathered_negatives_equal_one_process(tmp_path, tiny_
     a, b = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
     assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
     torch.testing.assert_close(b["grad"], a["grad"], rtol=1e-4, atol=1e-6)
+
+
+def test_nan_loss_stops_without_saving(tmp_path, tiny_official):
+    from neoembed.train.trainer import TrainingStopped
+
+    recipe = _recipe(
+        tmp_path / "nan",
+        tiny_official,
+        "optimizer.lr=1.0e+30",
+        "optimizer.grad_clip=1.0e+30",
+        "steps=6",
+        "save_steps=100",
+    )
+    with pytest.raises(TrainingStopped, match="NaN at step"):
+        train(recipe, recipe_dir=TINY.parent)
+    assert not (tmp_path / "nan" / "model.safetensors").exists()
+
+
+def test_sigterm_checkpoints_then_resume_finishes(tmp_path, tiny_official):
+    import signal
+    import time
+
+    out = tmp_path / "sig"
+    cmd = [
+        sys.executable,
+        "-m",
+        "neoembed",
+        "train",
+        "tiny",
+        f"model={tiny_official}",
+        f"output_dir={out}",
+        "steps=150",
+        "save_steps=1000",
+        "datasets=[{card: msrp_pairs, max_rows: 64}]",
+    ]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (out / "metrics.jsonl").exists():
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-2000:]
+    ckpts = list(out.glob("checkpoint-*"))
+    assert len(ckpts) == 1 and not (out / "model.safetensors").exists()
+    stopped_at = int(ckpts[0].name.split("-")[1])
+    assert 0 < stopped_at < 150
+    r = subprocess.run(
+        [
+            *cmd[:-2],
+            "steps=150",
+            "save_steps=1000",
+            "datasets=[{card: msrp_pairs, max_rows: 64}]",
+            "--resume",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps[-1] == 150 and (out / "model.safetensors").is_file()
+
+
+def test_accelerate_two_processes_run_the_recipe(tmp_path, tiny_official):
+    out = tmp_path / "ddp"
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--cpu",
+            "--num_machines",
+            "1",
+            "--num_processes",
+            "2",
+            "--mixed_precision",
+            "no",
+            "--dynamo_backend",
+            "no",
+            "-m",
+            "neoembed",
+            "train",
+            "tiny",
+            f"model={tiny_official}",
+            f"output_dir={out}",
+            "steps=4",
+            "save_steps=100",
+            "gather_across_devices=true",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [1, 2, 3, 4]
+    assert (out / "model.safetensors").is_file()

@@ -206,6 +206,7 @@ def train(recipe: UnifiedRecipe, recipe_dir: Path | None = None, resume: bool = 
         save_steps=recipe.save_steps,
         save_total_limit=recipe.save_total_limit,
         logging_steps=recipe.logging_steps,
+        logging_nan_inf_filter=False,  # a NaN loss must reach the callback that stops the run
         report_to=list(recipe.report_to) or "none",
         seed=recipe.seed,
         data_seed=recipe.seed,
