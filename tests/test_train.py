@@ -326,3 +326,16 @@ def test_accelerate_two_processes_run_the_recipe(tmp_path, tiny_official):
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [1, 2, 3, 4]
     assert (out / "model.safetensors").is_file()
+
+
+def test_out_of_memory_is_answered_with_advice(tmp_path, tiny_official, monkeypatch):
+    from sentence_transformers import SentenceTransformerTrainer
+
+    from neoembed.train.trainer import TrainingStopped
+
+    def oom(self, *args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(SentenceTransformerTrainer, "train", oom)
+    with pytest.raises(TrainingStopped, match="cache_mini_batch_size.*max_length"):
+        train(_recipe(tmp_path / "oom", tiny_official), recipe_dir=TINY.parent)
