@@ -354,7 +354,7 @@ def model_card_text(
         "",
         f"# {model_id}",
         "",
-        f"A sentence-embedding model fine-tuned with [neoembed](https://github.com/) from `{base_model}`.",
+        f"A sentence-embedding model fine-tuned with neoembed from `{base_model}`.",
         "",
         "## Training data",
         "",
