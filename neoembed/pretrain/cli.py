@@ -1,0 +1,175 @@
+"""``neoembed preprocess``, ``neoembed pretrain`` and ``neoembed ppl`` (heavy imports inside the commands)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def _ints(text: str | None, option: str) -> tuple[int, ...]:
+    if not text:
+        return ()
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise typer.BadParameter(
+            f"{option} takes comma-separated integers such as 1024,2048; got {text!r}"
+        ) from None
+
+
+def preprocess_command(
+    source: Annotated[
+        str,
+        typer.Argument(
+            help="Text/JSONL file or folder, hub:ID[:CONFIG] (streamed), or a corpus card (e.g. refinedweb)."
+        ),
+    ],
+    out: Annotated[Path, typer.Argument(help="Output shard folder (rerun the same command to resume).")],
+    tokenizer: Annotated[
+        str, typer.Option("--tokenizer", help="Tokenizer folder or hub id (uncased WordPiece of NeoBERT).")
+    ] = "chandar-lab/NeoBERT",
+    column: Annotated[str, typer.Option("--column", help="Text column of JSON rows.")] = "text",
+    max_docs: Annotated[
+        int | None, typer.Option("--max-docs", help="Stop after this many documents.")
+    ] = None,
+    shard_tokens: Annotated[int, typer.Option("--shard-tokens", help="Tokens per shard file.")] = 50_000_000,
+    min_lengths: Annotated[
+        str | None,
+        typer.Option("--min-lengths", help="Build subsets of documents longer than these, e.g. 1024,2048."),
+    ] = None,
+) -> None:
+    """Tokenize a corpus into shards, report length statistics, build length-filtered subsets."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    from neoembed.pretrain.data import preprocess
+
+    lengths = _ints(min_lengths, "--min-lengths")
+    try:
+        tok = AutoTokenizer.from_pretrained(tokenizer)
+    except OSError as e:
+        typer.echo(f"error: could not load tokenizer {tokenizer!r}: {e}", err=True)
+        raise typer.Exit(2) from None
+    try:
+        stats = preprocess(
+            source, out, tok, column=column, shard_tokens=shard_tokens, max_docs=max_docs, min_lengths=lengths
+        )
+    except (FileNotFoundError, KeyError, ValueError, OSError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(json.dumps(stats, indent=2))
+    for n in lengths:
+        info = json.loads((out / "subsets" / f"gt{n}" / "subset.json").read_text())
+        typer.echo(
+            f"subset {out / 'subsets' / f'gt{n}'}: {info['documents']} documents, {info['tokens']:,} tokens"
+        )
+
+
+def pretrain_command(
+    recipe: Annotated[
+        str, typer.Argument(help="Recipe YAML path or shipped name (pretrain-tiny, pretrain-stage1…).")
+    ],
+    overrides: Annotated[list[str] | None, typer.Argument(help="key.sub=value overrides.")] = None,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue from the last checkpoint, exactly.")
+    ] = False,
+) -> None:
+    """Pre-train NeoBERT with masked language modelling (packed, padding-free)."""
+    from neoembed.pretrain.recipe import PretrainRecipe
+    from neoembed.pretrain.trainer import TrainingStopped, pretrain
+    from neoembed.recipe import RecipeError, load_recipe, resolve_named_file
+
+    try:
+        path = resolve_named_file(recipe, "recipes")
+        parsed = resolve_recipe_paths(load_recipe(path, PretrainRecipe, overrides or []), path.parent)
+        out = pretrain(parsed, resume=resume)
+    except RecipeError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    except (FileNotFoundError, FileExistsError, ValueError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    except TrainingStopped as e:
+        typer.echo(f"training stopped: {e}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"done: {out}")
+
+
+def _near(value: str | None, recipe_dir: Path) -> str | None:
+    """A relative path that exists only next to the recipe file is taken from there."""
+    if value is None or Path(value).is_absolute() or Path(value).exists():
+        return value
+    candidate = recipe_dir / value
+    return str(candidate.resolve()) if candidate.exists() else value
+
+
+def resolve_recipe_paths(recipe, recipe_dir: Path):
+    """Tokenizer, init_from and data paths: the working directory first, then the recipe's folder."""
+    data = recipe.data.model_copy(
+        update={
+            "sources": [s.model_copy(update={"path": _near(s.path, recipe_dir)}) for s in recipe.data.sources]
+        }
+    )
+    model = recipe.model.model_copy(update={"init_from": _near(recipe.model.init_from, recipe_dir)})
+    return recipe.model_copy(
+        update={"tokenizer": _near(recipe.tokenizer, recipe_dir), "data": data, "model": model}
+    )
+
+
+def ppl_command(
+    model: Annotated[str, typer.Option("--model", help="Masked-LM checkpoint folder or hub id.")],
+    data: Annotated[str, typer.Option("--data", help="Shard folder from preprocess, or text/JSONL files.")],
+    lengths: Annotated[
+        str, typer.Option("--lengths", help="Comma-separated lengths.")
+    ] = "512,1024,2048,4096",
+    out: Annotated[Path, typer.Option("--out", help="Output folder for ppl.json and ppl.png.")] = Path("ppl"),
+    max_docs: Annotated[int, typer.Option("--max-docs", help="Documents scored.")] = 16,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Masked copies per forward.")] = 32,
+    column: Annotated[str, typer.Option("--column", help="Text column of JSON rows.")] = "text",
+    device: Annotated[
+        str | None, typer.Option("--device", help="cpu / cuda (default: cuda if available).")
+    ] = None,
+) -> None:
+    """Pseudo-perplexity against sequence length (JSON + PNG plot)."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from neoembed.modeling import NeoBERTForMaskedLM
+    from neoembed.modeling.convert import resolve_checkpoint
+    from neoembed.pretrain.data import ShardedCorpus, iter_documents
+    from neoembed.pretrain.ppl import pseudo_perplexity, write_ppl
+
+    wanted = _ints(lengths, "--lengths")
+    if not wanted:
+        raise typer.BadParameter("--lengths needs at least one length")
+    folder = resolve_checkpoint(model)
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    net = NeoBERTForMaskedLM.from_pretrained(str(folder)).to(dev)
+    if dev.type == "cuda":
+        net = net.to(torch.bfloat16)
+    if (Path(data) / "meta.json").is_file() or (Path(data) / "subset.json").is_file():
+        docs = ShardedCorpus(data)
+        documents = (docs[i] for i in range(len(docs)))
+    else:
+        documents = (
+            tok(t, add_special_tokens=True, verbose=False)["input_ids"] for t in iter_documents(data, column)
+        )
+    special = sorted(set(tok.all_special_ids))
+    try:
+        result = pseudo_perplexity(
+            net, documents, list(wanted), special, tok.mask_token_id, max_docs, batch_size
+        )
+    except ValueError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    result.update(model=str(model), data=str(data))
+    j, png = write_ppl(result, out, title=Path(str(model)).name)
+    for r in result["lengths"]:
+        typer.echo(
+            f"L={r['length']:>6}: pseudo-perplexity {r['pseudo_perplexity']:.3f} ({r['scored_tokens']} tokens)"
+        )
+    typer.echo(f"wrote {j} and {png}")

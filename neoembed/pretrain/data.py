@@ -1,0 +1,376 @@
+"""Token shards on disk: tokenize a corpus once, read it back as documents of token ids.
+
+Layout of a shard folder (written by :func:`preprocess`, read by :class:`ShardedCorpus`)::
+
+    meta.json                 tokenizer, source, dtype, special ids; "complete" once every document is in
+    progress.json             documents consumed and shards written so far (makes preprocessing resumable)
+    shard-00000.tokens.npy    every document's token ids, concatenated ([CLS] text [SEP] per document)
+    shard-00000.offsets.npy   (n_docs + 1,) int64 start of each document in the tokens file
+    stats.json                length statistics (documents, tokens, quantiles, counts above 512 ... 4,096)
+    subsets/gt1024/           a length-filtered subset: subset.json + docs.npy (indices into the parent)
+
+Subsets are indices, not copies: the stage-2 mixture (full corpus, documents longer than 1,024 and longer
+than 2,048 tokens) costs no extra disk.
+
+Sources: local ``.txt`` / ``.md`` / ``.rst`` files (one document per file), ``.jsonl`` / ``.jsonl.gz`` /
+``.json`` (one document per row, text in ``column``), folders of those (recursive), or a hub dataset read in
+streaming mode (``hub:ID[:CONFIG]`` or a corpus card such as ``data_cards/corpora/refinedweb.yaml``).
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import yaml
+from pydantic import ValidationError, model_validator
+
+from neoembed.recipe import RecipeError, StrictModel, format_validation_error, resolve_named_file
+from neoembed.record import atomic_write_text
+
+__all__ = [
+    "CorpusCard",
+    "ShardedCorpus",
+    "build_subset",
+    "iter_documents",
+    "length_stats",
+    "load_corpus_card",
+    "preprocess",
+]
+
+TEXT_SUFFIXES = (".txt", ".md", ".rst")
+JSON_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz")
+
+
+# ------------------------------------------------------------------------------------------- corpus cards
+class HubCorpus(StrictModel):
+    id: str
+    config: str | None = None
+    split: str = "train"
+    revision: str | None = None
+
+
+class LocalCorpus(StrictModel):
+    path: str  # relative to the card's folder
+
+
+class CorpusSource(StrictModel):
+    hub: HubCorpus | None = None
+    local: LocalCorpus | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self):
+        if (self.hub is None) == (self.local is None):
+            raise ValueError("source needs exactly one of 'hub' or 'local'")
+        return self
+
+
+class CorpusColumns(StrictModel):
+    text: str = "text"
+
+
+class CorpusCard(StrictModel):
+    """A pre-training corpus: where it lives, which column holds the text, its licence."""
+
+    name: str
+    kind: Literal["corpus"] = "corpus"
+    source: CorpusSource
+    columns: CorpusColumns = CorpusColumns()
+    license: str | None = None
+    size: int | None = None
+    notes: str | None = None
+
+
+def load_corpus_card(name_or_path: str | Path) -> tuple[CorpusCard, Path]:
+    """A corpus card by path or shipped name (``refinedweb`` resolves to ``data_cards/corpora/refinedweb.yaml``)."""
+    p = Path(name_or_path)
+    if not p.is_file():
+        p = resolve_named_file(f"corpora/{name_or_path}", "data_cards")
+    try:
+        raw = yaml.safe_load(p.read_text(encoding="utf8")) or {}
+        return CorpusCard.model_validate(raw), p.parent
+    except ValidationError as e:
+        raise RecipeError(format_validation_error(e, CorpusCard, str(p))) from None
+
+
+# ------------------------------------------------------------------------------------------------ reading
+def _local_files(path: Path) -> list[Path]:
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        raise FileNotFoundError(f"corpus {path} does not exist: pass a text/JSONL file, a folder, or hub:ID")
+    files = sorted(
+        f for f in path.rglob("*") if f.is_file() and f.name.lower().endswith(TEXT_SUFFIXES + JSON_SUFFIXES)
+    )
+    if not files:
+        raise FileNotFoundError(
+            f"no corpus files under {path}: expected {', '.join(TEXT_SUFFIXES + JSON_SUFFIXES)}"
+        )
+    return files
+
+
+def _iter_file(path: Path, column: str) -> Iterator[str]:
+    name = path.name.lower()
+    if name.endswith(TEXT_SUFFIXES):
+        text = path.read_text(encoding="utf8", errors="replace")
+        if text.strip():
+            yield text
+        return
+    opener = gzip.open if name.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf8") as f:
+        if name.endswith((".json", ".json.gz")) and f.read(1) == "[":
+            f.seek(0)
+            rows = json.load(f)
+        else:
+            f.seek(0)
+            rows = (json.loads(line) for line in f if line.strip())
+        for i, row in enumerate(rows):
+            if column not in row:
+                raise KeyError(
+                    f"{path} row {i} has no column {column!r} (columns: {sorted(row)}); pass --column"
+                )
+            if isinstance(row[column], str) and row[column].strip():
+                yield row[column]
+
+
+def iter_documents(source: str, column: str = "text") -> Iterator[str]:
+    """Documents (strings) of a local path, ``hub:ID[:CONFIG]`` (streamed) or a corpus card name/path."""
+    if source.startswith("hub:"):
+        parts = source[4:].split(":")
+        card = CorpusCard(
+            name=parts[0],
+            source=CorpusSource(hub=HubCorpus(id=parts[0], config=parts[1] if len(parts) > 1 else None)),
+            columns=CorpusColumns(text=column),
+        )
+        yield from _iter_card(card, Path("."))
+        return
+    path = Path(source)
+    if path.suffix in (".yaml", ".yml") or (not path.exists() and "/" not in source):
+        card, folder = load_corpus_card(source)
+        yield from _iter_card(card, folder)
+        return
+    for f in _local_files(path):
+        yield from _iter_file(f, column)
+
+
+def _iter_card(card: CorpusCard, folder: Path) -> Iterator[str]:
+    if card.source.local is not None:
+        for f in _local_files((folder / card.source.local.path).resolve()):
+            yield from _iter_file(f, card.columns.text)
+        return
+    import datasets
+
+    hub = card.source.hub
+    try:
+        ds = datasets.load_dataset(hub.id, hub.config, split=hub.split, revision=hub.revision, streaming=True)
+        for row in ds:
+            text = row.get(card.columns.text)
+            if isinstance(text, str) and text.strip():
+                yield text
+    except (OSError, ConnectionError, ValueError) as e:
+        raise OSError(
+            f"could not stream hub dataset {hub.id!r} (config {hub.config}, split {hub.split}): {e}. "
+            "Is the Hugging Face hub reachable? Offline, point preprocess at local files instead."
+        ) from e
+
+
+# ---------------------------------------------------------------------------------------------- writing
+def _token_dtype(vocab_size: int):
+    return np.uint16 if vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32
+
+
+def _save_npy(path: Path, array: np.ndarray) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "wb") as f:
+        np.save(f, array)
+    os.replace(tmp, path)
+
+
+def preprocess(
+    source: str,
+    out_dir: str | Path,
+    tokenizer,
+    column: str = "text",
+    shard_tokens: int = 50_000_000,
+    max_docs: int | None = None,
+    batch_size: int = 256,
+    min_lengths: tuple[int, ...] = (),
+    progress: bool = True,
+) -> dict:
+    """Tokenize ``source`` into shards under ``out_dir``; returns the length statistics.
+
+    Each document becomes ``[CLS] text [SEP]`` (no truncation). Resumable: rerun the same command after an
+    interruption and it skips the documents already in finished shards. ``min_lengths`` builds the
+    length-filtered subsets (documents with more than L tokens) at the end.
+    """
+    from tqdm.auto import tqdm
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    fingerprint = {
+        "source": str(source),
+        "column": column,
+        "tokenizer": getattr(tokenizer, "name_or_path", None),
+        "vocab_size": len(tokenizer),
+        "max_docs": max_docs,
+        "shard_tokens": shard_tokens,
+    }
+    meta_path, progress_path = out / "meta.json", out / "progress.json"
+    meta = {
+        **fingerprint,
+        "format": 1,
+        "dtype": np.dtype(_token_dtype(len(tokenizer))).name,
+        "special_ids": sorted(set(tokenizer.all_special_ids)),
+        "mask_token_id": tokenizer.mask_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+        "complete": False,
+    }
+    state = {"docs": 0, "shards": 0, "tokens": 0}
+    if meta_path.exists():
+        old = json.loads(meta_path.read_text())
+        if {k: old.get(k) for k in fingerprint} != fingerprint:
+            raise ValueError(
+                f"{out} already holds shards made with different settings ({ {k: old.get(k) for k in fingerprint} }); "
+                "use an empty output folder or the same settings to resume"
+            )
+        meta["complete"] = old.get("complete", False)
+        if progress_path.exists():
+            state = json.loads(progress_path.read_text())
+    if not meta["complete"]:
+        atomic_write_text(meta_path, json.dumps(meta, indent=2) + "\n")
+        dtype = _token_dtype(len(tokenizer))
+        docs = iter_documents(source, column)
+        skipped = 0
+        while skipped < state["docs"] and next(docs, None) is not None:  # resume: skip finished documents
+            skipped += 1
+        bar = tqdm(total=max_docs, initial=state["docs"], unit="doc", desc="tokenizing", disable=not progress)
+        pieces: list[np.ndarray] = []
+        n_in_shard, batch, consumed = 0, [], state["docs"]
+
+        def flush_shard():
+            nonlocal pieces, n_in_shard
+            if not pieces:
+                return
+            lengths = np.array([len(p) for p in pieces], dtype=np.int64)
+            offsets = np.concatenate([[0], np.cumsum(lengths)])
+            idx = state["shards"]
+            _save_npy(out / f"shard-{idx:05d}.tokens.npy", np.concatenate(pieces).astype(dtype))
+            _save_npy(out / f"shard-{idx:05d}.offsets.npy", offsets)
+            state.update(docs=consumed, shards=idx + 1, tokens=state["tokens"] + int(offsets[-1]))
+            atomic_write_text(progress_path, json.dumps(state) + "\n")
+            pieces, n_in_shard = [], 0
+
+        def encode(texts):
+            nonlocal n_in_shard, consumed
+            enc = tokenizer(texts, add_special_tokens=True, return_attention_mask=False, verbose=False)
+            for ids in enc["input_ids"]:
+                pieces.append(np.asarray(ids, dtype=np.int64))
+                n_in_shard += len(ids)
+                consumed += 1
+                if n_in_shard >= shard_tokens:
+                    flush_shard()
+            bar.update(len(texts))
+
+        for text in docs:
+            if max_docs is not None and consumed + len(batch) >= max_docs:
+                break
+            batch.append(text)
+            if len(batch) >= batch_size:
+                encode(batch)
+                batch = []
+        if batch:
+            encode(batch)
+        flush_shard()
+        bar.close()
+        meta["complete"] = True
+        atomic_write_text(meta_path, json.dumps(meta, indent=2) + "\n")
+    corpus = ShardedCorpus(out)
+    stats = length_stats(corpus.lengths)
+    atomic_write_text(out / "stats.json", json.dumps(stats, indent=2) + "\n")
+    for n in min_lengths:
+        build_subset(out, n)
+    return stats
+
+
+def length_stats(lengths: np.ndarray) -> dict:
+    """Documents, tokens, mean / quantiles / max of the length, and documents above common context sizes."""
+    lengths = np.asarray(lengths)
+    if len(lengths) == 0:
+        return {"documents": 0, "tokens": 0}
+    q = np.percentile(lengths, [10, 50, 90, 99])
+    return {
+        "documents": int(len(lengths)),
+        "tokens": int(lengths.sum()),
+        "mean": round(float(lengths.mean()), 1),
+        "p10": int(q[0]),
+        "median": int(q[1]),
+        "p90": int(q[2]),
+        "p99": int(q[3]),
+        "max": int(lengths.max()),
+        "longer_than": {str(n): int((lengths > n).sum()) for n in (128, 512, 1024, 2048, 4096)},
+    }
+
+
+def build_subset(shard_dir: str | Path, min_length: int) -> Path:
+    """Index the documents with more than ``min_length`` tokens as ``shard_dir/subsets/gt{min_length}``."""
+    corpus = ShardedCorpus(shard_dir)
+    docs = np.nonzero(corpus.lengths > min_length)[0].astype(np.int64)
+    target = Path(shard_dir) / "subsets" / f"gt{min_length}"
+    target.mkdir(parents=True, exist_ok=True)
+    _save_npy(target / "docs.npy", docs)
+    info = {"parent": "../..", "min_length": min_length, "documents": int(len(docs))}
+    info["tokens"] = int(corpus.lengths[docs].sum()) if len(docs) else 0
+    atomic_write_text(target / "subset.json", json.dumps(info, indent=2) + "\n")
+    return target
+
+
+# ---------------------------------------------------------------------------------------------- reading
+class ShardedCorpus:
+    """Documents of a shard folder (or of a subset folder), memory-mapped: ``corpus[i]`` is an int64 array."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        docs = None
+        if (self.path / "subset.json").is_file():
+            info = json.loads((self.path / "subset.json").read_text())
+            docs = np.load(self.path / "docs.npy")
+            root = (self.path / info["parent"]).resolve()
+        else:
+            root = self.path
+        if not (root / "meta.json").is_file():
+            raise FileNotFoundError(
+                f"{self.path} is not a shard folder (no meta.json): make one with `neoembed preprocess`"
+            )
+        self.meta = json.loads((root / "meta.json").read_text())
+        shards = sorted(root.glob("shard-*.tokens.npy"))
+        if not shards:
+            raise FileNotFoundError(f"{root} holds no shards yet: run (or finish) `neoembed preprocess`")
+        self._tokens = [np.load(s, mmap_mode="r") for s in shards]
+        offsets = [np.load(str(s).replace(".tokens.npy", ".offsets.npy")) for s in shards]
+        n_per = np.array([len(o) - 1 for o in offsets])
+        self._shard_of = np.repeat(np.arange(len(shards)), n_per)
+        self._starts = np.concatenate([o[:-1] for o in offsets]).astype(np.int64)
+        self._lengths = np.concatenate([np.diff(o) for o in offsets]).astype(np.int64)
+        self._docs = docs  # None = every document
+        self.fingerprint = hashlib.sha256(
+            json.dumps([self.meta.get("source"), int(self._lengths.sum()), len(self._lengths)]).encode()
+            + (docs.tobytes() if docs is not None else b"")
+        ).hexdigest()[:16]
+
+    def __len__(self) -> int:
+        return len(self._lengths) if self._docs is None else len(self._docs)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return self._lengths if self._docs is None else self._lengths[self._docs]
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        j = int(i) if self._docs is None else int(self._docs[i])
+        s = self._starts[j]
+        return np.asarray(self._tokens[self._shard_of[j]][s : s + self._lengths[j]], dtype=np.int64)

@@ -1,0 +1,133 @@
+"""The pre-training recipe: a typed schema for ``neoembed pretrain`` (defaults are the paper's stage 1)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import field_validator, model_validator
+
+from neoembed.recipe import Recipe, StrictModel
+
+__all__ = [
+    "BatchConfig",
+    "DataConfig",
+    "DataSource",
+    "MaskingConfig",
+    "ModelConfig",
+    "OptimizerConfig",
+    "PretrainRecipe",
+    "ScheduleConfig",
+]
+
+
+class ModelConfig(StrictModel):
+    """Either start from an existing checkpoint (``init_from``: continued pre-training, stage 2) or from a
+    random model with the NeoBERT config keys in ``config`` (defaults: NeoBERT, 28 x 768)."""
+
+    init_from: str | None = None
+    config: dict = {}
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
+    gradient_checkpointing: bool = False
+
+    @model_validator(mode="after")
+    def _one_origin(self):
+        if self.init_from is not None and self.config:
+            raise ValueError(
+                "model.init_from and model.config exclude each other: a checkpoint brings its own config"
+            )
+        return self
+
+
+class DataSource(StrictModel):
+    """A shard folder made by ``neoembed preprocess`` (or one of its ``subsets/gtN``) and its sampling weight."""
+
+    path: str
+    weight: float = 1.0
+
+    @field_validator("weight")
+    @classmethod
+    def _positive(cls, v):
+        if v <= 0:
+            raise ValueError(f"a source's weight must be > 0, got {v}")
+        return v
+
+
+class DataConfig(StrictModel):
+    """Sources are drawn per step with probability proportional to their weight (the whole step from one)."""
+
+    sources: list[DataSource]
+    seq_length: int = 1024
+    packing: Literal["packed", "padded"] = "packed"
+    cross_document_attention: bool = False  # packed only: the flawed variant (M6 ablation), for comparison
+    shuffle: bool = True
+
+    @field_validator("sources")
+    @classmethod
+    def _non_empty(cls, v):
+        if not v:
+            raise ValueError("at least one data source is needed (a folder made by `neoembed preprocess`)")
+        return v
+
+
+class MaskingConfig(StrictModel):
+    rate: float = 0.2
+    scheme: Literal["mask", "bert"] = "mask"  # mask: 100% [MASK] (NeoBERT); bert: 80/10/10
+
+    @field_validator("rate")
+    @classmethod
+    def _rate(cls, v):
+        if not 0 < v < 1:
+            raise ValueError(f"masking rate must lie in (0, 1), got {v}; NeoBERT uses 0.2, BERT 0.15")
+        return v
+
+
+class BatchConfig(StrictModel):
+    """Sequences per process per micro-step; the global batch is micro_batch_size x grad_accumulation x
+    processes sequences of seq_length tokens."""
+
+    micro_batch_size: int = 32
+    grad_accumulation: int = 1
+
+
+class OptimizerConfig(StrictModel):
+    """AdamW; weight decay applies to matrices and embeddings, not to norms and biases."""
+
+    lr: float = 6e-4
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+
+
+class ScheduleConfig(StrictModel):
+    warmup_steps: int = 2000
+    decay_fraction: float = 0.9
+    final_ratio: float = 0.1
+
+
+class PretrainRecipe(Recipe):
+    kind: Literal["pretrain"] = "pretrain"
+    model: ModelConfig = ModelConfig()
+    tokenizer: str = "chandar-lab/NeoBERT"
+    data: DataConfig
+    masking: MaskingConfig = MaskingConfig()
+    batch: BatchConfig = BatchConfig()
+    optimizer: OptimizerConfig = OptimizerConfig()
+    schedule: ScheduleConfig = ScheduleConfig()
+    steps: int = 1_000_000
+    precision: Literal["fp32", "bf16", "fp16"] = "bf16"
+    save_steps: int = 10_000
+    save_total_limit: int | None = 3
+    logging_steps: int = 100
+    report_to: list[Literal["tensorboard"]] = []
+    output_dir: str = "runs/pretrain"
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        end = self.schedule.decay_fraction * self.steps
+        if end <= self.schedule.warmup_steps:
+            raise ValueError(
+                f"schedule.decay_fraction * steps = {end:g} must exceed schedule.warmup_steps = "
+                f"{self.schedule.warmup_steps}: lower the warm-up or raise steps"
+            )
+        return self

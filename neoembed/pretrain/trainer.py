@@ -1,0 +1,460 @@
+"""The pre-training loop: masked language modelling on packed token shards, with accelerate.
+
+One optimizer step, top to bottom:
+
+1. choose the step's data source (probability ∝ weight, seeded by (seed, step): stage 2's 0.2 / 0.4 / 0.4
+   mixture of the full corpus and the >1,024 / >2,048 subsets);
+2. every process reads the same *global* batch (``micro_batch_size x grad_accumulation x processes``
+   sequences) from that source's :class:`~neoembed.pretrain.packing.DocumentStream` and masks it with a
+   generator seeded by (seed, step) — cheap next to the forward pass, and it makes the data a pure function
+   of (recipe, step): one process and two processes see the same tokens, and a resumed run the same batches;
+3. each process runs its own micro-batches (``(process, micro-step)`` owns a fixed slice); the loss of a
+   micro-batch is its summed cross-entropy over masked tokens divided by the masked tokens of the *global*
+   batch, so the accumulated, all-reduced gradient is that of the global token mean however the batch is
+   split;
+4. the step's loss and masked accuracy are all-reduced (one small tensor, which also carries the stop flag
+   of SIGTERM / Ctrl-C); a NaN/inf loss stops before the weights change;
+5. clip the gradient norm, AdamW step, the learning rate of :mod:`~neoembed.pretrain.schedule`.
+
+Checkpoints (``checkpoint-N/``) hold accelerate's state (model, optimizer, RNG of every process) plus
+``trainer_state.json`` (step, scheduler, the position of every data stream). They are written to
+``checkpoint-N.partial`` and renamed when complete, so a crash never leaves half a checkpoint to resume from.
+
+    neoembed pretrain pretrain-tiny data.sources='[{path: shards}]'
+    accelerate launch --num_processes 8 -m neoembed pretrain pretrain-stage1 data.sources='[{path: rw}]'
+    neoembed pretrain pretrain-stage1 ... --resume
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import re
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from neoembed.pretrain.masking import IGNORE_INDEX, mask_tokens, step_generator
+from neoembed.pretrain.packing import DocumentStream, collate_packed, collate_padded
+from neoembed.pretrain.recipe import PretrainRecipe
+from neoembed.pretrain.schedule import lr_lambda
+
+__all__ = ["MLMObjective", "TrainingStopped", "choose_source", "pretrain"]
+
+logger = logging.getLogger(__name__)
+
+
+class TrainingStopped(RuntimeError):
+    """Pre-training stopped early (NaN/inf loss); the message says why and what to do."""
+
+
+class MLMObjective(nn.Module):
+    """Masked-LM loss that runs the decoder on the masked positions only (20% of the tokens).
+
+    Returns the *summed* cross-entropy, the number of masked tokens and the number predicted correctly; the
+    caller normalises. Equals ``NeoBERTForMaskedLM(labels=...).loss`` times the count (tested).
+    """
+
+    def __init__(self, mlm):
+        super().__init__()
+        self.mlm = mlm
+
+    def forward(self, labels: torch.Tensor, **inputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        hidden = self.mlm.model(**inputs).last_hidden_state  # (B, L, D) or (1, T, D)
+        chosen = labels != IGNORE_INDEX
+        logits = self.mlm.decoder(hidden[chosen]).float()  # (n_masked, V)
+        target = labels[chosen]
+        loss_sum = F.cross_entropy(logits, target, reduction="sum")
+        correct = (logits.argmax(-1) == target).sum()
+        return loss_sum, chosen.sum(), correct
+
+
+# ----------------------------------------------------------------------------------------------- helpers
+def _build_model(recipe: PretrainRecipe, tokenizer):
+    from neoembed.modeling import NeoBERTConfig, NeoBERTForMaskedLM
+
+    m = recipe.model
+    if m.init_from is not None:
+        from neoembed.modeling.convert import resolve_checkpoint
+
+        model = NeoBERTForMaskedLM.from_pretrained(
+            str(resolve_checkpoint(m.init_from)), attn_implementation=m.attn_implementation
+        )
+    else:
+        cfg = {"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id, **m.config}
+        config = NeoBERTConfig(**cfg)
+        config._attn_implementation = m.attn_implementation
+        model = NeoBERTForMaskedLM(config)
+    if model.config.vocab_size < len(tokenizer):
+        raise ValueError(
+            f"the model's vocabulary ({model.config.vocab_size}) is smaller than the tokenizer's "
+            f"({len(tokenizer)}): use the model's own tokenizer (recipe key 'tokenizer')"
+        )
+    if recipe.data.seq_length > model.config.max_sequence_length:
+        raise ValueError(
+            f"data.seq_length={recipe.data.seq_length} exceeds the model's maximum "
+            f"{model.config.max_sequence_length}: raise model.config.max_length (from scratch) or lower seq_length"
+        )
+    if recipe.data.packing == "padded":
+        model.config.padding_free = False
+    if m.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    return model
+
+
+def _param_groups(model: nn.Module, weight_decay: float):
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        (no_decay if p.ndim < 2 or name.endswith(".bias") else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def _checkpoints(output: Path) -> list[Path]:
+    found = [p for p in output.glob("checkpoint-*") if re.fullmatch(r"checkpoint-\d+", p.name) and p.is_dir()]
+    return sorted(found, key=lambda p: int(p.name.split("-")[1]))
+
+
+class _StopSignal:
+    """SIGTERM / Ctrl-C set a flag; the loop checkpoints after the current step. A second Ctrl-C aborts."""
+
+    def __init__(self):
+        self.received: str | None = None
+        self._previous = {}
+
+    def __enter__(self):
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(ValueError):  # not the main thread
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.received is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.received = signal.Signals(signum).name
+        logger.warning("%s received: checkpointing after this step, then stopping", self.received)
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def choose_source(seed: int, step: int, probabilities: np.ndarray) -> int:
+    """The data source of a step: drawn with the given probabilities from a generator seeded by (seed, step)."""
+    if len(probabilities) == 1:
+        return 0
+    return int(np.random.default_rng([seed, step, 1]).choice(len(probabilities), p=probabilities))
+
+
+def _global_batch(recipe: PretrainRecipe, stream: DocumentStream, n_sequences: int):
+    """``n_sequences`` sequences, each a list of fragments (one fragment per sequence when padded)."""
+    L = recipe.data.seq_length
+    if recipe.data.packing == "packed":
+        return [stream.packed_sequence(L) for _ in range(n_sequences)]
+    return [[stream.single_document(L)] for _ in range(n_sequences)]
+
+
+def _mask_global(recipe, sequences, special_ids, mask_id, vocab_size, step):
+    """Mask the global batch in one draw; returns (corrupted, labels) in the same fragment structure."""
+    fragments = [f for seq in sequences for f in seq]
+    flat = torch.from_numpy(np.concatenate(fragments))
+    corrupted, labels = mask_tokens(
+        flat,
+        special_ids,
+        mask_id,
+        vocab_size,
+        recipe.masking.rate,
+        recipe.masking.scheme,
+        generator=step_generator(recipe.seed, step),
+    )
+    cuts = np.cumsum([len(f) for f in fragments])[:-1]
+    c_frags, l_frags = np.split(corrupted.numpy(), cuts), np.split(labels.numpy(), cuts)
+    out_c, out_l, k = [], [], 0
+    for seq in sequences:
+        out_c.append(c_frags[k : k + len(seq)])
+        out_l.append(l_frags[k : k + len(seq)])
+        k += len(seq)
+    return out_c, out_l, int((labels != IGNORE_INDEX).sum())
+
+
+def _micro_batch(recipe, corrupted, labels, pad_id, device):
+    """Model inputs and labels for a list of sequences (packed: one row; padded: one row per document)."""
+    if recipe.data.packing == "packed":
+        batch = collate_packed(corrupted, recipe.data.cross_document_attention)
+        lab = collate_packed(labels, recipe.data.cross_document_attention).input_ids
+    else:
+        batch = collate_padded([s[0] for s in corrupted], pad_id)
+        lab = collate_padded([s[0] for s in labels], IGNORE_INDEX).input_ids
+    inputs = {
+        k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in batch.model_inputs().items()
+    }
+    return inputs, lab.to(device), batch.num_tokens
+
+
+# ------------------------------------------------------------------------------------------------- train
+def pretrain(recipe: PretrainRecipe, resume: bool = False, progress: bool = True) -> Path:
+    """Run a pre-training recipe; returns the output folder (final model in the neoembed layout, tokenizer,
+    ``metrics.jsonl``, ``run_record.json``, checkpoints)."""
+    from accelerate import Accelerator
+    from tqdm.auto import tqdm
+    from transformers import AutoTokenizer
+
+    from neoembed.pretrain.data import ShardedCorpus
+    from neoembed.recipe import seed_everything
+    from neoembed.record import atomic_write_text, write_run_record
+
+    accelerator = Accelerator(
+        mixed_precision={"fp32": "no", "bf16": "bf16", "fp16": "fp16"}[recipe.precision],
+        gradient_accumulation_steps=recipe.batch.grad_accumulation,
+    )
+    world, rank = accelerator.num_processes, accelerator.process_index
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    if launched != world:
+        raise RuntimeError(
+            f"{launched} processes were launched (WORLD_SIZE) but accelerate sees {world}: every process would train "
+            "alone. On CPU launch with `ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes N ...`"
+        )
+    if accelerator.distributed_type.value == "DEEPSPEED":
+        ds_accum = accelerator.state.deepspeed_plugin.deepspeed_config.get("gradient_accumulation_steps")
+        if ds_accum not in (None, "auto", recipe.batch.grad_accumulation):
+            raise ValueError(
+                f"the DeepSpeed config accumulates {ds_accum} micro-batches, the recipe "
+                f"{recipe.batch.grad_accumulation}: set deepspeed_config.gradient_accumulation_steps to "
+                "batch.grad_accumulation"
+            )
+    output = Path(recipe.output_dir)
+    seed_everything(recipe.seed)
+
+    # data: every source read as shards; one stream per source
+    corpora = [ShardedCorpus(s.path) for s in recipe.data.sources]
+    streams = [
+        DocumentStream(c, seed=recipe.seed * 1000 + i, shuffle=recipe.data.shuffle)
+        for i, c in enumerate(corpora)
+    ]
+    weights = np.array([s.weight for s in recipe.data.sources], dtype=np.float64)
+    weights /= weights.sum()
+
+    tokenizer = AutoTokenizer.from_pretrained(recipe.tokenizer)
+    if tokenizer.mask_token_id is None or tokenizer.pad_token_id is None:
+        raise ValueError(f"tokenizer {recipe.tokenizer!r} has no [MASK] or [PAD] token; MLM needs both")
+    for c in corpora:
+        vocab = c.meta.get("vocab_size")
+        if vocab is not None and vocab != len(tokenizer):
+            raise ValueError(
+                f"shards {c.path} were tokenized with a vocabulary of {vocab} tokens, the recipe's tokenizer "
+                f"{recipe.tokenizer!r} has {len(tokenizer)}: set 'tokenizer' to the one used by preprocess"
+            )
+    special_ids = sorted(set(tokenizer.all_special_ids) | {tokenizer.pad_token_id})
+
+    model = _build_model(recipe, tokenizer)
+    objective = MLMObjective(model)
+    opt = recipe.optimizer
+    optimizer = torch.optim.AdamW(
+        _param_groups(model, opt.weight_decay), lr=opt.lr, betas=opt.betas, eps=opt.eps
+    )
+    s = recipe.schedule
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lr_lambda(s.warmup_steps, recipe.steps, s.decay_fraction, s.final_ratio)
+    )
+    objective, optimizer = accelerator.prepare(objective, optimizer)
+
+    b, accum, L = recipe.batch.micro_batch_size, recipe.batch.grad_accumulation, recipe.data.seq_length
+    n_global = b * accum * world
+    kind = "packed" if recipe.data.packing == "packed" else "at most (padded)"
+    accelerator.print(
+        f"effective batch: {n_global} sequences x {L} tokens = {n_global * L:,} tokens {kind} per step "
+        f"(micro-batch {b} x accumulation {accum} x {world} processes); {recipe.steps:,} steps"
+    )
+
+    step, metrics_path = 0, output / "metrics.jsonl"
+    if resume:
+        ckpts = _checkpoints(output)
+        if not ckpts:
+            raise FileNotFoundError(f"--resume: no checkpoint-N folder in {output}; start without --resume")
+        last = ckpts[-1]
+        state = json.loads((last / "trainer_state.json").read_text())
+        if state["global_sequences"] != n_global or state["seq_length"] != L:
+            raise ValueError(
+                f"{last} was written with a global batch of {state['global_sequences']} x {state['seq_length']} "
+                f"tokens, this run has {n_global} x {L}: an exact resume needs the same global batch"
+            )
+        accelerator.load_state(str(last / "state"))
+        step = state["step"]
+        scheduler.load_state_dict(state["scheduler"])
+        for stream, st in zip(streams, state["streams"], strict=True):
+            stream.load_state_dict(st)
+        if accelerator.is_main_process and metrics_path.exists():  # drop rows logged after the checkpoint
+            rows = [r for r in metrics_path.read_text().splitlines() if r and json.loads(r)["step"] <= step]
+            atomic_write_text(metrics_path, "".join(r + "\n" for r in rows))
+        accelerator.print(f"resumed from {last} at step {step}")
+    elif accelerator.is_main_process and _checkpoints(output):
+        raise FileExistsError(
+            f"{output} already holds checkpoints: pass --resume to continue, or choose another output_dir"
+        )
+    if accelerator.is_main_process:
+        output.mkdir(parents=True, exist_ok=True)
+        data_files = [
+            c.path / name for c in corpora for name in ("meta.json", "stats.json", "subset.json", "docs.npy")
+        ]
+        write_run_record(
+            output,
+            "pretrain",
+            recipe=recipe,
+            data_files=data_files,
+            extra={
+                "world_size": world,
+                "global_batch_sequences": n_global,
+                "global_batch_tokens": n_global * L,
+                "data_fingerprints": {c.path.as_posix(): c.fingerprint for c in corpora},
+                "parameters": sum(p.numel() for p in model.parameters()),
+            },
+        )
+    writer = None
+    if "tensorboard" in recipe.report_to and accelerator.is_main_process:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as e:
+            raise ImportError(
+                "report_to: [tensorboard] needs the tensorboard package: pip install tensorboard"
+            ) from e
+        writer = SummaryWriter(str(output / "tensorboard"))
+
+    def save_checkpoint() -> Path:
+        target = output / f"checkpoint-{step}"
+        partial = output / f"checkpoint-{step}.partial"
+        accelerator.wait_for_everyone()
+        accelerator.save_state(str(partial / "state"))
+        if accelerator.is_main_process:
+            state = {
+                "step": step,
+                "scheduler": scheduler.state_dict(),
+                "streams": [st.state_dict() for st in streams],
+                "global_sequences": n_global,
+                "seq_length": L,
+            }
+            atomic_write_text(partial / "trainer_state.json", json.dumps(state, indent=2) + "\n")
+            if target.exists():
+                shutil.rmtree(target)
+            partial.rename(target)
+            if recipe.save_total_limit:
+                for old in _checkpoints(output)[: -recipe.save_total_limit]:
+                    shutil.rmtree(old, ignore_errors=True)
+        accelerator.wait_for_everyone()
+        return target
+
+    device = accelerator.device
+    window = {"loss": 0.0, "n": 0, "correct": 0, "tokens": 0, "steps": 0, "t0": time.perf_counter()}
+    bar = tqdm(
+        total=recipe.steps,
+        initial=step,
+        desc="pretrain",
+        disable=not (progress and accelerator.is_main_process),
+    )
+    stopped = None
+    with _StopSignal() as stop:
+        while step < recipe.steps:
+            source = choose_source(recipe.seed, step, weights)
+            sequences = _global_batch(recipe, streams[source], n_global)
+            corrupted, labels, n_masked = _mask_global(
+                recipe, sequences, special_ids, tokenizer.mask_token_id, model.config.vocab_size, step
+            )
+            scale = world * accum / max(n_masked, 1)  # backward divides by accum, DDP averages over world
+            stats = torch.zeros(4, dtype=torch.float64, device=device)  # loss sum, correct, tokens, stop
+            for m in range(accum):
+                first = (m * world + rank) * b
+                inputs, lab, n_tokens = _micro_batch(
+                    recipe,
+                    corrupted[first : first + b],
+                    labels[first : first + b],
+                    tokenizer.pad_token_id,
+                    device,
+                )
+                with accelerator.accumulate(objective):
+                    loss_sum, _, correct = objective(lab, **inputs)
+                    accelerator.backward(loss_sum * scale)
+                stats[0] += loss_sum.detach().double()
+                stats[1] += correct.double()
+                stats[2] += n_tokens
+            stats[3] = 1.0 if stop.received else 0.0
+            if world > 1:
+                stats = accelerator.reduce(stats, reduction="sum")
+            loss = float(stats[0]) / max(n_masked, 1)
+            if not math.isfinite(loss):
+                ckpts = _checkpoints(output)
+                raise TrainingStopped(
+                    f"the loss is {loss} at step {step + 1}: training stopped before the update. Last checkpoint: "
+                    f"{ckpts[-1] if ckpts else 'none'}. Lower optimizer.lr, raise schedule.warmup_steps, or use "
+                    "precision bf16/fp32 instead of fp16; then --resume"
+                )
+            grad_norm = accelerator.clip_grad_norm_(objective.parameters(), opt.grad_clip)
+            lr = scheduler.get_last_lr()[0]
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            bar.update(1)
+            window["loss"] += float(stats[0])
+            window["n"] += n_masked
+            window["correct"] += float(stats[1])
+            window["tokens"] += float(stats[2])
+            window["steps"] += 1
+            if step % recipe.logging_steps == 0 or step == recipe.steps:
+                now = time.perf_counter()
+                row = {
+                    "step": step,
+                    "loss": window["loss"] / max(window["n"], 1),
+                    "masked_accuracy": window["correct"] / max(window["n"], 1),
+                    "learning_rate": lr,
+                    "grad_norm": float(grad_norm) if grad_norm is not None else None,
+                    "tokens_per_s": window["tokens"] / max(now - window["t0"], 1e-9),
+                    "tokens": int(window["tokens"]),
+                    "source": recipe.data.sources[source].path if len(streams) > 1 else None,
+                }
+                if accelerator.is_main_process:
+                    with open(metrics_path, "a") as f:
+                        f.write(json.dumps(row) + "\n")
+                    if writer is not None:
+                        for key in ("loss", "masked_accuracy", "learning_rate", "grad_norm", "tokens_per_s"):
+                            if row[key] is not None:
+                                writer.add_scalar(f"train/{key}", row[key], step)
+                    bar.set_postfix(loss=f"{row['loss']:.3f}", acc=f"{row['masked_accuracy']:.3f}")
+                window = {
+                    "loss": 0.0,
+                    "n": 0,
+                    "correct": 0,
+                    "tokens": 0,
+                    "steps": 0,
+                    "t0": time.perf_counter(),
+                }
+            if stats[3] > 0:
+                stopped = save_checkpoint()
+                break
+            if step % recipe.save_steps == 0 and step < recipe.steps:
+                save_checkpoint()
+    bar.close()
+    if writer is not None:
+        writer.close()
+    if stopped is not None:
+        accelerator.print(
+            f"stopped by {stop.received or 'a signal'} at step {step}: {stopped}; continue with --resume"
+        )
+        accelerator.end_training()
+        return output
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        final = accelerator.unwrap_model(objective).mlm
+        final.save_pretrained(output)
+        tokenizer.save_pretrained(output)
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    return output

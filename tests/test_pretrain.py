@@ -1,0 +1,448 @@
+"""Pre-training: masking, schedule, packing == one by one, shards (real tokenizer, resumable), the fast MLM
+objective and pseudo-perplexity against their slow twins, exact resume, NaN stop, SIGTERM, two processes."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from neoembed.modeling import NeoBERTConfig, NeoBERTForMaskedLM
+from neoembed.pretrain.data import ShardedCorpus, build_subset, preprocess
+from neoembed.pretrain.masking import IGNORE_INDEX, mask_tokens, step_generator
+from neoembed.pretrain.packing import DocumentStream, collate_packed, collate_padded
+from neoembed.pretrain.ppl import pseudo_nll, pseudo_nll_reference, pseudo_perplexity, write_ppl
+from neoembed.pretrain.recipe import PretrainRecipe
+from neoembed.pretrain.schedule import lr_at, lr_lambda
+from neoembed.pretrain.trainer import MLMObjective, TrainingStopped, choose_source, pretrain
+from neoembed.recipe import RecipeError, load_recipe
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+TOKENIZER = SHARED / "fixtures" / "neobert-tiny-official"
+MSRP = SHARED / "data" / "train" / "msrp_pairs" / "train.jsonl.gz"
+
+
+def _tiny_model(vocab=100, padding_free=True, seed=0):
+    torch.manual_seed(seed)
+    cfg = NeoBERTConfig(
+        vocab_size=vocab,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_length=256,
+        padding_free=padding_free,
+    )
+    return NeoBERTForMaskedLM(cfg).eval()
+
+
+class _ListCorpus:
+    def __init__(self, docs):
+        self.docs = [np.asarray(d, dtype=np.int64) for d in docs]
+
+    def __len__(self):
+        return len(self.docs)
+
+    def __getitem__(self, i):
+        return self.docs[i]
+
+
+# ---------------------------------------------------------------------------------------------- masking
+def test_masking_rate_specials_and_labels():
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, 1000, (400, 500), generator=g)
+    ids[:, 0], ids[:, -1], ids[:, -50:-1] = 101, 102, 0  # [CLS], [SEP], padding
+    special = [0, 100, 101, 102, 103]
+    corrupted, labels = mask_tokens(ids, special, 103, 1000, rate=0.2, generator=step_generator(0, 0))
+    chosen = labels != IGNORE_INDEX
+    eligible = ~torch.isin(ids, torch.tensor(special))
+    rate = chosen.sum().item() / eligible.sum().item()
+    assert abs(rate - 0.2) < 0.005  # ~180k eligible tokens: sd 0.001
+    assert not chosen[~eligible].any()  # special and padding tokens never masked
+    assert torch.equal(labels[chosen], ids[chosen]) and (labels[~chosen] == IGNORE_INDEX).all()
+    assert (corrupted[chosen] == 103).all() and torch.equal(corrupted[~chosen], ids[~chosen])  # 100% [MASK]
+    again, _ = mask_tokens(ids, special, 103, 1000, rate=0.2, generator=step_generator(0, 0))
+    assert torch.equal(again, corrupted)  # seeded by (seed, step) alone
+
+    bert, blabels = mask_tokens(
+        ids, special, 103, 1000, rate=0.15, scheme="bert", generator=step_generator(1, 0)
+    )
+    chosen = blabels != IGNORE_INDEX
+    n = chosen.sum().item()
+    assert abs(n / eligible.sum().item() - 0.15) < 0.005
+    as_mask = (bert[chosen] == 103).sum().item() / n
+    kept = (bert[chosen] == ids[chosen]).sum().item() / n
+    assert abs(as_mask - 0.8) < 0.01 and abs(kept - 0.1 - 0.1 / 1000) < 0.01
+    with pytest.raises(ValueError, match="valid: 'mask'"):
+        mask_tokens(ids, special, 103, 1000, scheme="roberta")
+
+
+# --------------------------------------------------------------------------------------------- schedule
+def test_schedule_values_equal_the_formula():
+    p, W, T = 6e-4, 2000, 1_000_000
+    assert lr_at(0, p, W, T) == 0.0
+    assert lr_at(1000, p, W, T) == pytest.approx(p / 2)
+    assert lr_at(W, p, W, T) == pytest.approx(p)
+    mid = W + (900_000 - W) // 2
+    assert lr_at(mid, p, W, T) == pytest.approx(p * (0.1 + 0.9 * 0.5), rel=1e-6)
+    t = 300_000
+    expected = p * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (t - W) / (0.9 * T - W))))
+    assert lr_at(t, p, W, T) == pytest.approx(expected, rel=1e-12)
+    assert lr_at(900_000, p, W, T) == pytest.approx(0.1 * p) and lr_at(999_999, p, W, T) == pytest.approx(
+        0.1 * p
+    )
+    # through torch's LambdaLR, as the trainer uses it
+    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=p)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(10, 100))
+    seen = []
+    for _ in range(100):
+        seen.append(sched.get_last_lr()[0])
+        opt.step()
+        sched.step()
+    assert seen == pytest.approx([lr_at(t, p, 10, 100) for t in range(100)], rel=1e-12)
+    with pytest.raises(ValueError, match="decay must end after the warm-up"):
+        lr_lambda(2000, 2000)
+
+
+# ---------------------------------------------------------------------------------------------- packing
+def test_packed_batch_equals_documents_one_by_one():
+    rng = np.random.default_rng(0)
+    docs = [rng.integers(5, 100, n) for n in (7, 30, 3, 12, 19, 9, 25)]
+    stream = DocumentStream(_ListCorpus(docs), seed=1)
+    sequences = [stream.packed_sequence(24) for _ in range(3)]
+    assert all(sum(len(f) for f in seq) == 24 for seq in sequences)
+    batch = collate_packed(sequences)
+    assert batch.cu_seq_lens_q.dtype == torch.int32 and int(batch.cu_seq_lens_q[-1]) == 72
+    model = _tiny_model()
+    with torch.no_grad():
+        packed = model(**batch.model_inputs()).logits[0]
+        fragments = [f for seq in sequences for f in seq]
+        alone = torch.cat([model(input_ids=torch.from_numpy(f)[None]).logits[0] for f in fragments])
+        torch.testing.assert_close(packed, alone, atol=2e-5, rtol=1e-4)
+        # the flawed variant (attention across documents, positions 0..L-1) differs
+        crossed = model(**collate_packed(sequences, cross_document=True).model_inputs()).logits[0]
+        assert (crossed - alone).abs().max() > 1e-3
+        # padding mode (padding_free off) gives the same per-document logits too
+        padded_model = _tiny_model(padding_free=False)
+        pb = collate_padded(fragments, pad_token_id=0)
+        out = padded_model(**pb.model_inputs()).logits
+        got = torch.cat([out[i, : len(f)] for i, f in enumerate(fragments)])
+        torch.testing.assert_close(got, alone, atol=2e-5, rtol=1e-4)
+
+
+def test_stream_state_resumes_at_the_same_token_across_epochs():
+    docs = [np.arange(n) + 10 * n for n in (5, 9, 4, 11)]
+    a = DocumentStream(_ListCorpus(docs), seed=3)
+    for _ in range(5):
+        a.packed_sequence(7)
+    state = a.state_dict()
+    expected = [np.concatenate(a.packed_sequence(7)) for _ in range(8)]  # crosses epochs
+    assert a.epoch >= 2
+    b = DocumentStream(_ListCorpus(docs), seed=3)
+    b.load_state_dict(state)
+    got = [np.concatenate(b.packed_sequence(7)) for _ in range(8)]
+    assert all(np.array_equal(x, y) for x, y in zip(expected, got, strict=True))
+    # every epoch visits every token once
+    c = DocumentStream(_ListCorpus(docs), seed=3)
+    total = sum(len(d) for d in docs)
+    tokens = np.concatenate([np.concatenate(c.packed_sequence(total))])
+    assert sorted(tokens.tolist()) == sorted(np.concatenate(docs).tolist())
+
+
+def test_source_mixture_follows_the_probabilities():
+    p = np.array([0.2, 0.4, 0.4])
+    counts = np.bincount([choose_source(0, s, p) for s in range(6000)], minlength=3) / 6000
+    assert np.abs(counts - p).max() < 0.03
+    assert [choose_source(5, s, p) for s in range(50)] == [choose_source(5, s, p) for s in range(50)]
+
+
+# ------------------------------------------------------------------------------------ fast twin: MLM loss
+def test_mlm_objective_equals_the_full_head_loss():
+    model = _tiny_model()
+    ids = torch.randint(5, 100, (3, 20), generator=torch.Generator().manual_seed(0))
+    corrupted, labels = mask_tokens(ids, [0, 1, 2, 3], 4, 100, rate=0.3, generator=step_generator(0, 1))
+    full = model(input_ids=corrupted, labels=labels).loss
+    loss_sum, n, correct = MLMObjective(model)(labels, input_ids=corrupted)
+    assert int(n) == int((labels != IGNORE_INDEX).sum())
+    torch.testing.assert_close(loss_sum / n, full, atol=1e-6, rtol=1e-6)
+    logits = model(input_ids=corrupted).logits
+    chosen = labels != IGNORE_INDEX
+    assert int(correct) == int((logits[chosen].argmax(-1) == labels[chosen]).sum())
+
+
+# ---------------------------------------------------------------------------------------- data / shards
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(TOKENIZER))
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory, tokenizer):
+    out = tmp_path_factory.mktemp("shards") / "msrp"
+    preprocess(str(MSRP), out, tokenizer, column="positive", shard_tokens=20_000, progress=False)
+    return out
+
+
+def test_preprocess_real_text_stats_subsets_and_resume(tmp_path, tokenizer, shards):
+    texts = [json.loads(line)["positive"] for line in gzip.open(MSRP, "rt")]
+    corpus = ShardedCorpus(shards)
+    assert len(corpus) == len(texts) and len(list(shards.glob("shard-*.tokens.npy"))) >= 3
+    for i in (0, 1234, len(texts) - 1):
+        assert corpus[i].tolist() == tokenizer(texts[i])["input_ids"]  # [CLS] ... [SEP]
+    stats = json.loads((shards / "stats.json").read_text())
+    assert stats["documents"] == len(texts) and stats["tokens"] == int(corpus.lengths.sum())
+
+    # interrupted after the second shard, then resumed: the same shards as one uninterrupted run
+    calls = {"n": 0}
+
+    class Flaky:
+        def __init__(self, tok):
+            self.tok = tok
+
+        def __getattr__(self, name):
+            return getattr(self.tok, name)
+
+        def __len__(self):
+            return len(self.tok)
+
+        def __call__(self, *a, **k):
+            calls["n"] += 1
+            if calls["n"] == 4:
+                raise KeyboardInterrupt
+            return self.tok(*a, **k)
+
+    out = tmp_path / "resumed"
+    kwargs = {"column": "positive", "shard_tokens": 20_000, "progress": False, "min_lengths": (32, 40)}
+    with pytest.raises(KeyboardInterrupt):
+        preprocess(str(MSRP), out, Flaky(tokenizer), batch_size=256, **kwargs)
+    done = json.loads((out / "progress.json").read_text())
+    assert 0 < done["docs"] < len(texts)
+    preprocess(str(MSRP), out, tokenizer, batch_size=256, **kwargs)
+    resumed = ShardedCorpus(out)
+    assert len(resumed) == len(corpus)
+    assert all(np.array_equal(resumed[i], corpus[i]) for i in range(0, len(corpus), 97))
+    sub = ShardedCorpus(out / "subsets" / "gt32")
+    assert len(sub) == int((corpus.lengths > 32).sum()) and (sub.lengths > 32).all()
+    with pytest.raises(ValueError, match="different settings"):
+        preprocess(str(MSRP), out, tokenizer, column="positive", shard_tokens=999, progress=False)
+
+
+# ----------------------------------------------------------------------------------------- training loop
+def _recipe(out: Path, shards: Path, *overrides) -> PretrainRecipe:
+    return load_recipe(
+        REPO / "recipes" / "pretrain-tiny.yaml",
+        PretrainRecipe,
+        [f"tokenizer={TOKENIZER}", f"data.sources=[{{path: {shards}}}]", f"output_dir={out}", *overrides],
+    )
+
+
+def _rows(out: Path):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_resume_equals_uninterrupted_and_final_model(tmp_path, shards):
+    full = pretrain(_recipe(tmp_path / "full", shards, "steps=6", "save_steps=3"), progress=False)
+    again = pretrain(_recipe(tmp_path / "again", shards, "steps=6", "save_steps=3"), progress=False)
+    losses = [r["loss"] for r in _rows(full)]
+    assert losses == [r["loss"] for r in _rows(again)]  # same seed, identical CPU losses
+    assert losses[0] == pytest.approx(math.log(30522), abs=0.1)  # from ln |V|
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    shutil.copytree(full / "checkpoint-3", resumed / "checkpoint-3")
+    (resumed / "metrics.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in _rows(full)[:5])
+    )  # stale rows
+    pretrain(_recipe(resumed, shards, "steps=6", "save_steps=3"), resume=True, progress=False)
+    rows = _rows(resumed)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    assert [r["loss"] for r in rows] == losses  # identical, not merely close
+    assert {"masked_accuracy", "learning_rate", "grad_norm", "tokens_per_s"} <= set(rows[0])
+    record = json.loads((full / "run_record.json").read_text())
+    assert record["seed"] == 0 and record["global_batch_tokens"] == 256
+    # the final model: neoembed layout, reloads, converts to the official layout
+    a = NeoBERTForMaskedLM.from_pretrained(str(full))
+    b = NeoBERTForMaskedLM.from_pretrained(str(resumed))
+    for (k, v), (_, w) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
+        assert torch.equal(v, w), k
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "neoembed",
+            "convert",
+            str(full),
+            str(tmp_path / "official"),
+            "--to",
+            "official",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "model.NeoBERT" in (tmp_path / "official" / "config.json").read_text()
+    with pytest.raises(FileExistsError, match="--resume"):
+        pretrain(_recipe(tmp_path / "full", shards, "steps=6", "save_steps=3"), progress=False)
+
+
+def test_padded_mode_and_mixture_train(tmp_path, shards):
+    out = pretrain(
+        _recipe(
+            tmp_path / "padded",
+            shards,
+            "steps=2",
+            "schedule.warmup_steps=0",
+            "data.packing=padded",
+            "save_steps=100",
+        ),
+        progress=False,
+    )
+    rows = _rows(out)
+    assert len(rows) == 2 and all(r["tokens"] < 4 * 64 for r in rows)  # real tokens only
+    sources = f"[{{path: {shards}, weight: 0.2}}, {{path: {shards / 'subsets' / 'gt32'}, weight: 0.8}}]"
+    build_subset(shards, 32)
+    out = pretrain(
+        _recipe(tmp_path / "mix", shards, "steps=3", f"data.sources={sources}", "save_steps=100"),
+        progress=False,
+    )
+    assert all(r["source"] for r in _rows(out))
+
+
+def test_nan_loss_stops_with_a_message(tmp_path, shards):
+    recipe = _recipe(
+        tmp_path / "nan",
+        shards,
+        "steps=20",
+        "optimizer.lr=1.0e+30",
+        "optimizer.grad_clip=1.0e+30",
+        "save_steps=100",
+    )
+    with pytest.raises(TrainingStopped, match="loss is nan at step .* before the update"):
+        pretrain(recipe, progress=False)
+    assert not (tmp_path / "nan" / "model.safetensors").exists()
+
+
+def test_bad_recipes_name_the_fix(tmp_path, shards):
+    with pytest.raises(RecipeError, match="unknown key 'masking.ratee'"):
+        _recipe(tmp_path, shards, "masking.ratee=0.1")
+    with pytest.raises(RecipeError, match="must exceed schedule.warmup_steps"):
+        _recipe(tmp_path, shards, "steps=2")
+    with pytest.raises(ValueError, match="exceeds the model's maximum"):
+        pretrain(_recipe(tmp_path / "x", shards, "data.seq_length=512"), progress=False)
+    with pytest.raises(FileNotFoundError, match="neoembed preprocess"):
+        pretrain(_recipe(tmp_path / "y", tmp_path / "nowhere"), progress=False)
+
+
+def _cli(*args):
+    return [sys.executable, "-m", "neoembed", *args]
+
+
+def test_sigterm_checkpoints_then_resume_finishes(tmp_path, shards):
+    out = tmp_path / "sig"
+    args = [
+        "pretrain",
+        "pretrain-tiny",
+        f"tokenizer={TOKENIZER}",
+        f"data.sources=[{{path: {shards}}}]",
+        f"output_dir={out}",
+        "steps=100000",
+        "save_steps=100000",
+    ]
+    proc = subprocess.Popen(_cli(*args), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (out / "metrics.jsonl").exists():
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-2000:]
+    ckpts = list(out.glob("checkpoint-*"))
+    assert len(ckpts) == 1 and not (out / "model.safetensors").exists(), err[-2000:]
+    stopped_at = int(ckpts[0].name.split("-")[1])
+    r = subprocess.run(
+        _cli(*args[:-2], f"steps={stopped_at + 2}", "save_steps=100000", "--resume"),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert [row["step"] for row in _rows(out)][-3:] == [stopped_at, stopped_at + 1, stopped_at + 2]
+    assert (out / "model.safetensors").is_file()
+
+
+def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path, shards):
+    one = pretrain(_recipe(tmp_path / "one", shards, "steps=4", "save_steps=100"), progress=False)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--multi_gpu",  # with ACCELERATE_USE_CPU=1: two gloo processes (`--cpu` would start only one)
+            "--num_machines",
+            "1",
+            "--num_processes",
+            "2",
+            "--mixed_precision",
+            "no",
+            "--dynamo_backend",
+            "no",
+            "-m",
+            "neoembed",
+            "pretrain",
+            "pretrain-tiny",
+            f"tokenizer={TOKENIZER}",
+            f"data.sources=[{{path: {shards}}}]",
+            f"output_dir={tmp_path / 'two'}",
+            "steps=4",
+            "save_steps=100",
+            "batch.micro_batch_size=2",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"},
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (
+        "4 sequences x 64 tokens = 256 tokens packed per step (micro-batch 2 x accumulation 1 x 2 processes)"
+        in r.stdout
+    )
+    a, b = _rows(one), _rows(tmp_path / "two")
+    assert [x["loss"] for x in b] == pytest.approx([x["loss"] for x in a], rel=1e-5)
+    assert [x["masked_accuracy"] for x in b] == pytest.approx([x["masked_accuracy"] for x in a], abs=1e-9)
+
+
+# ------------------------------------------------------------------------------------ pseudo-perplexity
+def test_pseudo_perplexity_equals_the_slow_reference(tmp_path):
+    model = _tiny_model()
+    ids = torch.randint(5, 100, (20,), generator=torch.Generator().manual_seed(3))
+    ids[0], ids[-1] = 1, 2
+    fast, n = pseudo_nll(model, ids, [0, 1, 2, 3, 4], 4, batch_size=7)  # 3 forwards of up to 7 copies
+    slow, m = pseudo_nll_reference(model, ids, [0, 1, 2, 3, 4], 4)
+    assert n == m == 18
+    assert fast == pytest.approx(slow, rel=1e-5)
+    docs = [torch.randint(5, 100, (n,)).numpy() for n in (10, 40, 33, 50)]
+    result = pseudo_perplexity(model, docs, [8, 16, 32], [0, 1, 2, 3, 4], 4, max_docs=2, progress=False)
+    assert result["documents"] == 2 and [r["length"] for r in result["lengths"]] == [8, 16, 32]
+    nll16 = sum(
+        pseudo_nll_reference(model, torch.as_tensor(d[:16]), [0, 1, 2, 3, 4], 4)[0] for d in docs[1:3]
+    )
+    assert result["lengths"][1]["pseudo_perplexity"] == pytest.approx(math.exp(nll16 / 32), rel=1e-5)
+    j, png = write_ppl(result, tmp_path)
+    assert json.loads(j.read_text())["lengths"][0]["scored_tokens"] == 16 and png.stat().st_size > 1000
+    with pytest.raises(ValueError, match="no document has 64 tokens"):
+        pseudo_perplexity(model, docs, [64], [0], 4, progress=False)
