@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+
+import pytest
 
 from neoembed.quickstart import build_pydoc_retrieval
 
@@ -20,13 +23,43 @@ def test_pydoc_retrieval_set(tmp_path):
     assert (task / "task.yaml").is_file() and (task / "qrels" / "test.jsonl").is_file()
 
 
+def test_quickstart_end_to_end_tiny_backbone(tmp_path, tiny_official):
+    """The whole pipeline (data, eval before, train, eval after, table, save, encode) with a tiny NeoBERT."""
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "neoembed",
+            "quickstart",
+            "--output",
+            str(tmp_path),
+            "--steps",
+            "2",
+            "--model",
+            str(tiny_official),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "PythonDocsRetrieval nDCG@10" in r.stdout and "before" in r.stdout and "after 2 steps" in r.stdout
+    assert "encode([...]) -> array of shape (2, 64)" in r.stdout
+    assert (tmp_path / "model" / "model.safetensors").is_file()
+    assert (tmp_path / "results" / "quickstart.md").is_file()
+
+
+@pytest.mark.slow
 def test_quickstart_end_to_end_short(tmp_path):
+    """The README's command with its real backbone (packaged MiniLM), 2 steps instead of the recipe's 120."""
     r = subprocess.run(
         [sys.executable, "-m", "neoembed", "quickstart", "--output", str(tmp_path), "--steps", "2"],
         capture_output=True,
         text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "PythonDocsRetrieval nDCG@10" in r.stdout and "before" in r.stdout and "after 2 steps" in r.stdout
+    assert "all-MiniLM-L6-v2 (packaged)" in r.stdout
     assert "encode([...]) -> array of shape (2, 384)" in r.stdout
     assert (tmp_path / "model" / "model.safetensors").is_file()

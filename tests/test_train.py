@@ -245,6 +245,35 @@ def test_nan_loss_stops_without_saving(tmp_path, tiny_official):
     assert not (tmp_path / "nan" / "model.safetensors").exists()
 
 
+def test_sigterm_in_process_checkpoints_then_resume_finishes(tmp_path, tiny_official, monkeypatch):
+    """SIGTERM mid-run (sent from inside step 2's logging): a checkpoint after that step, then --resume ends."""
+    import os
+    import signal
+
+    from neoembed.train import trainer as trainer_mod
+
+    on_log = trainer_mod._MetricsCallback.on_log
+
+    def on_log_then_sigterm(self, args, state, control, logs=None, **kwargs):
+        on_log(self, args, state, control, logs=logs, **kwargs)
+        if state.global_step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    out = tmp_path / "sig"
+    recipe = _recipe(out, tiny_official, "datasets=[{card: msrp_pairs, max_rows: 64}]", "save_steps=100")
+    monkeypatch.setattr(trainer_mod._MetricsCallback, "on_log", on_log_then_sigterm)
+    before = signal.getsignal(signal.SIGTERM)
+    train(recipe, recipe_dir=TINY.parent)
+    monkeypatch.setattr(trainer_mod._MetricsCallback, "on_log", on_log)
+    ckpts = [p.name for p in out.glob("checkpoint-*")]
+    assert ckpts in (["checkpoint-2"], ["checkpoint-3"]) and not (out / "model.safetensors").exists()
+    assert signal.getsignal(signal.SIGTERM) == before  # our handler is removed after training
+    train(recipe, recipe_dir=TINY.parent, resume=True)
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, 9)) and (out / "model.safetensors").is_file()
+
+
+@pytest.mark.slow
 def test_sigterm_checkpoints_then_resume_finishes(tmp_path, tiny_official):
     import signal
     import time

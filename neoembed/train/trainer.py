@@ -213,6 +213,7 @@ def train(recipe: UnifiedRecipe, recipe_dir: Path | None = None, resume: bool = 
         dataloader_drop_last=True,
         multi_dataset_batch_sampler=PowerLawDatasetBatchSampler.with_settings(recipe.alpha, recipe.steps),
         disable_tqdm=False,
+        dataloader_pin_memory=torch.cuda.is_available(),
     )
     trainer_cls = _trainer_class()
     trainer_cls.neoembed_batch_sizes = batch_sizes
