@@ -144,8 +144,30 @@ def test_bad_input_fails_before_training(tmp_path, tiny_official):
     )
     with pytest.raises(DataCardError, match="no usable rows"):
         train(_recipe(tmp_path, tiny_official, f"datasets=[{{card: {card}}}]"), recipe_dir=TINY.parent)
+    with pytest.raises(DataCardError, match=r"instruction_overrides names card\(s\) \['qqp'\]"):
+        train(
+            _recipe(tmp_path, tiny_official, "instruction_overrides={qqp: Find it.}"), recipe_dir=TINY.parent
+        )
+    with pytest.raises(DataCardError, match="appears twice"):
+        train(
+            _recipe(tmp_path, tiny_official, "datasets=[{card: msrp_pairs}, {card: msrp_pairs}]"),
+            recipe_dir=TINY.parent,
+        )
     with pytest.raises(RecipeError, match="unknown key 'stepz'"):
         _recipe(tmp_path, tiny_official, "stepz=3")
+
+
+def test_instructions_go_before_queries_and_can_be_overridden(tmp_path, tiny_official):
+    from neoembed.train.trainer import prepare_datasets
+
+    recipe = _recipe(tmp_path, tiny_official, "instruction_overrides={msrp_pairs: Find a paraphrase.}")
+    data, _, sizes = prepare_datasets(recipe, TINY.parent)
+    assert data["msrp_pairs"][0]["query"].startswith("Find a paraphrase. ")
+    assert not data["msrp_pairs"][0]["positive"].startswith("Find")  # documents stay plain
+    assert not data["sts2012_pairs"][0]["query"].startswith("Find")
+    assert sizes == {"msrp_pairs": 16, "sts2012_pairs": 16, "trecqa_pairs": 8}
+    plain, _, _ = prepare_datasets(_recipe(tmp_path, tiny_official, "instructions=false"), TINY.parent)
+    assert data["msrp_pairs"][0]["query"].endswith(plain["msrp_pairs"][0]["query"])
 
 
 def test_cli_train_tiny(tmp_path, tiny_official):

@@ -57,7 +57,8 @@ class UnifiedRecipe(Recipe):
     report_to: list[Literal["tensorboard", "wandb"]] = []
     output_dir: str = "runs/unified"
     template: str = DEFAULT_TEMPLATE
-    instructions: bool = True
+    instructions: bool = True  # False: no instruction before queries (an ablation)
+    instruction_overrides: dict[str, str] = {}  # card name -> instruction replacing the card's own
 
     @field_validator("datasets")
     @classmethod

@@ -42,11 +42,19 @@ def prepare_datasets(recipe: UnifiedRecipe, recipe_dir: Path | None = None):
     from datasets import DatasetDict
 
     search = [Path(recipe_dir or ".") / d for d in recipe.card_dirs]
+    loaded = [load_card(find_card(entry.card, search)) for entry in recipe.datasets]  # cards first: cheap
+    names = [card.name for card, _ in loaded]
+    for name in {n for n in names if names.count(n) > 1}:
+        raise DataCardError(f"dataset {name!r} appears twice in the recipe")
+    unknown = sorted(set(recipe.instruction_overrides) - set(names))
+    if unknown:
+        raise DataCardError(
+            f"instruction_overrides names card(s) {unknown} that the recipe does not train on; valid: {names}"
+        )
     out, cards, sizes = {}, [], {}
-    for entry in recipe.datasets:
-        card, folder = load_card(find_card(entry.card, search))
-        if card.name in out:
-            raise DataCardError(f"dataset {card.name!r} appears twice in the recipe")
+    for entry, (card, folder) in zip(recipe.datasets, loaded, strict=True):
+        if card.name in recipe.instruction_overrides:
+            card = card.model_copy(update={"instruction": recipe.instruction_overrides[card.name]})
         rows = load_rows(card, folder, entry.max_rows)
         if len(rows) == 0:
             raise DataCardError(f"card {card.name}: the dataset is empty")
