@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -50,19 +51,37 @@ def test_sampling_frequencies_follow_power_law():
 
 
 def test_two_ranks_draw_the_same_dataset_each_step(monkeypatch):
+    from accelerate.data_loader import BatchSamplerShard
+
     import neoembed.data.sampler as mod
 
     monkeypatch.setattr(mod, "_world", lambda: 2)
     sizes = [50, 200]
-    ds, samplers = _samplers(sizes, 5)
-    sampler = PowerLawDatasetBatchSampler(ds, samplers, seed=0, alpha=0.5, num_steps=200)
-    batches = list(sampler)
-    assert len(batches) == 400
-    # accelerate gives batch k to rank k % 2: the two halves of every step come from one dataset
-    for k in range(0, len(batches), 2):
-        owner = {j >= 50 for j in batches[k] + batches[k + 1]}
-        assert len(owner) == 1
-        assert not set(batches[k]) & set(batches[k + 1])  # ranks see disjoint rows
+    data = [list(range(n)) for n in sizes]
+
+    def sampler():  # each process builds its own, with the same seeds
+        samplers = [  # per-dataset batch sizes differ (5 and 3)
+            BatchSampler(RandomSampler(d, generator=torch.Generator().manual_seed(i)), bs, True)
+            for i, (d, bs) in enumerate(zip(data, (5, 3), strict=True))
+        ]
+        return PowerLawDatasetBatchSampler(ConcatDataset(data), samplers, seed=0, alpha=0.5, num_steps=200)
+
+    assert len(list(sampler())) == 400
+    # what each rank receives through accelerate's sharding (as the trainer's prepared dataloader does)
+    ranks = [
+        list(
+            BatchSamplerShard(
+                sampler(), num_processes=2, process_index=r, split_batches=False, even_batches=False
+            )
+        )
+        for r in range(2)
+    ]
+    assert [len(r) for r in ranks] == [200, 200]  # no step lost (batches of 3 are not dropped)
+    for a, b in zip(*ranks, strict=True):
+        owner = {j >= 50 for j in a + b}
+        assert len(owner) == 1  # the step's global batch is single-dataset
+        assert len(a) == len(b) == (5 if owner == {False} else 3)
+        assert not set(a) & set(b)  # ranks see disjoint rows
 
 
 def _recipe(tmp_path, tiny_official, *overrides):
@@ -191,6 +210,28 @@ def test_cli_train_tiny(tmp_path, tiny_official):
     assert (tmp_path / "o" / "model.safetensors").is_file()
 
 
+def _launch(processes: int) -> list[str]:
+    """`accelerate launch` for N gloo processes on CPU.
+
+    In accelerate 1.x, `--cpu --num_processes 2` starts a single process; `--multi_gpu` with
+    ACCELERATE_USE_CPU=1 (see _LAUNCH_KW) is what starts N CPU processes under torch.distributed.
+    """
+    mode = ["--multi_gpu"] if processes > 1 else ["--cpu"]
+    return [
+        sys.executable, "-m", "accelerate.commands.launch", *mode,
+        "--num_machines", "1", "--num_processes", str(processes),
+        "--mixed_precision", "no", "--dynamo_backend", "no",
+    ]  # fmt: skip
+
+
+_LAUNCH_KW = dict(
+    capture_output=True,
+    text=True,
+    timeout=600,
+    env={**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"},
+)
+
+
 DDP_SCRIPT = textwrap.dedent("""
     import json, sys, torch, torch.distributed as dist
     from accelerate import Accelerator
@@ -215,38 +256,23 @@ DDP_SCRIPT = textwrap.dedent("""
     else:
         v = value.detach()
     if rank == 0:
-        torch.save({"loss": float(v), "grad": grad}, sys.argv[2])
+        torch.save({"loss": float(v), "grad": grad, "world": world}, sys.argv[2])
 """)
 
 
 def test_two_processes_with_gathered_negatives_equal_one_process(tmp_path, tiny_official):
     script = tmp_path / "ddp.py"
     script.write_text(DDP_SCRIPT)
-    base = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--cpu",
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-    ]
     one = subprocess.run(
-        [*base, "--num_processes", "1", str(script), str(tiny_official), str(tmp_path / "one.pt")],
-        capture_output=True,
-        text=True,
+        [*_launch(1), str(script), str(tiny_official), str(tmp_path / "one.pt")], **_LAUNCH_KW
     )
     assert one.returncode == 0, one.stderr[-3000:]
     two = subprocess.run(
-        [*base, "--num_processes", "2", str(script), str(tiny_official), str(tmp_path / "two.pt")],
-        capture_output=True,
-        text=True,
+        [*_launch(2), str(script), str(tiny_official), str(tmp_path / "two.pt")], **_LAUNCH_KW
     )
     assert two.returncode == 0, two.stderr[-3000:]
     a, b = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
+    assert (a["world"], b["world"]) == (1, 2)  # really two processes, not one
     assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
     torch.testing.assert_close(b["grad"], a["grad"], rtol=1e-4, atol=1e-6)
 
@@ -346,18 +372,7 @@ def test_accelerate_two_processes_run_the_recipe(tmp_path, tiny_official):
     out = tmp_path / "ddp"
     r = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "accelerate.commands.launch",
-            "--cpu",
-            "--num_machines",
-            "1",
-            "--num_processes",
-            "2",
-            "--mixed_precision",
-            "no",
-            "--dynamo_backend",
-            "no",
+            *_launch(2),
             "-m",
             "neoembed",
             "train",
@@ -369,13 +384,12 @@ def test_accelerate_two_processes_run_the_recipe(tmp_path, tiny_official):
             "gather_across_devices=true",
         ],
         cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
+        **_LAUNCH_KW,
     )
     assert r.returncode == 0, r.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [1, 2, 3, 4]
+    assert all(row["world_size"] == 2 for row in rows)  # really two processes
     assert (out / "model.safetensors").is_file()
 
 

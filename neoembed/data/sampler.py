@@ -49,6 +49,9 @@ class PowerLawDatasetBatchSampler(MultiDatasetDefaultBatchSampler):
         self.probabilities = dataset_probabilities(self.sizes, self.alpha)
         self.history: list[int] = []
         self.world_size = _world()
+        # Batches differ in size (per-dataset batch sizes). accelerate's BatchSamplerShard silently skips every
+        # batch whose length differs from ``batch_size`` unless it is None (then lengths are dynamic).
+        self.batch_size = None
 
     @classmethod
     def with_settings(cls, alpha: float, num_steps: int | None = None):

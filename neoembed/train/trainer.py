@@ -103,6 +103,7 @@ class _MetricsCallback(TrainerCallback):
             "dataset": dataset,
             "samples_per_s": samples / max(now - self.last_time, 1e-9),
             "peak_memory_mib": round(peak, 1),
+            "world_size": args.world_size,
         }
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
