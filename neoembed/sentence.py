@@ -259,6 +259,16 @@ def load(
     else:
         kind = _remote_kind(str(name_or_path))
 
+    if kind == "sentence" and path.exists():
+        from neoembed.cde.model import is_cde_folder, load_cde
+
+        if is_cde_folder(path):
+            model = load_cde(path, device=device, model_kwargs=model_kwargs or None)
+            if prompts:
+                model.prompts = {**model.prompts, **prompts}
+            if max_seq_length is not None:
+                model.cde.max_seq_length = int(max_seq_length)
+            return model
     if kind == "sentence":
         trust = trust_remote_code or (path.exists() and _uses_neoembed_modules(path))
         model = EmbeddingModel(

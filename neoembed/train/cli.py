@@ -22,8 +22,21 @@ def train_command(
     try:
         path = resolve_named_file(recipe, "recipes")
         kind = (yaml.safe_load(path.read_text()) or {}).get("kind", "unified")
+        if kind == "cde":
+            from neoembed.cde.recipe import CDERecipe
+            from neoembed.cde.trainer import TrainingStopped as CDEStopped
+            from neoembed.cde.trainer import train_cde
+
+            parsed = _resolve_model_path(load_recipe(path, CDERecipe, overrides or []), path.parent)
+            try:
+                out = train_cde(parsed, recipe_dir=path.parent, resume=resume)
+            except CDEStopped as e:
+                typer.echo(f"training stopped: {e}", err=True)
+                raise typer.Exit(1) from None
+            typer.echo(f"done: {out}")
+            return
         if kind != "unified":
-            raise RecipeError(f"recipe kind {kind!r} is not available in this build; valid: 'unified'")
+            raise RecipeError(f"unknown recipe kind {kind!r}; valid: 'unified', 'cde'")
         from neoembed.train.recipe import UnifiedRecipe
         from neoembed.train.trainer import TrainingStopped, train
 

@@ -1,0 +1,307 @@
+"""Contextual document embeddings (CDE, Morris & Rush 2024) as one sentence-transformers input module.
+
+This file imports only torch, transformers and sentence-transformers: it is copied into every saved CDE model,
+so that ``SentenceTransformer(path, trust_remote_code=True)`` loads it where neoembed is not installed.
+
+Two independent backbones:
+
+* **first stage** (M1): a context document → mean of its token states → MLP (Linear–GELU–Linear): one vector per
+  context document. ``encode_context(docs)`` returns the N × d matrix E of a corpus sample;
+* **second stage** (M2): its input is [norm(E) | soft prompt | token embeddings of the text] with full
+  bidirectional attention; the output is the mean over the text's tokens (optionally without the instruction
+  prefix), plus an MLP of it (residual). No normalisation of the output.
+
+E is a *set*: with a RoPE backbone (NeoBERT) the N + S prefix positions get no rotation (``positionless_prefix``);
+with an absolute-position backbone (BERT-like) every prefix position gets the same position id, and the text's
+positions start at 0 as without context. Permuting E leaves the output unchanged (tested).
+
+The number of context vectors N is fixed per model: fewer is an error, more are truncated with a warning.
+``dataset_embeddings="null"`` uses a learned null context (one learned vector in each of the N slots); during
+training a fraction ``context_dropout`` of the context vectors is replaced by it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import os
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from sentence_transformers.base.modules import InputModule
+from torch import nn
+from transformers import AutoModel, AutoTokenizer
+
+logger = logging.getLogger(__name__)
+
+HEAD_WEIGHTS = "cde_head.safetensors"
+FIRST, SECOND = "first_stage", "second_stage"
+
+
+class ContextMissingError(ValueError):
+    """A CDE model was asked to embed texts without a context (or with too few context vectors)."""
+
+
+def _mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    mask = mask.to(hidden.dtype).unsqueeze(-1)
+    return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+
+
+class ContextualDocumentEmbedder(InputModule):
+    """Tokenizer + two-stage contextual model; outputs ``sentence_embedding`` (see the module docstring)."""
+
+    config_keys = [
+        "n_context",
+        "n_soft_prompt",
+        "max_seq_length",
+        "exclude_prompt",
+        "context_dropout",
+    ]
+    forward_kwargs = {"dataset_embeddings"}
+    save_in_root = True
+
+    def __init__(
+        self,
+        first_stage: nn.Module,
+        second_stage: nn.Module,
+        tokenizer,
+        n_context: int = 512,
+        n_soft_prompt: int = 4,
+        max_seq_length: int = 512,
+        exclude_prompt: bool = False,
+        context_dropout: float = 0.0,
+    ):
+        super().__init__()
+        if n_context < 1:
+            raise ValueError(f"n_context must be >= 1, got {n_context}")
+        self.first_stage, self.second_stage, self.tokenizer = first_stage, second_stage, tokenizer
+        self.n_context, self.n_soft_prompt = int(n_context), int(n_soft_prompt)
+        self.max_seq_length, self.exclude_prompt = int(max_seq_length), bool(exclude_prompt)
+        self.context_dropout = float(context_dropout)
+        d1, d = first_stage.config.hidden_size, second_stage.config.hidden_size
+        self.context_mlp = nn.Sequential(nn.Linear(d1, d), nn.GELU(), nn.Linear(d, d))
+        self.context_norm = nn.LayerNorm(d)
+        self.soft_prompt = nn.Parameter(torch.randn(self.n_soft_prompt, d) * 0.02)
+        self.null_context = nn.Parameter(torch.randn(d) * 0.02)
+        self.output_mlp = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.Linear(d, d))
+        nn.init.zeros_(self.output_mlp[2].weight)  # the output starts as the plain mean of the text tokens
+        nn.init.zeros_(self.output_mlp[2].bias)
+        forward = inspect.signature(second_stage.forward).parameters
+        self._rope_prefix = "positionless_prefix" in forward  # NeoBERT: a position-less prefix
+        self._warned_truncation = False
+
+    # ------------------------------------------------------------------------------------------- building
+    @classmethod
+    def from_backbone(cls, name_or_path: str, tokenizer=None, **settings) -> ContextualDocumentEmbedder:
+        """Two independent copies of a pre-trained encoder (any AutoModel) as the two stages."""
+        first = AutoModel.from_pretrained(name_or_path)
+        second = AutoModel.from_pretrained(name_or_path)
+        tokenizer = tokenizer or AutoTokenizer.from_pretrained(name_or_path)
+        return cls(first, second, tokenizer, **settings)
+
+    @property
+    def dim(self) -> int:
+        return self.second_stage.config.hidden_size
+
+    def get_embedding_dimension(self) -> int:
+        return self.dim
+
+    def get_sentence_embedding_dimension(self) -> int:
+        return self.dim
+
+    def get_max_seq_length(self) -> int:
+        return self.max_seq_length
+
+    # ------------------------------------------------------------------------------------------ tokenizing
+    def preprocess(self, inputs, prompt: str | None = None, **kwargs) -> dict[str, Any]:
+        texts = []
+        for i, item in enumerate(inputs):
+            if isinstance(item, tuple) and len(item) == 1:
+                item = item[0]
+            if not isinstance(item, str):
+                raise TypeError(f"item {i} is {type(item).__name__}, not str")
+            texts.append(item)
+        if prompt:
+            texts = [prompt + t for t in texts]
+        features = dict(
+            self.tokenizer(
+                texts,
+                padding=True,
+                truncation=True,
+                max_length=self.max_seq_length,
+                return_tensors="pt",
+            )
+        )
+        features.pop("token_type_ids", None)
+        if prompt:
+            n = len(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+            features["prompt_length"] = torch.tensor(max(n - 1, 0))  # [CLS] + prompt, without the final [SEP]
+        return features
+
+    # ------------------------------------------------------------------------------------------ first stage
+    def embed_context(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """First stage on tokenized context documents: (n, d) context vectors (with gradient if enabled)."""
+        hidden = self.first_stage(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return self.context_mlp(_mean_pool(hidden, attention_mask))
+
+    @torch.no_grad()
+    def encode_context(
+        self, documents: list[str], prompt: str | None = None, batch_size: int = 32
+    ) -> torch.Tensor:
+        """Context vectors E (len(documents) × d) of a corpus sample, on CPU in float32. ``prompt`` is the
+        document prefix (``ContextualSentenceTransformer.encode_context`` passes the model's "document" prompt)."""
+        if not documents:
+            raise ContextMissingError("encode_context needs at least one document")
+        was_training = self.training
+        self.eval()
+        device = next(self.parameters()).device
+        out = []
+        try:
+            for start in range(0, len(documents), batch_size):
+                f = self.preprocess(documents[start : start + batch_size], prompt=prompt)
+                out.append(
+                    self.embed_context(f["input_ids"].to(device), f["attention_mask"].to(device))
+                    .float()
+                    .cpu()
+                )
+        finally:
+            self.train(was_training)
+        return torch.cat(out)
+
+    # ----------------------------------------------------------------------------------------- second stage
+    def resolve_context(self, dataset_embeddings, device, dtype) -> torch.Tensor:
+        """The (N, d) context the second stage reads: E checked and truncated, or the learned null context."""
+        if dataset_embeddings is None:
+            raise ContextMissingError(
+                "a CDE model needs a context: pass dataset_embeddings=model.encode_context(corpus_sample) "
+                f"(at least {self.n_context} documents of the target corpus) or dataset_embeddings='null'"
+            )
+        if isinstance(dataset_embeddings, str):
+            if dataset_embeddings != "null":
+                raise ContextMissingError(
+                    f"dataset_embeddings must be a tensor or 'null', got {dataset_embeddings!r}"
+                )
+            return self.null_context.expand(self.n_context, -1).to(device=device, dtype=dtype)
+        e = torch.as_tensor(dataset_embeddings)
+        if e.dim() != 2 or e.shape[1] != self.dim:
+            raise ContextMissingError(f"dataset_embeddings must be (N, {self.dim}), got {tuple(e.shape)}")
+        if e.shape[0] < self.n_context:
+            raise ContextMissingError(
+                f"this model reads exactly {self.n_context} context vectors, got {e.shape[0]}: encode at least "
+                f"{self.n_context} corpus documents (sample with replacement if the corpus is smaller)"
+            )
+        if e.shape[0] > self.n_context:
+            if not self._warned_truncation:
+                logger.warning(
+                    "%d context vectors given, the model reads %d: using the first %d",
+                    e.shape[0],
+                    self.n_context,
+                    self.n_context,
+                )
+                self._warned_truncation = True
+            e = e[: self.n_context]
+        e = e.to(device=device, dtype=dtype)
+        if self.training and self.context_dropout > 0:
+            drop = torch.rand(e.shape[0], device=device) < self.context_dropout
+            e = torch.where(drop[:, None], self.null_context.to(dtype).expand_as(e), e)
+        return e
+
+    def embed_texts(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        context: torch.Tensor,
+        prompt_length: int | torch.Tensor | None = None,
+        position_offset: int = 0,
+    ) -> torch.Tensor:
+        """Second stage: (B, d) embeddings of tokenized texts given the (N, d) context (already resolved)."""
+        B, L = input_ids.shape
+        tokens = self.second_stage.get_input_embeddings()(input_ids)
+        prefix = torch.cat([self.context_norm(context).to(tokens.dtype), self.soft_prompt.to(tokens.dtype)])
+        P = prefix.shape[0]
+        x = torch.cat([prefix.unsqueeze(0).expand(B, -1, -1), tokens], dim=1)
+        mask = torch.cat([attention_mask.new_ones(B, P), attention_mask], dim=1)
+        text_pos = torch.arange(L, device=input_ids.device) + position_offset
+        if self._rope_prefix:
+            out = self.second_stage(
+                inputs_embeds=x, attention_mask=mask, positionless_prefix=P, position_ids=text_pos[None]
+            )
+        else:  # absolute positions: every prefix slot at position 0 keeps E a set
+            pos = torch.cat([text_pos.new_zeros(P), text_pos])[None].expand(B, -1)
+            out = self.second_stage(inputs_embeds=x, attention_mask=mask, position_ids=pos)
+        hidden = out.last_hidden_state[:, P:]
+        pool_mask = attention_mask
+        if self.exclude_prompt and prompt_length is not None:
+            n = int(prompt_length)
+            pool_mask = attention_mask.clone()
+            pool_mask[:, :n] = 0
+            pool_mask = torch.where(pool_mask.sum(1, keepdim=True) > 0, pool_mask, attention_mask)
+        pooled = _mean_pool(hidden, pool_mask)
+        return pooled + self.output_mlp(pooled)
+
+    def forward(self, features: dict[str, Any], dataset_embeddings=None, **kwargs) -> dict[str, Any]:
+        ids, mask = features["input_ids"], features["attention_mask"]
+        dtype = self.second_stage.get_input_embeddings().weight.dtype
+        context = self.resolve_context(dataset_embeddings, ids.device, dtype)
+        features["sentence_embedding"] = self.embed_texts(ids, mask, context, features.get("prompt_length"))
+        return features
+
+    # ------------------------------------------------------------------------------------------ save / load
+    def head_state_dict(self) -> dict[str, torch.Tensor]:
+        skip = (f"{FIRST}.", f"{SECOND}.")
+        return {k: v.detach().contiguous() for k, v in self.state_dict().items() if not k.startswith(skip)}
+
+    def save(self, output_path: str, *args, safe_serialization: bool = True, **kwargs) -> None:
+        os.makedirs(output_path, exist_ok=True)
+        self.first_stage.save_pretrained(os.path.join(output_path, FIRST))
+        self.second_stage.save_pretrained(os.path.join(output_path, SECOND))
+        self.save_tokenizer(output_path)
+        save_file(self.head_state_dict(), os.path.join(output_path, HEAD_WEIGHTS))
+        with open(os.path.join(output_path, "cde_config.json"), "w") as f:
+            json.dump(self.get_config_dict(), f, indent=2)
+        code = os.path.join(output_path, "modeling_cde.py")
+        if os.path.abspath(__file__) != os.path.abspath(code):
+            with open(__file__) as src, open(code, "w") as dst:
+                dst.write(src.read())
+
+    @classmethod
+    def load(
+        cls,
+        model_name_or_path: str,
+        subfolder: str = "",
+        token=None,
+        cache_folder=None,
+        revision=None,
+        local_files_only: bool = False,
+        trust_remote_code: bool = False,
+        model_kwargs: dict | None = None,
+        **kwargs,
+    ) -> ContextualDocumentEmbedder:
+        hub = {
+            "token": token,
+            "cache_folder": cache_folder,
+            "revision": revision,
+            "local_files_only": local_files_only,
+        }
+        root = cls.load_dir_path(model_name_or_path, subfolder=subfolder, **hub)
+        with open(os.path.join(root, "cde_config.json")) as f:
+            config = json.load(f)
+        model_kwargs = dict(model_kwargs or {})
+        stages = [
+            AutoModel.from_pretrained(
+                os.path.join(root, part), trust_remote_code=trust_remote_code, **model_kwargs
+            )
+            for part in (FIRST, SECOND)
+        ]
+        tokenizer = AutoTokenizer.from_pretrained(root)
+        module = cls(*stages, tokenizer, **config)
+        head = load_file(os.path.join(root, HEAD_WEIGHTS))
+        missing, unexpected = module.load_state_dict(head, strict=False)
+        missing = [k for k in missing if not k.startswith((f"{FIRST}.", f"{SECOND}."))]
+        if missing or unexpected:
+            raise ValueError(f"{HEAD_WEIGHTS}: missing {missing}, unexpected {unexpected}")
+        dtype = stages[1].get_input_embeddings().weight.dtype
+        module.to(dtype)
+        return module

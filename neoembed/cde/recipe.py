@@ -1,0 +1,86 @@
+"""The CDE recipe: a typed schema for ``neoembed train`` with ``kind: cde``."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import field_validator, model_validator
+
+from neoembed.instructions import DEFAULT_TEMPLATE
+from neoembed.recipe import Recipe, StrictModel
+from neoembed.train.recipe import DatasetEntry, OptimizerConfig
+
+__all__ = ["CDERecipe", "ClusteringConfig", "ContextConfig", "FilteringConfig"]
+
+
+class ContextConfig(StrictModel):
+    n_context: int = 512  # N context documents per model (saved with it)
+    n_soft_prompt: int = 4
+    exclude_prompt: bool = False  # pool without the instruction prefix (prompts given as ST prompts)
+    dropout: float = 0.0  # training-time fraction of context vectors replaced by the learned null context
+
+
+class ClusteringConfig(StrictModel):
+    enabled: bool = True  # False: random single-source batches (the ablation)
+    teacher: str = "sentence-transformers/all-MiniLM-L6-v2"  # any sentence-transformers model
+    cluster_size: int | None = None  # default: the batch size
+    dims: int | None = 128  # SVD reduction of teacher embeddings; null keeps them whole
+    niter: int = 20
+    tour: bool = False  # greedy nearest-centroid order of clusters instead of a random order
+    cache_dir: str | None = "~/.cache/neoembed/cde"  # null: no cache
+
+
+class FilteringConfig(StrictModel):
+    enabled: bool = True
+    threshold: float | None = None  # None: mask documents scoring >= the query's positive
+
+
+class CDERecipe(Recipe):
+    """Contextual document embeddings: contextual batches, a two-stage contextual model, InfoNCE over in-batch
+    documents and hard negatives with false negatives filtered, two-stage GradCache."""
+
+    kind: Literal["cde"] = "cde"
+    model: str  # backbone of both stages (any Hugging Face encoder or sentence-transformers folder)
+    max_length: int = 512
+    datasets: list[DatasetEntry]
+    card_dirs: list[str] = []
+    steps: int = 2000
+    batch_size: int = 512  # global: every process takes batch_size / processes of each batch
+    temperature: float = 0.02  # 1 / 50: the reference implementation's fixed logit scale
+    mask_duplicates: bool = True
+    chunk_size: int | None = None  # two-stage GradCache chunk; None = plain backpropagation
+    context: ContextConfig = ContextConfig()
+    clustering: ClusteringConfig = ClusteringConfig()
+    filtering: FilteringConfig = FilteringConfig()
+    optimizer: OptimizerConfig = OptimizerConfig()
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    save_steps: int = 500
+    save_total_limit: int | None = 3
+    logging_steps: int = 10
+    report_to: list[Literal["tensorboard"]] = []
+    output_dir: str = "runs/cde"
+    template: str = DEFAULT_TEMPLATE
+    instructions: bool = True  # the card's instruction before every query
+    prompts: dict[str, str] = {"query": "", "document": ""}  # stored with the model; "document" prefixes
+    # documents and context documents in training
+
+    @field_validator("datasets")
+    @classmethod
+    def _non_empty(cls, v):
+        if not v:
+            raise ValueError("at least one dataset is needed")
+        return v
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.batch_size < 2:
+            raise ValueError("batch_size must be >= 2 (in-batch negatives)")
+        if self.chunk_size is not None and self.chunk_size < 1:
+            raise ValueError("chunk_size must be >= 1 or null")
+        if self.context.n_context < 1:
+            raise ValueError("context.n_context must be >= 1")
+        if not 0.0 <= self.context.dropout < 1.0:
+            raise ValueError("context.dropout must lie in [0, 1)")
+        if self.temperature <= 0:
+            raise ValueError("temperature must be > 0")
+        return self

