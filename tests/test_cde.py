@@ -396,3 +396,86 @@ def test_cli_train_dispatches_cde_and_rejects_bad_recipes(tmp_path, tiny_officia
         capture_output=True, text=True, cwd=REPO, env=_env(),
     )  # fmt: skip
     assert r.returncode == 2 and "larger than the dataset" in r.stderr
+
+
+# ------------------------------------------------------------------------------------------- neoembed mteb
+def test_mteb_runs_cde_models_with_a_seeded_context_per_task(saved_cde, shared_dir, tmp_path):
+    import yaml
+
+    from neoembed.eval.cde import sample_context_texts, task_context_texts
+    from neoembed.eval.runner import EvalConfig, resolve_tasks, run_mteb
+
+    data = tmp_path / "tasks"
+    (data / "TrecQA").mkdir(parents=True)
+    (data / "TrecQA" / "task.yaml").write_text(
+        yaml.safe_dump(
+            {"name": "TrecQA", "type": "Reranking", "data": str(shared_dir / "data" / "eval" / "TrecQA")}
+        )
+    )
+    (data / "STS13").symlink_to(shared_dir / "data" / "mteb" / "STS13")
+    cfg = EvalConfig(model=str(saved_cde), output=tmp_path / "a", data_dir=data, seed=3)
+    # what the context is drawn from: corpus documents for reranking, the evaluation sentences for STS
+    tasks = {t.metadata.name: t for t, _ in resolve_tasks(cfg)}
+    trec = task_context_texts(tasks["TrecQA"])
+    assert len(trec) > 1000 and "What do practitioners of Wicca worship ?" not in trec  # no queries
+    sts = task_context_texts(tasks["STS13"])
+    assert len(sts) > 1000
+    assert sample_context_texts(trec, 4, 3) == sample_context_texts(trec, 4, 3)
+    assert sorted(sample_context_texts(["a", "b"], 4, 0)) in (
+        ["a", "a", "b", "b"],
+        ["a", "b", "b", "b"],
+        ["a", "a", "a", "b"],
+    )
+
+    first = run_mteb(cfg)
+    assert not first.failed, first.failed
+    assert (tmp_path / "a" / "cde_context" / "TrecQA.pt").is_file()
+    again = run_mteb(EvalConfig(model=str(saved_cde), output=tmp_path / "b", data_dir=data, seed=3))
+    other = run_mteb(EvalConfig(model=str(saved_cde), output=tmp_path / "c", data_dir=data, seed=4))
+    null = run_mteb(
+        EvalConfig(model=str(saved_cde), output=tmp_path / "d", data_dir=data, cde_context="null")
+    )
+    for task in ("TrecQA", "STS13"):
+        score = first.scores[task]["main_score"]
+        assert again.scores[task]["main_score"] == score  # the same seed gives the same scores
+        assert first.scores[task]["cde_context"] == "corpus" and null.scores[task]["cde_context"] == "null"
+        assert np.isfinite(null.scores[task]["main_score"])
+    assert other.scores["STS13"]["main_score"] != first.scores["STS13"]["main_score"]  # the context matters
+
+
+def test_two_processes_run_the_cde_recipe(tmp_path, tiny_official):
+    import os
+
+    out = tmp_path / "ddp"
+    r = subprocess.run(
+        [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_machines", "1",
+         "--num_processes", "2", "--mixed_precision", "no", "--dynamo_backend", "no",
+         "-m", "neoembed", "train", "cde-tiny", f"model={tiny_official}", f"output_dir={out}",
+         "steps=3", "save_steps=2"],
+        capture_output=True, text=True, cwd=REPO, timeout=600,
+        env={**_env(), "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [1, 2, 3] and all(row["world_size"] == 2 for row in rows)
+    assert (out / "checkpoint-2" / "state.pt").is_file()
+    assert neoembed.load(out).n_context == 8
+    assert os.environ.get("WORLD_SIZE") is None  # nothing leaked into this process
+
+
+def test_shipped_cde_recipes_validate_and_name_shipped_cards():
+    from neoembed.data.cards import find_card
+
+    for name in ("cde.yaml", "cde-tiny.yaml"):
+        recipe = load_recipe(REPO / "recipes" / name, CDERecipe, [])
+        dirs = [REPO / "recipes" / d for d in recipe.card_dirs] + [REPO / "data_cards"]
+        for entry in recipe.datasets:
+            assert find_card(entry.card, dirs).is_file()
+    paper = load_recipe(REPO / "recipes" / "cde.yaml", CDERecipe, [])
+    assert (paper.batch_size, paper.context.n_context, paper.clustering.cluster_size, paper.max_length) == (
+        512,
+        512,
+        512,
+        512,
+    )
+    assert paper.precision == "bf16"

@@ -85,7 +85,12 @@ class ContextualSentenceTransformer(EmbeddingModel):
             list(documents), prompt=self.prompts.get("document"), batch_size=batch_size
         )
 
+    #: the context used when ``encode`` gets no ``dataset_embeddings`` (``neoembed mteb`` sets it per task)
+    default_dataset_embeddings: torch.Tensor | str | None = None
+
     def encode(self, inputs, *args, dataset_embeddings=None, **kwargs):  # type: ignore[override]
+        if dataset_embeddings is None:
+            dataset_embeddings = self.default_dataset_embeddings
         if dataset_embeddings is None:
             raise ContextMissingError(
                 "a CDE model needs a context: pass dataset_embeddings=model.encode_context(corpus_sample) "

@@ -263,7 +263,9 @@ def train_cde(
     from neoembed.recipe import seed_everything
     from neoembed.record import atomic_write_text, write_run_record
 
-    state = PartialState()
+    from accelerate.utils import parse_flag_from_env
+
+    state = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU") or not torch.cuda.is_available())
     world, rank, device = state.num_processes, state.process_index, state.device
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     if launched != world:

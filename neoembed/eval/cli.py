@@ -44,6 +44,13 @@ def mteb_command(
     ] = False,
     seed: Annotated[int, typer.Option("--seed")] = 42,
     device: Annotated[str | None, typer.Option("--device")] = None,
+    cde_context: Annotated[
+        str,
+        typer.Option(
+            "--cde-context",
+            help="CDE models: 'corpus' (a seeded sample of N texts of each task) or 'null' (the learned null context).",
+        ),
+    ] = "corpus",
 ) -> None:
     """Evaluate MODEL on MTEB tasks and write per-task JSON plus a Table-4 style summary."""
     if ctx.invoked_subcommand is not None:
@@ -68,6 +75,7 @@ def mteb_command(
         data_dir=data_dir,
         overwrite=overwrite,
         seed=seed,
+        cde_context=cde_context,
         device=device,
     )
     from neoembed.eval.local_data import LocalDataError

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from neoembed.eval.cde import task_context
 from neoembed.eval.local_data import LocalDataError, point_task_at
 from neoembed.eval.task_cards import CARD_FILE, build_card_task, load_task_card
 from neoembed.instructions import DEFAULT_TEMPLATE, load_instruction_set, task_prompts
@@ -45,6 +46,7 @@ class EvalConfig:
     overwrite: bool = False
     seed: int = 42
     device: str | None = None
+    cde_context: str = "corpus"  # CDE models: "corpus" (a seeded sample of each task's texts) or "null"
 
 
 @dataclass
@@ -133,6 +135,12 @@ def _is_registered(name: str) -> bool:
     return True
 
 
+def _is_cde(model) -> bool:
+    from neoembed.cde.model import ContextualSentenceTransformer
+
+    return isinstance(model, ContextualSentenceTransformer)
+
+
 def _load_model(cfg: EvalConfig):
     import neoembed
 
@@ -186,7 +194,12 @@ def run_mteb(cfg: EvalConfig, model=None) -> EvalReport:
             "running %s autocast on CPU (slow); the paper's fp16 evaluation ran on GPUs", precision
         )
     report = EvalReport()
+    if cfg.cde_context not in ("corpus", "null"):
+        raise ValueError(f"cde_context must be 'corpus' or 'null', got {cfg.cde_context!r}")
     record_extra = {"instructions": label, "precision": precision, "device": device, "tasks": []}
+    if _is_cde(model):
+        record_extra["cde_context"] = cfg.cde_context
+        record_extra["cde_n_context"] = model.n_context
     for task, card_instruction in tqdm(tasks, desc="mteb tasks", unit="task"):
         name, ttype = task.metadata.name, task.metadata.type
         target = output / f"{name}.json"
@@ -202,6 +215,12 @@ def run_mteb(cfg: EvalConfig, model=None) -> EvalReport:
         try:
             if isinstance(task, _Unresolvable):
                 raise task.error
+            if _is_cde(model):
+                model.default_dataset_embeddings = (
+                    "null"
+                    if cfg.cde_context == "null"
+                    else task_context(model, task, cfg.seed, output / "cde_context", str(cfg.model))
+                )
             with _autocast(precision, device), torch.inference_mode():
                 result = mteb.evaluate(
                     wrapper,
@@ -231,6 +250,7 @@ def run_mteb(cfg: EvalConfig, model=None) -> EvalReport:
             "instructions": label,
             "instruction": instruction,
             "model": cfg.model,
+            **({"cde_context": cfg.cde_context} if _is_cde(model) else {}),
             "mteb": _task_result_dict(task_result),
         }
         atomic_write_text(target, json.dumps(entry, indent=2) + "\n")

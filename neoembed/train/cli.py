@@ -19,36 +19,34 @@ def train_command(
     from neoembed.data.cards import DataCardError
     from neoembed.recipe import RecipeError, load_recipe, resolve_named_file
 
+    stops: tuple[type[BaseException], ...] = ()  # the trainer's TrainingStopped, once imported
     try:
         path = resolve_named_file(recipe, "recipes")
         kind = (yaml.safe_load(path.read_text()) or {}).get("kind", "unified")
         if kind == "cde":
             from neoembed.cde.recipe import CDERecipe
-            from neoembed.cde.trainer import TrainingStopped as CDEStopped
-            from neoembed.cde.trainer import train_cde
+            from neoembed.cde.trainer import TrainingStopped, train_cde
 
+            stops = (TrainingStopped,)
             parsed = _resolve_model_path(load_recipe(path, CDERecipe, overrides or []), path.parent)
-            try:
-                out = train_cde(parsed, recipe_dir=path.parent, resume=resume)
-            except CDEStopped as e:
-                typer.echo(f"training stopped: {e}", err=True)
-                raise typer.Exit(1) from None
-            typer.echo(f"done: {out}")
-            return
-        if kind != "unified":
-            raise RecipeError(f"unknown recipe kind {kind!r}; valid: 'unified', 'cde'")
-        from neoembed.train.recipe import UnifiedRecipe
-        from neoembed.train.trainer import TrainingStopped, train
+            out = train_cde(parsed, recipe_dir=path.parent, resume=resume)
+        elif kind == "unified":
+            from neoembed.train.recipe import UnifiedRecipe
+            from neoembed.train.trainer import TrainingStopped, train
 
-        parsed = load_recipe(path, UnifiedRecipe, overrides or [])
-        parsed = _resolve_model_path(parsed, path.parent)
-        out = train(parsed, recipe_dir=path.parent, resume=resume)
+            stops = (TrainingStopped,)
+            parsed = _resolve_model_path(load_recipe(path, UnifiedRecipe, overrides or []), path.parent)
+            out = train(parsed, recipe_dir=path.parent, resume=resume)
+        else:
+            raise RecipeError(f"unknown recipe kind {kind!r}; valid: 'unified', 'cde'")
     except (RecipeError, DataCardError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
-    except TrainingStopped as e:
-        typer.echo(f"training stopped: {e}", err=True)
-        raise typer.Exit(1) from None
+    except Exception as e:
+        if isinstance(e, stops):
+            typer.echo(f"training stopped: {e}", err=True)
+            raise typer.Exit(1) from None
+        raise
     typer.echo(f"done: {out}")
 
 

@@ -1,0 +1,115 @@
+"""CDE models under ``neoembed mteb``: one context per task.
+
+Per task, a seeded sample of N texts — corpus documents for retrieval and reranking, the train split for
+classification, the task's evaluation texts otherwise; with replacement only when fewer than N distinct texts
+exist — goes through the first stage with the model's document prompt; the resulting context E is used for
+the task's queries and documents alike. E is cached in ``OUTPUT/cde_context/<task>.pt`` (with the seed, N
+and model it was made for), so a rerun with the same seed reuses it and gives the same scores.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import torch
+
+__all__ = ["CORPUS_TYPES", "sample_context_texts", "task_context", "task_context_texts"]
+
+logger = logging.getLogger(__name__)
+CORPUS_TYPES = {"Retrieval", "Reranking", "InstructionRetrieval", "InstructionReranking"}
+TRAIN_TYPES = {"Classification", "MultilabelClassification"}
+TEXT_COLUMNS = ("text", "sentence1", "sentence2", "sentences", "sentence")
+
+
+def _strings(value):
+    if isinstance(value, str):
+        if value.strip():
+            yield value
+    elif isinstance(value, list | tuple):
+        for v in value:
+            yield from _strings(v)
+
+
+def _dataset_texts(ds, corpus: bool) -> list[str]:
+    cols = ds.column_names
+    if corpus and "text" in cols:
+        titles = ds["title"] if "title" in cols else [""] * len(ds)
+        return [f"{t} {x}".strip() if t else x for t, x in zip(titles, ds["text"], strict=True) if x]
+    out: list[str] = []
+    for c in TEXT_COLUMNS:
+        if c in cols:
+            out.extend(_strings(list(ds[c])))  # a datasets Column is not a list
+    return out
+
+
+def task_context_texts(task) -> list[str]:
+    """The distinct texts a task's context is sampled from (see the module docstring)."""
+    if not getattr(task, "data_loaded", False):
+        task.load_data()
+    ttype = task.metadata.type
+    eval_splits = set(task.metadata.eval_splits or [])
+    buckets: dict[str, list[str]] = {"corpus": [], "train": [], "eval": [], "other": []}
+
+    def walk(x, path: tuple[str, ...]) -> None:
+        if isinstance(x, Mapping):
+            for k, v in x.items():
+                if k in ("relevant_docs", "top_ranked", "instructions"):
+                    continue
+                walk(v, (*path, str(k)))
+        elif hasattr(x, "column_names"):
+            if "queries" in path:
+                return
+            corpus = "corpus" in path
+            texts = _dataset_texts(x, corpus)
+            if corpus:
+                buckets["corpus"] += texts
+            elif "train" in path:
+                buckets["train"] += texts
+            elif set(path) & eval_splits:
+                buckets["eval"] += texts
+            else:
+                buckets["other"] += texts
+
+    walk(task.dataset, ())
+    if ttype in CORPUS_TYPES and buckets["corpus"]:
+        chosen = buckets["corpus"]
+    elif ttype in TRAIN_TYPES and buckets["train"]:
+        chosen = buckets["train"]
+    else:
+        chosen = buckets["eval"] or buckets["other"] or buckets["train"] or buckets["corpus"]
+    if not chosen:
+        raise ValueError(f"task {task.metadata.name}: no texts found to build a CDE context from")
+    return list(dict.fromkeys(chosen))
+
+
+def sample_context_texts(texts: list[str], n: int, seed: int) -> list[str]:
+    """N texts drawn with a generator seeded by ``seed``; with replacement only when fewer than N exist."""
+    rng = np.random.default_rng(seed)
+    idx = rng.choice(len(texts), size=n, replace=len(texts) < n)
+    return [texts[i] for i in idx]
+
+
+def task_context(model, task, seed: int, cache_dir: Path | None, model_id: str = "") -> torch.Tensor:
+    """The task's context E for a CDE model (cached on disk when ``cache_dir`` is given)."""
+    name, n = task.metadata.name, model.n_context
+    key = {"seed": seed, "n": n, "model": model_id}
+    target = Path(cache_dir) / f"{name}.pt" if cache_dir is not None else None
+    if target is not None and target.is_file():
+        saved = torch.load(target, weights_only=False)
+        if saved.get("key") == key:
+            return saved["context"]
+    texts = task_context_texts(task)
+    if len(texts) < n:
+        logger.warning(
+            "task %s: %d distinct texts for a context of %d: sampling with replacement", name, len(texts), n
+        )
+    context = model.encode_context(sample_context_texts(texts, n, seed))
+    if target is not None:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_suffix(".tmp")
+        torch.save({"key": key, "context": context, "n_texts": len(texts)}, tmp)
+        tmp.replace(target)
+    return context
