@@ -256,14 +256,13 @@ def train_cde(
 ) -> Path:
     """Run a CDE recipe; returns the output folder (the final model, metrics.jsonl, run record, checkpoints)."""
     from accelerate import PartialState
+    from accelerate.utils import parse_flag_from_env
     from tqdm.auto import tqdm
 
     from neoembed.cde.model import ContextualSentenceTransformer
     from neoembed.pretrain.trainer import _StopSignal
     from neoembed.recipe import seed_everything
     from neoembed.record import atomic_write_text, write_run_record
-
-    from accelerate.utils import parse_flag_from_env
 
     state = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU") or not torch.cuda.is_available())
     world, rank, device = state.num_processes, state.process_index, state.device
