@@ -174,9 +174,13 @@ def test_mlm_objective_equals_the_full_head_loss():
     ids = torch.randint(5, 100, (3, 20), generator=torch.Generator().manual_seed(0))
     corrupted, labels = mask_tokens(ids, [0, 1, 2, 3], 4, 100, rate=0.3, generator=step_generator(0, 1))
     full = model(input_ids=corrupted, labels=labels).loss
+    full_grads = torch.autograd.grad(full, list(model.parameters()))
     loss_sum, n, correct = MLMObjective(model)(labels, input_ids=corrupted)
     assert int(n) == int((labels != IGNORE_INDEX).sum())
     torch.testing.assert_close(loss_sum / n, full, atol=1e-6, rtol=1e-6)
+    grads = torch.autograd.grad(loss_sum / n, list(model.parameters()))
+    for (name, _), a, b in zip(model.named_parameters(), grads, full_grads, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5, msg=name)
     logits = model(input_ids=corrupted).logits
     chosen = labels != IGNORE_INDEX
     assert int(correct) == int((logits[chosen].argmax(-1) == labels[chosen]).sum())

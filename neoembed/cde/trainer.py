@@ -278,7 +278,8 @@ def train_cde(
     output = Path(recipe.output_dir)
 
     sources, cards = prepare_sources(recipe, recipe_dir)
-    batches, offsets = _teacher_pass(recipe, sources, progress and state.is_main_process)
+    with state.main_process_first():  # with a cache, the other processes read what the first one computed
+        batches, offsets = _teacher_pass(recipe, sources, progress and state.is_main_process)
     per_epoch = batches.steps_per_epoch()
     if per_epoch == 0:
         raise DataCardError("no full batch: every source is smaller than the batch size")
