@@ -347,6 +347,7 @@ def test_tiny_cde_recipe_trains_saves_reloads(tmp_path, tiny_official):
     assert np.mean(losses[-8:]) < np.mean(losses[:8]), losses  # 4 batches per epoch: epochs 0-1 vs 4-5
     record = json.loads((out / "run_record.json").read_text())
     assert record["command"] == "train-cde"
+    assert (out / "training_curves.png").stat().st_size > 1000
     card = (out / "README.md").read_text()
     assert "msrp_pairs" in card and "research use only" in card
     model = neoembed.load(out)

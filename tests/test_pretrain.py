@@ -275,6 +275,7 @@ def test_resume_equals_uninterrupted_and_final_model(tmp_path, shards):
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
     assert [r["loss"] for r in rows] == losses  # identical, not merely close
     assert {"masked_accuracy", "learning_rate", "grad_norm", "tokens_per_s"} <= set(rows[0])
+    assert (full / "training_curves.png").stat().st_size > 1000
     record = json.loads((full / "run_record.json").read_text())
     assert record["seed"] == 0 and record["global_batch_tokens"] == 256
     # the final model: neoembed layout, reloads, converts to the official layout

@@ -183,6 +183,20 @@ def test_padding_free_and_padded_encode_agree(tiny_official):
 
 
 # ------------------------------------------------------------------------------------------ bad input
+def test_multi_process_pool_equals_one_process(tiny):
+    """Multi-device encoding goes through sentence-transformers' own process pool (here two CPU workers):
+    the same embeddings as one process, whatever chunk each worker gets."""
+    texts = [f"sentence number {i} " * (1 + i % 7) for i in range(40)] + TEXTS
+    one = tiny.encode(texts, batch_size=8)
+    pool = tiny.start_multi_process_pool(["cpu", "cpu"])
+    try:
+        two = tiny.encode(texts, pool=pool, batch_size=8, chunk_size=11)
+    finally:
+        tiny.stop_multi_process_pool(pool)
+    assert two.shape == one.shape
+    np.testing.assert_allclose(two, one, atol=1e-5, rtol=1e-5)
+
+
 def test_empty_list_and_empty_string(tiny):
     assert tiny.encode([]).shape == (0, 64)
     assert tiny.encode([], convert_to_tensor=True).shape == (0, 64)

@@ -105,6 +105,7 @@ def test_tiny_recipe_trains_saves_reloads_and_loss_decreases(tmp_path, tiny_offi
     out = train(recipe, recipe_dir=TINY.parent)
     losses = _losses(out)
     assert len(losses) == 12 and sum(losses[-3:]) / 3 < sum(losses[:3]) / 3
+    assert (out / "training_curves.png").stat().st_size > 1000
     model = neoembed.load(out)
     assert model.encode(["a sentence"]).shape == (1, 64)
     # the trained model carries the two NeoBERT files, so it loads where neoembed is not installed

@@ -46,6 +46,7 @@ from neoembed.cde.gradcache import full_backprop_step, two_stage_gradcache_step
 from neoembed.cde.recipe import CDERecipe
 from neoembed.data.cards import DataCardError, build_pairs, find_card, load_card, load_rows
 from neoembed.losses import info_nce
+from neoembed.plots import plot_training_curves
 
 __all__ = ["TrainingStopped", "cde_loss", "prepare_sources", "resolve_teacher", "train_cde"]
 
@@ -495,6 +496,8 @@ def train_cde(
             if step % recipe.save_steps == 0 and step < recipe.steps:
                 save_checkpoint()
     bar.close()
+    if state.is_main_process and metrics_path.exists():
+        plot_training_curves(metrics_path, output / "training_curves.png", title=output.name)
     if stopped is not None:
         if state.is_main_process:
             print(

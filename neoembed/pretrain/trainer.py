@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from neoembed.plots import plot_training_curves
 from neoembed.pretrain.masking import IGNORE_INDEX, mask_tokens, step_generator
 from neoembed.pretrain.packing import DocumentStream, collate_packed, collate_padded
 from neoembed.pretrain.recipe import PretrainRecipe
@@ -444,6 +445,8 @@ def pretrain(recipe: PretrainRecipe, resume: bool = False, progress: bool = True
     bar.close()
     if writer is not None:
         writer.close()
+    if accelerator.is_main_process and metrics_path.exists():
+        plot_training_curves(metrics_path, output / "training_curves.png", title=output.name)
     if stopped is not None:
         accelerator.print(
             f"stopped by {stop.received or 'a signal'} at step {step}: {stopped}; continue with --resume"

@@ -25,6 +25,7 @@ from transformers import TrainerCallback
 from neoembed.data.cards import DataCardError, build_pairs, find_card, load_card, load_rows
 from neoembed.data.sampler import PowerLawDatasetBatchSampler
 from neoembed.losses import CachedInfoNCELoss, InfoNCELoss
+from neoembed.plots import plot_training_curves
 from neoembed.record import write_run_record
 from neoembed.train.recipe import UnifiedRecipe
 
@@ -260,6 +261,8 @@ def train(recipe: UnifiedRecipe, recipe_dir: Path | None = None, resume: bool = 
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+        if trainer.is_world_process_zero() and (output / "metrics.jsonl").exists():
+            plot_training_curves(output / "metrics.jsonl", output / "training_curves.png", title=output.name)
     if metrics.nan_step is not None:
         raise TrainingStopped(
             f"the loss became NaN at step {metrics.nan_step}; training stopped and the NaN state was not saved. "
