@@ -8,18 +8,24 @@
 #   4. the unified recipe (the local training pairs of ../shared/data/train) on the pre-trained model and on the
 #      same architecture at random initialisation, same steps and settings; both scored with `neoembed mteb`
 #      on STS12-16, SICK-R (../shared/data/mteb) and MSRP (task card on ../shared/data/eval/MSRP).
-# Usage: bash benchmarks/demo_pretrain.sh [OUT] [STEPS] [FINETUNE_STEPS]
+# Steps 1-3 are skipped when OUT already holds a finished pre-training run (rerun with another FINETUNE_LR to
+# compare learning rates on the same pre-trained model).
+# Usage: bash benchmarks/demo_pretrain.sh [OUT] [STEPS] [FINETUNE_STEPS] [FINETUNE_LR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-runs/demo-pretrain}
 STEPS=${2:-400}
 FT_STEPS=${3:-300}
+FT_LR=${4:-1.0e-4}
 SHARED=$(cd ../shared && pwd)
 TOK="$SHARED/fixtures/neobert-tiny-official"
 ARCH="{hidden_size: 256, num_hidden_layers: 4, num_attention_heads: 4, intermediate_size: 1024, max_length: 1024}"
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 
+if [ -f "$OUT/pretrained/model.safetensors" ] && [ -f "$OUT/ppl/ppl.json" ]; then
+  echo "reusing the pre-training run in $OUT/pretrained"
+else
 # 1. corpus: one text file per documented object, held-out modules apart
 (cd benchmarks && python - "$OUT" <<'PY'
 import sys
@@ -45,6 +51,7 @@ time neoembed pretrain pretrain-tiny "model.config=$ARCH" "data.sources=[{path: 
 # 3. pseudo-perplexity by length on held-out modules
 neoembed ppl --model "$OUT/pretrained" --data "$OUT/shards/heldout" --lengths 64,128,256,512 --max-docs 6 \
   --out "$OUT/ppl"
+fi
 
 # 4. the same architecture at random initialisation (same seed as the pre-training run's initial weights)
 python - "$OUT/random-init" "$TOK" "$ARCH" <<'PY'
@@ -70,15 +77,16 @@ data: $SHARED/data/eval/MSRP
 columns: {labels: label}
 instruction: Retrieve text that are semantically similar to the given text.
 CARD
-for init in pretrained random-init; do
-  rm -rf "$OUT/finetuned-$init"
-  time neoembed train tiny "model=$OUT/$init" "output_dir=$OUT/finetuned-$init" "steps=$FT_STEPS" batch_size=32 \
+for init in random-init pretrained; do
+  run="finetuned-$init-lr$FT_LR"
+  rm -rf "$OUT/$run"
+  time neoembed train tiny "model=$OUT/$init" "output_dir=$OUT/$run" "steps=$FT_STEPS" batch_size=32 \
     max_length=128 "datasets=[{card: msrp_pairs}, {card: sts2012_pairs}, {card: trecqa_pairs, batch_size: 16}]" \
-    optimizer.lr=1.0e-4 optimizer.warmup_steps=30 optimizer.schedule=cosine save_steps=100000 logging_steps=10
-  neoembed mteb --model "$OUT/finetuned-$init" --data-dir "$OUT/eval" --output "$OUT/scores/finetuned-$init" \
-    --overwrite
+    "optimizer.lr=$FT_LR" optimizer.warmup_steps=30 optimizer.schedule=cosine save_steps=100000 logging_steps=10
+  neoembed mteb --model "$OUT/$run" --data-dir "$OUT/eval" --output "$OUT/scores/$run" --overwrite
 done
-neoembed mteb --model "$OUT/pretrained" --data-dir "$OUT/eval" --output "$OUT/scores/pretrained-not-finetuned" \
-  --overwrite
-neoembed mteb compare "$OUT/scores/finetuned-random-init" "$OUT/scores/pretrained-not-finetuned" \
-  "$OUT/scores/finetuned-pretrained" --out "$OUT/compare"
+for init in random-init pretrained; do
+  [ -f "$OUT/scores/$init-not-finetuned/summary.json" ] || \
+    neoembed mteb --model "$OUT/$init" --data-dir "$OUT/eval" --output "$OUT/scores/$init-not-finetuned"
+done
+neoembed mteb compare "$OUT"/scores/* --out "$OUT/compare"

@@ -130,6 +130,9 @@ def compare_runs(run_dirs: list[str | Path], out: str | Path | None = None) -> s
 
 
 def _plot(rows: list[dict], path: Path) -> None:
+    """One panel per task type (width by its number of tasks), one bar per run and task; the y axis starts near
+    the lowest score so that differences of a point stay visible; runs are named by their folder in a legend
+    below the panels."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -139,18 +142,38 @@ def _plot(rows: list[dict], path: Path) -> None:
     types = []
     for r in rows:
         types += [t for t in r["per_type"] if t not in types]
-    fig, axes = plt.subplots(1, len(types), figsize=(max(4, 3.2 * len(types)), 4), squeeze=False)
+    tasks_of = {
+        t: sorted({name for r in rows for name, e in r["tasks"].items() if e["type"] == t}) for t in types
+    }
+    names = [Path(r["run"]).name for r in rows]
+    if len(set(names)) < len(names):
+        names = [r["model"] for r in rows]
+    scores = [100 * e["main_score"] for r in rows for e in r["tasks"].values()]
+    low = max(0.0, 5 * np.floor((min(scores) - 3) / 5)) if scores else 0.0
+    high = min(100.0, max(scores) + 2) if scores else 100.0
+    n_tasks = [len(tasks_of[t]) for t in types]
+    fig, axes = plt.subplots(
+        1,
+        len(types),
+        figsize=(max(5.0, 1.0 + 0.35 * len(rows) * sum(n_tasks) + 0.8 * len(types)), 4.2),
+        squeeze=False,
+        gridspec_kw={"width_ratios": n_tasks},
+    )
+    width = 0.8 / len(rows)
     for ax, t in zip(axes[0], types, strict=True):
-        tasks = sorted({name for r in rows for name, e in r["tasks"].items() if e["type"] == t})
+        tasks = tasks_of[t]
         x = np.arange(len(tasks))
-        width = 0.8 / len(rows)
         for i, r in enumerate(rows):
-            ys = [100 * r["tasks"][n]["main_score"] if n in r["tasks"] else 0 for n in tasks]
-            ax.bar(x + i * width, ys, width, label=r["model"])
+            ys = [100 * r["tasks"][n]["main_score"] if n in r["tasks"] else np.nan for n in tasks]
+            ax.bar(x + i * width, ys, width, label=names[i], color=f"C{i}")
         ax.set_xticks(x + width * (len(rows) - 1) / 2, tasks, rotation=45, ha="right", fontsize=8)
+        ax.set_ylim(low, high)
         ax.set_title(t)
-        ax.set_ylabel("main score")
-    axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
+        ax.grid(axis="y", alpha=0.3)
+    axes[0][0].set_ylabel("main score (x100)")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(rows), 4), fontsize=8, frameon=False)
+    rows_of_legend = -(-len(rows) // 4)
+    fig.tight_layout(rect=(0, 0.06 * rows_of_legend + 0.02, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
