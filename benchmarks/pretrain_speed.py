@@ -237,7 +237,8 @@ def run(args) -> dict:
                 str(q): float(np.quantile(doc_lengths, q)) for q in (0.1, 0.25, 0.5, 0.75, 0.9)
             },
             "share_of_tokens_in_documents_longer_than": {
-                str(L): float(doc_lengths[doc_lengths > L].sum() / doc_lengths.sum()) for L in args.seq_lengths
+                str(L): float(doc_lengths[doc_lengths > L].sum() / doc_lengths.sum())
+                for L in args.seq_lengths
             },
         },
         "load_average_1min": {"before": load_before, "after": load_after},

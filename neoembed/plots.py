@@ -39,9 +39,7 @@ def plot_training_curves(metrics: str | Path, out: str | Path, title: str | None
     try:
         rows = [r for r in read_metrics(metrics) if "step" in r]
         keys = [
-            k
-            for k in PANELS
-            if any(isinstance(r.get(k), int | float) and math.isfinite(r[k]) for r in rows)
+            k for k in PANELS if any(isinstance(r.get(k), int | float) and math.isfinite(r[k]) for r in rows)
         ]
         if not rows or not keys:
             return None
