@@ -147,9 +147,8 @@ class _AttentionGroups:
     """The CPU plan of a packed batch: sequences of similar length, each group padded to its longest."""
 
     shapes: list[tuple[int, int]]  # per group (G sequences, padded length Lg)
-    gather: list[
-        torch.Tensor
-    ]  # per group (G * Lg,) indices into the T packed tokens (padding repeats a real one)
+    # per group (G * Lg,) indices into the T packed tokens (a padding slot repeats a real token)
+    gather: list[torch.Tensor]
     key_mask: list[torch.Tensor | None]  # per group (G, 1, 1, Lg) bool, None when all G have length Lg
     scatter: torch.Tensor  # (T,) where each packed token lies in the concatenated (G * Lg) outputs
 
