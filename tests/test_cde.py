@@ -141,21 +141,13 @@ def test_save_load_round_trip_is_identical(cde, context, saved_cde):
         assert np.abs(a - b).max() == 0
 
 
-BLOCK_NEOEMBED = """
-import sys
-class _Block:
-    def find_spec(self, name, path=None, target=None):
-        if name.split('.')[0] == 'neoembed':
-            raise ImportError('neoembed is not installed here')
-sys.meta_path.insert(0, _Block())
-"""
-
-
-def test_loads_with_trust_remote_code_where_neoembed_is_not_installed(cde, context, saved_cde, tmp_path):
+def test_loads_with_trust_remote_code_where_neoembed_is_not_installed(
+    cde, context, saved_cde, tmp_path, block_neoembed
+):
     expected = cde.encode(DOCS, prompt_name="query", dataset_embeddings=context)
     null = cde.encode(DOCS, prompt_name="query", dataset_embeddings="null")
     out = tmp_path / "e.npz"
-    code = BLOCK_NEOEMBED + textwrap.dedent(f"""
+    code = block_neoembed + textwrap.dedent(f"""
         import numpy as np
         from sentence_transformers import SentenceTransformer
         m = SentenceTransformer({str(saved_cde)!r}, trust_remote_code=True)

@@ -19,16 +19,6 @@ from neoembed.sentence import NonFiniteEmbeddingError, build_prompts
 
 TEXTS = ["NeoBERT is the most efficient model of its kind!", "a", "", "Two sentences. Of different lengths."]
 
-# Makes `import neoembed` fail in a subprocess, as on a machine where it is not installed.
-BLOCK_NEOEMBED = """
-import sys
-class _Block:
-    def find_spec(self, name, path=None, target=None):
-        if name.split('.')[0] == 'neoembed':
-            raise ImportError('neoembed is not installed here')
-sys.meta_path.insert(0, _Block())
-"""
-
 
 @pytest.fixture(scope="module")
 def tiny(tiny_official):
@@ -78,10 +68,10 @@ def test_case1_fresh_process_with_neoembed(saved, tmp_path):
     assert np.abs(_encode_in_subprocess(code, out) - expected).max() <= 1e-6
 
 
-def test_case2_fresh_process_without_neoembed(saved, tmp_path):
+def test_case2_fresh_process_without_neoembed(saved, tmp_path, block_neoembed):
     path, expected = saved
     out, out2 = tmp_path / "e.npy", tmp_path / "h.npy"
-    code = BLOCK_NEOEMBED + textwrap.dedent(f"""
+    code = block_neoembed + textwrap.dedent(f"""
         import numpy as np, torch
         try:
             import neoembed
@@ -105,7 +95,7 @@ def test_case2_fresh_process_without_neoembed(saved, tmp_path):
     assert np.abs(np.load(out2) - expected).max() <= 1e-5
 
 
-def test_case3_convert_sentence_cli_loads_both_ways(tiny_official, tmp_path):
+def test_case3_convert_sentence_cli_loads_both_ways(tiny_official, tmp_path, block_neoembed):
     dst = tmp_path / "conv"
     r = subprocess.run(
         [sys.executable, "-m", "neoembed", "convert", str(tiny_official), str(dst), "--sentence"],
@@ -116,7 +106,7 @@ def test_case3_convert_sentence_cli_loads_both_ways(tiny_official, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     expected = neoembed.load(dst).encode(TEXTS)
     out = tmp_path / "e.npy"
-    code = BLOCK_NEOEMBED + textwrap.dedent(f"""
+    code = block_neoembed + textwrap.dedent(f"""
         import numpy as np
         from sentence_transformers import SentenceTransformer
         np.save({str(out)!r}, SentenceTransformer({str(dst)!r}, trust_remote_code=True).encode({TEXTS!r}))

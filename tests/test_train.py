@@ -92,7 +92,7 @@ def _losses(out: Path):
     return [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_tiny_recipe_trains_saves_reloads_and_loss_decreases(tmp_path, tiny_official):
+def test_tiny_recipe_trains_saves_reloads_and_loss_decreases(tmp_path, tiny_official, block_neoembed):
     import neoembed
 
     recipe = _recipe(
@@ -110,12 +110,7 @@ def test_tiny_recipe_trains_saves_reloads_and_loss_decreases(tmp_path, tiny_offi
     assert model.encode(["a sentence"]).shape == (1, 64)
     # the trained model carries the two NeoBERT files, so it loads where neoembed is not installed
     assert (out / "modeling_neobert.py").is_file() and (out / "configuration_neobert.py").is_file()
-    code = (
-        "import sys\n"
-        "class B:\n"
-        "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name.split('.')[0] == 'neoembed': raise ImportError(name)\n"
-        "sys.meta_path.insert(0, B())\n"
+    code = block_neoembed + (
         "from sentence_transformers import SentenceTransformer\n"
         f"print(SentenceTransformer({str(out)!r}, trust_remote_code=True).encode(['a sentence']).tolist())\n"
     )

@@ -22,7 +22,6 @@ renamed when complete; SIGTERM / Ctrl-C checkpoint after the current step; a NaN
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -45,8 +44,15 @@ from neoembed.cde.batching import (
 from neoembed.cde.gradcache import full_backprop_step, two_stage_gradcache_step
 from neoembed.cde.recipe import CDERecipe
 from neoembed.data.cards import DataCardError, build_pairs, find_card, load_card, load_rows
-from neoembed.losses import info_nce
-from neoembed.plots import plot_training_curves
+from neoembed.losses import duplicate_mask, info_nce
+from neoembed.runs import (
+    MetricsLog,
+    StopSignal,
+    list_checkpoints,
+    param_groups,
+    prune_checkpoints,
+    refuse_to_overwrite,
+)
 
 __all__ = ["TrainingStopped", "cde_loss", "prepare_sources", "resolve_teacher", "train_cde"]
 
@@ -189,27 +195,6 @@ def _locate(index: int, offsets: list[int]) -> tuple[int, int]:
     return s, index - offsets[s]
 
 
-def _checkpoints(output: Path) -> list[Path]:
-    found = [p for p in output.glob("checkpoint-*") if p.is_dir() and p.name.split("-")[1].isdigit()]
-    return sorted(found, key=lambda p: int(p.name.split("-")[1]))
-
-
-def _lr_lambda(recipe: CDERecipe):
-    opt, total = recipe.optimizer, recipe.steps
-
-    def f(step: int) -> float:
-        if step < opt.warmup_steps:
-            return (step + 1) / max(opt.warmup_steps, 1)
-        if opt.schedule == "constant":
-            return 1.0
-        progress = (step - opt.warmup_steps) / max(total - opt.warmup_steps, 1)
-        if opt.schedule == "linear":
-            return max(0.0, 1.0 - progress)
-        return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
-
-    return f
-
-
 def _tokenize(tokenizer, texts: list[str], max_length: int, device) -> dict[str, torch.Tensor]:
     f = tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
     return {"input_ids": f["input_ids"].to(device), "attention_mask": f["attention_mask"].to(device)}
@@ -259,9 +244,9 @@ def train_cde(
     from accelerate import PartialState
     from accelerate.utils import parse_flag_from_env
     from tqdm.auto import tqdm
+    from transformers import get_scheduler
 
     from neoembed.cde.model import ContextualSentenceTransformer
-    from neoembed.pretrain.trainer import _StopSignal
     from neoembed.recipe import seed_everything
     from neoembed.record import atomic_write_text, write_run_record
 
@@ -300,19 +285,21 @@ def train_cde(
     module.train()
     tokenizer = module.tokenizer
     opt = recipe.optimizer
-    decay = [p for n, p in module.named_parameters() if p.ndim >= 2 and not n.endswith(".bias")]
-    no_decay = [p for n, p in module.named_parameters() if not (p.ndim >= 2 and not n.endswith(".bias"))]
     optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": opt.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=opt.lr,
-        betas=opt.betas,
-        eps=opt.eps,
+        param_groups(module, opt.weight_decay), lr=opt.lr, betas=opt.betas, eps=opt.eps
     )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(recipe))
+    # the unified recipe's schedule, as its trainer (transformers) computes it
+    scheduler = get_scheduler(
+        opt.schedule if opt.schedule != "constant" else "constant_with_warmup",
+        optimizer,
+        num_warmup_steps=opt.warmup_steps,
+        num_training_steps=recipe.steps,
+    )
 
-    step, metrics_path = 0, output / "metrics.jsonl"
+    step = 0
+    metrics = MetricsLog(output, recipe.report_to, state.is_main_process)
     if resume:
-        ckpts = _checkpoints(output)
+        ckpts = list_checkpoints(output)
         if not ckpts:
             raise FileNotFoundError(f"--resume: no checkpoint-N folder in {output}; start without --resume")
         last = ckpts[-1]
@@ -322,14 +309,10 @@ def train_cde(
         scheduler.load_state_dict(saved["scheduler"])
         torch.set_rng_state(saved["rng"][rank] if rank < len(saved["rng"]) else saved["rng"][0])
         step = saved["step"]
-        if state.is_main_process and metrics_path.exists():
-            rows = [r for r in metrics_path.read_text().splitlines() if r and json.loads(r)["step"] <= step]
-            atomic_write_text(metrics_path, "".join(r + "\n" for r in rows))
+        metrics.truncate(step)
         print(f"resumed from {last} at step {step}") if state.is_main_process else None
-    elif state.is_main_process and _checkpoints(output):
-        raise FileExistsError(
-            f"{output} already holds checkpoints: pass --resume to continue, or choose another output_dir"
-        )
+    elif state.is_main_process:
+        refuse_to_overwrite(output)
     if state.is_main_process:
         output.mkdir(parents=True, exist_ok=True)
         write_run_record(
@@ -372,9 +355,7 @@ def train_cde(
             if target.exists():
                 shutil.rmtree(target)
             partial.rename(target)
-            if recipe.save_total_limit:
-                for old in _checkpoints(output)[: -recipe.save_total_limit]:
-                    shutil.rmtree(old, ignore_errors=True)
+            prune_checkpoints(output, recipe.save_total_limit)
         state.wait_for_everyone()
         return target
 
@@ -391,7 +372,7 @@ def train_cde(
     bar = tqdm(total=recipe.steps, initial=step, desc="cde", disable=not (progress and state.is_main_process))
     window = {"loss": 0.0, "steps": 0, "masked": 0.0, "t0": time.perf_counter()}
     stopped = None
-    with _StopSignal() as stop:
+    with StopSignal() as stop:
         while step < recipe.steps:
             epoch, position = divmod(step, per_epoch)
             if epoch not in epoch_cache:
@@ -416,14 +397,10 @@ def train_cde(
                 if src.k:
                     td = torch.cat([td, src.teacher_n[local].reshape(-1, td.shape[-1])])
                 mask = false_negative_mask(tq, td, src.k, recipe.filtering.threshold)
-            if recipe.mask_duplicates:
-                pos = [src.positives[i] for i in local]
-                docs = [src.positives[i] for i in local] + [
-                    t for i in local for t in (src.negatives[i] if src.k else [])
-                ]
-                dup = torch.tensor(
-                    [[docs[j] == pos[r] and j != r for j in range(len(docs))] for r in range(len(pos))]
-                )
+            if recipe.mask_duplicates:  # d_texts: the local positives first, then their hard negatives
+                ids: dict[str, int] = {}
+                keys = torch.tensor([ids.setdefault(t, len(ids)) for t in d_texts])
+                dup = duplicate_mask(keys[: len(local)], keys)
                 mask = dup if mask is None else (mask | dup)
             mask_dev = mask.to(device) if mask is not None else None
 
@@ -455,7 +432,7 @@ def train_cde(
                 stats[0] /= world
             value = float(stats[0])
             if not math.isfinite(value):
-                ckpts = _checkpoints(output)
+                ckpts = list_checkpoints(output)
                 raise TrainingStopped(
                     f"the loss is {value} at step {step + 1}: training stopped before the update. Last checkpoint: "
                     f"{ckpts[-1] if ckpts else 'none'}. Lower optimizer.lr or use precision bf16/fp32; then --resume"
@@ -485,9 +462,8 @@ def train_cde(
                     "peak_memory_mib": round(peak, 1) if peak is not None else None,
                     "world_size": world,
                 }
+                metrics.write(row)
                 if state.is_main_process:
-                    with open(metrics_path, "a") as f:
-                        f.write(json.dumps(row) + "\n")
                     bar.set_postfix(loss=f"{row['loss']:.3f}")
                 window = {"loss": 0.0, "steps": 0, "masked": 0.0, "t0": time.perf_counter()}
             if stats[1] > 0:
@@ -496,8 +472,7 @@ def train_cde(
             if step % recipe.save_steps == 0 and step < recipe.steps:
                 save_checkpoint()
     bar.close()
-    if state.is_main_process and metrics_path.exists():
-        plot_training_curves(metrics_path, output / "training_curves.png", title=output.name)
+    metrics.close(title=output.name)
     if stopped is not None:
         if state.is_main_process:
             print(

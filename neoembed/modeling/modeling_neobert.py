@@ -137,8 +137,9 @@ def _torch_varlen():
     return varlen_attn
 
 
-# Padding a sequence to its group's longest may cost this many extra attention scores per head (Lg^2 - n^2),
-# about what one more SDPA call (forward + backward) costs on a CPU; beyond that it runs in a group of its own.
+# Padding a sequence to its group's longest may cost this many extra attention scores per head (Lg^2 - n^2);
+# beyond that it runs in a group of its own. A round heuristic, not tuned: benchmarks/pretrain_speed.py
+# measures grouped against one call per sequence (-1 here).
 GROUPING_SLACK = 128 * 128
 
 
@@ -202,7 +203,7 @@ def packed_attention(q, k, v, packed: PackedBatch, flash_required: bool) -> torc
             "the flash-attn package; use attn_implementation='sdpa' (padding_free=True) elsewhere."
         )
     # CPU (or float32 on CUDA): sequences of similar length gathered into padded groups, one SDPA call per
-    # group (one call per sequence costs ~1 ms of overhead each, which dominates for short documents).
+    # group rather than one per sequence (a fixed cost per call that short documents cannot amortise).
     if q.shape[0] == 0:
         return q.new_zeros(q.shape)
     plan = packed._groups.get(q.device)
@@ -210,7 +211,7 @@ def packed_attention(q, k, v, packed: PackedBatch, flash_required: bool) -> torc
         plan = packed._groups[q.device] = attention_groups(packed.lengths, q.device)
     outs = []
     for (G, width), gather, key_mask in zip(plan.shapes, plan.gather, plan.key_mask, strict=True):
-        # index_select, not q[gather]: its backward is index_add, much faster on CPU than index_put
+        # index_select rather than q[gather]: its backward is an index_add
         qg, kg, vg = (t.index_select(0, gather).unflatten(0, (G, width)).transpose(1, 2) for t in (q, k, v))
         o = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=key_mask)  # (G, H, Lg, Dh)
         outs.append(o.transpose(1, 2).flatten(0, 1))  # (G * Lg, H, Dh)

@@ -27,14 +27,11 @@ Checkpoints (``checkpoint-N/``) hold accelerate's state (model, optimizer, RNG o
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
 import os
-import re
 import shutil
-import signal
 import time
 from pathlib import Path
 
@@ -43,11 +40,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from neoembed.plots import plot_training_curves
 from neoembed.pretrain.masking import IGNORE_INDEX, mask_tokens, step_generator
 from neoembed.pretrain.packing import DocumentStream, collate_packed, collate_padded
 from neoembed.pretrain.recipe import PretrainRecipe
 from neoembed.pretrain.schedule import lr_lambda
+from neoembed.runs import (
+    MetricsLog,
+    StopSignal,
+    list_checkpoints,
+    param_groups,
+    prune_checkpoints,
+    refuse_to_overwrite,
+)
 
 __all__ = ["MLMObjective", "TrainingStopped", "choose_source", "pretrain"]
 
@@ -110,44 +114,6 @@ def _build_model(recipe: PretrainRecipe, tokenizer):
     if m.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     return model
-
-
-def _param_groups(model: nn.Module, weight_decay: float):
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        (no_decay if p.ndim < 2 or name.endswith(".bias") else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
-def _checkpoints(output: Path) -> list[Path]:
-    found = [p for p in output.glob("checkpoint-*") if re.fullmatch(r"checkpoint-\d+", p.name) and p.is_dir()]
-    return sorted(found, key=lambda p: int(p.name.split("-")[1]))
-
-
-class _StopSignal:
-    """SIGTERM / Ctrl-C set a flag; the loop checkpoints after the current step. A second Ctrl-C aborts."""
-
-    def __init__(self):
-        self.received: str | None = None
-        self._previous = {}
-
-    def __enter__(self):
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            with contextlib.suppress(ValueError):  # not the main thread
-                self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum, frame):
-        if self.received is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.received = signal.Signals(signum).name
-        logger.warning("%s received: checkpointing after this step, then stopping", self.received)
-
-    def __exit__(self, *exc):
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
 
 
 def choose_source(seed: int, step: int, probabilities: np.ndarray) -> int:
@@ -261,7 +227,7 @@ def pretrain(recipe: PretrainRecipe, resume: bool = False, progress: bool = True
     objective = MLMObjective(model)
     opt = recipe.optimizer
     optimizer = torch.optim.AdamW(
-        _param_groups(model, opt.weight_decay), lr=opt.lr, betas=opt.betas, eps=opt.eps
+        param_groups(model, opt.weight_decay), lr=opt.lr, betas=opt.betas, eps=opt.eps
     )
     s = recipe.schedule
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -277,9 +243,10 @@ def pretrain(recipe: PretrainRecipe, resume: bool = False, progress: bool = True
         f"(micro-batch {b} x accumulation {accum} x {world} processes); {recipe.steps:,} steps"
     )
 
-    step, metrics_path = 0, output / "metrics.jsonl"
+    step = 0
+    metrics = MetricsLog(output, recipe.report_to, accelerator.is_main_process)
     if resume:
-        ckpts = _checkpoints(output)
+        ckpts = list_checkpoints(output)
         if not ckpts:
             raise FileNotFoundError(f"--resume: no checkpoint-N folder in {output}; start without --resume")
         last = ckpts[-1]
@@ -294,14 +261,10 @@ def pretrain(recipe: PretrainRecipe, resume: bool = False, progress: bool = True
         scheduler.load_state_dict(state["scheduler"])
         for stream, st in zip(streams, state["streams"], strict=True):
             stream.load_state_dict(st)
-        if accelerator.is_main_process and metrics_path.exists():  # drop rows logged after the checkpoint
-            rows = [r for r in metrics_path.read_text().splitlines() if r and json.loads(r)["step"] <= step]
-            atomic_write_text(metrics_path, "".join(r + "\n" for r in rows))
+        metrics.truncate(step)
         accelerator.print(f"resumed from {last} at step {step}")
-    elif accelerator.is_main_process and _checkpoints(output):
-        raise FileExistsError(
-            f"{output} already holds checkpoints: pass --resume to continue, or choose another output_dir"
-        )
+    elif accelerator.is_main_process:
+        refuse_to_overwrite(output)
     if accelerator.is_main_process:
         output.mkdir(parents=True, exist_ok=True)
         data_files = [
@@ -320,15 +283,6 @@ def pretrain(recipe: PretrainRecipe, resume: bool = False, progress: bool = True
                 "parameters": sum(p.numel() for p in model.parameters()),
             },
         )
-    writer = None
-    if "tensorboard" in recipe.report_to and accelerator.is_main_process:
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError as e:
-            raise ImportError(
-                "report_to: [tensorboard] needs the tensorboard package: pip install tensorboard"
-            ) from e
-        writer = SummaryWriter(str(output / "tensorboard"))
 
     def save_checkpoint() -> Path:
         target = output / f"checkpoint-{step}"
@@ -347,9 +301,7 @@ def pretrain(recipe: PretrainRecipe, resume: bool = False, progress: bool = True
             if target.exists():
                 shutil.rmtree(target)
             partial.rename(target)
-            if recipe.save_total_limit:
-                for old in _checkpoints(output)[: -recipe.save_total_limit]:
-                    shutil.rmtree(old, ignore_errors=True)
+            prune_checkpoints(output, recipe.save_total_limit)
         accelerator.wait_for_everyone()
         return target
 
@@ -362,7 +314,7 @@ def pretrain(recipe: PretrainRecipe, resume: bool = False, progress: bool = True
         disable=not (progress and accelerator.is_main_process),
     )
     stopped = None
-    with _StopSignal() as stop:
+    with StopSignal() as stop:
         while step < recipe.steps:
             source = choose_source(recipe.seed, step, weights)
             sequences = _global_batch(recipe, streams[source], n_global)
@@ -391,7 +343,7 @@ def pretrain(recipe: PretrainRecipe, resume: bool = False, progress: bool = True
                 stats = accelerator.reduce(stats, reduction="sum")
             loss = float(stats[0]) / max(n_masked, 1)
             if not math.isfinite(loss):
-                ckpts = _checkpoints(output)
+                ckpts = list_checkpoints(output)
                 raise TrainingStopped(
                     f"the loss is {loss} at step {step + 1}: training stopped before the update. Last checkpoint: "
                     f"{ckpts[-1] if ckpts else 'none'}. Lower optimizer.lr, raise schedule.warmup_steps, or use "
@@ -421,13 +373,8 @@ def pretrain(recipe: PretrainRecipe, resume: bool = False, progress: bool = True
                     "tokens": int(window["tokens"]),
                     "source": recipe.data.sources[source].path if len(streams) > 1 else None,
                 }
+                metrics.write(row)
                 if accelerator.is_main_process:
-                    with open(metrics_path, "a") as f:
-                        f.write(json.dumps(row) + "\n")
-                    if writer is not None:
-                        for key in ("loss", "masked_accuracy", "learning_rate", "grad_norm", "tokens_per_s"):
-                            if row[key] is not None:
-                                writer.add_scalar(f"train/{key}", row[key], step)
                     bar.set_postfix(loss=f"{row['loss']:.3f}", acc=f"{row['masked_accuracy']:.3f}")
                 window = {
                     "loss": 0.0,
@@ -443,10 +390,7 @@ def pretrain(recipe: PretrainRecipe, resume: bool = False, progress: bool = True
             if step % recipe.save_steps == 0 and step < recipe.steps:
                 save_checkpoint()
     bar.close()
-    if writer is not None:
-        writer.close()
-    if accelerator.is_main_process and metrics_path.exists():
-        plot_training_curves(metrics_path, output / "training_curves.png", title=output.name)
+    metrics.close(title=output.name)
     if stopped is not None:
         accelerator.print(
             f"stopped by {stop.received or 'a signal'} at step {step}: {stopped}; continue with --resume"
