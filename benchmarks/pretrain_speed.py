@@ -6,16 +6,14 @@ modules, classes and functions, tokenized with NeoBERT's WordPiece tokenizer
 exceeds the sequence length L (a 1,300-token document gives 1,024 + 276 at L = 1,024), as the trainer's padded
 mode reads them. Every step takes the next fragments (shuffled) until ``tokens_per_step`` real tokens, then runs
 one training step (MLM forward with the decoder on the masked positions only, backward; the AdamW step,
-identical in every mode, runs untimed) either
+identical in both modes, runs untimed) either
 
 * padded: one fragment per row, padded to the longest row, ``padding_free=False`` (attention with a key mask);
 * packed: the same fragments in one row with per-document positions and ``cu_seqlens`` (on CPU, fragments of
-  similar length share one SDPA call: ``attention_groups`` in the modeling file);
-* packed-per-sequence (CPU only): the packed layout with grouping turned off, one SDPA call per fragment, to
-  measure what the grouping itself buys.
+  similar length share one SDPA call: ``attention_groups`` in the modeling file).
 
 Throughput is real (non-padding) tokens per second of forward + backward. Each step runs ``--repeats`` times
-per mode and its fastest time counts (the machine may be shared: contention only ever adds time), and the
+per mode and its fastest time counts (the machine may be shared: contention only ever adds time), and the two
 modes alternate step by step. On CUDA, bf16 autocast and the model FLOPs utilisation (6 x (encoder parameters
 x tokens + decoder parameters x masked tokens) + attention's 12 x layers x width x sum(len^2), over
 ``--peak-tflops``).
@@ -133,12 +131,10 @@ def _fragments(documents, seq_length: int) -> list[np.ndarray]:
 
 
 def run_length(args, tok, documents, seq_length: int) -> dict:
-    from neoembed.modeling import modeling_neobert as modeling
     from neoembed.pretrain.masking import IGNORE_INDEX, mask_tokens, step_generator
     from neoembed.pretrain.packing import collate_packed, collate_padded
     from neoembed.pretrain.trainer import MLMObjective
 
-    default_slack = modeling.GROUPING_SLACK
     fragments = _fragments(documents, seq_length)
     lengths_all = np.array([len(f) for f in fragments])
     rng = np.random.default_rng(0)
@@ -154,9 +150,8 @@ def run_length(args, tok, documents, seq_length: int) -> dict:
             total += len(f)
         steps.append(batch)
     special = sorted(set(tok.all_special_ids))
-    # On CPU also the packed layout with one attention call per document (grouping off): what grouping buys.
-    modes = ("padded", "packed") + (("packed-per-sequence",) if args.device == "cpu" else ())
-    models = {mode: _model(args, padding_free=mode != "padded") for mode in modes}
+    modes = ("padded", "packed")
+    models = {mode: _model(args, padding_free=(mode == "packed")) for mode in modes}
     objectives = {mode: MLMObjective(m) for mode, m in models.items()}
     opts = {mode: torch.optim.AdamW(m.parameters(), lr=1e-4) for mode, m in models.items()}
     times = {mode: [] for mode in modes}
@@ -167,7 +162,7 @@ def run_length(args, tok, documents, seq_length: int) -> dict:
         cuts = np.cumsum([len(d) for d in docs])[:-1]
         ids_d, lab_d = np.split(ids.numpy(), cuts), np.split(labels.numpy(), cuts)
         for mode in modes if i % 2 == 0 else modes[::-1]:  # alternate the order: drift on shared CPUs cancels
-            if mode != "padded":
+            if mode == "packed":
                 batch = collate_packed([[d] for d in ids_d])
                 lab = collate_packed([[d] for d in lab_d]).input_ids
             else:
@@ -179,8 +174,6 @@ def run_length(args, tok, documents, seq_length: int) -> dict:
             }
             lab = lab.to(args.device)
             best = math.inf
-            # slack -1: no two sequences share a group, i.e. one SDPA call per sequence
-            modeling.GROUPING_SLACK = -1 if mode == "packed-per-sequence" else default_slack
             for _ in range(args.repeats):  # same weights each time: the fastest run is the least disturbed
                 opts[mode].zero_grad(set_to_none=True)
                 sync(args.device)
@@ -201,7 +194,6 @@ def run_length(args, tok, documents, seq_length: int) -> dict:
             padded_slots += len(docs) * max(len(d) for d in docs)
             n_docs += len(docs)
             flops += _flops(models["packed"], [len(d) for d in docs], int((labels != IGNORE_INDEX).sum()))
-    modeling.GROUPING_SLACK = default_slack
     results = {}
     for mode in modes:
         total_time = sum(times[mode])
@@ -222,11 +214,6 @@ def run_length(args, tok, documents, seq_length: int) -> dict:
         "padding_fraction": 1 - real / padded_slots,
         "results": results,
         "packed_over_padded": results["packed"]["tokens_per_s"] / results["padded"]["tokens_per_s"],
-        "grouped_over_per_sequence": (
-            results["packed"]["tokens_per_s"] / results["packed-per-sequence"]["tokens_per_s"]
-            if "packed-per-sequence" in results
-            else None
-        ),
     }
 
 
@@ -303,7 +290,8 @@ def main() -> None:
         + "\n"
     )
     for r in out["by_seq_length"]:
-        for mode, row in r["results"].items():
+        for mode in ("padded", "packed"):
+            row = r["results"][mode]
             md += (
                 f"| {r['seq_length']} | {r['fragments']:,} ({100 * r['share_at_seq_length']:.0f}%) | "
                 f"{r['fragments_per_step']:.1f} | {100 * r['padding_fraction']:.0f}% | {mode} | "
@@ -315,10 +303,6 @@ def main() -> None:
         f"({100 * r['padding_fraction']:.0f}% padding)"
         for r in out["by_seq_length"]
     )
-    if not gpu:
-        md += ". Grouped / one attention call per sequence (both packed): " + ", ".join(
-            f"**{r['grouped_over_per_sequence']:.2f}x** at L = {r['seq_length']}" for r in out["by_seq_length"]
-        )
     la = out["load_average_1min"]
     if la["before"] is not None:
         md += f". 1-minute load average {la['before']:.1f} before, {la['after']:.1f} after"
