@@ -9,8 +9,8 @@ one training step (MLM forward with the decoder on the masked positions only, ba
 identical in both modes, runs untimed) either
 
 * padded: one fragment per row, padded to the longest row, ``padding_free=False`` (attention with a key mask);
-* packed: the same fragments in one row with per-document positions and ``cu_seqlens`` (on CPU, fragments of
-  similar length share one SDPA call: ``attention_groups`` in the modeling file).
+* packed: the same fragments in one row with per-document positions and ``cu_seqlens`` (attention per
+  fragment: one SDPA call each on CPU, the varlen kernel on CUDA).
 
 Throughput is real (non-padding) tokens per second of forward + backward. Each step runs ``--repeats`` times
 per mode and its fastest time counts (the machine may be shared: contention only ever adds time), and the two

@@ -110,32 +110,26 @@ def test_padding_free_equals_padded(seed):
         assert (a - b)[m].abs().max() <= EQ
 
 
-def test_grouped_packed_attention_equals_one_call_per_sequence():
-    """The CPU padding-free path pads sequences of similar length into groups; it must equal attention run
-    on each sequence alone (outputs and gradients), whatever the grouping."""
+def test_packed_attention_equals_block_diagonal_attention():
+    """The CPU padding-free attention (one call per sequence) equals attention over all packed tokens with a
+    block-diagonal mask, outputs and gradients, with empty and length-1 sequences among the others."""
     import torch.nn.functional as F
 
-    from neoembed.modeling.modeling_neobert import PackedBatch, attention_groups, packed_attention
+    from neoembed.modeling.modeling_neobert import PackedBatch, packed_attention
 
     lengths = [1, 400, 200, 0, 190, 3, 60, 64, 400, 300, 7, 150]
-    plan = attention_groups(lengths, "cpu")
-    # 400 x 2 (no mask) | 300 | 200, 190 | 150 | 64, 60, 7, 3, 1 ; the empty sequence in none
-    assert [s for s in plan.shapes] == [(2, 400), (1, 300), (2, 200), (1, 150), (5, 64)]
-    assert plan.key_mask[0] is None and plan.key_mask[2] is not None
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(sum(lengths), 2, 8, generator=g, requires_grad=True) for _ in range(3))
     cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
-    grouped = packed_attention(q, k, v, PackedBatch(cu, max(lengths), lengths, None), flash_required=False)
-    reference, start = [], 0
-    for n in lengths:
-        sl = slice(start, start + n)
-        one = F.scaled_dot_product_attention(*(t[sl].transpose(0, 1)[None] for t in (q, k, v)))
-        reference.append(one[0].transpose(0, 1))
-        start += n
-    reference = torch.cat(reference)
-    torch.testing.assert_close(grouped, reference, atol=1e-6, rtol=1e-5)
-    weights = torch.randn(grouped.shape, generator=g)
-    grads = torch.autograd.grad((grouped * weights).sum(), (q, k, v))
+    packed = packed_attention(q, k, v, PackedBatch(cu, max(lengths), lengths, None), flash_required=False)
+    doc = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+    same_doc = doc[:, None] == doc[None, :]  # (T, T)
+    reference = F.scaled_dot_product_attention(
+        *(t.transpose(0, 1)[None] for t in (q, k, v)), attn_mask=same_doc
+    )[0].transpose(0, 1)
+    torch.testing.assert_close(packed, reference, atol=1e-6, rtol=1e-5)
+    weights = torch.randn(packed.shape, generator=g)
+    grads = torch.autograd.grad((packed * weights).sum(), (q, k, v))
     expected = torch.autograd.grad((reference * weights).sum(), (q, k, v))
     for a, b in zip(grads, expected, strict=True):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)

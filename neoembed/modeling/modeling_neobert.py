@@ -12,8 +12,7 @@ Attention runs in one of two layouts:
 * padding-free (``config.padding_free``, or ``flash_attention_2``): the real tokens of every sequence packed
   into one ``(T, D)`` sequence for every linear layer; RoPE positions restart at 0 per sequence and attention
   is confined to each sequence by ``cu_seqlens``. On CUDA it runs in flash-attn's varlen kernel (or
-  ``torch.nn.attention.varlen``); on CPU sequences of similar length are gathered into padded groups, one SDPA
-  call per group (:func:`attention_groups`). Outputs are scattered back to
+  ``torch.nn.attention.varlen``); on CPU as one SDPA call per sequence. Outputs are scattered back to
   ``(B, L, D)``, so callers do not care. Input that is already packed (``position_ids`` /
   ``cu_seq_lens_q``, as transformers' ``DataCollatorWithFlattening`` emits it) stays packed.
 """
@@ -23,7 +22,7 @@ from __future__ import annotations
 import functools
 import math
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -114,7 +113,6 @@ class PackedBatch:
     indices: (
         torch.Tensor | None
     )  # (T,) flat positions of real tokens in the (B*L) grid; None if input was packed
-    _groups: dict = field(default_factory=dict, repr=False, compare=False)  # device -> _AttentionGroups
 
 
 @functools.cache
@@ -137,55 +135,6 @@ def _torch_varlen():
     return varlen_attn
 
 
-# Padding a sequence to its group's longest may cost this many extra attention scores per head (Lg^2 - n^2);
-# beyond that it runs in a group of its own. A round heuristic, not tuned: benchmarks/pretrain_speed.py
-# measures grouped against one call per sequence (-1 here).
-GROUPING_SLACK = 128 * 128
-
-
-@dataclass
-class _AttentionGroups:
-    """The CPU plan of a packed batch: sequences of similar length, each group padded to its longest."""
-
-    shapes: list[tuple[int, int]]  # per group (G sequences, padded length Lg)
-    # per group (G * Lg,) indices into the T packed tokens (a padding slot repeats a real token)
-    gather: list[torch.Tensor]
-    key_mask: list[torch.Tensor | None]  # per group (G, 1, 1, Lg) bool, None when all G have length Lg
-    scatter: torch.Tensor  # (T,) where each packed token lies in the concatenated (G * Lg) outputs
-
-
-def attention_groups(lengths: list[int], device) -> _AttentionGroups:
-    """Group sequences (longest first) so that padding each to its group's longest wastes at most
-    ``GROUPING_SLACK`` attention scores per sequence: one SDPA call per group instead of per sequence."""
-    starts = [0]
-    for n in lengths:
-        starts.append(starts[-1] + n)
-    order = sorted((i for i, n in enumerate(lengths) if n > 0), key=lambda i: -lengths[i])
-    groups: list[list[int]] = []
-    for i in order:
-        if groups and lengths[groups[-1][0]] ** 2 - lengths[i] ** 2 <= GROUPING_SLACK:
-            groups[-1].append(i)
-        else:
-            groups.append([i])
-    shapes, gather, key_mask = [], [], []
-    scatter = torch.empty(starts[-1], dtype=torch.long)
-    offset = 0  # of the group in the concatenated outputs
-    for g in groups:
-        width = lengths[g[0]]
-        n = torch.tensor([lengths[i] for i in g])
-        start = torch.tensor([starts[i] for i in g])
-        pos = torch.arange(width)
-        real = pos[None] < n[:, None]  # (G, Lg)
-        shapes.append((len(g), width))
-        gather.append((start[:, None] + torch.where(real, pos[None], 0)).flatten().to(device))
-        key_mask.append(None if bool(real.all()) else real[:, None, None, :].to(device))
-        for row, i in enumerate(g):
-            first = offset + row * width
-            scatter[starts[i] : starts[i] + lengths[i]] = torch.arange(first, first + lengths[i])
-        offset += len(g) * width
-    return _AttentionGroups(shapes, gather, key_mask, scatter.to(device))
-
-
 def packed_attention(q, k, v, packed: PackedBatch, flash_required: bool) -> torch.Tensor:
     """Attention confined to each sequence of a packed batch. q, k, v: (T, H, Dh) -> (T, H, Dh)."""
     if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
@@ -202,20 +151,20 @@ def packed_attention(q, k, v, packed: PackedBatch, flash_required: bool) -> torc
             "attn_implementation='flash_attention_2' needs a CUDA device, float16/bfloat16 activations and "
             "the flash-attn package; use attn_implementation='sdpa' (padding_free=True) elsewhere."
         )
-    # CPU (or float32 on CUDA): sequences of similar length gathered into padded groups, one SDPA call per
-    # group rather than one per sequence (a fixed cost per call that short documents cannot amortise).
-    if q.shape[0] == 0:
-        return q.new_zeros(q.shape)
-    plan = packed._groups.get(q.device)
-    if plan is None:
-        plan = packed._groups[q.device] = attention_groups(packed.lengths, q.device)
-    outs = []
-    for (G, width), gather, key_mask in zip(plan.shapes, plan.gather, plan.key_mask, strict=True):
-        # index_select rather than q[gather]: its backward is an index_add
-        qg, kg, vg = (t.index_select(0, gather).unflatten(0, (G, width)).transpose(1, 2) for t in (q, k, v))
-        o = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=key_mask)  # (G, H, Lg, Dh)
-        outs.append(o.transpose(1, 2).flatten(0, 1))  # (G * Lg, H, Dh)
-    return torch.cat(outs, dim=0).index_select(0, plan.scatter)
+    # CPU (or float32 on CUDA): one SDPA call per sequence over the packed tensor.
+    outs, start = [], 0
+    for n in packed.lengths:
+        if n == 0:
+            continue
+        sl = slice(start, start + n)
+        o = F.scaled_dot_product_attention(
+            q[sl].transpose(0, 1).unsqueeze(0),
+            k[sl].transpose(0, 1).unsqueeze(0),
+            v[sl].transpose(0, 1).unsqueeze(0),
+        )
+        outs.append(o[0].transpose(0, 1))
+        start += n
+    return torch.cat(outs, dim=0) if outs else q.new_zeros(q.shape)
 
 
 def padded_attention(q, k, v, key_mask: torch.Tensor | None, implementation: str, output_attentions: bool):
