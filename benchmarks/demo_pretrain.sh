@@ -82,3 +82,17 @@ for init in random-init pretrained; do
     neoembed mteb --model "$OUT/$init" --data-dir "$OUT/eval" --output "$OUT/scores/$init-not-finetuned"
 done
 neoembed mteb compare "$OUT"/scores/* --out "$OUT/compare"
+
+# How alike the mean-pooled embeddings of unrelated sentences are (1 = all the same direction), per model: the
+# first 500 sentences of the STS12 train split.
+python - "$OUT" "$SHARED/data/mteb/STS12/train.jsonl.gz" "$FT_LR" <<'PY'
+import gzip, json, sys
+import numpy as np
+import neoembed
+out, path, lr = sys.argv[1], sys.argv[2], sys.argv[3]
+texts = [json.loads(line)["sentence1"] for line in gzip.open(path, "rt")][:500]
+for name in ("random-init", "pretrained", f"finetuned-random-init-lr{lr}", f"finetuned-pretrained-lr{lr}"):
+    e = neoembed.load(f"{out}/{name}").encode(texts, normalize_embeddings=True)
+    c = e @ e.T
+    print(f"{name}: mean pairwise cosine {c[~np.eye(len(texts), dtype=bool)].mean():.3f}")
+PY
