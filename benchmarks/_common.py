@@ -57,6 +57,17 @@ def matmul_rate(device: str, dtype: torch.dtype, n: int, reps: int = 5) -> float
     return 2 * n**3 / t
 
 
+def linear_params(model) -> int:
+    return sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+
+
+def model_flops(model, tokens: int, attended: float) -> float:
+    """Forward FLOPs of ``tokens`` tokens that each attend to ``attended`` keys: 2 x (parameters of the linear
+    layers) per token, plus 4 x attended x hidden per token and layer (QK^T and attention x V)."""
+    cfg = model.config
+    return tokens * (2 * linear_params(model) + cfg.num_hidden_layers * 4 * attended * cfg.hidden_size)
+
+
 def real_texts(limit: int | None = None) -> list[str]:
     """Every text field of ../shared/data/**/*.jsonl.gz (sentences, questions, answers), in file order."""
     texts: list[str] = []

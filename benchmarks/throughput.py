@@ -21,7 +21,7 @@ import argparse
 import random
 
 import torch
-from _common import SHARED, header, matmul_rate, median_time, real_texts, write_results
+from _common import SHARED, header, matmul_rate, median_time, model_flops, real_texts, write_results
 from transformers import AutoTokenizer, BertConfig, BertModel, ModernBertConfig, ModernBertModel
 
 from neoembed.modeling import NeoBERTConfig, NeoBERTModel
@@ -48,15 +48,6 @@ def build(kind: str, device: str, dtype: torch.dtype, padding_free: bool = True,
     else:
         raise ValueError(f"unknown model {kind!r}; valid: neobert, modernbert, bert")
     return model.to(device=device, dtype=dtype).eval()
-
-
-def linear_params(model) -> int:
-    return sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
-
-
-def model_flops(model, tokens: int, attended: float) -> float:
-    cfg = model.config
-    return tokens * (2 * linear_params(model) + cfg.num_hidden_layers * 4 * attended * cfg.hidden_size)
 
 
 def forward_fn(model, ids, mask):
