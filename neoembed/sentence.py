@@ -137,14 +137,18 @@ class EmbeddingModel(SentenceTransformer):
             )
 
     def _create_model_card(self, path, model_name=None, train_datasets="deprecated") -> None:
+        # sentence-transformers writes its generated card, or the card the model was loaded with (a trainer's,
+        # naming the data and their licences); the loading section is then written for where the model now
+        # lives (the hub id on push_to_hub), so that its code runs as shown
         super()._create_model_card(path, model_name, train_datasets)
         readme = Path(path) / "README.md"
-        if readme.is_file() and _is_neobert(self):
-            text = readme.read_text(encoding="utf8")
-            if "## Loading with and without neoembed" not in text:
-                readme.write_text(
-                    text.rstrip() + "\n\n" + loading_section(model_name or str(path)), encoding="utf8"
-                )
+        if not readme.is_file():
+            return
+        text = readme.read_text(encoding="utf8")
+        neobert = _is_neobert(self)
+        if neobert or LOADING_HEADING in text:
+            model_id = self.model_card_data.model_id or model_name or str(path)
+            readme.write_text(with_loading_section(text, model_id, neobert), encoding="utf8")
 
 
 def _check_finite(out: Any) -> None:
@@ -325,24 +329,41 @@ def _remote_kind(name: str) -> str:
         ) from e
 
 
-def loading_section(model_id: str) -> str:
-    return f"""## Loading with and without neoembed
+LOADING_HEADING = "## Loading with and without neoembed"
 
-With neoembed installed (no remote code runs: neoembed provides the NeoBERT classes):
 
-```python
-import neoembed
-model = neoembed.load("{model_id}")
-embeddings = model.encode(["a sentence"])
-```
+def loading_section(model_id: str, neobert: bool = True) -> str:
+    """The model card's section on loading ``model_id`` with and without neoembed."""
+    if neobert:
+        without = (
+            "Without neoembed, the two NeoBERT files saved beside the weights are used:\n\n"
+            "```python\nfrom sentence_transformers import SentenceTransformer\n"
+            f'model = SentenceTransformer("{model_id}", trust_remote_code=True)\n```\n'
+        )
+        note = " (no remote code runs: neoembed provides the NeoBERT classes)"
+    else:
+        without = (
+            "Without neoembed it is a stock sentence-transformers model:\n\n"
+            "```python\nfrom sentence_transformers import SentenceTransformer\n"
+            f'model = SentenceTransformer("{model_id}")\n```\n'
+        )
+        note = ""
+    return (
+        f"{LOADING_HEADING}\n\nWith neoembed installed{note}:\n\n"
+        f'```python\nimport neoembed\nmodel = neoembed.load("{model_id}")\n'
+        'embeddings = model.encode(["a sentence"])\n```\n\n' + without
+    )
 
-Without neoembed, the two NeoBERT files saved beside the weights are used:
 
-```python
-from sentence_transformers import SentenceTransformer
-model = SentenceTransformer("{model_id}", trust_remote_code=True)
-```
-"""
+def with_loading_section(card: str, model_id: str, neobert: bool = True) -> str:
+    """``card`` with its loading section written for ``model_id``: replaced where present, else appended."""
+    section = loading_section(model_id, neobert)
+    start = card.find(LOADING_HEADING)
+    if start < 0:
+        return card.rstrip() + "\n\n" + section
+    end = card.find("\n## ", start + len(LOADING_HEADING))
+    rest = card[end + 1 :] if end >= 0 else ""
+    return card[:start] + section + ("\n" + rest if rest else "")
 
 
 def model_card_text(
@@ -352,6 +373,7 @@ def model_card_text(
     steps: int | None = None,
     scores: dict[str, float] | None = None,
     notes: str = "",
+    neobert: bool = True,
 ) -> str:
     """A model card (README.md) naming the base model, the training data and their licences, the training
     length, scores, and how to load the model with and without neoembed."""
@@ -391,7 +413,7 @@ def model_card_text(
         ]
     if notes:
         lines += ["", notes]
-    lines += ["", loading_section(model_id)]
+    lines += ["", loading_section(model_id, neobert)]
     return "\n".join(lines)
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -66,3 +68,31 @@ def minilm_path() -> Path:
 @pytest.fixture(scope="session")
 def block_neoembed() -> str:
     return BLOCK_NEOEMBED
+
+
+@pytest.fixture
+def fake_hub(monkeypatch, tmp_path) -> Path:
+    """``push_to_hub`` without a hub: the repository is created, the upload copies the folder that
+    sentence-transformers built to ``<returned folder>/<repo_id>``, and the hub has no README yet."""
+    import huggingface_hub
+    import sentence_transformers.base.model as st_model
+
+    hub = tmp_path / "hub"
+    original = st_model.load_file_path
+
+    def create_repo(self, repo_id, **kwargs):
+        return SimpleNamespace(repo_id=repo_id)
+
+    def upload_folder(self, repo_id, folder_path, **kwargs):
+        shutil.copytree(folder_path, hub / repo_id, dirs_exist_ok=True)
+        return SimpleNamespace(commit_url=f"{repo_id}@fake", pr_url=None)
+
+    def load_file_path(path, filename, *args, **kwargs):
+        if not Path(str(path)).exists():
+            return None  # nothing on this hub yet
+        return original(path, filename, *args, **kwargs)
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", create_repo)
+    monkeypatch.setattr(huggingface_hub.HfApi, "upload_folder", upload_folder)
+    monkeypatch.setattr(st_model, "load_file_path", load_file_path)
+    return hub

@@ -323,7 +323,7 @@ def _losses(out: Path):
     return [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_tiny_cde_recipe_trains_saves_reloads(tmp_path, tiny_official):
+def test_tiny_cde_recipe_trains_saves_reloads(tmp_path, tiny_official, fake_hub):
     out = tmp_path / "run"
     recipe = _recipe(
         out,
@@ -348,6 +348,13 @@ def test_tiny_cde_recipe_trains_saves_reloads(tmp_path, tiny_official):
     a = model.encode(DOCS, dataset_embeddings=e)
     b = model.encode(DOCS, dataset_embeddings="null")
     assert np.isfinite(a).all() and np.isfinite(b).all() and np.abs(a - b).max() > 1e-4
+    # pushed to the hub with the trainer's card (data and licences), its code naming the hub id
+    model.push_to_hub("someone/tiny-cde")
+    card = (fake_hub / "someone" / "tiny-cde" / "README.md").read_text()
+    assert "msrp_pairs" in card and "research use only" in card and str(tiny_official) in card
+    assert 'neoembed.load("someone/tiny-cde")' in card and "PATH" not in card
+    pushed = neoembed.load(fake_hub / "someone" / "tiny-cde")
+    assert np.abs(pushed.encode(DOCS, dataset_embeddings=e) - a).max() <= 1e-6
 
 
 def test_cde_resume_equals_uninterrupted(tmp_path, tiny_official):

@@ -277,8 +277,14 @@ def test_fp16_matches_fp32_on_tiny_neobert(tiny_official, shared_dir, tmp_path):
 def test_card_task_instruction_reaches_the_encoder(minilm, shared_dir, tmp_path):
     """mteb drops prompt keys naming unknown tasks; card tasks must still get their instruction."""
     cards = tmp_path / "cards"
-    _card_dir(tmp_path, shared_dir, "MSRP", "PairClassification", columns={"labels": "label"},
-              instruction="Retrieve text that is semantically similar to the given text.")
+    _card_dir(
+        tmp_path,
+        shared_dir,
+        "MSRP",
+        "PairClassification",
+        columns={"labels": "label"},
+        instruction="Retrieve text that is semantically similar to the given text.",
+    )
     a = _run(minilm, tmp_path / "a", data_dir=cards, instructions="paper").scores["MSRP"]["main_score"]
     b = _run(minilm, tmp_path / "b", data_dir=cards, instructions="none").scores["MSRP"]["main_score"]
     assert a != b

@@ -92,7 +92,9 @@ def _losses(out: Path):
     return [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_tiny_recipe_trains_saves_reloads_and_loss_decreases(tmp_path, tiny_official, block_neoembed):
+def test_tiny_recipe_trains_saves_reloads_and_loss_decreases(
+    tmp_path, tiny_official, block_neoembed, fake_hub
+):
     import neoembed
 
     recipe = _recipe(
@@ -124,6 +126,18 @@ def test_tiny_recipe_trains_saves_reloads_and_loss_decreases(tmp_path, tiny_offi
     card = (out / "README.md").read_text()
     assert "msrp_pairs" in card and "research use" in card and str(tiny_official) in card
     assert "trust_remote_code=True" in card
+    # pushed to the hub: the trainer's card (base model, data, licences) with loading code for the hub id
+    assert model.push_to_hub("someone/tiny-neobert") == "someone/tiny-neobert@fake"
+    pushed = fake_hub / "someone" / "tiny-neobert"
+    card = (pushed / "README.md").read_text()
+    assert "msrp_pairs" in card and "research use" in card and str(tiny_official) in card
+    assert 'neoembed.load("someone/tiny-neobert")' in card
+    assert 'SentenceTransformer("someone/tiny-neobert", trust_remote_code=True)' in card
+    assert card.count("## Loading with and without neoembed") == 1 and f'"{out.name}"' not in card
+    assert (pushed / "modeling_neobert.py").is_file() and (pushed / "configuration_neobert.py").is_file()
+    assert neoembed.load(pushed).encode(["a sentence"]) == pytest.approx(
+        model.encode(["a sentence"]), abs=1e-6
+    )
 
 
 def test_resume_equals_uninterrupted_and_seed_repeats(tmp_path, tiny_official):

@@ -99,16 +99,20 @@ class ContextualSentenceTransformer(EmbeddingModel):
         return super().encode(inputs, *args, dataset_embeddings=dataset_embeddings, **kwargs)
 
     def _create_model_card(self, path, model_name=None, train_datasets="deprecated") -> None:
-        # sentence-transformers' generated card runs encode() without a context; write a short one instead
+        # sentence-transformers' generated card runs encode() without a context: keep the card the model was
+        # loaded with (the trainer's, naming the data and their licences), else write a short one
         readme = Path(path) / "README.md"
-        if not readme.is_file():
-            readme.write_text(
-                "---\nlibrary_name: sentence-transformers\ntags: [contextual-document-embeddings, neoembed]\n---\n\n"
-                "# CDE model (neoembed)\n\nLoad with `neoembed.load(path)` (then `model.encode_context(docs)` and "
-                "`model.encode(texts, prompt_name=..., dataset_embeddings=E)`), or without neoembed with "
-                "`SentenceTransformer(path, trust_remote_code=True)`.\n",
-                encoding="utf8",
-            )
+        if readme.is_file():
+            return
+        card = self._model_card_text or (
+            "---\nlibrary_name: sentence-transformers\ntags: [contextual-document-embeddings, neoembed]\n---\n\n"
+            "# CDE model (neoembed)\n\nLoad with `neoembed.load(PATH)` (then `model.encode_context(docs)` and "
+            "`model.encode(texts, prompt_name=..., dataset_embeddings=E)`), or without neoembed with "
+            "`SentenceTransformer(PATH, trust_remote_code=True)`.\n"
+        )
+        model_id = self.model_card_data.model_id or model_name or str(path)
+        card = card.replace("load(PATH)", f'load("{model_id}")').replace("(PATH,", f'("{model_id}",')
+        readme.write_text(card, encoding="utf8")
 
     def save(self, path, *args, **kwargs):  # type: ignore[override]
         super().save(path, *args, **kwargs)

@@ -165,7 +165,11 @@ def _model_card(recipe: UnifiedRecipe, cards, output: Path) -> None:
         f"dataset sampling alpha {recipe.alpha}, batch size {recipe.batch_size}, max length {recipe.max_length}, "
         f"seed {recipe.seed}."
     )
-    text = model_card_text(output.name, recipe.model, datasets, steps=recipe.steps, notes=notes)
+    config = output / "config.json"
+    neobert = config.is_file() and json.loads(config.read_text()).get("model_type") == "neobert"
+    text = model_card_text(
+        output.name, recipe.model, datasets, steps=recipe.steps, notes=notes, neobert=neobert
+    )
     atomic_write_text(output / "README.md", text)
 
 
