@@ -232,3 +232,58 @@ def test_non_finite_output_raises_with_advice(tiny_official):
         model[0].auto_model.layer_norm.weight[0] = float("nan")
     with pytest.raises(NonFiniteEmbeddingError, match="bf16"):
         model.encode(["nan please"])
+
+
+def test_push_to_hub_writes_a_card_that_loads_the_pushed_id(tiny_official, fake_hub):
+    model = neoembed.load(tiny_official)
+    model.push_to_hub("someone/neobert-st")
+    pushed = fake_hub / "someone" / "neobert-st"
+    card = (pushed / "README.md").read_text()
+    assert str(tiny_official) in card  # the base model
+    assert 'neoembed.load("someone/neobert-st")' in card
+    assert 'SentenceTransformer("someone/neobert-st", trust_remote_code=True)' in card
+    assert (
+        json.loads((pushed / "config.json").read_text())["auto_map"]["AutoModel"]
+        == "modeling_neobert.NeoBERTModel"
+    )
+    assert np.abs(neoembed.load(pushed).encode(TEXTS) - model.encode(TEXTS)).max() <= 1e-6
+
+
+@pytest.mark.slow
+def test_a_fresh_virtual_environment_without_neoembed_gives_the_same_embeddings(saved, tmp_path):
+    """The check of the issue as a user would run it: a new venv with torch, transformers and
+    sentence-transformers from the package index (same versions as here) and no neoembed at all."""
+    import importlib.metadata as md
+    import os
+
+    path, expected = saved
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    py = venv / "bin" / "python"
+    pins = [f"{p}=={md.version(p).split('+')[0]}" for p in ("torch", "transformers", "sentence-transformers")]
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "PYTHONPATH")
+    }
+    r = subprocess.run(
+        [str(py), "-m", "pip", "install", "-q", *pins], capture_output=True, text=True, env=env
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = tmp_path / "e.npy"
+    code = textwrap.dedent(f"""
+        import importlib.util, numpy as np
+        assert importlib.util.find_spec('neoembed') is None, 'neoembed is installed in the fresh venv'
+        from sentence_transformers import SentenceTransformer
+        m = SentenceTransformer({str(path)!r}, trust_remote_code=True)
+        np.save({str(out)!r}, m.encode({TEXTS!r}, convert_to_numpy=True))
+    """)
+    r = subprocess.run(
+        [str(py), "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**env, "HF_HUB_OFFLINE": "1"},
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert np.abs(np.load(out) - expected).max() <= 1e-6
