@@ -66,3 +66,17 @@ def test_flash_attention_2_if_installed():
         b = fa(input_ids=ids, attention_mask=mask).last_hidden_state.float()
     m = mask.bool()
     assert (a - b)[m].norm() / a[m].norm() < 2e-2
+
+
+def test_sentence_transformers_packs_batches_itself_with_flash_attention(tiny_official):
+    """With flash-attn, sentence-transformers' own flattening feeds NeoBERT packed batches (no padding at all)."""
+    pytest.importorskip("flash_attn")
+    import neoembed
+
+    texts = ["short", "a somewhat longer sentence about encoders", "mid length text here"] * 5
+    padded = neoembed.load(tiny_official, dtype="bf16", device="cuda", padding_free=False)
+    model = neoembed.load(tiny_official, dtype="bf16", device="cuda", attn_implementation="flash_attention_2")
+    assert model._can_flatten_inputs()
+    a = torch.nn.functional.normalize(torch.as_tensor(padded.encode(texts, batch_size=4)), dim=-1)
+    b = torch.nn.functional.normalize(torch.as_tensor(model.encode(texts, batch_size=4)), dim=-1)
+    assert (a * b).sum(-1).min() >= 0.999

@@ -287,3 +287,32 @@ def test_a_fresh_virtual_environment_without_neoembed_gives_the_same_embeddings(
     )
     assert r.returncode == 0, r.stderr[-3000:]
     assert np.abs(np.load(out) - expected).max() <= 1e-6
+
+
+def test_sentence_transformers_flattening_equals_padded(tiny_official, monkeypatch):
+    """With flash attention on CUDA, sentence-transformers packs each batch itself (DataCollatorWithFlattening,
+    long and short texts interleaved) and NeoBERT takes the packed input. flash-attn is absent here, so the
+    packing is switched on by hand; the packed batches then run through the per-sequence CPU attention."""
+    import transformers.modeling_flash_attention_utils as fa
+    from sentence_transformers.base.modules import Transformer
+
+    texts = TEXTS + [" ".join(["a longer text with some more words in it"] * k) for k in (3, 9, 1)]
+    expected = neoembed.load(tiny_official, padding_free=False).encode(texts, batch_size=3)
+    model = neoembed.load(tiny_official)
+    assert not model._can_flatten_inputs()  # no flash attention requested
+    monkeypatch.setattr(Transformer, "_is_flash_attention_requested", lambda self: True)
+    monkeypatch.setattr(
+        fa, "lazy_import_flash_attention", lambda *a, **k: ((None, object(), None, None), None)
+    )
+    model[0].unpad_inputs = True
+    assert model._can_flatten_inputs()
+    seen, forward = [], model[0].auto_model.forward
+
+    def spy(**kwargs):  # sentence-transformers calls forward() directly, past any hook
+        seen.append(kwargs["input_ids"].shape)
+        return forward(**kwargs)
+
+    model[0].auto_model.forward = spy
+    got = model.encode(texts, batch_size=3)
+    assert seen and all(s[0] == 1 for s in seen)  # every batch arrived packed
+    assert np.abs(got - expected).max() <= 1e-5

@@ -276,6 +276,9 @@ class NeoBERTPreTrainedModel(PreTrainedModel):
     _no_split_modules = ["NeoBERTBlock"]
     _supports_sdpa = True
     _supports_flash_attn = True
+    # read by sentence-transformers (is_backend_compatible): with flash attention it then packs each batch itself
+    # (DataCollatorWithFlattening: position_ids, cu_seq_lens_q/k, max_length_q/k), which forward() accepts
+    _supports_attention_backend = True
 
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
