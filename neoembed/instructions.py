@@ -17,6 +17,7 @@ __all__ = [
     "format_with_instruction",
     "instruction_prefix",
     "load_instruction_set",
+    "paper_type_instruction",
     "task_prompts",
 ]
 
@@ -46,19 +47,31 @@ SIDED_TASK_TYPES = frozenset({"Retrieval", "Reranking", "InstructionRetrieval", 
 INSTRUCTION_SETS = ("paper", "none")
 
 
+def _paper_set() -> dict:
+    import json
+    from pathlib import Path
+
+    return json.loads((Path(__file__).parent / "instructions_paper.json").read_text(encoding="utf8"))
+
+
+def paper_type_instruction(task_type: str) -> str | None:
+    """The paper's instruction for a task its tables do not list, where the paper gives the tasks of that type
+    one instruction (STS: "Retrieve semantically similar text.", on 7 of its 8 STS tasks; BIOSSES adds "from the
+    biomedical field"); ``None`` for the other types, whose instructions are task-specific."""
+    return _paper_set()["type_defaults"].get(task_type)
+
+
 def load_instruction_set(spec: str | None) -> tuple[str, dict[str, str]]:
     """Resolve ``paper`` | ``none`` | a YAML/JSON file (task name -> instruction) to (label, mapping).
 
     ``paper`` is the NeoBERT paper's set (Tables 8-9), shipped with the package.
     """
-    import json
     from pathlib import Path
 
     if spec is None or spec == "none":
         return "none", {}
     if spec == "paper":
-        data = json.loads((Path(__file__).parent / "instructions_paper.json").read_text(encoding="utf8"))
-        return "paper", dict(data["instructions"])
+        return "paper", dict(_paper_set()["instructions"])
     path = Path(spec)
     if not path.is_file():
         raise ValueError(

@@ -40,7 +40,10 @@ def _run(model, tmp, **kw):
 
 @pytest.mark.parametrize("task", ["STS13", "STS16"])
 def test_anchor_sts_subset(minilm, shared_dir, tmp_path, task):
-    report = _run(minilm, tmp_path, data_dir=shared_dir / "data" / "mteb", tasks=[task])
+    if task == "STS13":  # a task name, its data in --data-dir
+        report = _run(minilm, tmp_path, data_dir=shared_dir / "data" / "mteb", tasks=[task])
+    else:  # a folder whose card.yaml names the mteb task it holds
+        report = _run(minilm, tmp_path, tasks=[str(shared_dir / "data" / "mteb" / task)])
     assert not report.failed
     assert abs(report.scores[task]["main_score"] - anchors(shared_dir)[task]) <= ANCHOR_TOL
 
@@ -75,6 +78,83 @@ def test_card_tasks_msrp_and_trecqa(minilm, shared_dir, tmp_path):
     assert 0.5 < report.scores["MSRP"]["main_score"] <= 1.0  # AP of cosine similarity
     assert 0.3 < report.scores["TrecQA"]["main_score"] <= 1.0  # MAP
     assert report.scores["MSRP"]["main_score_name"] == "max_ap"
+    # the same folders as they are, described only by their card.yaml (type, splits; `label` found for `labels`)
+    plain = _run(minilm, tmp_path / "plain", data_dir=shared_dir / "data" / "eval")
+    assert not plain.failed, plain.failed
+    for task in ("MSRP", "TrecQA"):
+        assert plain.scores[task]["main_score"] == pytest.approx(report.scores[task]["main_score"], abs=1e-9)
+
+
+def _dataset_card(folder: Path, **card) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "card.yaml").write_text(yaml.safe_dump(card))
+    return folder
+
+
+def _read_jsonl_gz(path: Path) -> list[dict]:
+    with gzip.open(path, "rt", encoding="utf8") as f:
+        return [json.loads(line) for line in f]
+
+
+def test_dataset_card_classification_and_clustering_on_real_text(minilm, shared_dir, tmp_path):
+    """Card tasks of the two remaining single-text types, on real sentences: TrecQA questions vs MSRP news
+    sentences (classification), and questions / news sentences / SICK image captions (clustering by source)."""
+    trec = _read_jsonl_gz(shared_dir / "data" / "eval" / "TrecQA" / "test.jsonl.gz")
+    msrp = _read_jsonl_gz(shared_dir / "data" / "eval" / "MSRP" / "test.jsonl.gz")
+    sick = _read_jsonl_gz(shared_dir / "data" / "mteb" / "SICK-R" / "test.jsonl.gz")
+    questions = [r["query"] for r in trec][:60]
+    news = [r["sentence1"].strip() for r in msrp][:60]
+    captions = list(dict.fromkeys(r["sentence1"] for r in sick))[:60]
+    data = tmp_path / "data"
+    cls = _dataset_card(
+        data / "QuestionOrNews",
+        name="QuestionOrNews",
+        task_type="classification",
+        splits={"train": 60, "test": 60},
+    )
+    rows = [{"sentence": q, "label": 1} for q in questions] + [{"sentence": n, "label": 0} for n in news]
+    _write_jsonl_gz(cls / "train.jsonl.gz", rows[::2])
+    _write_jsonl_gz(cls / "test.jsonl.gz", rows[1::2])
+    clu = _dataset_card(
+        data / "SentenceSources", name="SentenceSources", task_type="clustering", splits={"test": 180}
+    )
+    rows = [
+        {"sentences": t, "label": k} for k, texts in enumerate((questions, news, captions)) for t in texts
+    ]
+    _write_jsonl_gz(clu / "test.jsonl.gz", rows)
+    report = _run(minilm, tmp_path / "out", data_dir=data)
+    assert not report.failed, report.failed
+    assert report.scores["QuestionOrNews"]["main_score_name"] == "accuracy"
+    assert report.scores["QuestionOrNews"]["main_score"] > 0.9
+    assert report.scores["SentenceSources"]["main_score_name"] == "v_measure"
+    assert 0.2 < report.scores["SentenceSources"]["main_score"] <= 1.0
+
+
+def test_local_sts_task_gets_the_papers_sts_instruction(tiny_official, shared_dir, tmp_path):
+    """The paper gives its general-domain STS tasks one instruction; an STS task it does not list gets it."""
+    import neoembed
+    from neoembed.instructions import paper_type_instruction
+
+    paper = load_instruction_set("paper")[1]
+    sts = {k: v for k, v in paper.items() if k.startswith("STS") or k in ("SICK-R", "BIOSSES")}
+    shared = [k for k, v in sts.items() if v == paper_type_instruction("STS")]
+    assert len(sts) == 8 and sorted(set(sts) - set(shared)) == ["BIOSSES"]
+    folder = tmp_path / "data" / "MySTS"
+    _dataset_card(folder, name="MySTS", task_type="sts", splits={"test": 1500})
+    (folder / "test.jsonl.gz").symlink_to(shared_dir / "data" / "mteb" / "STS13" / "test.jsonl.gz")
+    model = neoembed.load(tiny_official)
+    with_paper = _run(model, tmp_path / "a", data_dir=tmp_path / "data", instructions="paper")
+    without = _run(model, tmp_path / "b", data_dir=tmp_path / "data", instructions="none")
+    assert with_paper.scores["MySTS"]["instruction"] == paper_type_instruction("STS")
+    assert without.scores["MySTS"]["instruction"] is None
+    assert with_paper.scores["MySTS"]["main_score"] != without.scores["MySTS"]["main_score"]
+
+
+def test_dataset_card_that_is_not_an_evaluation_task(minilm, shared_dir, tmp_path):
+    folder = _dataset_card(tmp_path / "data" / "pairs", name="pairs", task_type="pairs", splits={"train": 3})
+    report = _run(minilm, tmp_path / "out", data_dir=tmp_path / "data")
+    assert "pairs" in report.failed and "not an evaluation task" in report.failed["pairs"]
+    assert folder.is_dir()
 
 
 def _write_jsonl_gz(path: Path, rows):

@@ -20,8 +20,14 @@ import torch
 
 from neoembed.eval.cde import task_context
 from neoembed.eval.local_data import LocalDataError, point_task_at
-from neoembed.eval.task_cards import CARD_FILE, build_card_task, load_task_card
-from neoembed.instructions import DEFAULT_TEMPLATE, load_instruction_set, task_prompts
+from neoembed.eval.task_cards import (
+    CARD_FILE,
+    DATASET_CARD_FILE,
+    build_card_task,
+    dataset_card_task,
+    load_task_card,
+)
+from neoembed.instructions import DEFAULT_TEMPLATE, load_instruction_set, paper_type_instruction, task_prompts
 from neoembed.record import atomic_write_text, write_run_record
 
 __all__ = ["EvalConfig", "EvalReport", "resolve_tasks", "run_mteb"]
@@ -67,16 +73,25 @@ class _Unresolvable:
 
 
 def _task_from_dir(name: str, folder: Path):
+    """A task folder: its task card, else its dataset card (an mteb task's data or a task of its type), else
+    the data of the mteb task the folder is named after."""
     import mteb
 
     if (folder / CARD_FILE).is_file():
         card, data = load_task_card(folder)
         return build_card_task(card, data), card.instruction
+    if (folder / DATASET_CARD_FILE).is_file():
+        described = dataset_card_task(folder)
+        if not isinstance(described, str):
+            card, data = described
+            return build_card_task(card, data), card.instruction
+        name = described
     try:
         task = mteb.get_task(name)
     except Exception as e:  # mteb raises KeyError/ValueError for unknown names
         raise LocalDataError(
-            f"{folder} is neither an mteb task name nor a folder with a {CARD_FILE} task card ({e})"
+            f"{folder}: {name!r} is not an mteb task name, and the folder has no {CARD_FILE} task card "
+            f"(or {DATASET_CARD_FILE} dataset card) saying what task it holds ({e})"
         ) from None
     return point_task_at(task, folder), None
 
@@ -109,9 +124,12 @@ def resolve_tasks(cfg: EvalConfig) -> list[tuple[object, str | None]]:
     else:
         for spec in cfg.tasks or []:
             p = Path(spec)
-            if p.suffix in (".yaml", ".yml") or (p.is_dir() and (p / CARD_FILE).is_file()):
+            if p.suffix in (".yaml", ".yml") and p.name != DATASET_CARD_FILE:
                 card, data = load_task_card(p)
                 out.append((build_card_task(card, data), card.instruction))
+            elif p.is_dir() or p.name == DATASET_CARD_FILE:
+                folder = p if p.is_dir() else p.parent
+                out.append(_task_from_dir(folder.name, folder))
         names = [
             t for t in cfg.tasks or [] if Path(t).suffix not in (".yaml", ".yml") and not Path(t).is_dir()
         ]
@@ -207,6 +225,8 @@ def run_mteb(cfg: EvalConfig, model=None) -> EvalReport:
             report.skipped.append(name)
             continue
         instruction = None if label == "none" else instruction_map.get(name, card_instruction)
+        if instruction is None and label == "paper":
+            instruction = paper_type_instruction(ttype)
         prompts = task_prompts(name, ttype, instruction, cfg.template, registered=_is_registered(name))
         with warnings.catch_warnings():  # mteb nags when a model has no generic query/document prompts
             warnings.simplefilter("ignore", UserWarning)

@@ -3,7 +3,7 @@
 A task card (``task.yaml`` in the data folder, or any ``*.yaml`` passed to ``--tasks``)::
 
     name: MSRP                          # task name used in results and prompts
-    type: PairClassification            # STS | PairClassification | Reranking | Retrieval
+    type: PairClassification            # STS | PairClassification | Reranking | Retrieval | Classification | Clustering
     data: ../shared/data/eval/MSRP      # folder with the split files; relative to the card (default: its folder)
     eval_splits: [test]
     columns: {sentence1: sentence1, sentence2: sentence2, labels: label}   # mteb column <- file column
@@ -13,9 +13,15 @@ A task card (``task.yaml`` in the data folder, or any ``*.yaml`` passed to ``--t
     score_range: [0, 5]                 # STS only: min and max gold score
 
 Column names mteb expects, per type: STS ``sentence1, sentence2, score``; PairClassification ``sentence1,
-sentence2, labels`` (0/1); Reranking ``query, positive, negative`` (lists of texts); Retrieval uses mteb's own
-files (``corpus`` with ``_id, title, text``; ``queries`` with ``_id, text``; ``qrels/<split>`` with
-``query-id, corpus-id, score``) and no column mapping.
+sentence2, labels`` (0/1); Reranking ``query, positive, negative`` (lists of texts); Classification ``text, label``
+(a ``train_split`` to fit the classifier on, default ``train``); Clustering ``sentences, labels``; Retrieval uses
+mteb's own files (``corpus`` with ``_id, title, text``; ``queries`` with ``_id, text``; ``qrels/<split>`` with
+``query-id, corpus-id, score``) and no column mapping. A column the card does not map is also found under its
+usual other name (``label`` for ``labels``, ``positives`` for ``positive``, ``sentence`` for ``text``, ...).
+
+A data folder described by a dataset card instead (``card.yaml``: ``name``, ``task_type`` such as ``sts``,
+``pair_classification``, ``reranking``; ``mteb_task`` when it is an mteb task's data; ``splits``) runs without a
+task card: as that mteb task, or as a card task of its type (see :func:`dataset_card_task`).
 """
 
 from __future__ import annotations
@@ -29,21 +35,52 @@ from pydantic import ValidationError
 from neoembed.eval.local_data import LocalDataError, local_dataset_repo
 from neoembed.recipe import RecipeError, StrictModel, format_validation_error
 
-__all__ = ["CARD_FILE", "TaskCard", "build_card_task", "load_task_card"]
+__all__ = [
+    "CARD_FILE",
+    "DATASET_CARD_FILE",
+    "TaskCard",
+    "build_card_task",
+    "dataset_card_task",
+    "load_task_card",
+]
 
 CARD_FILE = "task.yaml"
-TaskType = Literal["STS", "PairClassification", "Reranking", "Retrieval"]
+DATASET_CARD_FILE = "card.yaml"
+TaskType = Literal["STS", "PairClassification", "Reranking", "Retrieval", "Classification", "Clustering"]
 EXPECTED_COLUMNS = {
     "STS": ("sentence1", "sentence2", "score"),
     "PairClassification": ("sentence1", "sentence2", "labels"),
     "Reranking": ("query", "positive", "negative"),
     "Retrieval": (),  # mteb's own layout: corpus (_id, title, text), queries (_id, text), qrels (query-id, corpus-id, score)
+    "Classification": ("text", "label"),
+    "Clustering": ("sentences", "labels"),
 }
 DEFAULT_MAIN_SCORE = {
     "STS": "cosine_spearman",
     "PairClassification": "max_ap",
     "Reranking": "map_at_1000",
     "Retrieval": "ndcg_at_10",
+    "Classification": "accuracy",
+    "Clustering": "v_measure",
+}
+# the other names a column goes by in data files; used where a card maps nothing for it
+COLUMN_ALIASES = {
+    "labels": ("label",),
+    "label": ("labels",),
+    "score": ("similarity", "gold_score"),
+    "positive": ("positives", "pos"),
+    "negative": ("negatives", "neg"),
+    "text": ("sentence", "sentences"),
+    "sentences": ("sentence", "text"),
+}
+# dataset cards (card.yaml) name their task type in snake case
+DATASET_CARD_TYPES = {
+    "sts": "STS",
+    "pair_classification": "PairClassification",
+    "reranking": "Reranking",
+    "retrieval": "Retrieval",
+    "classification": "Classification",
+    "clustering": "Clustering",
 }
 
 
@@ -58,6 +95,7 @@ class TaskCard(StrictModel):
     description: str = "A local task described by a neoembed task card."
     score_range: tuple[float, float] = (0.0, 5.0)
     license: str | None = None
+    train_split: str = "train"
 
 
 def load_task_card(path: str | Path) -> tuple[TaskCard, Path]:
@@ -78,18 +116,62 @@ def load_task_card(path: str | Path) -> tuple[TaskCard, Path]:
     return card, data
 
 
+def dataset_card_task(folder: str | Path) -> tuple[TaskCard, Path] | str:
+    """The task a folder described by a dataset card (``card.yaml``) holds: the name of the mteb task whose data
+    it is (``mteb_task``), or a task card of its ``task_type`` over the folder (evaluated on ``test`` when the
+    card lists that split, else on every split but ``train``)."""
+    folder = Path(folder)
+    path = folder / DATASET_CARD_FILE
+    raw = yaml.safe_load(path.read_text(encoding="utf8")) or {}
+    if not isinstance(raw, dict):
+        raise LocalDataError(f"{path} is not a mapping")
+    if raw.get("mteb_task"):
+        return str(raw["mteb_task"])
+    kind = str(raw.get("task_type", "")).lower()
+    if kind not in DATASET_CARD_TYPES:
+        raise LocalDataError(
+            f"{path}: task_type {raw.get('task_type')!r} is not an evaluation task; valid: "
+            f"{sorted(DATASET_CARD_TYPES)} (or set mteb_task)"
+        )
+    splits = list(raw.get("splits") or {}) or ["test"]
+    eval_splits = ["test"] if "test" in splits else [s for s in splits if s != "train"]
+    if not eval_splits:
+        raise LocalDataError(f"{path}: no evaluation split among {splits}")
+    card = TaskCard(
+        name=str(raw.get("name") or folder.name),
+        type=DATASET_CARD_TYPES[kind],
+        eval_splits=eval_splits,
+        description=str(
+            raw.get("format") or f"Local data in {folder.name}, described by its {DATASET_CARD_FILE}."
+        ),
+        license=str(raw["license"]) if raw.get("license") else None,
+        instruction=raw.get("instruction"),
+    )
+    return card, folder.resolve()
+
+
+def _column_source(card: TaskCard, column: str, available: list[str]) -> str:
+    """The file column that feeds mteb's ``column``: the card's mapping, the column itself, or an alias."""
+    if column in card.columns:
+        return card.columns[column]
+    if column in available:
+        return column
+    return next((a for a in COLUMN_ALIASES.get(column, ()) if a in available), column)
+
+
 def _load_renamed(card: TaskCard, data: Path):
     import datasets
 
     repo = local_dataset_repo(data)
     ds = datasets.load_dataset(str(repo))
-    missing_splits = [s for s in card.eval_splits if s not in ds]
+    splits = card.eval_splits + ([card.train_split] if card.type == "Classification" else [])
+    missing_splits = [s for s in splits if s not in ds]
     if missing_splits:
         raise LocalDataError(f"task {card.name}: split(s) {missing_splits} not in {data} (found {list(ds)})")
     out = {}
-    for split in card.eval_splits:
+    for split in dict.fromkeys(splits):
         d = ds[split]
-        mapping = {card.columns.get(c, c): c for c in EXPECTED_COLUMNS[card.type]}
+        mapping = {_column_source(card, c, d.column_names): c for c in EXPECTED_COLUMNS[card.type]}
         missing = [src for src in mapping if src not in d.column_names]
         if missing:
             raise LocalDataError(
@@ -108,7 +190,7 @@ def build_card_task(card: TaskCard, data: Path):
     from mteb.abstasks.task_metadata import TaskMetadata
     from mteb.abstasks.text import reranking
 
-    metadata = TaskMetadata(
+    fields = dict(
         name=card.name,
         description=card.description,
         dataset={"path": str(data), "revision": "local"},
@@ -121,6 +203,14 @@ def build_card_task(card: TaskCard, data: Path):
         license=card.license,
         prompt=card.instruction,
     )
+    try:
+        metadata = TaskMetadata(**fields)
+    except ValidationError as e:
+        if not card.license or not any(err["loc"][:1] == ("license",) for err in e.errors()):
+            raise
+        # mteb takes an SPDX-like name or a URL; a licence in words goes into the description instead
+        fields.update(license=None, description=f"{card.description} Licence: {card.license}")
+        metadata = TaskMetadata(**fields)
 
     if card.type == "Retrieval":
         from mteb.abstasks.retrieval import AbsTaskRetrieval
@@ -146,7 +236,15 @@ def build_card_task(card: TaskCard, data: Path):
 
         cls = CardReranking
     else:
-        base = AbsTaskSTS if card.type == "STS" else AbsTaskPairClassification
+        from mteb.abstasks.classification import AbsTaskClassification
+        from mteb.abstasks.clustering import AbsTaskClustering
+
+        base = {
+            "STS": AbsTaskSTS,
+            "PairClassification": AbsTaskPairClassification,
+            "Classification": AbsTaskClassification,
+            "Clustering": AbsTaskClustering,
+        }[card.type]
 
         class CardTask(base):  # type: ignore[valid-type,misc]
             def load_data(self, num_proc=None, **kwargs):
@@ -157,6 +255,10 @@ def build_card_task(card: TaskCard, data: Path):
 
         if card.type == "STS":
             CardTask.min_score, CardTask.max_score = card.score_range
+        elif card.type == "Classification":
+            CardTask.train_split = card.train_split
+        elif card.type == "Clustering":  # local sets are small: cluster every document, not mteb's 4% sample
+            CardTask.max_fraction_of_documents_to_embed = None
         cls = CardTask
     cls.metadata = metadata
     cls.__name__ = f"Card{card.type}_{card.name}"
