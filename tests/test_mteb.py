@@ -85,6 +85,26 @@ def test_card_tasks_msrp_and_trecqa(minilm, shared_dir, tmp_path):
         assert plain.scores[task]["main_score"] == pytest.approx(report.scores[task]["main_score"], abs=1e-9)
 
 
+def test_mteb_task_data_in_the_card_layout_falls_back_to_a_card_task(minilm, shared_dir, tmp_path, caplog):
+    """A folder whose card names an mteb task but holds the rows in the card's layout (sentence1, sentence2,
+    label) rather than the hub's (SprintDuplicateQuestions renames sent1/sent2): read as a card task under the
+    mteb task's name, splits and main score."""
+    folder = _dataset_card(
+        tmp_path / "data" / "SprintDuplicateQuestions",
+        mteb_task="SprintDuplicateQuestions",
+        task_type="pair_classification",
+        splits={"test": 1725},
+    )
+    (folder / "test.jsonl.gz").symlink_to(shared_dir / "data" / "eval" / "MSRP" / "test.jsonl.gz")
+    report = _run(minilm, tmp_path / "out", data_dir=tmp_path / "data")
+    assert not report.failed, report.failed
+    assert "does not read this folder" in caplog.text
+    entry = report.scores["SprintDuplicateQuestions"]
+    assert entry["main_score_name"] == "max_ap" and entry["type"] == "PairClassification"
+    msrp = _run(minilm, tmp_path / "msrp", data_dir=shared_dir / "data" / "eval", tasks=["MSRP"])
+    assert entry["main_score"] == pytest.approx(msrp.scores["MSRP"]["main_score"], abs=1e-9)
+
+
 def _dataset_card(folder: Path, **card) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "card.yaml").write_text(yaml.safe_dump(card))

@@ -80,12 +80,12 @@ def _task_from_dir(name: str, folder: Path):
     if (folder / CARD_FILE).is_file():
         card, data = load_task_card(folder)
         return build_card_task(card, data), card.instruction
+    card = None
     if (folder / DATASET_CARD_FILE).is_file():
-        described = dataset_card_task(folder)
-        if not isinstance(described, str):
-            card, data = described
-            return build_card_task(card, data), card.instruction
-        name = described
+        mteb_name, card = dataset_card_task(folder)
+        if mteb_name is None:
+            return build_card_task(card, folder.resolve()), card.instruction
+        name = mteb_name
     try:
         task = mteb.get_task(name)
     except Exception as e:  # mteb raises KeyError/ValueError for unknown names
@@ -93,7 +93,27 @@ def _task_from_dir(name: str, folder: Path):
             f"{folder}: {name!r} is not an mteb task name, and the folder has no {CARD_FILE} task card "
             f"(or {DATASET_CARD_FILE} dataset card) saying what task it holds ({e})"
         ) from None
-    return point_task_at(task, folder), None
+    task = point_task_at(task, folder)
+    if card is None or task.metadata.type != card.type:
+        return task, None
+    try:  # mteb's loader expects the hub dataset's own columns; the folder may hold its card's layout
+        task.load_data()
+    except Exception as e:
+        logger.warning(
+            "%s: mteb's loader for %s does not read this folder (%s: %s); reading it as a %s task in the "
+            "layout of its %s, with the task's splits and main score",
+            folder,
+            name,
+            type(e).__name__,
+            e,
+            card.type,
+            DATASET_CARD_FILE,
+        )
+        update = {"eval_splits": list(task.metadata.eval_splits), "main_score": task.metadata.main_score}
+        if card.type == "STS":
+            update["score_range"] = (getattr(task, "min_score", 0.0), getattr(task, "max_score", 5.0))
+        return build_card_task(card.model_copy(update=update), folder.resolve()), card.instruction
+    return task, None
 
 
 def resolve_tasks(cfg: EvalConfig) -> list[tuple[object, str | None]]:

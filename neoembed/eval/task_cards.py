@@ -116,19 +116,23 @@ def load_task_card(path: str | Path) -> tuple[TaskCard, Path]:
     return card, data
 
 
-def dataset_card_task(folder: str | Path) -> tuple[TaskCard, Path] | str:
-    """The task a folder described by a dataset card (``card.yaml``) holds: the name of the mteb task whose data
-    it is (``mteb_task``), or a task card of its ``task_type`` over the folder (evaluated on ``test`` when the
-    card lists that split, else on every split but ``train``)."""
+def dataset_card_task(folder: str | Path) -> tuple[str | None, TaskCard | None]:
+    """What a folder described by a dataset card (``card.yaml``) holds: ``(mteb task name, card task)``.
+
+    The name is the card's ``mteb_task`` (``None`` if it has none); the card task reads the folder as a task of
+    the card's ``task_type`` (``None`` when that type is not one a card task can be; an error when there is no
+    mteb task either), evaluated on ``test`` when the card lists that split, else on every split but ``train``.
+    """
     folder = Path(folder)
     path = folder / DATASET_CARD_FILE
     raw = yaml.safe_load(path.read_text(encoding="utf8")) or {}
     if not isinstance(raw, dict):
         raise LocalDataError(f"{path} is not a mapping")
-    if raw.get("mteb_task"):
-        return str(raw["mteb_task"])
+    mteb_task = str(raw["mteb_task"]) if raw.get("mteb_task") else None
     kind = str(raw.get("task_type", "")).lower()
     if kind not in DATASET_CARD_TYPES:
+        if mteb_task:
+            return mteb_task, None
         raise LocalDataError(
             f"{path}: task_type {raw.get('task_type')!r} is not an evaluation task; valid: "
             f"{sorted(DATASET_CARD_TYPES)} (or set mteb_task)"
@@ -138,7 +142,7 @@ def dataset_card_task(folder: str | Path) -> tuple[TaskCard, Path] | str:
     if not eval_splits:
         raise LocalDataError(f"{path}: no evaluation split among {splits}")
     card = TaskCard(
-        name=str(raw.get("name") or folder.name),
+        name=mteb_task or str(raw.get("name") or folder.name),
         type=DATASET_CARD_TYPES[kind],
         eval_splits=eval_splits,
         description=str(
@@ -147,7 +151,7 @@ def dataset_card_task(folder: str | Path) -> tuple[TaskCard, Path] | str:
         license=str(raw["license"]) if raw.get("license") else None,
         instruction=raw.get("instruction"),
     )
-    return card, folder.resolve()
+    return mteb_task, card
 
 
 def _column_source(card: TaskCard, column: str, available: list[str]) -> str:
