@@ -45,6 +45,8 @@ def test_quickstart_end_to_end_tiny_backbone(tmp_path, tiny_official):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "PythonDocsRetrieval nDCG@10" in r.stdout and "before" in r.stdout and "after 2 steps" in r.stdout
     assert "encode([...]) -> array of shape (2, 64)" in r.stdout
+    rows = [line for line in r.stdout.splitlines() if line.startswith("| ") and "nDCG" not in line]
+    assert [row.split("|")[2].strip() for row in rows] == ["none", "yes", "yes"]  # the fair baseline too
     assert (tmp_path / "model" / "model.safetensors").is_file()
     assert (tmp_path / "results" / "quickstart.md").is_file()
 
