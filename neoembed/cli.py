@@ -92,7 +92,18 @@ _attach_optional()
 
 
 def main() -> None:
-    app()
+    """Run the command line. Bad input (a missing path, an unusable model folder, a recipe, card or data error;
+    neoembed's own errors derive from ValueError or OSError) ends with its message and exit code 2, not a
+    traceback; ``NEOEMBED_DEBUG=1`` shows the traceback."""
+    import os
+
+    try:
+        app()
+    except (ValueError, OSError) as e:
+        if os.environ.get("NEOEMBED_DEBUG"):
+            raise
+        typer.echo(f"error: {e}\n(NEOEMBED_DEBUG=1 shows the traceback)", err=True)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

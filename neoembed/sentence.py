@@ -260,6 +260,8 @@ def load(
     path = Path(name_or_path)
     if path.exists():
         kind = _local_kind(path, tokenizer)
+    elif name_or_path.startswith(("/", ".", "~")) or name_or_path.count("/") > 1:
+        raise FileNotFoundError(f"{name_or_path} does not exist (hub ids look like 'org/name')")
     else:
         kind = _remote_kind(str(name_or_path))
 

@@ -216,6 +216,16 @@ def test_truncation_warns_once(tiny_official):
 def test_not_a_model_and_missing_tokenizer(tiny_official, tmp_path):
     with pytest.raises(FileNotFoundError, match="is not a model"):
         neoembed.load(tmp_path)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        neoembed.load(tmp_path / "typo")
+    # on the command line: the message and exit code 2, no traceback
+    r = subprocess.run(
+        [sys.executable, "-m", "neoembed", "mteb", "--model", str(tmp_path), "--tasks", "STS13"],
+        capture_output=True,
+        text=True,
+        env=_env(),
+    )
+    assert r.returncode == 2 and "is not a model" in r.stderr and "Traceback" not in r.stderr, r.stderr
     bare = tmp_path / "bare"
     bare.mkdir()
     for f in ("config.json", "model.safetensors"):
