@@ -267,6 +267,8 @@ DDP_SCRIPT = textwrap.dedent("""
         v = value.detach()
     if rank == 0:
         torch.save({"loss": float(v), "grad": grad, "world": world}, sys.argv[2])
+    acc.wait_for_everyone()
+    acc.end_training()  # destroys the process group: gloo left to interpreter shutdown can abort the process
 """)
 
 

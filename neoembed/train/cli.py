@@ -47,7 +47,18 @@ def train_command(
             typer.echo(f"training stopped: {e}", err=True)
             raise typer.Exit(1) from None
         raise
+    _release_process_group()
     typer.echo(f"done: {out}")
+
+
+def _release_process_group() -> None:
+    """After a run that succeeded on every rank: meet, then tear torch.distributed down. A gloo group left to the
+    interpreter's shutdown can abort a finished process ('terminate called without an active exception')."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def _resolve_model_path(recipe, recipe_dir: Path):
