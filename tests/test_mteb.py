@@ -170,11 +170,18 @@ def test_local_sts_task_gets_the_papers_sts_instruction(tiny_official, shared_di
     assert with_paper.scores["MySTS"]["main_score"] != without.scores["MySTS"]["main_score"]
 
 
-def test_dataset_card_that_is_not_an_evaluation_task(minilm, shared_dir, tmp_path):
-    folder = _dataset_card(tmp_path / "data" / "pairs", name="pairs", task_type="pairs", splits={"train": 3})
-    report = _run(minilm, tmp_path / "out", data_dir=tmp_path / "data")
-    assert "pairs" in report.failed and "not an evaluation task" in report.failed["pairs"]
-    assert folder.is_dir()
+def test_task_folders_in_groups_and_training_data_skipped(minilm, shared_dir, tmp_path):
+    """--data-dir ../shared/data: the tasks of mteb/ and eval/; train/ holds training pairs, skipped unless named."""
+    from neoembed.eval.runner import task_folders
+
+    data = shared_dir / "data"
+    assert task_folders(data) == {
+        **{t: data / "mteb" / t for t in ("SICK-R", "STS12", "STS13", "STS14", "STS15", "STS16")},
+        **{t: data / "eval" / t for t in ("MSRP", "TrecQA")},
+    }
+    report = _run(minilm, tmp_path / "out", data_dir=data, tasks=["TrecQA", "msrp_pairs"])
+    assert report.scores["TrecQA"]["type"] == "Reranking"
+    assert "not an evaluation task" in report.failed["msrp_pairs"]  # named explicitly: an error, not a skip
 
 
 def _write_jsonl_gz(path: Path, rows):

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-__all__ = ["LocalDataError", "local_dataset_repo", "point_task_at"]
+__all__ = ["LocalDataError", "is_data_file", "local_dataset_repo", "point_task_at"]
 
 SPLIT_NAMES = ("train", "dev", "validation", "test")
 FORMATS = {
@@ -48,6 +48,11 @@ def _suffix(path: Path) -> str | None:
         if name.endswith(ext):
             return ext
     return None
+
+
+def is_data_file(path: Path) -> bool:
+    """Whether ``path`` is a split or config file this module serves (by its extension)."""
+    return path.name not in IGNORED and _suffix(path) is not None
 
 
 def _data_files(folder: Path) -> dict[str, Path]:

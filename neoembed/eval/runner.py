@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from neoembed.eval.cde import task_context
-from neoembed.eval.local_data import LocalDataError, point_task_at
+from neoembed.eval.local_data import LocalDataError, is_data_file, point_task_at
 from neoembed.eval.task_cards import (
     CARD_FILE,
     DATASET_CARD_FILE,
@@ -30,7 +30,7 @@ from neoembed.eval.task_cards import (
 from neoembed.instructions import DEFAULT_TEMPLATE, load_instruction_set, paper_type_instruction, task_prompts
 from neoembed.record import atomic_write_text, write_run_record
 
-__all__ = ["EvalConfig", "EvalReport", "resolve_tasks", "run_mteb"]
+__all__ = ["EvalConfig", "EvalReport", "resolve_tasks", "run_mteb", "task_folders"]
 
 logger = logging.getLogger(__name__)
 PRECISIONS = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": None}
@@ -116,6 +116,46 @@ def _task_from_dir(name: str, folder: Path):
     return task, None
 
 
+def _is_group(folder: Path) -> bool:
+    """Whether ``folder`` holds task folders (each with its own card) rather than one task's files."""
+    if any((folder / f).is_file() for f in (CARD_FILE, DATASET_CARD_FILE, "README.md")):
+        return False
+    if any(p.is_file() and is_data_file(p) for p in folder.iterdir()):
+        return False
+    subfolders = [p for p in folder.iterdir() if p.is_dir()]
+    return any(
+        (p / CARD_FILE).is_file() or (p / DATASET_CARD_FILE).is_file() or _is_group(p) for p in subfolders
+    )
+
+
+def _find_task_folders(data_dir: Path, skip: bool):
+    for folder in sorted(p for p in data_dir.iterdir() if p.is_dir()):
+        if _is_group(folder):
+            yield from _find_task_folders(folder, skip)
+            continue
+        if skip and (folder / DATASET_CARD_FILE).is_file() and not (folder / CARD_FILE).is_file():
+            try:
+                dataset_card_task(folder)
+            except LocalDataError as e:  # training data, say: not a task to run
+                logger.warning("skipped %s: %s", folder, e)
+                continue
+        yield folder
+
+
+def task_folders(data_dir: str | Path, skip_non_tasks: bool = True) -> dict[str, Path]:
+    """Task name -> folder under ``data_dir``: its sub-folders that hold a task, and those of sub-folders that only
+    group tasks (``data/mteb/STS13``, ``data/eval/MSRP``). Folders whose dataset card describes something other
+    than an evaluation task (training pairs) are skipped with a warning, unless ``skip_non_tasks`` is False."""
+    found: dict[str, Path] = {}
+    for folder in _find_task_folders(Path(data_dir), skip_non_tasks):
+        if folder.name in found:
+            raise LocalDataError(
+                f"two task folders are named {folder.name}: {found[folder.name]} and {folder}"
+            )
+        found[folder.name] = folder
+    return found
+
+
 def resolve_tasks(cfg: EvalConfig) -> list[tuple[object, str | None]]:
     """(mteb task, card instruction or None) for the run; with a data dir, tasks come from its folders."""
     import mteb
@@ -125,13 +165,16 @@ def resolve_tasks(cfg: EvalConfig) -> list[tuple[object, str | None]]:
         data_dir = Path(cfg.data_dir)
         if not data_dir.is_dir():
             raise LocalDataError(f"--data-dir {data_dir} does not exist")
-        names = cfg.tasks or sorted(p.name for p in data_dir.iterdir() if p.is_dir())
+        found = task_folders(
+            data_dir, skip_non_tasks=not cfg.tasks
+        )  # a task asked for by name is never skipped
+        names = cfg.tasks or list(found)
         if not names:
             raise LocalDataError(
                 f"--data-dir {data_dir} has no task folders (one folder per task, named after it)"
             )
         for name in names:
-            folder = data_dir / name
+            folder = found.get(name, data_dir / name)
             if not folder.is_dir():
                 raise LocalDataError(
                     f"task {name}: expected its data in {folder} (split files such as test.jsonl.gz, config "
