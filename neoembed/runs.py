@@ -21,6 +21,7 @@ __all__ = [
     "list_checkpoints",
     "param_groups",
     "prune_checkpoints",
+    "publish_checkpoint",
     "refuse_to_overwrite",
 ]
 
@@ -38,6 +39,15 @@ def prune_checkpoints(output: Path, keep: int | None) -> None:
     if keep:
         for old in list_checkpoints(output)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
+
+
+def publish_checkpoint(partial: Path, target: Path, keep: int | None) -> None:
+    """Make a fully written ``checkpoint-N.partial`` the checkpoint ``checkpoint-N`` (replacing an older one of
+    that step), then keep the ``keep`` newest. A crash while writing leaves only the ``.partial`` folder."""
+    if target.exists():
+        shutil.rmtree(target)
+    partial.rename(target)
+    prune_checkpoints(target.parent, keep)
 
 
 def refuse_to_overwrite(output: Path) -> None:

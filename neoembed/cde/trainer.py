@@ -25,7 +25,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import shutil
 import time
 from pathlib import Path
 
@@ -50,7 +49,7 @@ from neoembed.runs import (
     StopSignal,
     list_checkpoints,
     param_groups,
-    prune_checkpoints,
+    publish_checkpoint,
     refuse_to_overwrite,
 )
 
@@ -352,10 +351,7 @@ def train_cde(
                 },
                 partial / "state.pt",
             )
-            if target.exists():
-                shutil.rmtree(target)
-            partial.rename(target)
-            prune_checkpoints(output, recipe.save_total_limit)
+            publish_checkpoint(partial, target, recipe.save_total_limit)
         state.wait_for_everyone()
         return target
 

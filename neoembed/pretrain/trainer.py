@@ -31,7 +31,6 @@ import json
 import logging
 import math
 import os
-import shutil
 import time
 from pathlib import Path
 
@@ -49,7 +48,7 @@ from neoembed.runs import (
     StopSignal,
     list_checkpoints,
     param_groups,
-    prune_checkpoints,
+    publish_checkpoint,
     refuse_to_overwrite,
 )
 
@@ -298,10 +297,7 @@ def pretrain(recipe: PretrainRecipe, resume: bool = False, progress: bool = True
                 "seq_length": L,
             }
             atomic_write_text(partial / "trainer_state.json", json.dumps(state, indent=2) + "\n")
-            if target.exists():
-                shutil.rmtree(target)
-            partial.rename(target)
-            prune_checkpoints(output, recipe.save_total_limit)
+            publish_checkpoint(partial, target, recipe.save_total_limit)
         accelerator.wait_for_everyone()
         return target
 
