@@ -16,7 +16,6 @@ def train_command(
     """Train with a recipe (the unified contrastive recipe, or CDE when the recipe says kind: cde)."""
     import yaml
 
-    from neoembed.data.cards import DataCardError
     from neoembed.recipe import RecipeError, load_recipe, resolve_named_file
 
     stops: tuple[type[BaseException], ...] = ()  # the trainer's TrainingStopped, once imported
@@ -39,10 +38,7 @@ def train_command(
             out = train(parsed, recipe_dir=path.parent, resume=resume)
         else:
             raise RecipeError(f"unknown recipe kind {kind!r}; valid: 'unified', 'cde'")
-    except (RecipeError, DataCardError) as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from None
-    except Exception as e:
+    except Exception as e:  # a stopped run exits 1; bad recipes and cards reach neoembed.cli.main (exit 2)
         if isinstance(e, stops):
             typer.echo(f"training stopped: {e}", err=True)
             raise typer.Exit(1) from None
