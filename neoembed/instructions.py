@@ -8,6 +8,8 @@ same strings reach ``encode_query`` / ``encode_document`` and mteb's per-task pr
 
 from __future__ import annotations
 
+import functools
+
 DEFAULT_TEMPLATE = "{instruction} {text}"
 
 __all__ = [
@@ -47,6 +49,7 @@ SIDED_TASK_TYPES = frozenset({"Retrieval", "Reranking", "InstructionRetrieval", 
 INSTRUCTION_SETS = ("paper", "none")
 
 
+@functools.cache
 def _paper_set() -> dict:
     import json
     from pathlib import Path
