@@ -190,7 +190,7 @@ def quickstart_command(
     recipe = recipe.model_copy(update={"model": backbone})
     label = "all-MiniLM-L6-v2 (packaged)" if model is None and recipe.model == _maybe_minilm() else backbone
 
-    def evaluate(model_path: str, out: Path, instructions: str = "paper") -> float:
+    def evaluate(model_path: str, out: Path, instructions: str = "paper", loaded=None) -> float:
         cfg = EvalConfig(
             model=model_path,
             output=out,
@@ -199,15 +199,19 @@ def quickstart_command(
             overwrite=True,
             instructions=instructions,
         )
-        report = run_mteb(cfg)
+        report = run_mteb(cfg, model=loaded)
         if report.failed:
             raise typer.Exit(f"evaluation failed: {report.failed}")
         return report.scores["PythonDocsRetrieval"]["main_score"]
 
     typer.echo(f"2/4 nDCG@10 of {label} before fine-tuning, without and with the query instruction ...")
     # the backbone was not trained with instructions: its fair baseline is its score without one
-    plain = evaluate(backbone, output / "results" / "before-no-instruction", instructions="none")
-    before = evaluate(backbone, output / "results" / "before")
+    import neoembed
+
+    untrained = neoembed.load(backbone)
+    plain = evaluate(backbone, output / "results" / "before-no-instruction", "none", untrained)
+    before = evaluate(backbone, output / "results" / "before", "paper", untrained)
+    del untrained
     typer.echo(
         f"3/4 fine-tuning with the unified recipe ({recipe.steps} steps, batch {recipe.batch_size}) ..."
     )
