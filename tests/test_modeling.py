@@ -115,13 +115,15 @@ def test_packed_attention_equals_block_diagonal_attention():
     block-diagonal mask, outputs and gradients, with empty and length-1 sequences among the others."""
     import torch.nn.functional as F
 
-    from neoembed.modeling.modeling_neobert import PackedBatch, packed_attention
+    from neoembed.modeling.modeling_neobert import AttentionInputs, per_sequence_attention
 
     lengths = [1, 400, 200, 0, 190, 3, 60, 64, 400, 300, 7, 150]
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(sum(lengths), 2, 8, generator=g, requires_grad=True) for _ in range(3))
     cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
-    packed = packed_attention(q, k, v, PackedBatch(cu, max(lengths), lengths, None), flash_required=False)
+    no_rotation = torch.ones(sum(lengths), 1, 4), torch.zeros(sum(lengths), 1, 4)  # cos 1, sin 0
+    inputs = AttentionInputs("per_sequence", *no_rotation, cu_seqlens=cu, lengths=tuple(lengths))
+    packed, _ = per_sequence_attention(q, k, v, inputs)
     doc = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
     same_doc = doc[:, None] == doc[None, :]  # (T, T)
     reference = F.scaled_dot_product_attention(
@@ -451,8 +453,12 @@ def test_version_and_auto_registration():
 
 # ------------------------------------------------------------------------ position-less prefix (CDE)
 def _prefix_model():
+    from neoembed.cde.modeling_cde import register_positionless_prefix
+
     torch.manual_seed(0)
-    return NeoBERTModel(tiny_config()).eval()
+    model = NeoBERTModel(tiny_config()).eval()
+    register_positionless_prefix(model)  # CDE's attention backend lives with CDE
+    return model
 
 
 def test_positionless_prefix_is_a_set_and_text_is_shift_invariant():

@@ -25,7 +25,9 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+import math
 import os
+import sys
 from typing import Any
 
 import torch
@@ -47,6 +49,35 @@ class ContextMissingError(ValueError):
 def _mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     mask = mask.to(hidden.dtype).unsqueeze(-1)
     return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+
+
+def register_positionless_prefix(backbone: nn.Module) -> None:
+    """Give a NeoBERT backbone the ``positionless_prefix`` attention backend, in the registry of the modeling
+    file it was loaded from (neoembed's, or the copy beside a model loaded with ``trust_remote_code``).
+
+    A pair of tokens interacts through rotated q/k only when both are text tokens (relative positions among the
+    text); any pair involving one of the first P (prefix) tokens uses the unrotated q/k. So permuting the prefix
+    permutes nothing else, and shifting all text positions changes nothing. The RoPE tables in the attention
+    inputs cover the text positions only.
+    """
+    register = getattr(type(backbone), "register_attention_backend", None)
+    if register is None:  # a modeling file saved before attention backends were registered handles it itself
+        return
+    apply_rope = sys.modules[type(backbone).__module__].apply_rope
+
+    def positionless_prefix_attention(q, k, v, inputs):
+        P = inputs.prefix  # q, k, v: (B, L, H, Dh), not rotated
+        q_text, k_text = (apply_rope(t[:, P:], inputs.cos, inputs.sin).transpose(1, 2) for t in (q, k))
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, L, Dh)
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        scores = (q @ k.transpose(-1, -2)) * scale
+        scores[..., P:, P:] = (q_text @ k_text.transpose(-1, -2)) * scale
+        if inputs.key_mask is not None:
+            scores = scores.masked_fill(~inputs.key_mask, torch.finfo(scores.dtype).min)
+        probs = scores.float().softmax(dim=-1).to(q.dtype)
+        return (probs @ v).transpose(1, 2), probs
+
+    register("positionless_prefix", positionless_prefix_attention)
 
 
 class ContextualDocumentEmbedder(InputModule):
@@ -90,6 +121,8 @@ class ContextualDocumentEmbedder(InputModule):
         nn.init.zeros_(self.output_mlp[2].bias)
         forward = inspect.signature(second_stage.forward).parameters
         self._rope_prefix = "positionless_prefix" in forward  # NeoBERT: a position-less prefix
+        if self._rope_prefix:
+            register_positionless_prefix(second_stage)
         self._warned_truncation = False
 
     # ------------------------------------------------------------------------------------------- building

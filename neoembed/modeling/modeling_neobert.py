@@ -20,6 +20,7 @@ Attention runs in one of two layouts:
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import warnings
 from dataclasses import dataclass
@@ -95,24 +96,94 @@ def rope_cos_sin(position_ids: torch.Tensor, inv_freq: torch.Tensor, scale: floa
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate interleaved pairs (x[2i], x[2i+1]) of the last dim by the angles; computed in float32."""
-    xf = x.float().unflatten(-1, (-1, 2))
-    x0, x1 = xf[..., 0], xf[..., 1]
-    out = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)
-    return out.flatten(-2).to(x.dtype)
+    """Rotate interleaved pairs (x[2i], x[2i+1]) of the last dim by the angles; computed in float32.
+
+    The pairs are read as complex numbers (a view, no copy, even on the strided q/k of the fused projection)
+    and multiplied by cos + i sin: one vectorised kernel where the real form needs strided halves and a stack."""
+    pairs = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))
+    return torch.view_as_real(pairs * torch.complex(cos, sin)).flatten(-2).to(x.dtype)
 
 
 # ---------------------------------------------------------------------------------------------- attention
 @dataclass
-class PackedBatch:
-    """Where the real tokens of a padded batch go when it is packed into one sequence."""
+class AttentionInputs:
+    """What every block's attention needs, built once per forward by the model (never by a block).
 
-    cu_seqlens: torch.Tensor  # (B+1,) int32, cumulative lengths
-    max_seqlen: int
-    lengths: list[int]  # per sequence, on the host
-    indices: (
-        torch.Tensor | None
-    )  # (T,) flat positions of real tokens in the (B*L) grid; None if input was packed
+    ``backend`` names the function in ``ATTENTION_BACKENDS`` that runs; RoPE tables and masks are already on
+    the right device. Padded layouts carry ``key_mask``; packed layouts carry ``cu_seqlens`` and the lengths.
+    """
+
+    backend: str
+    cos: torch.Tensor  # (..., L or T, 1, Dh/2) float32, broadcast over heads
+    sin: torch.Tensor
+    key_mask: torch.Tensor | None = None  # (B, 1, 1, L) bool, padded layouts; None attends to every key
+    cu_seqlens: torch.Tensor | None = None  # (B+1,) int32, packed layouts
+    lengths: tuple[int, ...] = ()  # per sequence, on the host (packed layouts)
+    max_seqlen: int = 0
+    output_attentions: bool = False
+    prefix: int = 0  # CDE's position-less prefix (its backend is registered by neoembed.cde)
+
+
+#: name -> ``fn(q, k, v, inputs) -> (out, weights or None)``; q, k, v: (B, L, H, Dh) padded or (T, H, Dh)
+#: packed, q and k not yet rotated: RoPE belongs to the backend, so that a backend may fuse it into its kernel
+#: or (CDE's position-less prefix) rotate only part of the sequence.
+ATTENTION_BACKENDS: dict = {}
+
+
+def register_attention_backend(name: str):
+    """Decorator adding an attention function to ``ATTENTION_BACKENDS`` under ``name``."""
+
+    def register(fn):
+        ATTENTION_BACKENDS[name] = fn
+        return fn
+
+    return register
+
+
+def _rotate(q, k, inputs: AttentionInputs):
+    return apply_rope(q, inputs.cos, inputs.sin), apply_rope(k, inputs.cos, inputs.sin)
+
+
+@register_attention_backend("eager")
+def eager_attention(q, k, v, inputs: AttentionInputs):
+    """softmax(q kᵀ / √Dh + mask) v, written out; the only backend that returns the attention weights."""
+    q, k = _rotate(q, k, inputs)
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, L, Dh)
+    scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    if inputs.key_mask is not None:
+        scores = scores.masked_fill(~inputs.key_mask, torch.finfo(scores.dtype).min)
+    probs = scores.float().softmax(dim=-1).to(q.dtype)
+    return (probs @ v).transpose(1, 2), probs
+
+
+@register_attention_backend("sdpa")
+def sdpa_attention(q, k, v, inputs: AttentionInputs):
+    q, k = _rotate(q, k, inputs)
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, L, Dh)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=inputs.key_mask).transpose(1, 2), None
+
+
+@register_attention_backend("per_sequence")
+def per_sequence_attention(q, k, v, inputs: AttentionInputs):
+    """Packed layout on CPU (or float32 on CUDA): one SDPA call per sequence, slices cut at host lengths."""
+    q, k = _rotate(q, k, inputs)
+    outs = [
+        F.scaled_dot_product_attention(*(t.transpose(0, 1)[None] for t in (qs, ks, vs)))[0].transpose(0, 1)
+        for qs, ks, vs in zip(*(t.split(inputs.lengths) for t in (q, k, v)), strict=True)
+        if qs.shape[0]
+    ]
+    return (torch.cat(outs) if outs else torch.zeros_like(q)), None
+
+
+@register_attention_backend("varlen")
+def varlen_attention(q, k, v, inputs: AttentionInputs):
+    """Packed layout on CUDA in half precision: flash-attn's varlen kernel, else torch's own."""
+    q, k = _rotate(q, k, inputs)
+    cu, n = inputs.cu_seqlens, inputs.max_seqlen
+    flash = _flash_varlen()
+    if flash is not None:
+        return flash(q, k, v, cu, cu, n, n, causal=False), None
+    return _torch_varlen()(q, k, v, cu, cu, n, n), None
 
 
 @functools.cache
@@ -135,71 +206,41 @@ def _torch_varlen():
     return varlen_attn
 
 
-def packed_attention(q, k, v, packed: PackedBatch, flash_required: bool) -> torch.Tensor:
-    """Attention confined to each sequence of a packed batch. q, k, v: (T, H, Dh) -> (T, H, Dh)."""
-    if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
-        flash = _flash_varlen()
-        if flash is not None:
-            cu = packed.cu_seqlens
-            return flash(q, k, v, cu, cu, packed.max_seqlen, packed.max_seqlen, causal=False)
-        varlen = _torch_varlen()
-        if varlen is not None:
-            cu = packed.cu_seqlens
-            return varlen(q, k, v, cu, cu, packed.max_seqlen, packed.max_seqlen)
-    if flash_required:
+def attention_backend(config: NeoBERTConfig, x: torch.Tensor, packed: bool, output_attentions: bool) -> str:
+    """The registry name for this forward, from the configured implementation and the layout."""
+    implementation = config._attn_implementation or "sdpa"
+    if implementation not in ATTN_IMPLEMENTATIONS:
+        raise ValueError(f"unknown attn_implementation {implementation!r}; valid: {list(ATTN_IMPLEMENTATIONS)}")
+    if not packed:
+        return "eager" if implementation == "eager" or output_attentions else "sdpa"
+    half = x.is_cuda and x.dtype in (torch.float16, torch.bfloat16)
+    if half and (_flash_varlen() is not None or _torch_varlen() is not None):
+        return "varlen"
+    if implementation == "flash_attention_2":
         raise RuntimeError(
             "attn_implementation='flash_attention_2' needs a CUDA device, float16/bfloat16 activations and "
             "the flash-attn package; use attn_implementation='sdpa' (padding_free=True) elsewhere."
         )
-    # CPU (or float32 on CUDA): one SDPA call per sequence over the packed tensor.
-    outs, start = [], 0
-    for n in packed.lengths:
-        if n == 0:
-            continue
-        sl = slice(start, start + n)
-        o = F.scaled_dot_product_attention(
-            q[sl].transpose(0, 1).unsqueeze(0),
-            k[sl].transpose(0, 1).unsqueeze(0),
-            v[sl].transpose(0, 1).unsqueeze(0),
-        )
-        outs.append(o[0].transpose(0, 1))
-        start += n
-    return torch.cat(outs, dim=0) if outs else q.new_zeros(q.shape)
+    return "per_sequence"
 
 
-def padded_attention(q, k, v, key_mask: torch.Tensor | None, implementation: str, output_attentions: bool):
-    """Bidirectional attention over padded sequences. q, k, v: (B, L, H, Dh); key_mask: (B, 1, 1, L) bool."""
-    q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, L, Dh)
-    if implementation == "eager" or output_attentions:
-        scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
-        if key_mask is not None:
-            scores = scores.masked_fill(~key_mask, torch.finfo(scores.dtype).min)
-        probs = scores.float().softmax(dim=-1).to(q.dtype)
-        out = probs @ v
-        weights = probs if output_attentions else None
-    else:
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask)
-        weights = None
-    return out.transpose(1, 2), weights  # (B, L, H, Dh)
+class NeoBERTAttention(nn.Module):
+    """Multi-head self-attention over projected q, k, v, run by the backend the forward's inputs name.
 
+    The q/k/v and output projections belong to the block (``qkv``, ``wo``: the official parameter names)."""
 
-def positionless_prefix_attention(q, k, v, q_rot, k_rot, prefix: int, key_mask, output_attentions: bool):
-    """Attention where the first ``prefix`` tokens of every row are a position-less set (CDE's context vectors).
+    def __init__(self, config: NeoBERTConfig):
+        super().__init__()
+        self.config = config
 
-    A pair of tokens interacts through rotated q/k only when both are text tokens (relative positions among
-    the text); any pair involving a prefix token uses the unrotated q/k. So permuting the prefix permutes
-    nothing else, and shifting all text positions changes nothing. q, k, v, q_rot, k_rot: (B, L, H, Dh);
-    q_rot/k_rot hold rotated values for the text part (positions >= prefix).
-    """
-    q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, L, Dh)
-    qt, kt = q_rot[:, prefix:].transpose(1, 2), k_rot[:, prefix:].transpose(1, 2)
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    scores = (q @ k.transpose(-1, -2)) * scale
-    scores[..., prefix:, prefix:] = (qt @ kt.transpose(-1, -2)) * scale
-    if key_mask is not None:
-        scores = scores.masked_fill(~key_mask, torch.finfo(scores.dtype).min)
-    probs = scores.float().softmax(dim=-1).to(q.dtype)
-    return (probs @ v).transpose(1, 2), (probs if output_attentions else None)
+    def forward(self, q, k, v, inputs: AttentionInputs):
+        backend = ATTENTION_BACKENDS.get(inputs.backend)
+        if backend is None:
+            raise ValueError(
+                f"unknown attention backend {inputs.backend!r}; registered: {sorted(ATTENTION_BACKENDS)}"
+                + (" (import neoembed.cde to register CDE's)" if inputs.backend == "positionless_prefix" else "")
+            )
+        return backend(q, k, v, inputs)
 
 
 # ------------------------------------------------------------------------------------------------ SwiGLU
@@ -213,6 +254,11 @@ class NeoBERTSwiGLU(nn.Module):
         self.w3 = nn.Linear(hidden, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type == "cpu":
+            # Two GEMMs on the two contiguous row blocks of the fused weight: faster than the fused one on
+            # CPU (measured, benchmarks/throughput.py), and silu then runs on a contiguous tensor.
+            gate_w, value_w = self.w12.weight.chunk(2, dim=0)
+            return self.w3(F.silu(F.linear(x, gate_w)) * F.linear(x, value_w))
         gate, value = self.w12(x).chunk(2, dim=-1)
         return self.w3(F.silu(gate) * value)
 
@@ -223,48 +269,20 @@ class NeoBERTBlock(GradientCheckpointingLayer):
 
     def __init__(self, config: NeoBERTConfig):
         super().__init__()
-        self.config = config
         self.num_heads, self.head_dim = config.num_attention_heads, config.head_dim
         self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=False)
         self.wo = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+        self.attention = NeoBERTAttention(config)
         self.ffn = NeoBERTSwiGLU(config)
         self.attention_norm = NeoBERTRMSNorm(config.hidden_size, config.norm_eps)
         self.ffn_norm = NeoBERTRMSNorm(config.hidden_size, config.norm_eps)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        key_mask: torch.Tensor | None = None,
-        packed: PackedBatch | None = None,
-        output_attentions: bool = False,
-        positionless_prefix: int = 0,
-    ):
-        # x: (B, L, D) padded or (T, D) packed; cos/sin broadcast to (..., 1, Dh/2)
-        h = self.attention_norm(x)
-        qkv = self.qkv(h).unflatten(-1, (self.num_heads, 3 * self.head_dim))  # (..., H, 3*Dh)
-        q, k, v = qkv.chunk(3, dim=-1)
-        implementation = self.config._attn_implementation or "sdpa"
-        if positionless_prefix:
-            P = positionless_prefix
-            q_rot = torch.cat((q[:, :P], apply_rope(q[:, P:], cos, sin)), dim=1)
-            k_rot = torch.cat((k[:, :P], apply_rope(k[:, P:], cos, sin)), dim=1)
-            attn, weights = positionless_prefix_attention(
-                q, k, v, q_rot, k_rot, P, key_mask, output_attentions
-            )
-            x = x + self.wo(attn.flatten(-2))
-            x = x + self.ffn(self.ffn_norm(x))
-            return x, weights
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if packed is not None:
-            attn = packed_attention(q, k, v, packed, flash_required=implementation == "flash_attention_2")
-            weights = None
-        else:
-            attn, weights = padded_attention(q, k, v, key_mask, implementation, output_attentions)
+    def forward(self, x: torch.Tensor, inputs: AttentionInputs):
+        # x: (B, L, D) padded or (T, D) packed; per head the official layout is [q | k | v]
+        qkv = self.qkv(self.attention_norm(x)).unflatten(-1, (self.num_heads, 3 * self.head_dim))
+        attn, weights = self.attention(*qkv.chunk(3, dim=-1), inputs)
         x = x + self.wo(attn.flatten(-2))
-        x = x + self.ffn(self.ffn_norm(x))
-        return x, weights
+        return x + self.ffn(self.ffn_norm(x)), weights
 
 
 # --------------------------------------------------------------------------------------------- encoder
@@ -280,13 +298,21 @@ class NeoBERTPreTrainedModel(PreTrainedModel):
     # (DataCollatorWithFlattening: position_ids, cu_seq_lens_q/k, max_length_q/k), which forward() accepts
     _supports_attention_backend = True
 
+    @staticmethod
+    def register_attention_backend(name: str, fn) -> None:
+        """Add an attention backend to the registry of the module this model class comes from (a folder loaded
+        with ``trust_remote_code`` has its own copy of this file, hence its own registry)."""
+        register_attention_backend(name)(fn)
+
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
         """As transformers' ``from_pretrained``, but a checkpoint with missing or unexpected NeoBERT weights is an
-        error listing them (never a silently half-random model). The MLM ``decoder`` is the one exception: it
-        is dropped when loading the bare encoder, and freshly initialised (with a warning) when loading the
+        error listing them (never a silently half-random model), unless ``output_loading_info=True`` asks for
+        them: then ``(model, info)`` comes back and checking it is the caller's business. The MLM ``decoder`` is
+        dropped when loading the bare encoder, and freshly initialised (with a warning) when loading the
         masked-LM model from an encoder-only checkpoint."""
-        want_info = kwargs.pop("output_loading_info", False)
+        if kwargs.get("output_loading_info"):
+            return super().from_pretrained(*args, **kwargs)
         model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
         missing = [k for k in info.get("missing_keys", ()) if not k.startswith("decoder.")]
         unexpected = [k for k in info.get("unexpected_keys", ()) if not k.startswith("decoder.")]
@@ -297,7 +323,8 @@ class NeoBERTPreTrainedModel(PreTrainedModel):
             parts += [f"keys with mismatched shapes {mismatched}"] if mismatched else []
             raise ValueError(
                 f"checkpoint {args[0] if args else kwargs.get('pretrained_model_name_or_path')!r} does not match "
-                f"{cls.__name__}: " + "; ".join(parts) + ". Check that config.json belongs to these weights."
+                f"{cls.__name__}: " + "; ".join(parts) + ". Check that config.json belongs to these weights "
+                "(or pass output_loading_info=True to get the model and this information instead)."
             )
         if any(k.startswith("decoder.") for k in info.get("missing_keys", ())):
             warnings.warn(
@@ -305,7 +332,7 @@ class NeoBERTPreTrainedModel(PreTrainedModel):
                 "not for scoring masked tokens)",
                 stacklevel=2,
             )
-        return (model, info) if want_info else model
+        return model
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -321,8 +348,19 @@ class NeoBERTPreTrainedModel(PreTrainedModel):
         elif isinstance(module, NeoBERTRMSNorm):
             nn.init.ones_(module.weight)
 
+    def _output_flags(self, output_attentions, output_hidden_states, return_dict) -> tuple[bool, bool, bool]:
+        """Call arguments, else the config's (transformers' convention)."""
+        pick = lambda value, default: bool(default if value is None else value)  # noqa: E731
+        return (
+            pick(output_attentions, self.config.output_attentions),
+            pick(output_hidden_states, self.config.output_hidden_states),
+            pick(return_dict, self.config.return_dict),
+        )
+
 
 def _check_inputs(config: NeoBERTConfig, input_ids, attention_mask, inputs_embeds) -> None:
+    """Shape and dtype checks always; value checks only on host tensors outside compilation, where they cost no
+    device sync and no graph break (on CUDA an out-of-range id still fails, in the embedding lookup)."""
     if (input_ids is None) == (inputs_embeds is None):
         raise ValueError("pass exactly one of input_ids or inputs_embeds")
     ref = input_ids if input_ids is not None else inputs_embeds
@@ -334,48 +372,57 @@ def _check_inputs(config: NeoBERTConfig, input_ids, attention_mask, inputs_embed
             )
         if input_ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
             raise TypeError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}")
-        if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= config.vocab_size):
-            raise ValueError(
-                f"input_ids must lie in [0, {config.vocab_size}); got min {int(input_ids.min())}, "
-                f"max {int(input_ids.max())}. Is the tokenizer the model's own?"
-            )
     elif inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != config.hidden_size:
         raise ValueError(
             f"inputs_embeds must be (batch, length, {config.hidden_size}), got {tuple(inputs_embeds.shape)}"
         )
-    if attention_mask is not None:
-        if attention_mask.shape != ref.shape[:2]:
+    if attention_mask is not None and attention_mask.shape != ref.shape[:2]:
+        raise ValueError(
+            f"attention_mask shape {tuple(attention_mask.shape)} does not match input shape {tuple(ref.shape[:2])}"
+        )
+    if torch.compiler.is_compiling() or ref.device.type != "cpu":
+        return
+    if input_ids is not None and input_ids.numel():
+        low, high = int(input_ids.min()), int(input_ids.max())
+        if low < 0 or high >= config.vocab_size:
             raise ValueError(
-                f"attention_mask shape {tuple(attention_mask.shape)} does not match input shape {tuple(ref.shape[:2])}"
+                f"input_ids must lie in [0, {config.vocab_size}); got min {low}, max {high}. "
+                "Is the tokenizer the model's own?"
             )
-        if attention_mask.dtype.is_floating_point and not bool(
-            ((attention_mask == 0) | (attention_mask == 1)).all()
-        ):
-            raise ValueError("attention_mask must be 0/1 (1 = token, 0 = padding), not an additive mask")
-        if not attention_mask.dtype.is_floating_point and attention_mask.dtype != torch.bool:
-            if bool(((attention_mask != 0) & (attention_mask != 1)).any()):
-                raise ValueError("attention_mask must hold only 0 and 1 (1 = token, 0 = padding)")
+    if attention_mask is not None and attention_mask.dtype != torch.bool:
+        if bool(((attention_mask != 0) & (attention_mask != 1)).any()):
+            raise ValueError("attention_mask must hold only 0 and 1 (1 = token, 0 = padding), not an additive mask")
 
 
 def _key_padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
-    """(B, 1, 1, L) bool key mask, or None without padding. Fully padded rows attend to every position
-    (finite garbage that callers ignore) instead of to nothing (NaN)."""
-    if attention_mask is None or bool(attention_mask.all()):
+    """(B, 1, 1, L) bool key mask. Fully padded rows attend to every position (finite garbage that callers
+    ignore) instead of to nothing (NaN). Built without asking the host whether there is padding."""
+    if attention_mask is None:
         return None
     mask = attention_mask.bool()
     return (mask | ~mask.any(dim=1, keepdim=True))[:, None, None, :]
 
 
-def _is_packed(position_ids: torch.Tensor | None, attention_mask: torch.Tensor | None) -> bool:
-    """Flattened input described by position_ids alone: one row in which positions restart at 0."""
-    return (
-        position_ids is not None
-        and attention_mask is None
-        and position_ids.dim() == 2
-        and position_ids.shape[0] == 1
-        and position_ids.shape[1] > 1
-        and bool((position_ids[0, 1:] == 0).any())
-    )
+@dataclass
+class Layout:
+    """How the tokens the blocks see relate to the caller's ``(B, L)`` grid."""
+
+    batch: int
+    length: int
+    indices: torch.Tensor | None = None  # (T,) flat positions of the packed tokens in the grid; None: no scatter
+    packed_input: bool = False  # input came packed as (1, T): return (1, T, D)
+    flat: bool = False  # (B*L, D) without padding (flash attention): unflatten back
+
+    def unpack(self, h: torch.Tensor) -> torch.Tensor:
+        """Back to the caller's layout: (B, L, D), or (1, T, D) for input that came packed."""
+        if self.packed_input:
+            return h[None]
+        if self.flat:
+            return h.unflatten(0, (self.batch, self.length))
+        if self.indices is None:
+            return h
+        out = h.new_zeros(self.batch * self.length, h.shape[-1])
+        return out.index_copy(0, self.indices, h).unflatten(0, (self.batch, self.length))
 
 
 class NeoBERTModel(NeoBERTPreTrainedModel):
@@ -400,82 +447,6 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.encoder = value
 
-    def _rope(self, position_ids: torch.Tensor, device) -> tuple[torch.Tensor, torch.Tensor]:
-        inv_freq, scale = rope_frequencies(self.config, device=device)
-        return rope_cos_sin(position_ids, inv_freq, scale)
-
-    def _check_length(self, length: int) -> None:
-        limit = self.config.max_sequence_length
-        if length > limit:
-            hint = (
-                "enable YaRN with rope_scaling={'type': 'yarn', 'factor': f} to go beyond the trained length"
-                if self.config.rope_scaling is None
-                else "raise rope_scaling.factor or truncate the input"
-            )
-            raise ValueError(f"sequence of {length} tokens exceeds the model's maximum of {limit}: {hint}")
-
-    # Each layout returns (x, RoPE positions, key mask, PackedBatch or None, whether to scatter back to B x L).
-    def _layout_with_prefix(self, x, attention_mask, position_ids, prefix, cu_seq_lens_q):
-        B, L = x.shape[:2]
-        if not 0 < prefix <= L:
-            raise ValueError(f"positionless_prefix={prefix} must lie in [0, {L}]")
-        if cu_seq_lens_q is not None:
-            raise ValueError("positionless_prefix does not combine with packed input")
-        n_text = L - prefix
-        self._check_length(n_text)
-        pos = torch.arange(n_text, device=x.device)[None] if position_ids is None else position_ids
-        if pos.shape[-1] != n_text:
-            raise ValueError(f"with positionless_prefix, position_ids must cover the {n_text} text positions")
-        return x, pos, _key_padding_mask(attention_mask), None, False
-
-    def _layout_packed_input(self, x, position_ids, cu_seq_lens_q, cu_seq_lens_k):
-        """Input already packed by a flattening collator: (1, T) with sequence boundaries."""
-        B, L = x.shape[:2]
-        if B != 1:
-            raise ValueError(f"packed input must have batch size 1, got {B}")
-        if cu_seq_lens_q is None:
-            starts = torch.nonzero(position_ids[0] == 0).flatten()
-            cu_seq_lens_q = torch.cat([starts, starts.new_tensor([L])])
-        if cu_seq_lens_k is not None and not torch.equal(cu_seq_lens_k.cpu(), cu_seq_lens_q.cpu()):
-            raise ValueError("cu_seq_lens_k must equal cu_seq_lens_q (NeoBERT is self-attention only)")
-        cu = cu_seq_lens_q.to(device=x.device, dtype=torch.int32)
-        lengths = (cu[1:] - cu[:-1]).tolist()
-        if int(cu[-1]) != L or min(lengths, default=0) < 0:
-            raise ValueError(f"cu_seq_lens_q {cu.tolist()} does not describe {L} packed tokens")
-        for n in lengths:
-            self._check_length(n)
-        if position_ids is None:
-            position_ids = torch.cat([torch.arange(n, device=x.device) for n in lengths])[None]
-        return x[0], position_ids[0], None, PackedBatch(cu, max(lengths, default=0), lengths, None), False
-
-    def _layout_padded_input(self, x, attention_mask, position_ids, want_packed: bool):
-        B, L = x.shape[:2]
-        self._check_length(L)
-        has_padding = attention_mask is not None and not bool(attention_mask.all())
-        if has_padding and want_packed:
-            # Padding-free: gather the real tokens; positions restart at 0 per sequence.
-            mask = attention_mask.bool()
-            lengths_t = mask.sum(dim=1, dtype=torch.int32)
-            indices = torch.nonzero(mask.flatten()).flatten()
-            cu = F.pad(torch.cumsum(lengths_t, 0, dtype=torch.int32), (1, 0))
-            lengths = lengths_t.tolist()
-            if position_ids is None:
-                pos = torch.cumsum(mask, dim=1).flatten()[indices] - 1
-            else:
-                pos = position_ids.expand(B, L).flatten()[indices]
-            return x.flatten(0, 1)[indices], pos, None, PackedBatch(cu, max(lengths), lengths, indices), True
-        if want_packed and self.config._attn_implementation == "flash_attention_2":
-            # flash attention on a batch without padding: every row is one sequence of length L
-            cu = torch.arange(0, (B + 1) * L, L, device=x.device, dtype=torch.int32)
-            pos = (
-                torch.arange(L, device=x.device).repeat(B)
-                if position_ids is None
-                else position_ids.expand(B, L).flatten()
-            )
-            return x.flatten(0, 1), pos, None, PackedBatch(cu, L, [L] * B, None), True
-        pos = torch.arange(L, device=x.device)[None] if position_ids is None else position_ids
-        return x, pos, _key_padding_mask(attention_mask), None, False
-
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
@@ -491,7 +462,7 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
         max_length_k: int | None = None,
         positionless_prefix: int = 0,
         **kwargs,
-    ) -> BaseModelOutput:
+    ) -> BaseModelOutput | tuple:
         """Encode a batch.
 
         Args:
@@ -500,78 +471,143 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
             position_ids: RoPE positions (default: 0, 1, … per sequence).
             inputs_embeds: (B, L, D) instead of ``input_ids``.
             positionless_prefix: the first P positions of every row are a position-less set (CDE's context
-                vectors): no rotation for them, and attention between them and anything else ignores
-                positions. ``position_ids`` then covers the L − P text positions. Runs padded attention.
+                vectors, run by the attention backend ``neoembed.cde`` registers); ``position_ids`` then covers
+                the L − P text positions.
         """
         for name in ("token_type_ids", "seq_idx"):
             kwargs.pop(name, None)  # tokenizers and flattening collators may send these; NeoBERT has no use
         if kwargs:
             raise TypeError(f"NeoBERTModel.forward got unexpected arguments: {sorted(kwargs)}")
-        output_hidden_states = bool(
-            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
+        output_attentions, output_hidden_states, return_dict = self._output_flags(
+            output_attentions, output_hidden_states, return_dict
         )
-        output_attentions = bool(output_attentions)
         _check_inputs(self.config, input_ids, attention_mask, inputs_embeds)
         x = self.encoder(input_ids) if inputs_embeds is None else inputs_embeds
-        B, L = x.shape[:2]
-        device = x.device
-        implementation = self.config._attn_implementation or "sdpa"
-        if implementation not in ATTN_IMPLEMENTATIONS:
-            raise ValueError(
-                f"unknown attn_implementation {implementation!r}; valid: {list(ATTN_IMPLEMENTATIONS)}"
-            )
-
-        if positionless_prefix:
-            x, pos, key_mask, packed, scatter_back = self._layout_with_prefix(
-                x, attention_mask, position_ids, positionless_prefix, cu_seq_lens_q
-            )
-        elif cu_seq_lens_q is not None or _is_packed(position_ids, attention_mask):
-            x, pos, key_mask, packed, scatter_back = self._layout_packed_input(
-                x, position_ids, cu_seq_lens_q, cu_seq_lens_k
-            )
-        else:
-            want_packed = implementation == "flash_attention_2" or (
-                self.config.padding_free and implementation != "eager" and not output_attentions
-            )
-            x, pos, key_mask, packed, scatter_back = self._layout_padded_input(
-                x, attention_mask, position_ids, want_packed
-            )
-        cos, sin = self._rope(pos, device)
-
-        def to_output(h: torch.Tensor) -> torch.Tensor:
-            """Back to the caller's layout: (B, L, D), or (1, T, D) for input that came packed."""
-            if packed is None:
-                return h
-            if not scatter_back:
-                return h[None]
-            if packed.indices is None:  # flash attention on a batch without padding
-                return h.unflatten(0, (B, L))
-            out = h.new_zeros(B * L, h.shape[-1])
-            out[packed.indices] = h
-            return out.unflatten(0, (B, L))
-
-        all_hidden = [to_output(x)] if output_hidden_states else None
-        all_attn = [] if output_attentions else None
-        for block in self.transformer_encoder:
-            x, weights = block(
-                x,
-                cos,
-                sin,
-                key_mask=key_mask,
-                packed=packed,
-                output_attentions=output_attentions,
-                positionless_prefix=positionless_prefix,
-            )
-            if output_hidden_states:
-                all_hidden.append(to_output(x))
-            if output_attentions:
-                all_attn.append(weights)
-        x = to_output(self.layer_norm(x))
-        return BaseModelOutput(
-            last_hidden_state=x,
-            hidden_states=tuple(all_hidden) if all_hidden is not None else None,
-            attentions=tuple(all_attn) if all_attn is not None else None,
+        x, layout, inputs = self._prepare(
+            x, attention_mask, position_ids, cu_seq_lens_q, cu_seq_lens_k, positionless_prefix, output_attentions
         )
+        hidden_states, attentions = [layout.unpack(x)] if output_hidden_states else None, []
+        for block in self.transformer_encoder:
+            x, weights = block(x, inputs)
+            attentions.append(weights)
+            if output_hidden_states:
+                hidden_states.append(layout.unpack(x))
+        out = BaseModelOutput(
+            last_hidden_state=layout.unpack(self.layer_norm(x)),
+            hidden_states=tuple(hidden_states) if output_hidden_states else None,
+            attentions=tuple(attentions) if output_attentions else None,
+        )
+        return out if return_dict else out.to_tuple()
+
+    # ------------------------------------------------------------------------------ layouts, once per forward
+    def _prepare(self, x, attention_mask, position_ids, cu_q, cu_k, prefix, output_attentions):
+        """Pick the layout (padded, padding-free, packed input, position-less prefix) and build the attention
+        inputs: at most one host sync (the lengths of a padded batch, or the boundaries of packed input)."""
+        B, L = x.shape[:2]
+        if prefix:
+            return self._prefix_layout(x, attention_mask, position_ids, prefix, cu_q, output_attentions)
+        if cu_q is not None or (position_ids is not None and attention_mask is None and B == 1 and L > 1):
+            starts = None if cu_q is not None else _restarts(position_ids)
+            if cu_q is not None or starts is not None:
+                return self._packed_input_layout(x, position_ids, cu_q, cu_k, starts)
+        implementation = self.config._attn_implementation or "sdpa"
+        want_packed = implementation == "flash_attention_2" or (
+            self.config.padding_free and implementation != "eager" and not output_attentions
+        )
+        # Packing needs the lengths on the host: a traced export has none, so it keeps the padded layout.
+        if want_packed and not torch.compiler.is_exporting():
+            if attention_mask is not None:
+                lengths = [int(n) for n in attention_mask.sum(dim=1).tolist()]  # the one host sync
+                if min(lengths, default=L) < L:
+                    return self._padding_free_layout(x, attention_mask, position_ids, lengths)
+            if implementation == "flash_attention_2":
+                return self._flat_layout(x, position_ids)
+            attention_mask = None  # no padding: no mask to build or apply
+        self._check_length(L)
+        pos = torch.arange(L, device=x.device)[None] if position_ids is None else position_ids
+        backend = attention_backend(self.config, x, False, output_attentions)
+        inputs = AttentionInputs(backend, *self._rope(pos), key_mask=_key_padding_mask(attention_mask))
+        inputs.output_attentions = output_attentions
+        return x, Layout(B, L), inputs
+
+    def _padding_free_layout(self, x, attention_mask, position_ids, lengths: list[int]):
+        """Gather the real tokens of a padded batch into one sequence; positions restart at 0 per sequence."""
+        B, L = x.shape[:2]
+        mask = attention_mask.bool().flatten()
+        # nonzero_static: the count is known on the host already, so no second sync for the output size
+        indices = torch.nonzero_static(mask, size=sum(lengths)).flatten()
+        if position_ids is None:
+            pos = (torch.cumsum(attention_mask.long(), dim=1).flatten() - 1)[indices]
+        else:
+            pos = position_ids.expand(B, L).flatten()[indices]
+        return x.flatten(0, 1)[indices], Layout(B, L, indices=indices), self._packed_inputs(x, pos, lengths)
+
+    def _flat_layout(self, x, position_ids):
+        """flash attention on a batch without padding: every row is one sequence of length L."""
+        B, L = x.shape[:2]
+        pos = torch.arange(L, device=x.device).repeat(B) if position_ids is None else position_ids.expand(B, L)
+        return x.flatten(0, 1), Layout(B, L, flat=True), self._packed_inputs(x, pos.flatten(), [L] * B)
+
+    def _packed_input_layout(self, x, position_ids, cu_q, cu_k, starts):
+        """Input already packed by a flattening collator: (1, T) with sequence boundaries."""
+        B, T = x.shape[:2]
+        if B != 1:
+            raise ValueError(f"packed input must have batch size 1, got {B}")
+        bounds = [*starts, T] if cu_q is None else [int(c) for c in cu_q.tolist()]  # the one sync
+        if cu_k is not None and cu_k.tolist() != bounds:
+            raise ValueError("cu_seq_lens_k must equal cu_seq_lens_q (NeoBERT is self-attention only)")
+        lengths = [b - a for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+        if not bounds or bounds[0] != 0 or bounds[-1] != T or min(lengths, default=0) < 0:
+            raise ValueError(f"cu_seq_lens_q {bounds} does not describe {T} packed tokens")
+        if position_ids is None:
+            position_ids = torch.cat([torch.arange(n, device=x.device) for n in lengths])[None]
+        return x[0], Layout(1, T, packed_input=True), self._packed_inputs(x, position_ids[0], lengths)
+
+    def _packed_inputs(self, x, pos, lengths: list[int]) -> AttentionInputs:
+        for n in lengths:
+            self._check_length(n)
+        cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32).to(x.device, non_blocking=True)
+        backend = attention_backend(self.config, x, True, False)
+        return AttentionInputs(
+            backend, *self._rope(pos), cu_seqlens=cu, lengths=tuple(lengths), max_seqlen=max(lengths, default=0)
+        )
+
+    def _prefix_layout(self, x, attention_mask, position_ids, prefix, cu_q, output_attentions):
+        B, L = x.shape[:2]
+        if not 0 < prefix <= L:
+            raise ValueError(f"positionless_prefix={prefix} must lie in [0, {L}]")
+        if cu_q is not None:
+            raise ValueError("positionless_prefix does not combine with packed input")
+        self._check_length(L - prefix)
+        pos = torch.arange(L - prefix, device=x.device)[None] if position_ids is None else position_ids
+        if pos.shape[-1] != L - prefix:
+            raise ValueError(f"with positionless_prefix, position_ids must cover the {L - prefix} text positions")
+        key_mask = _key_padding_mask(attention_mask)
+        inputs = AttentionInputs("positionless_prefix", *self._rope(pos), key_mask, prefix=prefix)
+        inputs.output_attentions = output_attentions
+        return x, Layout(B, L), inputs
+
+    def _rope(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        inv_freq, scale = rope_frequencies(self.config, device=position_ids.device)
+        return rope_cos_sin(position_ids, inv_freq, scale)
+
+    def _check_length(self, length: int) -> None:
+        limit = self.config.max_sequence_length
+        if length > limit:
+            hint = (
+                "enable YaRN with rope_scaling={'type': 'yarn', 'factor': f} to go beyond the trained length"
+                if self.config.rope_scaling is None
+                else "raise rope_scaling.factor or truncate the input"
+            )
+            raise ValueError(f"sequence of {length} tokens exceeds the model's maximum of {limit}: {hint}")
+
+
+def _restarts(position_ids: torch.Tensor) -> list[int] | None:
+    """Where positions restart at 0 in one flattened row (a DataCollatorWithFlattening batch), or None for a
+    single sequence. Reads the positions on the host: the one sync of the packed-input path."""
+    pos = position_ids[0].tolist()
+    starts = [i for i, p in enumerate(pos) if p == 0]
+    return starts if len(starts) > 1 or (starts and starts[0] != 0) else None
 
 
 # ----------------------------------------------------------------------------------------------- MLM head
@@ -595,16 +631,19 @@ class NeoBERTForMaskedLM(NeoBERTPreTrainedModel):
         input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
         output_hidden_states: bool | None = None,
         output_attentions: bool | None = None,
         return_dict: bool | None = None,
         **kwargs,
-    ) -> MaskedLMOutput:
+    ) -> MaskedLMOutput | tuple:
         out = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
             output_hidden_states=output_hidden_states,
             output_attentions=output_attentions,
+            return_dict=True,
             **kwargs,
         )
         logits = self.decoder(out.last_hidden_state)
@@ -615,9 +654,10 @@ class NeoBERTForMaskedLM(NeoBERTPreTrainedModel):
                     f"labels shape {tuple(labels.shape)} does not match logits {tuple(logits.shape[:-1])}"
                 )
             loss = F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), ignore_index=-100)
-        return MaskedLMOutput(
+        result = MaskedLMOutput(
             loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions
         )
+        return result if self._output_flags(None, None, return_dict)[2] else result.to_tuple()
 
 
 NeoBERTModel.register_for_auto_class("AutoModel")
