@@ -2,6 +2,12 @@
 
     python benchmarks/throughput.py --quick          # CPU fp32, < 5 minutes on 2 cores
     python benchmarks/throughput.py --device cuda    # bf16, lengths 512 ... 8192, batch size searched per length
+    python benchmarks/throughput.py --official PATH  # CPU fp32: against the official code, same weights, one run
+    python benchmarks/throughput.py --official PATH --compile   # ... and neoembed under torch.compile beside it
+
+``--official`` takes a checkout of github.com/chandar-lab/NeoBERT (its ``src/neobert/model/``; patched in memory as
+``benchmarks/_official.py`` describes) and times, on identical full-size random weights, unpadded 4 x 512 and 16
+real texts of 20-400 tokens padded to the longest; the runs alternate and each figure is a median.
 
 Every model has random weights built from its config (no hub). Measured side by side in one run:
 
@@ -18,7 +24,11 @@ Model FLOPs per token = 2 x (parameters of all linear layers outside the embeddi
 from __future__ import annotations
 
 import argparse
+import os
 import random
+import statistics
+import time
+from pathlib import Path
 
 import torch
 from _common import SHARED, header, matmul_rate, median_time, model_flops, real_texts, write_results
@@ -130,6 +140,75 @@ def variable_length(models: dict, texts, device, n_batches: int, batch_size: int
     return rows
 
 
+def _timed(fn, reps: int) -> list[float]:
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            fn()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def official_inputs(tok_texts: list[str]):
+    """Unpadded 4 x 512 random ids, and 16 real texts of 20-400 tokens padded to the longest."""
+    g = torch.Generator().manual_seed(0)
+    unpadded = torch.randint(1000, 20000, (4, 512), generator=g)
+    tok = AutoTokenizer.from_pretrained(TOKENIZER)
+    texts = [t for t in tok_texts if 20 <= len(tok(t, truncation=True, max_length=512)["input_ids"]) <= 400]
+    random.Random(0).shuffle(texts)
+    enc = tok(texts[:16], padding=True, truncation=True, max_length=512, return_tensors="pt")
+    return {"unpadded 4x512": (unpadded, torch.ones_like(unpadded)), "padded real text 16x(20-400)": (
+        enc["input_ids"], enc["attention_mask"])}
+
+
+def official_comparison(checkout: Path, reps: int, compiled: bool, commit: str | None) -> None:
+    """neoembed against the official implementation, same weights, alternating runs in one process."""
+    from _official import official_commit, official_forward, official_twin
+
+    ours = build("neobert", "cpu", torch.float32)
+    official = official_twin(ours, checkout)
+    variants = {"neoembed": lambda ids, mask: ours(input_ids=ids, attention_mask=mask)}
+    if compiled:
+        fast = torch.compile(ours)
+        variants["neoembed compiled"] = lambda ids, mask: fast(input_ids=ids, attention_mask=mask)
+    rows, load = [], os.getloadavg()
+    for case, (ids, mask) in official_inputs(real_texts()).items():
+        with torch.inference_mode():
+            ref = official_forward(official, ids, None if bool(mask.all()) else mask)
+            diff = (ours(input_ids=ids, attention_mask=mask).last_hidden_state - ref)[mask.bool()].abs().max()
+        runs = {"official": lambda ids=ids, mask=mask: official_forward(official, ids, None if bool(mask.all())
+                                                                         else mask)}
+        runs.update({n: (lambda f=f, ids=ids, mask=mask: f(ids, mask)) for n, f in variants.items()})
+        warm = {n: _timed(f, 1)[0] for n, f in runs.items()}  # first call (compilation for the compiled one)
+        times: dict[str, list[float]] = {n: [] for n in runs}
+        for _ in range(reps):  # alternate, so that the machine's load drifts over all of them alike
+            for n, f in runs.items():
+                times[n] += _timed(f, 1)
+        med = {n: statistics.median(t) for n, t in times.items()}
+        for n in runs:
+            row = {"case": case, "implementation": n, "median_s": med[n], "times_s": times[n],
+                   "first_call_s": warm[n], "speedup_vs_official": med["official"] / med[n],
+                   "real_tokens": int(mask.sum()), "padded_tokens": mask.numel(),
+                   "max_abs_diff_vs_official": float(diff) if n != "official" else 0.0}
+            rows.append(row)
+            print(f"  {case:30s} {n:18s} {med[n] * 1e3:8.0f} ms  x{row['speedup_vs_official']:.2f} vs official",
+                  flush=True)
+    payload = {"header": header(), "official_commit": commit or official_commit(checkout),
+               "threads": torch.get_num_threads(), "load_average_1_5_15_before": load,
+               "load_average_1_5_15_after": os.getloadavg(), "reps": reps, "rows": rows}
+    md = [f"neoembed vs official NeoBERT (commit {payload['official_commit']}), CPU fp32, "
+          f"{payload['threads']} threads, median of {reps} alternating runs; load average before / after: "
+          f"{load[0]:.1f} / {payload['load_average_1_5_15_after'][0]:.1f}", "",
+          "| case | implementation | median ms | speed-up vs official | first call ms | max abs diff |",
+          "|---|---|---|---|---|---|"]
+    md += [f"| {r['case']} | {r['implementation']} | {r['median_s'] * 1e3:.0f} | {r['speedup_vs_official']:.2f}x "
+           f"| {r['first_call_s'] * 1e3:.0f} | {r['max_abs_diff_vs_official']:.1e} |" for r in rows]
+    j, m = write_results("throughput_cpu_official", payload, "\n".join(md) + "\n")
+    print("\n".join(md))
+    print(f"wrote {j}, {m}")
+
+
 def plot(payload: dict, path) -> None:
     import matplotlib
 
@@ -162,7 +241,13 @@ def main() -> None:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--quick", action="store_true", help="CPU quick mode: lengths 512 and 1024, small batches")
     p.add_argument("--reps", type=int, default=None)
+    p.add_argument("--official", type=Path, default=None, help="checkout of chandar-lab/NeoBERT: compare on CPU")
+    p.add_argument("--official-commit", default=None, help="its commit, when PATH is not a git checkout")
+    p.add_argument("--compile", action="store_true", help="with --official: also time torch.compile(neoembed)")
     args = p.parse_args()
+    if args.official is not None:
+        official_comparison(args.official, args.reps or 5, args.compile, args.official_commit)
+        return
     device = args.device
     cuda = device.startswith("cuda")
     dtype = torch.bfloat16 if cuda else torch.float32

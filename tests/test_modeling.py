@@ -502,3 +502,37 @@ def test_positionless_prefix_of_text_only_model_matches_plain_text():
         full_mask = torch.cat([torch.zeros(2, 3, dtype=torch.long), mask], dim=1)
         out = model(inputs_embeds=x, attention_mask=full_mask, positionless_prefix=3).last_hidden_state
     assert (out[:, 3:] - plain)[mask.bool()].abs().max() <= EQ
+
+
+# ------------------------------------------------------------------------------ fast CPU forms vs plain ones
+def test_swiglu_two_gemms_equal_the_fused_product():
+    """On CPU the SwiGLU runs as two GEMMs on the row blocks of the fused w12; same outputs and gradients."""
+    import torch.nn.functional as F
+
+    from neoembed.modeling.modeling_neobert import NeoBERTSwiGLU
+
+    torch.manual_seed(0)
+    ffn = NeoBERTSwiGLU(tiny_config())
+    x = torch.randn(3, 5, 32, requires_grad=True)
+    fast = ffn(x)
+    gate, value = ffn.w12(x).chunk(2, dim=-1)
+    plain = ffn.w3(F.silu(gate) * value)
+    torch.testing.assert_close(fast, plain, atol=1e-6, rtol=1e-5)
+    w = torch.randn(fast.shape)
+    for a, b in zip(torch.autograd.grad((fast * w).sum(), (x, ffn.w12.weight, ffn.w3.weight)),
+                    torch.autograd.grad((plain * w).sum(), (x, ffn.w12.weight, ffn.w3.weight)), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_as_complex_product_equals_the_pair_rotation(dtype):
+    """RoPE runs as a complex product; it equals rotating each interleaved pair (x0, x1) by its angle."""
+    from neoembed.modeling.modeling_neobert import apply_rope, rope_cos_sin, rope_frequencies
+
+    cfg = tiny_config()
+    qkv = torch.randn(2, 7, 4, 24).to(dtype)  # strided q, as cut from the fused projection
+    q = qkv[..., :8]
+    cos, sin = rope_cos_sin(torch.arange(7)[None], *rope_frequencies(cfg))
+    x0, x1 = q.float()[..., 0::2], q.float()[..., 1::2]
+    expected = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(-2).to(dtype)
+    torch.testing.assert_close(apply_rope(q, cos, sin), expected, atol=1e-6, rtol=1e-5)

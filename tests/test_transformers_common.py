@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from transformers.models.auto import modeling_auto as _auto
 
 from neoembed.modeling import NeoBERTConfig, NeoBERTForMaskedLM, NeoBERTModel
 
@@ -147,9 +148,25 @@ class NeoBERTModelTest(ModelTesterMixin, unittest.TestCase):
     # NeoBERT has no position embedding table to resize (RoPE)
     test_resize_position_embeddings = False
 
+    @classmethod
+    def setUpClass(cls):
+        # transformers' tests find a model's role (base model, masked LM) by its class name in the tables of
+        # built-in models, where a native NeoBERT would be listed; list it there for the duration of the tests.
+        super().setUpClass()
+        cls._tables = [(_auto.MODEL_MAPPING_NAMES, "NeoBERTModel"), (_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+                       "NeoBERTForMaskedLM")]
+        for table, name in cls._tables:
+            table["neobert"] = name
+
+    @classmethod
+    def tearDownClass(cls):
+        for table, _ in cls._tables:
+            table.pop("neobert", None)
+        super().tearDownClass()
+
     def setUp(self):
         self.model_tester = NeoBERTModelTester(self)
-        self.config_tester = ConfigTester(self, config_class=NeoBERTConfig, hidden_size=37)
+        self.config_tester = ConfigTester(self, config_class=NeoBERTConfig, hidden_size=48)
 
     def _prepare_for_class(self, inputs_dict, model_class, return_labels=False):
         inputs_dict = super()._prepare_for_class(inputs_dict, model_class, return_labels=return_labels)

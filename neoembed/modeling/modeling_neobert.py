@@ -6,15 +6,24 @@ Imports only torch and transformers: this file is copied next to every saved mod
 
 Shapes: B batch, L padded length, T packed tokens (sum of real lengths), D width, H heads, Dh = D / H.
 
-Attention runs in one of two layouts:
+Attention runs in one of two layouts, chosen once per forward (``NeoBERTModel._plan``):
 
-* padded: ``(B, L, D)`` with a key-padding mask ``(B, 1, 1, L)`` built once per forward;
+* padded: ``(B, L, D)`` with a key-padding mask ``(B, 1, 1, L)``;
 * padding-free (``config.padding_free``, or ``flash_attention_2``): the real tokens of every sequence packed
-  into one ``(T, D)`` sequence for every linear layer; RoPE positions restart at 0 per sequence and attention
-  is confined to each sequence by ``cu_seqlens``. On CUDA it runs in flash-attn's varlen kernel (or
-  ``torch.nn.attention.varlen``); on CPU as one SDPA call per sequence. Outputs are scattered back to
-  ``(B, L, D)``, so callers do not care. Input that is already packed (``position_ids`` /
-  ``cu_seq_lens_q``, as transformers' ``DataCollatorWithFlattening`` emits it) stays packed.
+  into one ``(T, D)`` sequence for every linear layer; attention is confined to each sequence by
+  ``cu_seqlens``. Outputs are scattered back to ``(B, L, D)``, so callers do not care. Input that is already
+  packed (``position_ids`` / ``cu_seq_lens_q``, as transformers' ``DataCollatorWithFlattening`` emits it) stays
+  packed.
+
+``NeoBERTAttention`` runs the backend named in the forward's ``AttentionInputs``, looked up in
+``ATTENTION_BACKENDS``: ``eager`` and ``sdpa`` (padded), ``varlen`` (packed, CUDA: flash-attn's or torch's
+varlen kernel) and ``per_sequence`` (packed, CPU: one SDPA call per sequence). Other code may register more
+(``neoembed.cde`` registers CDE's position-less prefix).
+
+The hot path never asks the host: a padded forward makes no data-dependent sync (value checks of the input
+run on host tensors only, outside compilation); dropping padding or reading packed boundaries costs one sync,
+made in ``forward`` itself so that ``torch.compile`` breaks the graph there once. Padding positions of the last
+hidden state are zeros in every layout.
 """
 
 from __future__ import annotations
@@ -410,6 +419,7 @@ class Layout:
     batch: int
     length: int
     indices: torch.Tensor | None = None  # (T,) flat positions of the packed tokens in the grid; None: no scatter
+    padding: torch.Tensor | None = None  # (B, L, 1) bool, padded layout: True at padding
     packed_input: bool = False  # input came packed as (1, T): return (1, T, D)
     flat: bool = False  # (B*L, D) without padding (flash attention): unflatten back
 
@@ -420,9 +430,14 @@ class Layout:
         if self.flat:
             return h.unflatten(0, (self.batch, self.length))
         if self.indices is None:
-            return h
+            return h  # the tensor itself (a hidden state a caller may retain_grad on)
         out = h.new_zeros(self.batch * self.length, h.shape[-1])
         return out.index_copy(0, self.indices, h).unflatten(0, (self.batch, self.length))
+
+    def output(self, h: torch.Tensor) -> torch.Tensor:
+        """The last hidden state: padding positions are zeros in every layout, so that the layouts agree."""
+        h = self.unpack(h)
+        return h if self.padding is None else h.masked_fill(self.padding, 0.0)
 
 
 class NeoBERTModel(NeoBERTPreTrainedModel):
@@ -483,8 +498,10 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
         )
         _check_inputs(self.config, input_ids, attention_mask, inputs_embeds)
         x = self.encoder(input_ids) if inputs_embeds is None else inputs_embeds
+        plan, to_read = self._plan(x, attention_mask, position_ids, cu_seq_lens_q, positionless_prefix, output_attentions)
+        host = None if to_read is None else to_read.tolist()  # the forward's one host sync (a graph break)
         x, layout, inputs = self._prepare(
-            x, attention_mask, position_ids, cu_seq_lens_q, cu_seq_lens_k, positionless_prefix, output_attentions
+            plan, host, x, attention_mask, position_ids, cu_seq_lens_k, positionless_prefix, output_attentions
         )
         hidden_states, attentions = [layout.unpack(x)] if output_hidden_states else None, []
         for block in self.transformer_encoder:
@@ -493,53 +510,74 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
             if output_hidden_states:
                 hidden_states.append(layout.unpack(x))
         out = BaseModelOutput(
-            last_hidden_state=layout.unpack(self.layer_norm(x)),
+            last_hidden_state=layout.output(self.layer_norm(x)),
             hidden_states=tuple(hidden_states) if output_hidden_states else None,
             attentions=tuple(attentions) if output_attentions else None,
         )
         return out if return_dict else out.to_tuple()
 
     # ------------------------------------------------------------------------------ layouts, once per forward
-    def _prepare(self, x, attention_mask, position_ids, cu_q, cu_k, prefix, output_attentions):
-        """Pick the layout (padded, padding-free, packed input, position-less prefix) and build the attention
-        inputs: at most one host sync (the lengths of a padded batch, or the boundaries of packed input)."""
+    def _plan(self, x, attention_mask, position_ids, cu_q, prefix, output_attentions):
+        """The layout this forward takes, and the device tensor it must read on the host to build it (or None):
+        the lengths of a padded batch to drop its padding, or the boundaries of packed input."""
         B, L = x.shape[:2]
+        if prefix and cu_q is not None:
+            raise ValueError("positionless_prefix does not combine with packed input (cu_seq_lens_q)")
         if prefix:
-            return self._prefix_layout(x, attention_mask, position_ids, prefix, cu_q, output_attentions)
-        if cu_q is not None or (position_ids is not None and attention_mask is None and B == 1 and L > 1):
-            starts = None if cu_q is not None else _restarts(position_ids)
-            if cu_q is not None or starts is not None:
-                return self._packed_input_layout(x, position_ids, cu_q, cu_k, starts)
+            return "prefix", None
+        if cu_q is not None:
+            return "packed_input", cu_q
+        if position_ids is not None and attention_mask is None and B == 1 and L > 1:
+            return "maybe_packed", position_ids[0]  # positions restarting at 0 mark packed sequences
         implementation = self.config._attn_implementation or "sdpa"
         want_packed = implementation == "flash_attention_2" or (
             self.config.padding_free and implementation != "eager" and not output_attentions
         )
         # Packing needs the lengths on the host: a traced export has none, so it keeps the padded layout.
-        if want_packed and not torch.compiler.is_exporting():
-            if attention_mask is not None:
-                lengths = [int(n) for n in attention_mask.sum(dim=1).tolist()]  # the one host sync
-                if min(lengths, default=L) < L:
-                    return self._padding_free_layout(x, attention_mask, position_ids, lengths)
-            if implementation == "flash_attention_2":
-                return self._flat_layout(x, position_ids)
+        if not want_packed or torch.compiler.is_exporting():
+            return "padded", None
+        if attention_mask is None:
+            return ("flat" if implementation == "flash_attention_2" else "unpadded"), None
+        return "padding_free", attention_mask.sum(dim=1)
+
+    def _prepare(self, plan, host, x, attention_mask, position_ids, cu_k, prefix, output_attentions):
+        """Build the layout and the attention inputs from the plan and what was read on the host."""
+        B, L = x.shape[:2]
+        if plan == "prefix":
+            return self._prefix_layout(x, attention_mask, position_ids, prefix, output_attentions)
+        if plan == "packed_input":
+            return self._packed_input_layout(x, position_ids, cu_k, [int(c) for c in host])
+        if plan == "maybe_packed":
+            starts = [i for i, p in enumerate(host) if p == 0]
+            if len(starts) > 1 or (starts and starts[0] != 0):
+                return self._packed_input_layout(x, position_ids, cu_k, [*starts, L])
+        if plan == "padding_free":
+            lengths = [int(n) for n in host]
+            if min(lengths, default=L) < L:
+                return self._padding_free_layout(x, attention_mask, position_ids, lengths)
+            plan = "flat" if self.config._attn_implementation == "flash_attention_2" else "unpadded"
+        if plan == "flat":
+            return self._flat_layout(x, position_ids)
+        if plan == "unpadded":
             attention_mask = None  # no padding: no mask to build or apply
         self._check_length(L)
         pos = torch.arange(L, device=x.device)[None] if position_ids is None else position_ids
         backend = attention_backend(self.config, x, False, output_attentions)
         inputs = AttentionInputs(backend, *self._rope(pos), key_mask=_key_padding_mask(attention_mask))
         inputs.output_attentions = output_attentions
-        return x, Layout(B, L), inputs
+        padding = None if attention_mask is None else (attention_mask == 0)[..., None]
+        return x, Layout(B, L, padding=padding), inputs
 
     def _padding_free_layout(self, x, attention_mask, position_ids, lengths: list[int]):
-        """Gather the real tokens of a padded batch into one sequence; positions restart at 0 per sequence."""
+        """Gather the real tokens of a padded batch into one sequence (attention confined to each sequence)."""
         B, L = x.shape[:2]
         mask = attention_mask.bool().flatten()
         # nonzero_static: the count is known on the host already, so no second sync for the output size
         indices = torch.nonzero_static(mask, size=sum(lengths)).flatten()
-        if position_ids is None:
-            pos = (torch.cumsum(attention_mask.long(), dim=1).flatten() - 1)[indices]
-        else:
-            pos = position_ids.expand(B, L).flatten()[indices]
+        # a token keeps its column as position, as in the padded layout (RoPE is relative: left padding
+        # shifts every position of a row alike and changes nothing)
+        pos = torch.arange(L, device=x.device) if position_ids is None else position_ids
+        pos = pos.expand(B, L).flatten()[indices]
         return x.flatten(0, 1)[indices], Layout(B, L, indices=indices), self._packed_inputs(x, pos, lengths)
 
     def _flat_layout(self, x, position_ids):
@@ -548,13 +586,12 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
         pos = torch.arange(L, device=x.device).repeat(B) if position_ids is None else position_ids.expand(B, L)
         return x.flatten(0, 1), Layout(B, L, flat=True), self._packed_inputs(x, pos.flatten(), [L] * B)
 
-    def _packed_input_layout(self, x, position_ids, cu_q, cu_k, starts):
-        """Input already packed by a flattening collator: (1, T) with sequence boundaries."""
+    def _packed_input_layout(self, x, position_ids, cu_k, bounds: list[int]):
+        """Input already packed by a flattening collator: (1, T) with sequence boundaries (read on the host)."""
         B, T = x.shape[:2]
         if B != 1:
             raise ValueError(f"packed input must have batch size 1, got {B}")
-        bounds = [*starts, T] if cu_q is None else [int(c) for c in cu_q.tolist()]  # the one sync
-        if cu_k is not None and cu_k.tolist() != bounds:
+        if cu_k is not None and cu_k.shape != (len(bounds),):
             raise ValueError("cu_seq_lens_k must equal cu_seq_lens_q (NeoBERT is self-attention only)")
         lengths = [b - a for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
         if not bounds or bounds[0] != 0 or bounds[-1] != T or min(lengths, default=0) < 0:
@@ -572,12 +609,10 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
             backend, *self._rope(pos), cu_seqlens=cu, lengths=tuple(lengths), max_seqlen=max(lengths, default=0)
         )
 
-    def _prefix_layout(self, x, attention_mask, position_ids, prefix, cu_q, output_attentions):
+    def _prefix_layout(self, x, attention_mask, position_ids, prefix, output_attentions):
         B, L = x.shape[:2]
         if not 0 < prefix <= L:
             raise ValueError(f"positionless_prefix={prefix} must lie in [0, {L}]")
-        if cu_q is not None:
-            raise ValueError("positionless_prefix does not combine with packed input")
         self._check_length(L - prefix)
         pos = torch.arange(L - prefix, device=x.device)[None] if position_ids is None else position_ids
         if pos.shape[-1] != L - prefix:
@@ -600,14 +635,6 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
                 else "raise rope_scaling.factor or truncate the input"
             )
             raise ValueError(f"sequence of {length} tokens exceeds the model's maximum of {limit}: {hint}")
-
-
-def _restarts(position_ids: torch.Tensor) -> list[int] | None:
-    """Where positions restart at 0 in one flattened row (a DataCollatorWithFlattening batch), or None for a
-    single sequence. Reads the positions on the host: the one sync of the packed-input path."""
-    pos = position_ids[0].tolist()
-    starts = [i for i, p in enumerate(pos) if p == 0]
-    return starts if len(starts) > 1 or (starts and starts[0] != 0) else None
 
 
 # ----------------------------------------------------------------------------------------------- MLM head
