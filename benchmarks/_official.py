@@ -36,7 +36,9 @@ class _SwiGLU(nn.Module):
 
 
 def _refuse(*args, **kwargs):
-    raise RuntimeError("xformers' memory_efficient_attention is not available here: use flash_attention=False")
+    raise RuntimeError(
+        "xformers' memory_efficient_attention is not available here: use flash_attention=False"
+    )
 
 
 def official_commit(checkout: Path) -> str:
@@ -52,7 +54,9 @@ def load_official(checkout: Path) -> types.ModuleType:
     """Import ``src/neobert/model/model.py`` of the checkout (patched as described above) as a module."""
     src = Path(checkout) / "src" / "neobert" / "model"
     if not (src / "model.py").is_file():
-        raise SystemExit(f"--official {checkout}: no src/neobert/model/model.py there; pass a NeoBERT checkout")
+        raise SystemExit(
+            f"--official {checkout}: no src/neobert/model/model.py there; pass a NeoBERT checkout"
+        )
     xformers, ops = types.ModuleType("xformers"), types.ModuleType("xformers.ops")
     ops.SwiGLU, ops.memory_efficient_attention = _SwiGLU, _refuse
     xformers.ops = ops
@@ -76,9 +80,15 @@ def official_twin(ours, checkout: Path):
     official = load_official(checkout)
     c = ours.config
     config = official.NeoBERTConfig(
-        hidden_size=c.hidden_size, num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
-        intermediate_size=c.intermediate_size, vocab_size=c.vocab_size, norm_eps=c.norm_eps,
-        max_length=c.max_length, pad_token_id=c.pad_token_id, flash_attention=False,
+        hidden_size=c.hidden_size,
+        num_hidden_layers=c.num_hidden_layers,
+        num_attention_heads=c.num_attention_heads,
+        intermediate_size=c.intermediate_size,
+        vocab_size=c.vocab_size,
+        norm_eps=c.norm_eps,
+        max_length=c.max_length,
+        pad_token_id=c.pad_token_id,
+        flash_attention=False,
     )
     model = official.NeoBERT(config)
     model.load_state_dict(ours.state_dict(), strict=True)

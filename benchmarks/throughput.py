@@ -158,8 +158,10 @@ def official_inputs(tok_texts: list[str]):
     texts = [t for t in tok_texts if 20 <= len(tok(t, truncation=True, max_length=512)["input_ids"]) <= 400]
     random.Random(0).shuffle(texts)
     enc = tok(texts[:16], padding=True, truncation=True, max_length=512, return_tensors="pt")
-    return {"unpadded 4x512": (unpadded, torch.ones_like(unpadded)), "padded real text 16x(20-400)": (
-        enc["input_ids"], enc["attention_mask"])}
+    return {
+        "unpadded 4x512": (unpadded, torch.ones_like(unpadded)),
+        "padded real text 16x(20-400)": (enc["input_ids"], enc["attention_mask"]),
+    }
 
 
 def official_comparison(checkout: Path, reps: int, compiled: bool, commit: str | None) -> None:
@@ -177,8 +179,11 @@ def official_comparison(checkout: Path, reps: int, compiled: bool, commit: str |
         with torch.inference_mode():
             ref = official_forward(official, ids, None if bool(mask.all()) else mask)
             diff = (ours(input_ids=ids, attention_mask=mask).last_hidden_state - ref)[mask.bool()].abs().max()
-        runs = {"official": lambda ids=ids, mask=mask: official_forward(official, ids, None if bool(mask.all())
-                                                                         else mask)}
+        runs = {
+            "official": lambda ids=ids, mask=mask: official_forward(
+                official, ids, None if bool(mask.all()) else mask
+            )
+        }
         runs.update({n: (lambda f=f, ids=ids, mask=mask: f(ids, mask)) for n, f in variants.items()})
         warm = {n: _timed(f, 1)[0] for n, f in runs.items()}  # first call (compilation for the compiled one)
         times: dict[str, list[float]] = {n: [] for n in runs}
@@ -187,23 +192,44 @@ def official_comparison(checkout: Path, reps: int, compiled: bool, commit: str |
                 times[n] += _timed(f, 1)
         med = {n: statistics.median(t) for n, t in times.items()}
         for n in runs:
-            row = {"case": case, "implementation": n, "median_s": med[n], "times_s": times[n],
-                   "first_call_s": warm[n], "speedup_vs_official": med["official"] / med[n],
-                   "real_tokens": int(mask.sum()), "padded_tokens": mask.numel(),
-                   "max_abs_diff_vs_official": float(diff) if n != "official" else 0.0}
+            row = {
+                "case": case,
+                "implementation": n,
+                "median_s": med[n],
+                "times_s": times[n],
+                "first_call_s": warm[n],
+                "speedup_vs_official": med["official"] / med[n],
+                "real_tokens": int(mask.sum()),
+                "padded_tokens": mask.numel(),
+                "max_abs_diff_vs_official": float(diff) if n != "official" else 0.0,
+            }
             rows.append(row)
-            print(f"  {case:30s} {n:18s} {med[n] * 1e3:8.0f} ms  x{row['speedup_vs_official']:.2f} vs official",
-                  flush=True)
-    payload = {"header": header(), "official_commit": commit or official_commit(checkout),
-               "threads": torch.get_num_threads(), "load_average_1_5_15_before": load,
-               "load_average_1_5_15_after": os.getloadavg(), "reps": reps, "rows": rows}
-    md = [f"neoembed vs official NeoBERT (commit {payload['official_commit']}), CPU fp32, "
-          f"{payload['threads']} threads, median of {reps} alternating runs; load average before / after: "
-          f"{load[0]:.1f} / {payload['load_average_1_5_15_after'][0]:.1f}", "",
-          "| case | implementation | median ms | speed-up vs official | first call ms | max abs diff |",
-          "|---|---|---|---|---|---|"]
-    md += [f"| {r['case']} | {r['implementation']} | {r['median_s'] * 1e3:.0f} | {r['speedup_vs_official']:.2f}x "
-           f"| {r['first_call_s'] * 1e3:.0f} | {r['max_abs_diff_vs_official']:.1e} |" for r in rows]
+            print(
+                f"  {case:30s} {n:18s} {med[n] * 1e3:8.0f} ms  x{row['speedup_vs_official']:.2f} vs official",
+                flush=True,
+            )
+    payload = {
+        "header": header(),
+        "official_commit": commit or official_commit(checkout),
+        "threads": torch.get_num_threads(),
+        "load_average_1_5_15_before": load,
+        "load_average_1_5_15_after": os.getloadavg(),
+        "reps": reps,
+        "rows": rows,
+    }
+    md = [
+        f"neoembed vs official NeoBERT (commit {payload['official_commit']}), CPU fp32, "
+        f"{payload['threads']} threads, median of {reps} alternating runs; load average before / after: "
+        f"{load[0]:.1f} / {payload['load_average_1_5_15_after'][0]:.1f}",
+        "",
+        "| case | implementation | median ms | speed-up vs official | first call ms | max abs diff |",
+        "|---|---|---|---|---|---|",
+    ]
+    md += [
+        f"| {r['case']} | {r['implementation']} | {r['median_s'] * 1e3:.0f} | {r['speedup_vs_official']:.2f}x "
+        f"| {r['first_call_s'] * 1e3:.0f} | {r['max_abs_diff_vs_official']:.1e} |"
+        for r in rows
+    ]
     j, m = write_results("throughput_cpu_official", payload, "\n".join(md) + "\n")
     print("\n".join(md))
     print(f"wrote {j}, {m}")
@@ -241,9 +267,13 @@ def main() -> None:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--quick", action="store_true", help="CPU quick mode: lengths 512 and 1024, small batches")
     p.add_argument("--reps", type=int, default=None)
-    p.add_argument("--official", type=Path, default=None, help="checkout of chandar-lab/NeoBERT: compare on CPU")
+    p.add_argument(
+        "--official", type=Path, default=None, help="checkout of chandar-lab/NeoBERT: compare on CPU"
+    )
     p.add_argument("--official-commit", default=None, help="its commit, when PATH is not a git checkout")
-    p.add_argument("--compile", action="store_true", help="with --official: also time torch.compile(neoembed)")
+    p.add_argument(
+        "--compile", action="store_true", help="with --official: also time torch.compile(neoembed)"
+    )
     args = p.parse_args()
     if args.official is not None:
         official_comparison(args.official, args.reps or 5, args.compile, args.official_commit)

@@ -26,7 +26,11 @@ def _fresh_dynamo():
 def _model(padding_free: bool) -> NeoBERTModel:
     torch.manual_seed(0)
     config = NeoBERTConfig(
-        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, vocab_size=100,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        vocab_size=100,
         padding_free=padding_free,
     )
     return NeoBERTModel(config)
@@ -65,8 +69,11 @@ def test_padded_path_is_one_graph_and_compiles_fullgraph():
     explanation = torch._dynamo.explain(model)(input_ids=ids, attention_mask=mask)
     assert explanation.graph_break_count == 0, explanation.break_reasons
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
-    _assert_same(_outputs_and_grads(model, input_ids=ids, attention_mask=mask),
-                 _outputs_and_grads(model, compiled, input_ids=ids, attention_mask=mask), mask)
+    _assert_same(
+        _outputs_and_grads(model, input_ids=ids, attention_mask=mask),
+        _outputs_and_grads(model, compiled, input_ids=ids, attention_mask=mask),
+        mask,
+    )
 
 
 def test_padding_free_path_breaks_at_most_once():
@@ -75,8 +82,11 @@ def test_padding_free_path_breaks_at_most_once():
     explanation = torch._dynamo.explain(model)(input_ids=ids, attention_mask=mask)
     assert explanation.graph_break_count <= 1, explanation.break_reasons
     compiled = torch.compile(model, backend="aot_eager")
-    _assert_same(_outputs_and_grads(model, input_ids=ids, attention_mask=mask),
-                 _outputs_and_grads(model, compiled, input_ids=ids, attention_mask=mask), mask)
+    _assert_same(
+        _outputs_and_grads(model, input_ids=ids, attention_mask=mask),
+        _outputs_and_grads(model, compiled, input_ids=ids, attention_mask=mask),
+        mask,
+    )
 
 
 def test_packed_input_breaks_at_most_once():
@@ -97,7 +107,9 @@ def test_export_of_padded_encoder_matches_eager():
     ids, mask = _batch()
     batch, length = torch.export.Dim("batch", max=64), torch.export.Dim("length", max=64)
     shapes = {"input_ids": {0: batch, 1: length}, "attention_mask": {0: batch, 1: length}}
-    program = torch.export.export(model, (), {"input_ids": ids, "attention_mask": mask}, dynamic_shapes=shapes)
+    program = torch.export.export(
+        model, (), {"input_ids": ids, "attention_mask": mask}, dynamic_shapes=shapes
+    )
     for ids, mask in (_batch(), _batch((3, 12, 12, 5, 2), seed=1)):
         with torch.no_grad():
             expected = model(input_ids=ids, attention_mask=mask).last_hidden_state

@@ -519,8 +519,11 @@ def test_swiglu_two_gemms_equal_the_fused_product():
     plain = ffn.w3(F.silu(gate) * value)
     torch.testing.assert_close(fast, plain, atol=1e-6, rtol=1e-5)
     w = torch.randn(fast.shape)
-    for a, b in zip(torch.autograd.grad((fast * w).sum(), (x, ffn.w12.weight, ffn.w3.weight)),
-                    torch.autograd.grad((plain * w).sum(), (x, ffn.w12.weight, ffn.w3.weight)), strict=True):
+    for a, b in zip(
+        torch.autograd.grad((fast * w).sum(), (x, ffn.w12.weight, ffn.w3.weight)),
+        torch.autograd.grad((plain * w).sum(), (x, ffn.w12.weight, ffn.w3.weight)),
+        strict=True,
+    ):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
 
 

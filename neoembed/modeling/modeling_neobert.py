@@ -219,7 +219,9 @@ def attention_backend(config: NeoBERTConfig, x: torch.Tensor, packed: bool, outp
     """The registry name for this forward, from the configured implementation and the layout."""
     implementation = config._attn_implementation or "sdpa"
     if implementation not in ATTN_IMPLEMENTATIONS:
-        raise ValueError(f"unknown attn_implementation {implementation!r}; valid: {list(ATTN_IMPLEMENTATIONS)}")
+        raise ValueError(
+            f"unknown attn_implementation {implementation!r}; valid: {list(ATTN_IMPLEMENTATIONS)}"
+        )
     if not packed:
         return "eager" if implementation == "eager" or output_attentions else "sdpa"
     half = x.is_cuda and x.dtype in (torch.float16, torch.bfloat16)
@@ -247,7 +249,11 @@ class NeoBERTAttention(nn.Module):
         if backend is None:
             raise ValueError(
                 f"unknown attention backend {inputs.backend!r}; registered: {sorted(ATTENTION_BACKENDS)}"
-                + (" (import neoembed.cde to register CDE's)" if inputs.backend == "positionless_prefix" else "")
+                + (
+                    " (import neoembed.cde to register CDE's)"
+                    if inputs.backend == "positionless_prefix"
+                    else ""
+                )
             )
         return backend(q, k, v, inputs)
 
@@ -400,7 +406,9 @@ def _check_inputs(config: NeoBERTConfig, input_ids, attention_mask, inputs_embed
             )
     if attention_mask is not None and attention_mask.dtype != torch.bool:
         if bool(((attention_mask != 0) & (attention_mask != 1)).any()):
-            raise ValueError("attention_mask must hold only 0 and 1 (1 = token, 0 = padding), not an additive mask")
+            raise ValueError(
+                "attention_mask must hold only 0 and 1 (1 = token, 0 = padding), not an additive mask"
+            )
 
 
 def _key_padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
@@ -418,7 +426,9 @@ class Layout:
 
     batch: int
     length: int
-    indices: torch.Tensor | None = None  # (T,) flat positions of the packed tokens in the grid; None: no scatter
+    indices: torch.Tensor | None = (
+        None  # (T,) flat positions of the packed tokens in the grid; None: no scatter
+    )
     padding: torch.Tensor | None = None  # (B, L, 1) bool, padded layout: True at padding
     packed_input: bool = False  # input came packed as (1, T): return (1, T, D)
     flat: bool = False  # (B*L, D) without padding (flash attention): unflatten back
@@ -498,7 +508,9 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
         )
         _check_inputs(self.config, input_ids, attention_mask, inputs_embeds)
         x = self.encoder(input_ids) if inputs_embeds is None else inputs_embeds
-        plan, to_read = self._plan(x, attention_mask, position_ids, cu_seq_lens_q, positionless_prefix, output_attentions)
+        plan, to_read = self._plan(
+            x, attention_mask, position_ids, cu_seq_lens_q, positionless_prefix, output_attentions
+        )
         host = None if to_read is None else to_read.tolist()  # the forward's one host sync (a graph break)
         x, layout, inputs = self._prepare(
             plan, host, x, attention_mask, position_ids, cu_seq_lens_k, positionless_prefix, output_attentions
@@ -583,7 +595,9 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
     def _flat_layout(self, x, position_ids):
         """flash attention on a batch without padding: every row is one sequence of length L."""
         B, L = x.shape[:2]
-        pos = torch.arange(L, device=x.device).repeat(B) if position_ids is None else position_ids.expand(B, L)
+        pos = (
+            torch.arange(L, device=x.device).repeat(B) if position_ids is None else position_ids.expand(B, L)
+        )
         return x.flatten(0, 1), Layout(B, L, flat=True), self._packed_inputs(x, pos.flatten(), [L] * B)
 
     def _packed_input_layout(self, x, position_ids, cu_k, bounds: list[int]):
@@ -603,10 +617,16 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
     def _packed_inputs(self, x, pos, lengths: list[int]) -> AttentionInputs:
         for n in lengths:
             self._check_length(n)
-        cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32).to(x.device, non_blocking=True)
+        cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32).to(
+            x.device, non_blocking=True
+        )
         backend = attention_backend(self.config, x, True, False)
         return AttentionInputs(
-            backend, *self._rope(pos), cu_seqlens=cu, lengths=tuple(lengths), max_seqlen=max(lengths, default=0)
+            backend,
+            *self._rope(pos),
+            cu_seqlens=cu,
+            lengths=tuple(lengths),
+            max_seqlen=max(lengths, default=0),
         )
 
     def _prefix_layout(self, x, attention_mask, position_ids, prefix, output_attentions):
@@ -616,7 +636,9 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
         self._check_length(L - prefix)
         pos = torch.arange(L - prefix, device=x.device)[None] if position_ids is None else position_ids
         if pos.shape[-1] != L - prefix:
-            raise ValueError(f"with positionless_prefix, position_ids must cover the {L - prefix} text positions")
+            raise ValueError(
+                f"with positionless_prefix, position_ids must cover the {L - prefix} text positions"
+            )
         key_mask = _key_padding_mask(attention_mask)
         inputs = AttentionInputs("positionless_prefix", *self._rope(pos), key_mask, prefix=prefix)
         inputs.output_attentions = output_attentions
