@@ -184,7 +184,10 @@ def _fingerprint(src_path: Path, model, cfg: MineConfig, corpus, corpus_card) ->
     if corpus_card is not None:
         corpus_id = file_sha256(corpus_card[2])
     elif corpus is not None:
-        corpus_id = hashlib.sha256("\x00".join(corpus).encode()).hexdigest()
+        h = hashlib.sha256()
+        for text in corpus:  # one text at a time: a joined copy of a large corpus would double its memory
+            h.update(text.encode("utf8") + b"\x00")
+        corpus_id = h.hexdigest()
     else:
         corpus_id = None
     return {
