@@ -130,6 +130,17 @@ def test_exact_search_equals_brute_force_and_approximate_indexes_rescore_exactly
     assert pq["faiss"] == "IVF2,PQ8x7" and (pq_i >= 0).all()
     np.testing.assert_allclose(pq_s, np.take_along_axis(brute, pq_i, 1), atol=1e-5)
     assert (np.diff(pq_s, axis=1) <= 1e-7).all()  # best first after rescoring
+    # gpu=on: a GPU index where faiss-gpu and a GPU exist, else the CPU search after one clear warning
+    import faiss
+
+    from neoembed.mine.search import gpu_available
+
+    if gpu_available(faiss):
+        assert search(corpus, queries, k, "flat", gpu="on", progress=False)[2]["device"].startswith("gpu")
+    else:
+        with pytest.warns(UserWarning, match="faiss-gpu or a GPU is missing: searching on CPU"):
+            on_s, _, on = search(corpus, queries, k, "flat", gpu="on", progress=False)
+        assert on["device"] == "cpu" and np.allclose(on_s, scores, atol=1e-6)
     with pytest.raises(ValueError, match="pq_m=7 must divide"):
         search(corpus, queries, k, "ivfpq", pq_m=7, gpu="off", progress=False)
 

@@ -124,7 +124,13 @@ def _place(index, gpu: str, k: int, faiss):
             f"faiss on GPU returns at most {GPU_MAX_K} neighbours, {k} asked: searching on CPU", stacklevel=3
         )
         return index, "cpu"
-    return faiss.index_cpu_to_all_gpus(index), f"gpu x{faiss.get_num_gpus()}"
+    try:
+        return faiss.index_cpu_to_all_gpus(index), f"gpu x{faiss.get_num_gpus()}"
+    except RuntimeError as e:  # index types without a GPU version (HNSW; PQ codes of fewer than 8 bits)
+        warnings.warn(
+            f"faiss cannot place this index on GPU ({str(e).splitlines()[0]}): searching on CPU", stacklevel=3
+        )
+        return index, "cpu"
 
 
 def search(
