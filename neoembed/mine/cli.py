@@ -66,7 +66,11 @@ def mine_command(
     ] = "flat",
     nlist: Annotated[int | None, typer.Option("--nlist", rich_help_panel=_INDEX)] = None,
     nprobe: Annotated[int, typer.Option("--nprobe", rich_help_panel=_INDEX)] = 16,
-    pq_m: Annotated[int, typer.Option("--pq-m", rich_help_panel=_INDEX)] = 16,
+    pq_m: Annotated[
+        int, typer.Option("--pq-m", help="ivfpq: bytes per document.", rich_help_panel=_INDEX)
+    ] = 16,
+    hnsw_m: Annotated[int, typer.Option("--hnsw-m", rich_help_panel=_INDEX)] = 32,
+    ef_search: Annotated[int, typer.Option("--ef-search", rich_help_panel=_INDEX)] = 128,
     gpu: Annotated[
         str, typer.Option("--gpu", help="auto, on or off (faiss-gpu index).", rich_help_panel=_INDEX)
     ] = "auto",
@@ -96,8 +100,8 @@ def mine_command(
         num_negatives=num_negatives, range_min=range_min, range_max=range_max,
         max_fraction=None if max_fraction in (None, 1.0) else max_fraction, margin=margin, max_score=max_score,
         duplicate_threshold=duplicate_threshold, cross_encoder=cross_encoder, index=index, nlist=nlist,
-        nprobe=nprobe, pq_m=pq_m, gpu=gpu, shard_size=shard_size, batch_size=batch_size, max_length=max_length,
-        max_rows=max_rows, workers=workers, name=name,
+        nprobe=nprobe, pq_m=pq_m, hnsw_m=hnsw_m, ef_search=ef_search, gpu=gpu, shard_size=shard_size,
+        batch_size=batch_size, max_length=max_length, max_rows=max_rows, workers=workers, name=name,
     )  # fmt: skip
     try:
         config = MineConfig(**settings)
