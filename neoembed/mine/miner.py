@@ -42,7 +42,7 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 from tqdm.auto import tqdm
 
-from neoembed.data.cards import DataCard, build_pairs, find_card, load_card, load_rows
+from neoembed.data.cards import DataCard, DataCardError, build_pairs, find_card, load_card, load_rows
 from neoembed.instructions import DEFAULT_TEMPLATE, format_with_instruction
 from neoembed.mine.filters import select_negatives, text_key
 from neoembed.mine.search import EmbeddingShards, search, write_shard
@@ -252,12 +252,23 @@ def _corpus_description(corpus, corpus_card, n_docs: int) -> dict:
 
 
 def _card_documents(card: DataCard, folder: Path, max_rows: int | None) -> list[str]:
-    """A corpus card's documents: its positives and negatives (its queries are not documents)."""
-    pairs = build_pairs(card, load_rows(card, folder, max_rows), with_instruction=False)
-    docs = list(pairs["positive"])
-    for col in pairs.column_names:
-        if col.startswith("negative_"):
-            docs += pairs[col]
+    """A corpus card's documents: its positives and every negative (its queries are not documents).
+
+    ``build_pairs`` keeps as many negatives per row as the row with the fewest has (none, when one row lacks
+    one), so each column is read on its own, as the positive of a copy of the card; a plain column of lists is
+    flattened (a list inside a nested column, ``col.key``, is not read)."""
+    rows = load_rows(card, folder, max_rows)
+    docs: list[str] = []
+    for spec in (card.columns.positive, *card.columns.negatives):
+        columns = card.columns.model_copy(update={"positive": spec, "negatives": []})
+        with contextlib.suppress(DataCardError):  # a column with no text rows (lists, or all missing)
+            docs += build_pairs(card.model_copy(update={"columns": columns}), rows, with_instruction=False)[
+                "positive"
+            ]
+        if spec in rows.column_names:
+            docs += [
+                x for v in rows[spec] if isinstance(v, list) for x in v if isinstance(x, str) and x.strip()
+            ]
     return docs
 
 
