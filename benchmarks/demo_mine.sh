@@ -32,9 +32,9 @@ CARDS=(tests/data_cards/msrp_pairs.yaml tests/data_cards/sts2012_pairs.yaml test
   "$OUT/pydocs/pydocs.yaml")
 for card in "${CARDS[@]}"; do
   name=$(basename "$card" .yaml)
-  [ -d "$OUT/mined/$name" ] && continue
+  # --resume: a folder left by an interrupted run is continued, a finished one is left as it is
   neoembed mine "$card" --model "$MODEL" --out "$OUT/mined/$name" -k "$K" --range-max 30 --max-fraction 0.95 \
-    --max-length 128
+    --max-length 128 --resume
 done
 mined() { ls "$OUT/mined/$1"/*.yaml; }
 
