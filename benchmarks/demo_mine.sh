@@ -8,6 +8,7 @@
 #
 #   bash benchmarks/demo_mine.sh [OUT] [STEPS] [SEEDS] [TASKS]
 #   bash benchmarks/demo_mine.sh runs/demo-mine 120 "0 1 2" "STS12 STS13 STS14 STS15 STS16 SICK-R MSRP TrecQA PythonDocsRetrieval"
+#   SETS=pydocs K=3 bash benchmarks/demo_mine.sh runs/demo-mine-small 30 0 PythonDocsRetrieval   # the smallest
 #
 # The table (mean +- sd over seeds, main scores x 100) is written to OUT/summary.md.
 set -euo pipefail
@@ -23,25 +24,25 @@ SHARED=$(cd ../shared && pwd)
 
 # data: the quickstart's Python-docs set (train pairs + held-out retrieval task), and the evaluation folder
 python -c "from neoembed.quickstart import build_pydoc_retrieval as b; print(b('$OUT/pydocs'))"
-LOCAL_TASKS=$(echo "$TASKS" | tr ' ' '\n' | grep -v '^PythonDocsRetrieval$' | tr '\n' ' ')
+LOCAL_TASKS=$(echo "$TASKS" | tr ' ' '\n' | { grep -v '^PythonDocsRetrieval$' || true; } | tr '\n' ' ')
 demo_eval_dir "$OUT/eval" "$SHARED" $LOCAL_TASKS
 ln -sfn "$(cd "$OUT/pydocs/eval/PythonDocsRetrieval" && pwd)" "$OUT/eval/PythonDocsRetrieval"
 
 # B's cards: negatives mined once, by the base model, from each training card's own documents
-CARDS=(tests/data_cards/msrp_pairs.yaml tests/data_cards/sts2012_pairs.yaml tests/data_cards/trecqa_pairs.yaml
-  "$OUT/pydocs/pydocs.yaml")
-for card in "${CARDS[@]}"; do
-  name=$(basename "$card" .yaml)
+SETS=${SETS:-"msrp_pairs sts2012_pairs trecqa_pairs pydocs"}  # training sets (pydocs: the quickstart's)
+card_path() { if [ "$1" = pydocs ]; then echo "$OUT/pydocs/pydocs.yaml"; else echo "tests/data_cards/$1.yaml"; fi; }
+batch_opt() { if [ "$1" = trecqa_pairs ]; then echo ", batch_size: 16"; fi; }
+ARM_A="["
+ARM_B="["
+for set in $SETS; do
   # --resume: a folder left by an interrupted run is continued, a finished one is left as it is
-  neoembed mine "$card" --model "$MODEL" --out "$OUT/mined/$name" -k "$K" --range-max 30 --max-fraction 0.95 \
-    --max-length 128 --resume
+  neoembed mine "$(card_path "$set")" --model "$MODEL" --out "$OUT/mined/$set" -k "$K" --range-max 30 \
+    --max-fraction 0.95 --max-length 128 --resume
+  ARM_A+="{card: $(card_path "$set"), max_negatives: 0$(batch_opt "$set")}, "
+  ARM_B+="{card: $(ls "$OUT/mined/$set"/*.yaml)$(batch_opt "$set")}, "
 done
-mined() { ls "$OUT/mined/$1"/*.yaml; }
-
-ARM_A="[{card: tests/data_cards/msrp_pairs.yaml, max_negatives: 0}, {card: tests/data_cards/sts2012_pairs.yaml},"
-ARM_A+=" {card: tests/data_cards/trecqa_pairs.yaml, batch_size: 16, max_negatives: 0}, {card: $OUT/pydocs/pydocs.yaml}]"
-ARM_B="[{card: $(mined msrp_pairs)}, {card: $(mined sts2012_pairs)}, {card: $(mined trecqa_pairs), batch_size: 16},"
-ARM_B+=" {card: $(mined pydocs)}]"
+ARM_A="${ARM_A%, }]"
+ARM_B="${ARM_B%, }]"
 
 for seed in $SEEDS; do
   for arm in A B; do
