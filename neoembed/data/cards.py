@@ -16,6 +16,7 @@ Schema (validated; unknown keys are errors)::
     license: apache-2.0
     size: 3012496                                # rows (informational)
     notes: "..."
+    provenance: {...}                            # optional: how the data was made (e.g. by ``neoembed mine``)
 
 ``revision: null`` is allowed and reported as unpinned.
 """
@@ -25,7 +26,7 @@ from __future__ import annotations
 import operator
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import ValidationError, model_validator
@@ -86,6 +87,7 @@ class DataCard(StrictModel):
     license: str | None = None
     size: int | None = None
     notes: str | None = None
+    provenance: dict[str, Any] | None = None
 
     @property
     def pinned(self) -> bool:

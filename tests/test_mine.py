@@ -1,0 +1,359 @@
+"""`neoembed mine`: exact search, the filters against a plain-Python twin, the written card (data check, training),
+resume, two workers, cross-encoder rescoring, the command line. Real sentences: MSRP training pairs."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from neoembed.mine import MineConfig, mine_negatives
+from neoembed.mine.filters import text_key
+from neoembed.mine.search import EmbeddingShards, search, write_shard
+
+REPO = Path(__file__).resolve().parents[1]
+INSTRUCTION = "Retrieve semantically similar text."
+# a setting that makes every filter do some work on these sentences with the tiny model
+SETTINGS = dict(
+    num_negatives=3,
+    range_min=1,
+    range_max=16,
+    margin=0.01,
+    max_fraction=0.95,
+    max_score=0.9,
+    duplicate_threshold=0.95,
+    shard_size=48,
+    batch_size=32,
+    max_length=128,
+)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_faiss_thread():
+    """faiss's OpenMP threads spin while they wait; on a busy 2-core CI machine two of them made a 153-vector
+    exact search 70x slower than one thread. One thread is plenty for these sizes."""
+    import faiss
+
+    before = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(1)
+    yield
+    faiss.omp_set_num_threads(before)
+
+
+def _msrp(shared_dir, n):
+    with gzip.open(shared_dir / "data/train/msrp_pairs/train.jsonl.gz", "rt") as f:
+        return [json.loads(line) for _, line in zip(range(n), f, strict=False)]
+
+
+@pytest.fixture(scope="module")
+def card(shared_dir, tmp_path_factory) -> Path:
+    """150 MSRP pairs, plus: a second positive for query 0, a positive that is query 0's positive in capitals
+    (a text duplicate), and two light edits of it (near-duplicates)."""
+    rows = _msrp(shared_dir, 160)
+    base = [{"query": r["query"], "positive": r["positive"]} for r in rows[:150]]
+    p0 = base[0]["positive"]
+    extra = [
+        {"query": base[0]["query"], "positive": base[5]["positive"]},
+        {"query": rows[150]["query"], "positive": "  " + p0.upper()},
+        {"query": rows[151]["query"], "positive": p0.rstrip(".\r") + " today."},
+        {"query": rows[152]["query"], "positive": "Indeed, " + p0},
+    ]
+    folder = tmp_path_factory.mktemp("card")
+    with open(folder / "pairs.jsonl", "w") as f:
+        for r in base + extra:
+            f.write(json.dumps(r) + "\n")
+    (folder / "msrp_small.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "name": "msrp_small",
+                "source": {"local": {"path": "pairs.jsonl", "format": "json"}},
+                "columns": {"query": "query", "positive": "positive"},
+                "instruction": INSTRUCTION,
+                "license": "MSRP licence (research use)",
+            }
+        )
+    )
+    return folder / "msrp_small.yaml"
+
+
+@pytest.fixture(scope="module")
+def mined(card, tiny_official, tmp_path_factory):
+    """One uninterrupted run, its embeddings kept for the checks below."""
+    out = tmp_path_factory.mktemp("mined") / "out"
+    cfg = MineConfig(**SETTINGS, keep_embeddings=True)
+    result = mine_negatives(card, tiny_official, out, config=cfg, progress=False)
+    return result, cfg
+
+
+def _shards(folder: Path, kind: str, size: int) -> EmbeddingShards:
+    return EmbeddingShards(sorted(folder.glob(f"{kind}-*.npy")), size)
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_exact_search_equals_brute_force_and_approximate_indexes_rescore_exactly(mined, tmp_path):
+    result, cfg = mined
+    state = result.card.parent / ".mine"
+    corpus, queries = _shards(state, "corpus", cfg.shard_size), _shards(state, "queries", cfg.shard_size)
+    assert len(corpus.arrays) > 2  # the merge across shards is exercised
+    c, q = corpus.rows(0, len(corpus)), queries.rows(0, len(queries))
+    brute = q @ c.T
+    k = 20
+    scores, ids, info = search(corpus, queries, k, "flat", gpu="off", batch=37, progress=False)
+    assert info["exact"] and ids.shape == (len(q), k)
+    ref_ids = np.argsort(-brute, axis=1, kind="stable")[:, :k]
+    np.testing.assert_allclose(scores, np.take_along_axis(brute, ref_ids, 1), atol=1e-5)
+    # same ids wherever the brute-force scores are not tied within float error
+    gaps = np.abs(np.take_along_axis(brute, ids, 1) - np.take_along_axis(brute, ref_ids, 1))
+    assert (gaps < 1e-5).all() and (ids == ref_ids).mean() > 0.99
+    # one shard or many: the same answer
+    single = tmp_path / "one"
+    single.mkdir()
+    write_shard(single / "corpus-00000.npy", c)
+    one_s, one_i, _ = search(_shards(single, "corpus", len(c)), queries, k, "flat", gpu="off", progress=False)
+    assert (one_i == ids).mean() > 0.99
+    np.testing.assert_allclose(one_s, scores, atol=1e-6)
+    # IVF probing every list is exhaustive; HNSW finds most; PQ candidates carry exact cosines
+    ivf_s, ivf_i, ivf = search(corpus, queries, k, "ivf", nlist=4, nprobe=4, gpu="off", progress=False)
+    np.testing.assert_allclose(ivf_s, scores, atol=1e-5)
+    _, hnsw_i, _ = search(corpus, queries, k, "hnsw", gpu="off", progress=False)
+    recall = np.mean([len(set(a) & set(b)) / k for a, b in zip(hnsw_i, ids, strict=True)])
+    assert recall > 0.9
+    pq_s, pq_i, pq = search(corpus, queries, k, "ivfpq", nlist=2, pq_m=8, gpu="off", progress=False)
+    assert pq["faiss"] == "IVF2,PQ8x7" and (pq_i >= 0).all()
+    np.testing.assert_allclose(pq_s, np.take_along_axis(brute, pq_i, 1), atol=1e-5)
+    assert (np.diff(pq_s, axis=1) <= 1e-7).all()  # best first after rescoring
+    # gpu=on: a GPU index where faiss-gpu and a GPU exist, else the CPU search after one clear warning
+    import faiss
+
+    from neoembed.mine.search import gpu_available
+
+    if gpu_available(faiss):
+        assert search(corpus, queries, k, "flat", gpu="on", progress=False)[2]["device"].startswith("gpu")
+    else:
+        with pytest.warns(UserWarning, match="faiss-gpu or a GPU is missing: searching on CPU"):
+            on_s, _, on = search(corpus, queries, k, "flat", gpu="on", progress=False)
+        assert on["device"] == "cpu" and np.allclose(on_s, scores, atol=1e-6)
+    with pytest.raises(ValueError, match="pq_m=7 must divide"):
+        search(corpus, queries, k, "ivfpq", pq_m=7, gpu="off", progress=False)
+
+
+def _reference(pairs: list[dict], c: np.ndarray, q: np.ndarray, cfg: MineConfig) -> dict[str, list[str]]:
+    """The filters written plainly, one query and one candidate at a time (the slow twin of filters.py)."""
+    queries = list(dict.fromkeys(r["query"] for r in pairs))
+    corpus = list(dict.fromkeys(r["positive"] for r in pairs))
+    positives = {qq: [corpus.index(r["positive"]) for r in pairs if r["query"] == qq] for qq in queries}
+    norm = [" ".join(t.casefold().split()) for t in corpus]
+    out = {}
+    for qi, qq in enumerate(queries):
+        s = c @ q[qi]
+        pos = positives[qq]
+        pos_score = min(s[p] for p in pos)
+        kept = []
+        for rank, d in enumerate(sorted(range(len(corpus)), key=lambda j: (-s[j], j))[: cfg.range_max]):
+            if d in pos or norm[d] in {norm[p] for p in pos} or norm[d] == " ".join(qq.casefold().split()):
+                continue
+            if max(float(c[d] @ c[p]) for p in pos) >= cfg.duplicate_threshold or rank < cfg.range_min:
+                continue
+            if s[d] > cfg.max_score or s[d] > pos_score - cfg.margin:
+                continue
+            if s[d] > pos_score - (1 - cfg.max_fraction) * abs(pos_score):
+                continue
+            kept.append(corpus[d])
+        out[qq] = kept[: cfg.num_negatives]
+    return out
+
+
+def test_negatives_equal_the_plain_filters_and_never_a_positive_or_its_duplicates(mined, card, tiny_official):
+    import neoembed
+
+    result, cfg = mined
+    state = result.card.parent / ".mine"
+    pairs = _rows(card.parent / "pairs.jsonl")
+    c = _shards(state, "corpus", cfg.shard_size).rows(0, 10**9)
+    q = _shards(state, "queries", cfg.shard_size).rows(0, 10**9)
+    # the stored embeddings are the model's, queries with the card's instruction as training puts it
+    model = neoembed.load(tiny_official, max_seq_length=cfg.max_length)
+    queries = list(dict.fromkeys(r["query"] for r in pairs))
+    ref_q = model.encode([f"{INSTRUCTION} {t}" for t in queries[:8]], normalize_embeddings=True)
+    np.testing.assert_allclose(q[:8], ref_q, atol=1e-5)
+    expected = _reference(pairs, c, q, cfg)
+    written = _rows(result.data)
+    counts = result.counts
+    assert counts["rows_written"] == len(written) > 100
+    assert counts["rows_in"] == len(pairs) and counts["queries"] == len(queries)
+    assert sum(counts["candidates"].values()) == len(queries) * cfg.range_max
+    for reason in ("positive", "positive_duplicate", "near_duplicate", "below_range_min", "above_fraction"):
+        assert counts["candidates"][reason] > 0, reason  # every filter had something to drop
+    full = {qq: negs for qq, negs in expected.items() if len(negs) == cfg.num_negatives}
+    assert counts["rows_written"] == sum(1 for r in pairs if r["query"] in full)
+    p0 = pairs[0]["positive"]
+    dup_texts = {" ".join(p0.casefold().split()), " ".join(pairs[5]["positive"].casefold().split())}
+    for row in written:
+        negs = [row[f"negative_{j + 1}"] for j in range(cfg.num_negatives)]
+        assert negs == full[row["query"]]
+        own = {r["positive"] for r in pairs if r["query"] == row["query"]}
+        assert not own & set(negs)
+        if row["query"] == pairs[0]["query"]:  # two positives, one duplicated in capitals, two near copies
+            assert not dup_texts & {" ".join(n.casefold().split()) for n in negs}
+            assert not {p0.rstrip(".\r") + " today.", "Indeed, " + p0} & set(negs)
+
+
+def test_written_card_passes_data_check_and_trains_with_the_tiny_recipe(mined, tiny_official, tmp_path):
+    from typer.testing import CliRunner
+
+    from neoembed.cli import app
+    from neoembed.data.cards import load_card
+    from neoembed.recipe import load_recipe
+    from neoembed.train.recipe import UnifiedRecipe
+    from neoembed.train.trainer import train
+
+    result, cfg = mined
+    card, _ = load_card(result.card)
+    prov = card.provenance
+    assert card.instruction == INSTRUCTION and card.columns.negatives == [
+        "negative_1",
+        "negative_2",
+        "negative_3",
+    ]
+    assert prov["source_card"]["name"] == "msrp_small" and prov["index"]["kind"] == "flat"
+    assert prov["settings"]["range_max"] == cfg.range_max and prov["counts"] == result.counts
+    r = CliRunner().invoke(app, ["data", "check", str(result.card)])
+    assert r.exit_code == 0, r.output
+    assert f"{result.counts['rows_written']} rows" in r.output and "negative_3" in r.output
+    recipe = load_recipe(
+        REPO / "recipes/tiny.yaml",
+        UnifiedRecipe,
+        [
+            f"model={tiny_official}",
+            f"output_dir={tmp_path / 'run'}",
+            f"datasets=[{{card: {result.card}, max_rows: 32, batch_size: 8}}]",
+            "steps=2",
+            "save_steps=100",
+        ],
+    )
+    out = train(recipe, recipe_dir=REPO / "recipes")
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(metrics) == 2 and all(np.isfinite(m["loss"]) for m in metrics)
+    assert metrics[0]["dataset"] == "msrp_small_mined"
+
+
+def test_interrupted_run_resumed_equals_uninterrupted(mined, card, tiny_official, tmp_path, monkeypatch):
+    import neoembed.mine.miner as miner
+
+    result, _ = mined
+    cfg = MineConfig(**SETTINGS)
+    out = tmp_path / "out"
+    real, calls = miner._encode, []
+
+    def stop_after_two(*args, **kwargs):
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # as Ctrl-C during the third shard
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(miner, "_encode", stop_after_two)
+    with pytest.raises(KeyboardInterrupt):
+        mine_negatives(card, tiny_official, out, config=cfg, progress=False)
+    assert len(list((out / ".mine").glob("corpus-*.npy"))) == 2
+    with pytest.raises(FileExistsError, match="pass --resume"):
+        mine_negatives(card, tiny_official, out, config=cfg, progress=False)
+    with pytest.raises(ValueError, match="settings.range_max differ"):
+        mine_negatives(card, tiny_official, out, config=cfg.model_copy(update={"range_max": 17}), resume=True)
+    monkeypatch.setattr(miner, "_encode", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    calls.clear()
+    resumed = mine_negatives(card, tiny_official, out, config=cfg, resume=True, progress=False)
+    n_shards = len(list((result.card.parent / ".mine").glob("*-*.npy")))
+    assert len(calls) == n_shards - 2  # the two shards on disk were not embedded again
+    assert resumed.data.read_bytes() == result.data.read_bytes()
+    assert yaml.safe_load(resumed.card.read_text()) == yaml.safe_load(result.card.read_text())
+    assert not (out / ".mine").exists()  # state removed once finished
+    again = mine_negatives(card, tiny_official, out, config=cfg, resume=True, progress=False)
+    assert again.counts == resumed.counts  # a finished run is not redone
+
+
+def test_two_cpu_workers_equal_one(mined, card, tiny_official, tmp_path):
+    result, _ = mined
+    two = mine_negatives(
+        card, tiny_official, tmp_path / "two", config=MineConfig(**SETTINGS, workers=2), progress=False
+    )
+    assert two.data.read_bytes() == result.data.read_bytes()
+
+
+def test_cross_encoder_rescoring(card, tiny_official, tmp_path):
+    import torch
+    from sentence_transformers import CrossEncoder
+    from sentence_transformers.base.modules import Dense, Transformer
+    from sentence_transformers.sentence_transformer.modules import Pooling
+
+    torch.manual_seed(
+        0
+    )  # a small cross-encoder built from the fixture: its backbone, CLS pooling, a score head
+    backbone = Transformer(str(tiny_official), max_seq_length=128)
+    head = Dense(64, 1, activation_function=None, module_output_name="scores")
+    CrossEncoder(modules=[backbone, Pooling(64, "cls"), head], device="cpu").save(str(tmp_path / "ce"))
+    cfg = MineConfig(
+        **{**SETTINGS, "max_score": None, "margin": None, "max_fraction": 0.9},
+        cross_encoder=str(tmp_path / "ce"),
+    )
+    result = mine_negatives(card, tiny_official, tmp_path / "out", config=cfg, progress=False)
+    rows = _rows(result.data)
+    assert result.counts["rows_written"] == len(rows) > 20
+    assert result.counts["candidates"]["above_fraction"] > 0
+    ce = CrossEncoder(str(tmp_path / "ce"))
+    pairs = _rows(card.parent / "pairs.jsonl")
+    for row in rows[:20]:
+        negs = [row[f"negative_{j + 1}"] for j in range(cfg.num_negatives)]
+        neg_scores = ce.predict([(row["query"], n) for n in negs])
+        pos_score = min(
+            ce.predict([(r["query"], r["positive"]) for r in pairs if r["query"] == row["query"]])
+        )
+        assert (np.diff(neg_scores) <= 1e-6).all()  # ordered by the cross-encoder, best first
+        assert (neg_scores <= pos_score - 0.1 * abs(pos_score) + 1e-6).all()  # its threshold holds
+
+
+def test_cli_mine_writes_a_card_and_refuses_a_non_empty_folder(
+    card, tiny_official, tmp_path, monkeypatch, capsys
+):
+    from neoembed.cli import main
+
+    out = tmp_path / "out"
+    argv = ["neoembed", "mine", str(card), "--model", str(tiny_official), "--out", str(out), "-k", "2"]
+    monkeypatch.setattr(sys, "argv", [*argv, "--range-max", "8", "--max-rows", "60"])
+    with pytest.raises(SystemExit) as e:
+        main()
+    assert e.value.code in (0, None)
+    assert "wrote" in capsys.readouterr().out and (out / "msrp_small_mined.yaml").is_file()
+    with pytest.raises(SystemExit) as e:  # the same command again: the folder is not empty
+        main()
+    assert e.value.code == 2 and "pass --resume" in capsys.readouterr().err
+    monkeypatch.setattr(sys, "argv", [*argv, "--range-max", "1"])
+    with pytest.raises(SystemExit) as e:
+        main()
+    assert e.value.code == 2 and "raise range_max" in capsys.readouterr().err
+
+
+def test_text_key_ignores_case_and_whitespace():
+    assert text_key("A  cat\tsat. ") == text_key("a cat sat.") != text_key("a cat sat")
+
+
+def test_corpus_from_another_card(card, tiny_official, tmp_path, shared_dir):
+    trec = REPO / "tests/data_cards/trecqa_pairs.yaml"
+    cfg = MineConfig(**{**SETTINGS, "max_rows": 40})
+    result = mine_negatives(card, tiny_official, tmp_path / "out", corpus=trec, config=cfg, progress=False)
+    trec_rows = [
+        json.loads(line) for line in gzip.open(shared_dir / "data/train/trecqa_pairs/train.jsonl.gz", "rt")
+    ]
+    trec_docs = {r[c] for r in trec_rows for c in ("positive", "negative") if r.get(c)}
+    own = {r["positive"] for r in _rows(card.parent / "pairs.jsonl")[:40]}
+    prov = yaml.safe_load(result.card.read_text())["provenance"]
+    assert prov["corpus"]["card"] == "trecqa_pairs" and prov["counts"]["documents"] == len(own | trec_docs)
+    negatives = {r[f"negative_{j + 1}"] for r in _rows(result.data) for j in range(cfg.num_negatives)}
+    assert negatives <= own | trec_docs and negatives & trec_docs  # the other card's documents are candidates
