@@ -396,9 +396,10 @@ def build_pairs_report(
             parts = [s.text(row, i) for s in specs]
             if any(p is _MISSING for p in parts):
                 reason = reason or f"{role} missing"
-            elif not " ".join(parts).strip():
-                reason = reason or f"{role} empty"
+                continue
             texts[role] = " ".join(parts)
+            if not texts[role].strip():
+                reason = reason or f"{role} empty"
         row_negs: list[str] = []
         for s in negs:
             got, _ = s.texts(row, i)
