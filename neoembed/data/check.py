@@ -11,7 +11,9 @@ from typing import Any
 
 from neoembed.card_schema import TrainingCard
 
-__all__ = ["compact_features", "live_differences", "offline_problems", "schema_differences"]
+__all__ = ["NOTE", "compact_features", "live_differences", "offline_problems", "schema_differences"]
+
+NOTE = "note: "  # a live finding that is not a difference (e.g. no published features)
 
 
 def offline_problems(card: TrainingCard) -> list[str]:
@@ -85,10 +87,8 @@ def live_differences(card: TrainingCard, builder_fn=None) -> list[str]:
     builder = builder_fn(hub.id, hub.config, revision=hub.revision)
     info = builder.info
     out = []
-    if info.features is None:
-        out.append(
-            "the hub publishes no features for this config: load rows to check the paths (drop --no-load)"
-        )
+    if info.features is None:  # JSON files without dataset_info: the features exist only once rows are read
+        out.append(f"{NOTE}the hub publishes no features for this config: loading rows checks the paths")
     elif sch is not None:
         out += schema_differences(sch.features, compact_features(info.features))
     splits = info.splits or {}

@@ -73,7 +73,7 @@ def _check_card(card, folder, offline: bool, load: bool, max_rows: int | None, s
 
 def _live(card) -> bool | None:
     from neoembed.data.cards import is_unreachable
-    from neoembed.data.check import live_differences
+    from neoembed.data.check import NOTE, live_differences
 
     try:
         diffs = live_differences(card)
@@ -87,12 +87,18 @@ def _live(card) -> bool | None:
             err=True,
         )
         return False
+    notes = [d for d in diffs if d.startswith(NOTE)]
+    for note in notes:
+        typer.echo(f"   {note}")
+    diffs = [d for d in diffs if not d.startswith(NOTE)]
     for d in diffs:
         typer.echo(f"   LIVE SCHEMA DIFFERS: {d}", err=True)
     if diffs:
         typer.echo("   update the card's schema: (and its columns) from the dataset's page", err=True)
         return False
-    typer.echo("   live features match the declared schema")
+    typer.echo(
+        "   live features match the declared schema" if not notes else "   live split matches the card"
+    )
     return True
 
 
