@@ -93,4 +93,4 @@ def test_cli_data_check(tmp_path):
         env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"},
     )
     assert r.returncode == 0, r.stderr
-    assert "2696 rows" in r.stdout and "hub is unreachable" in r.stdout and "revision unpinned" in r.stdout
+    assert "2696 rows" in r.stdout and "hub unreachable" in r.stdout and "revision unpinned" in r.stdout

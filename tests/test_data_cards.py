@@ -392,6 +392,27 @@ def test_a_local_mteb_layout_folder_is_joined_reading_only_what_the_qrels_need(t
     assert len(corpus_parsed) <= 5  # only the sampled pairs' documents were parsed, not the 300
 
 
+def test_the_lazy_corpus_reader_equals_parsing_every_line(tmp_path):
+    """The fast path (a regex reads each line's _id; the line is parsed only if the join needs it) against json.loads
+    of every line: same rows, including escaped, numeric and nested ids."""
+    from neoembed.data import qrels
+
+    docs = [
+        {"_id": 'd"1', "title": "A quote", "text": "An id with an escaped quote."},
+        {"_id": 7, "title": "", "text": "A numeric id."},
+        {"title": "Key order", "text": 'Text that mentions "_id": "d9".', "_id": "d2"},
+        {"_id": "d3", "meta": {"_id": "inner"}, "text": "A nested object with its own _id."},
+        {"_id": "d4", "text": "Not asked for."},
+    ]
+    path = tmp_path / "corpus.jsonl"
+    path.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    queries = [{"_id": "q", "text": "which document?"}]
+    pairs = [("q", 'd"1'), ("q", "7"), ("q", "d2"), ("q", "d3"), ("q", "inner")]
+    fast = qrels.join_pairs(pairs, qrels._stream([path]), queries)
+    slow = qrels.join_pairs(pairs, [json.loads(line) for line in path.read_text().splitlines()], queries)
+    assert fast == slow and len(fast[0]["positive"]) == 4 and fast[2] == {"positive missing": 1}
+
+
 # ------------------------------------------------------------------------------------------ data check
 def _check(*args, offline=False):
     from neoembed.cli import app

@@ -160,7 +160,8 @@ def _stream(files: list[Path]) -> Iterator[dict]:
             continue
         with _open(path) as f:
             for line in f:
-                m = _ID.search(line)
+                # the regex reads the top-level _id only when "_id" occurs once (a nested object may have its own)
+                m = _ID.search(line) if line.count('"_id"') == 1 else None
                 if m is None:
                     if line.strip():
                         yield json.loads(line)
