@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from neoembed.data.cards import DataCardError, build_pairs, find_card, load_card, load_rows
+from neoembed.data.cards import DataCardError, HubUnreachable, build_pairs, find_card, load_card, load_rows
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -71,9 +71,9 @@ def test_nested_columns_filter_and_instruction(tmp_path):
 
 def test_hub_card_offline_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    card, folder = load_card(find_card("gooaq"))
+    card, folder = load_card(find_card("medmcqa"))
     assert not card.pinned
-    with pytest.raises(DataCardError, match="could not load hub dataset 'tomaarsen/gooaq-hard-negatives'"):
+    with pytest.raises(HubUnreachable, match="hub is unreachable for hub dataset 'openlifescienceai/medmcqa'"):
         load_rows(card, folder)
 
 
@@ -86,11 +86,11 @@ def test_cli_data_check(tmp_path):
             "data",
             "check",
             str(REPO / "tests/data_cards/msrp_pairs.yaml"),
-            "gooaq",
+            "medmcqa",
         ],
         capture_output=True,
         text=True,
         env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"},
     )
     assert r.returncode == 0, r.stderr
-    assert "2696 rows" in r.stdout and "hub is unreachable" in r.stdout and "revision unpinned" in r.stdout
+    assert "2696 rows" in r.stdout and "hub unreachable" in r.stdout and "revision unpinned" in r.stdout

@@ -158,7 +158,7 @@ def test_local_sts_task_gets_the_papers_sts_instruction(tiny_official, shared_di
     paper = load_instruction_set("paper")[1]
     sts = {k: v for k, v in paper.items() if k.startswith("STS") or k in ("SICK-R", "BIOSSES")}
     shared = [k for k, v in sts.items() if v == paper_type_instruction("STS")]
-    assert len(sts) == 8 and sorted(set(sts) - set(shared)) == ["BIOSSES"]
+    assert len(sts) == 10 and sorted(set(sts) - set(shared)) == ["BIOSSES"]  # MTEB(eng, v1)'s 10 STS tasks
     folder = tmp_path / "data" / "MySTS"
     _dataset_card(folder, name="MySTS", task_type="sts", splits={"test": 1500})
     (folder / "test.jsonl.gz").symlink_to(shared_dir / "data" / "mteb" / "STS13" / "test.jsonl.gz")

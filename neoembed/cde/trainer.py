@@ -42,7 +42,7 @@ from neoembed.cde.batching import (
 )
 from neoembed.cde.gradcache import full_backprop_step, two_stage_gradcache_step
 from neoembed.cde.recipe import CDERecipe
-from neoembed.data.cards import DataCardError, build_pairs, find_card, load_card, load_rows
+from neoembed.data.cards import DataCardError, find_card, load_card, prepare_card
 from neoembed.losses import duplicate_mask, info_nce
 from neoembed.runs import (
     MetricsLog,
@@ -110,10 +110,9 @@ def prepare_sources(recipe: CDERecipe, recipe_dir: Path | None = None) -> tuple[
             raise DataCardError(
                 f"card {card.name}: per-dataset batch_size is not supported by CDE (one global batch size)"
             )
-        rows = load_rows(card, folder, entry.max_rows)
-        if len(rows) == 0:
-            raise DataCardError(f"card {card.name}: the dataset is empty")
-        pairs = build_pairs(card, rows, entry.max_negatives, recipe.template, recipe.instructions)
+        # a seeded sample of max_rows; every dropped row is counted against the card's expected_loss
+        args = (entry.max_rows, entry.max_negatives, recipe.template, recipe.instructions, recipe.seed)
+        pairs, _ = prepare_card(card, folder, *args)
         if len(pairs) < recipe.batch_size:
             raise DataCardError(
                 f"card {card.name}: batch size {recipe.batch_size} is larger than the dataset ({len(pairs)} "

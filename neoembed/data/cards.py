@@ -1,101 +1,73 @@
 """Data cards: a YAML file that says where a training set lives, which columns are query / positive /
-negatives, the instruction for its queries, and its licence.
+negatives, the instruction for its queries, its licence, and the published schema that proves its paths.
 
-Schema (validated; unknown keys are errors)::
+Schema (``neoembed.card_schema.TrainingCard``; unknown keys are errors)::
 
     name: gooaq                                  # unique name, used in logs and model cards
+    paper_row: GOOAQ                             # the row of the paper's Table 7 (instruction = that row, verbatim)
     source:                                      # exactly one of:
       hub: {id: tomaarsen/gooaq-hard-negatives, config: triplet-5, split: train, revision: null}
-      local: {path: data/train.jsonl.gz, format: json}   # path relative to the card's folder
+      local: {path: data/train.jsonl.gz, format: json}   # path relative to the card's folder; format mteb: a
+                                                         # folder with qrels/<split>, corpus and queries
     columns:
-      query: question                            # a column, or "col[0]" for the first item of a list column
+      query: question                            # a column, col[0], col.key, col.key[1]; or a list joined by " "
       positive: answer
       negatives: [negative_1, negative_2]        # columns; a list column expands to several negatives
     filter: "score > 4"                          # optional: keep rows where <column> <op> <number>
-    instruction: "Given a question, retrieve ..."  # placed before queries (none before documents)
+    labels: {topic: [World, Sports]}             # optional: integer labels -> names (ClassLabel names otherwise)
+    instruction: "Given a question, ..."         # placed before queries (none before documents)
     license: apache-2.0
-    size: 3012496                                # rows (informational)
-    notes: "..."
-    provenance: {...}                            # optional: how the data was made (e.g. by ``neoembed mine``)
+    size: 3012496                                # rows of the full dataset
+    expected_loss: 0.0                           # share of rows the evidence says will be dropped
+    schema: {config: triplet-5, split: train, features: {question: string, ...}, num_rows: 3012496, license: ...}
+    notes: "evidence: <URL of the hub page or loader code>"
 
-``revision: null`` is allowed and reported as unpinned.
+Nothing is dropped silently. A column path that reaches a non-text value is an error naming the card, the spec,
+the row and the type (integer class labels are read as their names); a spec that matches nothing in any row is an
+error; rows dropped for a missing or empty query or positive are counted per reason, and losing a larger share
+than the card's ``expected_loss`` is an error.
+
+Hard negatives: every query of a dataset gets the same number k of negatives (sentence-transformers batches are
+columns). k is the number most rows carry (capped by ``max_negatives``); a row with fewer than k is dropped and
+counted under "fewer than k hard negatives" (so it counts against ``expected_loss``). One short row therefore never
+takes the negatives of the other rows away; ``max_negatives: 0`` trains without negatives and keeps every row.
 """
 
 from __future__ import annotations
 
 import operator
+import random
 import re
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
 
 import yaml
-from pydantic import ValidationError, model_validator
+from pydantic import ValidationError
 
+from neoembed.card_schema import CardSchemaError, TrainingCard, parse_spec
 from neoembed.instructions import DEFAULT_TEMPLATE, format_with_instruction
-from neoembed.recipe import RecipeError, StrictModel, format_validation_error, resolve_named_file
+from neoembed.recipe import RecipeError, format_validation_error, resolve_named_file
 
-__all__ = ["DataCard", "DataCardError", "build_pairs", "find_card", "load_card", "load_rows"]
+__all__ = [
+    "DataCard",
+    "DataCardError",
+    "DropReport",
+    "LoadedRows",
+    "build_pairs",
+    "build_pairs_report",
+    "find_card",
+    "prepare_card",
+    "load_card",
+    "load_card_rows",
+    "load_rows",
+]
+
+DataCard = TrainingCard  # the training card's schema lives in neoembed.card_schema (shared with other cards)
 
 
 class DataCardError(ValueError):
     """A card that does not validate, or data that do not match their card."""
-
-
-class QrelsJoin(StrictModel):
-    """For mteb-style retrieval sets: qrels (query-id, corpus-id) joined with the corpus and queries configs."""
-
-    corpus: str = "corpus"
-    queries: str = "queries"
-
-
-class HubSource(StrictModel):
-    id: str
-    config: str | None = None
-    split: str = "train"
-    revision: str | None = None
-    join: QrelsJoin | None = None
-
-
-class LocalSource(StrictModel):
-    path: str
-    format: Literal["json", "parquet", "csv"] = "json"
-
-
-class Source(StrictModel):
-    hub: HubSource | None = None
-    local: LocalSource | None = None
-
-    @model_validator(mode="after")
-    def _exactly_one(self):
-        if (self.hub is None) == (self.local is None):
-            raise ValueError("source needs exactly one of 'hub' or 'local'")
-        return self
-
-
-class Columns(StrictModel):
-    query: str
-    positive: str
-    negatives: list[str] = []
-
-
-class DataCard(StrictModel):
-    name: str
-    source: Source
-    columns: Columns
-    filter: str | None = None
-    instruction: str | None = None
-    license: str | None = None
-    size: int | None = None
-    notes: str | None = None
-    provenance: dict[str, Any] | None = None
-
-    @property
-    def pinned(self) -> bool:
-        return self.source.local is not None or self.source.hub.revision is not None
-
-    @property
-    def research_only(self) -> bool:
-        return "research" in (self.license or "").lower()
 
 
 _FILTER = re.compile(r"^\s*(\w+)\s*(>=|<=|==|!=|>|<)\s*(-?[\d.]+)\s*$")
@@ -124,6 +96,11 @@ def load_card(path: str | Path) -> tuple[DataCard, Path]:
         raise DataCardError(
             f"{path}: filter {card.filter!r} must look like '<column> <op> <number>' (op: {list(_OPS)})"
         )
+    try:
+        for _, spec in card.columns.specs():
+            parse_spec(spec)
+    except CardSchemaError as e:
+        raise DataCardError(f"{path}: {e}") from None
     return card, path.parent
 
 
@@ -143,133 +120,372 @@ def find_card(name_or_path: str | Path, search_dirs: list[str | Path] = ()) -> P
     try:
         return resolve_named_file(name_or_path, "data_cards")
     except RecipeError as e:
-        raise DataCardError(
-            str(e).replace("data card", "data card")
-            + (f" (also searched: {', '.join(map(str, search_dirs))})" if search_dirs else "")
-        ) from None
+        also = f" (also searched: {', '.join(map(str, search_dirs))})" if search_dirs else ""
+        raise DataCardError(str(e) + also) from None
 
 
-def load_rows(card: DataCard, folder: Path, max_rows: int | None = None):
-    """The card's raw rows as a ``datasets.Dataset`` (hub or local), filtered, at most ``max_rows``."""
+# ------------------------------------------------------------------------------------------------ loading
+@dataclass
+class LoadedRows:
+    """A card's rows: ``rows`` (at most max_rows, a seeded random sample), ``full_size`` (rows of the whole
+    dataset after the card's filter: what pi_i is computed from), and rows lost while loading (qrels joins)."""
+
+    rows: object  # datasets.Dataset
+    full_size: int
+    dropped: dict[str, int] = field(default_factory=dict)
+    sampled: bool = False
+
+
+def load_rows(card: DataCard, folder: Path, max_rows: int | None = None, seed: int = 0):
+    """The card's raw rows as a ``datasets.Dataset`` (see :func:`load_card_rows`)."""
+    return load_card_rows(card, folder, max_rows, seed).rows
+
+
+def load_card_rows(card: DataCard, folder: Path, max_rows: int | None = None, seed: int = 0) -> LoadedRows:
+    """The card's rows (hub or local), filtered, then a seeded random sample of ``max_rows`` of them.
+
+    Qrels joins (mteb retrieval sets on the hub, or a local folder in the mteb layout) sample the qrels first and
+    read only the corpus documents and queries the kept qrels need (see :mod:`neoembed.data.qrels`).
+    """
     import datasets
 
-    if card.source.local is not None:
-        path = (folder / card.source.local.path).resolve()
+    from neoembed.data import qrels
+
+    local, hub = card.source.local, card.source.hub
+    if local is not None:
+        path = (folder / local.path).resolve()
         if not path.exists():
-            raise DataCardError(f"card {card.name}: local data {path} does not exist")
+            raise DataCardError(f"card {card.name}: local data {path} does not exist; fix source.local.path")
+        if local.format == "mteb":
+            return _joined(card, qrels.join_local(path, local.split, local.join, max_rows, seed))
         files = sorted(str(f) for f in path.glob("*") if f.is_file()) if path.is_dir() else [str(path)]
-        ds = datasets.load_dataset(card.source.local.format, data_files=files, split="train")
+        ds = datasets.load_dataset(local.format, data_files=files, split="train")
     else:
-        hub = card.source.hub
         try:
-            ds = datasets.load_dataset(hub.id, hub.config, split=hub.split, revision=hub.revision)
             if hub.join is not None:
-                ds = _join_qrels(ds, hub, max_rows)
-        except Exception as e:  # offline, missing repo, auth
-            raise DataCardError(
-                f"card {card.name}: could not load hub dataset {hub.id!r} (config {hub.config}, split {hub.split}): "
-                f"{type(e).__name__}: {e}. Is the Hugging Face hub reachable?"
-            ) from e
-    if card.filter:
-        col, op, value = _FILTER.match(card.filter).groups()
-        if col not in ds.column_names:
-            raise DataCardError(f"card {card.name}: filter column {col!r} not in {ds.column_names}")
-        fn, v = _OPS[op], float(value)
-        ds = ds.filter(lambda row: row[col] is not None and fn(float(row[col]), v))
-    if max_rows is not None and len(ds) > max_rows:
-        ds = ds.select(range(max_rows))
-    return ds
+                return _joined(card, qrels.join_hub(hub, max_rows, seed))
+            ds = datasets.load_dataset(hub.id, hub.config, split=hub.split, revision=hub.revision)
+        except Exception as e:
+            raise hub_error(card, e) from e
+    ds = _apply_filter(card, ds)
+    full = len(ds)
+    if max_rows is not None and full > max_rows:
+        keep = sorted(random.Random(seed).sample(range(full), max_rows))  # sorted: reads stay sequential
+        return LoadedRows(ds.select(keep), full, sampled=True)
+    return LoadedRows(ds, full)
 
 
-def _join_qrels(qrels, hub: HubSource, max_rows: int | None):
+class HubUnreachable(DataCardError):
+    """The hub could not be reached at all (offline mode, no network): the card itself may be fine."""
+
+
+def hub_error(card: DataCard, e: Exception) -> DataCardError:
+    """A hub failure as a card error: :class:`HubUnreachable` only when the network is the cause; a missing repo,
+    config or split, or anything else, is the card's problem and says so."""
+    hub = card.source.hub
+    where = f"hub dataset {hub.id!r} (config {hub.config}, split {hub.split}, revision {hub.revision})"
+    if is_unreachable(e):
+        return HubUnreachable(f"card {card.name}: the Hugging Face hub is unreachable for {where}: {e}")
+    return DataCardError(
+        f"card {card.name}: could not load {where}: {type(e).__name__}: {e}. Check the card's source against the "
+        "dataset's page (id, config, split, revision)"
+    )
+
+
+def is_unreachable(e: BaseException) -> bool:
+    """Whether ``e`` (or an exception it was raised from) means "no connection", not "wrong request"."""
+    import os
+
+    names = {
+        "ConnectionError",
+        "ConnectTimeout",
+        "ConnectError",
+        "Timeout",
+        "ReadTimeout",
+        "OfflineModeIsEnabled",
+    }
+    names |= {"ProxyError", "NameResolutionError", "MaxRetryError", "TimeoutException"}
+    seen: BaseException | None = e
+    while seen is not None:
+        if type(seen).__name__ in names or isinstance(seen, (ConnectionError, TimeoutError)):
+            return True
+        if "offline mode is enabled" in str(seen).lower():
+            return True
+        seen = seen.__cause__ or seen.__context__
+    # datasets in offline mode reports a missing cache as FileNotFoundError / its own errors naming offline mode
+    return os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0") and "offline" in str(e).lower()
+
+
+def _joined(card: DataCard, joined) -> LoadedRows:
     import datasets
 
-    corpus = datasets.load_dataset(hub.id, hub.join.corpus, split="corpus", revision=hub.revision)
-    queries = datasets.load_dataset(hub.id, hub.join.queries, split="queries", revision=hub.revision)
-    docs = {r["_id"]: (r.get("title") or "") + (" " if r.get("title") else "") + r["text"] for r in corpus}
-    qs = {r["_id"]: r["text"] for r in queries}
-    rows = {"query": [], "positive": []}
-    for r in qrels:
-        q, d = qs.get(str(r["query-id"])), docs.get(str(r["corpus-id"]))
-        if q and d and float(r.get("score", 1)) > 0:
-            rows["query"].append(q)
-            rows["positive"].append(d)
-            if max_rows is not None and len(rows["query"]) >= max_rows:
-                break
-    return datasets.Dataset.from_dict(rows)
+    rows, full, dropped = joined
+    ds = datasets.Dataset.from_dict(rows)
+    return LoadedRows(_apply_filter(card, ds), full, dropped, sampled=len(ds) < full)
 
 
-_PART = re.compile(r"^([^\[\]]+)((?:\[\d+\])*)$")
+def _apply_filter(card: DataCard, ds):
+    if not card.filter:
+        return ds
+    col, op, value = _FILTER.match(card.filter).groups()
+    if col not in ds.column_names:
+        raise DataCardError(f"card {card.name}: filter column {col!r} not in {ds.column_names}")
+    fn, v = _OPS[op], float(value)
+    return ds.filter(lambda row: row[col] is not None and fn(float(row[col]), v))
 
 
-def _getter(spec: str, columns: list[str], card: str):
-    """A row accessor for ``col``, ``col[0]``, ``col.key`` or ``col.key[1]`` (nested dicts and lists)."""
-    steps: list[str | int] = []
-    for part in spec.split("."):
-        m = _PART.match(part)
-        if not m:
+# ----------------------------------------------------------------------------------------- reading columns
+_MISSING = object()
+
+
+class _Spec:
+    """One column spec read from rows: the value, ``_MISSING`` (absent, null, index past the end), or an error
+    naming the card, the spec, the row and the type where the path meets something it cannot read."""
+
+    def __init__(self, card: DataCard, role: str, spec: str, columns: list[str], features):
+        self.card, self.role, self.spec = card, role, spec
+        self.steps = parse_spec(spec)
+        if self.steps[0] not in columns:
             raise DataCardError(
-                f"card {card}: cannot read column spec {spec!r} (use col, col[0], col.key[1])"
+                f"card {card.name}: {role} column {self.steps[0]!r} (from {spec!r}) not in the data; it has {columns}"
             )
-        steps.append(m.group(1))
-        steps += [int(i) for i in re.findall(r"\[(\d+)\]", m.group(2))]
-    if steps[0] not in columns:
-        raise DataCardError(
-            f"card {card}: column {steps[0]!r} (from {spec!r}) not in the data; it has {columns}"
-        )
+        self.names = card.labels.get(spec) or _class_label_names(features, self.steps)
+        self.hits = 0
 
-    def get(row):
+    def read(self, row: dict, i: int):
         v = row
-        for st in steps:
-            try:
+        for st in self.steps:
+            if v is None:
+                return _MISSING
+            if isinstance(st, int):
+                if not isinstance(v, list):
+                    raise self._error(i, v, f"[{st}] needs a list")
+                if st >= len(v):
+                    return _MISSING
                 v = v[st]
-            except (KeyError, IndexError, TypeError):
-                return None
+            elif isinstance(v, dict):
+                if st not in v:
+                    return _MISSING
+                v = v[st]
+            elif isinstance(v, list) and all(isinstance(x, dict) or x is None for x in v):
+                v = [x.get(st) if x is not None else None for x in v]  # a field of every item
+            else:
+                raise self._error(i, v, f"{st!r} reads a field")
+        if v is None:
+            return _MISSING
+        self.hits += 1
         return v
 
-    return get
+    def text(self, row: dict, i: int):
+        """A query or positive: text, or an integer class label read as its name."""
+        v = self.read(row, i)
+        if v is _MISSING or isinstance(v, str):
+            return v
+        if isinstance(v, int) and not isinstance(v, bool) and self.names:
+            if not 0 <= v < len(self.names):
+                raise self._error(i, v, f"label {v} is outside the {len(self.names)} names")
+            return self.names[v]
+        raise self._error(i, v, "expected text")
+
+    def texts(self, row: dict, i: int) -> tuple[list[str], int]:
+        """Negatives: (texts, missing items). A list expands; nulls inside it are counted, not errors."""
+        v = self.read(row, i)
+        if v is _MISSING:
+            return [], 0
+        items = v if isinstance(v, list) else [v]
+        bad = next((x for x in items if x is not None and not isinstance(x, str)), None)
+        if bad is not None:
+            raise self._error(i, bad, "expected text or a list of text")
+        return [x for x in items if x is not None], sum(x is None for x in items)
+
+    def _error(self, i: int, v, why: str) -> DataCardError:
+        hint = " (map integer labels to names with the card's `labels:`)" if isinstance(v, int) else ""
+        return DataCardError(
+            f"card {self.card.name}: {self.role} spec {self.spec!r} reaches a {type(v).__name__} in row {i} "
+            f"({why}): {str(v)[:80]!r}{hint}"
+        )
 
 
-def build_pairs(
+def _class_label_names(features, steps) -> list[str] | None:
+    """The ClassLabel names at the end of ``steps`` in a ``datasets.Features`` (None if it is not a ClassLabel)."""
+    f = features
+    for st in steps:
+        if not isinstance(st, int) and not isinstance(f, dict):
+            f = getattr(f, "feature", None)  # a field of a list of structs: step into the item type first
+        if isinstance(st, int):
+            f = getattr(f, "feature", None)  # Sequence / List -> its item type
+        elif isinstance(f, dict) and st in f:
+            f = f[st]
+        else:
+            return None
+        if f is None:
+            return None
+    return list(f.names) if type(f).__name__ == "ClassLabel" else None
+
+
+# --------------------------------------------------------------------------------------------- pair building
+@dataclass
+class DropReport:
+    """What one card's data gave: rows read and kept, rows dropped per reason, negatives per query."""
+
+    card: str
+    rows_read: int
+    rows_kept: int = 0
+    dropped: dict[str, int] = field(default_factory=dict)
+    negatives_per_query: int = 0
+    full_size: int | None = None
+    sampled: bool = False
+    expected_loss: float = 0.0
+
+    @property
+    def loss(self) -> float:
+        return sum(self.dropped.values()) / max(self.rows_read, 1)
+
+    def as_dict(self) -> dict:
+        return {
+            "rows_read": self.rows_read,
+            "rows_kept": self.rows_kept,
+            "dropped": dict(self.dropped),
+            "loss": round(self.loss, 6),
+            "expected_loss": self.expected_loss,
+            "negatives_per_query": self.negatives_per_query,
+            "full_size": self.full_size,
+            "sampled": self.sampled,
+        }
+
+    def line(self) -> str:
+        drops = ", ".join(f"{k}: {v}" for k, v in self.dropped.items() if v) or "none"
+        return (
+            f"{self.rows_kept} of {self.rows_read} rows kept (dropped: {drops}; {100 * self.loss:.2f}% vs "
+            f"{100 * self.expected_loss:.2f}% expected); {self.negatives_per_query} hard negatives per query"
+        )
+
+
+def build_pairs(card, rows, max_negatives=None, template=DEFAULT_TEMPLATE, with_instruction=True):
+    """Rows -> a Dataset with columns ``query, positive, negative_1..k`` (see :func:`build_pairs_report`)."""
+    return build_pairs_report(card, rows, max_negatives, template, with_instruction)[0]
+
+
+def build_pairs_report(
     card: DataCard,
     rows,
     max_negatives: int | None = None,
     template: str = DEFAULT_TEMPLATE,
     with_instruction: bool = True,
+    loaded: LoadedRows | None = None,
 ):
-    """Rows -> a Dataset with columns ``query, positive, negative_1..k``; the card's instruction is placed before
-    every query (documents stay plain). Rows with a missing query or positive are dropped."""
+    """Rows -> (Dataset with ``query, positive, negative_1..k``, :class:`DropReport`). The card's instruction goes
+    before every query (documents stay plain); every dropped row is counted (see the module docstring)."""
     import datasets
 
-    cols = rows.column_names
-    get_q = _getter(card.columns.query, cols, card.name)
-    get_p = _getter(card.columns.positive, cols, card.name)
-    neg_getters = [_getter(c, cols, card.name) for c in card.columns.negatives]
-    instruction = card.instruction if with_instruction else None
-    out: dict[str, list] = {"query": [], "positive": []}
-    negs: list[list[str]] = []
-    for row in rows:
-        q, p = get_q(row), get_p(row)
-        if not isinstance(q, str) or not isinstance(p, str) or not q.strip() or not p.strip():
-            continue
+    cols, feats = rows.column_names, getattr(rows, "features", None)
+    readers = {
+        role: [_Spec(card, role, s, cols, feats) for s in ([v] if isinstance(v, str) else v)]
+        for role, v in (("query", card.columns.query), ("positive", card.columns.positive))
+    }
+    negs = [_Spec(card, "negatives", s, cols, feats) for s in card.columns.negatives]
+    report = DropReport(card.name, len(rows), expected_loss=card.expected_loss)
+    if loaded is not None:
+        report.full_size, report.sampled = loaded.full_size, loaded.sampled
+        report.rows_read += sum(loaded.dropped.values())
+        report.dropped.update(loaded.dropped)
+    kept: list[tuple[str, str, list[str]]] = []
+    for i, row in enumerate(rows):
+        texts, reason = {}, None
+        for role, specs in readers.items():
+            parts = [s.text(row, i) for s in specs]
+            if any(p is _MISSING for p in parts):
+                reason = reason or f"{role} missing"
+                continue
+            texts[role] = " ".join(parts)
+            if not texts[role].strip():
+                reason = reason or f"{role} empty"
         row_negs: list[str] = []
-        for g in neg_getters:
-            v = g(row)
-            row_negs += (
-                [x for x in v if isinstance(x, str)]
-                if isinstance(v, list)
-                else ([v] if isinstance(v, str) else [])
-            )
-        if max_negatives is not None:
-            row_negs = row_negs[:max_negatives]
-        out["query"].append(format_with_instruction(instruction, q, template))
-        out["positive"].append(p)
-        negs.append(row_negs)
-    if not out["query"]:
-        raise DataCardError(
-            f"card {card.name}: no usable rows (empty data, or every query/positive is missing)"
-        )
-    k = min(len(n) for n in negs) if negs else 0  # a fixed number of negatives per dataset
+        for s in negs:
+            got, _ = s.texts(row, i)
+            row_negs += got
+        if reason:
+            report.dropped[reason] = report.dropped.get(reason, 0) + 1
+            continue
+        kept.append((texts["query"], texts["positive"], [n for n in row_negs if n.strip()]))
+    _check_hits(card, [s for specs in readers.values() for s in specs] + negs, rows)
+    k = _negatives_per_query([len(n) for _, _, n in kept], max_negatives) if negs else 0
+    short = sum(len(n) < k for _, _, n in kept)
+    if short:
+        report.dropped[f"fewer than {k} hard negatives"] = short
+    kept = [r for r in kept if len(r[2]) >= k]
+    report.rows_kept, report.negatives_per_query = len(kept), k
+    _check_loss(card, report, max_negatives)
+    instruction = card.instruction if with_instruction else None
+    out: dict[str, list] = {
+        "query": [format_with_instruction(instruction, q, template) for q, _, _ in kept],
+        "positive": [p for _, p, _ in kept],
+    }
     for j in range(k):
-        out[f"negative_{j + 1}"] = [n[j] for n in negs]
-    return datasets.Dataset.from_dict(out)
+        out[f"negative_{j + 1}"] = [n[j] for _, _, n in kept]
+    return datasets.Dataset.from_dict(out), report
+
+
+def _negatives_per_query(counts: list[int], cap: int | None) -> int:
+    """The count most rows carry (ties: the larger), capped by ``cap``."""
+    capped = Counter(min(c, cap) if cap is not None else c for c in counts)
+    return max(capped, key=lambda c: (capped[c], c)) if capped else 0
+
+
+def _check_hits(card: DataCard, specs: list[_Spec], rows) -> None:
+    for s in specs:
+        if s.hits == 0 and len(rows) > 0:
+            first = rows[0]
+            raise DataCardError(
+                f"card {card.name}: {s.role} spec {s.spec!r} matched nothing in any of the {len(rows)} rows "
+                f"(row 0: {_shape(first)}); fix the path in the card's columns"
+            )
+
+
+def _shape(v, depth: int = 0):
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k}: {_shape(x, depth + 1)}" for k, x in list(v.items())[:8]) + "}"
+    if isinstance(v, list):
+        return f"list[{len(v)}]" + (f" of {_shape(v[0], depth + 1)}" if v and depth < 2 else "")
+    return type(v).__name__
+
+
+def _check_loss(card: DataCard, report: DropReport, max_negatives: int | None) -> None:
+    if report.rows_kept == 0:
+        raise DataCardError(f"card {card.name}: no usable rows ({report.line()})")
+    if report.loss <= _allowed_loss(card.expected_loss, report.rows_read, report.sampled):
+        return
+    k = report.negatives_per_query
+    neg_hint = ""
+    if any(r.startswith("fewer than") for r in report.dropped):
+        fewer = f"max_negatives: {k - 1} or 0" if k > 1 else "max_negatives: 0"
+        neg_hint = f"; {fewer} for this dataset in the recipe keeps the rows with fewer hard negatives"
+    raise DataCardError(
+        f"card {card.name}: {report.line()}. That is more than the card's expected_loss "
+        f"({card.expected_loss}): check the card's column paths against the data, or, if the dataset really "
+        f"lacks these values, set expected_loss to at least {report.loss:.4f} in the card with its evidence{neg_hint}"
+    )
+
+
+def _allowed_loss(expected: float, n: int, sampled: bool) -> float:
+    """The share of rows a card may lose: its expected_loss; on a random sample (max_rows), three standard
+    deviations more, since a sample of n rows loses a little more or less than the whole dataset by chance."""
+    tolerance = 3 * (expected * (1 - expected) / max(n, 1)) ** 0.5 if sampled else 0.0
+    return expected + tolerance + 1e-9
+
+
+def prepare_card(
+    card: DataCard,
+    folder: Path,
+    max_rows: int | None = None,
+    max_negatives: int | None = None,
+    template: str = DEFAULT_TEMPLATE,
+    with_instruction: bool = True,
+    seed: int = 0,
+):
+    """Load a card's rows and build its pairs: ``(Dataset, DropReport)``; the report's ``full_size`` is the
+    dataset's full row count (pi_i), its ``dropped`` every row lost on the way, per reason."""
+    loaded = load_card_rows(card, folder, max_rows, seed)
+    if len(loaded.rows) == 0 and not loaded.dropped:
+        raise DataCardError(f"card {card.name}: the dataset is empty")
+    return build_pairs_report(card, loaded.rows, max_negatives, template, with_instruction, loaded=loaded)

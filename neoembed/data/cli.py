@@ -1,7 +1,14 @@
-"""``neoembed data check CARD...``: validate data cards; load them when the data is reachable."""
+"""``neoembed data check CARD...``: a card's paths against its declared schema (offline), the declared schema against
+the live dataset (hub reachable), then the rows the data gives, with every dropped row counted.
+
+Exit code 1 when any card is invalid, its paths cannot work, the live dataset differs from the declared schema, the
+hub rejects the card's repository, config or split, or the data loses more rows than the card expects. A hub that
+cannot be reached at all is not the card's fault: the card is then checked against its declared schema only.
+"""
 
 from __future__ import annotations
 
+import os
 from typing import Annotated
 
 import typer
@@ -13,11 +20,20 @@ app = typer.Typer(help="Data cards: validate and inspect.", no_args_is_help=True
 def check_command(
     cards: Annotated[list[str], typer.Argument(help="Card files or shipped card names.")],
     sample: Annotated[int, typer.Option("--sample", help="Rows to show per card.")] = 1,
-    max_rows: Annotated[int | None, typer.Option("--max-rows", help="Load at most this many rows.")] = None,
+    max_rows: Annotated[
+        int | None, typer.Option("--max-rows", help="Load a seeded random sample of this many rows.")
+    ] = None,
+    load: Annotated[
+        bool, typer.Option("--load/--no-load", help="Load the rows (hub cards: when reachable).")
+    ] = True,
+    offline: Annotated[
+        bool, typer.Option("--offline", help="Check against the declared schemas only.")
+    ] = False,
 ) -> None:
-    """Validate each card, then load its data (row count and a sample), or say why the data is unreachable."""
-    from neoembed.data.cards import DataCardError, build_pairs, find_card, load_card, load_rows
+    """Check each card: schema (offline), live features (hub reachable), rows kept and dropped per reason."""
+    from neoembed.data.cards import DataCardError, find_card, load_card
 
+    offline = offline or os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0")
     failures = 0
     for name in cards:
         try:
@@ -26,23 +42,80 @@ def check_command(
             typer.echo(f"INVALID {name}: {e}", err=True)
             failures += 1
             continue
-        pin = "" if card.pinned else " (revision unpinned)"
-        typer.echo(f"ok {card.name}: schema valid{pin}; licence: {card.license or 'not stated'}")
-        try:
-            rows = load_rows(card, folder, max_rows)
-            pairs = build_pairs(card, rows)
-        except DataCardError as e:
-            msg = str(e)
-            if card.source.hub is not None and (
-                "hub" in msg.lower() or "connect" in msg.lower() or "offline" in msg.lower()
-            ):
-                typer.echo(f"   data not checked: the Hugging Face hub is unreachable ({card.source.hub.id})")
-            else:
-                typer.echo(f"   DATA ERROR: {msg}", err=True)
-                failures += 1
-            continue
-        typer.echo(f"   {len(pairs)} rows; columns {pairs.column_names}")
-        for row in pairs.select(range(min(sample, len(pairs)))):
-            typer.echo("   " + " | ".join(f"{k}: {str(v)[:80]!r}" for k, v in row.items()))
+        failures += not _check_card(card, folder, offline, load, max_rows, sample)
     if failures:
+        typer.echo(f"{failures} of {len(cards)} card(s) failed", err=True)
         raise typer.Exit(1)
+
+
+def _check_card(card, folder, offline: bool, load: bool, max_rows: int | None, sample: int) -> bool:
+    """Print one card's checks; False when the card fails."""
+    from neoembed.data.check import offline_problems
+
+    pin = "pinned" if card.pinned else "revision unpinned"
+    typer.echo(f"{card.name}: card valid ({pin}; licence: {card.license or 'not stated'})")
+    problems = offline_problems(card)
+    for p in problems:
+        typer.echo(f"   SCHEMA: {p}", err=True)
+    if problems:
+        return False
+    if card.schema_ is not None:
+        typer.echo(f"   paths match the declared schema ({len(card.schema_.features)} features)")
+    if card.source.hub is not None:
+        if offline:
+            typer.echo("   hub unreachable (offline mode): checked against the declared schema only")
+            return True
+        reached = _live(card)
+        if reached is not True:
+            return reached is None  # None: unreachable (not the card's fault); False: a card error
+    return _rows(card, folder, max_rows, sample) if load else True
+
+
+def _live(card) -> bool | None:
+    from neoembed.data.cards import is_unreachable
+    from neoembed.data.check import NOTE, live_differences
+
+    try:
+        diffs = live_differences(card)
+    except Exception as e:
+        if is_unreachable(e):
+            typer.echo(f"   hub unreachable ({type(e).__name__}): checked against the declared schema only")
+            return None
+        typer.echo(
+            f"   HUB ERROR for {card.source.hub.id!r} (config {card.source.hub.config}, split "
+            f"{card.source.hub.split}): {type(e).__name__}: {e}. Fix the card's source.",
+            err=True,
+        )
+        return False
+    notes = [d for d in diffs if d.startswith(NOTE)]
+    for note in notes:
+        typer.echo(f"   {note}")
+    diffs = [d for d in diffs if not d.startswith(NOTE)]
+    for d in diffs:
+        typer.echo(f"   LIVE SCHEMA DIFFERS: {d}", err=True)
+    if diffs:
+        typer.echo("   update the card's schema: (and its columns) from the dataset's page", err=True)
+        return False
+    typer.echo(
+        "   live features match the declared schema" if not notes else "   live split matches the card"
+    )
+    return True
+
+
+def _rows(card, folder, max_rows: int | None, sample: int) -> bool:
+    from neoembed.data.cards import DataCardError, HubUnreachable, prepare_card
+
+    try:
+        pairs, report = prepare_card(card, folder, max_rows)
+    except HubUnreachable as e:
+        typer.echo(f"   hub unreachable: rows not loaded ({e})")
+        return True
+    except DataCardError as e:
+        typer.echo(f"   DATA ERROR: {e}", err=True)
+        return False
+    sampled = f" (a seeded sample of {report.full_size})" if report.sampled else ""
+    typer.echo(f"   {len(pairs)} rows{sampled}; columns {pairs.column_names}")
+    typer.echo(f"   {report.line()}")
+    for row in pairs.select(range(min(sample, len(pairs)))):
+        typer.echo("   " + " | ".join(f"{k}: {str(v)[:80]!r}" for k, v in row.items()))
+    return True

@@ -42,11 +42,16 @@ class PowerLawDatasetBatchSampler(MultiDatasetDefaultBatchSampler):
         seed: int = 0,
         alpha: float = 0.5,
         num_steps: int | None = None,
+        full_sizes: list[int] | None = None,
     ) -> None:
         super().__init__(dataset, batch_samplers, generator=generator, seed=seed)
         self.alpha, self.num_steps = alpha, num_steps
-        self.sizes = [len(d) for d in dataset.datasets]
-        self.probabilities = dataset_probabilities(self.sizes, self.alpha)
+        self.sizes = [len(d) for d in dataset.datasets]  # rows loaded: where each dataset's indices start
+        # pi_i follows each dataset's full size (max_rows loads a sample; the paper's n_i is the whole dataset)
+        if full_sizes is not None and len(full_sizes) != len(self.sizes):
+            raise ValueError(f"full_sizes has {len(full_sizes)} entries for {len(self.sizes)} datasets")
+        self.full_sizes = list(full_sizes) if full_sizes is not None else self.sizes
+        self.probabilities = dataset_probabilities(self.full_sizes, self.alpha)
         self.history: list[int] = []
         self.world_size = _world()
         # Batches differ in size (per-dataset batch sizes). accelerate's BatchSamplerShard silently skips every
@@ -54,9 +59,10 @@ class PowerLawDatasetBatchSampler(MultiDatasetDefaultBatchSampler):
         self.batch_size = None
 
     @classmethod
-    def with_settings(cls, alpha: float, num_steps: int | None = None):
-        """What to pass as ``multi_dataset_batch_sampler``: the trainer calls it with the datasets (picklable)."""
-        return functools.partial(cls, alpha=alpha, num_steps=num_steps)
+    def with_settings(cls, alpha: float, num_steps: int | None = None, full_sizes: list[int] | None = None):
+        """What to pass as ``multi_dataset_batch_sampler``: the trainer calls it with the datasets (picklable).
+        ``full_sizes``: each dataset's full row count, in the order of the datasets (default: the rows loaded)."""
+        return functools.partial(cls, alpha=alpha, num_steps=num_steps, full_sizes=full_sizes)
 
     def __iter__(self) -> Iterator[list[int]]:
         g = torch.Generator().manual_seed(self.seed + 1_000_003 * self.epoch)

@@ -30,7 +30,13 @@ def mteb_command(
     precision: Annotated[
         str | None, typer.Option("--precision", help="fp16|bf16|fp32 (default fp16 on CUDA, fp32 on CPU).")
     ] = None,
-    instructions: Annotated[str, typer.Option("--instructions", help="paper|none|FILE")] = "paper",
+    instructions: Annotated[
+        str,
+        typer.Option(
+            "--instructions",
+            help="released (the NeoBERT evaluation config, default) | paper (Tables 8-9 as printed) | none | FILE",
+        ),
+    ] = "released",
     batch_size: Annotated[int, typer.Option("--batch-size")] = 32,
     max_length: Annotated[int | None, typer.Option("--max-length")] = None,
     data_dir: Annotated[

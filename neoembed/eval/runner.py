@@ -27,7 +27,13 @@ from neoembed.eval.task_cards import (
     dataset_card_task,
     load_task_card,
 )
-from neoembed.instructions import DEFAULT_TEMPLATE, load_instruction_set, paper_type_instruction, task_prompts
+from neoembed.instructions import (
+    DEFAULT_INSTRUCTION_SET,
+    DEFAULT_TEMPLATE,
+    load_instruction_set,
+    paper_type_instruction,
+    task_prompts,
+)
 from neoembed.record import atomic_write_text, write_run_record
 
 __all__ = ["EvalConfig", "EvalReport", "resolve_tasks", "run_mteb", "task_folders"]
@@ -44,7 +50,7 @@ class EvalConfig:
     task_types: list[str] | None = None
     benchmark: str | None = None
     precision: str | None = None  # None: fp16 on CUDA, fp32 on CPU
-    instructions: str = "paper"
+    instructions: str = DEFAULT_INSTRUCTION_SET
     template: str = DEFAULT_TEMPLATE
     batch_size: int = 32
     max_length: int | None = None
@@ -288,8 +294,8 @@ def run_mteb(cfg: EvalConfig, model=None) -> EvalReport:
             report.skipped.append(name)
             continue
         instruction = None if label == "none" else instruction_map.get(name, card_instruction)
-        if instruction is None and label == "paper":
-            instruction = paper_type_instruction(ttype)
+        if instruction is None:
+            instruction = paper_type_instruction(ttype, label)
         prompts = task_prompts(name, ttype, instruction, cfg.template, registered=_is_registered(name))
         with warnings.catch_warnings():  # mteb nags when a model has no generic query/document prompts
             warnings.simplefilter("ignore", UserWarning)

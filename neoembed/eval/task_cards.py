@@ -32,6 +32,7 @@ from typing import Literal
 import yaml
 from pydantic import ValidationError
 
+from neoembed.card_schema import DatasetCard
 from neoembed.eval.local_data import LocalDataError, local_dataset_repo
 from neoembed.recipe import RecipeError, StrictModel, format_validation_error
 
@@ -128,28 +129,32 @@ def dataset_card_task(folder: str | Path) -> tuple[str | None, TaskCard | None]:
     raw = yaml.safe_load(path.read_text(encoding="utf8")) or {}
     if not isinstance(raw, dict):
         raise LocalDataError(f"{path} is not a mapping")
-    mteb_task = str(raw["mteb_task"]) if raw.get("mteb_task") else None
-    kind = str(raw.get("task_type", "")).lower()
+    try:  # the dataset card schema is shared with training and corpus cards (neoembed.card_schema)
+        dcard = DatasetCard.model_validate(raw)
+    except ValidationError as e:
+        raise LocalDataError(format_validation_error(e, DatasetCard, str(path))) from None
+    mteb_task = dcard.mteb_task or None
+    kind = str(dcard.task_type or "").lower()
     if kind not in DATASET_CARD_TYPES:
         if mteb_task:
             return mteb_task, None
         raise LocalDataError(
-            f"{path}: task_type {raw.get('task_type')!r} is not an evaluation task; valid: "
+            f"{path}: task_type {dcard.task_type!r} is not an evaluation task; valid: "
             f"{sorted(DATASET_CARD_TYPES)} (or set mteb_task)"
         )
-    splits = list(raw.get("splits") or {}) or ["test"]
+    splits = list(dcard.splits) or ["test"]
     eval_splits = ["test"] if "test" in splits else [s for s in splits if s != "train"]
     if not eval_splits:
         raise LocalDataError(f"{path}: no evaluation split among {splits}")
     card = TaskCard(
-        name=mteb_task or str(raw.get("name") or folder.name),
+        name=mteb_task or str(dcard.name or folder.name),
         type=DATASET_CARD_TYPES[kind],
         eval_splits=eval_splits,
         description=str(
-            raw.get("format") or f"Local data in {folder.name}, described by its {DATASET_CARD_FILE}."
+            dcard.format or f"Local data in {folder.name}, described by its {DATASET_CARD_FILE}."
         ),
-        license=str(raw["license"]) if raw.get("license") else None,
-        instruction=raw.get("instruction"),
+        license=dcard.license or None,
+        instruction=dcard.instruction,
     )
     return mteb_task, card
 

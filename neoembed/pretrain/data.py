@@ -25,13 +25,13 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import yaml
-from pydantic import ValidationError, model_validator
+from pydantic import ValidationError
 
-from neoembed.recipe import RecipeError, StrictModel, format_validation_error, resolve_named_file
+from neoembed.card_schema import CorpusCard, CorpusColumns, HubSource, Source
+from neoembed.recipe import RecipeError, format_validation_error, resolve_named_file
 from neoembed.record import atomic_write_text
 
 __all__ = [
@@ -49,42 +49,8 @@ JSON_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz")
 
 
 # ------------------------------------------------------------------------------------------- corpus cards
-class HubCorpus(StrictModel):
-    id: str
-    config: str | None = None
-    split: str = "train"
-    revision: str | None = None
-
-
-class LocalCorpus(StrictModel):
-    path: str  # relative to the card's folder
-
-
-class CorpusSource(StrictModel):
-    hub: HubCorpus | None = None
-    local: LocalCorpus | None = None
-
-    @model_validator(mode="after")
-    def _exactly_one(self):
-        if (self.hub is None) == (self.local is None):
-            raise ValueError("source needs exactly one of 'hub' or 'local'")
-        return self
-
-
-class CorpusColumns(StrictModel):
-    text: str = "text"
-
-
-class CorpusCard(StrictModel):
-    """A pre-training corpus: where it lives, which column holds the text, its licence."""
-
-    name: str
-    kind: Literal["corpus"] = "corpus"
-    source: CorpusSource
-    columns: CorpusColumns = CorpusColumns()
-    license: str | None = None
-    size: int | None = None
-    notes: str | None = None
+# The corpus card's schema (CorpusCard, its hub / local source) lives in neoembed.card_schema, shared with the
+# training and evaluation cards.
 
 
 def load_corpus_card(name_or_path: str | Path) -> tuple[CorpusCard, Path]:
@@ -145,7 +111,7 @@ def iter_documents(source: str, column: str = "text") -> Iterator[str]:
         parts = source[4:].split(":")
         card = CorpusCard(
             name=parts[0],
-            source=CorpusSource(hub=HubCorpus(id=parts[0], config=parts[1] if len(parts) > 1 else None)),
+            source=Source(hub=HubSource(id=parts[0], config=parts[1] if len(parts) > 1 else None)),
             columns=CorpusColumns(text=column),
         )
         yield from _iter_card(card, Path("."))

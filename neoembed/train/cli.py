@@ -12,6 +12,12 @@ def train_command(
     recipe: Annotated[str, typer.Argument(help="Recipe YAML path or shipped name (e.g. tiny, quickstart).")],
     overrides: Annotated[list[str] | None, typer.Argument(help="key.sub=value overrides.")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the last checkpoint.")] = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run", help="Print each dataset's rows, pi_i, steps, negatives, licence; load no model."
+        ),
+    ] = False,
 ) -> None:
     """Train with a recipe (the unified contrastive recipe, or CDE when the recipe says kind: cde)."""
     import yaml
@@ -22,6 +28,8 @@ def train_command(
     try:
         path = resolve_named_file(recipe, "recipes")
         kind = (yaml.safe_load(path.read_text()) or {}).get("kind", "unified")
+        if kind == "cde" and dry_run:
+            raise RecipeError("--dry-run describes unified recipes (kind: unified); this recipe is kind: cde")
         if kind == "cde":
             from neoembed.cde.recipe import CDERecipe
             from neoembed.cde.trainer import TrainingStopped, train_cde
@@ -29,6 +37,12 @@ def train_command(
             stops = (TrainingStopped,)
             parsed = _resolve_model_path(load_recipe(path, CDERecipe, overrides or []), path.parent)
             out = train_cde(parsed, recipe_dir=path.parent, resume=resume)
+        elif kind == "unified" and dry_run:
+            from neoembed.data.plan import dry_run as describe
+            from neoembed.train.recipe import UnifiedRecipe
+
+            typer.echo(describe(load_recipe(path, UnifiedRecipe, overrides or []), path.parent))
+            return
         elif kind == "unified":
             from neoembed.train.recipe import UnifiedRecipe
             from neoembed.train.trainer import TrainingStopped, train

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
-from neoembed.data.cards import DataCardError, build_pairs, find_card, load_card, load_rows
+from neoembed.data.cards import DataCardError, find_card, load_card, prepare_card
 from neoembed.data.sampler import PowerLawDatasetBatchSampler
 from neoembed.losses import CachedInfoNCELoss, InfoNCELoss
 from neoembed.plots import plot_training_curves
@@ -38,8 +38,9 @@ class TrainingStopped(RuntimeError):
     """Training stopped early (NaN loss, out of memory); the message says why and what to do."""
 
 
-def prepare_datasets(recipe: UnifiedRecipe, recipe_dir: Path | None = None):
-    """Resolve, load and check every card before training: returns (DatasetDict, cards, per-dataset batch sizes)."""
+def prepare_datasets(recipe: UnifiedRecipe, recipe_dir: Path | None = None, reports: dict | None = None):
+    """Resolve, load and check every card before training: returns (DatasetDict, cards, per-dataset batch sizes).
+    ``reports`` (a dict, optional) receives each card's DropReport (rows kept and dropped, full size) by name."""
     from datasets import DatasetDict
 
     search = [Path(recipe_dir or ".") / d for d in recipe.card_dirs]
@@ -56,10 +57,19 @@ def prepare_datasets(recipe: UnifiedRecipe, recipe_dir: Path | None = None):
     for entry, (card, folder) in zip(recipe.datasets, loaded, strict=True):
         if card.name in recipe.instruction_overrides:
             card = card.model_copy(update={"instruction": recipe.instruction_overrides[card.name]})
-        rows = load_rows(card, folder, entry.max_rows)
-        if len(rows) == 0:
-            raise DataCardError(f"card {card.name}: the dataset is empty")
-        pairs = build_pairs(card, rows, entry.max_negatives, recipe.template, recipe.instructions)
+        pairs, report = prepare_card(
+            card,
+            folder,
+            entry.max_rows,
+            entry.max_negatives,
+            recipe.template,
+            recipe.instructions,
+            recipe.seed,
+        )
+        # the training log says what each card gave; losses (all counted and allowed by the card) are warnings
+        (logger.warning if report.dropped else logger.info)("card %s: %s", card.name, report.line())
+        if reports is not None:
+            reports[card.name] = report
         bs = entry.batch_size or recipe.batch_size
         if bs > len(pairs):
             raise DataCardError(
@@ -182,7 +192,9 @@ def train(recipe: UnifiedRecipe, recipe_dir: Path | None = None, resume: bool = 
 
     seed_everything(recipe.seed)
     output = Path(recipe.output_dir)
-    datasets, cards, batch_sizes = prepare_datasets(recipe, recipe_dir)
+    reports: dict = {}
+    datasets, cards, batch_sizes = prepare_datasets(recipe, recipe_dir, reports)
+    full_sizes = [reports[name].full_size or len(datasets[name]) for name in datasets]
     model = neoembed.load(recipe.model, pooling=recipe.pooling, max_seq_length=recipe.max_length)
     if recipe.cache_mini_batch_size:
         loss = CachedInfoNCELoss(
@@ -225,7 +237,9 @@ def train(recipe: UnifiedRecipe, recipe_dir: Path | None = None, resume: bool = 
         seed=recipe.seed,
         data_seed=recipe.seed,
         dataloader_drop_last=True,
-        multi_dataset_batch_sampler=PowerLawDatasetBatchSampler.with_settings(recipe.alpha, recipe.steps),
+        multi_dataset_batch_sampler=PowerLawDatasetBatchSampler.with_settings(
+            recipe.alpha, recipe.steps, full_sizes
+        ),
         disable_tqdm=False,
         dataloader_pin_memory=torch.cuda.is_available(),
     )
@@ -252,7 +266,12 @@ def train(recipe: UnifiedRecipe, recipe_dir: Path | None = None, resume: bool = 
             "train",
             recipe=recipe,
             data_files=[f for f in data_files if f.is_file()],
-            extra={"cards": {c.name: {"pinned": c.pinned, "license": c.license} for c, _ in cards}},
+            extra={
+                "cards": {
+                    c.name: {"pinned": c.pinned, "license": c.license, "data": reports[c.name].as_dict()}
+                    for c, _ in cards
+                }
+            },
         )
     previous = {s: signal.signal(s, signals.handler) for s in (signal.SIGTERM, signal.SIGINT)}
     try:

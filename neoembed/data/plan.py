@@ -1,0 +1,108 @@
+"""``neoembed train RECIPE --dry-run``: what a unified recipe would train on, without loading a model or hub data.
+
+One line per dataset: rows (declared by the card, or counted for local data), pi_i ∝ n_i^alpha, the steps of the run
+expected to draw it, hard negatives per query, the instruction, the licence, pinned or not. Hub datasets are described
+from the cards' declared schemas (nothing is downloaded; ``neoembed data check`` compares them with the live data).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from neoembed.card_schema import resolve_spec_type
+from neoembed.data.cards import DataCardError, find_card, load_card, load_card_rows
+
+__all__ = ["PlanRow", "dry_run", "plan"]
+
+
+@dataclass
+class PlanRow:
+    name: str
+    rows: int | None
+    rows_from: str  # "declared" | "counted" | "unknown"
+    negatives: str
+    instruction: str | None
+    license: str | None
+    pinned: bool
+    probability: float | None = None
+    steps: float | None = None
+
+
+def _negatives(card, max_negatives: int | None) -> str:
+    """Negatives per query as far as the declared schema tells: fixed columns count one each; a list column has as
+    many as its rows carry (the loader then uses the count most rows have)."""
+    if not card.columns.negatives or max_negatives == 0:
+        return "0"
+    fixed, lists = 0, 0
+    features = card.schema_.features if card.schema_ is not None else None
+    for spec in card.columns.negatives:
+        t = resolve_spec_type(spec, features) if features is not None else "string"
+        fixed, lists = (fixed + 1, lists) if not isinstance(t, list) else (fixed, lists + 1)
+    text = str(fixed) if not lists else f"{fixed}+list" if fixed else "list (the count most rows carry)"
+    return f"{text}, at most {max_negatives}" if max_negatives is not None else text
+
+
+def plan(recipe, recipe_dir: Path | None = None) -> list[PlanRow]:
+    """The dry-run rows of a unified recipe (see the module docstring)."""
+    search = [Path(recipe_dir or ".") / d for d in recipe.card_dirs]
+    out = []
+    for entry in recipe.datasets:
+        card, folder = load_card(find_card(entry.card, search))
+        problems = card.schema_problems()
+        if problems:
+            raise DataCardError(
+                f"card {card.name}: its paths do not fit its declared schema: {'; '.join(problems)}"
+            )
+        if card.source.local is not None:  # local data is cheap to count, and counting is exact
+            rows, rows_from = load_card_rows(card, folder).full_size, "counted"
+        else:
+            declared = card.size or (card.schema_.num_rows if card.schema_ is not None else None)
+            rows, rows_from = declared, "declared" if declared else "unknown"
+        instruction = (
+            recipe.instruction_overrides.get(card.name, card.instruction) if recipe.instructions else None
+        )
+        out.append(
+            PlanRow(
+                card.name,
+                rows,
+                rows_from,
+                _negatives(card, entry.max_negatives),
+                instruction,
+                card.license,
+                card.pinned,
+            )
+        )
+    known = [r for r in out if r.rows]
+    # the sampler's formula (neoembed.data.sampler.dataset_probabilities), not imported: that module loads torch
+    total = sum(r.rows**recipe.alpha for r in known)
+    for r in known:
+        r.probability = r.rows**recipe.alpha / total
+        r.steps = r.probability * recipe.steps
+    return out
+
+
+def dry_run(recipe, recipe_dir: Path | None = None) -> str:
+    """The dry run's text: a header, one line per dataset, and what was not known."""
+    rows = plan(recipe, recipe_dir)
+    lines = [
+        f"dry run: {len(rows)} datasets, {recipe.steps} steps, pi_i ∝ n_i^{recipe.alpha}; no model loaded. Hub datasets "
+        "are described by their cards' declared schemas and row counts (offline: nothing downloaded; "
+        "`neoembed data check` compares them with the live datasets)."
+    ]
+    width = max(len(r.name) for r in rows)
+    for r in rows:
+        n = f"{r.rows:,} ({r.rows_from})" if r.rows else "unknown"
+        pi = f"{r.probability:.4f}" if r.probability is not None else "  -   "
+        steps = f"{r.steps:7.1f}" if r.steps is not None else "      -"
+        lines.append(
+            f"{r.name:<{width}}  rows {n:<22} pi {pi}  steps {steps}/{recipe.steps}  negatives {r.negatives:<8} "
+            f"{'pinned  ' if r.pinned else 'UNPINNED'}  licence: {r.license or 'not stated'}  "
+            f"instruction: {r.instruction!r}"
+        )
+    unknown = [r.name for r in rows if not r.rows]
+    if unknown:
+        lines.append(
+            f"row count unknown for {', '.join(unknown)}: they are left out of pi_i here; training counts their rows"
+        )
+    return "\n".join(lines)
