@@ -183,7 +183,9 @@ def train(recipe: UnifiedRecipe, recipe_dir: Path | None = None, resume: bool = 
     seed_everything(recipe.seed)
     output = Path(recipe.output_dir)
     datasets, cards, batch_sizes = prepare_datasets(recipe, recipe_dir)
-    model = neoembed.load(recipe.model, pooling=recipe.pooling, max_seq_length=recipe.max_length)
+    model = neoembed.load(
+        recipe.model, pooling=recipe.pooling, max_seq_length=recipe.max_length, compile=recipe.compile
+    )
     if recipe.cache_mini_batch_size:
         loss = CachedInfoNCELoss(
             model,
