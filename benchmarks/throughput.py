@@ -39,7 +39,8 @@ def build(kind: str, device: str, dtype: torch.dtype, padding_free: bool = True,
         model = NeoBERTModel(cfg)
     elif kind == "modernbert":
         cfg = ModernBertConfig()
-        cfg._attn_implementation = "sdpa"
+        # its best attention: flash-attn's kernels (unpadded) where installed, else SDPA
+        cfg._attn_implementation = "flash_attention_2" if modernbert_flash(device, dtype) else "sdpa"
         model = ModernBertModel(cfg)
     elif kind == "bert":
         cfg = BertConfig()
@@ -48,6 +49,16 @@ def build(kind: str, device: str, dtype: torch.dtype, padding_free: bool = True,
     else:
         raise ValueError(f"unknown model {kind!r}; valid: neobert, modernbert, bert")
     return model.to(device=device, dtype=dtype).eval()
+
+
+def modernbert_flash(device: str, dtype: torch.dtype) -> bool:
+    import importlib.util
+
+    return (
+        device.startswith("cuda")
+        and dtype != torch.float32
+        and importlib.util.find_spec("flash_attn") is not None
+    )
 
 
 def forward_fn(model, ids, mask):
@@ -162,6 +173,11 @@ def main() -> None:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--quick", action="store_true", help="CPU quick mode: lengths 512 and 1024, small batches")
     p.add_argument("--reps", type=int, default=None)
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="also NeoBERT with compiled layers (neoembed.compile, mode default)",
+    )
     args = p.parse_args()
     device = args.device
     cuda = device.startswith("cuda")
@@ -185,6 +201,13 @@ def main() -> None:
         "ModernBERT-base": build("modernbert", device, dtype),
         "BERT-base": build("bert", device, dtype),
     }
+    if args.compile:
+        from neoembed.compile import compile_layers
+
+        models["NeoBERT compiled"] = build("neobert", device, dtype)
+        compile_layers(models["NeoBERT compiled"])  # the warm-up call of each shape pays the compilation
+    if modernbert_flash(device, dtype):
+        models["ModernBERT-base (flash-attn)"] = models.pop("ModernBERT-base")
     if 8192 in lengths:
         models["NeoBERT (YaRN x2)"] = build("neobert", device, dtype, yarn=True)
     print("fixed lengths ...", flush=True)
@@ -194,7 +217,7 @@ def main() -> None:
     var_models = {
         "NeoBERT padded": build("neobert", device, dtype, padding_free=False),
         "NeoBERT padding-free": models["NeoBERT"],
-        "ModernBERT-base": models["ModernBERT-base"],
+        **{k: v for k, v in models.items() if k.startswith(("ModernBERT", "NeoBERT compiled"))},
         "BERT-base": models["BERT-base"],
     }
     variable = variable_length(var_models, real_texts(), device, n_var, 32, reps)
