@@ -341,7 +341,8 @@ def _speed_up(model: EmbeddingModel, compile_mode: str | None, bucketing: bool |
     if compile_mode is not None:
         if model.device.type == "cpu" and not bucketing:
             # on CPU the padding-free layout runs one attention call per sequence, a Python loop over the
-            # batch's lengths that a compiled layer would specialise on (a recompilation per new batch)
+            # batch's lengths that a compiled layer specialises on: one recompilation per new batch size (seen
+            # with TORCH_LOGS=recompiles), eager again after torch's recompile limit
             for backbone in (m for m in model.modules() if getattr(m, "config", None) is not None):
                 if getattr(backbone.config, "model_type", None) == "neobert":
                     backbone.config.padding_free = False
