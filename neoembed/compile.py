@@ -38,6 +38,8 @@ __all__ = [
     "bucket_length",
     "compile_layers",
     "enable_bucketing",
+    "length_buckets_for",
+    "pad_to_buckets",
     "repeated_layers",
     "resolve_compile_mode",
 ]
