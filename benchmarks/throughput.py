@@ -49,7 +49,8 @@ def build(kind: str, device: str, dtype: torch.dtype, padding_free: bool = True,
         model = NeoBERTModel(cfg)
     elif kind == "modernbert":
         cfg = ModernBertConfig()
-        cfg._attn_implementation = "sdpa"
+        # its best attention: flash-attn's kernels (unpadded) where installed, else SDPA
+        cfg._attn_implementation = "flash_attention_2" if modernbert_flash(device, dtype) else "sdpa"
         model = ModernBertModel(cfg)
     elif kind == "bert":
         cfg = BertConfig()
@@ -58,6 +59,16 @@ def build(kind: str, device: str, dtype: torch.dtype, padding_free: bool = True,
     else:
         raise ValueError(f"unknown model {kind!r}; valid: neobert, modernbert, bert")
     return model.to(device=device, dtype=dtype).eval()
+
+
+def modernbert_flash(device: str, dtype: torch.dtype) -> bool:
+    import importlib.util
+
+    return (
+        device.startswith("cuda")
+        and dtype != torch.float32
+        and importlib.util.find_spec("flash_attn") is not None
+    )
 
 
 def forward_fn(model, ids, mask):
@@ -272,7 +283,9 @@ def main() -> None:
     )
     p.add_argument("--official-commit", default=None, help="its commit, when PATH is not a git checkout")
     p.add_argument(
-        "--compile", action="store_true", help="with --official: also time torch.compile(neoembed)"
+        "--compile",
+        action="store_true",
+        help="also time compiled NeoBERT (with --official: torch.compile of the model; else neoembed.compile's layers)",
     )
     args = p.parse_args()
     if args.official is not None:
@@ -300,6 +313,13 @@ def main() -> None:
         "ModernBERT-base": build("modernbert", device, dtype),
         "BERT-base": build("bert", device, dtype),
     }
+    if args.compile:
+        from neoembed.compile import compile_layers
+
+        models["NeoBERT compiled"] = build("neobert", device, dtype)
+        compile_layers(models["NeoBERT compiled"])  # the warm-up call of each shape pays the compilation
+    if modernbert_flash(device, dtype):
+        models["ModernBERT-base (flash-attn)"] = models.pop("ModernBERT-base")
     if 8192 in lengths:
         models["NeoBERT (YaRN x2)"] = build("neobert", device, dtype, yarn=True)
     print("fixed lengths ...", flush=True)
@@ -309,7 +329,7 @@ def main() -> None:
     var_models = {
         "NeoBERT padded": build("neobert", device, dtype, padding_free=False),
         "NeoBERT padding-free": models["NeoBERT"],
-        "ModernBERT-base": models["ModernBERT-base"],
+        **{k: v for k, v in models.items() if k.startswith(("ModernBERT", "NeoBERT compiled"))},
         "BERT-base": models["BERT-base"],
     }
     variable = variable_length(var_models, real_texts(), device, n_var, 32, reps)

@@ -227,6 +227,8 @@ def load(
     attn_implementation: str | None = None,
     num_threads: int | None = None,
     trust_remote_code: bool = False,
+    compile: bool | str = False,
+    bucketing: bool | None = None,
 ) -> EmbeddingModel:
     """Load an embedding model as a SentenceTransformer.
 
@@ -245,7 +247,17 @@ def load(
         attn_implementation: ``"sdpa"``, ``"eager"`` or ``"flash_attention_2"``.
         num_threads: torch CPU threads.
         trust_remote_code: for third-party models with remote code (neoembed's own modules never need it).
+        compile: ``torch.compile`` the backbone's layers in place (see :mod:`neoembed.compile`): False (default),
+            True (= ``"default"``: RMSNorm, RoPE and SwiGLU fused between the matrix products) or a mode name;
+            ``"reduce-overhead"`` adds CUDA graphs and turns ``bucketing`` on. The first batches of each new
+            shape pay the compilation (tens of seconds). Off by default: that it pays end to end, compilation
+            included, has not been measured on a GPU yet.
+        bucketing: pad every batch up to a length bucket and a power-of-two batch size, so that few shapes recur
+            (what CUDA graphs need); same embeddings. Default: on with ``compile="reduce-overhead"`` only.
     """
+    from neoembed.compile import resolve_compile_mode
+
+    compile_mode = resolve_compile_mode(compile)  # a bad value fails before anything is loaded
     if pooling not in POOLING_MODES:
         raise ValueError(f"unknown pooling {pooling!r}; valid: {list(POOLING_MODES)}")
     if num_threads is not None:
@@ -274,7 +286,7 @@ def load(
                 model.prompts = {**model.prompts, **prompts}
             if max_seq_length is not None:
                 model.cde.max_seq_length = int(max_seq_length)
-            return model
+            return _speed_up(model, compile_mode, bucketing)
     if kind == "sentence":
         trust = trust_remote_code or (path.exists() and _uses_neoembed_modules(path))
         model = EmbeddingModel(
@@ -315,6 +327,28 @@ def load(
         model.max_seq_length = max_seq_length
     if padding_free is not None and _is_neobert(model):
         model[0].auto_model.config.padding_free = bool(padding_free)
+    return _speed_up(model, compile_mode, bucketing)
+
+
+def _speed_up(model: EmbeddingModel, compile_mode: str | None, bucketing: bool | None) -> EmbeddingModel:
+    """Apply ``load``'s ``compile`` and ``bucketing`` settings to a loaded model."""
+    from neoembed.compile import compile_layers, enable_bucketing
+
+    if bucketing is None:
+        bucketing = compile_mode == "reduce-overhead"
+    if bucketing:
+        model.neoembed_bucketing = enable_bucketing(model)  # handles: .remove() each to stop bucketing
+    if compile_mode is not None:
+        if model.device.type == "cpu" and not bucketing:
+            # on CPU the padding-free layout runs one attention call per sequence, a Python loop over the
+            # batch's lengths that a compiled layer specialises on: one recompilation per new batch size (seen
+            # with TORCH_LOGS=recompiles), eager again after torch's recompile limit
+            for backbone in (m for m in model.modules() if getattr(m, "config", None) is not None):
+                if getattr(backbone.config, "model_type", None) == "neobert":
+                    backbone.config.padding_free = False
+        # encoding sees a new shape in almost every batch: symbolic shapes from the first compilation
+        n = compile_layers(model, compile_mode, dynamic=True)
+        logger.info("compiled %d layers (mode %s)", n, compile_mode)
     return model
 
 

@@ -54,6 +54,9 @@ class CDERecipe(Recipe):
     filtering: FilteringConfig = FilteringConfig()
     optimizer: OptimizerConfig = OptimizerConfig()
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    # torch.compile of the backbone's layers (neoembed.compile): true = "default"; the CUDA-graph modes are for
+    # encoding at fixed shapes, not for training. Off by default: not yet measured to pay end to end on a GPU.
+    compile: bool | Literal["default", "max-autotune-no-cudagraphs"] = False
     save_steps: int = 500
     save_total_limit: int | None = 3
     logging_steps: int = 10

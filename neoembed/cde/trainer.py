@@ -42,6 +42,7 @@ from neoembed.cde.batching import (
 )
 from neoembed.cde.gradcache import full_backprop_step, two_stage_gradcache_step
 from neoembed.cde.recipe import CDERecipe
+from neoembed.compile import compile_layers
 from neoembed.data.cards import DataCardError, find_card, load_card, prepare_card
 from neoembed.losses import duplicate_mask, info_nce
 from neoembed.runs import (
@@ -279,6 +280,7 @@ def train_cde(
         prompts=dict(recipe.prompts),
         device=str(device),
     )
+    compile_layers(model, recipe.compile)  # both stages' layers; no-op when recipe.compile is false
     module = model.cde
     module.train()
     tokenizer = module.tokenizer

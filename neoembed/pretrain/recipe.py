@@ -116,6 +116,9 @@ class PretrainRecipe(Recipe):
     schedule: ScheduleConfig = ScheduleConfig()
     steps: int = 1_000_000
     precision: Literal["fp32", "bf16", "fp16"] = "bf16"
+    # torch.compile of the backbone's layers (neoembed.compile): true = "default"; the CUDA-graph modes are for
+    # encoding at fixed shapes, not for training. Off by default: not yet measured to pay end to end on a GPU.
+    compile: bool | Literal["default", "max-autotune-no-cudagraphs"] = False
     save_steps: int = 10_000
     save_total_limit: int | None = 3
     logging_steps: int = 100

@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from neoembed.compile import compile_layers
 from neoembed.pretrain.masking import IGNORE_INDEX, mask_tokens, step_generator
 from neoembed.pretrain.packing import DocumentStream, collate_packed, collate_padded
 from neoembed.pretrain.recipe import PretrainRecipe
@@ -112,6 +113,7 @@ def _build_model(recipe: PretrainRecipe, tokenizer):
         model.config.padding_free = False
     if m.gradient_checkpointing:
         model.gradient_checkpointing_enable()
+    compile_layers(model, recipe.compile)  # no-op when recipe.compile is false
     return model
 
 

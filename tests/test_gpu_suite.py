@@ -1,0 +1,85 @@
+"""benchmarks/gpu_suite.sh without a GPU: its dry run checks every step; the CPU-side arithmetic of the scripts it
+runs (FLOPs and MFU of a training step, the fp16/fp32 comparison of MTEB scores)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import _suite_check  # noqa: E402
+import mteb_precision  # noqa: E402
+import train_step_cuda  # noqa: E402
+
+
+def test_dry_run_checks_every_step_within_the_budget():
+    out = subprocess.run(
+        ["bash", str(REPO / "benchmarks" / "gpu_suite.sh"), "--dry-run"], capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    text = out.stdout
+    for step in (
+        "gpu-tests",
+        "throughput",
+        "encode",
+        "train-step",
+        "train-step-compiled",
+        "pretrain-speed",
+        "mteb-precision",
+    ):
+        assert f"[{step}] limit" in text
+    total = int(text.split("time limits adding up to ")[1].split(" s")[0])
+    assert total < 600
+    assert " tests collected for: " in text and "dry run: every step checked" in text
+
+
+def test_the_check_names_a_missing_option_and_a_missing_script(monkeypatch):
+    monkeypatch.chdir(REPO)
+    problems = _suite_check.check("python benchmarks/throughput.py --device cuda --no-such-option")
+    assert problems == ["benchmarks/throughput.py has no option --no-such-option"]
+    assert _suite_check.check("python benchmarks/nothing.py") == ["benchmarks/nothing.py does not exist"]
+
+
+def test_unknown_suite_arguments_are_refused():
+    out = subprocess.run(
+        ["bash", str(REPO / "benchmarks" / "gpu_suite.sh"), "--fast"], capture_output=True, text=True
+    )
+    assert out.returncode == 2 and "unknown argument '--fast'" in out.stderr
+
+
+def test_training_step_flops_and_mfu():
+    """3 x forward FLOPs of B queries + B positives of L tokens, for the quick mode's 2 x 64 model (by hand:
+    linear parameters per layer 3D^2 + D^2 + 2DF + FD with D = 64, F = 88)."""
+    from neoembed.modeling import NeoBERTConfig, NeoBERTModel
+
+    model = NeoBERTModel(NeoBERTConfig(**train_step_cuda.QUICK_CONFIG, vocab_size=100))
+    # SwiGLU's hidden size F: 2/3 of intermediate_size (128), rounded up to a multiple of 8
+    D, F, layers, B, L = 64, 88, 2, 4, 64
+    assert model.config.ffn_hidden_size == F
+    linear = layers * (4 * D * D + 3 * D * F)
+    per_token = 2 * linear + layers * 4 * L * D
+    assert train_step_cuda.step_flops(model, "unified", B, L) == 3 * 2 * B * L * per_token
+    assert train_step_cuda.step_flops(model, "gradcache", B, L) == 3 * 2 * B * L * per_token
+    N, soft = 8, 4
+    second = L + N + soft
+    cde = 3 * (N * L * per_token + 2 * B * second * (2 * linear + layers * 4 * second * D))
+    assert train_step_cuda.step_flops(model, "cde", B, L, N, soft) == cde
+    assert train_step_cuda.mfu(1e12, 2.0, 1e12) == 0.5
+    with pytest.raises(ValueError, match="unknown step 'mlm'"):
+        train_step_cuda.step_flops(model, "mlm", B, L)
+
+
+def test_fp16_against_fp32_scores_per_task():
+    fp32 = {"STS12": {"main_score": 0.700}, "STS13": {"main_score": 0.600}, "MSRP": {"main_score": 0.8}}
+    fp16 = {"STS12": {"main_score": 0.7015}, "STS13": {"main_score": 0.6030}}
+    rows = {r["task"]: r for r in mteb_precision.precision_deltas(fp32, fp16)}
+    assert rows["STS12"]["ok"] and rows["STS12"]["delta"] == pytest.approx(0.0015)
+    assert not rows["STS13"]["ok"]  # 0.003 apart
+    assert (
+        not rows["MSRP"]["ok"] and rows["MSRP"]["fp16"] is None
+    )  # missing on one side: reported, not dropped
