@@ -16,8 +16,9 @@ One step:
 4. gradients (plain or two-stage GradCache), averaged over processes, clipped; AdamW; the learning-rate
    schedule of the unified recipe.
 
-Checkpoints (``checkpoint-N/``: weights, optimizer, scheduler, RNG, position) are written to ``.partial`` and
-renamed when complete; SIGTERM / Ctrl-C checkpoint after the current step; a NaN/inf loss stops before the update.
+Checkpoints (``checkpoint-N/``: weights, optimizer, scheduler, RNG, position) are written to
+``.checkpoint-N.partial``, sealed with a checksum marker and renamed (:mod:`neoembed.runs`); SIGTERM / Ctrl-C
+checkpoint after the current step and exit 143 / 130; a NaN/inf loss stops before the update.
 """
 
 from __future__ import annotations
@@ -47,20 +48,23 @@ from neoembed.losses import duplicate_mask, info_nce
 from neoembed.runs import (
     MetricsLog,
     StopSignal,
+    TrainingInterrupted,
+    TrainingStopped,
+    check_pairs,
+    check_weight_files,
+    commit_checkpoint,
     list_checkpoints,
     param_groups,
-    publish_checkpoint,
-    refuse_to_overwrite,
+    prepare_output_dir,
+    resume_settings,
+    stage_checkpoint,
+    write_failed,
 )
 
 __all__ = ["TrainingStopped", "cde_loss", "prepare_sources", "resolve_teacher", "train_cde"]
 
 logger = logging.getLogger(__name__)
 PACKAGED_MINILM = ("sentence-transformers/all-MiniLM-L6-v2", "all-MiniLM-L6-v2")
-
-
-class TrainingStopped(RuntimeError):
-    """CDE training stopped early (NaN/inf loss); the message says why and what to do."""
 
 
 def resolve_teacher(name: str) -> str:
@@ -123,6 +127,7 @@ def prepare_sources(recipe: CDERecipe, recipe_dir: Path | None = None) -> tuple[
             (c for c in pairs.column_names if c.startswith("negative_")), key=lambda c: int(c[9:])
         )
         negatives = [list(x) for x in zip(*(pairs[c] for c in neg_cols), strict=True)] if neg_cols else []
+        check_pairs(card.name, pairs["query"], pairs["positive"], lambda text: text)
         sources.append(Source(card.name, pairs["query"], pairs["positive"], negatives))
         cards.append((card, folder))
     return sources, cards
@@ -237,9 +242,15 @@ def _model_card(recipe: CDERecipe, cards, steps: int) -> str:
 
 
 def train_cde(
-    recipe: CDERecipe, recipe_dir: Path | None = None, resume: bool = False, progress: bool = True
+    recipe: CDERecipe,
+    recipe_dir: Path | None = None,
+    resume: bool = False,
+    progress: bool = True,
+    overwrite: bool = False,
 ) -> Path:
-    """Run a CDE recipe; returns the output folder (the final model, metrics.jsonl, run record, checkpoints)."""
+    """Run a CDE recipe; returns the output folder (the final model, metrics.jsonl, run record, checkpoints).
+    The folder must be new or empty unless ``resume`` or ``overwrite`` (:func:`neoembed.runs.prepare_output_dir`);
+    SIGTERM / Ctrl-C raise :class:`~neoembed.runs.TrainingInterrupted` after the checkpoint."""
     from accelerate import PartialState
     from accelerate.utils import parse_flag_from_env
     from tqdm.auto import tqdm
@@ -263,6 +274,11 @@ def train_cde(
     output = Path(recipe.output_dir)
 
     sources, cards = prepare_sources(recipe, recipe_dir)
+    settings = resume_settings(recipe)
+    checkpoint = prepare_output_dir(
+        output, overwrite=overwrite, resume=resume, settings=settings, main_process=state.is_main_process
+    )
+    check_weight_files(recipe.model)
     with state.main_process_first():  # with a cache, the other processes read what the first one computed
         batches, offsets = _teacher_pass(recipe, sources, progress and state.is_main_process)
     per_epoch = batches.steps_per_epoch()
@@ -297,11 +313,8 @@ def train_cde(
 
     step = 0
     metrics = MetricsLog(output, recipe.report_to, state.is_main_process)
-    if resume:
-        ckpts = list_checkpoints(output)
-        if not ckpts:
-            raise FileNotFoundError(f"--resume: no checkpoint-N folder in {output}; start without --resume")
-        last = ckpts[-1]
+    if checkpoint is not None:
+        last = checkpoint
         saved = torch.load(last / "state.pt", map_location=device, weights_only=False)
         module.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
@@ -310,8 +323,6 @@ def train_cde(
         step = saved["step"]
         metrics.truncate(step)
         print(f"resumed from {last} at step {step}") if state.is_main_process else None
-    elif state.is_main_process:
-        refuse_to_overwrite(output)
     if state.is_main_process:
         output.mkdir(parents=True, exist_ok=True)
         write_run_record(
@@ -324,6 +335,8 @@ def train_cde(
                 "steps_per_epoch": per_epoch,
                 "sources": {s.name: len(s) for s in sources},
                 "parameters": sum(p.numel() for p in module.parameters()),
+                "negatives_per_query": {s.name: s.k for s in sources},
+                "resume_settings": settings,
             },
         )
         print(
@@ -338,20 +351,23 @@ def train_cde(
             gathered = [None] * world
             torch.distributed.all_gather_object(gathered, rngs[0])
             rngs = gathered
-        target, partial = output / f"checkpoint-{step}", output / f"checkpoint-{step}.partial"
+        target = output / f"checkpoint-{step}"
         if state.is_main_process:
-            partial.mkdir(parents=True, exist_ok=True)
-            torch.save(
-                {
-                    "model": module.state_dict(),
-                    "optimizer": optimizer.state_dict(),
-                    "scheduler": scheduler.state_dict(),
-                    "rng": rngs,
-                    "step": step,
-                },
-                partial / "state.pt",
-            )
-            publish_checkpoint(partial, target, recipe.save_total_limit)
+            partial = stage_checkpoint(output, step)
+            try:
+                torch.save(
+                    {
+                        "model": module.state_dict(),
+                        "optimizer": optimizer.state_dict(),
+                        "scheduler": scheduler.state_dict(),
+                        "rng": rngs,
+                        "step": step,
+                    },
+                    partial / "state.pt",
+                )
+            except Exception as e:  # a full disk, say: the staging folder goes, the last checkpoint stays
+                raise write_failed(partial, step, e) from e
+            commit_checkpoint(partial, step, recipe.save_total_limit, settings)
         state.wait_for_everyone()
         return target
 
@@ -470,11 +486,7 @@ def train_cde(
     bar.close()
     metrics.close(title=output.name)
     if stopped is not None:
-        if state.is_main_process:
-            print(
-                f"stopped by {stop.received or 'a signal'} at step {step}: {stopped}; continue with --resume"
-            )
-        return output
+        raise TrainingInterrupted(stop.received or "SIGTERM", stopped)
     state.wait_for_everyone()
     if state.is_main_process:
         module.eval()

@@ -74,27 +74,24 @@ def pretrain_command(
     ],
     overrides: Annotated[list[str] | None, typer.Argument(help="key.sub=value overrides.")] = None,
     resume: Annotated[
-        bool, typer.Option("--resume", help="Continue from the last checkpoint, exactly.")
+        bool, typer.Option("--resume", help="Continue from the newest complete checkpoint, exactly.")
+    ] = False,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace the run in a non-empty output_dir.")
     ] = False,
 ) -> None:
-    """Pre-train NeoBERT with masked language modelling (packed, padding-free)."""
-    from neoembed.pretrain.recipe import PretrainRecipe
-    from neoembed.pretrain.trainer import TrainingStopped, pretrain
-    from neoembed.recipe import RecipeError, load_recipe, resolve_named_file
+    """Pre-train NeoBERT with masked language modelling (packed, padding-free).
 
-    try:
-        path = resolve_named_file(recipe, "recipes")
-        parsed = resolve_recipe_paths(load_recipe(path, PretrainRecipe, overrides or []), path.parent)
-        out = pretrain(parsed, resume=resume)
-    except RecipeError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from None
-    except (FileNotFoundError, FileExistsError, ValueError) as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from None
-    except TrainingStopped as e:
-        typer.echo(f"training stopped: {e}", err=True)
-        raise typer.Exit(1) from None
+    Exit codes: 0 done, 1 stopped (NaN loss, disk full), 2 bad input, 130 / 143 interrupted by Ctrl-C / SIGTERM
+    after checkpointing (continue with --resume)."""
+    from neoembed.pretrain.recipe import PretrainRecipe
+    from neoembed.pretrain.trainer import pretrain
+    from neoembed.recipe import load_recipe, resolve_named_file
+
+    # errors (bad recipe: exit 2; a stopped run: 1; a signal: 130 / 143) are reported by neoembed.cli.main
+    path = resolve_named_file(recipe, "recipes")
+    parsed = resolve_recipe_paths(load_recipe(path, PretrainRecipe, overrides or []), path.parent)
+    out = pretrain(parsed, resume=resume, overwrite=overwrite)
     typer.echo(f"done: {out}")
 
 

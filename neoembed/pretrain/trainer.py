@@ -18,7 +18,8 @@ One optimizer step, top to bottom:
 
 Checkpoints (``checkpoint-N/``) hold accelerate's state (model, optimizer, RNG of every process) plus
 ``trainer_state.json`` (step, scheduler, the position of every data stream). They are written to
-``checkpoint-N.partial`` and renamed when complete, so a crash never leaves half a checkpoint to resume from.
+``.checkpoint-N.partial``, sealed with a checksum marker and renamed (:mod:`neoembed.runs`), so a kill never
+leaves half a checkpoint to resume from. SIGTERM / Ctrl-C checkpoint and exit 143 / 130.
 
     neoembed pretrain pretrain-tiny data.sources='[{path: shards}]'
     accelerate launch --num_processes 8 -m neoembed pretrain pretrain-stage1 data.sources='[{path: rw}]'
@@ -46,19 +47,21 @@ from neoembed.pretrain.schedule import lr_lambda
 from neoembed.runs import (
     MetricsLog,
     StopSignal,
+    TrainingInterrupted,
+    TrainingStopped,
+    check_weight_files,
+    commit_checkpoint,
     list_checkpoints,
     param_groups,
-    publish_checkpoint,
-    refuse_to_overwrite,
+    prepare_output_dir,
+    resume_settings,
+    stage_checkpoint,
+    write_failed,
 )
 
 __all__ = ["MLMObjective", "TrainingStopped", "choose_source", "pretrain"]
 
 logger = logging.getLogger(__name__)
-
-
-class TrainingStopped(RuntimeError):
-    """Pre-training stopped early (NaN/inf loss); the message says why and what to do."""
 
 
 class MLMObjective(nn.Module):
@@ -168,9 +171,13 @@ def _micro_batch(recipe, corrupted, labels, pad_id, device):
 
 
 # ------------------------------------------------------------------------------------------------- train
-def pretrain(recipe: PretrainRecipe, resume: bool = False, progress: bool = True) -> Path:
+def pretrain(
+    recipe: PretrainRecipe, resume: bool = False, progress: bool = True, overwrite: bool = False
+) -> Path:
     """Run a pre-training recipe; returns the output folder (final model in the neoembed layout, tokenizer,
-    ``metrics.jsonl``, ``run_record.json``, checkpoints)."""
+    ``metrics.jsonl``, ``run_record.json``, checkpoints). The folder must be new or empty unless ``resume`` or
+    ``overwrite`` (:func:`neoembed.runs.prepare_output_dir`); SIGTERM / Ctrl-C raise
+    :class:`~neoembed.runs.TrainingInterrupted` after the checkpoint."""
     from accelerate import Accelerator
     from tqdm.auto import tqdm
     from transformers import AutoTokenizer
@@ -221,6 +228,16 @@ def pretrain(recipe: PretrainRecipe, resume: bool = False, progress: bool = True
                 f"{recipe.tokenizer!r} has {len(tokenizer)}: set 'tokenizer' to the one used by preprocess"
             )
     special_ids = sorted(set(tokenizer.all_special_ids) | {tokenizer.pad_token_id})
+    settings = resume_settings(recipe)
+    checkpoint = prepare_output_dir(
+        output,
+        overwrite=overwrite,
+        resume=resume,
+        settings=settings,
+        main_process=accelerator.is_main_process,
+    )
+    if recipe.model.init_from is not None:
+        check_weight_files(recipe.model.init_from)
 
     model = _build_model(recipe, tokenizer)
     objective = MLMObjective(model)
@@ -244,11 +261,8 @@ def pretrain(recipe: PretrainRecipe, resume: bool = False, progress: bool = True
 
     step = 0
     metrics = MetricsLog(output, recipe.report_to, accelerator.is_main_process)
-    if resume:
-        ckpts = list_checkpoints(output)
-        if not ckpts:
-            raise FileNotFoundError(f"--resume: no checkpoint-N folder in {output}; start without --resume")
-        last = ckpts[-1]
+    if checkpoint is not None:
+        last = checkpoint
         state = json.loads((last / "trainer_state.json").read_text())
         if state["global_sequences"] != n_global or state["seq_length"] != L:
             raise ValueError(
@@ -262,8 +276,6 @@ def pretrain(recipe: PretrainRecipe, resume: bool = False, progress: bool = True
             stream.load_state_dict(st)
         metrics.truncate(step)
         accelerator.print(f"resumed from {last} at step {step}")
-    elif accelerator.is_main_process:
-        refuse_to_overwrite(output)
     if accelerator.is_main_process:
         output.mkdir(parents=True, exist_ok=True)
         data_files = [
@@ -280,24 +292,32 @@ def pretrain(recipe: PretrainRecipe, resume: bool = False, progress: bool = True
                 "global_batch_tokens": n_global * L,
                 "data_fingerprints": {c.path.as_posix(): c.fingerprint for c in corpora},
                 "parameters": sum(p.numel() for p in model.parameters()),
+                "resume_settings": settings,
             },
         )
 
     def save_checkpoint() -> Path:
         target = output / f"checkpoint-{step}"
-        partial = output / f"checkpoint-{step}.partial"
-        accelerator.wait_for_everyone()
-        accelerator.save_state(str(partial / "state"))
+        partial = output / f".checkpoint-{step}.partial"
         if accelerator.is_main_process:
-            state = {
-                "step": step,
-                "scheduler": scheduler.state_dict(),
-                "streams": [st.state_dict() for st in streams],
-                "global_sequences": n_global,
-                "seq_length": L,
-            }
-            atomic_write_text(partial / "trainer_state.json", json.dumps(state, indent=2) + "\n")
-            publish_checkpoint(partial, target, recipe.save_total_limit)
+            stage_checkpoint(output, step)
+        accelerator.wait_for_everyone()
+        try:
+            accelerator.save_state(str(partial / "state"))
+            if accelerator.is_main_process:
+                state = {
+                    "step": step,
+                    "scheduler": scheduler.state_dict(),
+                    "streams": [st.state_dict() for st in streams],
+                    "global_sequences": n_global,
+                    "seq_length": L,
+                }
+                atomic_write_text(partial / "trainer_state.json", json.dumps(state, indent=2) + "\n")
+        except Exception as e:  # a full disk, say: the staging folder goes, the last checkpoint stays
+            raise write_failed(partial, step, e) from e
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            commit_checkpoint(partial, step, recipe.save_total_limit, settings)
         accelerator.wait_for_everyone()
         return target
 
@@ -388,11 +408,8 @@ def pretrain(recipe: PretrainRecipe, resume: bool = False, progress: bool = True
     bar.close()
     metrics.close(title=output.name)
     if stopped is not None:
-        accelerator.print(
-            f"stopped by {stop.received or 'a signal'} at step {step}: {stopped}; continue with --resume"
-        )
         accelerator.end_training()
-        return output
+        raise TrainingInterrupted(stop.received or "SIGTERM", stopped)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         final = accelerator.unwrap_model(objective).mlm
