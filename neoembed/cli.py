@@ -48,9 +48,21 @@ def convert(
         typer.Option("--sentence", help="Write a sentence-transformers folder (Transformer -> Pooling)."),
     ] = False,
     pooling: Annotated[str, typer.Option("--pooling", help="Pooling for --sentence: mean or cls.")] = "mean",
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace the model in a non-empty DST (a model folder).")
+    ] = False,
 ) -> None:
-    """Convert a NeoBERT checkpoint between the official layout and the neoembed layout."""
+    """Convert a NeoBERT checkpoint between the official layout and the neoembed layout. DST must be a new or
+    empty folder (or --overwrite a model folder)."""
     from neoembed.modeling.convert import convert_checkpoint
+    from neoembed.runs import OutputDirError, check_weight_files, prepare_output_dir
+
+    if Path(src).exists() and Path(src).resolve() == dst.resolve():
+        raise OutputDirError(f"convert: SRC and DST are the same folder ({dst}): choose a new DST")
+    check_weight_files(src)
+    prepare_output_dir(
+        dst, overwrite=overwrite, resume=False, what="DST", clearable=("run_record.json", "config.json")
+    )
 
     if sentence:
         from neoembed.sentence import convert_to_sentence_transformer
@@ -107,6 +119,22 @@ def _bad_input_types() -> tuple[type[BaseException], ...]:
     return types
 
 
+def _click_exceptions() -> tuple[tuple[type[BaseException], ...], tuple[type[BaseException], ...]]:
+    """Click's usage-error and abort classes: typer may carry its own copy of click (``typer._click``)."""
+    import click
+
+    usage: list[type[BaseException]] = [click.ClickException]
+    aborts: list[type[BaseException]] = [click.Abort]
+    try:
+        from typer._click import exceptions as vendored
+
+        usage.append(vendored.ClickException)
+        aborts.append(vendored.Abort)
+    except ImportError:
+        pass
+    return tuple(usage), tuple(aborts)
+
+
 def main() -> None:
     """Run the command line; the one place where errors become messages and exit codes.
 
@@ -119,18 +147,18 @@ def main() -> None:
     Messages name the file, key or value and the fix; ``NEOEMBED_DEBUG=1`` shows the traceback."""
     import os
 
-    import click
-
     from neoembed.runs import TrainingStopped
+
+    usage, aborts = _click_exceptions()
 
     debug = bool(os.environ.get("NEOEMBED_DEBUG"))
     hint = "\n(NEOEMBED_DEBUG=1 shows the traceback)"
     try:
         code = app(standalone_mode=False)
-    except click.ClickException as e:  # usage errors: click's own message
+    except usage as e:  # usage errors (a bad option value): click's own message, exit 2
         e.show()
         raise SystemExit(e.exit_code) from None
-    except (click.Abort, KeyboardInterrupt):
+    except (*aborts, KeyboardInterrupt):
         typer.echo("interrupted (a second Ctrl-C aborts without a checkpoint)", err=True)
         raise SystemExit(130) from None
     except TrainingStopped as e:

@@ -43,9 +43,15 @@ __all__ = [
     "TrainingStopped",
     "check_pairs",
     "check_weight_files",
+    "claim_results_dir",
+    "default_results_dir",
+    "explain_data_errors",
+    "explain_unreadable",
+    "load_rows_explained",
     "commit_checkpoint",
     "find_resume_checkpoint",
     "list_checkpoints",
+    "model_identity",
     "param_groups",
     "prepare_output_dir",
     "prune_checkpoints",
@@ -151,15 +157,16 @@ def _differences(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
 
 
 def _check_steps(ckpt: Path, saved: dict | None, settings: dict | None) -> None:
-    """``steps`` may change on resume (to extend a run: the schedule follows the new value from there), but
-    a checkpoint at or past the new end leaves nothing to train."""
+    """``steps`` may change on resume (to extend a run: the schedule follows the new value from there), but a
+    checkpoint past the new end cannot be resumed (at the end exactly, the resume only saves the final model: a
+    run killed between its last checkpoint and its final save)."""
     if not settings or "steps" not in settings:
         return
     step = int(json.loads((ckpt / CHECKPOINT_MARKER).read_text())["step"])
-    if step >= settings["steps"]:
+    if step > settings["steps"]:
         raise OutputDirError(
-            f"--resume: {ckpt} is at step {step} and this run has steps={settings['steps']}: nothing is left to "
-            f"train. Resume with steps > {step}, or start a new run in another output_dir"
+            f"--resume: {ckpt} is at step {step}, past this run's steps={settings['steps']}: resume with "
+            f"steps >= {step}, or start a new run in another output_dir"
         )
     if saved and saved.get("steps") not in (None, settings["steps"]):
         logger.warning(
@@ -186,12 +193,14 @@ def prepare_output_dir(
     checkpoints: bool = True,
     what: str = "output_dir",
     main_process: bool = True,
+    clearable: tuple[str, ...] = (RECORD,),
 ) -> Path | None:
     """Check (and with ``overwrite``, clear) an output folder before anything is loaded or written.
 
     - a missing or empty folder: a fresh run (``resume`` is then an error: there is nothing to continue);
     - a non-empty folder: an error unless ``resume`` or ``overwrite``. ``overwrite`` clears a folder that a
-      neoembed command wrote (it holds a run record) and refuses any other;
+      neoembed command wrote (it holds one of the ``clearable`` files: a run record by default) and refuses any
+      other;
     - ``resume``: the folder's run must have the same ``settings`` (see :func:`resume_settings`; differences are
       named); with ``checkpoints``, returns the newest complete checkpoint (an error if there is none).
 
@@ -233,9 +242,10 @@ def prepare_output_dir(
             f"--overwrite to replace it, or choose a new {what}"
         )
     if used and overwrite and main_process:
-        if not (out / RECORD).is_file():
+        if not any((out / name).is_file() for name in clearable):
             raise OutputDirError(
-                f"--overwrite: {out} holds {_describe(out)} but no {RECORD}, so no neoembed command wrote it; "
+                f"--overwrite: {out} holds {_describe(out)} but no {' or '.join(clearable)}, so no neoembed "
+                "command wrote it; "
                 f"neoembed clears only its own folders: choose a new {what}, or empty this one yourself"
             )
         logger.warning("--overwrite: clearing %s (%s)", out, _describe(out))
@@ -534,3 +544,132 @@ def check_pairs(name: str, queries: list[str], positives: list[str], as_query=la
     for w in found:
         logger.warning("degenerate data: %s", w)
     return found
+
+
+# ------------------------------------------------------------------------------------ results of one model
+MODEL_RECORD = "scored_model.json"
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+
+
+def model_identity(model: str) -> dict[str, Any]:
+    """What a results folder records about the model it scores: the path (resolved) and a SHA-256 over its weight
+    files (checkpoint folders inside a run folder left out); a hub id is recorded by name."""
+    path = Path(model)
+    if not path.is_dir():
+        return {"model": str(model), "weights_sha256": None}
+    h = hashlib.sha256()
+    for f in sorted(path.rglob("*")):
+        rel = f.relative_to(path)
+        if f.is_file() and f.suffix in WEIGHT_SUFFIXES and not rel.parts[0].startswith(("checkpoint-", ".")):
+            h.update(rel.as_posix().encode() + b"\0" + file_sha256(f).encode())
+    return {"model": str(path.resolve()), "weights_sha256": h.hexdigest()}
+
+
+def default_results_dir(model: str, root: str | Path = "results") -> Path:
+    """``results/<name>-<8 hex digits of the model's resolved path>``: two models never share a default folder,
+    even when both are called ``checkpoint-8``."""
+    key = str(Path(model).resolve()) if Path(model).exists() else str(model)
+    return Path(root) / f"{Path(str(model).rstrip('/')).name}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
+
+
+def claim_results_dir(output: str | Path, model: str, overwrite: bool, write: bool = True) -> None:
+    """A results folder holds the scores of one model: the first run records it (:data:`MODEL_RECORD`); a run
+    of another model (another path, or the same path with other weights) is refused (exit 2), or with
+    ``overwrite`` clears the folder first. A non-empty folder that records no model is refused likewise.
+    ``write=False`` only checks (nothing is cleared or written)."""
+    out = Path(output)
+    identity = model_identity(model)
+    record = out / MODEL_RECORD
+    if out.is_dir() and any(out.iterdir()):
+        try:
+            saved = json.loads(record.read_text()) if record.is_file() else None
+        except ValueError:
+            saved = None
+        if saved != identity:
+            held = (
+                f"the scores of {saved['model']} (weights {str(saved.get('weights_sha256'))[:12]})"
+                if saved
+                else f"{_describe(out)}, with no record of the model scored"
+            )
+            if not overwrite:
+                raise OutputDirError(
+                    f"results folder {out} holds {held}; this run scores {identity['model']} (weights "
+                    f"{str(identity['weights_sha256'])[:12]}): choose another --output (the default is unique per "
+                    "model), or --overwrite to replace those results"
+                )
+            if not (record.is_file() or (out / RECORD).is_file()):
+                raise OutputDirError(
+                    f"--overwrite: {out} holds {_describe(out)}, which no neoembed command wrote: choose another "
+                    "--output"
+                )
+            if write:
+                logger.warning("--overwrite: clearing %s (%s)", out, held)
+                _clear(out)
+    if write:
+        atomic_write_text(record, json.dumps(identity, indent=2) + "\n")
+
+
+# -------------------------------------------------------------------------------------------- data errors
+def explain_unreadable(path: Path, error: BaseException) -> str:
+    """Why a JSON-lines data file (plain or .gz) cannot be read, by file and line: its first line that is not
+    UTF-8 or not JSON; else the loader's own error. (The datasets library names neither.)"""
+    import gzip
+
+    path = Path(path)
+    if path.is_file():
+        opener = gzip.open if path.suffix == ".gz" else open
+        try:
+            with opener(path, "rb") as f:
+                for number, raw in enumerate(f, 1):
+                    try:
+                        line = raw.decode("utf-8").strip()
+                    except UnicodeDecodeError as e:
+                        return (
+                            f"{path}, line {number}: not UTF-8 text (byte {raw[e.start]:#04x} at column {e.start + 1}): "
+                            "convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+                        )
+                    if line:
+                        try:
+                            json.loads(line)
+                        except ValueError as e:
+                            return f"{path}, line {number}: not a JSON object ({e}): fix or delete that line"
+        except (OSError, EOFError) as e:
+            return f"{path}: cannot be read ({e}); is it a complete .gz file?"
+    return f"{path}: cannot be read as data: {type(error).__name__}: {error}"
+
+
+@contextlib.contextmanager
+def explain_data_errors(card, folder: Path):
+    """Around the reading of a card's local data (loading and iterating its rows): the datasets library's own
+    errors (JSON, Arrow, a decode error met while iterating) become a
+    :class:`~neoembed.data.cards.DataCardError` (exit 2) that names the file, the line and the fix."""
+    from neoembed.data.cards import DataCardError
+
+    try:
+        yield
+    except DataCardError:
+        raise
+    except Exception as e:
+        if card.source.local is None:
+            raise
+        local = Path(folder) / card.source.local.path
+        files = sorted(p for p in local.rglob("*") if p.is_file()) if local.is_dir() else [local]
+        reasons = [explain_unreadable(p, e) for p in files]
+        named = [r for r in reasons if ", line " in r] or reasons[:1]
+        raise DataCardError(f"card {card.name}: {named[0]}") from None
+
+
+def load_rows_explained(card, folder: Path, max_rows: int | None = None):
+    """:func:`neoembed.data.cards.load_rows`, with an unreadable (:func:`explain_data_errors`) or empty local file
+    named in a :class:`~neoembed.data.cards.DataCardError`."""
+    from neoembed.data.cards import DataCardError, load_rows
+
+    with explain_data_errors(card, folder):
+        rows = load_rows(card, folder, max_rows)
+    if len(rows) == 0:
+        local = Path(folder) / card.source.local.path if card.source.local is not None else None
+        raise DataCardError(
+            f"card {card.name}: the dataset is empty{f' ({local})' if local else ''}: point the card at a file with "
+            "rows, or remove the card from the recipe"
+        )
+    return rows

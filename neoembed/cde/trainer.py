@@ -43,7 +43,7 @@ from neoembed.cde.batching import (
 )
 from neoembed.cde.gradcache import full_backprop_step, two_stage_gradcache_step
 from neoembed.cde.recipe import CDERecipe
-from neoembed.data.cards import DataCardError, build_pairs, find_card, load_card, load_rows
+from neoembed.data.cards import DataCardError, build_pairs, find_card, load_card
 from neoembed.losses import duplicate_mask, info_nce
 from neoembed.runs import (
     MetricsLog,
@@ -53,7 +53,9 @@ from neoembed.runs import (
     check_pairs,
     check_weight_files,
     commit_checkpoint,
+    explain_data_errors,
     list_checkpoints,
+    load_rows_explained,
     param_groups,
     prepare_output_dir,
     resume_settings,
@@ -114,10 +116,9 @@ def prepare_sources(recipe: CDERecipe, recipe_dir: Path | None = None) -> tuple[
             raise DataCardError(
                 f"card {card.name}: per-dataset batch_size is not supported by CDE (one global batch size)"
             )
-        rows = load_rows(card, folder, entry.max_rows)
-        if len(rows) == 0:
-            raise DataCardError(f"card {card.name}: the dataset is empty")
-        pairs = build_pairs(card, rows, entry.max_negatives, recipe.template, recipe.instructions)
+        rows = load_rows_explained(card, folder, entry.max_rows)
+        with explain_data_errors(card, folder):  # a bad byte surfaces only when the rows are read
+            pairs = build_pairs(card, rows, entry.max_negatives, recipe.template, recipe.instructions)
         if len(pairs) < recipe.batch_size:
             raise DataCardError(
                 f"card {card.name}: batch size {recipe.batch_size} is larger than the dataset ({len(pairs)} "

@@ -29,6 +29,7 @@ from neoembed.eval.task_cards import (
 )
 from neoembed.instructions import DEFAULT_TEMPLATE, load_instruction_set, paper_type_instruction, task_prompts
 from neoembed.record import atomic_write_text, write_run_record
+from neoembed.runs import claim_results_dir
 
 __all__ = ["EvalConfig", "EvalReport", "resolve_tasks", "run_mteb", "task_folders"]
 
@@ -264,7 +265,7 @@ def run_mteb(cfg: EvalConfig, model=None) -> EvalReport:
 
     seed_everything(cfg.seed)
     output = Path(cfg.output)
-    output.mkdir(parents=True, exist_ok=True)
+    claim_results_dir(output, str(cfg.model), cfg.overwrite)  # one model's scores per folder, never a mix
     label, instruction_map = load_instruction_set(cfg.instructions)
     tasks = resolve_tasks(cfg)
     model = model if model is not None else _load_model(cfg)

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
-from neoembed.data.cards import DataCardError, build_pairs, find_card, load_card, load_rows
+from neoembed.data.cards import DataCardError, build_pairs, find_card, load_card
 from neoembed.data.sampler import PowerLawDatasetBatchSampler
 from neoembed.instructions import format_with_instruction
 from neoembed.losses import CachedInfoNCELoss, InfoNCELoss
@@ -35,7 +35,9 @@ from neoembed.runs import (
     check_pairs,
     check_weight_files,
     commit_checkpoint,
+    explain_data_errors,
     list_checkpoints,
+    load_rows_explained,
     prepare_output_dir,
     resume_settings,
     stage_checkpoint,
@@ -67,10 +69,9 @@ def prepare_datasets(recipe: UnifiedRecipe, recipe_dir: Path | None = None):
     for entry, (card, folder) in zip(recipe.datasets, loaded, strict=True):
         if card.name in recipe.instruction_overrides:
             card = card.model_copy(update={"instruction": recipe.instruction_overrides[card.name]})
-        rows = load_rows(card, folder, entry.max_rows)
-        if len(rows) == 0:
-            raise DataCardError(f"card {card.name}: the dataset is empty")
-        pairs = build_pairs(card, rows, entry.max_negatives, recipe.template, recipe.instructions)
+        rows = load_rows_explained(card, folder, entry.max_rows)
+        with explain_data_errors(card, folder):  # a bad byte surfaces only when the rows are read
+            pairs = build_pairs(card, rows, entry.max_negatives, recipe.template, recipe.instructions)
         instruction = card.instruction if recipe.instructions else None
         check_pairs(
             card.name,
