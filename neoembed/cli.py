@@ -124,13 +124,12 @@ def _click_exceptions() -> tuple[tuple[type[BaseException], ...], tuple[type[Bas
     import click
 
     usage: list[type[BaseException]] = [click.ClickException]
-    aborts: list[type[BaseException]] = [click.Abort]
+    aborts: list[type[BaseException]] = [click.Abort, *([typer.Abort] if hasattr(typer, "Abort") else [])]
     try:
         from typer._click import exceptions as vendored
 
         usage.append(vendored.ClickException)
-        aborts.append(vendored.Abort)
-    except ImportError:
+    except (ImportError, AttributeError):
         pass
     return tuple(usage), tuple(aborts)
 

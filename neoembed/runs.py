@@ -347,6 +347,8 @@ def commit_checkpoint(
         shutil.rmtree(aside, ignore_errors=True)
     else:
         staged.rename(target)
+    for stale in output.glob(".checkpoint-*.partial"):  # left by a killed run: no write is under way now
+        shutil.rmtree(stale, ignore_errors=True)
     prune_checkpoints(output, keep)
     return target
 

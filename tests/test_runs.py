@@ -78,7 +78,7 @@ def _cli(capsys, monkeypatch, *args: str) -> tuple[int, str]:
 
 
 # -------------------------------------------------------------------------------------- fault injection
-_AUDIT = {"active": False, "count": 0, "kill_at": None, "seed": 0, "after": None, "hook": False}
+_AUDIT = {"active": False, "count": 0, "kill_at": None, "seed": 0, "after": None, "hook": False, "out": None}
 _WATCHED = {"open", "os.rename", "os.mkdir", "os.remove", "os.rmdir", "shutil.rmtree", "os.truncate"}
 
 
@@ -105,18 +105,36 @@ def _install_audit():
         _AUDIT["hook"] = True
 
 
-def _in_child(fn) -> int:
-    """Run ``fn`` in a forked child; returns its wait status. The child never returns into pytest."""
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        code = 0
-        try:
-            fn()
-        except BaseException as e:  # noqa: BLE001 - report through the exit code and a file
-            Path(_AUDIT["out"], "child_error.txt").write_text(f"{type(e).__name__}: {e}")
-            code = 3
-        os._exit(code)
-    return os.waitpid(pid, 0)[1]
+def _limit_file_size_after_checkpoint_2(event, args):
+    """A full disk from the moment checkpoint-2 is published: no file may grow past 64 KiB."""
+    if event == "os.rename" and str(args[1]).endswith("checkpoint-2"):
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+
+def _child(out: Path, model: Path, kill_at: int | None, seed: int, full_disk: bool) -> None:
+    """In a child process: the tiny run in ``out`` under the audit hook; an exception is written to a file."""
+    after = _limit_file_size_after_checkpoint_2 if full_disk else None
+    _AUDIT.update(active=True, count=0, kill_at=kill_at, seed=seed, out=out, after=after)
+    _install_audit()
+    try:
+        train(_recipe(out, model), recipe_dir=TINY.parent)
+    except BaseException as e:  # noqa: BLE001 - reported through a file and the exit code
+        Path(out, "child_error.txt").write_text(f"{type(e).__name__}: {e}")
+        os._exit(3)
+    os._exit(0)
+
+
+def _in_child(*args) -> int:
+    """Run :func:`_child` in a process forked from a forkserver (which has imported the trainer but never run
+    OpenMP: a child forked from this process would hang in libgomp); returns its exit code (-9: SIGKILL)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["neoembed.train.trainer"])
+    proc = ctx.Process(target=_child, args=args)
+    proc.start()
+    proc.join(600)
+    return proc.exitcode
 
 
 @pytest.fixture(scope="module")
@@ -147,12 +165,7 @@ def test_sigkill_during_a_checkpoint_write_then_resume_equals_uninterrupted(
     ref, n_events = finished
     out = tmp_path / "killed"
     kill_at = int(np.random.default_rng(seed).integers(1, n_events + 1))
-    _AUDIT.update(active=True, count=0, kill_at=kill_at, seed=seed, out=out)
-    try:
-        status = _in_child(lambda: train(_recipe(out, tiny_official), recipe_dir=TINY.parent))
-    finally:
-        _AUDIT.update(active=False, kill_at=None)
-    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, (kill_at, status)
+    assert _in_child(out, tiny_official, kill_at, seed, False) == -signal.SIGKILL, kill_at
     complete = [c for c in list_checkpoints(out) if verify_checkpoint(c) is None]
     if complete:
         train(_recipe(out, tiny_official), recipe_dir=TINY.parent, resume=True)
@@ -171,18 +184,7 @@ def test_poor_full_disk_during_a_checkpoint_leaves_the_previous_one_intact(tmp_p
     ref, _ = finished
     out = tmp_path / "full"
 
-    def limit_after_first(event, args):
-        if event == "os.rename" and str(args[1]).endswith("checkpoint-2"):
-            resource.setrlimit(
-                resource.RLIMIT_FSIZE, (64 << 10, resource.getrlimit(resource.RLIMIT_FSIZE)[1])
-            )
-
-    _AUDIT.update(active=True, count=0, kill_at=None, out=out, after=limit_after_first)
-    try:
-        status = _in_child(lambda: train(_recipe(out, tiny_official), recipe_dir=TINY.parent))
-    finally:
-        _AUDIT.update(active=False, after=None)
-    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 3
+    assert _in_child(out, tiny_official, None, 0, True) == 3
     error = (out / "child_error.txt").read_text()
     (out / "child_error.txt").unlink()
     assert error.startswith(CheckpointWriteError.__name__) and "checkpoint-4" in error
@@ -577,3 +579,30 @@ def test_check_pairs_quiet_on_real_pairs(shared_dir):
         json.loads(line) for line in gzip.open(shared_dir / "data/train/msrp_pairs/train.jsonl.gz", "rt")
     ][:200]
     assert check_pairs("msrp", [r["query"] for r in rows], [r["positive"] for r in rows]) == []
+
+
+def test_poor_task_folder_without_its_split_fails_before_the_model_loads(
+    shared_dir, tmp_path, capsys, monkeypatch
+):
+    data = tmp_path / "data" / "STS16"
+    data.mkdir(parents=True)
+    shutil.copy(
+        shared_dir / "data" / "mteb" / "STS16" / "test.jsonl.gz", data / "train.jsonl.gz"
+    )  # wrong split
+    out = tmp_path / "r"
+    args = [
+        "mteb",
+        "--model",
+        "nowhere",
+        "--data-dir",
+        str(data.parent),
+        "--tasks",
+        "STS16",
+        "--output",
+        str(out),
+    ]
+    code, err = _cli(capsys, monkeypatch, *args)
+    assert (
+        code == 2 and f"{data}: task STS16 is evaluated on split(s) ['test'], the folder has ['train']" in err
+    )
+    assert "add test.jsonl.gz" in err and not out.exists()

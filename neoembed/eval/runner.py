@@ -268,6 +268,8 @@ def run_mteb(cfg: EvalConfig, model=None) -> EvalReport:
     claim_results_dir(output, str(cfg.model), cfg.overwrite)  # one model's scores per folder, never a mix
     label, instruction_map = load_instruction_set(cfg.instructions)
     tasks = resolve_tasks(cfg)
+    if tasks and all(isinstance(t, _Unresolvable) for t, _ in tasks):  # nothing to run: bad input, exit 2
+        raise tasks[0][0].error
     model = model if model is not None else _load_model(cfg)
     device = str(model.device)
     precision = _precision(cfg, device)

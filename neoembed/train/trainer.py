@@ -1,12 +1,18 @@
 """The unified contrastive trainer: sentence-transformers' trainer with thin overrides.
 
 What is ours: the InfoNCE losses (``neoembed.losses``), the power-law dataset sampler
-(``neoembed.data.sampler``), per-dataset batch sizes, and callbacks that write ``metrics.jsonl``, checkpoint on
-SIGTERM / Ctrl-C and stop on a NaN loss. Everything else (optimiser, schedule, mixed precision, DDP through
-accelerate, checkpoints and exact resume) is the sentence-transformers / transformers trainer.
+(``neoembed.data.sampler``), per-dataset batch sizes, and the run guarantees that pre-training and CDE get from
+:mod:`neoembed.loop`, here through callbacks and one override: the output folder is checked first
+(:func:`neoembed.runs.prepare_output_dir`: never silently reused), checkpoints are written to a staging folder,
+sealed with a checksum marker and renamed (a kill never leaves half of one to resume from; a full disk ends in a
+clear error), ``metrics.jsonl`` and TensorBoard are trimmed to the resumed step, SIGTERM / Ctrl-C checkpoint and
+exit 143 / 130, a NaN loss stops, a loss stuck at 0 is reported. Everything else (optimiser, schedule, mixed
+precision, DDP through accelerate, checkpoint contents and exact resume) is the sentence-transformers /
+transformers trainer.
 
     neoembed train tiny                       # a shipped recipe by name
     neoembed train my.yaml steps=500 batch_size=64 optimizer.lr=2e-5
+    neoembed train my.yaml --resume           # continue from the newest complete checkpoint
     accelerate launch --num_processes 2 -m neoembed train my.yaml
 """
 
@@ -16,6 +22,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -193,7 +200,7 @@ def _trainer_class():
                     self.neoembed_settings,
                     output=output,
                 )
-                staged.rmdir()
+                shutil.rmtree(staged, ignore_errors=True)  # the emptied staging folder (commit may have gone)
             self.accelerator.wait_for_everyone()
 
     return UnifiedTrainer
