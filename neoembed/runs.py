@@ -56,6 +56,7 @@ __all__ = [
     "prepare_output_dir",
     "prune_checkpoints",
     "resume_settings",
+    "settings_hash",
     "stage_checkpoint",
     "trim_metrics",
     "verify_checkpoint",
@@ -121,6 +122,7 @@ def resume_settings(recipe: Any) -> dict[str, Any]:
 
 
 def settings_hash(settings: dict[str, Any]) -> str:
+    """A short hash of :func:`resume_settings` (in run records and checkpoint markers: same hash, same run)."""
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -205,7 +207,7 @@ def prepare_output_dir(
       named); with ``checkpoints``, returns the newest complete checkpoint (an error if there is none).
 
     Returns the checkpoint to resume from, or ``None``. Raises :class:`OutputDirError` (exit 2). Only the main
-    process clears; every process may check (reads only)."""
+    process checks a fresh folder and clears; with ``resume`` every process reads the checkpoint to load."""
     out = Path(path)
     if resume and overwrite:
         raise OutputDirError("--resume and --overwrite exclude each other: continue the run, or replace it")
@@ -236,12 +238,16 @@ def prepare_output_dir(
         ckpt = find_resume_checkpoint(out)
         _check_steps(ckpt, saved, settings)
         return ckpt
+    if (
+        not main_process
+    ):  # the main process checks and clears; here its first writes could look like a used folder
+        return None
     if used and not overwrite:
         raise OutputDirError(
             f"{what} {out} is not empty (it holds {_describe(out)}): pass --resume to continue the run it holds, "
             f"--overwrite to replace it, or choose a new {what}"
         )
-    if used and overwrite and main_process:
+    if used and overwrite:
         if not any((out / name).is_file() for name in clearable):
             raise OutputDirError(
                 f"--overwrite: {out} holds {_describe(out)} but no {' or '.join(clearable)}, so no neoembed "
@@ -336,7 +342,12 @@ def commit_checkpoint(
         p.relative_to(staged).as_posix(): {"size": p.stat().st_size, "sha256": file_sha256(p)}
         for p in _files(staged)
     }
-    marker = {"step": step, "files": files, "resume_settings": settings}
+    marker = {
+        "step": step,
+        "files": files,
+        "resume_settings": settings,
+        "recipe_hash": settings_hash(settings) if settings is not None else None,
+    }
     atomic_write_text(staged / CHECKPOINT_MARKER, json.dumps(marker, indent=1) + "\n")
     target = output / f"checkpoint-{step}"
     if target.exists():  # an older checkpoint of this step: moved aside first, so one of the two stays whole

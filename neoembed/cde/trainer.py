@@ -53,6 +53,7 @@ from neoembed.runs import (
     param_groups,
     prepare_output_dir,
     resume_settings,
+    settings_hash,
 )
 
 __all__ = ["TrainingStopped", "cde_loss", "prepare_sources", "resolve_teacher", "train_cde"]
@@ -334,6 +335,7 @@ def train_cde(
                 "parameters": sum(p.numel() for p in module.parameters()),
                 "negatives_per_query": {s.name: s.k for s in sources},
                 "resume_settings": settings,
+                "recipe_hash": settings_hash(settings),
             },
         )
         print(

@@ -48,6 +48,7 @@ from neoembed.runs import (
     param_groups,
     prepare_output_dir,
     resume_settings,
+    settings_hash,
 )
 
 __all__ = ["MLMObjective", "TrainingStopped", "choose_source", "pretrain"]
@@ -305,6 +306,7 @@ def pretrain(
                 "data_fingerprints": {c.path.as_posix(): c.fingerprint for c in corpora},
                 "parameters": sum(p.numel() for p in model.parameters()),
                 "resume_settings": settings,
+                "recipe_hash": settings_hash(settings),
             },
         )
     step_fn, row_fn = _mlm_step(recipe, accelerator, objective, streams, weights, tokenizer, special_ids)

@@ -47,6 +47,7 @@ from neoembed.runs import (
     load_rows_explained,
     prepare_output_dir,
     resume_settings,
+    settings_hash,
     stage_checkpoint,
     verify_checkpoint,
     write_failed,
@@ -345,6 +346,7 @@ def train(
                 "cards": {c.name: {"pinned": c.pinned, "license": c.license} for c, _ in cards},
                 "negatives_per_query": {n: d.num_columns - 2 for n, d in datasets.items()},
                 "resume_settings": settings,
+                "recipe_hash": settings_hash(settings),
             },
         )
     try:
