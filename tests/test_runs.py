@@ -606,3 +606,33 @@ def test_poor_task_folder_without_its_split_fails_before_the_model_loads(
         code == 2 and f"{data}: task STS16 is evaluated on split(s) ['test'], the folder has ['train']" in err
     )
     assert "add test.jsonl.gz" in err and not out.exists()
+
+
+def test_preprocess_resumes_only_a_folder_of_the_same_inputs(tmp_path, tiny_official, capsys, monkeypatch):
+    text = tmp_path / "a.txt"
+    text.write_text("".join(f"document number {i} about neobert\n" for i in range(40)))
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    args = ["preprocess", str(text), "--tokenizer", str(tiny_official)]
+    code, err = _cli(capsys, monkeypatch, args[0], args[1], str(other), *args[2:])
+    assert code == 2 and "no meta.json" in err and (other / "notes.txt").read_text() == "mine"
+    out = tmp_path / "shards"
+    assert _cli(capsys, monkeypatch, args[0], args[1], str(out), *args[2:])[0] == 0
+    meta = json.loads((out / "meta.json").read_text())
+    # the folder's shards came from another tokenizer of the same name and size (a retrained local one)
+    (out / "meta.json").write_text(json.dumps({**meta, "vocab_sha256": "0" * 64}))
+    code, err = _cli(capsys, monkeypatch, args[0], args[1], str(out), *args[2:])
+    assert code == 2 and "another tokenizer" in err and "vocab_sha256" in err
+
+
+def test_ppl_refuses_a_used_output_folder_before_loading(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "ppl"
+    out.mkdir()
+    (out / "ppl.json").write_text("{}")
+    code, err = _cli(
+        capsys, monkeypatch, "ppl", "--model", "nowhere", "--data", str(tmp_path), "--out", str(out)
+    )
+    assert (
+        code == 2 and "not empty" in err and "--overwrite" in err and (out / "ppl.json").read_text() == "{}"
+    )
