@@ -116,6 +116,7 @@ class _MetricsCallback(TrainerCallback):
             return
         if not math.isfinite(float(logs["loss"])):
             self.nan_step, control.should_training_stop = state.global_step, True
+            self.trainer_ref()._neoembed_nan = True
         now, step = time.perf_counter(), state.global_step
         sampler = getattr(self.trainer_ref(), "_neoembed_sampler", None)
         history = sampler.history if sampler is not None else []
@@ -179,6 +180,10 @@ def _trainer_class():
             return super()._get_output_dir(trial)
 
         def _save_checkpoint(self, model, trial):
+            if getattr(
+                self, "_neoembed_nan", False
+            ):  # a NaN step at a save step: its state is not a checkpoint
+                return
             step, output = self.state.global_step, Path(self.args.output_dir)
             main = self.args.should_save
             staged = output / f".checkpoint-{step}.partial"
@@ -312,9 +317,8 @@ def train(
     seed_everything(recipe.seed)
     output = Path(recipe.output_dir)
     main = int(os.environ.get("RANK", "0")) == 0
-    datasets, cards, batch_sizes = prepare_datasets(
-        recipe, recipe_dir
-    )  # bad data fails before the model loads
+    # bad data, a used output folder and truncated weights fail before the model loads
+    datasets, cards, batch_sizes = prepare_datasets(recipe, recipe_dir)
     settings = resume_settings(recipe)
     checkpoint = prepare_output_dir(
         output, overwrite=overwrite, resume=resume, settings=settings, main_process=main
