@@ -19,10 +19,10 @@ SHARED=$(cd ../shared && pwd)
 . benchmarks/_demo_eval.sh
 demo_eval_dir "$OUT/eval" "$SHARED" STS12 STS13 STS14 STS15 STS16 SICK-R TrecQA
 DATA="datasets=[{card: msrp_pairs}, {card: sts2012_pairs}, {card: trecqa_pairs, max_negatives: 1}]"
-time neoembed train tiny "model=$MODEL" "output_dir=$OUT/biencoder" "steps=$STEPS" batch_size=$BS max_length=128 \
+time neoembed train --overwrite tiny "model=$MODEL" "output_dir=$OUT/biencoder" "steps=$STEPS" batch_size=$BS max_length=128 \
   "$DATA" temperature=$TAU optimizer.lr=$LR optimizer.warmup_steps=20 optimizer.schedule=linear \
   save_steps=100000 logging_steps=10
-time neoembed train cde-tiny "model=$MODEL" "output_dir=$OUT/cde" "steps=$STEPS" batch_size=$BS max_length=128 \
+time neoembed train --overwrite cde-tiny "model=$MODEL" "output_dir=$OUT/cde" "steps=$STEPS" batch_size=$BS max_length=128 \
   "$DATA" temperature=$TAU optimizer.lr=$LR optimizer.warmup_steps=20 optimizer.schedule=linear \
   "context={n_context: $N, n_soft_prompt: 4, dropout: 0.05}" chunk_size=null \
   "clustering={teacher: sentence-transformers/all-MiniLM-L6-v2, dims: 128, cache_dir: $OUT/cache}" \

@@ -44,7 +44,7 @@ neoembed preprocess "$OUT/text/heldout" "$OUT/shards/heldout" --tokenizer "$TOK"
 
 # 2. pre-training from scratch
 rm -rf "$OUT/pretrained"
-time neoembed pretrain pretrain-tiny "model.config=$ARCH" "data.sources=[{path: $OUT/shards/train}]" \
+time neoembed pretrain --overwrite pretrain-tiny "model.config=$ARCH" "data.sources=[{path: $OUT/shards/train}]" \
   data.seq_length=512 batch.micro_batch_size=8 "steps=$STEPS" optimizer.lr=1.0e-3 schedule.warmup_steps=40 \
   precision=fp32 save_steps=100 save_total_limit=1 logging_steps=10 "output_dir=$OUT/pretrained"
 
@@ -72,7 +72,7 @@ demo_eval_dir "$OUT/eval" "$SHARED" STS12 STS13 STS14 STS15 STS16 SICK-R MSRP
 for init in random-init pretrained; do
   run="finetuned-$init-lr$FT_LR"
   rm -rf "$OUT/$run"
-  time neoembed train tiny "model=$OUT/$init" "output_dir=$OUT/$run" "steps=$FT_STEPS" batch_size=32 \
+  time neoembed train --overwrite tiny "model=$OUT/$init" "output_dir=$OUT/$run" "steps=$FT_STEPS" batch_size=32 \
     max_length=128 "datasets=[{card: msrp_pairs}, {card: sts2012_pairs}, {card: trecqa_pairs, batch_size: 16}]" \
     "optimizer.lr=$FT_LR" optimizer.warmup_steps=30 optimizer.schedule=cosine save_steps=100000 logging_steps=10
   neoembed mteb --model "$OUT/$run" --data-dir "$OUT/eval" --output "$OUT/scores/$run" --overwrite

@@ -12,7 +12,7 @@ SHARED=$(cd ../shared && pwd)
 demo_eval_dir "$OUT/eval" "$SHARED" STS13 STS14 STS15 STS16 MSRP
 neoembed mteb --model "$MODEL" --data-dir "$OUT/eval" --instructions none --output "$OUT/before-noinstr" --overwrite
 neoembed mteb --model "$MODEL" --data-dir "$OUT/eval" --instructions paper --output "$OUT/before" --overwrite
-neoembed train tiny "model=$MODEL" "output_dir=$OUT/model" "steps=$STEPS" batch_size=32 max_length=128 \
+neoembed train --overwrite tiny "model=$MODEL" "output_dir=$OUT/model" "steps=$STEPS" batch_size=32 max_length=128 \
   "datasets=[{card: msrp_pairs}, {card: sts2012_pairs}, {card: trecqa_pairs, batch_size: 16}]" \
   optimizer.lr=2.0e-5 optimizer.warmup_steps=30 optimizer.schedule=cosine save_steps=100000 logging_steps=10
 neoembed mteb --model "$OUT/model" --data-dir "$OUT/eval" --instructions paper --output "$OUT/after" --overwrite

@@ -48,9 +48,21 @@ def convert(
         typer.Option("--sentence", help="Write a sentence-transformers folder (Transformer -> Pooling)."),
     ] = False,
     pooling: Annotated[str, typer.Option("--pooling", help="Pooling for --sentence: mean or cls.")] = "mean",
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace the model in a non-empty DST (a model folder).")
+    ] = False,
 ) -> None:
-    """Convert a NeoBERT checkpoint between the official layout and the neoembed layout."""
+    """Convert a NeoBERT checkpoint between the official layout and the neoembed layout. DST must be a new or
+    empty folder (or --overwrite a model folder)."""
     from neoembed.modeling.convert import convert_checkpoint
+    from neoembed.runs import OutputDirError, check_weight_files, prepare_output_dir
+
+    if Path(src).exists() and Path(src).resolve() == dst.resolve():
+        raise OutputDirError(f"convert: SRC and DST are the same folder ({dst}): choose a new DST")
+    check_weight_files(src)
+    prepare_output_dir(
+        dst, overwrite=overwrite, resume=False, what="DST", clearable=("run_record.json", "config.json")
+    )
 
     if sentence:
         from neoembed.sentence import convert_to_sentence_transformer
@@ -92,19 +104,81 @@ def _attach_optional() -> None:
 _attach_optional()
 
 
+BAD_INPUT_EXIT = 2
+
+
+def _bad_input_types() -> tuple[type[BaseException], ...]:
+    """Errors that mean bad input (exit 2): neoembed's own derive from ValueError or OSError (recipes, cards,
+    output folders, paths); a corrupt safetensors file raises safetensors' own error."""
+    types: tuple[type[BaseException], ...] = (ValueError, OSError)
+    try:
+        from safetensors import SafetensorError
+
+        types += (SafetensorError,)
+    except ImportError:  # pragma: no cover - older safetensors
+        pass
+    return types
+
+
+def _click_exceptions() -> tuple[tuple[type[BaseException], ...], tuple[type[BaseException], ...]]:
+    """Click's usage-error and abort classes: typer may carry its own copy of click (``typer._click``)."""
+    import click
+
+    usage: list[type[BaseException]] = [click.ClickException]
+    aborts: list[type[BaseException]] = [click.Abort, *([typer.Abort] if hasattr(typer, "Abort") else [])]
+    try:
+        from typer._click import exceptions as vendored
+
+        usage.append(vendored.ClickException)
+    except (ImportError, AttributeError):
+        pass
+    return tuple(usage), tuple(aborts)
+
+
 def main() -> None:
-    """Run the command line. Bad input (a missing path, an unusable model folder, a recipe, card or data error;
-    neoembed's own errors derive from ValueError or OSError) ends with its message and exit code 2, not a
-    traceback; ``NEOEMBED_DEBUG=1`` shows the traceback."""
+    """Run the command line; the one place where errors become messages and exit codes.
+
+    - 0: done; 1: a run that stopped early (NaN loss, out of memory, a checkpoint that could not be written), a
+      failed evaluation task, or an unexpected error; 2: bad input (a usage error, a missing path, an unusable
+      model folder, a recipe, card, data or output-folder error), reported before any model loads;
+    - 130 / 143: interrupted by SIGINT (Ctrl-C) / SIGTERM after the checkpoint was written (``--resume``
+      continues); a second Ctrl-C aborts at once with 130.
+
+    Messages name the file, key or value and the fix; ``NEOEMBED_DEBUG=1`` shows the traceback."""
     import os
 
+    from neoembed.runs import TrainingStopped
+
+    usage, aborts = _click_exceptions()
+
+    debug = bool(os.environ.get("NEOEMBED_DEBUG"))
+    hint = "\n(NEOEMBED_DEBUG=1 shows the traceback)"
     try:
-        app()
-    except (ValueError, OSError) as e:
-        if os.environ.get("NEOEMBED_DEBUG"):
+        code = app(standalone_mode=False)
+    except usage as e:  # usage errors (a bad option value): click's own message, exit 2
+        e.show()
+        raise SystemExit(e.exit_code) from None
+    except (*aborts, KeyboardInterrupt):
+        typer.echo("interrupted (a second Ctrl-C aborts without a checkpoint)", err=True)
+        raise SystemExit(130) from None
+    except TrainingStopped as e:
+        if debug:
             raise
-        typer.echo(f"error: {e}\n(NEOEMBED_DEBUG=1 shows the traceback)", err=True)
-        raise SystemExit(2) from None
+        typer.echo(f"training stopped: {e}", err=True)
+        raise SystemExit(e.exit_code) from None
+    except _bad_input_types() as e:
+        if debug:
+            raise
+        typer.echo(f"error: {e}{hint}", err=True)
+        raise SystemExit(BAD_INPUT_EXIT) from None
+    except Exception as e:
+        if debug:
+            raise
+        typer.echo(
+            f"error: {type(e).__name__}: {e}{hint}; if the cause is not yours, please report it", err=True
+        )
+        raise SystemExit(1) from None
+    raise SystemExit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

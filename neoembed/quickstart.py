@@ -215,7 +215,8 @@ def quickstart_command(
     typer.echo(
         f"3/4 fine-tuning with the unified recipe ({recipe.steps} steps, batch {recipe.batch_size}) ..."
     )
-    trained = train(recipe, recipe_dir=recipe_path.parent)
+    # a rerun replaces the model of an earlier quickstart in this folder (never a folder neoembed did not write)
+    trained = train(recipe, recipe_dir=recipe_path.parent, overwrite=True)
     typer.echo("4/4 nDCG@10 after fine-tuning ...")
     after = evaluate(str(trained), output / "results" / "after")
 

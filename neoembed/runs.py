@@ -1,37 +1,379 @@
-"""Run-folder plumbing shared by neoembed's own training loops (pre-training and CDE; the unified trainer gets
-the same from sentence-transformers): checkpoints, stop signals, metrics rows, optimizer parameter groups."""
+"""Run-folder plumbing shared by neoembed's training loops (pre-training, CDE, and the unified trainer through
+its callbacks) and by every command that writes an output folder.
+
+What it guarantees:
+
+- **an output folder is never silently reused** (:func:`prepare_output_dir`): a non-empty folder is an error unless
+  the caller says ``resume`` (the folder's run must be this run: same recipe, up to the settings that do not change
+  the trajectory) or ``overwrite`` (the folder is cleared);
+- **checkpoints survive any kill** (:func:`stage_checkpoint`, :func:`commit_checkpoint`,
+  :func:`find_resume_checkpoint`): a checkpoint is written to ``.checkpoint-N.partial``, every file's size and
+  SHA-256 go into a completion marker written last, then the folder is renamed to ``checkpoint-N``; a resume
+  takes the newest checkpoint whose marker and files agree and says which it skipped and why;
+- **exit codes tell the truth**: :class:`TrainingInterrupted` (SIGINT 130, SIGTERM 143) after the checkpoint,
+  :class:`TrainingStopped` (1) for a run that cannot go on, ``ValueError`` / ``OSError`` (2) for bad input;
+- **metrics** (``metrics.jsonl``, ``training_curves.png``, TensorBoard) are trimmed to the resumed step, and a run
+  whose loss and gradient stay at zero is reported (:class:`MetricsLog`).
+"""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import re
 import shutil
 import signal
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from torch import nn
 
-from neoembed.record import atomic_write_text
+from neoembed.record import atomic_write_text, file_sha256
 
 __all__ = [
+    "CHECKPOINT_MARKER",
+    "CheckpointWriteError",
     "MetricsLog",
+    "OutputDirError",
     "StopSignal",
+    "TrainingInterrupted",
+    "TrainingStopped",
+    "check_pairs",
+    "check_weight_files",
+    "claim_results_dir",
+    "default_results_dir",
+    "explain_data_errors",
+    "explain_unreadable",
+    "load_rows_explained",
+    "commit_checkpoint",
+    "find_resume_checkpoint",
     "list_checkpoints",
+    "model_identity",
     "param_groups",
+    "prepare_output_dir",
     "prune_checkpoints",
-    "publish_checkpoint",
-    "refuse_to_overwrite",
+    "resume_settings",
+    "settings_hash",
+    "stage_checkpoint",
+    "trim_metrics",
+    "verify_checkpoint",
+    "write_failed",
 ]
 
 logger = logging.getLogger(__name__)
 
+CHECKPOINT_MARKER = "checkpoint_complete.json"
+RECORD = "run_record.json"
+# Recipe keys that say where and how often a run writes, not what it computes: a resume may change them.
+NON_TRAJECTORY_KEYS = frozenset(
+    {"output_dir", "save_steps", "save_total_limit", "logging_steps", "report_to", "clustering.cache_dir"}
+)
+# Exit statuses of a run stopped by a signal, as a shell reports a process killed by it (128 + number).
+SIGNAL_EXIT = {"SIGINT": 130, "SIGTERM": 143}
 
+
+class TrainingStopped(RuntimeError):
+    """A run stopped before its end (NaN/inf loss, out of memory, a checkpoint that could not be written); the
+    message says why and what to do. The command line exits with status 1."""
+
+    exit_code = 1
+
+
+class TrainingInterrupted(TrainingStopped):
+    """SIGINT / SIGTERM: the run wrote a checkpoint and stopped; ``--resume`` continues it. Exit 130 / 143."""
+
+    def __init__(self, signal_name: str, checkpoint: Path | None):
+        self.signal_name, self.checkpoint = signal_name, checkpoint
+        self.exit_code = SIGNAL_EXIT.get(signal_name, 1)
+        super().__init__(
+            f"stopped by {signal_name}; checkpoint {checkpoint} written: continue with --resume"
+            if checkpoint is not None
+            else f"stopped by {signal_name} before the first step; nothing to resume"
+        )
+
+
+class CheckpointWriteError(TrainingStopped):
+    """A checkpoint could not be written (a full disk, say); the previous checkpoint is intact."""
+
+
+class OutputDirError(ValueError):
+    """An output folder that cannot be used as asked (exit 2); the message names the fix."""
+
+
+# ------------------------------------------------------------------------------------------- output folder
+def resume_settings(recipe: Any) -> dict[str, Any]:
+    """The recipe's settings that decide a run's trajectory, flattened to ``a.b`` keys (compared on resume)."""
+    data = recipe.model_dump(mode="json") if hasattr(recipe, "model_dump") else dict(recipe)
+    flat: dict[str, Any] = {}
+
+    def walk(node, prefix):
+        for key, value in node.items():
+            name = f"{prefix}{key}"
+            if isinstance(value, dict) and value:
+                walk(value, name + ".")
+            elif name not in NON_TRAJECTORY_KEYS:
+                flat[name] = value
+
+    walk(data, "")
+    return flat
+
+
+def settings_hash(settings: dict[str, Any]) -> str:
+    """A short hash of :func:`resume_settings` (in run records and checkpoint markers: same hash, same run)."""
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _describe(folder: Path, limit: int = 5) -> str:
+    names = sorted(p.name for p in folder.iterdir())
+    return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def _saved_settings(output: Path) -> dict[str, Any] | None:
+    """The trajectory settings of the run that wrote ``output``: its run record, else its newest marker."""
+    record = output / RECORD
+    if record.is_file():
+        with contextlib.suppress(ValueError, OSError):
+            saved = json.loads(record.read_text()).get("resume_settings")
+            if saved is not None:
+                return saved
+    for ckpt in reversed(list_checkpoints(output)):
+        with contextlib.suppress(ValueError, OSError):
+            saved = json.loads((ckpt / CHECKPOINT_MARKER).read_text()).get("resume_settings")
+            if saved is not None:
+                return saved
+    return None
+
+
+def _differences(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    keys = sorted(set(saved) | set(now))
+    missing = "(not set)"
+    return [
+        f"{k}: {json.dumps(saved.get(k, missing), default=str)} in the folder's run, "
+        f"{json.dumps(now.get(k, missing), default=str)} now"
+        for k in keys
+        if saved.get(k, missing) != now.get(k, missing)
+    ]
+
+
+def _check_steps(ckpt: Path, saved: dict | None, settings: dict | None) -> None:
+    """``steps`` may change on resume (to extend a run: the schedule follows the new value from there), but a
+    checkpoint past the new end cannot be resumed (at the end exactly, the resume only saves the final model: a
+    run killed between its last checkpoint and its final save)."""
+    if not settings or "steps" not in settings:
+        return
+    step = int(json.loads((ckpt / CHECKPOINT_MARKER).read_text())["step"])
+    if step > settings["steps"]:
+        raise OutputDirError(
+            f"--resume: {ckpt} is at step {step}, past this run's steps={settings['steps']}: resume with "
+            f"steps >= {step}, or start a new run in another output_dir"
+        )
+    if saved and saved.get("steps") not in (None, settings["steps"]):
+        logger.warning(
+            "--resume: steps %s in the folder's run, %s now: the learning-rate schedule follows the new value",
+            saved["steps"],
+            settings["steps"],
+        )
+
+
+def _clear(path: Path) -> None:
+    for child in path.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
+
+
+def prepare_output_dir(
+    path: str | Path,
+    *,
+    overwrite: bool,
+    resume: bool,
+    settings: dict[str, Any] | None = None,
+    checkpoints: bool = True,
+    what: str = "output_dir",
+    main_process: bool = True,
+    clearable: tuple[str, ...] = (RECORD,),
+) -> Path | None:
+    """Check (and with ``overwrite``, clear) an output folder before anything is loaded or written.
+
+    - a missing or empty folder: a fresh run (``resume`` is then an error: there is nothing to continue);
+    - a non-empty folder: an error unless ``resume`` or ``overwrite``. ``overwrite`` clears a folder that a
+      neoembed command wrote (it holds one of the ``clearable`` files: a run record by default) and refuses any
+      other;
+    - ``resume``: the folder's run must have the same ``settings`` (see :func:`resume_settings`; differences are
+      named); with ``checkpoints``, returns the newest complete checkpoint (an error if there is none).
+
+    Returns the checkpoint to resume from, or ``None``. Raises :class:`OutputDirError` (exit 2). Only the main
+    process checks a fresh folder and clears; with ``resume`` every process reads the checkpoint to load."""
+    out = Path(path)
+    if resume and overwrite:
+        raise OutputDirError("--resume and --overwrite exclude each other: continue the run, or replace it")
+    if out.exists() and not out.is_dir():
+        raise OutputDirError(f"{what} {out} is a file, not a folder: choose a folder path")
+    used = out.is_dir() and any(out.iterdir())
+    if resume:
+        if not used:
+            raise OutputDirError(
+                f"--resume: {what} {out} {'is empty' if out.is_dir() else 'does not exist'}, there is no run to "
+                "continue: start without --resume"
+            )
+        saved = _saved_settings(out)
+        if settings is not None and saved is not None:
+            diff = _differences(
+                {k: v for k, v in saved.items() if k != "steps"},
+                {k: v for k, v in settings.items() if k != "steps"},
+            )
+            if diff:
+                raise OutputDirError(
+                    f"--resume: {out} holds a different run; the settings that change the trajectory differ:\n  - "
+                    + "\n  - ".join(diff)
+                    + "\nresume with the folder's settings, or start a new run in another output_dir "
+                    "(or --overwrite to replace this one)"
+                )
+        if not checkpoints:
+            return None
+        ckpt = find_resume_checkpoint(out)
+        _check_steps(ckpt, saved, settings)
+        return ckpt
+    if (
+        not main_process
+    ):  # the main process checks and clears; here its first writes could look like a used folder
+        return None
+    if used and not overwrite:
+        raise OutputDirError(
+            f"{what} {out} is not empty (it holds {_describe(out)}): pass --resume to continue the run it holds, "
+            f"--overwrite to replace it, or choose a new {what}"
+        )
+    if used and overwrite:
+        if not any((out / name).is_file() for name in clearable):
+            raise OutputDirError(
+                f"--overwrite: {out} holds {_describe(out)} but no {' or '.join(clearable)}, so no neoembed "
+                "command wrote it; "
+                f"neoembed clears only its own folders: choose a new {what}, or empty this one yourself"
+            )
+        logger.warning("--overwrite: clearing %s (%s)", out, _describe(out))
+        _clear(out)
+    return None
+
+
+# ----------------------------------------------------------------------------------------------- checkpoints
 def list_checkpoints(output: Path) -> list[Path]:
-    """The complete ``checkpoint-N`` folders of a run, oldest first (``.partial`` ones are not complete)."""
-    found = [p for p in output.glob("checkpoint-*") if re.fullmatch(r"checkpoint-\d+", p.name) and p.is_dir()]
+    """The ``checkpoint-N`` folders of a run, oldest first (complete or not: see :func:`verify_checkpoint`)."""
+    found = [
+        p for p in Path(output).glob("checkpoint-*") if re.fullmatch(r"checkpoint-\d+", p.name) and p.is_dir()
+    ]
     return sorted(found, key=lambda p: int(p.name.split("-")[1]))
+
+
+def _files(folder: Path) -> Iterator[Path]:
+    for p in sorted(folder.rglob("*")):
+        if p.is_file() and p.name != CHECKPOINT_MARKER:
+            yield p
+
+
+def verify_checkpoint(folder: Path) -> str | None:
+    """``None`` if ``folder`` is a complete checkpoint (its marker lists every file with the right size and
+    SHA-256), else the reason it is not."""
+    marker = folder / CHECKPOINT_MARKER
+    if not marker.is_file():
+        return f"no {CHECKPOINT_MARKER} (its write was interrupted, or an older neoembed wrote it)"
+    try:
+        files = json.loads(marker.read_text())["files"]
+    except (ValueError, KeyError, OSError) as e:
+        return f"unreadable {CHECKPOINT_MARKER} ({e})"
+    for rel, info in files.items():
+        p = folder / rel
+        if not p.is_file():
+            return f"{rel} is missing"
+        if p.stat().st_size != info["size"]:
+            return f"{rel} has {p.stat().st_size} bytes, {info['size']} were written (truncated)"
+        if file_sha256(p) != info["sha256"]:
+            return f"{rel} does not match its checksum (corrupted)"
+    return None
+
+
+def find_resume_checkpoint(output: Path) -> Path:
+    """The newest complete checkpoint of ``output``; the ones skipped are logged with the reason. An error that
+    lists them if there is none."""
+    skipped = [
+        f"{p.name}: an unfinished write (interrupted)" for p in Path(output).glob(".checkpoint-*.partial")
+    ]
+    for ckpt in reversed(list_checkpoints(output)):
+        why = verify_checkpoint(ckpt)
+        if why is None:
+            for s in skipped:
+                logger.warning("resume: skipped %s", s)
+            if skipped:
+                print(f"resume: skipped {'; '.join(skipped)}; resuming from {ckpt.name}")
+            return ckpt
+        skipped.append(f"{ckpt.name}: {why}")
+    raise OutputDirError(
+        f"--resume: {output} holds no complete checkpoint"
+        + (f" (skipped {'; '.join(skipped)})" if skipped else "")
+        + ": start the run again without --resume (with --overwrite to replace this folder)"
+    )
+
+
+def stage_checkpoint(output: Path, step: int) -> Path:
+    """An empty staging folder ``.checkpoint-N.partial`` (a leftover of an interrupted write is removed)."""
+    staged = Path(output) / f".checkpoint-{step}.partial"
+    if staged.exists():
+        shutil.rmtree(staged)
+    staged.mkdir(parents=True)
+    return staged
+
+
+def commit_checkpoint(
+    staged: Path,
+    step: int,
+    keep: int | None,
+    settings: dict[str, Any] | None = None,
+    output: Path | None = None,
+) -> Path:
+    """Seal a fully written staging folder: the completion marker (every file's size and SHA-256) written last,
+    then renamed to ``checkpoint-N`` (replacing an older one of that step); the ``keep`` newest complete
+    checkpoints are kept. A kill at any point leaves either the previous checkpoints or the new one complete.
+    ``output``: the run folder (default: the staging folder's parent)."""
+    output = Path(output) if output is not None else staged.parent
+    files = {
+        p.relative_to(staged).as_posix(): {"size": p.stat().st_size, "sha256": file_sha256(p)}
+        for p in _files(staged)
+    }
+    marker = {
+        "step": step,
+        "files": files,
+        "resume_settings": settings,
+        "recipe_hash": settings_hash(settings) if settings is not None else None,
+    }
+    atomic_write_text(staged / CHECKPOINT_MARKER, json.dumps(marker, indent=1) + "\n")
+    target = output / f"checkpoint-{step}"
+    if target.exists():  # an older checkpoint of this step: moved aside first, so one of the two stays whole
+        aside = output / f".checkpoint-{step}.old"
+        shutil.rmtree(aside, ignore_errors=True)
+        target.rename(aside)
+        staged.rename(target)
+        shutil.rmtree(aside, ignore_errors=True)
+    else:
+        staged.rename(target)
+    for stale in output.glob(".checkpoint-*.partial"):  # left by a killed run: no write is under way now
+        shutil.rmtree(stale, ignore_errors=True)
+    prune_checkpoints(output, keep)
+    return target
+
+
+def write_failed(staged: Path, step: int, error: BaseException) -> CheckpointWriteError:
+    """Remove a checkpoint whose write failed (``staged`` sits in the run folder); the error to raise names the
+    intact previous checkpoint."""
+    shutil.rmtree(staged, ignore_errors=True)
+    previous = [c for c in list_checkpoints(staged.parent) if verify_checkpoint(c) is None]
+    return CheckpointWriteError(
+        f"could not write checkpoint-{step} in {staged.parent}: {type(error).__name__}: {error}. Is the disk "
+        f"full? The previous checkpoint {previous[-1] if previous else '(none)'} is intact: free some space, then "
+        "--resume"
+    )
 
 
 def prune_checkpoints(output: Path, keep: int | None) -> None:
@@ -41,23 +383,36 @@ def prune_checkpoints(output: Path, keep: int | None) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
-def publish_checkpoint(partial: Path, target: Path, keep: int | None) -> None:
-    """Make a fully written ``checkpoint-N.partial`` the checkpoint ``checkpoint-N`` (replacing an older one of
-    that step), then keep the ``keep`` newest. A crash while writing leaves only the ``.partial`` folder."""
-    if target.exists():
-        shutil.rmtree(target)
-    partial.rename(target)
-    prune_checkpoints(target.parent, keep)
+# ------------------------------------------------------------------------------------------------ weights
+def check_weight_files(folder: str | Path) -> None:
+    """Read the header of every ``*.safetensors`` file of a model folder and check that the file holds every byte
+    the header promises, so that a truncated file fails here, by name, before anything loads (safetensors' own
+    error names neither the file nor the fix). Hub ids and non-folders are left to the loader."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return
+    for f in sorted(folder.rglob("*.safetensors")):
+        size = f.stat().st_size
+        try:
+            with open(f, "rb") as fh:
+                n = int.from_bytes(fh.read(8), "little")
+                if n <= 0 or 8 + n > size:
+                    raise ValueError(f"its header claims {n} bytes")
+                header = json.loads(fh.read(n))
+            end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+            raise OutputDirError(
+                f"weights file {f} is not a valid safetensors file ({e}): it is truncated or corrupt; copy or "
+                "convert the model again"
+            ) from None
+        if 8 + n + end != size:
+            raise OutputDirError(
+                f"weights file {f} has {size} bytes, its header describes {8 + n + end}: it is truncated (an "
+                "interrupted copy or download?); copy or convert the model again"
+            )
 
 
-def refuse_to_overwrite(output: Path) -> None:
-    """A fresh run must not mix its checkpoints with an earlier run's."""
-    if list_checkpoints(output):
-        raise FileExistsError(
-            f"{output} already holds checkpoints: pass --resume to continue, or choose another output_dir"
-        )
-
-
+# ---------------------------------------------------------------------------------------------- optimizer
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """AdamW groups: weight decay on matrices and embeddings, not on norms and biases."""
     decay, no_decay = [], []
@@ -68,6 +423,7 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
+# ------------------------------------------------------------------------------------------------- signals
 class StopSignal:
     """SIGTERM / Ctrl-C set a flag; the loop checkpoints after the current step. A second Ctrl-C aborts."""
 
@@ -78,10 +434,10 @@ class StopSignal:
     def __enter__(self):
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(ValueError):  # not the main thread
-                self._previous[sig] = signal.signal(sig, self._handle)
+                self._previous[sig] = signal.signal(sig, self.handle)
         return self
 
-    def _handle(self, signum, frame):
+    def handle(self, signum, frame):
         if self.received is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt
         self.received = signal.Signals(signum).name
@@ -92,15 +448,24 @@ class StopSignal:
             signal.signal(sig, handler)
 
 
+# ------------------------------------------------------------------------------------------------- metrics
+DEGENERATE_ROWS = 20
+
+
 class MetricsLog:
     """``metrics.jsonl`` (one JSON row per logging step) and, with ``report_to: [tensorboard]``, the numeric
-    values of each row as TensorBoard scalars under ``train/``. Only the main process writes."""
+    values of each row as TensorBoard scalars under ``train/``. Only the main process writes.
+
+    It also watches the run: :data:`DEGENERATE_ROWS` logged rows in a row with loss 0 and gradient norm 0 mean the
+    model learns nothing (duplicate rows, a query equal to its positive), and say so once."""
 
     def __init__(self, output: Path, report_to, main_process: bool):
-        self.path = output / "metrics.jsonl"
+        self.path = Path(output) / "metrics.jsonl"
         self.main = main_process
         self.writer = None
         self._tensorboard = None
+        self._purge_step: int | None = None
+        self.zero_rows, self.degenerate_warned = 0, False
         if "tensorboard" in report_to and main_process:
             try:  # checked now, opened at the first row (the run may still fail its checks)
                 from torch.utils.tensorboard import SummaryWriter
@@ -111,22 +476,38 @@ class MetricsLog:
             self._tensorboard = SummaryWriter
 
     def truncate(self, step: int) -> None:
-        """On resume: drop the rows logged after the checkpoint being resumed from."""
-        if self.main and self.path.exists():
-            rows = [r for r in self.path.read_text().splitlines() if r and json.loads(r)["step"] <= step]
-            atomic_write_text(self.path, "".join(r + "\n" for r in rows))
+        """On resume: drop the rows logged after the checkpoint being resumed from (TensorBoard hides its events
+        from that step on, the curves are redrawn from the trimmed rows)."""
+        trim_metrics(self.path, step) if self.main else None
+        self._purge_step = step + 1
 
     def write(self, row: dict) -> None:
+        self.watch(row)
         if not self.main:
             return
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
         if self._tensorboard is not None and self.writer is None:
-            self.writer = self._tensorboard(str(self.path.parent / "tensorboard"))
+            self.writer = self._tensorboard(
+                str(self.path.parent / "tensorboard"), purge_step=self._purge_step
+            )
         if self.writer is not None:
             for key, value in row.items():
                 if isinstance(value, int | float) and key != "step":
                     self.writer.add_scalar(f"train/{key}", value, row["step"])
+
+    def watch(self, row: dict) -> None:
+        zero = row.get("loss") == 0 and not row.get("grad_norm")
+        self.zero_rows = self.zero_rows + 1 if zero else 0
+        if self.zero_rows >= DEGENERATE_ROWS and not self.degenerate_warned:
+            self.degenerate_warned = True
+            logger.warning(
+                "degenerate training: the loss and the gradient norm have been 0 for %d logged steps (up to step "
+                "%s): the model learns nothing. Usual causes: duplicate rows (masked as false negatives, leaving "
+                "no negative), or queries equal to their positives; check the data",
+                self.zero_rows,
+                row.get("step"),
+            )
 
     def close(self, title: str | None = None) -> None:
         """Flush TensorBoard and draw ``training_curves.png`` beside the metrics."""
@@ -136,3 +517,172 @@ class MetricsLog:
             self.writer.close()
         if self.main and self.path.exists():
             plot_training_curves(self.path, self.path.parent / "training_curves.png", title=title)
+
+
+def trim_metrics(path: Path, step: int) -> None:
+    """Keep the rows of ``metrics.jsonl`` up to ``step`` (a resume continues after them); a torn last line (a
+    kill during the write) is dropped."""
+    path = Path(path)
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            if line and json.loads(line)["step"] <= step:
+                kept.append(line)
+        except (ValueError, KeyError):
+            continue
+    atomic_write_text(path, "".join(r + "\n" for r in kept))
+
+
+def check_pairs(name: str, queries: list[str], positives: list[str], as_query=lambda text: text) -> list[str]:
+    """Warnings for a training set that cannot teach much: over half of its pairs have the query equal to the
+    positive (``as_query`` formats a positive the way queries were, instruction included), or over half are
+    repeats of another pair (masked as false negatives, they leave no negative: the loss is 0). Each warning is
+    logged and returned."""
+    n = max(len(queries), 1)
+    same = sum(q == as_query(p) for q, p in zip(queries, positives, strict=True))
+    distinct = len(set(zip(queries, positives, strict=True)))
+    found = []
+    if same > n / 2:
+        found.append(
+            f"dataset {name}: {same} of {n} pairs have the query equal to its positive: the model learns to match "
+            "a text with itself. Check the card's columns (query and positive may name the same column)"
+        )
+    if n - distinct > n / 2:
+        found.append(
+            f"dataset {name}: {n - distinct} of {n} pairs repeat another pair ({distinct} distinct): in a batch "
+            "they are masked as false negatives and the loss is 0. Deduplicate the data"
+        )
+    for w in found:
+        logger.warning("degenerate data: %s", w)
+    return found
+
+
+# ------------------------------------------------------------------------------------ results of one model
+MODEL_RECORD = "scored_model.json"
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+
+
+def model_identity(model: str) -> dict[str, Any]:
+    """What a results folder records about the model it scores: the path (resolved) and a SHA-256 over its weight
+    files (checkpoint folders inside a run folder left out); a hub id is recorded by name."""
+    path = Path(model)
+    if not path.is_dir():
+        return {"model": str(model), "weights_sha256": None}
+    h = hashlib.sha256()
+    for f in sorted(path.rglob("*")):
+        rel = f.relative_to(path)
+        if f.is_file() and f.suffix in WEIGHT_SUFFIXES and not rel.parts[0].startswith(("checkpoint-", ".")):
+            h.update(rel.as_posix().encode() + b"\0" + file_sha256(f).encode())
+    return {"model": str(path.resolve()), "weights_sha256": h.hexdigest()}
+
+
+def default_results_dir(model: str, root: str | Path = "results") -> Path:
+    """``results/<name>-<8 hex digits of the model's resolved path>``: two models never share a default folder,
+    even when both are called ``checkpoint-8``."""
+    key = str(Path(model).resolve()) if Path(model).exists() else str(model)
+    return Path(root) / f"{Path(str(model).rstrip('/')).name}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
+
+
+def claim_results_dir(output: str | Path, model: str, overwrite: bool, write: bool = True) -> None:
+    """A results folder holds the scores of one model: the first run records it (:data:`MODEL_RECORD`); a run
+    of another model (another path, or the same path with other weights) is refused (exit 2), or with
+    ``overwrite`` clears the folder first. A non-empty folder that records no model is refused likewise.
+    ``write=False`` only checks (nothing is cleared or written)."""
+    out = Path(output)
+    identity = model_identity(model)
+    record = out / MODEL_RECORD
+    if out.is_dir() and any(out.iterdir()):
+        try:
+            saved = json.loads(record.read_text()) if record.is_file() else None
+        except ValueError:
+            saved = None
+        if saved != identity:
+            held = (
+                f"the scores of {saved['model']} (weights {str(saved.get('weights_sha256'))[:12]})"
+                if saved
+                else f"{_describe(out)}, with no record of the model scored"
+            )
+            if not overwrite:
+                raise OutputDirError(
+                    f"results folder {out} holds {held}; this run scores {identity['model']} (weights "
+                    f"{str(identity['weights_sha256'])[:12]}): choose another --output (the default is unique per "
+                    "model), or --overwrite to replace those results"
+                )
+            if not (record.is_file() or (out / RECORD).is_file()):
+                raise OutputDirError(
+                    f"--overwrite: {out} holds {_describe(out)}, which no neoembed command wrote: choose another "
+                    "--output"
+                )
+            if write:
+                logger.warning("--overwrite: clearing %s (%s)", out, held)
+                _clear(out)
+    if write:
+        atomic_write_text(record, json.dumps(identity, indent=2) + "\n")
+
+
+# -------------------------------------------------------------------------------------------- data errors
+def explain_unreadable(path: Path, error: BaseException) -> str:
+    """Why a JSON-lines data file (plain or .gz) cannot be read, by file and line: its first line that is not
+    UTF-8 or not JSON; else the loader's own error. (The datasets library names neither.)"""
+    import gzip
+
+    path = Path(path)
+    if path.is_file():
+        opener = gzip.open if path.suffix == ".gz" else open
+        try:
+            with opener(path, "rb") as f:
+                for number, raw in enumerate(f, 1):
+                    try:
+                        line = raw.decode("utf-8").strip()
+                    except UnicodeDecodeError as e:
+                        return (
+                            f"{path}, line {number}: not UTF-8 text (byte {raw[e.start]:#04x} at column {e.start + 1}): "
+                            "convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+                        )
+                    if line:
+                        try:
+                            json.loads(line)
+                        except ValueError as e:
+                            return f"{path}, line {number}: not a JSON object ({e}): fix or delete that line"
+        except (OSError, EOFError) as e:
+            return f"{path}: cannot be read ({e}); is it a complete .gz file?"
+    return f"{path}: cannot be read as data: {type(error).__name__}: {error}"
+
+
+@contextlib.contextmanager
+def explain_data_errors(card, folder: Path):
+    """Around the reading of a card's local data (loading and iterating its rows): the datasets library's own
+    errors (JSON, Arrow, a decode error met while iterating) become a
+    :class:`~neoembed.data.cards.DataCardError` (exit 2) that names the file, the line and the fix."""
+    from neoembed.data.cards import DataCardError
+
+    try:
+        yield
+    except DataCardError:
+        raise
+    except Exception as e:
+        if card.source.local is None:
+            raise
+        local = Path(folder) / card.source.local.path
+        files = sorted(p for p in local.rglob("*") if p.is_file()) if local.is_dir() else [local]
+        reasons = [explain_unreadable(p, e) for p in files]
+        named = [r for r in reasons if ", line " in r] or reasons[:1]
+        raise DataCardError(f"card {card.name}: {named[0]}") from None
+
+
+def load_rows_explained(card, folder: Path, max_rows: int | None = None):
+    """:func:`neoembed.data.cards.load_rows`, with an unreadable (:func:`explain_data_errors`) or empty local file
+    named in a :class:`~neoembed.data.cards.DataCardError`."""
+    from neoembed.data.cards import DataCardError, load_rows
+
+    with explain_data_errors(card, folder):
+        rows = load_rows(card, folder, max_rows)
+    if len(rows) == 0:
+        local = Path(folder) / card.source.local.path if card.source.local is not None else None
+        raise DataCardError(
+            f"card {card.name}: the dataset is empty{f' ({local})' if local else ''}: point the card at a file with "
+            "rows, or remove the card from the recipe"
+        )
+    return rows

@@ -325,7 +325,11 @@ def test_sigterm_in_process_checkpoints_then_resume_finishes(tmp_path, tiny_offi
     recipe = _recipe(out, tiny_official, "datasets=[{card: msrp_pairs, max_rows: 64}]", "save_steps=100")
     monkeypatch.setattr(trainer_mod._MetricsCallback, "on_log", on_log_then_sigterm)
     before = signal.getsignal(signal.SIGTERM)
-    train(recipe, recipe_dir=TINY.parent)
+    from neoembed.runs import TrainingInterrupted
+
+    with pytest.raises(TrainingInterrupted) as stopped:
+        train(recipe, recipe_dir=TINY.parent)
+    assert stopped.value.exit_code == 143  # what a shell reports for SIGTERM: the run did not finish
     monkeypatch.setattr(trainer_mod._MetricsCallback, "on_log", on_log)
     ckpts = [p.name for p in out.glob("checkpoint-*")]
     assert ckpts in (["checkpoint-2"], ["checkpoint-3"]) and not (out / "model.safetensors").exists()
@@ -359,7 +363,7 @@ def test_sigterm_checkpoints_then_resume_finishes(tmp_path, tiny_official):
         time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err[-2000:]
+    assert proc.returncode == 143, err[-2000:]
     ckpts = list(out.glob("checkpoint-*"))
     assert len(ckpts) == 1 and not (out / "model.safetensors").exists()
     stopped_at = int(ckpts[0].name.split("-")[1])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import field_validator, model_validator
+from pydantic import NonNegativeInt, PositiveInt, field_validator, model_validator
 
 from neoembed.instructions import DEFAULT_TEMPLATE
 from neoembed.recipe import Recipe, StrictModel
@@ -41,11 +41,11 @@ class CDERecipe(Recipe):
 
     kind: Literal["cde"] = "cde"
     model: str  # backbone of both stages (any Hugging Face encoder or sentence-transformers folder)
-    max_length: int = 512
+    max_length: PositiveInt = 512
     datasets: list[DatasetEntry]
     card_dirs: list[str] = []
-    steps: int = 2000
-    batch_size: int = 512  # global: every process takes batch_size / processes of each batch
+    steps: PositiveInt = 2000
+    batch_size: PositiveInt = 512  # global: every process takes batch_size / processes of each batch
     temperature: float = 0.02  # 1 / 50: the reference implementation's fixed logit scale
     mask_duplicates: bool = True
     chunk_size: int | None = None  # two-stage GradCache chunk; None = plain backpropagation
@@ -57,9 +57,9 @@ class CDERecipe(Recipe):
     # torch.compile of the backbone's layers (neoembed.compile): true = "default"; the CUDA-graph modes are for
     # encoding at fixed shapes, not for training. Off by default: not yet measured to pay end to end on a GPU.
     compile: bool | Literal["default", "max-autotune-no-cudagraphs"] = False
-    save_steps: int = 500
-    save_total_limit: int | None = 3
-    logging_steps: int = 10
+    save_steps: PositiveInt = 500
+    save_total_limit: NonNegativeInt | None = 3
+    logging_steps: PositiveInt = 10
     report_to: list[Literal["tensorboard"]] = []
     output_dir: str = "runs/cde"
     template: str = DEFAULT_TEMPLATE

@@ -16,16 +16,15 @@ One step:
 4. gradients (plain or two-stage GradCache), averaged over processes, clipped; AdamW; the learning-rate
    schedule of the unified recipe.
 
-Checkpoints (``checkpoint-N/``: weights, optimizer, scheduler, RNG, position) are written to ``.partial`` and
-renamed when complete; SIGTERM / Ctrl-C checkpoint after the current step; a NaN/inf loss stops before the update.
+Checkpoints (``checkpoint-N/``: weights, optimizer, scheduler, RNG, position) are written to
+``.checkpoint-N.partial``, sealed with a checksum marker and renamed (:mod:`neoembed.runs`); SIGTERM / Ctrl-C
+checkpoint after the current step and exit 143 / 130; a NaN/inf loss stops before the update.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import os
-import time
 from pathlib import Path
 
 import numpy as np
@@ -44,24 +43,23 @@ from neoembed.cde.gradcache import full_backprop_step, two_stage_gradcache_step
 from neoembed.cde.recipe import CDERecipe
 from neoembed.compile import compile_layers
 from neoembed.data.cards import DataCardError, find_card, load_card, prepare_card
+from neoembed.loop import RunLoop, StepOutput
 from neoembed.losses import duplicate_mask, info_nce
 from neoembed.runs import (
-    MetricsLog,
-    StopSignal,
-    list_checkpoints,
+    TrainingStopped,
+    check_pairs,
+    check_weight_files,
+    explain_data_errors,
     param_groups,
-    publish_checkpoint,
-    refuse_to_overwrite,
+    prepare_output_dir,
+    resume_settings,
+    settings_hash,
 )
 
 __all__ = ["TrainingStopped", "cde_loss", "prepare_sources", "resolve_teacher", "train_cde"]
 
 logger = logging.getLogger(__name__)
 PACKAGED_MINILM = ("sentence-transformers/all-MiniLM-L6-v2", "all-MiniLM-L6-v2")
-
-
-class TrainingStopped(RuntimeError):
-    """CDE training stopped early (NaN/inf loss); the message says why and what to do."""
 
 
 def resolve_teacher(name: str) -> str:
@@ -113,7 +111,8 @@ def prepare_sources(recipe: CDERecipe, recipe_dir: Path | None = None) -> tuple[
             )
         # a seeded sample of max_rows; every dropped row is counted against the card's expected_loss
         args = (entry.max_rows, entry.max_negatives, recipe.template, recipe.instructions, recipe.seed)
-        pairs, _ = prepare_card(card, folder, *args)
+        with explain_data_errors(card, folder):  # a bad byte surfaces only when the rows are read
+            pairs, _ = prepare_card(card, folder, *args)
         if len(pairs) < recipe.batch_size:
             raise DataCardError(
                 f"card {card.name}: batch size {recipe.batch_size} is larger than the dataset ({len(pairs)} "
@@ -123,6 +122,7 @@ def prepare_sources(recipe: CDERecipe, recipe_dir: Path | None = None) -> tuple[
             (c for c in pairs.column_names if c.startswith("negative_")), key=lambda c: int(c[9:])
         )
         negatives = [list(x) for x in zip(*(pairs[c] for c in neg_cols), strict=True)] if neg_cols else []
+        check_pairs(card.name, pairs["query"], pairs["positive"], lambda text: text)
         sources.append(Source(card.name, pairs["query"], pairs["positive"], negatives))
         cards.append((card, folder))
     return sources, cards
@@ -237,20 +237,28 @@ def _model_card(recipe: CDERecipe, cards, steps: int) -> str:
 
 
 def train_cde(
-    recipe: CDERecipe, recipe_dir: Path | None = None, resume: bool = False, progress: bool = True
+    recipe: CDERecipe,
+    recipe_dir: Path | None = None,
+    resume: bool = False,
+    progress: bool = True,
+    overwrite: bool = False,
 ) -> Path:
-    """Run a CDE recipe; returns the output folder (the final model, metrics.jsonl, run record, checkpoints)."""
-    from accelerate import PartialState
+    """Run a CDE recipe; returns the output folder (the final model, metrics.jsonl, run record, checkpoints).
+    The folder must be new or empty unless ``resume`` or ``overwrite`` (:func:`neoembed.runs.prepare_output_dir`);
+    SIGTERM / Ctrl-C raise :class:`~neoembed.runs.TrainingInterrupted` after the checkpoint."""
+    from accelerate import Accelerator
     from accelerate.utils import parse_flag_from_env
-    from tqdm.auto import tqdm
     from transformers import get_scheduler
 
     from neoembed.cde.model import ContextualSentenceTransformer
     from neoembed.recipe import seed_everything
     from neoembed.record import atomic_write_text, write_run_record
 
-    state = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU") or not torch.cuda.is_available())
-    world, rank, device = state.num_processes, state.process_index, state.device
+    # The model is not wrapped in DDP (never `prepare`d): the two-stage GradCache backpropagates through both
+    # stages in two passes, which DDP's one-backward gradient hooks cannot follow; the step all-reduces the
+    # gradients itself. accelerate still gives the processes, the checkpoints and the RNG states.
+    acc = Accelerator(cpu=parse_flag_from_env("ACCELERATE_USE_CPU") or not torch.cuda.is_available())
+    world, device = acc.num_processes, acc.device
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     if launched != world:
         raise RuntimeError(
@@ -263,8 +271,13 @@ def train_cde(
     output = Path(recipe.output_dir)
 
     sources, cards = prepare_sources(recipe, recipe_dir)
-    with state.main_process_first():  # with a cache, the other processes read what the first one computed
-        batches, offsets = _teacher_pass(recipe, sources, progress and state.is_main_process)
+    settings = resume_settings(recipe)
+    checkpoint = prepare_output_dir(
+        output, overwrite=overwrite, resume=resume, settings=settings, main_process=acc.is_main_process
+    )
+    check_weight_files(recipe.model)
+    with acc.main_process_first():  # with a cache, the other processes read what the first one computed
+        batches, offsets = _teacher_pass(recipe, sources, progress and acc.is_main_process)
     per_epoch = batches.steps_per_epoch()
     if per_epoch == 0:
         raise DataCardError("no full batch: every source is smaller than the batch size")
@@ -283,7 +296,6 @@ def train_cde(
     compile_layers(model, recipe.compile)  # both stages' layers; no-op when recipe.compile is false
     module = model.cde
     module.train()
-    tokenizer = module.tokenizer
     opt = recipe.optimizer
     optimizer = torch.optim.AdamW(
         param_groups(module, opt.weight_decay), lr=opt.lr, betas=opt.betas, eps=opt.eps
@@ -295,25 +307,23 @@ def train_cde(
         num_warmup_steps=opt.warmup_steps,
         num_training_steps=recipe.steps,
     )
-
-    step = 0
-    metrics = MetricsLog(output, recipe.report_to, state.is_main_process)
-    if resume:
-        ckpts = list_checkpoints(output)
-        if not ckpts:
-            raise FileNotFoundError(f"--resume: no checkpoint-N folder in {output}; start without --resume")
-        last = ckpts[-1]
-        saved = torch.load(last / "state.pt", map_location=device, weights_only=False)
-        module.load_state_dict(saved["model"])
-        optimizer.load_state_dict(saved["optimizer"])
-        scheduler.load_state_dict(saved["scheduler"])
-        torch.set_rng_state(saved["rng"][rank] if rank < len(saved["rng"]) else saved["rng"][0])
-        step = saved["step"]
-        metrics.truncate(step)
-        print(f"resumed from {last} at step {step}") if state.is_main_process else None
-    elif state.is_main_process:
-        refuse_to_overwrite(output)
-    if state.is_main_process:
+    loop = RunLoop(
+        acc,
+        recipe,
+        output,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        parameters=module.parameters,
+        grad_clip=opt.grad_clip,
+        settings=settings,
+        registered=(module, optimizer),
+        desc="cde",
+        progress=progress,
+        nan_advice="Lower optimizer.lr or use precision bf16/fp32",
+    )
+    if checkpoint is not None:
+        loop.resume(checkpoint)
+    if acc.is_main_process:
         output.mkdir(parents=True, exist_ok=True)
         write_run_record(
             output,
@@ -325,6 +335,9 @@ def train_cde(
                 "steps_per_epoch": per_epoch,
                 "sources": {s.name: len(s) for s in sources},
                 "parameters": sum(p.numel() for p in module.parameters()),
+                "negatives_per_query": {s.name: s.k for s in sources},
+                "resume_settings": settings,
+                "recipe_hash": settings_hash(settings),
             },
         )
         print(
@@ -332,154 +345,112 @@ def train_cde(
             f"{recipe.batch_size} per epoch ({'clustered' if recipe.clustering.enabled else 'random'}), "
             f"N = {recipe.context.n_context}, {world} process(es), {recipe.steps} steps"
         )
+    loop.run(*_cde_step(recipe, acc, module, sources, batches, offsets))
+    acc.wait_for_everyone()
+    if acc.is_main_process:
+        module.eval()
+        model.save(str(output))
+        atomic_write_text(output / "README.md", _model_card(recipe, cards, loop.step))
+    acc.wait_for_everyone()
+    return output
 
-    def save_checkpoint() -> Path:
-        rngs = [torch.get_rng_state()]
-        if world > 1:
-            gathered = [None] * world
-            torch.distributed.all_gather_object(gathered, rngs[0])
-            rngs = gathered
-        target, partial = output / f"checkpoint-{step}", output / f"checkpoint-{step}.partial"
-        if state.is_main_process:
-            partial.mkdir(parents=True, exist_ok=True)
-            torch.save(
-                {
-                    "model": module.state_dict(),
-                    "optimizer": optimizer.state_dict(),
-                    "scheduler": scheduler.state_dict(),
-                    "rng": rngs,
-                    "step": step,
-                },
-                partial / "state.pt",
-            )
-            publish_checkpoint(partial, target, recipe.save_total_limit)
-        state.wait_for_everyone()
-        return target
 
+def _cde_step(recipe: CDERecipe, acc, module, sources: list[Source], batches: ContextualBatches, offsets):
+    """The step function of CDE training (see the module doc, steps 1-4) and the row it logs."""
+    world, rank, device = acc.num_processes, acc.process_index, acc.device
     autocast = (
         torch.autocast(
             device_type=device.type, dtype={"bf16": torch.bfloat16, "fp16": torch.float16}[recipe.precision]
         )
         if recipe.precision != "fp32"
-        else None
+        else torch.autocast(device.type, enabled=False)
     )
+    tokenizer = module.tokenizer
+    per_epoch = batches.steps_per_epoch()
     doc_prompt = recipe.prompts.get("document", "") or ""
     N, tau = recipe.context.n_context, recipe.temperature
     epoch_cache: dict[int, list[list[int]]] = {}
-    bar = tqdm(total=recipe.steps, initial=step, desc="cde", disable=not (progress and state.is_main_process))
-    window = {"loss": 0.0, "steps": 0, "masked": 0.0, "t0": time.perf_counter()}
-    stopped = None
-    with StopSignal() as stop:
-        while step < recipe.steps:
-            epoch, position = divmod(step, per_epoch)
-            if epoch not in epoch_cache:
-                epoch_cache = {epoch: batches.epoch(epoch)}
-            global_batch = epoch_cache[epoch][position]
-            s, _ = _locate(global_batch[0], offsets)
-            src = sources[s]
-            local = [i - offsets[s] for i in ContextualBatches.rank_slice(global_batch, rank, world)]
-            all_docs = [src.positives[i - offsets[s]] for i in global_batch]
-            all_docs += [t for i in global_batch for t in (src.negatives[i - offsets[s]] if src.k else [])]
-            g = np.random.default_rng([recipe.seed, step, 7])
-            pick = g.choice(len(all_docs), size=N, replace=len(all_docs) < N)
-            context_texts = [doc_prompt + all_docs[j] for j in pick]
-            q_texts = [src.queries[i] for i in local]
-            d_texts = [doc_prompt + src.positives[i] for i in local]
-            d_texts += [doc_prompt + t for i in local for t in (src.negatives[i] if src.k else [])]
+    last = {"source": "", "epoch": 0}
 
-            mask = None
-            if recipe.filtering.enabled and src.teacher_q is not None:
-                tq = src.teacher_q[local]
-                td = src.teacher_d[local]
-                if src.k:
-                    td = torch.cat([td, src.teacher_n[local].reshape(-1, td.shape[-1])])
-                mask = false_negative_mask(tq, td, src.k, recipe.filtering.threshold)
-            if recipe.mask_duplicates:  # d_texts: the local positives first, then their hard negatives
-                ids: dict[str, int] = {}
-                keys = torch.tensor([ids.setdefault(t, len(ids)) for t in d_texts])
-                dup = duplicate_mask(keys[: len(local)], keys)
-                mask = dup if mask is None else (mask | dup)
-            mask_dev = mask.to(device) if mask is not None else None
+    def step_fn(step: int, stop_requested: bool) -> StepOutput:
+        nonlocal epoch_cache
+        epoch, position = divmod(step, per_epoch)
+        if epoch not in epoch_cache:
+            epoch_cache = {epoch: batches.epoch(epoch)}
+        global_batch = epoch_cache[epoch][position]
+        s, _ = _locate(global_batch[0], offsets)
+        src = sources[s]
+        last.update(source=src.name, epoch=epoch)
+        local = [i - offsets[s] for i in ContextualBatches.rank_slice(global_batch, rank, world)]
+        all_docs = [src.positives[i - offsets[s]] for i in global_batch]
+        all_docs += [t for i in global_batch for t in (src.negatives[i - offsets[s]] if src.k else [])]
+        g = np.random.default_rng([recipe.seed, step, 7])
+        pick = g.choice(len(all_docs), size=N, replace=len(all_docs) < N)
+        context_texts = [doc_prompt + all_docs[j] for j in pick]
+        q_texts = [src.queries[i] for i in local]
+        d_texts = [doc_prompt + src.positives[i] for i in local]
+        d_texts += [doc_prompt + t for i in local for t in (src.negatives[i] if src.k else [])]
+        mask = _step_mask(recipe, src, local, d_texts)
+        mask_dev = mask.to(device) if mask is not None else None
+        dropped = None
+        if recipe.context.dropout > 0:
+            dropped = torch.from_numpy(g.random(N) < recipe.context.dropout).to(device)
+        ctx = _tokenize(tokenizer, context_texts, recipe.max_length, device)
+        qb = _tokenize(tokenizer, q_texts, recipe.max_length, device)
+        db = _tokenize(tokenizer, d_texts, recipe.max_length, device)
 
-            dropped = None
-            if recipe.context.dropout > 0:
-                dropped = torch.from_numpy(g.random(N) < recipe.context.dropout).to(device)
-            ctx = _tokenize(tokenizer, context_texts, recipe.max_length, device)
-            qb = _tokenize(tokenizer, q_texts, recipe.max_length, device)
-            db = _tokenize(tokenizer, d_texts, recipe.max_length, device)
+        def loss_fn(q, d, mask=mask_dev):
+            return cde_loss(q, d, tau, mask)
 
-            def loss_fn(q, d, mask=mask_dev):
-                return cde_loss(q, d, tau, mask)
+        with autocast:
+            if recipe.chunk_size:
+                loss = two_stage_gradcache_step(module, ctx, qb, db, loss_fn, recipe.chunk_size, dropped)
+            else:
+                loss = full_backprop_step(module, ctx, qb, db, loss_fn, dropped)
+        stats = torch.tensor([float(loss), 1.0 if stop_requested else 0.0], dtype=torch.float64)
+        if world > 1:  # the gradient all-reduce DDP would do (see train_cde), and the loss with the stop flag
+            for p in module.parameters():
+                if p.grad is not None:
+                    torch.distributed.all_reduce(p.grad)
+                    p.grad /= world
+            stats_dev = stats.to(device)
+            torch.distributed.all_reduce(stats_dev)
+            stats = stats_dev.cpu()
+            stats[0] /= world
+        masked = float(mask.float().mean()) if mask is not None else 0.0
+        return StepOutput(
+            loss=float(stats[0]), stop=bool(stats[1] > 0), sums={"loss": float(stats[0]), "masked": masked}
+        )
 
-            ctx_manager = autocast if autocast is not None else torch.autocast(device.type, enabled=False)
-            with ctx_manager:
-                if recipe.chunk_size:
-                    loss = two_stage_gradcache_step(module, ctx, qb, db, loss_fn, recipe.chunk_size, dropped)
-                else:
-                    loss = full_backprop_step(module, ctx, qb, db, loss_fn, dropped)
-            stats = torch.tensor([float(loss), 1.0 if stop.received else 0.0], dtype=torch.float64)
-            if world > 1:
-                for p in module.parameters():
-                    if p.grad is not None:
-                        torch.distributed.all_reduce(p.grad)
-                        p.grad /= world
-                stats_dev = stats.to(device)
-                torch.distributed.all_reduce(stats_dev)
-                stats = stats_dev.cpu()
-                stats[0] /= world
-            value = float(stats[0])
-            if not math.isfinite(value):
-                ckpts = list_checkpoints(output)
-                raise TrainingStopped(
-                    f"the loss is {value} at step {step + 1}: training stopped before the update. Last checkpoint: "
-                    f"{ckpts[-1] if ckpts else 'none'}. Lower optimizer.lr or use precision bf16/fp32; then --resume"
-                )
-            grad_norm = torch.nn.utils.clip_grad_norm_(module.parameters(), opt.grad_clip)
-            lr = scheduler.get_last_lr()[0]
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            bar.update(1)
-            window["loss"] += value
-            window["steps"] += 1
-            window["masked"] += float(mask.float().mean()) if mask is not None else 0.0
-            if step % recipe.logging_steps == 0 or step == recipe.steps:
-                now = time.perf_counter()
-                peak = torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else None
-                row = {
-                    "step": step,
-                    "loss": window["loss"] / window["steps"],
-                    "learning_rate": lr,
-                    "grad_norm": float(grad_norm),
-                    "dataset": src.name,
-                    "epoch": epoch,
-                    "masked_fraction": window["masked"] / window["steps"],
-                    "samples_per_s": window["steps"] * recipe.batch_size / max(now - window["t0"], 1e-9),
-                    "peak_memory_mib": round(peak, 1) if peak is not None else None,
-                    "world_size": world,
-                }
-                metrics.write(row)
-                if state.is_main_process:
-                    bar.set_postfix(loss=f"{row['loss']:.3f}")
-                window = {"loss": 0.0, "steps": 0, "masked": 0.0, "t0": time.perf_counter()}
-            if stats[1] > 0:
-                stopped = save_checkpoint()
-                break
-            if step % recipe.save_steps == 0 and step < recipe.steps:
-                save_checkpoint()
-    bar.close()
-    metrics.close(title=output.name)
-    if stopped is not None:
-        if state.is_main_process:
-            print(
-                f"stopped by {stop.received or 'a signal'} at step {step}: {stopped}; continue with --resume"
-            )
-        return output
-    state.wait_for_everyone()
-    if state.is_main_process:
-        module.eval()
-        model.save(str(output))
-        atomic_write_text(output / "README.md", _model_card(recipe, cards, step))
-    state.wait_for_everyone()
-    return output
+    def row_fn(sums: dict, seconds: float, grad_norm, lr: float) -> dict:
+        peak = torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else None
+        return {
+            "loss": sums["loss"] / sums["steps"],
+            "learning_rate": lr,
+            "grad_norm": grad_norm,
+            "dataset": last["source"],
+            "epoch": last["epoch"],
+            "masked_fraction": sums["masked"] / sums["steps"],
+            "samples_per_s": sums["steps"] * recipe.batch_size / max(seconds, 1e-9),
+            "peak_memory_mib": round(peak, 1) if peak is not None else None,
+            "world_size": world,
+        }
+
+    return step_fn, row_fn
+
+
+def _step_mask(recipe: CDERecipe, src: Source, local: list[int], d_texts: list[str]) -> torch.Tensor | None:
+    """The documents masked out of each query's denominator: the teacher's false negatives, duplicates."""
+    mask = None
+    if recipe.filtering.enabled and src.teacher_q is not None:
+        tq = src.teacher_q[local]
+        td = src.teacher_d[local]
+        if src.k:
+            td = torch.cat([td, src.teacher_n[local].reshape(-1, td.shape[-1])])
+        mask = false_negative_mask(tq, td, src.k, recipe.filtering.threshold)
+    if recipe.mask_duplicates:  # d_texts: the local positives first, then their hard negatives
+        ids: dict[str, int] = {}
+        keys = torch.tensor([ids.setdefault(t, len(ids)) for t in d_texts])
+        dup = duplicate_mask(keys[: len(local)], keys)
+        mask = dup if mask is None else (mask | dup)
+    return mask

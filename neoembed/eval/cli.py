@@ -37,16 +37,24 @@ def mteb_command(
             help="released (the NeoBERT evaluation config, default) | paper (Tables 8-9 as printed) | none | FILE",
         ),
     ] = "released",
-    batch_size: Annotated[int, typer.Option("--batch-size")] = 32,
-    max_length: Annotated[int | None, typer.Option("--max-length")] = None,
+    batch_size: Annotated[int, typer.Option("--batch-size", min=1)] = 32,
+    max_length: Annotated[int | None, typer.Option("--max-length", min=1)] = None,
     data_dir: Annotated[
         Path | None, typer.Option("--data-dir", help="Serve task T from DIR/T/ (no hub).")
     ] = None,
     output: Annotated[
-        Path | None, typer.Option("--output", help="Results folder (default results/<model>).")
+        Path | None,
+        typer.Option(
+            "--output",
+            help="Results folder, one model's scores only (default results/<model name>-<hash of its path>).",
+        ),
     ] = None,
     overwrite: Annotated[
-        bool, typer.Option("--overwrite", help="Re-run tasks that already have results.")
+        bool,
+        typer.Option(
+            "--overwrite",
+            help="Re-run tasks that already have results; for another model's results folder, replace them.",
+        ),
     ] = False,
     seed: Annotated[int, typer.Option("--seed")] = 42,
     device: Annotated[str | None, typer.Option("--device")] = None,
@@ -66,8 +74,13 @@ def mteb_command(
         raise typer.Exit(2)
     from neoembed.eval.runner import EvalConfig, run_mteb
     from neoembed.eval.summary import write_summary
+    from neoembed.runs import check_weight_files, claim_results_dir, default_results_dir
 
-    out = output or Path("results") / Path(model).name
+    out = output or default_results_dir(model)
+    check_weight_files(model)
+    claim_results_dir(out, model, overwrite, write=False)  # another model's folder: refused before any import
+    if data_dir is None:  # with --data-dir, task names are folder names, checked by the runner
+        _check_task_names(_split(tasks))
     cfg = EvalConfig(
         model=model,
         output=out,
@@ -84,14 +97,13 @@ def mteb_command(
         cde_context=cde_context,
         device=device,
     )
-    from neoembed.eval.local_data import LocalDataError
-    from neoembed.recipe import RecipeError
-
+    fresh = not out.exists()
     try:
         report = run_mteb(cfg)
-    except (LocalDataError, RecipeError, ValueError) as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from None
+    except Exception:  # bad input found inside the run (exit 2 in neoembed.cli.main): leave no folder behind
+        if fresh:
+            _remove_if_only_claimed(out)
+        raise
     row = write_summary(out, model)
     typer.echo((out / "summary.md").read_text())
     if report.skipped:
@@ -102,6 +114,44 @@ def mteb_command(
         for name, why in report.failed.items():
             typer.echo(f"  {name}: {why}", err=True)
         raise typer.Exit(1)
+
+
+def _check_task_names(tasks: list[str] | None) -> None:
+    """Task names that are neither paths nor mteb tasks fail here, before the model loads, with close names."""
+    if not tasks:
+        return
+    names = [t for t in tasks if not Path(t).exists() and Path(t).suffix not in (".yaml", ".yml")]
+    if not names:
+        return
+    import difflib
+
+    import mteb
+
+    unknown = []
+    for name in names:
+        try:
+            mteb.get_task(name)
+        except Exception:  # mteb raises KeyError / ValueError for unknown names
+            unknown.append(name)
+    if unknown:
+        known = {t.metadata.name for t in mteb.get_tasks()}
+        hints = {n: difflib.get_close_matches(n, known, n=3) for n in unknown}
+        raise typer.BadParameter(
+            "; ".join(
+                f"{n!r} is not an mteb task (close: {', '.join(h) or 'none'})" for n, h in hints.items()
+            )
+            + ". Give mteb task names, task card files or task folders (with --data-dir, folder names)",
+            param_hint="--tasks",
+        )
+
+
+def _remove_if_only_claimed(out: Path) -> None:
+    from neoembed.runs import MODEL_RECORD
+
+    if out.is_dir() and {p.name for p in out.iterdir()} <= {MODEL_RECORD}:
+        import shutil
+
+        shutil.rmtree(out)
 
 
 @app.command("compare")

@@ -138,6 +138,24 @@ def point_task_at(task, folder: str | Path, cache_dir: str | Path | None = None)
     """Make an mteb task load its data from ``folder``; checks that the task's evaluation splits exist."""
     aliases = tuple(getattr(task, "hf_subsets", None) or ()) + (task.metadata.dataset.get("name") or "",)
     repo = local_dataset_repo(folder, cache_dir, aliases=tuple(a for a in aliases if a and a != "default"))
+    _check_splits(task, folder, repo)
     dataset = {**task.metadata.dataset, "path": str(repo), "revision": "local"}
     task.metadata = task.metadata.model_copy(update={"dataset": dataset})
     return task
+
+
+def _check_splits(task, folder: str | Path, repo: Path) -> None:
+    """The task's evaluation splits must be among the folder's splits (any config), else mteb fails only after
+    the model has loaded, with a datasets error that names neither the folder nor the file to add."""
+    m = re.match(r"^---\n(.*?)\n---", (repo / "README.md").read_text(encoding="utf8"), flags=re.S)
+    entries = (yaml.safe_load(m.group(1)) or {}).get("configs", []) if m else []
+    files = [f for e in entries for f in (e.get("data_files") or [])]
+    if not files or not all(isinstance(f, dict) and "split" in f for f in files):
+        return  # a hub snapshot with glob patterns: left to mteb
+    have = sorted({f["split"] for f in files})
+    missing = [s for s in task.metadata.eval_splits if s not in have]
+    if missing:
+        raise LocalDataError(
+            f"{folder}: task {task.metadata.name} is evaluated on split(s) {missing}, the folder has {have}: add "
+            f"{missing[0]}.jsonl.gz (or a {missing[0]} file in each config sub-folder)"
+        )

@@ -35,6 +35,7 @@ from neoembed.instructions import (
     task_prompts,
 )
 from neoembed.record import atomic_write_text, write_run_record
+from neoembed.runs import claim_results_dir
 
 __all__ = ["EvalConfig", "EvalReport", "resolve_tasks", "run_mteb", "task_folders"]
 
@@ -270,9 +271,11 @@ def run_mteb(cfg: EvalConfig, model=None) -> EvalReport:
 
     seed_everything(cfg.seed)
     output = Path(cfg.output)
-    output.mkdir(parents=True, exist_ok=True)
+    claim_results_dir(output, str(cfg.model), cfg.overwrite)  # one model's scores per folder, never a mix
     label, instruction_map = load_instruction_set(cfg.instructions)
     tasks = resolve_tasks(cfg)
+    if tasks and all(isinstance(t, _Unresolvable) for t, _ in tasks):  # nothing to run: bad input, exit 2
+        raise tasks[0][0].error
     model = model if model is not None else _load_model(cfg)
     device = str(model.device)
     precision = _precision(cfg, device)

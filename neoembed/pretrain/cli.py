@@ -46,8 +46,14 @@ def preprocess_command(
     from transformers import AutoTokenizer
 
     from neoembed.pretrain.data import preprocess
+    from neoembed.runs import OutputDirError
 
     lengths = _ints(min_lengths, "--min-lengths")
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / "meta.json").is_file())):
+        raise OutputDirError(
+            f"{out} is not empty and holds no shards of an earlier preprocess run (no meta.json): choose a new "
+            "output folder (rerunning the same command on its own folder resumes it)"
+        )
     try:
         tok = AutoTokenizer.from_pretrained(tokenizer)
     except OSError as e:
@@ -74,27 +80,24 @@ def pretrain_command(
     ],
     overrides: Annotated[list[str] | None, typer.Argument(help="key.sub=value overrides.")] = None,
     resume: Annotated[
-        bool, typer.Option("--resume", help="Continue from the last checkpoint, exactly.")
+        bool, typer.Option("--resume", help="Continue from the newest complete checkpoint, exactly.")
+    ] = False,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace the run in a non-empty output_dir.")
     ] = False,
 ) -> None:
-    """Pre-train NeoBERT with masked language modelling (packed, padding-free)."""
-    from neoembed.pretrain.recipe import PretrainRecipe
-    from neoembed.pretrain.trainer import TrainingStopped, pretrain
-    from neoembed.recipe import RecipeError, load_recipe, resolve_named_file
+    """Pre-train NeoBERT with masked language modelling (packed, padding-free).
 
-    try:
-        path = resolve_named_file(recipe, "recipes")
-        parsed = resolve_recipe_paths(load_recipe(path, PretrainRecipe, overrides or []), path.parent)
-        out = pretrain(parsed, resume=resume)
-    except RecipeError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from None
-    except (FileNotFoundError, FileExistsError, ValueError) as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from None
-    except TrainingStopped as e:
-        typer.echo(f"training stopped: {e}", err=True)
-        raise typer.Exit(1) from None
+    Exit codes: 0 done, 1 stopped (NaN loss, disk full), 2 bad input, 130 / 143 interrupted by Ctrl-C / SIGTERM
+    after checkpointing (continue with --resume)."""
+    from neoembed.pretrain.recipe import PretrainRecipe
+    from neoembed.pretrain.trainer import pretrain
+    from neoembed.recipe import load_recipe, resolve_named_file
+
+    # errors (bad recipe: exit 2; a stopped run: 1; a signal: 130 / 143) are reported by neoembed.cli.main
+    path = resolve_named_file(recipe, "recipes")
+    parsed = resolve_recipe_paths(load_recipe(path, PretrainRecipe, overrides or []), path.parent)
+    out = pretrain(parsed, resume=resume, overwrite=overwrite)
     typer.echo(f"done: {out}")
 
 
@@ -125,13 +128,18 @@ def ppl_command(
     lengths: Annotated[
         str, typer.Option("--lengths", help="Comma-separated lengths.")
     ] = "512,1024,2048,4096",
-    out: Annotated[Path, typer.Option("--out", help="Output folder for ppl.json and ppl.png.")] = Path("ppl"),
-    max_docs: Annotated[int, typer.Option("--max-docs", help="Documents scored.")] = 16,
-    batch_size: Annotated[int, typer.Option("--batch-size", help="Masked copies per forward.")] = 32,
+    out: Annotated[
+        Path, typer.Option("--out", help="Output folder for ppl.json and ppl.png (new or empty).")
+    ] = Path("ppl"),
+    max_docs: Annotated[int, typer.Option("--max-docs", min=1, help="Documents scored.")] = 16,
+    batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Masked copies per forward.")] = 32,
     column: Annotated[str, typer.Option("--column", help="Text column of JSON rows.")] = "text",
     device: Annotated[
         str | None, typer.Option("--device", help="cpu / cuda (default: cuda if available).")
     ] = None,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace the results in a non-empty --out folder.")
+    ] = False,
 ) -> None:
     """Pseudo-perplexity against sequence length (JSON + PNG plot)."""
     import torch
@@ -141,11 +149,18 @@ def ppl_command(
     from neoembed.modeling.convert import resolve_checkpoint
     from neoembed.pretrain.data import ShardedCorpus, iter_documents
     from neoembed.pretrain.ppl import pseudo_perplexity, write_ppl
+    from neoembed.runs import check_weight_files, prepare_output_dir
 
     wanted = _ints(lengths, "--lengths")
-    if not wanted:
-        raise typer.BadParameter("--lengths needs at least one length")
+    if not wanted or min(wanted) < 1:
+        raise typer.BadParameter(f"--lengths needs positive lengths such as 512,1024; got {lengths!r}")
+    if not Path(data).exists():
+        raise FileNotFoundError(
+            f"--data {data} does not exist: give a shard folder from preprocess, or text files"
+        )
+    prepare_output_dir(out, overwrite=overwrite, resume=False, what="--out", clearable=("ppl.json",))
     folder = resolve_checkpoint(model)
+    check_weight_files(folder)
     tok = AutoTokenizer.from_pretrained(str(folder))
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     net = NeoBERTForMaskedLM.from_pretrained(str(folder)).to(dev)
@@ -159,13 +174,7 @@ def ppl_command(
             tok(t, add_special_tokens=True, verbose=False)["input_ids"] for t in iter_documents(data, column)
         )
     special = sorted(set(tok.all_special_ids))
-    try:
-        result = pseudo_perplexity(
-            net, documents, list(wanted), special, tok.mask_token_id, max_docs, batch_size
-        )
-    except ValueError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from None
+    result = pseudo_perplexity(net, documents, list(wanted), special, tok.mask_token_id, max_docs, batch_size)
     result.update(model=str(model), data=str(data))
     j, png = write_ppl(result, out, title=Path(str(model)).name)
     for r in result["lengths"]:

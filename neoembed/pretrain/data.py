@@ -184,6 +184,10 @@ def preprocess(
         "column": column,
         "tokenizer": getattr(tokenizer, "name_or_path", None),
         "vocab_size": len(tokenizer),
+        # the vocabulary itself: two tokenizers with one name and size (a retrained local one) still differ here
+        "vocab_sha256": hashlib.sha256(
+            json.dumps(sorted(tokenizer.get_vocab().items())).encode()
+        ).hexdigest(),
         "max_docs": max_docs,
         "shard_tokens": shard_tokens,
     }
@@ -200,10 +204,11 @@ def preprocess(
     state = {"docs": 0, "shards": 0, "tokens": 0}
     if meta_path.exists():
         old = json.loads(meta_path.read_text())
-        if {k: old.get(k) for k in fingerprint} != fingerprint:
+        diff = [f"{k}: {old.get(k)!r} there, {v!r} now" for k, v in fingerprint.items() if old.get(k) != v]
+        if diff:
             raise ValueError(
-                f"{out} already holds shards made with different settings ({ {k: old.get(k) for k in fingerprint} }); "
-                "use an empty output folder or the same settings to resume"
+                f"{out} already holds shards made from other inputs or another tokenizer ({'; '.join(diff)}): "
+                "rerun with the same inputs to resume, or choose a new output folder"
             )
         meta["complete"] = old.get("complete", False)
         if progress_path.exists():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import field_validator, model_validator
+from pydantic import NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
 
 from neoembed.recipe import Recipe, StrictModel
 
@@ -56,7 +56,7 @@ class DataConfig(StrictModel):
     """Sources are drawn per step with probability proportional to their weight (the whole step from one)."""
 
     sources: list[DataSource]
-    seq_length: int = 1024
+    seq_length: PositiveInt = 1024
     packing: Literal["packed", "padded"] = "packed"
     cross_document_attention: bool = False  # packed only: the flawed variant (M6 ablation), for comparison
     shuffle: bool = True
@@ -85,14 +85,14 @@ class BatchConfig(StrictModel):
     """Sequences per process per micro-step; the global batch is micro_batch_size x grad_accumulation x
     processes sequences of seq_length tokens."""
 
-    micro_batch_size: int = 32
-    grad_accumulation: int = 1
+    micro_batch_size: PositiveInt = 32
+    grad_accumulation: PositiveInt = 1
 
 
 class OptimizerConfig(StrictModel):
     """AdamW; weight decay applies to matrices and embeddings, not to norms and biases."""
 
-    lr: float = 6e-4
+    lr: PositiveFloat = 6e-4
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = 1e-8
     weight_decay: float = 0.1
@@ -100,7 +100,7 @@ class OptimizerConfig(StrictModel):
 
 
 class ScheduleConfig(StrictModel):
-    warmup_steps: int = 2000
+    warmup_steps: NonNegativeInt = 2000
     decay_fraction: float = 0.9
     final_ratio: float = 0.1
 
@@ -114,14 +114,14 @@ class PretrainRecipe(Recipe):
     batch: BatchConfig = BatchConfig()
     optimizer: OptimizerConfig = OptimizerConfig()
     schedule: ScheduleConfig = ScheduleConfig()
-    steps: int = 1_000_000
+    steps: PositiveInt = 1_000_000
     precision: Literal["fp32", "bf16", "fp16"] = "bf16"
     # torch.compile of the backbone's layers (neoembed.compile): true = "default"; the CUDA-graph modes are for
     # encoding at fixed shapes, not for training. Off by default: not yet measured to pay end to end on a GPU.
     compile: bool | Literal["default", "max-autotune-no-cudagraphs"] = False
-    save_steps: int = 10_000
-    save_total_limit: int | None = 3
-    logging_steps: int = 100
+    save_steps: PositiveInt = 10_000
+    save_total_limit: NonNegativeInt | None = 3
+    logging_steps: PositiveInt = 100
     report_to: list[Literal["tensorboard"]] = []
     output_dir: str = "runs/pretrain"
 

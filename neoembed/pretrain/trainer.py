@@ -18,7 +18,8 @@ One optimizer step, top to bottom:
 
 Checkpoints (``checkpoint-N/``) hold accelerate's state (model, optimizer, RNG of every process) plus
 ``trainer_state.json`` (step, scheduler, the position of every data stream). They are written to
-``checkpoint-N.partial`` and renamed when complete, so a crash never leaves half a checkpoint to resume from.
+``.checkpoint-N.partial``, sealed with a checksum marker and renamed (:mod:`neoembed.runs`), so a kill never
+leaves half a checkpoint to resume from. SIGTERM / Ctrl-C checkpoint and exit 143 / 130.
 
     neoembed pretrain pretrain-tiny data.sources='[{path: shards}]'
     accelerate launch --num_processes 8 -m neoembed pretrain pretrain-stage1 data.sources='[{path: rw}]'
@@ -27,11 +28,8 @@ Checkpoints (``checkpoint-N/``) hold accelerate's state (model, optimizer, RNG o
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import os
-import time
 from pathlib import Path
 
 import numpy as np
@@ -40,26 +38,23 @@ import torch.nn.functional as F
 from torch import nn
 
 from neoembed.compile import compile_layers
+from neoembed.loop import RunLoop, StepOutput
 from neoembed.pretrain.masking import IGNORE_INDEX, mask_tokens, step_generator
 from neoembed.pretrain.packing import DocumentStream, collate_packed, collate_padded
 from neoembed.pretrain.recipe import PretrainRecipe
 from neoembed.pretrain.schedule import lr_lambda
 from neoembed.runs import (
-    MetricsLog,
-    StopSignal,
-    list_checkpoints,
+    TrainingStopped,
+    check_weight_files,
     param_groups,
-    publish_checkpoint,
-    refuse_to_overwrite,
+    prepare_output_dir,
+    resume_settings,
+    settings_hash,
 )
 
 __all__ = ["MLMObjective", "TrainingStopped", "choose_source", "pretrain"]
 
 logger = logging.getLogger(__name__)
-
-
-class TrainingStopped(RuntimeError):
-    """Pre-training stopped early (NaN/inf loss); the message says why and what to do."""
 
 
 class MLMObjective(nn.Module):
@@ -170,22 +165,15 @@ def _micro_batch(recipe, corrupted, labels, pad_id, device):
 
 
 # ------------------------------------------------------------------------------------------------- train
-def pretrain(recipe: PretrainRecipe, resume: bool = False, progress: bool = True) -> Path:
-    """Run a pre-training recipe; returns the output folder (final model in the neoembed layout, tokenizer,
-    ``metrics.jsonl``, ``run_record.json``, checkpoints)."""
+def _accelerator(recipe: PretrainRecipe):
+    """An Accelerator for the recipe, refusing launches where the processes would not train together."""
     from accelerate import Accelerator
-    from tqdm.auto import tqdm
-    from transformers import AutoTokenizer
-
-    from neoembed.pretrain.data import ShardedCorpus
-    from neoembed.recipe import seed_everything
-    from neoembed.record import atomic_write_text, write_run_record
 
     accelerator = Accelerator(
         mixed_precision={"fp32": "no", "bf16": "bf16", "fp16": "fp16"}[recipe.precision],
         gradient_accumulation_steps=recipe.batch.grad_accumulation,
     )
-    world, rank = accelerator.num_processes, accelerator.process_index
+    world = accelerator.num_processes
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     if launched != world:
         raise RuntimeError(
@@ -200,6 +188,24 @@ def pretrain(recipe: PretrainRecipe, resume: bool = False, progress: bool = True
                 f"{recipe.batch.grad_accumulation}: set deepspeed_config.gradient_accumulation_steps to "
                 "batch.grad_accumulation"
             )
+    return accelerator
+
+
+def pretrain(
+    recipe: PretrainRecipe, resume: bool = False, progress: bool = True, overwrite: bool = False
+) -> Path:
+    """Run a pre-training recipe; returns the output folder (final model in the neoembed layout, tokenizer,
+    ``metrics.jsonl``, ``run_record.json``, checkpoints). The folder must be new or empty unless ``resume`` or
+    ``overwrite`` (:func:`neoembed.runs.prepare_output_dir`); SIGTERM / Ctrl-C raise
+    :class:`~neoembed.runs.TrainingInterrupted` after the checkpoint."""
+    from transformers import AutoTokenizer
+
+    from neoembed.pretrain.data import ShardedCorpus
+    from neoembed.recipe import seed_everything
+    from neoembed.record import write_run_record
+
+    accelerator = _accelerator(recipe)
+    world = accelerator.num_processes
     output = Path(recipe.output_dir)
     seed_everything(recipe.seed)
 
@@ -223,6 +229,16 @@ def pretrain(recipe: PretrainRecipe, resume: bool = False, progress: bool = True
                 f"{recipe.tokenizer!r} has {len(tokenizer)}: set 'tokenizer' to the one used by preprocess"
             )
     special_ids = sorted(set(tokenizer.all_special_ids) | {tokenizer.pad_token_id})
+    settings = resume_settings(recipe)
+    checkpoint = prepare_output_dir(
+        output,
+        overwrite=overwrite,
+        resume=resume,
+        settings=settings,
+        main_process=accelerator.is_main_process,
+    )
+    if recipe.model.init_from is not None:
+        check_weight_files(recipe.model.init_from)
 
     model = _build_model(recipe, tokenizer)
     objective = MLMObjective(model)
@@ -244,28 +260,37 @@ def pretrain(recipe: PretrainRecipe, resume: bool = False, progress: bool = True
         f"(micro-batch {b} x accumulation {accum} x {world} processes); {recipe.steps:,} steps"
     )
 
-    step = 0
-    metrics = MetricsLog(output, recipe.report_to, accelerator.is_main_process)
-    if resume:
-        ckpts = list_checkpoints(output)
-        if not ckpts:
-            raise FileNotFoundError(f"--resume: no checkpoint-N folder in {output}; start without --resume")
-        last = ckpts[-1]
-        state = json.loads((last / "trainer_state.json").read_text())
-        if state["global_sequences"] != n_global or state["seq_length"] != L:
-            raise ValueError(
-                f"{last} was written with a global batch of {state['global_sequences']} x {state['seq_length']} "
-                f"tokens, this run has {n_global} x {L}: an exact resume needs the same global batch"
-            )
-        accelerator.load_state(str(last / "state"))
-        step = state["step"]
-        scheduler.load_state_dict(state["scheduler"])
-        for stream, st in zip(streams, state["streams"], strict=True):
-            stream.load_state_dict(st)
-        metrics.truncate(step)
-        accelerator.print(f"resumed from {last} at step {step}")
-    elif accelerator.is_main_process:
-        refuse_to_overwrite(output)
+    loop = RunLoop(
+        accelerator,
+        recipe,
+        output,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        parameters=objective.parameters,
+        grad_clip=opt.grad_clip,
+        settings=settings,
+        trainer_state=lambda: {
+            "streams": [st.state_dict() for st in streams],
+            "global_sequences": n_global,
+            "seq_length": L,
+        },
+        desc="pretrain",
+        progress=progress,
+        nan_advice="Lower optimizer.lr, raise schedule.warmup_steps, or use precision bf16/fp32 instead of fp16",
+    )
+    if checkpoint is not None:
+
+        def load_state(state: dict) -> None:
+            if state["global_sequences"] != n_global or state["seq_length"] != L:
+                raise ValueError(
+                    f"{checkpoint} was written with a global batch of {state['global_sequences']} x "
+                    f"{state['seq_length']} tokens, this run has {n_global} x {L}: an exact resume needs the same "
+                    "global batch"
+                )
+            for stream, st in zip(streams, state["streams"], strict=True):
+                stream.load_state_dict(st)
+
+        loop.resume(checkpoint, load_state)
     if accelerator.is_main_process:
         output.mkdir(parents=True, exist_ok=True)
         data_files = [
@@ -282,119 +307,12 @@ def pretrain(recipe: PretrainRecipe, resume: bool = False, progress: bool = True
                 "global_batch_tokens": n_global * L,
                 "data_fingerprints": {c.path.as_posix(): c.fingerprint for c in corpora},
                 "parameters": sum(p.numel() for p in model.parameters()),
+                "resume_settings": settings,
+                "recipe_hash": settings_hash(settings),
             },
         )
-
-    def save_checkpoint() -> Path:
-        target = output / f"checkpoint-{step}"
-        partial = output / f"checkpoint-{step}.partial"
-        accelerator.wait_for_everyone()
-        accelerator.save_state(str(partial / "state"))
-        if accelerator.is_main_process:
-            state = {
-                "step": step,
-                "scheduler": scheduler.state_dict(),
-                "streams": [st.state_dict() for st in streams],
-                "global_sequences": n_global,
-                "seq_length": L,
-            }
-            atomic_write_text(partial / "trainer_state.json", json.dumps(state, indent=2) + "\n")
-            publish_checkpoint(partial, target, recipe.save_total_limit)
-        accelerator.wait_for_everyone()
-        return target
-
-    device = accelerator.device
-    window = {"loss": 0.0, "n": 0, "correct": 0, "tokens": 0, "steps": 0, "t0": time.perf_counter()}
-    bar = tqdm(
-        total=recipe.steps,
-        initial=step,
-        desc="pretrain",
-        disable=not (progress and accelerator.is_main_process),
-    )
-    stopped = None
-    with StopSignal() as stop:
-        while step < recipe.steps:
-            source = choose_source(recipe.seed, step, weights)
-            sequences = _global_batch(recipe, streams[source], n_global)
-            corrupted, labels, n_masked = _mask_global(
-                recipe, sequences, special_ids, tokenizer.mask_token_id, model.config.vocab_size, step
-            )
-            scale = world * accum / max(n_masked, 1)  # backward divides by accum, DDP averages over world
-            stats = torch.zeros(4, dtype=torch.float64, device=device)  # loss sum, correct, tokens, stop
-            for m in range(accum):
-                first = (m * world + rank) * b
-                inputs, lab, n_tokens = _micro_batch(
-                    recipe,
-                    corrupted[first : first + b],
-                    labels[first : first + b],
-                    tokenizer.pad_token_id,
-                    device,
-                )
-                with accelerator.accumulate(objective):
-                    loss_sum, _, correct = objective(lab, **inputs)
-                    accelerator.backward(loss_sum * scale)
-                stats[0] += loss_sum.detach().double()
-                stats[1] += correct.double()
-                stats[2] += n_tokens
-            stats[3] = 1.0 if stop.received else 0.0
-            if world > 1:
-                stats = accelerator.reduce(stats, reduction="sum")
-            loss = float(stats[0]) / max(n_masked, 1)
-            if not math.isfinite(loss):
-                ckpts = list_checkpoints(output)
-                raise TrainingStopped(
-                    f"the loss is {loss} at step {step + 1}: training stopped before the update. Last checkpoint: "
-                    f"{ckpts[-1] if ckpts else 'none'}. Lower optimizer.lr, raise schedule.warmup_steps, or use "
-                    "precision bf16/fp32 instead of fp16; then --resume"
-                )
-            grad_norm = accelerator.clip_grad_norm_(objective.parameters(), opt.grad_clip)
-            lr = scheduler.get_last_lr()[0]
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            bar.update(1)
-            window["loss"] += float(stats[0])
-            window["n"] += n_masked
-            window["correct"] += float(stats[1])
-            window["tokens"] += float(stats[2])
-            window["steps"] += 1
-            if step % recipe.logging_steps == 0 or step == recipe.steps:
-                now = time.perf_counter()
-                row = {
-                    "step": step,
-                    "loss": window["loss"] / max(window["n"], 1),
-                    "masked_accuracy": window["correct"] / max(window["n"], 1),
-                    "learning_rate": lr,
-                    "grad_norm": float(grad_norm) if grad_norm is not None else None,
-                    "tokens_per_s": window["tokens"] / max(now - window["t0"], 1e-9),
-                    "tokens": int(window["tokens"]),
-                    "source": recipe.data.sources[source].path if len(streams) > 1 else None,
-                }
-                metrics.write(row)
-                if accelerator.is_main_process:
-                    bar.set_postfix(loss=f"{row['loss']:.3f}", acc=f"{row['masked_accuracy']:.3f}")
-                window = {
-                    "loss": 0.0,
-                    "n": 0,
-                    "correct": 0,
-                    "tokens": 0,
-                    "steps": 0,
-                    "t0": time.perf_counter(),
-                }
-            if stats[3] > 0:
-                stopped = save_checkpoint()
-                break
-            if step % recipe.save_steps == 0 and step < recipe.steps:
-                save_checkpoint()
-    bar.close()
-    metrics.close(title=output.name)
-    if stopped is not None:
-        accelerator.print(
-            f"stopped by {stop.received or 'a signal'} at step {step}: {stopped}; continue with --resume"
-        )
-        accelerator.end_training()
-        return output
+    step_fn, row_fn = _mlm_step(recipe, accelerator, objective, streams, weights, tokenizer, special_ids)
+    loop.run(step_fn, row_fn)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         final = accelerator.unwrap_model(objective).mlm
@@ -403,3 +321,54 @@ def pretrain(recipe: PretrainRecipe, resume: bool = False, progress: bool = True
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return output
+
+
+def _mlm_step(recipe: PretrainRecipe, accelerator, objective, streams, weights, tokenizer, special_ids):
+    """The step function of pre-training (see the module doc, steps 1-4) and the row it logs."""
+    world, rank, device = accelerator.num_processes, accelerator.process_index, accelerator.device
+    b, accum = recipe.batch.micro_batch_size, recipe.batch.grad_accumulation
+    n_global = b * accum * world
+    vocab_size = accelerator.unwrap_model(objective).mlm.config.vocab_size
+    last = {"source": 0}
+
+    def step_fn(step: int, stop_requested: bool) -> StepOutput:
+        source = last["source"] = choose_source(recipe.seed, step, weights)
+        sequences = _global_batch(recipe, streams[source], n_global)
+        corrupted, labels, n_masked = _mask_global(
+            recipe, sequences, special_ids, tokenizer.mask_token_id, vocab_size, step
+        )
+        scale = world * accum / max(n_masked, 1)  # backward divides by accum, DDP averages over world
+        stats = torch.zeros(4, dtype=torch.float64, device=device)  # loss sum, correct, tokens, stop
+        for m in range(accum):
+            first = (m * world + rank) * b
+            inputs, lab, n_tokens = _micro_batch(
+                recipe,
+                corrupted[first : first + b],
+                labels[first : first + b],
+                tokenizer.pad_token_id,
+                device,
+            )
+            with accelerator.accumulate(objective):
+                loss_sum, _, correct = objective(lab, **inputs)
+                accelerator.backward(loss_sum * scale)
+            stats[0] += loss_sum.detach().double()
+            stats[1] += correct.double()
+            stats[2] += n_tokens
+        stats[3] = 1.0 if stop_requested else 0.0
+        if world > 1:
+            stats = accelerator.reduce(stats, reduction="sum")
+        sums = {"loss": float(stats[0]), "n": n_masked, "correct": float(stats[1]), "tokens": float(stats[2])}
+        return StepOutput(loss=sums["loss"] / max(n_masked, 1), stop=bool(stats[3] > 0), sums=sums)
+
+    def row_fn(sums: dict, seconds: float, grad_norm, lr: float) -> dict:
+        return {
+            "loss": sums["loss"] / max(sums["n"], 1),
+            "masked_accuracy": sums["correct"] / max(sums["n"], 1),
+            "learning_rate": lr,
+            "grad_norm": grad_norm,
+            "tokens_per_s": sums["tokens"] / max(seconds, 1e-9),
+            "tokens": int(sums["tokens"]),
+            "source": recipe.data.sources[last["source"]].path if len(streams) > 1 else None,
+        }
+
+    return step_fn, row_fn

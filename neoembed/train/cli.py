@@ -1,4 +1,4 @@
-"""``neoembed train RECIPE [key.sub=value ...] [--resume]``."""
+"""``neoembed train RECIPE [key.sub=value ...] [--resume | --overwrite] [--dry-run]``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,13 @@ import typer
 def train_command(
     recipe: Annotated[str, typer.Argument(help="Recipe YAML path or shipped name (e.g. tiny, quickstart).")],
     overrides: Annotated[list[str] | None, typer.Argument(help="key.sub=value overrides.")] = None,
-    resume: Annotated[bool, typer.Option("--resume", help="Continue from the last checkpoint.")] = False,
+    resume: Annotated[
+        bool,
+        typer.Option("--resume", help="Continue the run in output_dir from its newest complete checkpoint."),
+    ] = False,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace the run in a non-empty output_dir.")
+    ] = False,
     dry_run: Annotated[
         bool,
         typer.Option(
@@ -19,46 +25,60 @@ def train_command(
         ),
     ] = False,
 ) -> None:
-    """Train with a recipe (the unified contrastive recipe, or CDE when the recipe says kind: cde)."""
-    import yaml
+    """Train with a recipe (the unified contrastive recipe, or CDE when the recipe says kind: cde).
 
+    Exit codes: 0 done, 1 stopped (NaN loss, out of memory, disk full), 2 bad input, 130 / 143 interrupted by
+    Ctrl-C / SIGTERM after checkpointing (continue with --resume)."""
     from neoembed.recipe import RecipeError, load_recipe, resolve_named_file
 
-    stops: tuple[type[BaseException], ...] = ()  # the trainer's TrainingStopped, once imported
-    try:
-        path = resolve_named_file(recipe, "recipes")
-        kind = (yaml.safe_load(path.read_text()) or {}).get("kind", "unified")
-        if kind == "cde" and dry_run:
-            raise RecipeError("--dry-run describes unified recipes (kind: unified); this recipe is kind: cde")
-        if kind == "cde":
-            from neoembed.cde.recipe import CDERecipe
-            from neoembed.cde.trainer import TrainingStopped, train_cde
+    path = resolve_named_file(recipe, "recipes")
+    kind = _recipe_kind(path, overrides or [])
+    if dry_run:
+        if kind != "unified":
+            raise RecipeError(f"--dry-run describes unified recipes (kind: unified); {path} is kind: {kind}")
+        from neoembed.data.plan import dry_run as describe
+        from neoembed.train.recipe import UnifiedRecipe
 
-            stops = (TrainingStopped,)
-            parsed = _resolve_model_path(load_recipe(path, CDERecipe, overrides or []), path.parent)
-            out = train_cde(parsed, recipe_dir=path.parent, resume=resume)
-        elif kind == "unified" and dry_run:
-            from neoembed.data.plan import dry_run as describe
-            from neoembed.train.recipe import UnifiedRecipe
+        typer.echo(describe(load_recipe(path, UnifiedRecipe, overrides or []), path.parent))
+        return
+    if kind == "cde":
+        from neoembed.cde.recipe import CDERecipe
+        from neoembed.cde.trainer import train_cde
 
-            typer.echo(describe(load_recipe(path, UnifiedRecipe, overrides or []), path.parent))
-            return
-        elif kind == "unified":
-            from neoembed.train.recipe import UnifiedRecipe
-            from neoembed.train.trainer import TrainingStopped, train
+        parsed = _resolve_model_path(load_recipe(path, CDERecipe, overrides or []), path.parent)
+        out = train_cde(parsed, recipe_dir=path.parent, resume=resume, overwrite=overwrite)
+    elif kind == "unified":
+        from neoembed.train.recipe import UnifiedRecipe
+        from neoembed.train.trainer import train
 
-            stops = (TrainingStopped,)
-            parsed = _resolve_model_path(load_recipe(path, UnifiedRecipe, overrides or []), path.parent)
-            out = train(parsed, recipe_dir=path.parent, resume=resume)
-        else:
-            raise RecipeError(f"unknown recipe kind {kind!r}; valid: 'unified', 'cde'")
-    except Exception as e:  # a stopped run exits 1; bad recipes and cards reach neoembed.cli.main (exit 2)
-        if isinstance(e, stops):
-            typer.echo(f"training stopped: {e}", err=True)
-            raise typer.Exit(1) from None
-        raise
+        parsed = _resolve_model_path(load_recipe(path, UnifiedRecipe, overrides or []), path.parent)
+        out = train(parsed, recipe_dir=path.parent, resume=resume, overwrite=overwrite)
+    else:
+        raise RecipeError(f"{path}: unknown recipe kind {kind!r}; valid: 'unified', 'cde'")
     _release_process_group()
     typer.echo(f"done: {out}")
+
+
+def _recipe_kind(path: Path, overrides: list[str]) -> str:
+    """The recipe's ``kind`` (default unified); a file that is not a YAML mapping is a RecipeError naming it."""
+    import yaml
+
+    from neoembed.recipe import RecipeError
+
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        raise RecipeError(f"{path} is not valid YAML ({e}); fix the line it names") from None
+    except UnicodeDecodeError as e:
+        raise RecipeError(f"{path} is not UTF-8 text ({e}): is it a recipe?") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise RecipeError(
+            f"{path} must hold a mapping (key: value lines) at the top level, got a {type(data).__name__}"
+        )
+    kinds = [o.split("=", 1)[1].strip() for o in overrides if o.split("=", 1)[0].strip() == "kind"]
+    return kinds[-1] if kinds else data.get("kind", "unified")
 
 
 def _release_process_group() -> None:

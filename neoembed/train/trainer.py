@@ -1,12 +1,18 @@
 """The unified contrastive trainer: sentence-transformers' trainer with thin overrides.
 
 What is ours: the InfoNCE losses (``neoembed.losses``), the power-law dataset sampler
-(``neoembed.data.sampler``), per-dataset batch sizes, and callbacks that write ``metrics.jsonl``, checkpoint on
-SIGTERM / Ctrl-C and stop on a NaN loss. Everything else (optimiser, schedule, mixed precision, DDP through
-accelerate, checkpoints and exact resume) is the sentence-transformers / transformers trainer.
+(``neoembed.data.sampler``), per-dataset batch sizes, and the run guarantees that pre-training and CDE get from
+:mod:`neoembed.loop`, here through callbacks and one override: the output folder is checked first
+(:func:`neoembed.runs.prepare_output_dir`: never silently reused), checkpoints are written to a staging folder,
+sealed with a checksum marker and renamed (a kill never leaves half of one to resume from; a full disk ends in a
+clear error), ``metrics.jsonl`` and TensorBoard are trimmed to the resumed step, SIGTERM / Ctrl-C checkpoint and
+exit 143 / 130, a NaN loss stops, a loss stuck at 0 is reported. Everything else (optimiser, schedule, mixed
+precision, DDP through accelerate, checkpoint contents and exact resume) is the sentence-transformers /
+transformers trainer.
 
     neoembed train tiny                       # a shipped recipe by name
     neoembed train my.yaml steps=500 batch_size=64 optimizer.lr=2e-5
+    neoembed train my.yaml --resume           # continue from the newest complete checkpoint
     accelerate launch --num_processes 2 -m neoembed train my.yaml
 """
 
@@ -15,7 +21,8 @@ from __future__ import annotations
 import json
 import logging
 import math
-import signal
+import os
+import shutil
 import time
 from pathlib import Path
 
@@ -24,18 +31,31 @@ from transformers import TrainerCallback
 
 from neoembed.data.cards import DataCardError, find_card, load_card, prepare_card
 from neoembed.data.sampler import PowerLawDatasetBatchSampler
+from neoembed.instructions import format_with_instruction
 from neoembed.losses import CachedInfoNCELoss, InfoNCELoss
-from neoembed.plots import plot_training_curves
 from neoembed.record import write_run_record
+from neoembed.runs import (
+    MetricsLog,
+    StopSignal,
+    TrainingInterrupted,
+    TrainingStopped,
+    check_pairs,
+    check_weight_files,
+    commit_checkpoint,
+    explain_data_errors,
+    list_checkpoints,
+    prepare_output_dir,
+    resume_settings,
+    settings_hash,
+    stage_checkpoint,
+    verify_checkpoint,
+    write_failed,
+)
 from neoembed.train.recipe import UnifiedRecipe
 
 __all__ = ["TrainingStopped", "prepare_datasets", "train"]
 
 logger = logging.getLogger(__name__)
-
-
-class TrainingStopped(RuntimeError):
-    """Training stopped early (NaN loss, out of memory); the message says why and what to do."""
 
 
 def prepare_datasets(recipe: UnifiedRecipe, recipe_dir: Path | None = None, reports: dict | None = None):
@@ -57,19 +77,27 @@ def prepare_datasets(recipe: UnifiedRecipe, recipe_dir: Path | None = None, repo
     for entry, (card, folder) in zip(recipe.datasets, loaded, strict=True):
         if card.name in recipe.instruction_overrides:
             card = card.model_copy(update={"instruction": recipe.instruction_overrides[card.name]})
-        pairs, report = prepare_card(
-            card,
-            folder,
-            entry.max_rows,
-            entry.max_negatives,
-            recipe.template,
-            recipe.instructions,
-            recipe.seed,
-        )
+        with explain_data_errors(card, folder):  # a bad byte surfaces only when the rows are read
+            pairs, report = prepare_card(
+                card,
+                folder,
+                entry.max_rows,
+                entry.max_negatives,
+                recipe.template,
+                recipe.instructions,
+                recipe.seed,
+            )
         # the training log says what each card gave; losses (all counted and allowed by the card) are warnings
         (logger.warning if report.dropped else logger.info)("card %s: %s", card.name, report.line())
         if reports is not None:
             reports[card.name] = report
+        instruction = card.instruction if recipe.instructions else None
+        check_pairs(
+            card.name,
+            pairs["query"],
+            pairs["positive"],
+            lambda text, i=instruction: format_with_instruction(i, text, recipe.template),
+        )
         bs = entry.batch_size or recipe.batch_size
         if bs > len(pairs):
             raise DataCardError(
@@ -82,18 +110,24 @@ def prepare_datasets(recipe: UnifiedRecipe, recipe_dir: Path | None = None, repo
 
 
 class _MetricsCallback(TrainerCallback):
-    """Appends step, loss, learning rate, dataset, samples/s and peak memory to metrics.jsonl; stops on NaN."""
+    """Appends step, loss, learning rate, dataset, samples/s and peak memory to metrics.jsonl (through
+    :class:`~neoembed.runs.MetricsLog`, which also reports a run stuck at loss 0); stops on NaN."""
 
-    def __init__(self, path: Path, trainer_ref, names: list[str], batch_sizes: dict[str, int]):
-        self.path, self.trainer_ref, self.names, self.batch_sizes = path, trainer_ref, names, batch_sizes
+    def __init__(self, output: Path, trainer_ref, names: list[str], batch_sizes: dict[str, int], main: bool):
+        self.log = MetricsLog(output, (), main)  # TensorBoard is transformers' own callback here
+        self.trainer_ref, self.names, self.batch_sizes = trainer_ref, names, batch_sizes
         self.last_time, self.last_step, self.nan_step = time.perf_counter(), 0, None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.last_step = state.global_step  # a resumed run starts at its checkpoint's step
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         logs = logs or {}
-        if "loss" not in logs or not state.is_world_process_zero:
-            if "loss" in logs and not math.isfinite(float(logs["loss"])):
-                self.nan_step, control.should_training_stop = state.global_step, True
+        if "loss" not in logs:
             return
+        if not math.isfinite(float(logs["loss"])):
+            self.nan_step, control.should_training_stop = state.global_step, True
+            self.trainer_ref()._neoembed_nan = True
         now, step = time.perf_counter(), state.global_step
         sampler = getattr(self.trainer_ref(), "_neoembed_sampler", None)
         history = sampler.history if sampler is not None else []
@@ -116,27 +150,18 @@ class _MetricsCallback(TrainerCallback):
             "peak_memory_mib": round(peak, 1),
             "world_size": args.world_size,
         }
-        with open(self.path, "a") as f:
-            f.write(json.dumps(row) + "\n")
+        self.log.write(row)
         self.last_time, self.last_step = now, step
-        if not math.isfinite(row["loss"]):
-            self.nan_step, control.should_training_stop = step, True
 
 
 class _SignalCallback(TrainerCallback):
     """On SIGTERM or Ctrl-C: finish the current step, write a checkpoint, stop."""
 
-    def __init__(self):
-        self.received = None
-
-    def handler(self, signum, frame):
-        if self.received is not None:  # second Ctrl-C: give up at once
-            raise KeyboardInterrupt
-        self.received = signal.Signals(signum).name
-        logger.warning("%s received: checkpointing after this step, then stopping", self.received)
+    def __init__(self, stop: StopSignal):
+        self.stop = stop
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self.received is not None:
+        if self.stop.received is not None:
             control.should_save, control.should_training_stop = True, True
 
 
@@ -144,9 +169,12 @@ def _trainer_class():
     from sentence_transformers import SentenceTransformerTrainer
 
     class UnifiedTrainer(SentenceTransformerTrainer):
-        """Per-dataset batch sizes, and a handle on the sampler for logging which dataset each step used."""
+        """Per-dataset batch sizes, a handle on the sampler for logging which dataset each step used, and
+        checkpoints written to a staging folder, sealed with a checksum marker and renamed (neoembed.runs)."""
 
         neoembed_batch_sizes: dict[str, int] = {}
+        neoembed_settings: dict | None = None
+        _neoembed_staging: Path | None = None
 
         def get_multi_dataset_batch_sampler(self, dataset, batch_samplers, generator=None, seed=0):
             names = list(self.train_dataset.keys())
@@ -155,6 +183,42 @@ def _trainer_class():
             sampler = super().get_multi_dataset_batch_sampler(dataset, batch_samplers, generator, seed)
             self._neoembed_sampler = sampler
             return sampler
+
+        def _get_output_dir(self, trial):
+            # transformers writes a checkpoint into <this>/checkpoint-N: the staging folder while one is written
+            if self._neoembed_staging is not None:
+                return str(self._neoembed_staging)
+            return super()._get_output_dir(trial)
+
+        def _save_checkpoint(self, model, trial):
+            if getattr(
+                self, "_neoembed_nan", False
+            ):  # a NaN step at a save step: its state is not a checkpoint
+                return
+            step, output = self.state.global_step, Path(self.args.output_dir)
+            main = self.args.should_save
+            staged = output / f".checkpoint-{step}.partial"
+            if main:
+                stage_checkpoint(output, step)
+            self.accelerator.wait_for_everyone()
+            self._neoembed_staging = staged
+            try:
+                super()._save_checkpoint(model, trial)
+            except Exception as e:  # a full disk, say: the staging folder goes, the last checkpoint stays
+                raise write_failed(staged, step, e) from e
+            finally:
+                self._neoembed_staging = None
+            self.accelerator.wait_for_everyone()
+            if main:
+                commit_checkpoint(
+                    staged / f"checkpoint-{step}",
+                    step,
+                    self.args.save_total_limit,
+                    self.neoembed_settings,
+                    output=output,
+                )
+                shutil.rmtree(staged, ignore_errors=True)  # the emptied staging folder (commit may have gone)
+            self.accelerator.wait_for_everyone()
 
     return UnifiedTrainer
 
@@ -183,40 +247,11 @@ def _model_card(recipe: UnifiedRecipe, cards, output: Path) -> None:
     atomic_write_text(output / "README.md", text)
 
 
-def train(recipe: UnifiedRecipe, recipe_dir: Path | None = None, resume: bool = False) -> Path:
-    """Run the unified recipe; returns the output folder (final model, metrics, run record, model card)."""
+def _training_args(recipe: UnifiedRecipe, output: Path, full_sizes: list[int]):
     from sentence_transformers import SentenceTransformerTrainingArguments
 
-    import neoembed
-    from neoembed.recipe import seed_everything
-
-    seed_everything(recipe.seed)
-    output = Path(recipe.output_dir)
-    reports: dict = {}
-    datasets, cards, batch_sizes = prepare_datasets(recipe, recipe_dir, reports)
-    full_sizes = [reports[name].full_size or len(datasets[name]) for name in datasets]
-    model = neoembed.load(
-        recipe.model, pooling=recipe.pooling, max_seq_length=recipe.max_length, compile=recipe.compile
-    )
-    if recipe.cache_mini_batch_size:
-        loss = CachedInfoNCELoss(
-            model,
-            recipe.temperature,
-            recipe.mask_duplicates,
-            recipe.reduction,
-            mini_batch_size=recipe.cache_mini_batch_size,
-            gather_across_devices=recipe.gather_across_devices,
-        )
-    else:
-        loss = InfoNCELoss(
-            model,
-            recipe.temperature,
-            recipe.mask_duplicates,
-            recipe.reduction,
-            gather_across_devices=recipe.gather_across_devices,
-        )
     opt = recipe.optimizer
-    args = SentenceTransformerTrainingArguments(
+    return SentenceTransformerTrainingArguments(
         output_dir=str(output),
         max_steps=recipe.steps,
         per_device_train_batch_size=recipe.batch_size,
@@ -245,48 +280,112 @@ def train(recipe: UnifiedRecipe, recipe_dir: Path | None = None, resume: bool = 
         disable_tqdm=False,
         dataloader_pin_memory=torch.cuda.is_available(),
     )
-    trainer_cls = _trainer_class()
-    trainer_cls.neoembed_batch_sizes = batch_sizes
-    trainer = trainer_cls(model=model, args=args, train_dataset=datasets, loss=loss)
+
+
+def _loss(recipe: UnifiedRecipe, model):
+    if recipe.cache_mini_batch_size:
+        return CachedInfoNCELoss(
+            model,
+            recipe.temperature,
+            recipe.mask_duplicates,
+            recipe.reduction,
+            mini_batch_size=recipe.cache_mini_batch_size,
+            gather_across_devices=recipe.gather_across_devices,
+        )
+    return InfoNCELoss(
+        model,
+        recipe.temperature,
+        recipe.mask_duplicates,
+        recipe.reduction,
+        gather_across_devices=recipe.gather_across_devices,
+    )
+
+
+def _purge_tensorboard(trainer, step: int) -> None:
+    """On resume: transformers' TensorBoard writer hides the events logged after the resumed checkpoint."""
+    import functools
+
+    from transformers.integrations import TensorBoardCallback
+
+    for cb in trainer.callback_handler.callbacks:
+        if isinstance(cb, TensorBoardCallback) and cb._SummaryWriter is not None:
+            cb._SummaryWriter = functools.partial(cb._SummaryWriter, purge_step=step + 1)
+
+
+def train(
+    recipe: UnifiedRecipe, recipe_dir: Path | None = None, resume: bool = False, overwrite: bool = False
+) -> Path:
+    """Run the unified recipe; returns the output folder (final model, metrics, run record, model card).
+
+    The output folder must be new or empty, unless ``resume`` (continue the run it holds, from its newest
+    complete checkpoint) or ``overwrite`` (clear it); see :func:`neoembed.runs.prepare_output_dir`. Raises
+    :class:`~neoembed.runs.TrainingInterrupted` after checkpointing on SIGTERM / Ctrl-C."""
     import weakref
 
-    output.mkdir(parents=True, exist_ok=True)
-    metrics = _MetricsCallback(
-        output / "metrics.jsonl", weakref.ref(trainer), list(datasets.keys()), batch_sizes
+    import neoembed
+    from neoembed.plots import plot_training_curves
+    from neoembed.recipe import seed_everything
+    from neoembed.runs import trim_metrics
+
+    seed_everything(recipe.seed)
+    output = Path(recipe.output_dir)
+    main = int(os.environ.get("RANK", "0")) == 0
+    # bad data, a used output folder and truncated weights fail before the model loads
+    reports: dict = {}
+    datasets, cards, batch_sizes = prepare_datasets(recipe, recipe_dir, reports)
+    full_sizes = [reports[name].full_size or len(datasets[name]) for name in datasets]
+    settings = resume_settings(recipe)
+    checkpoint = prepare_output_dir(
+        output, overwrite=overwrite, resume=resume, settings=settings, main_process=main
     )
-    signals = _SignalCallback()
+    check_weight_files(recipe.model)
+    model = neoembed.load(
+        recipe.model, pooling=recipe.pooling, max_seq_length=recipe.max_length, compile=recipe.compile
+    )
+    trainer_cls = _trainer_class()
+    trainer_cls.neoembed_batch_sizes, trainer_cls.neoembed_settings = batch_sizes, settings
+    trainer = trainer_cls(
+        model=model,
+        args=_training_args(recipe, output, full_sizes),
+        train_dataset=datasets,
+        loss=_loss(recipe, model),
+    )
+    output.mkdir(parents=True, exist_ok=True)
+    metrics = _MetricsCallback(output, weakref.ref(trainer), list(datasets.keys()), batch_sizes, main)
+    stop = StopSignal()
     trainer.add_callback(metrics)
-    trainer.add_callback(signals)
-    if not resume and (output / "metrics.jsonl").exists():
-        (output / "metrics.jsonl").unlink()
-    data_files = [
-        (folder / card.source.local.path).resolve() for card, folder in cards if card.source.local is not None
-    ]
-    if trainer.is_world_process_zero():
+    trainer.add_callback(_SignalCallback(stop))
+    if checkpoint is not None:
+        step = json.loads((checkpoint / "trainer_state.json").read_text())["global_step"]
+        trim_metrics(output / "metrics.jsonl", step) if main else None
+        _purge_tensorboard(trainer, step)
+        logger.warning("resuming from %s (step %d)", checkpoint, step)
+    if main:
         write_run_record(
             output,
             "train",
             recipe=recipe,
-            data_files=[f for f in data_files if f.is_file()],
+            data_files=[f for f in _data_files(cards) if f.is_file()],
             extra={
                 "cards": {
                     c.name: {"pinned": c.pinned, "license": c.license, "data": reports[c.name].as_dict()}
                     for c, _ in cards
-                }
+                },
+                "negatives_per_query": {n: d.num_columns - 2 for n, d in datasets.items()},
+                "resume_settings": settings,
+                "recipe_hash": settings_hash(settings),
             },
         )
-    previous = {s: signal.signal(s, signals.handler) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        trainer.train(resume_from_checkpoint=_last_checkpoint(output) if resume else None)
+        with stop:
+            trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
     except torch.OutOfMemoryError as e:
         raise TrainingStopped(
             "out of memory: lower batch_size, enable GradCache with cache_mini_batch_size=32 (same loss, memory of "
             f"one mini-batch), or shorten max_length (now {recipe.max_length}). ({e})"
         ) from None
     finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
-        if trainer.is_world_process_zero() and (output / "metrics.jsonl").exists():
+        if main and (output / "metrics.jsonl").exists():
             plot_training_curves(output / "metrics.jsonl", output / "training_curves.png", title=output.name)
     if metrics.nan_step is not None:
         raise TrainingStopped(
@@ -294,19 +393,20 @@ def train(recipe: UnifiedRecipe, recipe_dir: Path | None = None, resume: bool = 
             f"The last good checkpoint is {_last_checkpoint(output) or '(none yet)'}: resume from it with a lower "
             "learning rate, or use bf16/fp32 instead of fp16."
         )
-    if signals.received is not None:
-        logger.warning(
-            "stopped by %s; checkpoint %s written; continue with --resume",
-            signals.received,
-            _last_checkpoint(output),
-        )
-        return output
-    if trainer.is_world_process_zero():
+    if stop.received is not None:
+        raise TrainingInterrupted(stop.received, _last_checkpoint(output))
+    if main:
         model.save(str(output))
         _model_card(recipe, cards, output)
     return output
 
 
-def _last_checkpoint(output: Path) -> str | None:
-    ckpts = sorted(output.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
-    return str(ckpts[-1]) if ckpts else None
+def _data_files(cards) -> list[Path]:
+    return [
+        (folder / card.source.local.path).resolve() for card, folder in cards if card.source.local is not None
+    ]
+
+
+def _last_checkpoint(output: Path) -> Path | None:
+    complete = [c for c in list_checkpoints(output) if verify_checkpoint(c) is None]
+    return complete[-1] if complete else None

@@ -1,0 +1,174 @@
+"""The run loop shared by pre-training and CDE: each supplies its data and a step function, the loop does the rest.
+
+What the loop owns (so that the two trainers cannot disagree on it):
+
+- **resume**: accelerate's state (models, optimizer, scheduler and every registered object, the RNG of every
+  process) plus ``trainer_state.json`` (the step and the caller's own state, such as data positions);
+- **one checkpoint format**: ``checkpoint-N/state`` (``accelerator.save_state``) and ``trainer_state.json``,
+  written to ``.checkpoint-N.partial``, sealed with a checksum marker and renamed (:mod:`neoembed.runs`); a full
+  disk ends in :class:`~neoembed.runs.CheckpointWriteError` with the previous checkpoint intact;
+- **the update**: gradient clipping, optimizer and scheduler step, after a NaN/inf check that stops before the
+  weights change (:class:`~neoembed.runs.TrainingStopped`);
+- **stop signals**: SIGTERM / Ctrl-C finish the step, checkpoint, and raise
+  :class:`~neoembed.runs.TrainingInterrupted` (exit 143 / 130); the flag travels with the step's loss so that every
+  process stops at the same step;
+- **metrics**: the logging window, ``metrics.jsonl`` / TensorBoard / ``training_curves.png`` (trimmed on resume),
+  the zero-loss watch.
+
+A step function ``step_fn(step, stop_requested) -> StepOutput`` runs the forward and backward passes of one
+optimizer step on every process and returns the loss averaged over processes, whether any process was asked to
+stop, and the sums its logged row needs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from neoembed.record import atomic_write_text
+from neoembed.runs import (
+    MetricsLog,
+    StopSignal,
+    TrainingInterrupted,
+    TrainingStopped,
+    commit_checkpoint,
+    list_checkpoints,
+    stage_checkpoint,
+    write_failed,
+)
+
+__all__ = ["RunLoop", "StepOutput"]
+
+
+@dataclass
+class StepOutput:
+    loss: float  # the step's loss, averaged over processes (a host number: one sync per step)
+    stop: bool  # some process received SIGTERM / Ctrl-C (reduced together with the loss)
+    sums: dict[str, float] = field(default_factory=dict)  # added up over the logging window
+
+
+class RunLoop:
+    """One training run in ``output``: ``resume`` (optional), then ``run``; the caller saves the final model."""
+
+    def __init__(
+        self,
+        accelerator,
+        recipe,
+        output: Path,
+        *,
+        optimizer,
+        scheduler,
+        parameters: Callable[[], Any],
+        grad_clip: float,
+        settings: dict | None,
+        registered: tuple = (),
+        trainer_state: Callable[[], dict] = dict,
+        desc: str = "train",
+        progress: bool = True,
+        nan_advice: str = "",
+    ):
+        self.acc, self.recipe, self.output = accelerator, recipe, Path(output)
+        self.optimizer, self.scheduler, self.parameters, self.grad_clip = (
+            optimizer,
+            scheduler,
+            parameters,
+            grad_clip,
+        )
+        self.settings, self.trainer_state, self.desc, self.progress = settings, trainer_state, desc, progress
+        self.nan_advice = nan_advice
+        self.metrics = MetricsLog(self.output, recipe.report_to, accelerator.is_main_process)
+        self.step = 0
+        # objects that are not accelerate-prepared (the scheduler; CDE's model and optimizer) travel in its state
+        for obj in (scheduler, *registered):
+            accelerator.register_for_checkpointing(obj)
+
+    def resume(self, checkpoint: Path, load_state: Callable[[dict], None] = lambda state: None) -> int:
+        """Load ``checkpoint`` (the newest complete one, from :func:`neoembed.runs.prepare_output_dir`)."""
+        state = json.loads((checkpoint / "trainer_state.json").read_text())
+        load_state(state)  # the caller's checks first (an exact resume needs the same global batch)
+        self.acc.load_state(str(checkpoint / "state"))
+        self.step = int(state["step"])
+        self.metrics.truncate(self.step)
+        self.acc.print(f"resumed from {checkpoint} at step {self.step}")
+        return self.step
+
+    def save(self) -> Path:
+        step, main = self.step, self.acc.is_main_process
+        staged = self.output / f".checkpoint-{step}.partial"
+        if main:
+            stage_checkpoint(self.output, step)
+        self.acc.wait_for_everyone()
+        try:
+            self.acc.save_state(str(staged / "state"))
+            if main:
+                state = {"step": step, **self.trainer_state()}
+                atomic_write_text(staged / "trainer_state.json", json.dumps(state, indent=2) + "\n")
+        except Exception as e:  # a full disk, say: the staging folder goes, the last checkpoint stays
+            raise write_failed(staged, step, e) from e
+        self.acc.wait_for_everyone()
+        if main:
+            commit_checkpoint(staged, step, self.recipe.save_total_limit, self.settings)
+        self.acc.wait_for_everyone()
+        return self.output / f"checkpoint-{step}"
+
+    def _update(self, out: StepOutput) -> tuple[float | None, float]:
+        if not math.isfinite(out.loss):
+            ckpts = list_checkpoints(self.output)
+            raise TrainingStopped(
+                f"the loss is {out.loss} at step {self.step + 1}: training stopped before the update. Last "
+                f"checkpoint: {ckpts[-1] if ckpts else 'none'}. {self.nan_advice}; then --resume"
+            )
+        grad_norm = self.acc.clip_grad_norm_(self.parameters(), self.grad_clip)
+        lr = self.scheduler.get_last_lr()[0]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return (float(grad_norm) if grad_norm is not None else None), lr
+
+    def run(
+        self,
+        step_fn: Callable[[int, bool], StepOutput],
+        row_fn: Callable[[dict, float, float | None, float], dict],
+    ) -> None:
+        """Train from ``self.step`` to ``recipe.steps``. ``row_fn(sums, seconds, grad_norm, lr)`` turns the
+        window's sums (with ``steps``, the number of steps in it) into the logged row, without ``step``."""
+        from tqdm.auto import tqdm
+
+        r = self.recipe
+        bar = tqdm(
+            total=r.steps,
+            initial=self.step,
+            desc=self.desc,
+            disable=not (self.progress and self.acc.is_main_process),
+        )
+        sums: dict[str, float] = {}
+        t0, stopped = time.perf_counter(), None
+        with StopSignal() as stop:
+            while self.step < r.steps:
+                out = step_fn(self.step, stop.received is not None)
+                grad_norm, lr = self._update(out)
+                self.step += 1
+                bar.update(1)
+                for k, v in {**out.sums, "steps": 1}.items():
+                    sums[k] = sums.get(k, 0.0) + v
+                if self.step % r.logging_steps == 0 or self.step == r.steps:
+                    now = time.perf_counter()
+                    row = {"step": self.step, **row_fn(sums, now - t0, grad_norm, lr)}
+                    self.metrics.write(row)
+                    bar.set_postfix(loss=f"{row['loss']:.3f}")
+                    sums, t0 = {}, time.perf_counter()
+                if out.stop:
+                    stopped = self.save()
+                    break
+                if self.step % r.save_steps == 0 and self.step < r.steps:
+                    self.save()
+        bar.close()
+        self.metrics.close(title=self.output.name)
+        if stopped is not None:
+            self.acc.end_training()
+            raise TrainingInterrupted(stop.received or "SIGTERM", stopped)

@@ -1,0 +1,635 @@
+"""Runs that lose nothing: output folders, checkpoints that survive a kill or a full disk, exit codes, bad input
+reported before any model loads, degenerate training, one model per results folder.
+
+The numbered cases and the "poor" cases of issue #16 each have a test of their own (``test_case_N_...`` and
+``test_poor_...``). Training runs use the tiny fixture and 4 steps; the fault injections run the trainer in a
+forked child (no interpreter start-up) that an audit hook kills at a seeded point of a checkpoint write.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import os
+import resource
+import shutil
+import signal
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from neoembed.recipe import load_recipe
+from neoembed.runs import (
+    CHECKPOINT_MARKER,
+    MODEL_RECORD,
+    CheckpointWriteError,
+    MetricsLog,
+    OutputDirError,
+    check_pairs,
+    check_weight_files,
+    claim_results_dir,
+    commit_checkpoint,
+    default_results_dir,
+    find_resume_checkpoint,
+    list_checkpoints,
+    prepare_output_dir,
+    stage_checkpoint,
+    trim_metrics,
+    verify_checkpoint,
+)
+from neoembed.train.recipe import UnifiedRecipe
+from neoembed.train.trainer import train
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = REPO / "recipes" / "tiny.yaml"
+RUN = ("steps=4", "save_steps=2", "datasets=[{card: msrp_pairs, max_rows: 48}]")
+
+
+def _recipe(out: Path, model: Path, *overrides: str):
+    return load_recipe(TINY, UnifiedRecipe, [f"model={model}", f"output_dir={out}", *RUN, *overrides])
+
+
+def _steps(out: Path) -> list[int]:
+    return [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def _snapshot(folder: Path) -> dict[str, tuple[int, int]]:
+    return {
+        p.relative_to(folder).as_posix(): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*")
+    }
+
+
+def _cli(capsys, monkeypatch, *args: str) -> tuple[int, str]:
+    """``neoembed ARGS`` in this process (no interpreter start-up): the exit code and stderr + stdout."""
+    from neoembed.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["neoembed", *args])
+    monkeypatch.delenv("NEOEMBED_DEBUG", raising=False)
+    with pytest.raises(SystemExit) as e:
+        main()
+    out = capsys.readouterr()
+    return e.value.code, out.err + out.out
+
+
+# -------------------------------------------------------------------------------------- fault injection
+_AUDIT = {"active": False, "count": 0, "kill_at": None, "seed": 0, "after": None, "hook": False, "out": None}
+_WATCHED = {"open", "os.rename", "os.mkdir", "os.remove", "os.rmdir", "shutil.rmtree", "os.truncate"}
+
+
+def _audit(event, args):
+    """Counts the file operations on checkpoint paths; at the chosen one, tears the file being written in the
+    staging folder to a seeded fraction (a kill in the middle of a write) and SIGKILLs the process."""
+    if not _AUDIT["active"] or event not in _WATCHED or not any("checkpoint" in str(a) for a in args):
+        return
+    _AUDIT["count"] += 1
+    if _AUDIT["after"] is not None:
+        _AUDIT["after"](event, args)
+    if _AUDIT["count"] == _AUDIT["kill_at"]:
+        staged = [p for p in Path(_AUDIT["out"]).glob(".checkpoint-*.partial/**/*") if p.is_file()]
+        if staged:
+            latest = max(staged, key=lambda p: p.stat().st_mtime_ns)
+            fraction = np.random.default_rng(_AUDIT["seed"]).random()
+            os.truncate(latest, int(latest.stat().st_size * fraction))
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _install_audit():
+    if not _AUDIT["hook"]:
+        sys.addaudithook(_audit)  # cannot be removed: inactive (one dict lookup) outside these tests
+        _AUDIT["hook"] = True
+
+
+def _limit_file_size_after_checkpoint_2(event, args):
+    """A full disk from the moment checkpoint-2 is published: no file may grow past 64 KiB."""
+    if event == "os.rename" and str(args[1]).endswith("checkpoint-2"):
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+
+def _child(out: Path, model: Path, kill_at: int | None, seed: int, full_disk: bool) -> None:
+    """In a child process: the tiny run in ``out`` under the audit hook; an exception is written to a file."""
+    after = _limit_file_size_after_checkpoint_2 if full_disk else None
+    _AUDIT.update(active=True, count=0, kill_at=kill_at, seed=seed, out=out, after=after)
+    _install_audit()
+    try:
+        train(_recipe(out, model), recipe_dir=TINY.parent)
+    except BaseException as e:  # noqa: BLE001 - reported through a file and the exit code
+        Path(out, "child_error.txt").write_text(f"{type(e).__name__}: {e}")
+        os._exit(3)
+    os._exit(0)
+
+
+def _in_child(*args) -> int:
+    """Run :func:`_child` in a process forked from a forkserver (which has imported the trainer but never run
+    OpenMP: a child forked from this process would hang in libgomp); returns its exit code (-9: SIGKILL)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["neoembed.train.trainer"])
+    proc = ctx.Process(target=_child, args=args)
+    proc.start()
+    proc.join(600)
+    return proc.exitcode
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, tiny_official):
+    """An uninterrupted 4-step run (checkpoints 2 and 4, final model), and how many checkpoint file operations
+    it made (the range the kills are drawn from)."""
+    _install_audit()
+    out = tmp_path_factory.mktemp("runs") / "finished"
+    _AUDIT.update(active=True, count=0, kill_at=None, out=out)
+    try:
+        train(_recipe(out, tiny_official), recipe_dir=TINY.parent)
+    finally:
+        _AUDIT["active"] = False
+    return out, _AUDIT["count"]
+
+
+def _same_weights(a: Path, b: Path) -> None:
+    x, y = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
+    assert x.keys() == y.keys()
+    for k in x:
+        assert torch.equal(x[k], y[k]), k
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_sigkill_during_a_checkpoint_write_then_resume_equals_uninterrupted(
+    tmp_path, tiny_official, finished, seed
+):
+    ref, n_events = finished
+    out = tmp_path / "killed"
+    kill_at = int(np.random.default_rng(seed).integers(1, n_events + 1))
+    assert _in_child(out, tiny_official, kill_at, seed, False) == -signal.SIGKILL, kill_at
+    complete = [c for c in list_checkpoints(out) if verify_checkpoint(c) is None]
+    if complete:
+        train(_recipe(out, tiny_official), recipe_dir=TINY.parent, resume=True)
+    else:  # killed inside the first checkpoint: nothing to resume, and --resume says so
+        with pytest.raises(OutputDirError, match="no complete checkpoint"):
+            train(_recipe(out, tiny_official), recipe_dir=TINY.parent, resume=True)
+        train(_recipe(out, tiny_official), recipe_dir=TINY.parent, overwrite=True)
+    _same_weights(out, ref)
+    assert _steps(out) == [1, 2, 3, 4]  # every step logged once
+    assert not list(out.glob(".checkpoint-*"))  # no staging folder left
+
+
+def test_poor_full_disk_during_a_checkpoint_leaves_the_previous_one_intact(tmp_path, tiny_official, finished):
+    """RLIMIT_FSIZE (a file may not grow past 64 KiB) set once checkpoint-2 is published: checkpoint-4's weights
+    cannot be written. The run ends with a clear error naming checkpoint-2, which resumes to the same model."""
+    ref, _ = finished
+    out = tmp_path / "full"
+
+    assert _in_child(out, tiny_official, None, 0, True) == 3
+    error = (out / "child_error.txt").read_text()
+    (out / "child_error.txt").unlink()
+    assert error.startswith(CheckpointWriteError.__name__) and "checkpoint-4" in error
+    assert "File too large" in error and str(out / "checkpoint-2") in error and "intact" in error
+    assert [c.name for c in list_checkpoints(out)] == ["checkpoint-2"] and verify_checkpoint(
+        out / "checkpoint-2"
+    ) is None
+    assert not list(out.glob(".checkpoint-*"))
+    train(_recipe(out, tiny_official), recipe_dir=TINY.parent, resume=True)
+    _same_weights(out, ref)
+
+
+# ------------------------------------------------------------------------------------------- numbered cases
+def test_case_1_a_finished_run_is_not_replaced_without_a_flag(
+    tmp_path, tiny_official, finished, capsys, monkeypatch
+):
+    ref, _ = finished
+    before = _snapshot(ref)
+    code, err = _cli(
+        capsys, monkeypatch, "train", str(TINY), f"model={tiny_official}", f"output_dir={ref}", "steps=3"
+    )
+    assert code == 2 and "is not empty" in err and "--resume" in err and "--overwrite" in err
+    assert "Traceback" not in err and _snapshot(ref) == before  # nothing deleted, rotated or added
+
+
+def test_case_2_resume_refuses_another_run_and_names_the_differences(tmp_path, tiny_official, finished):
+    ref, _ = finished
+    before = _snapshot(ref)
+    with pytest.raises(OutputDirError, match=r"optimizer\.lr: 0\.001 in the folder's run, 0\.5 now"):
+        train(_recipe(ref, tiny_official, "optimizer.lr=0.5"), recipe_dir=TINY.parent, resume=True)
+    with pytest.raises(OutputDirError, match=r"checkpoint-4 is at step 4, past this run's steps=3"):
+        train(_recipe(ref, tiny_official, "steps=3"), recipe_dir=TINY.parent, resume=True)
+    assert _snapshot(ref) == before
+
+
+def test_case_3_metrics_are_trimmed_to_the_resumed_step(tmp_path, tiny_official, finished):
+    """Killed after step 3 with save_steps=2: metrics.jsonl holds steps 1-3 (and a torn 4th line), the newest
+    checkpoint is 2. The resume logs 3 and 4 again, once each; the curves are drawn from those rows."""
+    ref, _ = finished
+    out = tmp_path / "run"
+    out.mkdir()
+    for name in ("checkpoint-2", "run_record.json"):
+        (shutil.copytree if name.startswith("check") else shutil.copy)(ref / name, out / name)
+    rows = (ref / "metrics.jsonl").read_text().splitlines()
+    (out / "metrics.jsonl").write_text("\n".join(rows[:3]) + '\n{"step": 4, "lo')
+    train(_recipe(out, tiny_official), recipe_dir=TINY.parent, resume=True)
+    assert _steps(out) == [1, 2, 3, 4]
+    assert (out / "metrics.jsonl").read_text().splitlines()[:2] == rows[:2]
+    assert (out / "training_curves.png").stat().st_size > 1000
+    _same_weights(out, ref)
+
+
+def test_case_4_steps_zero_is_refused_before_the_model_loads(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "o"
+    code, err = _cli(
+        capsys, monkeypatch, "train", str(TINY), "model=does/not/exist", f"output_dir={out}", "steps=0"
+    )
+    assert code == 2 and "'steps'" in err and "greater than 0" in err and "got 0" in err
+    assert str(TINY) in err and not out.exists()  # the model path was never tried, nothing was written
+
+
+def test_case_5_to_7_the_run_records_the_negatives_it_trained_with(tmp_path, tiny_official, finished):
+    from neoembed.train.trainer import prepare_datasets
+
+    ref, _ = finished
+    assert json.loads((ref / "run_record.json").read_text())["negatives_per_query"] == {"msrp_pairs": 0}
+    rows = [{"q": f"query {i}", "p": f"positive {i}", "n": [f"neg {i}a", f"neg {i}b"]} for i in range(20)]
+    data = tmp_path / "negs.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    card = tmp_path / "negs.yaml"
+    card.write_text(
+        f"name: negs\nsource: {{local: {{path: {data}}}}}\ncolumns: {{query: q, positive: p, negatives: [n]}}\n"
+    )
+    recipe = _recipe(tmp_path / "x", tiny_official, f"datasets=[{{card: {card}, batch_size: 4}}]")
+    datasets, _, _ = prepare_datasets(recipe, TINY.parent)
+    assert datasets["negs"].column_names == ["query", "positive", "negative_1", "negative_2"]
+
+
+def test_case_8_a_results_folder_belongs_to_one_model(tmp_path, tiny_official, capsys, monkeypatch):
+    a, b = tmp_path / "a" / "checkpoint-8", tmp_path / "b" / "checkpoint-8"
+    for folder, seed in ((a, 0), (b, 1)):
+        folder.mkdir(parents=True)
+        for f in tiny_official.iterdir():
+            shutil.copy(f, folder / f.name)
+        weights = load_file(str(folder / "model.safetensors"))
+        weights = {k: v + seed for k, v in weights.items()}
+        from safetensors.torch import save_file
+
+        save_file(weights, str(folder / "model.safetensors"))
+    assert default_results_dir(str(a)) != default_results_dir(str(b))  # same basename, different folders
+    assert default_results_dir(str(a)).name.startswith("checkpoint-8-")
+    results = tmp_path / "results"
+    claim_results_dir(results, str(a), overwrite=False)
+    (results / "STS16.json").write_text("{}")
+    claim_results_dir(results, str(a), overwrite=False)  # the same model again: its results are kept
+    code, err = _cli(
+        capsys, monkeypatch, "mteb", "--model", str(b), "--output", str(results), "--tasks", "STS16"
+    )
+    assert code == 2 and str(a) in err and str(b) in err and "--overwrite" in err
+    assert json.loads((results / MODEL_RECORD).read_text())["model"] == str(a.resolve())
+    # the same path with other weights (retrained in place) is another model too
+    shutil.copy(b / "model.safetensors", a / "model.safetensors")
+    with pytest.raises(OutputDirError, match="holds the scores of"):
+        claim_results_dir(results, str(a), overwrite=False)
+    claim_results_dir(results, str(b), overwrite=True)  # --overwrite: the old model's results go
+    assert not (results / "STS16.json").exists()
+
+
+def test_case_9_convert_refuses_a_used_folder(tmp_path, tiny_official, capsys, monkeypatch):
+    dst = tmp_path / "trained"
+    code, _ = _cli(capsys, monkeypatch, "convert", str(tiny_official), str(dst))
+    assert code == 0
+    before = _snapshot(dst)
+    code, err = _cli(capsys, monkeypatch, "convert", str(tiny_official), str(dst), "--to", "official")
+    assert code == 2 and "not empty" in err and "--overwrite" in err and _snapshot(dst) == before
+    code, err = _cli(
+        capsys, monkeypatch, "convert", str(tiny_official), str(dst), "--to", "official", "--overwrite"
+    )
+    assert code == 0, err
+    assert "model.NeoBERT" in (dst / "config.json").read_text()
+    code, err = _cli(capsys, monkeypatch, "convert", str(dst), str(dst), "--overwrite")
+    assert code == 2 and "same folder" in err and (dst / "config.json").is_file()
+
+
+def test_case_10_resume_without_a_checkpoint_is_an_error(tmp_path, tiny_official, capsys, monkeypatch):
+    out = tmp_path / "o"
+    code, err = _cli(
+        capsys, monkeypatch, "train", str(TINY), f"model={tiny_official}", f"output_dir={out}", "--resume"
+    )
+    assert code == 2 and "no run to continue" in err and not out.exists()
+    out.mkdir()
+    (out / "run_record.json").write_text("{}")
+    code, err = _cli(
+        capsys, monkeypatch, "train", str(TINY), f"model={tiny_official}", f"output_dir={out}", "--resume"
+    )
+    assert code == 2 and "no complete checkpoint" in err and "without --resume" in err
+
+
+# ---------------------------------------------------------------------------------------------- poor cases
+def test_poor_truncated_checkpoint_is_skipped_by_name(tmp_path, tiny_official, finished, capsys):
+    ref, _ = finished
+    out = tmp_path / "run"
+    shutil.copytree(ref, out)
+    weights = out / "checkpoint-4" / "model.safetensors"
+    os.truncate(weights, weights.stat().st_size // 2)  # a kill or a full disk in the middle of the write
+    (out / "model.safetensors").unlink()
+    train(_recipe(out, tiny_official), recipe_dir=TINY.parent, resume=True)
+    said = capsys.readouterr().out
+    assert "skipped checkpoint-4: model.safetensors has" in said and "(truncated)" in said
+    assert "resuming from checkpoint-2" in said
+    _same_weights(out, ref)
+
+
+def test_poor_sigint_and_sigterm_exit_130_and_143_after_checkpointing(
+    tmp_path, tiny_official, capsys, monkeypatch
+):
+    from neoembed.train import trainer as trainer_mod
+
+    on_log = trainer_mod._MetricsCallback.on_log
+    sent = {}
+
+    def on_log_then_signal(self, args, state, control, logs=None, **kwargs):
+        on_log(self, args, state, control, logs=logs, **kwargs)
+        if state.global_step == 1:
+            os.kill(os.getpid(), sent["signal"])
+
+    monkeypatch.setattr(trainer_mod._MetricsCallback, "on_log", on_log_then_signal)
+    for sig, code in ((signal.SIGINT, 130), (signal.SIGTERM, 143)):
+        sent["signal"] = sig
+        out = tmp_path / sig.name
+        args = ["train", str(TINY), f"model={tiny_official}", f"output_dir={out}", *RUN]
+        got, err = _cli(capsys, monkeypatch, *args)
+        assert got == code, err
+        assert f"stopped by {sig.name}" in err and "--resume" in err and "Traceback" not in err
+        # the signal lands in step 1's logging, after its step end: the next step ends the run
+        (ckpt,) = list_checkpoints(out)
+        assert ckpt.name in ("checkpoint-1", "checkpoint-2") and str(ckpt) in err
+        assert verify_checkpoint(ckpt) is None and not (out / "model.safetensors").exists()
+
+
+@pytest.mark.parametrize("steps", ["-5", "0"])
+def test_poor_negative_or_zero_steps_fail_before_the_model_loads(tmp_path, capsys, monkeypatch, steps):
+    out = tmp_path / "o"
+    code, err = _cli(
+        capsys, monkeypatch, "train", str(TINY), "model=nowhere", f"output_dir={out}", f"steps={steps}"
+    )
+    assert code == 2 and "'steps': Input should be greater than 0" in err and not out.exists()
+
+
+@pytest.mark.parametrize(
+    "override", ["batch_size=0", "save_steps=0", "logging_steps=-1", "max_length=0", "optimizer.lr=0"]
+)
+def test_poor_recipe_values_are_validated_up_front(tmp_path, capsys, monkeypatch, override):
+    code, err = _cli(
+        capsys, monkeypatch, "train", str(TINY), "model=nowhere", f"output_dir={tmp_path / 'o'}", override
+    )
+    key = override.split("=")[0]
+    assert code == 2 and f"'{key}'" in err and "greater than" in err and not (tmp_path / "o").exists()
+
+
+def test_poor_yaml_syntax_error_names_file_and_line(tmp_path, capsys, monkeypatch):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("seed: 0\nmodel: x\nsteps: [1, 2\nbatch_size: 4\n")
+    code, err = _cli(capsys, monkeypatch, "train", str(bad))
+    assert (
+        code == 2 and str(bad) in err and "not valid YAML" in err and "line" in err and "Traceback" not in err
+    )
+
+
+def test_poor_list_at_the_top_of_a_recipe(tmp_path, capsys, monkeypatch):
+    bad = tmp_path / "list.yaml"
+    bad.write_text("- seed: 0\n- model: x\n")
+    code, err = _cli(capsys, monkeypatch, "train", str(bad))
+    assert code == 2 and str(bad) in err and "mapping" in err and "list" in err
+
+
+def _card(tmp_path: Path, data: Path) -> Path:
+    card = tmp_path / "card.yaml"
+    card.write_text(f"name: mine\nsource: {{local: {{path: {data}}}}}\ncolumns: {{query: q, positive: p}}\n")
+    return card
+
+
+def _train_card(capsys, monkeypatch, tmp_path, card) -> tuple[int, str]:
+    out = tmp_path / "o"
+    args = [
+        "train",
+        str(TINY),
+        "model=nowhere",
+        f"output_dir={out}",
+        f"datasets=[{{card: {card}}}]",
+        "batch_size=2",
+    ]
+    code, err = _cli(capsys, monkeypatch, *args)
+    assert not out.exists()
+    return code, err
+
+
+def test_poor_empty_data_file_is_named(tmp_path, capsys, monkeypatch):
+    data = tmp_path / "empty.jsonl"
+    data.write_text("")
+    code, err = _train_card(capsys, monkeypatch, tmp_path, _card(tmp_path, data))
+    assert code == 2 and "card mine" in err and str(data) in err and "empty" in err
+
+
+def test_poor_malformed_json_line_is_named_by_file_and_line(tmp_path, capsys, monkeypatch):
+    data = tmp_path / "bad.jsonl.gz"
+    lines = [json.dumps({"q": f"q{i}", "p": f"p{i}"}) for i in range(5)]
+    lines.insert(3, '{"q": "broken", "p": ')
+    with gzip.open(data, "wt") as f:
+        f.write("\n".join(lines) + "\n")
+    code, err = _train_card(capsys, monkeypatch, tmp_path, _card(tmp_path, data))
+    assert code == 2 and f"{data}, line 4: not a JSON object" in err and "Traceback" not in err
+
+
+def test_poor_non_utf8_data_is_named(tmp_path, capsys, monkeypatch):
+    data = tmp_path / "latin1.jsonl"
+    data.write_bytes(b'{"q": "a", "p": "b"}\n{"q": "caf\xe9", "p": "d"}\n')
+    code, err = _train_card(capsys, monkeypatch, tmp_path, _card(tmp_path, data))
+    assert code == 2 and f"{data}, line 2: not UTF-8" in err and "0xe9" in err
+
+
+def test_poor_truncated_weights_fail_by_name_before_loading(tmp_path, tiny_official, capsys, monkeypatch):
+    model = tmp_path / "model"
+    shutil.copytree(tiny_official, model)
+    os.truncate(model / "model.safetensors", 1 << 20)
+    with pytest.raises(OutputDirError, match="truncated"):
+        check_weight_files(model)
+    check_weight_files(tiny_official)  # an intact folder passes
+    out = tmp_path / "o"
+    code, err = _cli(capsys, monkeypatch, "train", str(TINY), f"model={model}", f"output_dir={out}", *RUN)
+    assert code == 2 and str(model / "model.safetensors") in err and "truncated" in err
+    assert not out.exists()
+    code, err = _cli(capsys, monkeypatch, "mteb", "--model", str(model), "--output", str(tmp_path / "r"))
+    assert code == 2 and "truncated" in err and not (tmp_path / "r").exists()
+
+
+def test_poor_unknown_mteb_task_fails_before_the_model_loads(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "r"
+    code, err = _cli(
+        capsys, monkeypatch, "mteb", "--model", "nowhere", "--tasks", "STS17x", "--output", str(out)
+    )
+    assert code == 2 and "'STS17x' is not an mteb task" in err and "STS17" in err and not out.exists()
+
+
+def test_poor_batch_size_zero_is_a_usage_error(tmp_path, capsys, monkeypatch):
+    code, err = _cli(capsys, monkeypatch, "mteb", "--model", "nowhere", "--batch-size", "0")
+    assert code == 2 and "Invalid value for '--batch-size'" in err and "greater than or equal to 1" in err
+    code, err = _cli(capsys, monkeypatch, "ppl", "--model", "x", "--data", "y", "--batch-size", "0")
+    assert code == 2 and "--batch-size" in err
+
+
+def test_poor_identical_rows_warn(tmp_path, tiny_official, caplog):
+    from neoembed.train.trainer import prepare_datasets
+
+    data = tmp_path / "same.jsonl"
+    data.write_text(json.dumps({"q": "the same text", "p": "the same text"}) + "\n" * 1)
+    data.write_text((json.dumps({"q": "the same text", "p": "the same text"}) + "\n") * 64)
+    recipe = _recipe(tmp_path / "x", tiny_official, f"datasets=[{{card: {_card(tmp_path, data)}}}]")
+    with caplog.at_level(logging.WARNING, logger="neoembed.runs"):
+        prepare_datasets(recipe, TINY.parent)
+    said = caplog.text
+    assert "64 of 64 pairs have the query equal to its positive" in said
+    assert "63 of 64 pairs repeat another pair" in said
+
+
+def test_poor_zero_loss_and_gradient_for_20_logged_steps_warns(tmp_path, caplog):
+    log = MetricsLog(tmp_path, (), True)
+    with caplog.at_level(logging.WARNING, logger="neoembed.runs"):
+        for step in range(1, 20):
+            log.write({"step": step, "loss": 0.0, "grad_norm": 0.0})
+        assert "degenerate" not in caplog.text  # 19 rows: not yet
+        log.write({"step": 20, "loss": 0.0, "grad_norm": 0.0})
+        log.write({"step": 21, "loss": 0.0, "grad_norm": 0.0})
+    assert caplog.text.count("degenerate training") == 1 and "up to step 20" in caplog.text
+    log = MetricsLog(tmp_path / "b", (), True)
+    (tmp_path / "b").mkdir()
+    for step in range(1, 40):  # a non-zero row in between resets the count
+        log.write({"step": step, "loss": 0.0 if step % 15 else 0.5, "grad_norm": 0.0})
+    assert not log.degenerate_warned
+
+
+# ------------------------------------------------------------------------------------------ the helpers
+def test_prepare_output_dir_rules(tmp_path):
+    out = tmp_path / "o"
+    assert prepare_output_dir(out, overwrite=False, resume=False) is None and not out.exists()
+    out.mkdir()
+    assert prepare_output_dir(out, overwrite=False, resume=False) is None  # empty: fine
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(OutputDirError, match=r"not empty \(it holds notes.txt\)"):
+        prepare_output_dir(out, overwrite=False, resume=False)
+    with pytest.raises(OutputDirError, match="no neoembed command wrote it"):
+        prepare_output_dir(out, overwrite=True, resume=False)  # never clears a folder that is not ours
+    assert (out / "notes.txt").is_file()
+    (out / "run_record.json").write_text(json.dumps({"resume_settings": {"steps": 8, "seed": 0}}))
+    prepare_output_dir(out, overwrite=True, resume=False)
+    assert not any(out.iterdir())
+    with pytest.raises(OutputDirError, match="exclude each other"):
+        prepare_output_dir(out, overwrite=True, resume=True)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(OutputDirError, match="is a file"):
+        prepare_output_dir(tmp_path / "file", overwrite=False, resume=False)
+
+
+def _stage(out: Path, step: int, payload: bytes) -> Path:
+    staged = stage_checkpoint(out, step)
+    (staged / "sub").mkdir()
+    (staged / "sub" / "weights.bin").write_bytes(payload)
+    (staged / "state.json").write_text(json.dumps({"step": step}))
+    return commit_checkpoint(staged, step, keep=2, settings={"seed": 0, "steps": 9})
+
+
+def test_checkpoints_are_sealed_verified_and_rotated(tmp_path, caplog):
+    out = tmp_path / "run"
+    out.mkdir()
+    for step in (1, 2, 3):
+        _stage(out, step, bytes([step]) * 1000)
+    assert [c.name for c in list_checkpoints(out)] == ["checkpoint-2", "checkpoint-3"]  # keep=2
+    marker = json.loads((out / "checkpoint-3" / CHECKPOINT_MARKER).read_text())
+    assert set(marker["files"]) == {"sub/weights.bin", "state.json"} and marker["step"] == 3
+    assert find_resume_checkpoint(out) == out / "checkpoint-3"
+    (out / "checkpoint-3" / "sub" / "weights.bin").write_bytes(b"\0" * 1000)  # same size, other bytes
+    assert "checksum" in verify_checkpoint(out / "checkpoint-3")
+    stage_checkpoint(out, 4)  # an interrupted write
+    with caplog.at_level(logging.WARNING, logger="neoembed.runs"):
+        assert find_resume_checkpoint(out) == out / "checkpoint-2"
+    assert (
+        ".checkpoint-4.partial: an unfinished write" in caplog.text
+        and "checkpoint-3: sub/weights.bin" in caplog.text
+    )
+    (out / "checkpoint-2" / CHECKPOINT_MARKER).unlink()
+    with pytest.raises(
+        OutputDirError, match="no complete checkpoint.*checkpoint-2: no checkpoint_complete.json"
+    ):
+        find_resume_checkpoint(out)
+    again = _stage(out, 2, b"x" * 10)  # a checkpoint of the same step replaces the old one whole
+    assert verify_checkpoint(again) is None and (again / "sub" / "weights.bin").read_bytes() == b"x" * 10
+
+
+def test_trim_metrics_drops_later_and_torn_rows(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(
+        "".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in range(1, 7)) + '{"step": 7, "lo'
+    )
+    trim_metrics(path, 4)
+    assert [json.loads(r)["step"] for r in path.read_text().splitlines()] == [1, 2, 3, 4]
+
+
+def test_check_pairs_quiet_on_real_pairs(shared_dir):
+    rows = [
+        json.loads(line) for line in gzip.open(shared_dir / "data/train/msrp_pairs/train.jsonl.gz", "rt")
+    ][:200]
+    assert check_pairs("msrp", [r["query"] for r in rows], [r["positive"] for r in rows]) == []
+
+
+def test_poor_task_folder_without_its_split_fails_before_the_model_loads(
+    shared_dir, tmp_path, capsys, monkeypatch
+):
+    data = tmp_path / "data" / "STS16"
+    data.mkdir(parents=True)
+    shutil.copy(
+        shared_dir / "data" / "mteb" / "STS16" / "test.jsonl.gz", data / "train.jsonl.gz"
+    )  # wrong split
+    out = tmp_path / "r"
+    args = [
+        "mteb",
+        "--model",
+        "nowhere",
+        "--data-dir",
+        str(data.parent),
+        "--tasks",
+        "STS16",
+        "--output",
+        str(out),
+    ]
+    code, err = _cli(capsys, monkeypatch, *args)
+    assert (
+        code == 2 and f"{data}: task STS16 is evaluated on split(s) ['test'], the folder has ['train']" in err
+    )
+    assert "add test.jsonl.gz" in err and not out.exists()
+
+
+def test_preprocess_resumes_only_a_folder_of_the_same_inputs(tmp_path, tiny_official, capsys, monkeypatch):
+    text = tmp_path / "a.txt"
+    text.write_text("".join(f"document number {i} about neobert\n" for i in range(40)))
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    args = ["preprocess", str(text), "--tokenizer", str(tiny_official)]
+    code, err = _cli(capsys, monkeypatch, args[0], args[1], str(other), *args[2:])
+    assert code == 2 and "no meta.json" in err and (other / "notes.txt").read_text() == "mine"
+    out = tmp_path / "shards"
+    assert _cli(capsys, monkeypatch, args[0], args[1], str(out), *args[2:])[0] == 0
+    meta = json.loads((out / "meta.json").read_text())
+    # the folder's shards came from another tokenizer of the same name and size (a retrained local one)
+    (out / "meta.json").write_text(json.dumps({**meta, "vocab_sha256": "0" * 64}))
+    code, err = _cli(capsys, monkeypatch, args[0], args[1], str(out), *args[2:])
+    assert code == 2 and "another tokenizer" in err and "vocab_sha256" in err
+
+
+def test_ppl_refuses_a_used_output_folder_before_loading(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "ppl"
+    out.mkdir()
+    (out / "ppl.json").write_text("{}")
+    code, err = _cli(
+        capsys, monkeypatch, "ppl", "--model", "nowhere", "--data", str(tmp_path), "--out", str(out)
+    )
+    assert (
+        code == 2 and "not empty" in err and "--overwrite" in err and (out / "ppl.json").read_text() == "{}"
+    )
