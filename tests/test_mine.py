@@ -279,6 +279,7 @@ def test_interrupted_run_resumed_equals_uninterrupted(mined, card, tiny_official
     assert again.counts == resumed.counts  # a finished run is not redone
 
 
+@pytest.mark.slow  # two spawned processes each import torch and sentence-transformers: 143-249 s here at load 12-18
 def test_two_cpu_workers_equal_one(mined, card, tiny_official, tmp_path):
     result, _ = mined
     two = mine_negatives(
@@ -300,16 +301,16 @@ def test_cross_encoder_rescoring(card, tiny_official, tmp_path):
     head = Dense(64, 1, activation_function=None, module_output_name="scores")
     CrossEncoder(modules=[backbone, Pooling(64, "cls"), head], device="cpu").save(str(tmp_path / "ce"))
     cfg = MineConfig(
-        **{**SETTINGS, "max_score": None, "margin": None, "max_fraction": 0.9},
+        **{**SETTINGS, "max_score": None, "margin": None, "max_fraction": 0.9, "max_rows": 80},
         cross_encoder=str(tmp_path / "ce"),
     )
     result = mine_negatives(card, tiny_official, tmp_path / "out", config=cfg, progress=False)
     rows = _rows(result.data)
-    assert result.counts["rows_written"] == len(rows) > 20
+    assert result.counts["rows_written"] == len(rows) > 10
     assert result.counts["candidates"]["above_fraction"] > 0
     ce = CrossEncoder(str(tmp_path / "ce"))
     pairs = _rows(card.parent / "pairs.jsonl")
-    for row in rows[:20]:
+    for row in rows[:10]:
         negs = [row[f"negative_{j + 1}"] for j in range(cfg.num_negatives)]
         neg_scores = ce.predict([(row["query"], n) for n in negs])
         pos_score = min(

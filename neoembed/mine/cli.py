@@ -7,88 +7,80 @@ from typing import Annotated
 
 import typer
 
-_RANK = "Ranks"
-_FILTER = "Filters"
-_INDEX = "Index"
-_RUN = "Run"
+
+def _opt(flag: str, help: str | None = None, panel: str | None = None, *aliases: str):
+    return typer.Option(flag, *aliases, help=help, rich_help_panel=panel)
+
+
+# the options, declared once here so that the command's signature stays readable
+Card = Annotated[str, typer.Argument(help="Data card (path or shipped name) whose queries get negatives.")]
+Model = Annotated[str, _opt("--model", "Embedding model (folder or hub id) used to mine.")]
+Out = Annotated[Path, _opt("--out", "Output folder (must be empty unless --resume).")]
+Corpus = Annotated[str | None, _opt("--corpus", "Another card whose documents join the card's positives.")]
+CardDir = Annotated[list[str] | None, _opt("--card-dir", "Folder searched for card names (repeatable).")]
+NumNegatives = Annotated[int, _opt("--num-negatives", None, "Ranks", "-k")]
+RangeMin = Annotated[int, _opt("--range-min", "Skip the most similar ranks (0 = top).", "Ranks")]
+RangeMax = Annotated[int, _opt("--range-max", "Search depth: ranks below this.", "Ranks")]
+MaxFraction = Annotated[
+    float | None,
+    _opt(
+        "--max-fraction",
+        "Keep scores <= pos - (1-f)*|pos| (0.95: NV-Retriever's TopK-PercPos); 1 disables.",
+        "Filters",
+    ),
+]
+Margin = Annotated[float | None, _opt("--margin", "Keep scores <= positive score - margin.", "Filters")]
+MaxScore = Annotated[float | None, _opt("--max-score", "Keep scores <= this.", "Filters")]
+DupThreshold = Annotated[
+    float, _opt("--duplicate-threshold", "Cosine to a positive that marks a near-duplicate.", "Filters")
+]
+CrossEncoderPath = Annotated[
+    str | None, _opt("--cross-encoder", "Rescore candidates with this cross-encoder.", "Filters")
+]
+Index = Annotated[str, _opt("--index", "flat (exact), ivf, hnsw or ivfpq.", "Index")]
+NList = Annotated[int | None, _opt("--nlist", "ivf/ivfpq lists (default ~4 sqrt(N)).", "Index")]
+NProbe = Annotated[int, _opt("--nprobe", "ivf/ivfpq lists searched.", "Index")]
+PqM = Annotated[int, _opt("--pq-m", "ivfpq: bytes per document.", "Index")]
+HnswM = Annotated[int, _opt("--hnsw-m", "hnsw: links per node.", "Index")]
+EfSearch = Annotated[int, _opt("--ef-search", "hnsw: search breadth.", "Index")]
+Gpu = Annotated[str, _opt("--gpu", "auto, on or off (faiss-gpu index).", "Index")]
+ShardSize = Annotated[int, _opt("--shard-size", "Documents per embedding shard on disk.", "Run")]
+BatchSize = Annotated[int, _opt("--batch-size", None, "Run")]
+MaxLength = Annotated[int, _opt("--max-length", None, "Run")]
+MaxRows = Annotated[int | None, _opt("--max-rows", None, "Run")]
+Workers = Annotated[int, _opt("--workers", "Encoding processes (CPU) or GPUs.", "Run")]
+Name = Annotated[str | None, _opt("--name", "Name of the written card.", "Run")]
+Resume = Annotated[bool, _opt("--resume", "Continue an interrupted run in --out.", "Run")]
 
 
 def mine_command(
-    card: Annotated[
-        str, typer.Argument(help="Data card (path or shipped name) whose queries get negatives.")
-    ],
-    model: Annotated[str, typer.Option("--model", help="Embedding model (folder or hub id) used to mine.")],
-    out: Annotated[Path, typer.Option("--out", help="Output folder (must be empty unless --resume).")],
-    corpus: Annotated[
-        str | None, typer.Option("--corpus", help="Another card whose documents join the card's positives.")
-    ] = None,
-    card_dir: Annotated[
-        list[str] | None, typer.Option("--card-dir", help="Folder searched for card names (repeatable).")
-    ] = None,
-    num_negatives: Annotated[int, typer.Option("--num-negatives", "-k", rich_help_panel=_RANK)] = 5,
-    range_min: Annotated[
-        int, typer.Option("--range-min", help="Skip the most similar ranks (0 = top).", rich_help_panel=_RANK)
-    ] = 0,
-    range_max: Annotated[
-        int, typer.Option("--range-max", help="Search depth: ranks below this.", rich_help_panel=_RANK)
-    ] = 30,
-    max_fraction: Annotated[
-        float | None,
-        typer.Option(
-            "--max-fraction",
-            help="Keep scores <= pos - (1-f)*|pos| (0.95: NV-Retriever's TopK-PercPos); 1 disables.",
-            rich_help_panel=_FILTER,
-        ),
-    ] = 0.95,
-    margin: Annotated[
-        float | None,
-        typer.Option("--margin", help="Keep scores <= positive score - margin.", rich_help_panel=_FILTER),
-    ] = None,
-    max_score: Annotated[
-        float | None, typer.Option("--max-score", help="Keep scores <= this.", rich_help_panel=_FILTER)
-    ] = None,
-    duplicate_threshold: Annotated[
-        float,
-        typer.Option(
-            "--duplicate-threshold",
-            help="Cosine to a positive that marks a near-duplicate.",
-            rich_help_panel=_FILTER,
-        ),
-    ] = 0.98,
-    cross_encoder: Annotated[
-        str | None,
-        typer.Option(
-            "--cross-encoder", help="Rescore candidates with this cross-encoder.", rich_help_panel=_FILTER
-        ),
-    ] = None,
-    index: Annotated[
-        str, typer.Option("--index", help="flat (exact), ivf, hnsw or ivfpq.", rich_help_panel=_INDEX)
-    ] = "flat",
-    nlist: Annotated[int | None, typer.Option("--nlist", rich_help_panel=_INDEX)] = None,
-    nprobe: Annotated[int, typer.Option("--nprobe", rich_help_panel=_INDEX)] = 16,
-    pq_m: Annotated[
-        int, typer.Option("--pq-m", help="ivfpq: bytes per document.", rich_help_panel=_INDEX)
-    ] = 16,
-    hnsw_m: Annotated[int, typer.Option("--hnsw-m", rich_help_panel=_INDEX)] = 32,
-    ef_search: Annotated[int, typer.Option("--ef-search", rich_help_panel=_INDEX)] = 128,
-    gpu: Annotated[
-        str, typer.Option("--gpu", help="auto, on or off (faiss-gpu index).", rich_help_panel=_INDEX)
-    ] = "auto",
-    shard_size: Annotated[
-        int, typer.Option("--shard-size", help="Documents per embedding shard on disk.", rich_help_panel=_RUN)
-    ] = 50_000,
-    batch_size: Annotated[int, typer.Option("--batch-size", rich_help_panel=_RUN)] = 64,
-    max_length: Annotated[int, typer.Option("--max-length", rich_help_panel=_RUN)] = 256,
-    max_rows: Annotated[int | None, typer.Option("--max-rows", rich_help_panel=_RUN)] = None,
-    workers: Annotated[
-        int, typer.Option("--workers", help="Encoding processes (CPU) or GPUs.", rich_help_panel=_RUN)
-    ] = 1,
-    name: Annotated[
-        str | None, typer.Option("--name", help="Name of the written card.", rich_help_panel=_RUN)
-    ] = None,
-    resume: Annotated[
-        bool, typer.Option("--resume", help="Continue an interrupted run in --out.", rich_help_panel=_RUN)
-    ] = False,
+    card: Card,
+    model: Model,
+    out: Out,
+    corpus: Corpus = None,
+    card_dir: CardDir = None,
+    num_negatives: NumNegatives = 5,
+    range_min: RangeMin = 0,
+    range_max: RangeMax = 30,
+    max_fraction: MaxFraction = 0.95,
+    margin: Margin = None,
+    max_score: MaxScore = None,
+    duplicate_threshold: DupThreshold = 0.98,
+    cross_encoder: CrossEncoderPath = None,
+    index: Index = "flat",
+    nlist: NList = None,
+    nprobe: NProbe = 16,
+    pq_m: PqM = 16,
+    hnsw_m: HnswM = 32,
+    ef_search: EfSearch = 128,
+    gpu: Gpu = "auto",
+    shard_size: ShardSize = 50_000,
+    batch_size: BatchSize = 64,
+    max_length: MaxLength = 256,
+    max_rows: MaxRows = None,
+    workers: Workers = 1,
+    name: Name = None,
+    resume: Resume = False,
 ) -> None:
     """Mine hard negatives for a card with faiss; write OUT/<name>.yaml (a training card) and OUT/<name>.jsonl."""
     from pydantic import ValidationError
