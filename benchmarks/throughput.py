@@ -183,7 +183,7 @@ def official_comparison(checkout: Path, reps: int, compiled: bool, commit: str |
         variants["neoembed compiled"] = lambda ids, mask: fast(input_ids=ids, attention_mask=mask)
     rows, load = [], os.getloadavg()
     for case, (ids, mask) in official_inputs(real_texts()).items():
-        if cases and not any(c in case for c in cases):
+        if cases and not any(case.startswith(c) for c in cases):
             continue
         runs = {
             "official": lambda ids=ids, mask=mask: official_forward(
@@ -288,7 +288,7 @@ def main() -> None:
     p.add_argument(
         "--compile", action="store_true", help="with --official: also time torch.compile(neoembed)"
     )
-    p.add_argument("--case", action="append", default=[], help="with --official: only the cases naming this")
+    p.add_argument("--case", action="append", default=[], help="with --official: only the cases whose name starts with this")
     args = p.parse_args()
     if args.official is not None:
         official_comparison(args.official, args.reps or 5, args.compile, args.official_commit, args.case)
