@@ -165,9 +165,12 @@ def official_inputs(tok_texts: list[str]):
         if len(picked) == 16:
             break
     enc = tok(list(picked.values()), padding=True, truncation=True, max_length=512, return_tensors="pt")
+    n = enc["attention_mask"].sum(1)
+    # named after what was found: ../shared/data may not fill all 16 bins (its texts may be shorter)
+    name = f"padded real text {len(picked)} texts of {int(n.min())}-{int(n.max())} tokens"
     return {
         "unpadded 4x512": (unpadded, torch.ones_like(unpadded)),
-        "padded real text 16x(20-400)": (enc["input_ids"], enc["attention_mask"]),
+        name: (enc["input_ids"], enc["attention_mask"]),
     }
 
 
@@ -288,7 +291,12 @@ def main() -> None:
     p.add_argument(
         "--compile", action="store_true", help="with --official: also time torch.compile(neoembed)"
     )
-    p.add_argument("--case", action="append", default=[], help="with --official: only the cases whose name starts with this")
+    p.add_argument(
+        "--case",
+        action="append",
+        default=[],
+        help="with --official: only the cases whose name starts with this",
+    )
     args = p.parse_args()
     if args.official is not None:
         official_comparison(args.official, args.reps or 5, args.compile, args.official_commit, args.case)
