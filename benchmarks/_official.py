@@ -42,12 +42,20 @@ def _refuse(*args, **kwargs):
 
 
 def official_commit(checkout: Path) -> str:
-    """The checkout's git commit, or the content of a COMMIT file beside the sources, else 'unknown'."""
-    run = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True)
-    if run.returncode == 0:
+    """A COMMIT file beside the sources (an exported copy), else the commit of the checkout when it is the top of
+    its own git repository (not a folder inside another one), else 'unknown'."""
+    marker = Path(checkout) / "COMMIT"
+    if marker.is_file():
+        return marker.read_text().strip()
+    top = subprocess.run(
+        ["git", "-C", str(checkout), "rev-parse", "--show-toplevel"], capture_output=True, text=True
+    )
+    if top.returncode == 0 and Path(top.stdout.strip()).resolve() == Path(checkout).resolve():
+        run = subprocess.run(
+            ["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True
+        )
         return run.stdout.strip()
-    marker = checkout / "COMMIT"
-    return marker.read_text().strip() if marker.is_file() else "unknown"
+    return "unknown"
 
 
 def load_official(checkout: Path) -> types.ModuleType:
