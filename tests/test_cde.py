@@ -458,7 +458,11 @@ def test_two_processes_run_the_cde_recipe(tmp_path, tiny_official):
     assert r.returncode == 0, r.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [1, 2, 3] and all(row["world_size"] == 2 for row in rows)
-    assert (out / "checkpoint-2" / "state.pt").is_file()
+    from neoembed.runs import verify_checkpoint
+
+    # the one checkpoint format of neoembed.loop: accelerate's state + trainer_state.json, sealed by its marker
+    assert (out / "checkpoint-2" / "trainer_state.json").is_file() and (out / "checkpoint-2" / "state").is_dir()
+    assert verify_checkpoint(out / "checkpoint-2") is None
     assert neoembed.load(out).n_context == 8
     assert os.environ.get("WORLD_SIZE") is None  # nothing leaked into this process
 
