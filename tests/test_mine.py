@@ -15,6 +15,7 @@ import yaml
 from neoembed.mine import MineConfig, mine_negatives
 from neoembed.mine.filters import text_key
 from neoembed.mine.search import EmbeddingShards, search, write_shard
+from neoembed.runs import OutputDirError
 
 REPO = Path(__file__).resolve().parents[1]
 INSTRUCTION = "Retrieve semantically similar text."
@@ -263,7 +264,7 @@ def test_interrupted_run_resumed_equals_uninterrupted(mined, card, tiny_official
     with pytest.raises(KeyboardInterrupt):
         mine_negatives(card, tiny_official, out, config=cfg, progress=False)
     assert len(list((out / ".mine").glob("corpus-*.npy"))) == 2
-    with pytest.raises(FileExistsError, match="pass --resume"):
+    with pytest.raises(OutputDirError, match="pass --resume"):
         mine_negatives(card, tiny_official, out, config=cfg, progress=False)
     with pytest.raises(ValueError, match="settings.range_max differ"):
         mine_negatives(card, tiny_official, out, config=cfg.model_copy(update={"range_max": 17}), resume=True)
@@ -335,6 +336,10 @@ def test_cli_mine_writes_a_card_and_refuses_a_non_empty_folder(
     with pytest.raises(SystemExit) as e:  # the same command again: the folder is not empty
         main()
     assert e.value.code == 2 and "pass --resume" in capsys.readouterr().err
+    monkeypatch.setattr(sys, "argv", [*argv, "--range-max", "8", "--max-rows", "60", "--overwrite"])
+    with pytest.raises(SystemExit) as e:  # --overwrite replaces the mining run it wrote
+        main()
+    assert e.value.code in (0, None) and "wrote" in capsys.readouterr().out
     monkeypatch.setattr(sys, "argv", [*argv, "--range-max", "1"])
     with pytest.raises(SystemExit) as e:
         main()

@@ -15,7 +15,7 @@ def _opt(flag: str, help: str | None = None, panel: str | None = None, *aliases:
 # the options, declared once here so that the command's signature stays readable
 Card = Annotated[str, typer.Argument(help="Data card (path or shipped name) whose queries get negatives.")]
 Model = Annotated[str, _opt("--model", "Embedding model (folder or hub id) used to mine.")]
-Out = Annotated[Path, _opt("--out", "Output folder (must be empty unless --resume).")]
+Out = Annotated[Path, _opt("--out", "Output folder (must be empty unless --resume or --overwrite).")]
 Corpus = Annotated[str | None, _opt("--corpus", "Another card whose documents join the card's positives.")]
 CardDir = Annotated[list[str] | None, _opt("--card-dir", "Folder searched for card names (repeatable).")]
 NumNegatives = Annotated[int, _opt("--num-negatives", None, "Ranks", "-k")]
@@ -51,6 +51,7 @@ MaxRows = Annotated[int | None, _opt("--max-rows", None, "Run")]
 Workers = Annotated[int, _opt("--workers", "Encoding processes (CPU) or GPUs.", "Run")]
 Name = Annotated[str | None, _opt("--name", "Name of the written card.", "Run")]
 Resume = Annotated[bool, _opt("--resume", "Continue an interrupted run in --out.", "Run")]
+Overwrite = Annotated[bool, _opt("--overwrite", "Replace the mining run in a non-empty --out.", "Run")]
 
 
 def mine_command(
@@ -81,6 +82,7 @@ def mine_command(
     workers: Workers = 1,
     name: Name = None,
     resume: Resume = False,
+    overwrite: Overwrite = False,
 ) -> None:
     """Mine hard negatives for a card with faiss; write OUT/<name>.yaml (a training card) and OUT/<name>.jsonl."""
     from pydantic import ValidationError
@@ -100,7 +102,14 @@ def mine_command(
     except ValidationError as e:
         raise ValueError(format_validation_error(e, MineConfig, "neoembed mine options")) from None
     result = mine_negatives(
-        card, model, out, corpus=corpus, config=config, resume=resume, card_dirs=card_dir or []
+        card,
+        model,
+        out,
+        corpus=corpus,
+        config=config,
+        resume=resume,
+        overwrite=overwrite,
+        card_dirs=card_dir or [],
     )
     c = result.counts
     typer.echo(

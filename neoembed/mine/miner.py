@@ -48,6 +48,7 @@ from neoembed.mine.filters import select_negatives, text_key
 from neoembed.mine.search import EmbeddingShards, search, write_shard
 from neoembed.recipe import StrictModel, format_validation_error
 from neoembed.record import atomic_write_text, file_sha256
+from neoembed.runs import OutputDirError, prepare_output_dir
 
 __all__ = ["MineConfig", "MineResult", "mine_negatives"]
 
@@ -120,13 +121,15 @@ def mine_negatives(
     corpus: str | Path | Sequence[str] | None = None,
     config: MineConfig | None = None,
     resume: bool = False,
+    overwrite: bool = False,
     card_dirs: Sequence[str | Path] = (),
     progress: bool = True,
 ) -> MineResult:
     """Mine hard negatives for ``card`` with ``model`` and write ``out/<name>.yaml`` + ``.jsonl``.
 
     ``corpus``: another card (name or path) whose documents join the card's positives, or a list of texts.
-    ``resume``: continue a run interrupted in ``out`` (same settings); without it a non-empty ``out`` is refused.
+    ``resume``: continue a run interrupted in ``out`` (same settings); ``overwrite``: replace the mining run in
+    ``out``; without either a non-empty ``out`` is refused.
     """
     cfg = config or MineConfig()
     out = Path(out)
@@ -139,7 +142,7 @@ def mine_negatives(
         corpus_card = (*load_card(corpus_path), corpus_path)
     fingerprint = _fingerprint(src_path, model, cfg, corpus, corpus_card)
     state = out / ".mine"
-    if _prepare_output_dir(out, state, name, fingerprint, resume):
+    if _prepare_output_dir(out, state, name, fingerprint, resume, overwrite):
         logger.warning("%s already holds a finished run (%s.yaml); nothing to do", out, name)
         return MineResult(
             out / f"{name}.yaml",
@@ -198,27 +201,28 @@ def _fingerprint(src_path: Path, model, cfg: MineConfig, corpus, corpus_card) ->
     }
 
 
-def _prepare_output_dir(out: Path, state: Path, name: str, fingerprint: dict, resume: bool) -> bool:
+def _prepare_output_dir(
+    out: Path, state: Path, name: str, fingerprint: dict, resume: bool, overwrite: bool
+) -> bool:
     """Create ``out`` for a fresh run, or check that ``resume`` continues the same run. True: already finished.
 
-    A local helper until ``neoembed.runs.prepare_output_dir`` lands (same rule: a non-empty folder is refused
-    without ``--resume``)."""
+    The folder rules are every writer's (:func:`neoembed.runs.prepare_output_dir`: a non-empty folder needs
+    ``--resume`` or ``--overwrite``, and ``--overwrite`` clears only a folder that ``neoembed mine`` wrote); on
+    resume the mining settings must equal the interrupted run's."""
     settings = state / "settings.json"
-    busy = out.is_dir() and any(out.iterdir())
-    if busy and not resume:
-        raise FileExistsError(
-            f"--out {out} is not empty: pass --resume to continue the mining run that wrote it, or choose an "
-            "empty or new folder"
-        )
-    if busy and not settings.is_file():
+    clearable = (f"{name}.yaml", f"{state.name}/{settings.name}")
+    prepare_output_dir(
+        out, overwrite=overwrite, resume=resume, checkpoints=False, what="--out", clearable=clearable
+    )
+    if resume and not settings.is_file():
         if (out / f"{name}.yaml").is_file():
             return True
-        raise FileExistsError(f"--resume: {out} holds no interrupted mining run ({settings} is missing)")
-    if busy:
+        raise OutputDirError(f"--resume: {out} holds no interrupted mining run ({settings} is missing)")
+    if resume:
         before = json.loads(settings.read_text())
         changed = sorted(_diff(before, fingerprint))
         if changed:
-            raise ValueError(
+            raise OutputDirError(
                 f"--resume: the run in {out} was started with other settings ({', '.join(changed)} differ); "
                 "resume with the original settings, or mine into a new folder"
             )
