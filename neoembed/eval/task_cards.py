@@ -187,6 +187,35 @@ def _load_renamed(card: TaskCard, data: Path):
     return datasets.DatasetDict(out)
 
 
+def reranking_as_retrieval(dataset) -> dict:
+    """Rows of ``query``, ``positive`` (list) and ``negative`` (list) per split -> mteb's retrieval layout with
+    each query's candidates as its ``top_ranked``, under the ids mteb's own conversion gives them (so ties break
+    the same way). mteb converts only tasks whose names were appended to its module-level
+    ``OLD_FORMAT_RERANKING_TASKS``; neoembed leaves that list alone and converts here."""
+    from datasets import Dataset
+    from mteb.abstasks.retrieval_dataset_loaders import RetrievalSplitData
+
+    out = {}
+    for split, rows in dataset.items():
+        kept = [r for r in rows if len(r["positive"]) > 0 and len(r["negative"]) > 0]
+        corpus, queries, relevant, top_ranked = [], [], {}, {}
+        for i, row in enumerate(kept):
+            qid = f"{split}_query{i}"
+            queries.append({"id": qid, "text": row["query"]})
+            docs = [(f"apositive_{qid}_{j:05d}", t, 1) for j, t in enumerate(row["positive"])]
+            docs += [(f"negative_{qid}_{j:05d}", t, 0) for j, t in enumerate(row["negative"])]
+            corpus += [{"title": "", "text": t, "id": doc_id} for doc_id, t, _ in docs]
+            relevant[qid] = {doc_id: rel for doc_id, _, rel in docs}
+            top_ranked[qid] = [doc_id for doc_id, _, _ in docs]
+        out[split] = RetrievalSplitData(
+            corpus=Dataset.from_list(corpus),
+            queries=Dataset.from_list(queries),
+            relevant_docs=relevant,
+            top_ranked=top_ranked,
+        )
+    return out
+
+
 def build_card_task(card: TaskCard, data: Path):
     """An mteb task object of the card's type whose data come from ``data``."""
     from mteb.abstasks.pair_classification import AbsTaskPairClassification
@@ -228,14 +257,14 @@ def build_card_task(card: TaskCard, data: Path):
 
         cls = CardRetrieval
     elif card.type == "Reranking":
-        if card.name not in reranking.OLD_FORMAT_RERANKING_TASKS:
-            reranking.OLD_FORMAT_RERANKING_TASKS.append(card.name)
 
         class CardReranking(reranking.AbsTaskReranking):
             def load_data(self, num_proc=None, **kwargs):
                 if self.data_loaded:
                     return
-                self.transform_old_dataset_format(_load_renamed(card, data))
+                self.dataset = {
+                    subset: reranking_as_retrieval(_load_renamed(card, data)) for subset in self.hf_subsets
+                }
                 self.data_loaded = True
 
         cls = CardReranking
