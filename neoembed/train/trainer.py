@@ -26,6 +26,7 @@ from neoembed.data.cards import DataCardError, build_pairs, find_card, load_card
 from neoembed.data.sampler import PowerLawDatasetBatchSampler
 from neoembed.losses import CachedInfoNCELoss, InfoNCELoss
 from neoembed.plots import plot_training_curves
+from neoembed.recipe import resolve_recipe_path
 from neoembed.record import write_run_record
 from neoembed.train.recipe import UnifiedRecipe
 
@@ -42,7 +43,7 @@ def prepare_datasets(recipe: UnifiedRecipe, recipe_dir: Path | None = None):
     """Resolve, load and check every card before training: returns (DatasetDict, cards, per-dataset batch sizes)."""
     from datasets import DatasetDict
 
-    search = [Path(recipe_dir or ".") / d for d in recipe.card_dirs]
+    search = [Path(resolve_recipe_path(d, recipe_dir)) for d in recipe.card_dirs]
     loaded = [load_card(find_card(entry.card, search)) for entry in recipe.datasets]  # cards first: cheap
     names = [card.name for card, _ in loaded]
     for name in {n for n in names if names.count(n) > 1}:
@@ -74,8 +75,9 @@ def prepare_datasets(recipe: UnifiedRecipe, recipe_dir: Path | None = None):
 class _MetricsCallback(TrainerCallback):
     """Appends step, loss, learning rate, dataset, samples/s and peak memory to metrics.jsonl; stops on NaN."""
 
-    def __init__(self, path: Path, trainer_ref, names: list[str], batch_sizes: dict[str, int]):
-        self.path, self.trainer_ref, self.names, self.batch_sizes = path, trainer_ref, names, batch_sizes
+    def __init__(self, path: Path, samplers: list, names: list[str], batch_sizes: dict[str, int]):
+        # ``samplers``: the list the trainer appends its batch sampler to (which dataset each step drew from)
+        self.path, self.samplers, self.names, self.batch_sizes = path, samplers, names, batch_sizes
         self.last_time, self.last_step, self.nan_step = time.perf_counter(), 0, None
 
     def on_log(self, args, state, control, logs=None, **kwargs):
@@ -85,8 +87,7 @@ class _MetricsCallback(TrainerCallback):
                 self.nan_step, control.should_training_stop = state.global_step, True
             return
         now, step = time.perf_counter(), state.global_step
-        sampler = getattr(self.trainer_ref(), "_neoembed_sampler", None)
-        history = sampler.history if sampler is not None else []
+        history = self.samplers[-1].history if self.samplers else []
         dataset = self.names[history[(step - 1) % len(history)]] if history else None
         steps = max(step - self.last_step, 1)
         samples = steps * (self.batch_sizes.get(dataset, args.per_device_train_batch_size)) * args.world_size
@@ -134,16 +135,19 @@ def _trainer_class():
     from sentence_transformers import SentenceTransformerTrainer
 
     class UnifiedTrainer(SentenceTransformerTrainer):
-        """Per-dataset batch sizes, and a handle on the sampler for logging which dataset each step used."""
+        """Per-dataset batch sizes, and the sampler handed to the metrics callback (through ``samplers``) for
+        logging which dataset each step used. Both travel as constructor arguments, per trainer."""
 
-        neoembed_batch_sizes: dict[str, int] = {}
+        def __init__(self, *args, batch_sizes: dict[str, int], samplers: list, **kwargs):
+            self.neoembed_batch_sizes, self.neoembed_samplers = batch_sizes, samplers
+            super().__init__(*args, **kwargs)
 
         def get_multi_dataset_batch_sampler(self, dataset, batch_samplers, generator=None, seed=0):
             names = list(self.train_dataset.keys())
             for name, sampler in zip(names, batch_samplers, strict=True):
                 sampler.batch_size = self.neoembed_batch_sizes.get(name, sampler.batch_size)
             sampler = super().get_multi_dataset_batch_sampler(dataset, batch_samplers, generator, seed)
-            self._neoembed_sampler = sampler
+            self.neoembed_samplers.append(sampler)
             return sampler
 
     return UnifiedTrainer
@@ -177,13 +181,13 @@ def train(recipe: UnifiedRecipe, recipe_dir: Path | None = None, resume: bool = 
     """Run the unified recipe; returns the output folder (final model, metrics, run record, model card)."""
     from sentence_transformers import SentenceTransformerTrainingArguments
 
-    import neoembed
     from neoembed.recipe import seed_everything
+    from neoembed.sentence import load
 
     seed_everything(recipe.seed)
     output = Path(recipe.output_dir)
     datasets, cards, batch_sizes = prepare_datasets(recipe, recipe_dir)
-    model = neoembed.load(recipe.model, pooling=recipe.pooling, max_seq_length=recipe.max_length)
+    model = load(recipe.model, pooling=recipe.pooling, max_seq_length=recipe.max_length)
     if recipe.cache_mini_batch_size:
         loss = CachedInfoNCELoss(
             model,
@@ -229,15 +233,12 @@ def train(recipe: UnifiedRecipe, recipe_dir: Path | None = None, resume: bool = 
         disable_tqdm=False,
         dataloader_pin_memory=torch.cuda.is_available(),
     )
-    trainer_cls = _trainer_class()
-    trainer_cls.neoembed_batch_sizes = batch_sizes
-    trainer = trainer_cls(model=model, args=args, train_dataset=datasets, loss=loss)
-    import weakref
-
-    output.mkdir(parents=True, exist_ok=True)
-    metrics = _MetricsCallback(
-        output / "metrics.jsonl", weakref.ref(trainer), list(datasets.keys()), batch_sizes
+    samplers: list = []
+    trainer = _trainer_class()(
+        model=model, args=args, train_dataset=datasets, loss=loss, batch_sizes=batch_sizes, samplers=samplers
     )
+    output.mkdir(parents=True, exist_ok=True)
+    metrics = _MetricsCallback(output / "metrics.jsonl", samplers, list(datasets.keys()), batch_sizes)
     signals = _SignalCallback()
     trainer.add_callback(metrics)
     trainer.add_callback(signals)
