@@ -27,17 +27,19 @@ from sentence_transformers.base.modules import Transformer
 from sentence_transformers.base.modules.normalize import Normalize
 from sentence_transformers.sentence_transformer.modules import Pooling
 
-import neoembed  # noqa: F401  (registers NeoBERT with the Auto classes)
+import neoembed.modeling  # noqa: F401  (registers NeoBERT with the Auto classes)
 from neoembed.instructions import DEFAULT_TEMPLATE, instruction_prefix
 
 __all__ = [
     "POOLING_MODES",
+    "DTYPES",
     "EmbeddingModel",
     "NonFiniteEmbeddingError",
     "build_prompts",
     "convert_to_sentence_transformer",
     "load",
     "model_card_text",
+    "resolve_dtype",
 ]
 
 logger = logging.getLogger(__name__)
@@ -173,7 +175,7 @@ def _is_neobert(model: SentenceTransformer) -> bool:
     return getattr(config, "model_type", None) == "neobert"
 
 
-def _resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
+def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
     if dtype is None or isinstance(dtype, torch.dtype):
         return dtype
     try:
@@ -225,14 +227,13 @@ def load(
     tokenizer: str | None = None,
     padding_free: bool | None = None,
     attn_implementation: str | None = None,
-    num_threads: int | None = None,
     trust_remote_code: bool = False,
 ) -> EmbeddingModel:
-    """Load an embedding model as a SentenceTransformer.
+    """Load a bi-encoder as a SentenceTransformer (:func:`neoembed.load` also loads CDE models).
 
     Args:
-        name_or_path: an official NeoBERT checkpoint (folder or hub id such as ``chandar-lab/NeoBERT``), a model
-            saved by neoembed (bi-encoder or CDE), a sentence-transformers folder, or any Hugging Face encoder.
+        name_or_path: an official NeoBERT checkpoint (folder or hub id such as ``chandar-lab/NeoBERT``), a
+            bi-encoder saved by neoembed, a sentence-transformers folder, or any Hugging Face encoder.
         pooling: ``"mean"`` (the paper's "avg") or ``"cls"``; used when building from a plain checkpoint.
         max_seq_length: defaults to the model's maximum (4,096 for NeoBERT).
         dtype: ``"fp32"``, ``"fp16"``, ``"bf16"`` (or a torch dtype) for the weights.
@@ -243,15 +244,14 @@ def load(
         tokenizer: a tokenizer folder or hub id for checkpoints saved without tokenizer files.
         padding_free: NeoBERT only: override ``config.padding_free`` (default: the checkpoint's, True).
         attn_implementation: ``"sdpa"``, ``"eager"`` or ``"flash_attention_2"``.
-        num_threads: torch CPU threads.
         trust_remote_code: for third-party models with remote code (neoembed's own modules never need it).
+
+    Loading changes no process-wide setting (the torch thread count is the caller's: ``torch.set_num_threads``).
     """
     if pooling not in POOLING_MODES:
         raise ValueError(f"unknown pooling {pooling!r}; valid: {list(POOLING_MODES)}")
-    if num_threads is not None:
-        torch.set_num_threads(int(num_threads))
     model_kwargs: dict[str, Any] = {}
-    if (resolved := _resolve_dtype(dtype)) is not None:
+    if (resolved := resolve_dtype(dtype)) is not None:
         model_kwargs["dtype"] = resolved
     if attn_implementation is not None:
         model_kwargs["attn_implementation"] = attn_implementation
@@ -265,16 +265,6 @@ def load(
     else:
         kind = _remote_kind(str(name_or_path))
 
-    if kind == "sentence" and path.exists():
-        from neoembed.cde.model import is_cde_folder, load_cde
-
-        if is_cde_folder(path):
-            model = load_cde(path, device=device, model_kwargs=model_kwargs or None)
-            if prompts:
-                model.prompts = {**model.prompts, **prompts}
-            if max_seq_length is not None:
-                model.cde.max_seq_length = int(max_seq_length)
-            return model
     if kind == "sentence":
         trust = trust_remote_code or (path.exists() and _uses_neoembed_modules(path))
         model = EmbeddingModel(
