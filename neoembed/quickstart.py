@@ -21,6 +21,7 @@ import inspect
 import json
 import time
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -171,9 +172,11 @@ def quickstart_command(
     from neoembed.train.trainer import train
 
     t0 = time.perf_counter()
+    timings: dict[str, float] = {}
     typer.echo("1/4 building a retrieval set from the Python documentation on this machine ...")
     data = output / "data"
-    counts = build_pydoc_retrieval(data)
+    with _stage(timings, "build data"):
+        counts = build_pydoc_retrieval(data)
     typer.echo(
         f"    {counts['train_pairs']} training pairs from {counts['train_modules']} modules; "
         f"{counts['test_queries']} test queries over {counts['test_documents']} documents from held-out modules "
@@ -206,18 +209,22 @@ def quickstart_command(
 
     typer.echo(f"2/4 nDCG@10 of {label} before fine-tuning, without and with the query instruction ...")
     # the backbone was not trained with instructions: its fair baseline is its score without one
-    import neoembed
+    from neoembed.loading import load
 
-    untrained = neoembed.load(backbone)
-    plain = evaluate(backbone, output / "results" / "before-no-instruction", "none", untrained)
-    before = evaluate(backbone, output / "results" / "before", "paper", untrained)
+    with _stage(timings, "load backbone"):
+        untrained = load(backbone)
+    with _stage(timings, "evaluate before"):
+        plain = evaluate(backbone, output / "results" / "before-no-instruction", "none", untrained)
+        before = evaluate(backbone, output / "results" / "before", "paper", untrained)
     del untrained
     typer.echo(
         f"3/4 fine-tuning with the unified recipe ({recipe.steps} steps, batch {recipe.batch_size}) ..."
     )
-    trained = train(recipe, recipe_dir=recipe_path.parent)
+    with _stage(timings, "train"):
+        trained = train(recipe, recipe_dir=recipe_path.parent)
     typer.echo("4/4 nDCG@10 after fine-tuning ...")
-    after = evaluate(str(trained), output / "results" / "after")
+    with _stage(timings, "evaluate after"):
+        after = evaluate(str(trained), output / "results" / "after")
 
     table = (
         "\n| model | query instruction | PythonDocsRetrieval nDCG@10 |\n|---|---|---|\n"
@@ -230,10 +237,24 @@ def quickstart_command(
     (output / "results" / "quickstart.md").write_text(table)
     from sentence_transformers import SentenceTransformer
 
-    st = SentenceTransformer(str(trained))
-    emb = st.encode(["Return the number of items in a container.", "Open a file and return a stream."])
+    with _stage(timings, "reload + encode"):
+        st = SentenceTransformer(str(trained))
+        emb = st.encode(["Return the number of items in a container.", "Open a file and return a stream."])
     typer.echo(f"SentenceTransformer({str(trained)!r}).encode([...]) -> array of shape {emb.shape}")
-    typer.echo(f"model saved in {trained}; total time {time.perf_counter() - t0:.0f} s")
+    total = time.perf_counter() - t0
+    timings["other (imports, setup)"] = total - sum(timings.values())
+    typer.echo("stage timings: " + ", ".join(f"{k} {v:.1f} s" for k, v in timings.items()))
+    typer.echo(f"model saved in {trained}; total time {total:.0f} s")
+
+
+@contextmanager
+def _stage(timings: dict[str, float], name: str):
+    """Times one stage of the quickstart into ``timings`` (printed at the end: where the minutes go)."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        timings[name] = timings.get(name, 0.0) + time.perf_counter() - t0
 
 
 def _maybe_minilm() -> str | None:

@@ -7,8 +7,7 @@ from typing import Literal
 from pydantic import field_validator, model_validator
 
 from neoembed.instructions import DEFAULT_TEMPLATE
-from neoembed.recipe import Recipe, StrictModel
-from neoembed.train.recipe import DatasetEntry, OptimizerConfig
+from neoembed.recipe import DatasetEntry, OptimizerConfig, Recipe, StrictModel
 
 __all__ = ["CDERecipe", "ClusteringConfig", "ContextConfig", "FilteringConfig"]
 

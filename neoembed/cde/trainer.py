@@ -44,6 +44,7 @@ from neoembed.cde.gradcache import full_backprop_step, two_stage_gradcache_step
 from neoembed.cde.recipe import CDERecipe
 from neoembed.data.cards import DataCardError, build_pairs, find_card, load_card, load_rows
 from neoembed.losses import duplicate_mask, info_nce
+from neoembed.recipe import resolve_recipe_path
 from neoembed.runs import (
     MetricsLog,
     StopSignal,
@@ -99,7 +100,7 @@ class Source:
 
 def prepare_sources(recipe: CDERecipe, recipe_dir: Path | None = None) -> tuple[list[Source], list]:
     """Load and check every card before training."""
-    search = [Path(recipe_dir or ".") / d for d in recipe.card_dirs]
+    search = [Path(resolve_recipe_path(d, recipe_dir)) for d in recipe.card_dirs]
     loaded = [load_card(find_card(entry.card, search)) for entry in recipe.datasets]
     names = [card.name for card, _ in loaded]
     for name in {n for n in names if names.count(n) > 1}:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -14,30 +13,26 @@ def train_command(
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the last checkpoint.")] = False,
 ) -> None:
     """Train with a recipe (the unified contrastive recipe, or CDE when the recipe says kind: cde)."""
-    import yaml
-
-    from neoembed.recipe import RecipeError, load_recipe, resolve_named_file
+    from neoembed.cde.recipe import CDERecipe
+    from neoembed.recipe import kind_union, load_recipe, resolve_named_file, resolve_recipe_path
+    from neoembed.train.recipe import UnifiedRecipe
 
     stops: tuple[type[BaseException], ...] = ()  # the trainer's TrainingStopped, once imported
     try:
         path = resolve_named_file(recipe, "recipes")
-        kind = (yaml.safe_load(path.read_text()) or {}).get("kind", "unified")
-        if kind == "cde":
-            from neoembed.cde.recipe import CDERecipe
+        # the kind is read from the validated recipe, after the overrides (``kind=cde`` works)
+        parsed = load_recipe(path, kind_union(UnifiedRecipe, CDERecipe), overrides or [])
+        parsed = parsed.model_copy(update={"model": resolve_recipe_path(parsed.model, path.parent)})
+        if isinstance(parsed, CDERecipe):
             from neoembed.cde.trainer import TrainingStopped, train_cde
 
             stops = (TrainingStopped,)
-            parsed = _resolve_model_path(load_recipe(path, CDERecipe, overrides or []), path.parent)
             out = train_cde(parsed, recipe_dir=path.parent, resume=resume)
-        elif kind == "unified":
-            from neoembed.train.recipe import UnifiedRecipe
+        else:
             from neoembed.train.trainer import TrainingStopped, train
 
             stops = (TrainingStopped,)
-            parsed = _resolve_model_path(load_recipe(path, UnifiedRecipe, overrides or []), path.parent)
             out = train(parsed, recipe_dir=path.parent, resume=resume)
-        else:
-            raise RecipeError(f"unknown recipe kind {kind!r}; valid: 'unified', 'cde'")
     except Exception as e:  # a stopped run exits 1; bad recipes and cards reach neoembed.cli.main (exit 2)
         if isinstance(e, stops):
             typer.echo(f"training stopped: {e}", err=True)
@@ -55,11 +50,3 @@ def _release_process_group() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
-
-
-def _resolve_model_path(recipe, recipe_dir: Path):
-    """A relative model path is looked up next to the recipe first, then in the working directory."""
-    candidate = recipe_dir / recipe.model
-    if not Path(recipe.model).is_absolute() and candidate.exists() and not Path(recipe.model).exists():
-        return recipe.model_copy(update={"model": str(candidate.resolve())})
-    return recipe

@@ -7,28 +7,9 @@ from typing import Literal
 from pydantic import field_validator
 
 from neoembed.instructions import DEFAULT_TEMPLATE
-from neoembed.recipe import Recipe, StrictModel
+from neoembed.recipe import DatasetEntry, OptimizerConfig, Recipe
 
 __all__ = ["DatasetEntry", "OptimizerConfig", "UnifiedRecipe"]
-
-
-class DatasetEntry(StrictModel):
-    """One training set: a data card (shipped name or path) and optional per-dataset settings."""
-
-    card: str
-    batch_size: int | None = None  # default: the recipe's batch_size
-    max_rows: int | None = None
-    max_negatives: int | None = None
-
-
-class OptimizerConfig(StrictModel):
-    lr: float = 1e-4
-    betas: tuple[float, float] = (0.9, 0.95)
-    eps: float = 1e-8
-    weight_decay: float = 0.01
-    warmup_steps: int = 0
-    schedule: Literal["cosine", "linear", "constant"] = "cosine"
-    grad_clip: float = 1.0
 
 
 class UnifiedRecipe(Recipe):
