@@ -16,6 +16,10 @@ masked out of q_i's denominator (``mask_duplicates``).
 
 Both classes are thin overrides of the sentence-transformers losses: they reuse their embedding, caching and
 cross-device gathering, and replace only the scoring (temperature, duplicate mask, reduction).
+
+Recipes name their loss (``loss: infonce``); :data:`LOSSES` maps the names to the classes, and each class builds
+itself from a recipe (``from_recipe``) and scores bare embeddings (``embedding_loss``, which CDE's two-stage
+step calls). A new loss is one class with those two methods, one entry in :data:`LOSSES` and its test.
 """
 
 from __future__ import annotations
@@ -30,7 +34,16 @@ from sentence_transformers.sentence_transformer.losses import (
 )
 from torch import Tensor
 
-__all__ = ["CachedInfoNCELoss", "InfoNCELoss", "duplicate_mask", "info_nce", "text_keys"]
+__all__ = [
+    "LOSSES",
+    "CachedInfoNCELoss",
+    "InfoNCELoss",
+    "build_loss",
+    "check_loss_name",
+    "duplicate_mask",
+    "info_nce",
+    "text_keys",
+]
 
 
 def text_keys(features: dict[str, Tensor]) -> Tensor:
@@ -146,6 +159,19 @@ class InfoNCELoss(_InfoNCEMixin, MultipleNegativesRankingLoss):
         self._setup(temperature, mask_duplicates, reduction)
         super().__init__(model, scale=1.0 / temperature, gather_across_devices=gather_across_devices)
 
+    #: the loss on embeddings already computed (CDE's two-stage GradCache step scores with it)
+    embedding_loss = staticmethod(info_nce)
+
+    @classmethod
+    def from_recipe(cls, model, recipe) -> InfoNCELoss:
+        return cls(
+            model,
+            recipe.temperature,
+            recipe.mask_duplicates,
+            recipe.reduction,
+            gather_across_devices=recipe.gather_across_devices,
+        )
+
     def compute_loss_from_embeddings(self, embeddings: list[Tensor], labels: Tensor) -> Tensor:
         if len(embeddings) < 2:
             raise ValueError(f"InfoNCE needs a query and a positive column, got {len(embeddings)} column(s)")
@@ -179,6 +205,19 @@ class CachedInfoNCELoss(_InfoNCEMixin, CachedMultipleNegativesRankingLoss):
             show_progress_bar=show_progress_bar,
         )
 
+    embedding_loss = staticmethod(info_nce)  # the same loss as InfoNCELoss's
+
+    @classmethod
+    def from_recipe(cls, model, recipe) -> CachedInfoNCELoss:
+        return cls(
+            model,
+            recipe.temperature,
+            recipe.mask_duplicates,
+            recipe.reduction,
+            mini_batch_size=recipe.cache_mini_batch_size,
+            gather_across_devices=recipe.gather_across_devices,
+        )
+
     def calculate_loss(
         self, reps: list[list[Tensor]], labels: Tensor | None = None, *, with_backward: bool = False
     ):
@@ -197,3 +236,22 @@ class CachedInfoNCELoss(_InfoNCEMixin, CachedMultipleNegativesRankingLoss):
             "reduction": self.reduction,
             "mini_batch_size": self.mini_batch_size,
         }
+
+
+#: loss name in a recipe -> its class
+LOSSES: dict[str, type] = {
+    "infonce": InfoNCELoss,
+    "cached_infonce": CachedInfoNCELoss,
+}
+
+
+def check_loss_name(name: str) -> str:
+    """``name`` if it is a registered loss; else an error naming the valid ones."""
+    if name not in LOSSES:
+        raise ValueError(f"unknown loss {name!r}; valid: {sorted(LOSSES)}")
+    return name
+
+
+def build_loss(name: str, model, recipe):
+    """The loss ``name`` for ``model``, with its settings read from ``recipe``."""
+    return LOSSES[check_loss_name(name)].from_recipe(model, recipe)

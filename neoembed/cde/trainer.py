@@ -43,7 +43,7 @@ from neoembed.cde.batching import (
 from neoembed.cde.gradcache import full_backprop_step, two_stage_gradcache_step
 from neoembed.cde.recipe import CDERecipe
 from neoembed.data.cards import DataCardError, build_pairs, find_card, load_card, load_rows
-from neoembed.losses import duplicate_mask, info_nce
+from neoembed.losses import InfoNCELoss, duplicate_mask
 from neoembed.recipe import resolve_recipe_path
 from neoembed.runs import (
     MetricsLog,
@@ -83,7 +83,8 @@ def cde_loss(
     mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """InfoNCE of B queries against D documents whose first B are the positives (column i for query i)."""
-    return info_nce(queries, documents, temperature, mask=mask, reduction="mean")
+    # the unified recipe's InfoNCE, on embeddings the two-stage step has already computed
+    return InfoNCELoss.embedding_loss(queries, documents, temperature, mask=mask, reduction="mean")
 
 
 class Source:

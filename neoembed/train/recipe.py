@@ -28,7 +28,8 @@ class UnifiedRecipe(Recipe):
     alpha: float = 0.5
     mask_duplicates: bool = True
     reduction: Literal["mean", "sum"] = "mean"
-    cache_mini_batch_size: int | None = None  # GradCache mini-batch; None = plain loss
+    loss: str = "infonce"  # a name in neoembed.losses.LOSSES: infonce, cached_infonce (GradCache)
+    cache_mini_batch_size: int = 32  # cached_infonce: the GradCache mini-batch
     gather_across_devices: bool = False
     optimizer: OptimizerConfig = OptimizerConfig()
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
@@ -40,6 +41,13 @@ class UnifiedRecipe(Recipe):
     template: str = DEFAULT_TEMPLATE
     instructions: bool = True  # False: no instruction before queries (an ablation)
     instruction_overrides: dict[str, str] = {}  # card name -> instruction replacing the card's own
+
+    @field_validator("loss")
+    @classmethod
+    def _registered_loss(cls, v):
+        from neoembed.losses import check_loss_name
+
+        return check_loss_name(v)
 
     @field_validator("datasets")
     @classmethod

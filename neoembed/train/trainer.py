@@ -24,7 +24,7 @@ from transformers import TrainerCallback
 
 from neoembed.data.cards import DataCardError, build_pairs, find_card, load_card, load_rows
 from neoembed.data.sampler import PowerLawDatasetBatchSampler
-from neoembed.losses import CachedInfoNCELoss, InfoNCELoss
+from neoembed.losses import build_loss
 from neoembed.plots import plot_training_curves
 from neoembed.recipe import resolve_recipe_path
 from neoembed.record import write_run_record
@@ -188,23 +188,7 @@ def train(recipe: UnifiedRecipe, recipe_dir: Path | None = None, resume: bool = 
     output = Path(recipe.output_dir)
     datasets, cards, batch_sizes = prepare_datasets(recipe, recipe_dir)
     model = load(recipe.model, pooling=recipe.pooling, max_seq_length=recipe.max_length)
-    if recipe.cache_mini_batch_size:
-        loss = CachedInfoNCELoss(
-            model,
-            recipe.temperature,
-            recipe.mask_duplicates,
-            recipe.reduction,
-            mini_batch_size=recipe.cache_mini_batch_size,
-            gather_across_devices=recipe.gather_across_devices,
-        )
-    else:
-        loss = InfoNCELoss(
-            model,
-            recipe.temperature,
-            recipe.mask_duplicates,
-            recipe.reduction,
-            gather_across_devices=recipe.gather_across_devices,
-        )
+    loss = build_loss(recipe.loss, model, recipe)
     opt = recipe.optimizer
     args = SentenceTransformerTrainingArguments(
         output_dir=str(output),
@@ -260,7 +244,7 @@ def train(recipe: UnifiedRecipe, recipe_dir: Path | None = None, resume: bool = 
         trainer.train(resume_from_checkpoint=_last_checkpoint(output) if resume else None)
     except torch.OutOfMemoryError as e:
         raise TrainingStopped(
-            "out of memory: lower batch_size, enable GradCache with cache_mini_batch_size=32 (same loss, memory of "
+            "out of memory: lower batch_size, enable GradCache with loss=cached_infonce cache_mini_batch_size=32 (same loss, memory of "
             f"one mini-batch), or shorten max_length (now {recipe.max_length}). ({e})"
         ) from None
     finally:
