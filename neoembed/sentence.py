@@ -39,12 +39,18 @@ __all__ = [
     "convert_to_sentence_transformer",
     "load",
     "model_card_text",
+    "pooling_mode",
     "resolve_dtype",
 ]
 
 logger = logging.getLogger(__name__)
 
-POOLING_MODES = ("mean", "cls")
+#: pooling name (recipes, ``load(pooling=...)``) -> sentence-transformers' ``Pooling`` mode. A new pooling is one
+#: entry here and its test (tests/test_sentence.py::test_cls_pooling_and_normalize, test_fixture_mean_pooling_matches_official_hidden_states).
+POOLING_MODES = {
+    "mean": "mean",  # the paper's "avg": mean over the non-padding tokens
+    "cls": "cls",  # the first token's vector
+}
 TOKENIZER_FILES = (
     "tokenizer.json",
     "vocab.txt",
@@ -60,6 +66,13 @@ DTYPES = {
     "bf16": torch.bfloat16,
     "bfloat16": torch.bfloat16,
 }
+
+
+def pooling_mode(name: str) -> str:
+    """The sentence-transformers pooling mode of a registered pooling name; an error naming the valid ones."""
+    if name not in POOLING_MODES:
+        raise ValueError(f"unknown pooling {name!r}; valid: {sorted(POOLING_MODES)}")
+    return POOLING_MODES[name]
 
 
 class NonFiniteEmbeddingError(FloatingPointError):
@@ -248,8 +261,7 @@ def load(
 
     Loading changes no process-wide setting (the torch thread count is the caller's: ``torch.set_num_threads``).
     """
-    if pooling not in POOLING_MODES:
-        raise ValueError(f"unknown pooling {pooling!r}; valid: {list(POOLING_MODES)}")
+    mode = pooling_mode(pooling)
     model_kwargs: dict[str, Any] = {}
     if (resolved := resolve_dtype(dtype)) is not None:
         model_kwargs["dtype"] = resolved
@@ -289,7 +301,7 @@ def load(
         )
         modules: list[torch.nn.Module] = [
             transformer,
-            Pooling(transformer.get_embedding_dimension(), pooling, include_prompt=include_prompt),
+            Pooling(transformer.get_embedding_dimension(), mode, include_prompt=include_prompt),
         ]
         if normalize:
             modules.append(Normalize())

@@ -452,7 +452,9 @@ def test_run_mteb_leaves_no_context_on_the_model(saved_cde, shared_dir, tmp_path
     context = model.encode_context(DOCS[:4])
     before = model.encode(["a query"], dataset_embeddings=context)
     attributes = set(vars(model))
-    cfg = EvalConfig(model=str(saved_cde), output=tmp_path, tasks=[str(shared_dir / "data" / "mteb" / "STS13")])
+    cfg = EvalConfig(
+        model=str(saved_cde), output=tmp_path, tasks=[str(shared_dir / "data" / "mteb" / "STS13")]
+    )
     report = run_mteb(cfg, model=model)
     assert not report.failed and report.scores["STS13"]["cde_context"] == "corpus"
     with pytest.raises(ContextMissingError, match="needs a context"):

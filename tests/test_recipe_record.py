@@ -108,7 +108,9 @@ def test_one_rule_for_paths_in_a_recipe(tmp_path, monkeypatch):
     (recipe_dir / "model").mkdir(parents=True)
     (tmp_path / "work" / "here").mkdir(parents=True)
     monkeypatch.chdir(tmp_path / "work")
-    assert resolve_recipe_path("model", recipe_dir) == str((recipe_dir / "model").resolve())  # beside the recipe
+    assert resolve_recipe_path("model", recipe_dir) == str(
+        (recipe_dir / "model").resolve()
+    )  # beside the recipe
     assert resolve_recipe_path("here", recipe_dir) == "here"  # the working directory first
     assert resolve_recipe_path("org/name", recipe_dir) == "org/name"  # a hub id stays
     assert resolve_recipe_path(str(tmp_path), recipe_dir) == str(tmp_path)

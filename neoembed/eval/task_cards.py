@@ -27,12 +27,12 @@ task card: as that mteb task, or as a card task of its type (see :func:`dataset_
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
 import yaml
-from pydantic import ValidationError
+from pydantic import ValidationError, field_validator
 
 from neoembed.eval.local_data import LocalDataError, local_dataset_repo
+from neoembed.eval.task_types import card_type_names, task_type
 from neoembed.recipe import RecipeError, StrictModel, format_validation_error
 
 __all__ = [
@@ -46,23 +46,6 @@ __all__ = [
 
 CARD_FILE = "task.yaml"
 DATASET_CARD_FILE = "card.yaml"
-TaskType = Literal["STS", "PairClassification", "Reranking", "Retrieval", "Classification", "Clustering"]
-EXPECTED_COLUMNS = {
-    "STS": ("sentence1", "sentence2", "score"),
-    "PairClassification": ("sentence1", "sentence2", "labels"),
-    "Reranking": ("query", "positive", "negative"),
-    "Retrieval": (),  # mteb's own layout: corpus (_id, title, text), queries (_id, text), qrels (query-id, corpus-id, score)
-    "Classification": ("text", "label"),
-    "Clustering": ("sentences", "labels"),
-}
-DEFAULT_MAIN_SCORE = {
-    "STS": "cosine_spearman",
-    "PairClassification": "max_ap",
-    "Reranking": "map_at_1000",
-    "Retrieval": "ndcg_at_10",
-    "Classification": "accuracy",
-    "Clustering": "v_measure",
-}
 # the other names a column goes by in data files; used where a card maps nothing for it
 COLUMN_ALIASES = {
     "labels": ("label",),
@@ -73,20 +56,11 @@ COLUMN_ALIASES = {
     "text": ("sentence", "sentences"),
     "sentences": ("sentence", "text"),
 }
-# dataset cards (card.yaml) name their task type in snake case
-DATASET_CARD_TYPES = {
-    "sts": "STS",
-    "pair_classification": "PairClassification",
-    "reranking": "Reranking",
-    "retrieval": "Retrieval",
-    "classification": "Classification",
-    "clustering": "Clustering",
-}
 
 
 class TaskCard(StrictModel):
     name: str
-    type: TaskType
+    type: str  # a name in neoembed.eval.task_types.TASK_TYPES that local cards can hold
     data: str = "."
     eval_splits: list[str] = ["test"]
     columns: dict[str, str] = {}
@@ -96,6 +70,11 @@ class TaskCard(StrictModel):
     score_range: tuple[float, float] = (0.0, 5.0)
     license: str | None = None
     train_split: str = "train"
+
+    @field_validator("type")
+    @classmethod
+    def _registered_type(cls, v):
+        return task_type(v).name
 
 
 def load_task_card(path: str | Path) -> tuple[TaskCard, Path]:
@@ -130,12 +109,13 @@ def dataset_card_task(folder: str | Path) -> tuple[str | None, TaskCard | None]:
         raise LocalDataError(f"{path} is not a mapping")
     mteb_task = str(raw["mteb_task"]) if raw.get("mteb_task") else None
     kind = str(raw.get("task_type", "")).lower()
-    if kind not in DATASET_CARD_TYPES:
+    card_types = card_type_names()
+    if kind not in card_types:
         if mteb_task:
             return mteb_task, None
         raise LocalDataError(
             f"{path}: task_type {raw.get('task_type')!r} is not an evaluation task; valid: "
-            f"{sorted(DATASET_CARD_TYPES)} (or set mteb_task)"
+            f"{sorted(card_types)} (or set mteb_task)"
         )
     splits = list(raw.get("splits") or {}) or ["test"]
     eval_splits = ["test"] if "test" in splits else [s for s in splits if s != "train"]
@@ -143,7 +123,7 @@ def dataset_card_task(folder: str | Path) -> tuple[str | None, TaskCard | None]:
         raise LocalDataError(f"{path}: no evaluation split among {splits}")
     card = TaskCard(
         name=mteb_task or str(raw.get("name") or folder.name),
-        type=DATASET_CARD_TYPES[kind],
+        type=card_types[kind],
         eval_splits=eval_splits,
         description=str(
             raw.get("format") or f"Local data in {folder.name}, described by its {DATASET_CARD_FILE}."
@@ -168,19 +148,20 @@ def _load_renamed(card: TaskCard, data: Path):
 
     repo = local_dataset_repo(data)
     ds = datasets.load_dataset(str(repo))
-    splits = card.eval_splits + ([card.train_split] if card.type == "Classification" else [])
+    spec = task_type(card.type)
+    splits = card.eval_splits + ([card.train_split] if spec.fits_on_train else [])
     missing_splits = [s for s in splits if s not in ds]
     if missing_splits:
         raise LocalDataError(f"task {card.name}: split(s) {missing_splits} not in {data} (found {list(ds)})")
     out = {}
     for split in dict.fromkeys(splits):
         d = ds[split]
-        mapping = {_column_source(card, c, d.column_names): c for c in EXPECTED_COLUMNS[card.type]}
+        mapping = {_column_source(card, c, d.column_names): c for c in spec.columns}
         missing = [src for src in mapping if src not in d.column_names]
         if missing:
             raise LocalDataError(
                 f"task {card.name}: column(s) {missing} not in {data} split {split} (has {d.column_names}); "
-                f"map them with `columns:` (mteb expects {list(EXPECTED_COLUMNS[card.type])})"
+                f"map them with `columns:` (mteb expects {list(spec.columns)})"
             )
         d = d.select_columns(list(mapping)).rename_columns({k: v for k, v in mapping.items() if k != v})
         out[split] = d
@@ -217,82 +198,57 @@ def reranking_as_retrieval(dataset) -> dict:
 
 
 def build_card_task(card: TaskCard, data: Path):
-    """An mteb task object of the card's type whose data come from ``data``."""
-    from mteb.abstasks.pair_classification import AbsTaskPairClassification
-    from mteb.abstasks.sts import AbsTaskSTS
-    from mteb.abstasks.task_metadata import TaskMetadata
-    from mteb.abstasks.text import reranking
+    """An mteb task object of the card's type whose data come from ``data`` (the type's spec says how)."""
+    spec = task_type(card.type)
+    metadata = _card_metadata(card, spec, data)
+    base = spec.base_class()
+    if spec.loads == "retrieval":  # mteb's own loader reads the folder's corpus / queries / qrels files
 
-    fields = dict(
-        name=card.name,
-        description=card.description,
-        dataset={"path": str(data), "revision": "local"},
-        type=card.type,
-        category="t2t",
-        modalities=["text"],
-        eval_splits=card.eval_splits,
-        eval_langs=["eng-Latn"],
-        main_score=card.main_score or DEFAULT_MAIN_SCORE[card.type],
-        license=card.license,
-        prompt=card.instruction,
-    )
-    try:
-        metadata = TaskMetadata(**fields)
-    except ValidationError as e:
-        if not card.license or not any(err["loc"][:1] == ("license",) for err in e.errors()):
-            raise
-        # mteb takes an SPDX-like name or a URL; a licence in words goes into the description instead
-        fields.update(license=None, description=f"{card.description} Licence: {card.license}")
-        metadata = TaskMetadata(**fields)
-
-    if card.type == "Retrieval":
-        from mteb.abstasks.retrieval import AbsTaskRetrieval
-
-        metadata = metadata.model_copy(
-            update={"dataset": {"path": str(local_dataset_repo(data)), "revision": "local"}}
-        )
-
-        class CardRetrieval(AbsTaskRetrieval):
+        class CardTask(base):  # type: ignore[valid-type,misc]
             pass
 
-        cls = CardRetrieval
-    elif card.type == "Reranking":
-
-        class CardReranking(reranking.AbsTaskReranking):
-            def load_data(self, num_proc=None, **kwargs):
-                if self.data_loaded:
-                    return
-                self.dataset = {
-                    subset: reranking_as_retrieval(_load_renamed(card, data)) for subset in self.hf_subsets
-                }
-                self.data_loaded = True
-
-        cls = CardReranking
     else:
-        from mteb.abstasks.classification import AbsTaskClassification
-        from mteb.abstasks.clustering import AbsTaskClustering
-
-        base = {
-            "STS": AbsTaskSTS,
-            "PairClassification": AbsTaskPairClassification,
-            "Classification": AbsTaskClassification,
-            "Clustering": AbsTaskClustering,
-        }[card.type]
 
         class CardTask(base):  # type: ignore[valid-type,misc]
             def load_data(self, num_proc=None, **kwargs):
                 if self.data_loaded:
                     return
-                self.dataset = _load_renamed(card, data)
+                rows = _load_renamed(card, data)
+                if spec.loads == "reranking":
+                    self.dataset = {subset: reranking_as_retrieval(rows) for subset in self.hf_subsets}
+                else:
+                    self.dataset = rows
                 self.data_loaded = True
 
-        if card.type == "STS":
-            CardTask.min_score, CardTask.max_score = card.score_range
-        elif card.type == "Classification":
-            CardTask.train_split = card.train_split
-        elif card.type == "Clustering":  # local sets are small: cluster every document, not mteb's 4% sample
-            CardTask.max_fraction_of_documents_to_embed = None
-        cls = CardTask
-    cls.metadata = metadata
-    cls.__name__ = f"Card{card.type}_{card.name}"
-    return cls()
+    for key, value in spec.settings(card).items():
+        setattr(CardTask, key, value)
+    CardTask.metadata = metadata
+    CardTask.__name__ = f"Card{card.type}_{card.name}"
+    return CardTask()
+
+
+def _card_metadata(card: TaskCard, spec, data: Path):
+    from mteb.abstasks.task_metadata import TaskMetadata
+
+    path = local_dataset_repo(data) if spec.loads == "retrieval" else data
+    fields = dict(
+        name=card.name,
+        description=card.description,
+        dataset={"path": str(path), "revision": "local"},
+        type=card.type,
+        category="t2t",
+        modalities=["text"],
+        eval_splits=card.eval_splits,
+        eval_langs=["eng-Latn"],
+        main_score=card.main_score or spec.main_score,
+        license=card.license,
+        prompt=card.instruction,
+    )
+    try:
+        return TaskMetadata(**fields)
+    except ValidationError as e:
+        if not card.license or not any(err["loc"][:1] == ("license",) for err in e.errors()):
+            raise
+        # mteb takes an SPDX-like name or a URL; a licence in words goes into the description instead
+        fields.update(license=None, description=f"{card.description} Licence: {card.license}")
+        return TaskMetadata(**fields)

@@ -104,7 +104,9 @@ def resolve_recipe_paths(recipe, recipe_dir: Path):
     """Tokenizer, init_from and data paths: the working directory first, then the recipe's folder."""
     data = recipe.data.model_copy(
         update={
-            "sources": [s.model_copy(update={"path": _near_recipe(s.path, recipe_dir)}) for s in recipe.data.sources]
+            "sources": [
+                s.model_copy(update={"path": _near_recipe(s.path, recipe_dir)}) for s in recipe.data.sources
+            ]
         }
     )
     model = recipe.model.model_copy(update={"init_from": _near_recipe(recipe.model.init_from, recipe_dir)})

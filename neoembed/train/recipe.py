@@ -18,7 +18,7 @@ class UnifiedRecipe(Recipe):
 
     kind: Literal["unified"] = "unified"
     model: str
-    pooling: Literal["mean", "cls"] = "mean"
+    pooling: str = "mean"  # a name in neoembed.sentence.POOLING_MODES
     max_length: int = 512
     datasets: list[DatasetEntry]
     card_dirs: list[str] = []  # extra folders searched for card names (relative to the recipe file)
@@ -41,6 +41,14 @@ class UnifiedRecipe(Recipe):
     template: str = DEFAULT_TEMPLATE
     instructions: bool = True  # False: no instruction before queries (an ablation)
     instruction_overrides: dict[str, str] = {}  # card name -> instruction replacing the card's own
+
+    @field_validator("pooling")
+    @classmethod
+    def _registered_pooling(cls, v):
+        from neoembed.sentence import pooling_mode
+
+        pooling_mode(v)
+        return v
 
     @field_validator("loss")
     @classmethod
