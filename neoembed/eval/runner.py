@@ -277,10 +277,33 @@ def _mteb_wrapper(model, prompts: dict[str, str], context):
         return cls(model, model_prompts=prompts)
 
 
-def run_mteb(cfg: EvalConfig, model=None) -> EvalReport:
-    """Evaluate ``cfg.model`` (or an already loaded ``model``) on the configured tasks."""
+def _evaluate_task(cfg: EvalConfig, model, task, prompts: dict, precision: str, output: Path):
+    """(mteb's task result, main score) of one task; raises when the task cannot run or scores NaN."""
     import mteb
     from mteb.cache import ResultCache
+
+    if isinstance(task, _Unresolvable):
+        raise task.error
+    wrapper = _mteb_wrapper(model, prompts, _task_context(cfg, model, task, output))
+    device = str(model.device)
+    with _autocast(precision, device), torch.inference_mode():
+        result = mteb.evaluate(
+            wrapper,
+            task,
+            cache=ResultCache(output / "mteb"),
+            overwrite_strategy="always",
+            encode_kwargs={"batch_size": cfg.batch_size},
+            show_progress_bar=True,
+        )
+    task_result = result.task_results[0]
+    score = float(task_result.get_score())
+    if score != score:  # NaN
+        raise FloatingPointError("the main score is NaN: the model produced non-finite embeddings")
+    return task_result, score
+
+
+def run_mteb(cfg: EvalConfig, model=None) -> EvalReport:
+    """Evaluate ``cfg.model`` (or an already loaded ``model``) on the configured tasks."""
     from tqdm.auto import tqdm
 
     from neoembed.recipe import seed_everything
@@ -316,22 +339,7 @@ def run_mteb(cfg: EvalConfig, model=None) -> EvalReport:
         prompts = task_prompts(name, ttype, instruction, cfg.template, registered=_is_registered(name))
         t0 = time.perf_counter()
         try:
-            if isinstance(task, _Unresolvable):
-                raise task.error
-            wrapper = _mteb_wrapper(model, prompts, _task_context(cfg, model, task, output))
-            with _autocast(precision, device), torch.inference_mode():
-                result = mteb.evaluate(
-                    wrapper,
-                    task,
-                    cache=ResultCache(output / "mteb"),
-                    overwrite_strategy="always",
-                    encode_kwargs={"batch_size": cfg.batch_size},
-                    show_progress_bar=True,
-                )
-            task_result = result.task_results[0]
-            score = float(task_result.get_score())
-            if score != score:  # NaN
-                raise FloatingPointError("the main score is NaN: the model produced non-finite embeddings")
+            task_result, score = _evaluate_task(cfg, model, task, prompts, precision, output)
         except Exception as e:
             logger.error("task %s failed: %s", name, e)
             report.failed[name] = f"{type(e).__name__}: {e}"
