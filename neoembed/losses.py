@@ -145,6 +145,16 @@ class _InfoNCEMixin:
         return info_nce(queries, candidates, self.tau, mask, self.reduction, offset)
 
 
+def _recipe_settings(recipe) -> dict:
+    """The settings every InfoNCE variant reads from a contrastive recipe."""
+    return {
+        "temperature": recipe.temperature,
+        "mask_duplicates": recipe.mask_duplicates,
+        "reduction": recipe.reduction,
+        "gather_across_devices": recipe.gather_across_devices,
+    }
+
+
 class InfoNCELoss(_InfoNCEMixin, MultipleNegativesRankingLoss):
     """InfoNCE with temperature ``tau`` (default 0.07), duplicate masking and mean/sum reduction."""
 
@@ -164,13 +174,7 @@ class InfoNCELoss(_InfoNCEMixin, MultipleNegativesRankingLoss):
 
     @classmethod
     def from_recipe(cls, model, recipe) -> InfoNCELoss:
-        return cls(
-            model,
-            recipe.temperature,
-            recipe.mask_duplicates,
-            recipe.reduction,
-            gather_across_devices=recipe.gather_across_devices,
-        )
+        return cls(model, **_recipe_settings(recipe))
 
     def compute_loss_from_embeddings(self, embeddings: list[Tensor], labels: Tensor) -> Tensor:
         if len(embeddings) < 2:
@@ -209,14 +213,7 @@ class CachedInfoNCELoss(_InfoNCEMixin, CachedMultipleNegativesRankingLoss):
 
     @classmethod
     def from_recipe(cls, model, recipe) -> CachedInfoNCELoss:
-        return cls(
-            model,
-            recipe.temperature,
-            recipe.mask_duplicates,
-            recipe.reduction,
-            mini_batch_size=recipe.cache_mini_batch_size,
-            gather_across_devices=recipe.gather_across_devices,
-        )
+        return cls(model, **_recipe_settings(recipe), mini_batch_size=recipe.cache_mini_batch_size)
 
     def calculate_loss(
         self, reps: list[list[Tensor]], labels: Tensor | None = None, *, with_backward: bool = False

@@ -21,10 +21,11 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Discriminator, Tag, TypeAdapter, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Tag, TypeAdapter, ValidationError
 
 __all__ = [
     "DatasetEntry",
+    "DatasetList",
     "OptimizerConfig",
     "Recipe",
     "RecipeError",
@@ -76,6 +77,15 @@ class DatasetEntry(StrictModel):
     max_rows: int | None = None
     max_negatives: int | None = None
 
+
+def _non_empty(entries: list[DatasetEntry]) -> list[DatasetEntry]:
+    if not entries:
+        raise ValueError("at least one dataset is needed")
+    return entries
+
+
+#: a contrastive recipe's ``datasets``: at least one entry
+DatasetList = Annotated[list[DatasetEntry], AfterValidator(_non_empty)]
 
 R = TypeVar("R", bound=BaseModel)
 

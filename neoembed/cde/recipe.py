@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import field_validator, model_validator
+from pydantic import model_validator
 
 from neoembed.instructions import DEFAULT_TEMPLATE
-from neoembed.recipe import DatasetEntry, OptimizerConfig, Recipe, StrictModel
+from neoembed.recipe import DatasetList, OptimizerConfig, Recipe, StrictModel
 
 __all__ = ["CDERecipe", "ClusteringConfig", "ContextConfig", "FilteringConfig"]
 
@@ -41,7 +41,7 @@ class CDERecipe(Recipe):
     kind: Literal["cde"] = "cde"
     model: str  # backbone of both stages (any Hugging Face encoder or sentence-transformers folder)
     max_length: int = 512
-    datasets: list[DatasetEntry]
+    datasets: DatasetList
     card_dirs: list[str] = []
     steps: int = 2000
     batch_size: int = 512  # global: every process takes batch_size / processes of each batch
@@ -62,13 +62,6 @@ class CDERecipe(Recipe):
     instructions: bool = True  # the card's instruction before every query
     prompts: dict[str, str] = {"query": "", "document": ""}  # stored with the model; "document" prefixes
     # documents and context documents in training
-
-    @field_validator("datasets")
-    @classmethod
-    def _non_empty(cls, v):
-        if not v:
-            raise ValueError("at least one dataset is needed")
-        return v
 
     @model_validator(mode="after")
     def _check(self):

@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import field_validator
 
 from neoembed.instructions import DEFAULT_TEMPLATE
-from neoembed.recipe import DatasetEntry, OptimizerConfig, Recipe
+from neoembed.recipe import DatasetEntry, DatasetList, OptimizerConfig, Recipe
 
 __all__ = ["DatasetEntry", "OptimizerConfig", "UnifiedRecipe"]
 
@@ -20,7 +20,7 @@ class UnifiedRecipe(Recipe):
     model: str
     pooling: str = "mean"  # a name in neoembed.sentence.POOLING_MODES
     max_length: int = 512
-    datasets: list[DatasetEntry]
+    datasets: DatasetList
     card_dirs: list[str] = []  # extra folders searched for card names (relative to the recipe file)
     steps: int = 2000
     batch_size: int = 128
@@ -56,10 +56,3 @@ class UnifiedRecipe(Recipe):
         from neoembed.losses import check_loss_name
 
         return check_loss_name(v)
-
-    @field_validator("datasets")
-    @classmethod
-    def _non_empty(cls, v):
-        if not v:
-            raise ValueError("at least one dataset is needed")
-        return v
