@@ -5,9 +5,8 @@ Importing the package registers NeoBERT with transformers' Auto classes (``AutoC
 Importing needs neither CUDA, flash-attn, faiss nor a compiler.
 """
 
-__version__ = "0.1.0"
-
-from neoembed.modeling import (  # noqa: E402  (registers the Auto classes)
+from neoembed._version import __version__
+from neoembed.modeling import (  # registers the Auto classes
     NeoBERTConfig,
     NeoBERTForMaskedLM,
     NeoBERTModel,
@@ -17,10 +16,11 @@ __all__ = ["NeoBERTConfig", "NeoBERTForMaskedLM", "NeoBERTModel", "__version__",
 
 
 def load(name_or_path, *args, **kwargs):
-    """Load an embedding model as a SentenceTransformer; see :func:`neoembed.sentence.load`.
+    """Load an embedding model (bi-encoder or CDE) as a SentenceTransformer; see :func:`neoembed.loading.load`.
 
-    (A thin wrapper so that ``import neoembed`` does not import sentence-transformers.)
+    (A thin wrapper so that ``import neoembed`` does not import sentence-transformers. The package root is the
+    top floor of the import graph: modules inside the package never import it, see ``docs/architecture.md``.)
     """
-    from neoembed.sentence import load as _load
+    from neoembed.loading import load as _load
 
     return _load(name_or_path, *args, **kwargs)

@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-import neoembed
+from neoembed._version import __version__
 
 app = typer.Typer(
     name="neoembed",
@@ -25,7 +25,7 @@ app = typer.Typer(
 
 def _version(value: bool) -> None:
     if value:
-        typer.echo(f"neoembed {neoembed.__version__}")
+        typer.echo(f"neoembed {__version__}")
         raise typer.Exit()
 
 

@@ -16,6 +16,10 @@ masked out of q_i's denominator (``mask_duplicates``).
 
 Both classes are thin overrides of the sentence-transformers losses: they reuse their embedding, caching and
 cross-device gathering, and replace only the scoring (temperature, duplicate mask, reduction).
+
+Recipes name their loss (``loss: infonce``); :data:`LOSSES` maps the names to the classes, and each class builds
+itself from a recipe (``from_recipe``) and scores bare embeddings (``embedding_loss``, which CDE's two-stage
+step calls). A new loss is one class with those two methods, one entry in :data:`LOSSES` and its test.
 """
 
 from __future__ import annotations
@@ -30,7 +34,16 @@ from sentence_transformers.sentence_transformer.losses import (
 )
 from torch import Tensor
 
-__all__ = ["CachedInfoNCELoss", "InfoNCELoss", "duplicate_mask", "info_nce", "text_keys"]
+__all__ = [
+    "LOSSES",
+    "CachedInfoNCELoss",
+    "InfoNCELoss",
+    "build_loss",
+    "check_loss_name",
+    "duplicate_mask",
+    "info_nce",
+    "text_keys",
+]
 
 
 def text_keys(features: dict[str, Tensor]) -> Tensor:
@@ -132,6 +145,16 @@ class _InfoNCEMixin:
         return info_nce(queries, candidates, self.tau, mask, self.reduction, offset)
 
 
+def _recipe_settings(recipe) -> dict:
+    """The settings every InfoNCE variant reads from a contrastive recipe."""
+    return {
+        "temperature": recipe.temperature,
+        "mask_duplicates": recipe.mask_duplicates,
+        "reduction": recipe.reduction,
+        "gather_across_devices": recipe.gather_across_devices,
+    }
+
+
 class InfoNCELoss(_InfoNCEMixin, MultipleNegativesRankingLoss):
     """InfoNCE with temperature ``tau`` (default 0.07), duplicate masking and mean/sum reduction."""
 
@@ -145,6 +168,13 @@ class InfoNCELoss(_InfoNCEMixin, MultipleNegativesRankingLoss):
     ) -> None:
         self._setup(temperature, mask_duplicates, reduction)
         super().__init__(model, scale=1.0 / temperature, gather_across_devices=gather_across_devices)
+
+    #: the loss on embeddings already computed (CDE's two-stage GradCache step scores with it)
+    embedding_loss = staticmethod(info_nce)
+
+    @classmethod
+    def from_recipe(cls, model, recipe) -> InfoNCELoss:
+        return cls(model, **_recipe_settings(recipe))
 
     def compute_loss_from_embeddings(self, embeddings: list[Tensor], labels: Tensor) -> Tensor:
         if len(embeddings) < 2:
@@ -179,6 +209,12 @@ class CachedInfoNCELoss(_InfoNCEMixin, CachedMultipleNegativesRankingLoss):
             show_progress_bar=show_progress_bar,
         )
 
+    embedding_loss = staticmethod(info_nce)  # the same loss as InfoNCELoss's
+
+    @classmethod
+    def from_recipe(cls, model, recipe) -> CachedInfoNCELoss:
+        return cls(model, **_recipe_settings(recipe), mini_batch_size=recipe.cache_mini_batch_size)
+
     def calculate_loss(
         self, reps: list[list[Tensor]], labels: Tensor | None = None, *, with_backward: bool = False
     ):
@@ -197,3 +233,22 @@ class CachedInfoNCELoss(_InfoNCEMixin, CachedMultipleNegativesRankingLoss):
             "reduction": self.reduction,
             "mini_batch_size": self.mini_batch_size,
         }
+
+
+#: loss name in a recipe -> its class
+LOSSES: dict[str, type] = {
+    "infonce": InfoNCELoss,
+    "cached_infonce": CachedInfoNCELoss,
+}
+
+
+def check_loss_name(name: str) -> str:
+    """``name`` if it is a registered loss; else an error naming the valid ones."""
+    if name not in LOSSES:
+        raise ValueError(f"unknown loss {name!r}; valid: {sorted(LOSSES)}")
+    return name
+
+
+def build_loss(name: str, model, recipe):
+    """The loss ``name`` for ``model``, with its settings read from ``recipe``."""
+    return LOSSES[check_loss_name(name)].from_recipe(model, recipe)

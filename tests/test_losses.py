@@ -113,3 +113,23 @@ def test_bad_arguments(tiny):
         InfoNCELoss(tiny, reduction="max")
     with pytest.raises(ValueError, match="temperature"):
         InfoNCELoss(tiny, temperature=0)
+
+
+def test_loss_registry_builds_from_a_recipe_and_fails_loudly(tiny):
+    from neoembed.losses import LOSSES, build_loss
+    from neoembed.recipe import RecipeError, load_recipe
+    from neoembed.train.recipe import UnifiedRecipe
+
+    recipe = load_recipe("tiny", UnifiedRecipe, ["temperature=0.05", "cache_mini_batch_size=4"])
+    assert recipe.loss == "infonce"
+    plain = build_loss("infonce", tiny, recipe)
+    cached = build_loss("cached_infonce", tiny, recipe)
+    assert isinstance(plain, InfoNCELoss) and plain.tau == 0.05
+    assert isinstance(cached, CachedInfoNCELoss) and cached.mini_batch_size == 4 and cached.tau == 0.05
+    for cls in LOSSES.values():  # CDE's two-stage step scores with the same InfoNCE
+        assert cls.embedding_loss is info_nce
+    with pytest.raises(ValueError, match=r"unknown loss 'triplet'; valid: \['cached_infonce', 'infonce'\]"):
+        build_loss("triplet", tiny, recipe)
+    with pytest.raises(RecipeError, match=r"unknown loss 'triplet'; valid"):
+        load_recipe("tiny", UnifiedRecipe, ["loss=triplet"])
+    assert load_recipe("tiny", UnifiedRecipe, ["loss=cached_infonce"]).loss == "cached_infonce"

@@ -395,3 +395,61 @@ def test_card_task_instruction_reaches_the_encoder(minilm, shared_dir, tmp_path)
     a = _run(minilm, tmp_path / "a", data_dir=cards, instructions="paper").scores["MSRP"]["main_score"]
     b = _run(minilm, tmp_path / "b", data_dir=cards, instructions="none").scores["MSRP"]["main_score"]
     assert a != b
+
+
+def test_reranking_conversion_equals_mteb_own_and_leaves_mteb_state_alone(shared_dir, monkeypatch):
+    """Card reranking tasks are converted by neoembed (mteb converts only names appended to its module-level
+    list, which neoembed must not edit): the same queries, corpus, qrels and candidates as mteb's conversion."""
+    from mteb.abstasks.text import reranking
+
+    from neoembed.eval.task_cards import TaskCard, _load_renamed, build_card_task, reranking_as_retrieval
+
+    card = TaskCard(name="TrecQA", type="Reranking")
+    data = shared_dir / "data" / "eval" / "TrecQA"
+    before = list(reranking.OLD_FORMAT_RERANKING_TASKS)
+    ours_task = build_card_task(card, data)
+    ours_task.load_data()
+    assert reranking.OLD_FORMAT_RERANKING_TASKS == before  # nothing appended to mteb's list
+    ours = reranking_as_retrieval(_load_renamed(card, data))["test"]
+    assert ours_task.dataset["default"]["test"]["queries"]["id"] == ours["queries"]["id"]
+
+    monkeypatch.setattr(
+        reranking, "OLD_FORMAT_RERANKING_TASKS", ["TrecQA"]
+    )  # mteb's way, undone after the test
+    theirs_task = build_card_task(card, data)
+    reranking.AbsTaskReranking.transform_old_dataset_format(theirs_task, _load_renamed(card, data))
+    theirs = theirs_task.dataset["default"]["test"]
+    for part in ("corpus", "queries"):
+        assert ours[part].to_list() == theirs[part].to_list()
+    assert ours["relevant_docs"] == {k: dict(v) for k, v in theirs["relevant_docs"].items()}
+    assert ours["top_ranked"] == {k: list(v) for k, v in theirs["top_ranked"].items()}
+
+
+def test_task_type_registry_is_the_one_place_that_names_types(shared_dir):
+    """Every type a card can hold has its columns, main score, mteb class and card name in one spec; the card
+    schema, dataset cards and the Table-4 summary read it; unknown types fail with the valid names."""
+    from neoembed.eval.summary import MTEB_ENG_V1_TASKS_PER_TYPE
+    from neoembed.eval.task_cards import TaskCard, build_card_task, dataset_card_task
+    from neoembed.eval.task_types import TASK_TYPES, card_type_names, task_type
+
+    assert sum(MTEB_ENG_V1_TASKS_PER_TYPE.values()) == 56
+    assert card_type_names() == {
+        "classification": "Classification",
+        "clustering": "Clustering",
+        "pair_classification": "PairClassification",
+        "reranking": "Reranking",
+        "retrieval": "Retrieval",
+        "sts": "STS",
+    }
+    for name in card_type_names().values():
+        spec = task_type(name)
+        assert spec.main_score and spec.base_class().__name__.startswith("AbsTask")
+    with pytest.raises(ValueError, match=r"unknown task type 'Summarization'.*valid: \['Classification'"):
+        TaskCard(name="x", type="Summarization")
+    sts = build_card_task(
+        TaskCard(name="MyTask", type="STS", score_range=(0, 1)), shared_dir / "data" / "eval"
+    )
+    assert (sts.min_score, sts.max_score) == (0, 1) and sts.metadata.main_score == "cosine_spearman"
+    assert "Retrieval" in TASK_TYPES and dataset_card_task(shared_dir / "data" / "eval" / "MSRP")[1].type == (
+        "PairClassification"
+    )

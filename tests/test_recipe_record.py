@@ -82,3 +82,49 @@ def test_cli_version_and_help():
         [sys.executable, "-m", "neoembed", "convert", "--help"], capture_output=True, text=True
     )
     assert r.returncode == 0 and "--to" in r.stdout
+
+
+def test_recipe_kind_is_a_discriminated_union_read_after_the_overrides():
+    from neoembed.cde.recipe import CDERecipe
+    from neoembed.recipe import kind_union
+    from neoembed.train.recipe import UnifiedRecipe
+
+    kinds = kind_union(UnifiedRecipe, CDERecipe)
+    assert isinstance(load_recipe("tiny", kinds), UnifiedRecipe)  # no kind: the first schema's
+    assert isinstance(load_recipe("cde-tiny", kinds), CDERecipe)
+    # the override decides the schema: tiny's unified-only keys are now unknown keys of the CDE recipe
+    with pytest.raises(RecipeError, match=r"(?s)invalid CDERecipe.*unknown key 'pooling'"):
+        load_recipe("tiny", kinds, ["kind=cde"])
+    with pytest.raises(RecipeError, match=r"unknown key 'chunk_size'"):
+        load_recipe("cde-tiny", kinds, ["kind=unified"])
+    with pytest.raises(RecipeError, match="'unified', 'cde'"):
+        load_recipe("tiny", kinds, ["kind=mlm"])
+
+
+def test_one_rule_for_paths_in_a_recipe(tmp_path, monkeypatch):
+    from neoembed.recipe import resolve_recipe_path
+
+    recipe_dir = tmp_path / "recipes"
+    (recipe_dir / "model").mkdir(parents=True)
+    (tmp_path / "work" / "here").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "work")
+    assert resolve_recipe_path("model", recipe_dir) == str(
+        (recipe_dir / "model").resolve()
+    )  # beside the recipe
+    assert resolve_recipe_path("here", recipe_dir) == "here"  # the working directory first
+    assert resolve_recipe_path("org/name", recipe_dir) == "org/name"  # a hub id stays
+    assert resolve_recipe_path(str(tmp_path), recipe_dir) == str(tmp_path)
+
+
+def test_one_optimizer_config_for_every_recipe():
+    from neoembed.cde.recipe import CDERecipe
+    from neoembed.pretrain.recipe import PretrainRecipe
+    from neoembed.recipe import OptimizerConfig
+    from neoembed.train.recipe import UnifiedRecipe
+
+    for schema in (UnifiedRecipe, CDERecipe, PretrainRecipe):
+        assert schema.model_fields["optimizer"].annotation is OptimizerConfig
+    pre = load_recipe("pretrain-tiny", PretrainRecipe)
+    assert pre.optimizer.weight_decay == 0.1
+    with pytest.raises(RecipeError, match="schedule:"):  # pre-training's schedule has its own block
+        load_recipe("pretrain-tiny", PretrainRecipe, ["optimizer.warmup_steps=10"])

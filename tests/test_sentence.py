@@ -130,8 +130,13 @@ def test_cls_pooling_and_normalize(tiny_official, tiny_expected):
         emb = model({"input_ids": ids, "attention_mask": mask})["sentence_embedding"]
     ref = torch.nn.functional.normalize(tiny_expected["last_hidden_state"][:, 0], dim=-1)
     assert (emb - ref).abs().max() <= 1e-4
-    with pytest.raises(ValueError, match="valid: \\['mean', 'cls'\\]"):
+    with pytest.raises(ValueError, match="valid: \\['cls', 'mean'\\]"):  # the registry, POOLING_MODES
         neoembed.load(tiny_official, pooling="max")
+    from neoembed.recipe import RecipeError, load_recipe
+    from neoembed.train.recipe import UnifiedRecipe
+
+    with pytest.raises(RecipeError, match="unknown pooling 'max'"):  # recipes read the same registry
+        load_recipe("tiny", UnifiedRecipe, ["pooling=max"])
 
 
 def test_minilm_reproduces_sentence_transformers(minilm_path):

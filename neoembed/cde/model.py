@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+import neoembed.modeling  # noqa: F401  (NeoBERT registered with the Auto classes)
 from neoembed.cde.modeling_cde import ContextMissingError, ContextualDocumentEmbedder
 from neoembed.sentence import EmbeddingModel
 
@@ -52,8 +53,6 @@ class ContextualSentenceTransformer(EmbeddingModel):
     ) -> ContextualSentenceTransformer:
         """A fresh CDE model: both stages start as copies of ``name_or_path`` (any Hugging Face encoder, or a
         sentence-transformers folder, whose Transformer module is used)."""
-        import neoembed  # noqa: F401  (NeoBERT registered with the Auto classes)
-
         source = Path(name_or_path)
         if (source / "modules.json").is_file():  # a sentence-transformers folder: its transformer weights
             modules = json.loads((source / "modules.json").read_text())
@@ -85,12 +84,9 @@ class ContextualSentenceTransformer(EmbeddingModel):
             list(documents), prompt=self.prompts.get("document"), batch_size=batch_size
         )
 
-    #: the context used when ``encode`` gets no ``dataset_embeddings`` (``neoembed mteb`` sets it per task)
-    default_dataset_embeddings: torch.Tensor | str | None = None
-
     def encode(self, inputs, *args, dataset_embeddings=None, **kwargs):  # type: ignore[override]
-        if dataset_embeddings is None:
-            dataset_embeddings = self.default_dataset_embeddings
+        # the context travels with each call and is never kept on the model: a model used after one task
+        # must not silently encode with that task's corpus (``neoembed mteb`` passes each task's context)
         if dataset_embeddings is None:
             raise ContextMissingError(
                 "a CDE model needs a context: pass dataset_embeddings=model.encode_context(corpus_sample) "

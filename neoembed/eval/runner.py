@@ -230,9 +230,9 @@ def _is_cde(model) -> bool:
 
 
 def _load_model(cfg: EvalConfig):
-    import neoembed
+    from neoembed.loading import load
 
-    model = neoembed.load(cfg.model, device=cfg.device)
+    model = load(cfg.model, device=cfg.device)
     if cfg.max_length:
         model.max_seq_length = cfg.max_length
     return model
@@ -260,11 +260,57 @@ def _task_result_dict(result) -> dict:
     return {}
 
 
-def run_mteb(cfg: EvalConfig, model=None) -> EvalReport:
-    """Evaluate ``cfg.model`` (or an already loaded ``model``) on the configured tasks."""
+def _task_context(cfg: EvalConfig, model, task, output: Path):
+    """A CDE model's context for ``task`` ("null" or a seeded corpus sample); None for other models."""
+    if not _is_cde(model):
+        return None
+    if cfg.cde_context == "null":
+        return "null"
+    return task_context(model, task, cfg.seed, output / "cde_context", str(cfg.model))
+
+
+def _mteb_wrapper(model, prompts: dict[str, str], context):
+    """mteb's sentence-transformers wrapper for one task; with a CDE ``context``, every encode call of this task
+    carries it as ``dataset_embeddings`` (the wrapper is dropped after the task: nothing is left on the model)."""
+    from mteb.models import SentenceTransformerEncoderWrapper
+
+    class _WithContext(SentenceTransformerEncoderWrapper):
+        def encode(self, inputs, **kwargs):
+            return super().encode(inputs, dataset_embeddings=context, **kwargs)
+
+    cls = SentenceTransformerEncoderWrapper if context is None else _WithContext
+    with warnings.catch_warnings():  # mteb nags when a model has no generic query/document prompts
+        warnings.simplefilter("ignore", UserWarning)
+        return cls(model, model_prompts=prompts)
+
+
+def _evaluate_task(cfg: EvalConfig, model, task, prompts: dict, precision: str, output: Path):
+    """(mteb's task result, main score) of one task; raises when the task cannot run or scores NaN."""
     import mteb
     from mteb.cache import ResultCache
-    from mteb.models import SentenceTransformerEncoderWrapper
+
+    if isinstance(task, _Unresolvable):
+        raise task.error
+    wrapper = _mteb_wrapper(model, prompts, _task_context(cfg, model, task, output))
+    device = str(model.device)
+    with _autocast(precision, device), torch.inference_mode():
+        result = mteb.evaluate(
+            wrapper,
+            task,
+            cache=ResultCache(output / "mteb"),
+            overwrite_strategy="always",
+            encode_kwargs={"batch_size": cfg.batch_size},
+            show_progress_bar=True,
+        )
+    task_result = result.task_results[0]
+    score = float(task_result.get_score())
+    if score != score:  # NaN
+        raise FloatingPointError("the main score is NaN: the model produced non-finite embeddings")
+    return task_result, score
+
+
+def run_mteb(cfg: EvalConfig, model=None) -> EvalReport:
+    """Evaluate ``cfg.model`` (or an already loaded ``model``) on the configured tasks."""
     from tqdm.auto import tqdm
 
     from neoembed.recipe import seed_everything
@@ -300,32 +346,9 @@ def run_mteb(cfg: EvalConfig, model=None) -> EvalReport:
         if instruction is None:
             instruction = paper_type_instruction(ttype, label)
         prompts = task_prompts(name, ttype, instruction, cfg.template, registered=_is_registered(name))
-        with warnings.catch_warnings():  # mteb nags when a model has no generic query/document prompts
-            warnings.simplefilter("ignore", UserWarning)
-            wrapper = SentenceTransformerEncoderWrapper(model, model_prompts=prompts)
         t0 = time.perf_counter()
         try:
-            if isinstance(task, _Unresolvable):
-                raise task.error
-            if _is_cde(model):
-                model.default_dataset_embeddings = (
-                    "null"
-                    if cfg.cde_context == "null"
-                    else task_context(model, task, cfg.seed, output / "cde_context", str(cfg.model))
-                )
-            with _autocast(precision, device), torch.inference_mode():
-                result = mteb.evaluate(
-                    wrapper,
-                    task,
-                    cache=ResultCache(output / "mteb"),
-                    overwrite_strategy="always",
-                    encode_kwargs={"batch_size": cfg.batch_size},
-                    show_progress_bar=True,
-                )
-            task_result = result.task_results[0]
-            score = float(task_result.get_score())
-            if score != score:  # NaN
-                raise FloatingPointError("the main score is NaN: the model produced non-finite embeddings")
+            task_result, score = _evaluate_task(cfg, model, task, prompts, precision, output)
         except Exception as e:
             logger.error("task %s failed: %s", name, e)
             report.failed[name] = f"{type(e).__name__}: {e}"

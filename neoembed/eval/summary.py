@@ -8,29 +8,14 @@ import io
 import json
 from pathlib import Path
 
+from neoembed.eval.task_types import TASK_TYPES
 from neoembed.record import atomic_write_text
 
 __all__ = ["MTEB_ENG_V1_TASKS_PER_TYPE", "compare_runs", "load_run", "summarize", "write_summary"]
 
-TYPE_ORDER = (
-    "Classification",
-    "Clustering",
-    "PairClassification",
-    "Reranking",
-    "Retrieval",
-    "STS",
-    "Summarization",
-)
+TYPE_ORDER = tuple(TASK_TYPES)  # Table 4's column order
 #: Task counts of MTEB(eng, v1) per type (56 tasks; CQADupstack counted once).
-MTEB_ENG_V1_TASKS_PER_TYPE = {
-    "Classification": 12,
-    "Clustering": 11,
-    "PairClassification": 3,
-    "Reranking": 4,
-    "Retrieval": 15,
-    "STS": 10,
-    "Summarization": 1,
-}
+MTEB_ENG_V1_TASKS_PER_TYPE = {name: spec.mteb_eng_v1_tasks for name, spec in TASK_TYPES.items()}
 
 
 def load_run(run_dir: str | Path) -> dict[str, dict]:

@@ -27,13 +27,13 @@ task card: as that mteb task, or as a card task of its type (see :func:`dataset_
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
 import yaml
-from pydantic import ValidationError
+from pydantic import ValidationError, field_validator
 
 from neoembed.card_schema import DatasetCard
 from neoembed.eval.local_data import LocalDataError, local_dataset_repo
+from neoembed.eval.task_types import card_type_names, task_type
 from neoembed.recipe import RecipeError, StrictModel, format_validation_error
 
 __all__ = [
@@ -47,23 +47,6 @@ __all__ = [
 
 CARD_FILE = "task.yaml"
 DATASET_CARD_FILE = "card.yaml"
-TaskType = Literal["STS", "PairClassification", "Reranking", "Retrieval", "Classification", "Clustering"]
-EXPECTED_COLUMNS = {
-    "STS": ("sentence1", "sentence2", "score"),
-    "PairClassification": ("sentence1", "sentence2", "labels"),
-    "Reranking": ("query", "positive", "negative"),
-    "Retrieval": (),  # mteb's own layout: corpus (_id, title, text), queries (_id, text), qrels (query-id, corpus-id, score)
-    "Classification": ("text", "label"),
-    "Clustering": ("sentences", "labels"),
-}
-DEFAULT_MAIN_SCORE = {
-    "STS": "cosine_spearman",
-    "PairClassification": "max_ap",
-    "Reranking": "map_at_1000",
-    "Retrieval": "ndcg_at_10",
-    "Classification": "accuracy",
-    "Clustering": "v_measure",
-}
 # the other names a column goes by in data files; used where a card maps nothing for it
 COLUMN_ALIASES = {
     "labels": ("label",),
@@ -74,20 +57,11 @@ COLUMN_ALIASES = {
     "text": ("sentence", "sentences"),
     "sentences": ("sentence", "text"),
 }
-# dataset cards (card.yaml) name their task type in snake case
-DATASET_CARD_TYPES = {
-    "sts": "STS",
-    "pair_classification": "PairClassification",
-    "reranking": "Reranking",
-    "retrieval": "Retrieval",
-    "classification": "Classification",
-    "clustering": "Clustering",
-}
 
 
 class TaskCard(StrictModel):
     name: str
-    type: TaskType
+    type: str  # a name in neoembed.eval.task_types.TASK_TYPES that local cards can hold
     data: str = "."
     eval_splits: list[str] = ["test"]
     columns: dict[str, str] = {}
@@ -97,6 +71,11 @@ class TaskCard(StrictModel):
     score_range: tuple[float, float] = (0.0, 5.0)
     license: str | None = None
     train_split: str = "train"
+
+    @field_validator("type")
+    @classmethod
+    def _registered_type(cls, v):
+        return task_type(v).name
 
 
 def load_task_card(path: str | Path) -> tuple[TaskCard, Path]:
@@ -135,12 +114,13 @@ def dataset_card_task(folder: str | Path) -> tuple[str | None, TaskCard | None]:
         raise LocalDataError(format_validation_error(e, DatasetCard, str(path))) from None
     mteb_task = dcard.mteb_task or None
     kind = str(dcard.task_type or "").lower()
-    if kind not in DATASET_CARD_TYPES:
+    card_types = card_type_names()
+    if kind not in card_types:
         if mteb_task:
             return mteb_task, None
         raise LocalDataError(
             f"{path}: task_type {dcard.task_type!r} is not an evaluation task; valid: "
-            f"{sorted(DATASET_CARD_TYPES)} (or set mteb_task)"
+            f"{sorted(card_types)} (or set mteb_task)"
         )
     splits = list(dcard.splits) or ["test"]
     eval_splits = ["test"] if "test" in splits else [s for s in splits if s != "train"]
@@ -148,7 +128,7 @@ def dataset_card_task(folder: str | Path) -> tuple[str | None, TaskCard | None]:
         raise LocalDataError(f"{path}: no evaluation split among {splits}")
     card = TaskCard(
         name=mteb_task or str(dcard.name or folder.name),
-        type=DATASET_CARD_TYPES[kind],
+        type=card_types[kind],
         eval_splits=eval_splits,
         description=str(
             dcard.format or f"Local data in {folder.name}, described by its {DATASET_CARD_FILE}."
@@ -173,102 +153,107 @@ def _load_renamed(card: TaskCard, data: Path):
 
     repo = local_dataset_repo(data)
     ds = datasets.load_dataset(str(repo))
-    splits = card.eval_splits + ([card.train_split] if card.type == "Classification" else [])
+    spec = task_type(card.type)
+    splits = card.eval_splits + ([card.train_split] if spec.fits_on_train else [])
     missing_splits = [s for s in splits if s not in ds]
     if missing_splits:
         raise LocalDataError(f"task {card.name}: split(s) {missing_splits} not in {data} (found {list(ds)})")
     out = {}
     for split in dict.fromkeys(splits):
         d = ds[split]
-        mapping = {_column_source(card, c, d.column_names): c for c in EXPECTED_COLUMNS[card.type]}
+        mapping = {_column_source(card, c, d.column_names): c for c in spec.columns}
         missing = [src for src in mapping if src not in d.column_names]
         if missing:
             raise LocalDataError(
                 f"task {card.name}: column(s) {missing} not in {data} split {split} (has {d.column_names}); "
-                f"map them with `columns:` (mteb expects {list(EXPECTED_COLUMNS[card.type])})"
+                f"map them with `columns:` (mteb expects {list(spec.columns)})"
             )
         d = d.select_columns(list(mapping)).rename_columns({k: v for k, v in mapping.items() if k != v})
         out[split] = d
     return datasets.DatasetDict(out)
 
 
-def build_card_task(card: TaskCard, data: Path):
-    """An mteb task object of the card's type whose data come from ``data``."""
-    from mteb.abstasks.pair_classification import AbsTaskPairClassification
-    from mteb.abstasks.sts import AbsTaskSTS
-    from mteb.abstasks.task_metadata import TaskMetadata
-    from mteb.abstasks.text import reranking
+def reranking_as_retrieval(dataset) -> dict:
+    """Rows of ``query``, ``positive`` (list) and ``negative`` (list) per split -> mteb's retrieval layout with
+    each query's candidates as its ``top_ranked``, under the ids mteb's own conversion gives them (so ties break
+    the same way). mteb converts only tasks whose names were appended to its module-level
+    ``OLD_FORMAT_RERANKING_TASKS``; neoembed leaves that list alone and converts here."""
+    from datasets import Dataset
+    from mteb.abstasks.retrieval_dataset_loaders import RetrievalSplitData
 
-    fields = dict(
-        name=card.name,
-        description=card.description,
-        dataset={"path": str(data), "revision": "local"},
-        type=card.type,
-        category="t2t",
-        modalities=["text"],
-        eval_splits=card.eval_splits,
-        eval_langs=["eng-Latn"],
-        main_score=card.main_score or DEFAULT_MAIN_SCORE[card.type],
-        license=card.license,
-        prompt=card.instruction,
-    )
-    try:
-        metadata = TaskMetadata(**fields)
-    except ValidationError as e:
-        if not card.license or not any(err["loc"][:1] == ("license",) for err in e.errors()):
-            raise
-        # mteb takes an SPDX-like name or a URL; a licence in words goes into the description instead
-        fields.update(license=None, description=f"{card.description} Licence: {card.license}")
-        metadata = TaskMetadata(**fields)
-
-    if card.type == "Retrieval":
-        from mteb.abstasks.retrieval import AbsTaskRetrieval
-
-        metadata = metadata.model_copy(
-            update={"dataset": {"path": str(local_dataset_repo(data)), "revision": "local"}}
+    out = {}
+    for split, rows in dataset.items():
+        kept = [r for r in rows if len(r["positive"]) > 0 and len(r["negative"]) > 0]
+        corpus, queries, relevant, top_ranked = [], [], {}, {}
+        for i, row in enumerate(kept):
+            qid = f"{split}_query{i}"
+            queries.append({"id": qid, "text": row["query"]})
+            docs = [(f"apositive_{qid}_{j:05d}", t, 1) for j, t in enumerate(row["positive"])]
+            docs += [(f"negative_{qid}_{j:05d}", t, 0) for j, t in enumerate(row["negative"])]
+            corpus += [{"title": "", "text": t, "id": doc_id} for doc_id, t, _ in docs]
+            relevant[qid] = {doc_id: rel for doc_id, _, rel in docs}
+            top_ranked[qid] = [doc_id for doc_id, _, _ in docs]
+        out[split] = RetrievalSplitData(
+            corpus=Dataset.from_list(corpus),
+            queries=Dataset.from_list(queries),
+            relevant_docs=relevant,
+            top_ranked=top_ranked,
         )
+    return out
 
-        class CardRetrieval(AbsTaskRetrieval):
+
+def build_card_task(card: TaskCard, data: Path):
+    """An mteb task object of the card's type whose data come from ``data`` (the type's spec says how)."""
+    spec = task_type(card.type)
+    metadata = _card_metadata(card, spec, data)
+    base = spec.base_class()
+    if spec.loads == "retrieval":  # mteb's own loader reads the folder's corpus / queries / qrels files
+
+        class CardTask(base):  # type: ignore[valid-type,misc]
             pass
 
-        cls = CardRetrieval
-    elif card.type == "Reranking":
-        if card.name not in reranking.OLD_FORMAT_RERANKING_TASKS:
-            reranking.OLD_FORMAT_RERANKING_TASKS.append(card.name)
-
-        class CardReranking(reranking.AbsTaskReranking):
-            def load_data(self, num_proc=None, **kwargs):
-                if self.data_loaded:
-                    return
-                self.transform_old_dataset_format(_load_renamed(card, data))
-                self.data_loaded = True
-
-        cls = CardReranking
     else:
-        from mteb.abstasks.classification import AbsTaskClassification
-        from mteb.abstasks.clustering import AbsTaskClustering
-
-        base = {
-            "STS": AbsTaskSTS,
-            "PairClassification": AbsTaskPairClassification,
-            "Classification": AbsTaskClassification,
-            "Clustering": AbsTaskClustering,
-        }[card.type]
 
         class CardTask(base):  # type: ignore[valid-type,misc]
             def load_data(self, num_proc=None, **kwargs):
                 if self.data_loaded:
                     return
-                self.dataset = _load_renamed(card, data)
+                rows = _load_renamed(card, data)
+                if spec.loads == "reranking":
+                    self.dataset = {subset: reranking_as_retrieval(rows) for subset in self.hf_subsets}
+                else:
+                    self.dataset = rows
                 self.data_loaded = True
 
-        if card.type == "STS":
-            CardTask.min_score, CardTask.max_score = card.score_range
-        elif card.type == "Classification":
-            CardTask.train_split = card.train_split
-        elif card.type == "Clustering":  # local sets are small: cluster every document, not mteb's 4% sample
-            CardTask.max_fraction_of_documents_to_embed = None
-        cls = CardTask
-    cls.metadata = metadata
-    cls.__name__ = f"Card{card.type}_{card.name}"
-    return cls()
+    for key, value in spec.settings(card).items():
+        setattr(CardTask, key, value)
+    CardTask.metadata = metadata
+    CardTask.__name__ = f"Card{card.type}_{card.name}"
+    return CardTask()
+
+
+def _card_metadata(card: TaskCard, spec, data: Path):
+    from mteb.abstasks.task_metadata import TaskMetadata
+
+    path = local_dataset_repo(data) if spec.loads == "retrieval" else data
+    fields = dict(
+        name=card.name,
+        description=card.description,
+        dataset={"path": str(path), "revision": "local"},
+        type=card.type,
+        category="t2t",
+        modalities=["text"],
+        eval_splits=card.eval_splits,
+        eval_langs=["eng-Latn"],
+        main_score=card.main_score or spec.main_score,
+        license=card.license,
+        prompt=card.instruction,
+    )
+    try:
+        return TaskMetadata(**fields)
+    except ValidationError as e:
+        if not card.license or not any(err["loc"][:1] == ("license",) for err in e.errors()):
+            raise
+        # mteb takes an SPDX-like name or a URL; a licence in words goes into the description instead
+        fields.update(license=None, description=f"{card.description} Licence: {card.license}")
+        return TaskMetadata(**fields)

@@ -101,24 +101,20 @@ def pretrain_command(
     typer.echo(f"done: {out}")
 
 
-def _near(value: str | None, recipe_dir: Path) -> str | None:
-    """A relative path that exists only next to the recipe file is taken from there."""
-    if value is None or Path(value).is_absolute() or Path(value).exists():
-        return value
-    candidate = recipe_dir / value
-    return str(candidate.resolve()) if candidate.exists() else value
-
-
 def resolve_recipe_paths(recipe, recipe_dir: Path):
+    from neoembed.recipe import resolve_recipe_path as _near_recipe
+
     """Tokenizer, init_from and data paths: the working directory first, then the recipe's folder."""
     data = recipe.data.model_copy(
         update={
-            "sources": [s.model_copy(update={"path": _near(s.path, recipe_dir)}) for s in recipe.data.sources]
+            "sources": [
+                s.model_copy(update={"path": _near_recipe(s.path, recipe_dir)}) for s in recipe.data.sources
+            ]
         }
     )
-    model = recipe.model.model_copy(update={"init_from": _near(recipe.model.init_from, recipe_dir)})
+    model = recipe.model.model_copy(update={"init_from": _near_recipe(recipe.model.init_from, recipe_dir)})
     return recipe.model_copy(
-        update={"tokenizer": _near(recipe.tokenizer, recipe_dir), "data": data, "model": model}
+        update={"tokenizer": _near_recipe(recipe.tokenizer, recipe_dir), "data": data, "model": model}
     )
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
+from pydantic import NonNegativeInt, PositiveInt, field_validator, model_validator
 
-from neoembed.recipe import Recipe, StrictModel
+from neoembed.recipe import OptimizerConfig, Recipe, StrictModel
 
 __all__ = [
     "BatchConfig",
@@ -89,16 +89,6 @@ class BatchConfig(StrictModel):
     grad_accumulation: PositiveInt = 1
 
 
-class OptimizerConfig(StrictModel):
-    """AdamW; weight decay applies to matrices and embeddings, not to norms and biases."""
-
-    lr: PositiveFloat = 6e-4
-    betas: tuple[float, float] = (0.9, 0.95)
-    eps: float = 1e-8
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0
-
-
 class ScheduleConfig(StrictModel):
     warmup_steps: NonNegativeInt = 2000
     decay_fraction: float = 0.9
@@ -112,7 +102,7 @@ class PretrainRecipe(Recipe):
     data: DataConfig
     masking: MaskingConfig = MaskingConfig()
     batch: BatchConfig = BatchConfig()
-    optimizer: OptimizerConfig = OptimizerConfig()
+    optimizer: OptimizerConfig = OptimizerConfig(lr=6e-4, weight_decay=0.1)  # the paper's AdamW
     schedule: ScheduleConfig = ScheduleConfig()
     steps: PositiveInt = 1_000_000
     precision: Literal["fp32", "bf16", "fp16"] = "bf16"
@@ -127,6 +117,12 @@ class PretrainRecipe(Recipe):
 
     @model_validator(mode="after")
     def _consistent(self):
+        misplaced = sorted({"warmup_steps", "schedule"} & self.optimizer.model_fields_set)
+        if misplaced:
+            raise ValueError(
+                f"optimizer.{misplaced[0]} is the contrastive trainers' setting; pre-training's warm-up and decay "
+                "are set under schedule: (warmup_steps, decay_fraction, final_ratio)"
+            )
         end = self.schedule.decay_fraction * self.steps
         if end <= self.schedule.warmup_steps:
             raise ValueError(

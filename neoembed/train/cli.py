@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -29,56 +28,31 @@ def train_command(
 
     Exit codes: 0 done, 1 stopped (NaN loss, out of memory, disk full), 2 bad input, 130 / 143 interrupted by
     Ctrl-C / SIGTERM after checkpointing (continue with --resume)."""
-    from neoembed.recipe import RecipeError, load_recipe, resolve_named_file
+    from neoembed.cde.recipe import CDERecipe
+    from neoembed.recipe import RecipeError, kind_union, load_recipe, resolve_named_file, resolve_recipe_path
+    from neoembed.train.recipe import UnifiedRecipe
 
     path = resolve_named_file(recipe, "recipes")
-    kind = _recipe_kind(path, overrides or [])
+    # the kind is read from the validated recipe, after the overrides (``kind=cde`` works)
+    parsed = load_recipe(path, kind_union(UnifiedRecipe, CDERecipe), overrides or [])
+    parsed = parsed.model_copy(update={"model": resolve_recipe_path(parsed.model, path.parent)})
     if dry_run:
-        if kind != "unified":
-            raise RecipeError(f"--dry-run describes unified recipes (kind: unified); {path} is kind: {kind}")
+        if not isinstance(parsed, UnifiedRecipe):
+            raise RecipeError(f"--dry-run describes unified recipes (kind: unified); {path} is kind: {parsed.kind}")
         from neoembed.data.plan import dry_run as describe
-        from neoembed.train.recipe import UnifiedRecipe
 
-        typer.echo(describe(load_recipe(path, UnifiedRecipe, overrides or []), path.parent))
+        typer.echo(describe(parsed, path.parent))
         return
-    if kind == "cde":
-        from neoembed.cde.recipe import CDERecipe
+    if isinstance(parsed, CDERecipe):
         from neoembed.cde.trainer import train_cde
 
-        parsed = _resolve_model_path(load_recipe(path, CDERecipe, overrides or []), path.parent)
         out = train_cde(parsed, recipe_dir=path.parent, resume=resume, overwrite=overwrite)
-    elif kind == "unified":
-        from neoembed.train.recipe import UnifiedRecipe
+    else:
         from neoembed.train.trainer import train
 
-        parsed = _resolve_model_path(load_recipe(path, UnifiedRecipe, overrides or []), path.parent)
         out = train(parsed, recipe_dir=path.parent, resume=resume, overwrite=overwrite)
-    else:
-        raise RecipeError(f"{path}: unknown recipe kind {kind!r}; valid: 'unified', 'cde'")
     _release_process_group()
     typer.echo(f"done: {out}")
-
-
-def _recipe_kind(path: Path, overrides: list[str]) -> str:
-    """The recipe's ``kind`` (default unified); a file that is not a YAML mapping is a RecipeError naming it."""
-    import yaml
-
-    from neoembed.recipe import RecipeError
-
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as e:
-        raise RecipeError(f"{path} is not valid YAML ({e}); fix the line it names") from None
-    except UnicodeDecodeError as e:
-        raise RecipeError(f"{path} is not UTF-8 text ({e}): is it a recipe?") from None
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise RecipeError(
-            f"{path} must hold a mapping (key: value lines) at the top level, got a {type(data).__name__}"
-        )
-    kinds = [o.split("=", 1)[1].strip() for o in overrides if o.split("=", 1)[0].strip() == "kind"]
-    return kinds[-1] if kinds else data.get("kind", "unified")
 
 
 def _release_process_group() -> None:
@@ -89,11 +63,3 @@ def _release_process_group() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
-
-
-def _resolve_model_path(recipe, recipe_dir: Path):
-    """A relative model path is looked up next to the recipe first, then in the working directory."""
-    candidate = recipe_dir / recipe.model
-    if not Path(recipe.model).is_absolute() and candidate.exists() and not Path(recipe.model).exists():
-        return recipe.model_copy(update={"model": str(candidate.resolve())})
-    return recipe

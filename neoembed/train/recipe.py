@@ -7,28 +7,9 @@ from typing import Literal
 from pydantic import NonNegativeInt, PositiveFloat, PositiveInt, field_validator
 
 from neoembed.instructions import DEFAULT_TEMPLATE
-from neoembed.recipe import Recipe, StrictModel
+from neoembed.recipe import DatasetEntry, DatasetList, OptimizerConfig, Recipe
 
 __all__ = ["DatasetEntry", "OptimizerConfig", "UnifiedRecipe"]
-
-
-class DatasetEntry(StrictModel):
-    """One training set: a data card (shipped name or path) and optional per-dataset settings."""
-
-    card: str
-    batch_size: PositiveInt | None = None  # default: the recipe's batch_size
-    max_rows: PositiveInt | None = None
-    max_negatives: NonNegativeInt | None = None
-
-
-class OptimizerConfig(StrictModel):
-    lr: PositiveFloat = 1e-4
-    betas: tuple[float, float] = (0.9, 0.95)
-    eps: float = 1e-8
-    weight_decay: float = 0.01
-    warmup_steps: NonNegativeInt = 0
-    schedule: Literal["cosine", "linear", "constant"] = "cosine"
-    grad_clip: float = 1.0
 
 
 class UnifiedRecipe(Recipe):
@@ -37,9 +18,9 @@ class UnifiedRecipe(Recipe):
 
     kind: Literal["unified"] = "unified"
     model: str
-    pooling: Literal["mean", "cls"] = "mean"
+    pooling: str = "mean"  # a name in neoembed.sentence.POOLING_MODES
     max_length: PositiveInt = 512
-    datasets: list[DatasetEntry]
+    datasets: DatasetList
     card_dirs: list[str] = []  # extra folders searched for card names (relative to the recipe file)
     steps: PositiveInt = 2000
     batch_size: PositiveInt = 128
@@ -47,7 +28,8 @@ class UnifiedRecipe(Recipe):
     alpha: float = 0.5
     mask_duplicates: bool = True
     reduction: Literal["mean", "sum"] = "mean"
-    cache_mini_batch_size: PositiveInt | None = None  # GradCache mini-batch; None = plain loss
+    loss: str = "infonce"  # a name in neoembed.losses.LOSSES: infonce, cached_infonce (GradCache)
+    cache_mini_batch_size: PositiveInt = 32  # cached_infonce: the GradCache mini-batch
     gather_across_devices: bool = False
     optimizer: OptimizerConfig = OptimizerConfig()
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
@@ -63,9 +45,17 @@ class UnifiedRecipe(Recipe):
     instructions: bool = True  # False: no instruction before queries (an ablation)
     instruction_overrides: dict[str, str] = {}  # card name -> instruction replacing the card's own
 
-    @field_validator("datasets")
+    @field_validator("pooling")
     @classmethod
-    def _non_empty(cls, v):
-        if not v:
-            raise ValueError("at least one dataset is needed")
+    def _registered_pooling(cls, v):
+        from neoembed.sentence import pooling_mode
+
+        pooling_mode(v)
         return v
+
+    @field_validator("loss")
+    @classmethod
+    def _registered_loss(cls, v):
+        from neoembed.losses import check_loss_name
+
+        return check_loss_name(v)

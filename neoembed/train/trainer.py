@@ -32,7 +32,8 @@ from transformers import TrainerCallback
 from neoembed.data.cards import DataCardError, find_card, load_card, prepare_card
 from neoembed.data.sampler import PowerLawDatasetBatchSampler
 from neoembed.instructions import format_with_instruction
-from neoembed.losses import CachedInfoNCELoss, InfoNCELoss
+from neoembed.losses import build_loss
+from neoembed.recipe import resolve_recipe_path
 from neoembed.record import write_run_record
 from neoembed.runs import (
     MetricsLog,
@@ -63,7 +64,7 @@ def prepare_datasets(recipe: UnifiedRecipe, recipe_dir: Path | None = None, repo
     ``reports`` (a dict, optional) receives each card's DropReport (rows kept and dropped, full size) by name."""
     from datasets import DatasetDict
 
-    search = [Path(recipe_dir or ".") / d for d in recipe.card_dirs]
+    search = [Path(resolve_recipe_path(d, recipe_dir)) for d in recipe.card_dirs]
     loaded = [load_card(find_card(entry.card, search)) for entry in recipe.datasets]  # cards first: cheap
     names = [card.name for card, _ in loaded]
     for name in {n for n in names if names.count(n) > 1}:
@@ -113,9 +114,12 @@ class _MetricsCallback(TrainerCallback):
     """Appends step, loss, learning rate, dataset, samples/s and peak memory to metrics.jsonl (through
     :class:`~neoembed.runs.MetricsLog`, which also reports a run stuck at loss 0); stops on NaN."""
 
-    def __init__(self, output: Path, trainer_ref, names: list[str], batch_sizes: dict[str, int], main: bool):
+    def __init__(
+        self, output: Path, samplers: list, names: list[str], batch_sizes: dict[str, int], main: bool
+    ):
         self.log = MetricsLog(output, (), main)  # TensorBoard is transformers' own callback here
-        self.trainer_ref, self.names, self.batch_sizes = trainer_ref, names, batch_sizes
+        # ``samplers``: the list the trainer appends its batch sampler to (which dataset each step drew from)
+        self.samplers, self.names, self.batch_sizes = samplers, names, batch_sizes
         self.last_time, self.last_step, self.nan_step = time.perf_counter(), 0, None
 
     def on_train_begin(self, args, state, control, **kwargs):
@@ -127,10 +131,8 @@ class _MetricsCallback(TrainerCallback):
             return
         if not math.isfinite(float(logs["loss"])):
             self.nan_step, control.should_training_stop = state.global_step, True
-            self.trainer_ref()._neoembed_nan = True
         now, step = time.perf_counter(), state.global_step
-        sampler = getattr(self.trainer_ref(), "_neoembed_sampler", None)
-        history = sampler.history if sampler is not None else []
+        history = self.samplers[-1].history if self.samplers else []
         dataset = self.names[history[(step - 1) % len(history)]] if history else None
         steps = max(step - self.last_step, 1)
         samples = steps * (self.batch_sizes.get(dataset, args.per_device_train_batch_size)) * args.world_size
@@ -169,19 +171,23 @@ def _trainer_class():
     from sentence_transformers import SentenceTransformerTrainer
 
     class UnifiedTrainer(SentenceTransformerTrainer):
-        """Per-dataset batch sizes, a handle on the sampler for logging which dataset each step used, and
-        checkpoints written to a staging folder, sealed with a checksum marker and renamed (neoembed.runs)."""
+        """Per-dataset batch sizes, the sampler handed to the metrics callback (through ``samplers``) for logging
+        which dataset each step used, and checkpoints written to a staging folder, sealed with a checksum marker
+        and renamed (neoembed.runs). All of it travels as constructor arguments, per trainer."""
 
-        neoembed_batch_sizes: dict[str, int] = {}
-        neoembed_settings: dict | None = None
-        _neoembed_staging: Path | None = None
+        def __init__(
+            self, *args, batch_sizes: dict[str, int], samplers: list, settings: dict | None, **kwargs
+        ):
+            self.neoembed_batch_sizes, self.neoembed_samplers = batch_sizes, samplers
+            self.neoembed_settings, self._neoembed_staging = settings, None
+            super().__init__(*args, **kwargs)
 
         def get_multi_dataset_batch_sampler(self, dataset, batch_samplers, generator=None, seed=0):
             names = list(self.train_dataset.keys())
             for name, sampler in zip(names, batch_samplers, strict=True):
                 sampler.batch_size = self.neoembed_batch_sizes.get(name, sampler.batch_size)
             sampler = super().get_multi_dataset_batch_sampler(dataset, batch_samplers, generator, seed)
-            self._neoembed_sampler = sampler
+            self.neoembed_samplers.append(sampler)
             return sampler
 
         def _get_output_dir(self, trial):
@@ -191,9 +197,12 @@ def _trainer_class():
             return super()._get_output_dir(trial)
 
         def _save_checkpoint(self, model, trial):
-            if getattr(
-                self, "_neoembed_nan", False
-            ):  # a NaN step at a save step: its state is not a checkpoint
+            logged = next((h for h in reversed(self.state.log_history) if "loss" in h), None)
+            if (  # a NaN step at a save step: its state is not a checkpoint
+                logged is not None
+                and logged.get("step") == self.state.global_step
+                and not math.isfinite(float(logged["loss"]))
+            ):
                 return
             step, output = self.state.global_step, Path(self.args.output_dir)
             main = self.args.should_save
@@ -282,25 +291,6 @@ def _training_args(recipe: UnifiedRecipe, output: Path, full_sizes: list[int]):
     )
 
 
-def _loss(recipe: UnifiedRecipe, model):
-    if recipe.cache_mini_batch_size:
-        return CachedInfoNCELoss(
-            model,
-            recipe.temperature,
-            recipe.mask_duplicates,
-            recipe.reduction,
-            mini_batch_size=recipe.cache_mini_batch_size,
-            gather_across_devices=recipe.gather_across_devices,
-        )
-    return InfoNCELoss(
-        model,
-        recipe.temperature,
-        recipe.mask_duplicates,
-        recipe.reduction,
-        gather_across_devices=recipe.gather_across_devices,
-    )
-
-
 def _purge_tensorboard(trainer, step: int) -> None:
     """On resume: transformers' TensorBoard writer hides the events logged after the resumed checkpoint."""
     import functools
@@ -320,12 +310,10 @@ def train(
     The output folder must be new or empty, unless ``resume`` (continue the run it holds, from its newest
     complete checkpoint) or ``overwrite`` (clear it); see :func:`neoembed.runs.prepare_output_dir`. Raises
     :class:`~neoembed.runs.TrainingInterrupted` after checkpointing on SIGTERM / Ctrl-C."""
-    import weakref
-
-    import neoembed
     from neoembed.plots import plot_training_curves
     from neoembed.recipe import seed_everything
     from neoembed.runs import trim_metrics
+    from neoembed.sentence import load
 
     seed_everything(recipe.seed)
     output = Path(recipe.output_dir)
@@ -339,19 +327,21 @@ def train(
         output, overwrite=overwrite, resume=resume, settings=settings, main_process=main
     )
     check_weight_files(recipe.model)
-    model = neoembed.load(
+    model = load(
         recipe.model, pooling=recipe.pooling, max_seq_length=recipe.max_length, compile=recipe.compile
     )
-    trainer_cls = _trainer_class()
-    trainer_cls.neoembed_batch_sizes, trainer_cls.neoembed_settings = batch_sizes, settings
-    trainer = trainer_cls(
+    samplers: list = []
+    trainer = _trainer_class()(
         model=model,
         args=_training_args(recipe, output, full_sizes),
         train_dataset=datasets,
-        loss=_loss(recipe, model),
+        loss=build_loss(recipe.loss, model, recipe),
+        batch_sizes=batch_sizes,
+        samplers=samplers,
+        settings=settings,
     )
     output.mkdir(parents=True, exist_ok=True)
-    metrics = _MetricsCallback(output, weakref.ref(trainer), list(datasets.keys()), batch_sizes, main)
+    metrics = _MetricsCallback(output, samplers, list(datasets.keys()), batch_sizes, main)
     stop = StopSignal()
     trainer.add_callback(metrics)
     trainer.add_callback(_SignalCallback(stop))
@@ -381,7 +371,7 @@ def train(
             trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
     except torch.OutOfMemoryError as e:
         raise TrainingStopped(
-            "out of memory: lower batch_size, enable GradCache with cache_mini_batch_size=32 (same loss, memory of "
+            "out of memory: lower batch_size, enable GradCache with loss=cached_infonce cache_mini_batch_size=32 (same loss, memory of "
             f"one mini-batch), or shorten max_length (now {recipe.max_length}). ({e})"
         ) from None
     finally:

@@ -1,0 +1,47 @@
+"""``neoembed.load``: one entry point for every kind of model neoembed reads.
+
+A saved CDE folder (its ``modules.json`` names the contextual module) loads as a
+:class:`~neoembed.cde.model.ContextualSentenceTransformer`; anything else goes to :func:`neoembed.sentence.load`
+(bi-encoders, official NeoBERT checkpoints, any Hugging Face encoder). This module sits above both
+``sentence.py`` and ``cde/``, so that neither imports the other's floor upward (``docs/architecture.md``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from neoembed.cde.model import ContextualSentenceTransformer, is_cde_folder, load_cde
+from neoembed.compile import resolve_compile_mode
+from neoembed.sentence import EmbeddingModel, apply_speedups, resolve_dtype
+from neoembed.sentence import load as load_bi_encoder
+
+__all__ = ["load"]
+
+
+def load(
+    name_or_path: str | Path,
+    *args: Any,
+    prompts: dict[str, str] | None = None,
+    **kwargs: Any,
+) -> EmbeddingModel | ContextualSentenceTransformer:
+    """Load an embedding model as a SentenceTransformer; the arguments are :func:`neoembed.sentence.load`'s.
+
+    For a CDE folder, ``max_seq_length``, ``dtype``, ``device``, ``prompts``, ``compile`` and ``bucketing`` apply
+    (the others describe how to build a bi-encoder and are ignored).
+    """
+    path = Path(name_or_path)
+    if not (path.exists() and is_cde_folder(path)):
+        return load_bi_encoder(name_or_path, *args, prompts=prompts, **kwargs)
+    names = ("pooling", "max_seq_length", "dtype", "device")
+    options = {**dict(zip(names, args, strict=False)), **kwargs}
+    dtype = resolve_dtype(options.get("dtype"))
+    compile_mode = resolve_compile_mode(options.get("compile", False))
+    model = load_cde(
+        path, device=options.get("device"), model_kwargs={"dtype": dtype} if dtype is not None else None
+    )
+    if prompts:
+        model.prompts = {**model.prompts, **prompts}
+    if options.get("max_seq_length") is not None:
+        model.cde.max_seq_length = int(options["max_seq_length"])
+    return apply_speedups(model, compile_mode, options.get("bucketing"))
