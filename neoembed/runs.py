@@ -45,9 +45,6 @@ __all__ = [
     "check_weight_files",
     "claim_results_dir",
     "default_results_dir",
-    "explain_data_errors",
-    "explain_unreadable",
-    "load_rows_explained",
     "commit_checkpoint",
     "find_resume_checkpoint",
     "list_checkpoints",
@@ -620,69 +617,3 @@ def claim_results_dir(output: str | Path, model: str, overwrite: bool, write: bo
                 _clear(out)
     if write:
         atomic_write_text(record, json.dumps(identity, indent=2) + "\n")
-
-
-# -------------------------------------------------------------------------------------------- data errors
-def explain_unreadable(path: Path, error: BaseException) -> str:
-    """Why a JSON-lines data file (plain or .gz) cannot be read, by file and line: its first line that is not
-    UTF-8 or not JSON; else the loader's own error. (The datasets library names neither.)"""
-    import gzip
-
-    path = Path(path)
-    if path.is_file():
-        opener = gzip.open if path.suffix == ".gz" else open
-        try:
-            with opener(path, "rb") as f:
-                for number, raw in enumerate(f, 1):
-                    try:
-                        line = raw.decode("utf-8").strip()
-                    except UnicodeDecodeError as e:
-                        return (
-                            f"{path}, line {number}: not UTF-8 text (byte {raw[e.start]:#04x} at column {e.start + 1}): "
-                            "convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)"
-                        )
-                    if line:
-                        try:
-                            json.loads(line)
-                        except ValueError as e:
-                            return f"{path}, line {number}: not a JSON object ({e}): fix or delete that line"
-        except (OSError, EOFError) as e:
-            return f"{path}: cannot be read ({e}); is it a complete .gz file?"
-    return f"{path}: cannot be read as data: {type(error).__name__}: {error}"
-
-
-@contextlib.contextmanager
-def explain_data_errors(card, folder: Path):
-    """Around the reading of a card's local data (loading and iterating its rows): the datasets library's own
-    errors (JSON, Arrow, a decode error met while iterating) become a
-    :class:`~neoembed.data.cards.DataCardError` (exit 2) that names the file, the line and the fix."""
-    from neoembed.data.cards import DataCardError
-
-    try:
-        yield
-    except DataCardError:
-        raise
-    except Exception as e:
-        if card.source.local is None:
-            raise
-        local = Path(folder) / card.source.local.path
-        files = sorted(p for p in local.rglob("*") if p.is_file()) if local.is_dir() else [local]
-        reasons = [explain_unreadable(p, e) for p in files]
-        named = [r for r in reasons if ", line " in r] or reasons[:1]
-        raise DataCardError(f"card {card.name}: {named[0]}") from None
-
-
-def load_rows_explained(card, folder: Path, max_rows: int | None = None):
-    """:func:`neoembed.data.cards.load_rows`, with an unreadable (:func:`explain_data_errors`) or empty local file
-    named in a :class:`~neoembed.data.cards.DataCardError`."""
-    from neoembed.data.cards import DataCardError, load_rows
-
-    with explain_data_errors(card, folder):
-        rows = load_rows(card, folder, max_rows)
-    if len(rows) == 0:
-        local = Path(folder) / card.source.local.path if card.source.local is not None else None
-        raise DataCardError(
-            f"card {card.name}: the dataset is empty{f' ({local})' if local else ''}: point the card at a file with "
-            "rows, or remove the card from the recipe"
-        )
-    return rows

@@ -282,13 +282,9 @@ def load(
         padding_free: NeoBERT only: override ``config.padding_free`` (default: the checkpoint's, True).
         attn_implementation: ``"sdpa"``, ``"eager"`` or ``"flash_attention_2"``.
         trust_remote_code: for third-party models with remote code (neoembed's own modules never need it).
-        compile: ``torch.compile`` the backbone's layers in place (see :mod:`neoembed.compile`): False (default),
-            True (= ``"default"``: RMSNorm, RoPE and SwiGLU fused between the matrix products) or a mode name;
-            ``"reduce-overhead"`` adds CUDA graphs and turns ``bucketing`` on. The first batches of each new
-            shape pay the compilation (tens of seconds). Off by default: that it pays end to end, compilation
-            included, has not been measured on a GPU yet.
-        bucketing: pad every batch up to a length bucket and a power-of-two batch size, so that few shapes recur
-            (what CUDA graphs need); same embeddings. Default: on with ``compile="reduce-overhead"`` only.
+        compile / bucketing: ``torch.compile`` the backbone's layers in place (False, True or a mode name) and pad
+            batches to length buckets for CUDA graphs; see :mod:`neoembed.compile` (off by default: not yet
+            measured to pay end to end on a GPU).
 
     Loading changes no process-wide setting (the torch thread count is the caller's: ``torch.set_num_threads``).
     """
@@ -316,16 +312,7 @@ def load(
         if not include_prompt:
             model.set_pooling_include_prompt(False)
     else:
-        transformer = Transformer(
-            name_or_path,
-            model_kwargs={**model_kwargs, "trust_remote_code": trust_remote_code}
-            if trust_remote_code
-            else model_kwargs,
-            config_kwargs={"trust_remote_code": True} if trust_remote_code else None,
-            processor_kwargs={"trust_remote_code": True} if trust_remote_code else None,
-            tokenizer_name_or_path=tokenizer,
-            max_seq_length=max_seq_length,
-        )
+        transformer = _transformer(name_or_path, model_kwargs, trust_remote_code, tokenizer, max_seq_length)
         pooler = Pooling(transformer.get_embedding_dimension(), mode, include_prompt=include_prompt)
         model = EmbeddingModel(
             modules=[transformer, pooler, *([Normalize()] if normalize else [])],
@@ -340,6 +327,19 @@ def load(
     if padding_free is not None and _is_neobert(model):
         model[0].auto_model.config.padding_free = bool(padding_free)
     return apply_speedups(model, compile_mode, bucketing)
+
+
+def _transformer(name_or_path: str, model_kwargs: dict, trust_remote_code: bool, tokenizer, max_seq_length):
+    """sentence-transformers' Transformer module over a plain Hugging Face checkpoint."""
+    trust = {"trust_remote_code": True} if trust_remote_code else None
+    return Transformer(
+        name_or_path,
+        model_kwargs={**model_kwargs, **trust} if trust else model_kwargs,
+        config_kwargs=trust,
+        processor_kwargs=trust,
+        tokenizer_name_or_path=tokenizer,
+        max_seq_length=max_seq_length,
+    )
 
 
 def apply_speedups(model: EmbeddingModel, compile_mode: str | None, bucketing: bool | None) -> EmbeddingModel:

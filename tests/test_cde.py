@@ -481,7 +481,9 @@ def test_two_processes_run_the_cde_recipe(tmp_path, tiny_official):
     from neoembed.runs import verify_checkpoint
 
     # the one checkpoint format of neoembed.loop: accelerate's state + trainer_state.json, sealed by its marker
-    assert (out / "checkpoint-2" / "trainer_state.json").is_file() and (out / "checkpoint-2" / "state").is_dir()
+    assert (out / "checkpoint-2" / "trainer_state.json").is_file() and (
+        out / "checkpoint-2" / "state"
+    ).is_dir()
     assert verify_checkpoint(out / "checkpoint-2") is None
     assert neoembed.load(out).n_context == 8
     assert os.environ.get("WORLD_SIZE") is None  # nothing leaked into this process

@@ -73,7 +73,9 @@ def test_hub_card_offline_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     card, folder = load_card(find_card("medmcqa"))
     assert not card.pinned
-    with pytest.raises(HubUnreachable, match="hub is unreachable for hub dataset 'openlifescienceai/medmcqa'"):
+    with pytest.raises(
+        HubUnreachable, match="hub is unreachable for hub dataset 'openlifescienceai/medmcqa'"
+    ):
         load_rows(card, folder)
 
 

@@ -18,7 +18,6 @@ ELSEWHERE = {
     "cde/trainer.py:train_cde",
     "pretrain/trainer.py:pretrain",
     "train/trainer.py:train",
-    "modeling/modeling_neobert.py:forward",
     "pretrain/data.py:preprocess",
 }
 

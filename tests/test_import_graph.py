@@ -23,29 +23,35 @@ FLOORS = {
     "neoembed.record": 1,
     "neoembed.plots": 1,
     "neoembed.registry": 1,
-    # floor 2: the bi-encoder, data, the shared run loop
+    "neoembed.card_schema": 1,
+    "neoembed.compile": 1,
+    # floor 2: the bi-encoder, data, run plumbing (output folders, checkpoints, signals, metrics)
     "neoembed.sentence": 2,
     "neoembed.data": 2,
     "neoembed.runs": 2,
-    # floor 3: model kinds and their trainers
-    "neoembed.train": 3,
-    "neoembed.cde": 3,
-    "neoembed.pretrain": 3,
-    # floor 4: one loader for every model kind (bi-encoder or CDE)
-    "neoembed.loading": 4,
-    # floor 5: evaluation
-    "neoembed.eval": 5,
-    # floor 6: commands (every subcommand module, whichever package it lives in)
-    "neoembed.cli": 6,
-    "neoembed.quickstart": 6,
-    "neoembed.train.cli": 6,
-    "neoembed.eval.cli": 6,
-    "neoembed.data.cli": 6,
-    "neoembed.pretrain.cli": 6,
-    # floor 7: the entry points: the package root, the public facade (neoembed.load, the model classes, the
+    # floor 3: the one run loop of pre-training and CDE
+    "neoembed.loop": 3,
+    # floor 4: model kinds and their trainers
+    "neoembed.train": 4,
+    "neoembed.cde": 4,
+    "neoembed.pretrain": 4,
+    # floor 5: one loader for every model kind (bi-encoder or CDE)
+    "neoembed.loading": 5,
+    # floor 6: evaluation, hard-negative mining
+    "neoembed.eval": 6,
+    "neoembed.mine": 6,
+    # floor 7: commands (every subcommand module, whichever package it lives in)
+    "neoembed.cli": 7,
+    "neoembed.quickstart": 7,
+    "neoembed.train.cli": 7,
+    "neoembed.eval.cli": 7,
+    "neoembed.data.cli": 7,
+    "neoembed.pretrain.cli": 7,
+    "neoembed.mine.cli": 7,
+    # floor 8: the entry points: the package root, the public facade (neoembed.load, the model classes, the
     # version), and ``python -m neoembed``
-    "neoembed": 7,
-    "neoembed.__main__": 7,
+    "neoembed": 8,
+    "neoembed.__main__": 8,
 }
 
 

@@ -123,7 +123,9 @@ def test_tiny_recipe_trains_saves_reloads_and_loss_decreases(
     )
     record = json.loads((out / "run_record.json").read_text())
     assert record["recipe"]["steps"] == 12 and record["seed"] == 0 and record["data"]
-    kept = record["cards"]["msrp_pairs"]["data"]  # what the card gave: rows kept, dropped per reason, full size
+    kept = record["cards"]["msrp_pairs"][
+        "data"
+    ]  # what the card gave: rows kept, dropped per reason, full size
     assert kept["rows_read"] == 64 and kept["full_size"] == 2696 and kept["dropped"] == {} and kept["sampled"]
     card = (out / "README.md").read_text()
     assert "msrp_pairs" in card and "research use" in card and str(tiny_official) in card

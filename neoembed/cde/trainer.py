@@ -42,7 +42,7 @@ from neoembed.cde.batching import (
 from neoembed.cde.gradcache import full_backprop_step, two_stage_gradcache_step
 from neoembed.cde.recipe import CDERecipe
 from neoembed.compile import compile_layers
-from neoembed.data.cards import DataCardError, find_card, load_card, prepare_card
+from neoembed.data.cards import DataCardError, explain_data_errors, find_card, load_card, prepare_card
 from neoembed.loop import RunLoop, StepOutput
 from neoembed.losses import InfoNCELoss, duplicate_mask
 from neoembed.recipe import resolve_recipe_path
@@ -50,7 +50,6 @@ from neoembed.runs import (
     TrainingStopped,
     check_pairs,
     check_weight_files,
-    explain_data_errors,
     param_groups,
     prepare_output_dir,
     resume_settings,
@@ -61,8 +60,6 @@ from neoembed.sentence import resolve_packaged
 __all__ = ["TrainingStopped", "cde_loss", "prepare_sources", "train_cde"]
 
 logger = logging.getLogger(__name__)
-
-
 
 
 def cde_loss(
@@ -350,13 +347,7 @@ def train_cde(
 def _cde_step(recipe: CDERecipe, acc, module, sources: list[Source], batches: ContextualBatches, offsets):
     """The step function of CDE training (see the module doc, steps 1-4) and the row it logs."""
     world, rank, device = acc.num_processes, acc.process_index, acc.device
-    autocast = (
-        torch.autocast(
-            device_type=device.type, dtype={"bf16": torch.bfloat16, "fp16": torch.float16}[recipe.precision]
-        )
-        if recipe.precision != "fp32"
-        else torch.autocast(device.type, enabled=False)
-    )
+    autocast = _autocast(recipe.precision, device)
     tokenizer = module.tokenizer
     per_epoch = batches.steps_per_epoch()
     doc_prompt = recipe.prompts.get("document", "") or ""
@@ -399,16 +390,7 @@ def _cde_step(recipe: CDERecipe, acc, module, sources: list[Source], batches: Co
                 loss = two_stage_gradcache_step(module, ctx, qb, db, loss_fn, recipe.chunk_size, dropped)
             else:
                 loss = full_backprop_step(module, ctx, qb, db, loss_fn, dropped)
-        stats = torch.tensor([float(loss), 1.0 if stop_requested else 0.0], dtype=torch.float64)
-        if world > 1:  # the gradient all-reduce DDP would do (see train_cde), and the loss with the stop flag
-            for p in module.parameters():
-                if p.grad is not None:
-                    torch.distributed.all_reduce(p.grad)
-                    p.grad /= world
-            stats_dev = stats.to(device)
-            torch.distributed.all_reduce(stats_dev)
-            stats = stats_dev.cpu()
-            stats[0] /= world
+        stats = _all_reduce(module, float(loss), stop_requested, world, device)
         masked = float(mask.float().mean()) if mask is not None else 0.0
         return StepOutput(
             loss=float(stats[0]), stop=bool(stats[1] > 0), sums={"loss": float(stats[0]), "masked": masked}
@@ -429,6 +411,30 @@ def _cde_step(recipe: CDERecipe, acc, module, sources: list[Source], batches: Co
         }
 
     return step_fn, row_fn
+
+
+def _autocast(precision: str, device: torch.device):
+    if precision == "fp32":
+        return torch.autocast(device.type, enabled=False)
+    return torch.autocast(
+        device_type=device.type, dtype={"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    )
+
+
+def _all_reduce(module, loss: float, stop_requested: bool, world: int, device) -> torch.Tensor:
+    """The gradient all-reduce DDP would do (see train_cde), and the mean loss with any process's stop flag."""
+    stats = torch.tensor([loss, 1.0 if stop_requested else 0.0], dtype=torch.float64)
+    if world == 1:
+        return stats
+    for p in module.parameters():
+        if p.grad is not None:
+            torch.distributed.all_reduce(p.grad)
+            p.grad /= world
+    stats_dev = stats.to(device)
+    torch.distributed.all_reduce(stats_dev)
+    stats = stats_dev.cpu()
+    stats[0] /= world
+    return stats
 
 
 def _step_mask(recipe: CDERecipe, src: Source, local: list[int], d_texts: list[str]) -> torch.Tensor | None:

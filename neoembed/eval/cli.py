@@ -18,6 +18,36 @@ def _split(value: str | None) -> list[str] | None:
     return [v.strip() for v in value.split(",") if v.strip()] if value else None
 
 
+Instructions = Annotated[
+    str,
+    typer.Option(
+        "--instructions",
+        help="released (the NeoBERT evaluation config, default) | paper (Tables 8-9 as printed) | none | FILE",
+    ),
+]
+Output = Annotated[
+    Path | None,
+    typer.Option(
+        "--output",
+        help="Results folder, one model's scores only (default results/<model name>-<hash of its path>).",
+    ),
+]
+Overwrite = Annotated[
+    bool,
+    typer.Option(
+        "--overwrite",
+        help="Re-run tasks that already have results; for another model's results folder, replace them.",
+    ),
+]
+CdeContext = Annotated[
+    str,
+    typer.Option(
+        "--cde-context",
+        help="CDE models: 'corpus' (a seeded sample of N texts of each task) or 'null' (the learned null context).",
+    ),
+]
+
+
 @app.callback()
 def mteb_command(
     ctx: typer.Context,
@@ -30,41 +60,17 @@ def mteb_command(
     precision: Annotated[
         str | None, typer.Option("--precision", help="fp16|bf16|fp32 (default fp16 on CUDA, fp32 on CPU).")
     ] = None,
-    instructions: Annotated[
-        str,
-        typer.Option(
-            "--instructions",
-            help="released (the NeoBERT evaluation config, default) | paper (Tables 8-9 as printed) | none | FILE",
-        ),
-    ] = "released",
+    instructions: Instructions = "released",
     batch_size: Annotated[int, typer.Option("--batch-size", min=1)] = 32,
     max_length: Annotated[int | None, typer.Option("--max-length", min=1)] = None,
     data_dir: Annotated[
         Path | None, typer.Option("--data-dir", help="Serve task T from DIR/T/ (no hub).")
     ] = None,
-    output: Annotated[
-        Path | None,
-        typer.Option(
-            "--output",
-            help="Results folder, one model's scores only (default results/<model name>-<hash of its path>).",
-        ),
-    ] = None,
-    overwrite: Annotated[
-        bool,
-        typer.Option(
-            "--overwrite",
-            help="Re-run tasks that already have results; for another model's results folder, replace them.",
-        ),
-    ] = False,
+    output: Output = None,
+    overwrite: Overwrite = False,
     seed: Annotated[int, typer.Option("--seed")] = 42,
     device: Annotated[str | None, typer.Option("--device")] = None,
-    cde_context: Annotated[
-        str,
-        typer.Option(
-            "--cde-context",
-            help="CDE models: 'corpus' (a seeded sample of N texts of each task) or 'null' (the learned null context).",
-        ),
-    ] = "corpus",
+    cde_context: CdeContext = "corpus",
 ) -> None:
     """Evaluate MODEL on MTEB tasks and write per-task JSON plus a Table-4 style summary."""
     if ctx.invoked_subcommand is not None:

@@ -151,9 +151,9 @@ def mine_negatives(
         )
     data = _load_pairs(src, folder, cfg, corpus, corpus_card)
     query_texts = [format_with_instruction(src.instruction, q, cfg.template) for q in data.queries]
-    import neoembed
+    from neoembed.loading import load
 
-    encoder = neoembed.load(str(model), pooling=cfg.pooling, max_seq_length=cfg.max_length)
+    encoder = load(str(model), pooling=cfg.pooling, max_seq_length=cfg.max_length)
     with _encode_pool(encoder, cfg.workers) as pool:
         corpus_emb = _embed_sharded(encoder, data.corpus, state, "corpus", cfg, pool, progress)
         query_emb = _embed_sharded(encoder, query_texts, state, "queries", cfg, pool, progress)
@@ -177,9 +177,9 @@ def mine_negatives(
 
 
 def _version() -> str:
-    import neoembed
+    from neoembed._version import __version__
 
-    return neoembed.__version__
+    return __version__
 
 
 def _fingerprint(src_path: Path, model, cfg: MineConfig, corpus, corpus_card) -> dict:
@@ -418,7 +418,7 @@ def _cross_encoder_scorer(cfg: MineConfig, data: _Pairs):
     cross-encoder reads the pair itself."""
     from sentence_transformers import CrossEncoder
 
-    import neoembed  # noqa: F401  (NeoBERT cross-encoders load through the Auto classes it registers)
+    import neoembed.modeling  # noqa: F401  (NeoBERT cross-encoders load through the Auto classes it registers)
 
     model = CrossEncoder(cfg.cross_encoder, max_length=cfg.max_length)
 

@@ -38,7 +38,9 @@ def train_command(
     parsed = parsed.model_copy(update={"model": resolve_recipe_path(parsed.model, path.parent)})
     if dry_run:
         if not isinstance(parsed, UnifiedRecipe):
-            raise RecipeError(f"--dry-run describes unified recipes (kind: unified); {path} is kind: {parsed.kind}")
+            raise RecipeError(
+                f"--dry-run describes unified recipes (kind: unified); {path} is kind: {parsed.kind}"
+            )
         from neoembed.data.plan import dry_run as describe
 
         typer.echo(describe(parsed, path.parent))

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
-from neoembed.data.cards import DataCardError, find_card, load_card, prepare_card
+from neoembed.data.cards import DataCardError, explain_data_errors, find_card, load_card, prepare_card
 from neoembed.data.sampler import PowerLawDatasetBatchSampler
 from neoembed.instructions import format_with_instruction
 from neoembed.losses import build_loss
@@ -43,7 +43,6 @@ from neoembed.runs import (
     check_pairs,
     check_weight_files,
     commit_checkpoint,
-    explain_data_errors,
     list_checkpoints,
     prepare_output_dir,
     resume_settings,
