@@ -7,7 +7,7 @@ validation, so they go through exactly the same checks as the file.
 
     >>> from neoembed.recipe import Recipe, load_recipe
     >>> class Tiny(Recipe):
-    ...     lr: PositiveFloat = 1e-4
+    ...     lr: float = 1e-4
     >>> load_recipe({"seed": 1, "lr": 0.1}, Tiny, ["lr=0.5"]).lr
     0.5
 """
@@ -27,6 +27,7 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     NonNegativeInt,
+    PositiveFloat,
     PositiveInt,
     Tag,
     TypeAdapter,
@@ -70,7 +71,7 @@ class OptimizerConfig(StrictModel):
     contrastive trainers' schedule; pre-training follows NeoBERT's own schedule, set in its ``schedule:`` block,
     and rejects these two keys."""
 
-    lr: float = 1e-4
+    lr: PositiveFloat = 1e-4
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = 1e-8
     weight_decay: float = 0.01
