@@ -61,31 +61,50 @@ def test_anchor_all_sts(minilm, shared_dir, tmp_path):
         )
 
 
-def _card_dir(tmp_path, shared, name, type_, **extra):
+SMALL_ROWS = {"MSRP": 400, "TrecQA": 30, "STS16": 300}
+
+
+@pytest.fixture(scope="module")
+def small(shared_dir, tmp_path_factory) -> Path:
+    """The first rows of real eval folders (``eval/MSRP``, ``eval/TrecQA``, ``mteb/STS16``) with their cards: tests
+    of plumbing (card layouts, instructions, the CLI) need real text, not the full test split's encoding time."""
+    root = tmp_path_factory.mktemp("small")
+    for group, name in (("eval", "MSRP"), ("eval", "TrecQA"), ("mteb", "STS16")):
+        src, dst = shared_dir / "data" / group / name, root / group / name
+        dst.mkdir(parents=True)
+        rows = _read_jsonl_gz(src / "test.jsonl.gz")[: SMALL_ROWS[name]]
+        _write_jsonl_gz(dst / "test.jsonl.gz", rows)
+        card = yaml.safe_load((src / "card.yaml").read_text())
+        card["splits"] = {"test": len(rows)}
+        (dst / "card.yaml").write_text(yaml.safe_dump(card))
+    return root
+
+
+def _card_dir(tmp_path, eval_dir, name, type_, **extra):
     d = tmp_path / "cards" / name
     d.mkdir(parents=True)
-    card = {"name": name, "type": type_, "data": str(shared / "data" / "eval" / name), **extra}
+    card = {"name": name, "type": type_, "data": str(eval_dir / name), **extra}
     (d / "task.yaml").write_text(yaml.safe_dump(card))
     return d
 
 
-def test_card_tasks_msrp_and_trecqa(minilm, shared_dir, tmp_path):
+def test_card_tasks_msrp_and_trecqa(minilm, small, tmp_path):
     cards = tmp_path / "cards"
-    _card_dir(tmp_path, shared_dir, "MSRP", "PairClassification", columns={"labels": "label"})
-    _card_dir(tmp_path, shared_dir, "TrecQA", "Reranking")
+    _card_dir(tmp_path, small / "eval", "MSRP", "PairClassification", columns={"labels": "label"})
+    _card_dir(tmp_path, small / "eval", "TrecQA", "Reranking")
     report = _run(minilm, tmp_path / "out", data_dir=cards)
     assert not report.failed, report.failed
     assert 0.5 < report.scores["MSRP"]["main_score"] <= 1.0  # AP of cosine similarity
     assert 0.3 < report.scores["TrecQA"]["main_score"] <= 1.0  # MAP
     assert report.scores["MSRP"]["main_score_name"] == "max_ap"
     # the same folders as they are, described only by their card.yaml (type, splits; `label` found for `labels`)
-    plain = _run(minilm, tmp_path / "plain", data_dir=shared_dir / "data" / "eval")
+    plain = _run(minilm, tmp_path / "plain", data_dir=small / "eval")
     assert not plain.failed, plain.failed
     for task in ("MSRP", "TrecQA"):
         assert plain.scores[task]["main_score"] == pytest.approx(report.scores[task]["main_score"], abs=1e-9)
 
 
-def test_mteb_task_data_in_the_card_layout_falls_back_to_a_card_task(minilm, shared_dir, tmp_path, caplog):
+def test_mteb_task_data_in_the_card_layout_falls_back_to_a_card_task(minilm, small, tmp_path, caplog):
     """A folder whose card names an mteb task but holds the rows in the card's layout (sentence1, sentence2,
     label) rather than the hub's (SprintDuplicateQuestions renames sent1/sent2): read as a card task under the
     mteb task's name, splits and main score."""
@@ -93,15 +112,15 @@ def test_mteb_task_data_in_the_card_layout_falls_back_to_a_card_task(minilm, sha
         tmp_path / "data" / "SprintDuplicateQuestions",
         mteb_task="SprintDuplicateQuestions",
         task_type="pair_classification",
-        splits={"test": 1725},
+        splits={"test": SMALL_ROWS["MSRP"]},
     )
-    (folder / "test.jsonl.gz").symlink_to(shared_dir / "data" / "eval" / "MSRP" / "test.jsonl.gz")
+    (folder / "test.jsonl.gz").symlink_to(small / "eval" / "MSRP" / "test.jsonl.gz")
     report = _run(minilm, tmp_path / "out", data_dir=tmp_path / "data")
     assert not report.failed, report.failed
     assert "does not read this folder" in caplog.text
     entry = report.scores["SprintDuplicateQuestions"]
     assert entry["main_score_name"] == "max_ap" and entry["type"] == "PairClassification"
-    msrp = _run(minilm, tmp_path / "msrp", data_dir=shared_dir / "data" / "eval", tasks=["MSRP"])
+    msrp = _run(minilm, tmp_path / "msrp", data_dir=small / "eval", tasks=["MSRP"])
     assert entry["main_score"] == pytest.approx(msrp.scores["MSRP"]["main_score"], abs=1e-9)
 
 
@@ -275,9 +294,9 @@ def test_resume_skips_and_broken_task_does_not_stop_others(minilm, shared_dir, t
     assert again.skipped == ["STS16"] and not again.scores
 
 
-def test_cli_exit_code_and_summary(minilm_path, shared_dir, tmp_path):
+def test_cli_exit_code_and_summary(minilm_path, small, tmp_path):
     data = tmp_path / "data"
-    shutil.copytree(shared_dir / "data" / "mteb" / "STS16", data / "STS16")
+    shutil.copytree(small / "mteb" / "STS16", data / "STS16")
     (data / "Broken").mkdir()
     r = subprocess.run(
         [
@@ -360,13 +379,9 @@ def test_instruction_sets_and_prompt_keys(tmp_path):
         load_instruction_set("nonsense")
 
 
-def test_instructions_reach_the_encoder(minilm, shared_dir, tmp_path):
-    a = _run(
-        minilm, tmp_path / "a", data_dir=shared_dir / "data" / "mteb", tasks=["STS16"], instructions="paper"
-    )
-    b = _run(
-        minilm, tmp_path / "b", data_dir=shared_dir / "data" / "mteb", tasks=["STS16"], instructions="none"
-    )
+def test_instructions_reach_the_encoder(minilm, small, tmp_path):
+    a = _run(minilm, tmp_path / "a", data_dir=small / "mteb", tasks=["STS16"], instructions="paper")
+    b = _run(minilm, tmp_path / "b", data_dir=small / "mteb", tasks=["STS16"], instructions="none")
     assert a.scores["STS16"]["instruction"] == "Retrieve semantically similar text."
     assert a.scores["STS16"]["main_score"] != b.scores["STS16"]["main_score"]
 
@@ -381,12 +396,12 @@ def test_fp16_matches_fp32_on_tiny_neobert(tiny_official, shared_dir, tmp_path):
     assert abs(fp32 - fp16) <= 0.01
 
 
-def test_card_task_instruction_reaches_the_encoder(minilm, shared_dir, tmp_path):
+def test_card_task_instruction_reaches_the_encoder(minilm, small, tmp_path):
     """mteb drops prompt keys naming unknown tasks; card tasks must still get their instruction."""
     cards = tmp_path / "cards"
     _card_dir(
         tmp_path,
-        shared_dir,
+        small / "eval",
         "MSRP",
         "PairClassification",
         columns={"labels": "label"},
