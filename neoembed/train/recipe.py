@@ -30,6 +30,8 @@ class UnifiedRecipe(Recipe):
     reduction: Literal["mean", "sum"] = "mean"
     loss: str = "infonce"  # a name in neoembed.losses.LOSSES: infonce, cached_infonce (GradCache)
     cache_mini_batch_size: PositiveInt = 32  # cached_infonce: the GradCache mini-batch
+    # infonce: encode each batch in groups of rows of similar length (same rows, fewer padding tokens)
+    group_by_length: bool = True
     gather_across_devices: bool = False
     optimizer: OptimizerConfig = OptimizerConfig()
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
