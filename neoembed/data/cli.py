@@ -4,6 +4,8 @@ the live dataset (hub reachable), then the rows the data gives, with every dropp
 Exit code 1 when any card is invalid, its paths cannot work, the live dataset differs from the declared schema, the
 hub rejects the card's repository, config or split, or the data loses more rows than the card expects. A hub that
 cannot be reached at all is not the card's fault: the card is then checked against its declared schema only.
+Whether the hub can be reached is found once per run (one short probe, or the first card that cannot connect),
+so a run without network takes seconds, not the hub client's retries for every card.
 """
 
 from __future__ import annotations
