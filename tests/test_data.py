@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -79,20 +77,13 @@ def test_hub_card_offline_is_a_clear_error(monkeypatch):
         load_rows(card, folder)
 
 
-def test_cli_data_check(tmp_path):
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "neoembed",
-            "data",
-            "check",
-            str(REPO / "tests/data_cards/msrp_pairs.yaml"),
-            "medmcqa",
-        ],
-        capture_output=True,
-        text=True,
-        env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"},
-    )
-    assert r.returncode == 0, r.stderr
+def test_cli_data_check():
+    # in-process: a subprocess would pay its own torch import (~10 s); other tests run `python -m neoembed`
+    from typer.testing import CliRunner
+
+    from neoembed.cli import app
+
+    card = str(REPO / "tests/data_cards/msrp_pairs.yaml")
+    r = CliRunner().invoke(app, ["data", "check", card, "medmcqa"], env={"HF_HUB_OFFLINE": "1"})
+    assert r.exit_code == 0, r.output
     assert "2696 rows" in r.stdout and "hub unreachable" in r.stdout and "revision unpinned" in r.stdout

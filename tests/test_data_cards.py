@@ -426,7 +426,33 @@ class _Builder:
         self.info = type("Info", (), {"features": features, "splits": splits})()
 
 
+class ConnectError(Exception):
+    """Stands in for the error httpx raises when no connection can be made (DNS, route, refused)."""
+
+
+class _Session:
+    """Stands in for huggingface_hub's HTTP session: answers (any status counts) or cannot connect."""
+
+    def __init__(self, reachable: bool):
+        self.reachable, self.heads = reachable, 0
+
+    def head(self, url, timeout=None):
+        self.heads += 1
+        if not self.reachable:
+            raise ConnectError("[Errno -2] Name or service not known")
+        return type("Response", (), {"status_code": 200})()
+
+
+def _hub(monkeypatch, reachable: bool) -> _Session:
+    import huggingface_hub.utils
+
+    session = _Session(reachable)
+    monkeypatch.setattr(huggingface_hub.utils, "get_session", lambda: session)
+    return session
+
+
 def test_data_check_compares_the_declared_schema_with_the_live_features(monkeypatch):
+    _hub(monkeypatch, reachable=True)
     card, _ = load_card(REPO / "data_cards" / "wikihow.yaml")
     split = type("Split", (), {"num_examples": 128543})()
     same = datasets.Features({"text": datasets.Value("string"), "summary": datasets.Value("string")})
@@ -445,6 +471,8 @@ def test_data_check_compares_the_declared_schema_with_the_live_features(monkeypa
 
 
 def test_data_check_tells_an_unreachable_hub_from_a_wrong_card(monkeypatch):
+    _hub(monkeypatch, reachable=True)
+
     def unreachable(*a, **k):
         raise ConnectionError(
             "Couldn't reach 'sentence-transformers/wikihow' on the Hub (LocalEntryNotFoundError)"
@@ -464,6 +492,37 @@ def test_data_check_tells_an_unreachable_hub_from_a_wrong_card(monkeypatch):
     assert r.exit_code == 1 and "HUB ERROR" in r.output and "BuilderConfig 'pairs' not found" in r.output
     r = _check(*[p.stem for p in SHIPPED], offline=True)
     assert r.exit_code == 0 and r.output.count("paths match the declared schema") == 23
+
+
+def test_an_unreachable_hub_costs_one_probe_per_run_not_retries_per_card(monkeypatch):
+    hub_cards = ["wikihow", "gooaq", "pubmedqa", "triviaqa"]
+    built = []
+
+    def builder(*a, **k):  # what each card's live check calls; with the hub down it would retry for ~40 s
+        built.append(a[0])
+        raise ConnectionError(f"Couldn't reach {a[0]!r} on the Hub (LocalEntryNotFoundError)")
+
+    monkeypatch.setattr(datasets, "load_dataset_builder", builder)
+    session = _hub(monkeypatch, reachable=False)
+    r = _check(*hub_cards, "--no-load")
+    assert r.exit_code == 0, r.output
+    assert session.heads == 1 and built == []  # one probe for the whole run; no card's requests were tried
+    assert r.output.count("hub unreachable (ConnectError from https://huggingface.co") == len(hub_cards)
+    assert r.output.count("checked against the declared schema only") == len(hub_cards)
+
+    # the probe answers but the first card cannot connect: the later cards are not tried either
+    session = _hub(monkeypatch, reachable=True)
+    r = _check(*hub_cards, "--no-load")
+    assert r.exit_code == 0 and session.heads == 1 and built == ["sentence-transformers/wikihow"], r.output
+    assert r.output.count("found unreachable by an earlier card") == len(hub_cards) - 1
+
+    # a reachable hub that rejects the card is still the card's fault
+    def missing_repo(*a, **k):
+        raise FileNotFoundError(f"Dataset {a[0]!r} doesn't exist on the Hub or cannot be accessed.")
+
+    monkeypatch.setattr(datasets, "load_dataset_builder", missing_repo)
+    r = _check("wikihow", "--no-load")
+    assert r.exit_code == 1 and "HUB ERROR" in r.output and "doesn't exist on the Hub" in r.output
 
 
 def test_data_check_reports_rows_dropped_per_reason(tmp_path):
