@@ -18,19 +18,23 @@ What the loop owns (so that the two trainers cannot disagree on it):
 A step function ``step_fn(step, stop_requested) -> StepOutput`` runs the forward and backward passes of one
 optimizer step on every process and returns the loss averaged over processes, whether any process was asked to
 stop, and the sums its logged row needs.
+
+Around it, the setup both trainers share: :func:`check_launch` (every launched process joined), :func:`adamw` (the
+one optimizer), :meth:`RunLoop.start` (resume, then the run record) and :meth:`RunLoop.finish` (the final save).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from neoembed.record import atomic_write_text
+from neoembed.record import atomic_write_text, write_run_record
 from neoembed.runs import (
     MetricsLog,
     StopSignal,
@@ -38,11 +42,31 @@ from neoembed.runs import (
     TrainingStopped,
     commit_checkpoint,
     list_checkpoints,
+    param_groups,
+    settings_hash,
     stage_checkpoint,
     write_failed,
 )
 
-__all__ = ["RunLoop", "StepOutput"]
+__all__ = ["RunLoop", "StepOutput", "adamw", "check_launch"]
+
+
+def check_launch(accelerator) -> None:
+    """Refuse a launch where the processes would not train together (more launched than accelerate joined)."""
+    world = accelerator.num_processes
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    if launched != world:
+        raise RuntimeError(
+            f"{launched} processes were launched (WORLD_SIZE) but accelerate sees {world}: every process would train "
+            "alone. On CPU launch with `ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes N ...`"
+        )
+
+
+def adamw(model, opt):
+    """AdamW over ``model`` with a recipe's :class:`~neoembed.recipe.OptimizerConfig` (no decay on norms, biases)."""
+    import torch
+
+    return torch.optim.AdamW(param_groups(model, opt.weight_decay), lr=opt.lr, betas=opt.betas, eps=opt.eps)
 
 
 @dataclass
@@ -96,6 +120,36 @@ class RunLoop:
         self.metrics.truncate(self.step)
         self.acc.print(f"resumed from {checkpoint} at step {self.step}")
         return self.step
+
+    def start(
+        self,
+        checkpoint: Path | None,
+        command: str,
+        *,
+        data_files: list[Path],
+        extra: dict,
+        load_state: Callable[[dict], None] = lambda state: None,
+    ) -> None:
+        """Resume from ``checkpoint`` (``None``: a new run), then write ``run_record.json`` on the main process;
+        its ``extra`` is the world size, the caller's ``extra``, and the settings a resume compares."""
+        if checkpoint is not None:
+            self.resume(checkpoint, load_state)
+        if self.acc.is_main_process:
+            self.output.mkdir(parents=True, exist_ok=True)
+            extra = {
+                "world_size": self.acc.num_processes,
+                **extra,
+                "resume_settings": self.settings,
+                "recipe_hash": settings_hash(self.settings),
+            }
+            write_run_record(self.output, command, recipe=self.recipe, data_files=data_files, extra=extra)
+
+    def finish(self, save_final: Callable[[], None]) -> None:
+        """After :meth:`run`: ``save_final()`` on the main process while every other process waits for it."""
+        self.acc.wait_for_everyone()
+        if self.acc.is_main_process:
+            save_final()
+        self.acc.wait_for_everyone()
 
     def save(self) -> Path:
         step, main = self.step, self.acc.is_main_process

@@ -43,17 +43,15 @@ from neoembed.cde.gradcache import full_backprop_step, two_stage_gradcache_step
 from neoembed.cde.recipe import CDERecipe
 from neoembed.compile import compile_layers
 from neoembed.data.cards import DataCardError, explain_data_errors, find_card, load_card, prepare_card
-from neoembed.loop import RunLoop, StepOutput
+from neoembed.loop import RunLoop, StepOutput, adamw, check_launch
 from neoembed.losses import InfoNCELoss, duplicate_mask
 from neoembed.recipe import resolve_recipe_path
 from neoembed.runs import (
     TrainingStopped,
     check_pairs,
     check_weight_files,
-    param_groups,
     prepare_output_dir,
     resume_settings,
-    settings_hash,
 )
 from neoembed.sentence import resolve_packaged
 
@@ -225,6 +223,69 @@ def _model_card(recipe: CDERecipe, cards, steps: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _accelerator(recipe: CDERecipe):
+    """The processes, checkpoints and RNG states of accelerate, for a model it does not wrap.
+
+    The model is not wrapped in DDP (never ``prepare``d): the two-stage GradCache backpropagates through both
+    stages in two passes, which DDP's one-backward gradient hooks cannot follow; the step all-reduces the
+    gradients itself (:func:`_all_reduce`)."""
+    from accelerate import Accelerator
+    from accelerate.utils import parse_flag_from_env
+
+    acc = Accelerator(cpu=parse_flag_from_env("ACCELERATE_USE_CPU") or not torch.cuda.is_available())
+    check_launch(acc)
+    if recipe.batch_size % acc.num_processes:
+        raise ValueError(
+            f"batch_size {recipe.batch_size} is not a multiple of the {acc.num_processes} processes"
+        )
+    return acc
+
+
+def _build_model(recipe: CDERecipe, device):
+    """The two-stage model on the recipe's backbone, its layers compiled when ``recipe.compile``."""
+    from neoembed.cde.model import ContextualSentenceTransformer
+
+    model = ContextualSentenceTransformer.from_backbone(
+        recipe.model,
+        n_context=recipe.context.n_context,
+        n_soft_prompt=recipe.context.n_soft_prompt,
+        max_seq_length=recipe.max_length,
+        exclude_prompt=recipe.context.exclude_prompt,
+        context_dropout=recipe.context.dropout,
+        prompts=dict(recipe.prompts),
+        device=str(device),
+    )
+    compile_layers(model, recipe.compile)  # both stages' layers; no-op when recipe.compile is false
+    return model
+
+
+def _scheduler(recipe: CDERecipe, optimizer):
+    """The unified recipe's schedule, as its trainer (transformers) computes it."""
+    from transformers import get_scheduler
+
+    opt = recipe.optimizer
+    return get_scheduler(
+        opt.schedule if opt.schedule != "constant" else "constant_with_warmup",
+        optimizer,
+        num_warmup_steps=opt.warmup_steps,
+        num_training_steps=recipe.steps,
+    )
+
+
+def _run_record(
+    recipe: CDERecipe, cards, sources: list[Source], module, per_epoch: int
+) -> tuple[list[Path], dict]:
+    """The files the run record hashes (the cards' local data) and what it adds to the loop's record."""
+    data_files = [folder / card.source.local.path for card, folder in cards if card.source.local]
+    extra = {
+        "steps_per_epoch": per_epoch,
+        "sources": {s.name: len(s) for s in sources},
+        "parameters": sum(p.numel() for p in module.parameters()),
+        "negatives_per_query": {s.name: s.k for s in sources},
+    }
+    return data_files, extra
+
+
 def train_cde(
     recipe: CDERecipe,
     recipe_dir: Path | None = None,
@@ -235,30 +296,12 @@ def train_cde(
     """Run a CDE recipe; returns the output folder (the final model, metrics.jsonl, run record, checkpoints).
     The folder must be new or empty unless ``resume`` or ``overwrite`` (:func:`neoembed.runs.prepare_output_dir`);
     SIGTERM / Ctrl-C raise :class:`~neoembed.runs.TrainingInterrupted` after the checkpoint."""
-    from accelerate import Accelerator
-    from accelerate.utils import parse_flag_from_env
-    from transformers import get_scheduler
-
-    from neoembed.cde.model import ContextualSentenceTransformer
     from neoembed.recipe import seed_everything
-    from neoembed.record import atomic_write_text, write_run_record
+    from neoembed.record import atomic_write_text
 
-    # The model is not wrapped in DDP (never `prepare`d): the two-stage GradCache backpropagates through both
-    # stages in two passes, which DDP's one-backward gradient hooks cannot follow; the step all-reduces the
-    # gradients itself. accelerate still gives the processes, the checkpoints and the RNG states.
-    acc = Accelerator(cpu=parse_flag_from_env("ACCELERATE_USE_CPU") or not torch.cuda.is_available())
-    world, device = acc.num_processes, acc.device
-    launched = int(os.environ.get("WORLD_SIZE", "1"))
-    if launched != world:
-        raise RuntimeError(
-            f"{launched} processes were launched but only {world} joined: on CPU launch with "
-            "`ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes N ...`"
-        )
-    if recipe.batch_size % world:
-        raise ValueError(f"batch_size {recipe.batch_size} is not a multiple of the {world} processes")
+    acc = _accelerator(recipe)
     seed_everything(recipe.seed)
     output = Path(recipe.output_dir)
-
     sources, cards = prepare_sources(recipe, recipe_dir)
     settings = resume_settings(recipe)
     checkpoint = prepare_output_dir(
@@ -272,75 +315,40 @@ def train_cde(
         raise DataCardError("no full batch: every source is smaller than the batch size")
 
     seed_everything(recipe.seed)
-    model = ContextualSentenceTransformer.from_backbone(
-        recipe.model,
-        n_context=recipe.context.n_context,
-        n_soft_prompt=recipe.context.n_soft_prompt,
-        max_seq_length=recipe.max_length,
-        exclude_prompt=recipe.context.exclude_prompt,
-        context_dropout=recipe.context.dropout,
-        prompts=dict(recipe.prompts),
-        device=str(device),
-    )
-    compile_layers(model, recipe.compile)  # both stages' layers; no-op when recipe.compile is false
+    model = _build_model(recipe, acc.device)
     module = model.cde
     module.train()
-    opt = recipe.optimizer
-    optimizer = torch.optim.AdamW(
-        param_groups(module, opt.weight_decay), lr=opt.lr, betas=opt.betas, eps=opt.eps
-    )
-    # the unified recipe's schedule, as its trainer (transformers) computes it
-    scheduler = get_scheduler(
-        opt.schedule if opt.schedule != "constant" else "constant_with_warmup",
-        optimizer,
-        num_warmup_steps=opt.warmup_steps,
-        num_training_steps=recipe.steps,
-    )
+    optimizer = adamw(module, recipe.optimizer)
     loop = RunLoop(
         acc,
         recipe,
         output,
         optimizer=optimizer,
-        scheduler=scheduler,
+        scheduler=_scheduler(recipe, optimizer),
         parameters=module.parameters,
-        grad_clip=opt.grad_clip,
+        grad_clip=recipe.optimizer.grad_clip,
         settings=settings,
         registered=(module, optimizer),
         desc="cde",
         progress=progress,
         nan_advice="Lower optimizer.lr or use precision bf16/fp32",
     )
-    if checkpoint is not None:
-        loop.resume(checkpoint)
+    data_files, extra = _run_record(recipe, cards, sources, module, per_epoch)
+    loop.start(checkpoint, "train-cde", data_files=data_files, extra=extra)
     if acc.is_main_process:
-        output.mkdir(parents=True, exist_ok=True)
-        write_run_record(
-            output,
-            "train-cde",
-            recipe=recipe,
-            data_files=[folder / card.source.local.path for card, folder in cards if card.source.local],
-            extra={
-                "world_size": world,
-                "steps_per_epoch": per_epoch,
-                "sources": {s.name: len(s) for s in sources},
-                "parameters": sum(p.numel() for p in module.parameters()),
-                "negatives_per_query": {s.name: s.k for s in sources},
-                "resume_settings": settings,
-                "recipe_hash": settings_hash(settings),
-            },
-        )
         print(
             f"CDE: {len(sources)} source(s), {sum(map(len, sources))} pairs, {per_epoch} contextual batches of "
             f"{recipe.batch_size} per epoch ({'clustered' if recipe.clustering.enabled else 'random'}), "
-            f"N = {recipe.context.n_context}, {world} process(es), {recipe.steps} steps"
+            f"N = {recipe.context.n_context}, {acc.num_processes} process(es), {recipe.steps} steps"
         )
     loop.run(*_cde_step(recipe, acc, module, sources, batches, offsets))
-    acc.wait_for_everyone()
-    if acc.is_main_process:
+
+    def save_final() -> None:
         module.eval()
         model.save(str(output))
         atomic_write_text(output / "README.md", _model_card(recipe, cards, loop.step))
-    acc.wait_for_everyone()
+
+    loop.finish(save_final)
     return output
 
 
@@ -422,7 +430,7 @@ def _autocast(precision: str, device: torch.device):
 
 
 def _all_reduce(module, loss: float, stop_requested: bool, world: int, device) -> torch.Tensor:
-    """The gradient all-reduce DDP would do (see train_cde), and the mean loss with any process's stop flag."""
+    """The gradient all-reduce DDP would do (see _accelerator), and the mean loss with any process's stop flag."""
     stats = torch.tensor([loss, 1.0 if stop_requested else 0.0], dtype=torch.float64)
     if world == 1:
         return stats

@@ -158,6 +158,105 @@ def _save_npy(path: Path, array: np.ndarray) -> None:
     os.replace(tmp, path)
 
 
+def _shard_meta(out: Path, source: str, tokenizer, column: str, max_docs: int | None, shard_tokens: int):
+    """The ``meta.json`` a shard folder gets, and the progress to resume from; refuses a folder that holds
+    shards of other inputs (a resume must reread exactly the documents it skips)."""
+    fingerprint = {
+        "source": str(source),
+        "column": column,
+        "tokenizer": getattr(tokenizer, "name_or_path", None),
+        "vocab_size": len(tokenizer),
+        # the vocabulary itself: two tokenizers with one name and size (a retrained local one) still differ here
+        "vocab_sha256": hashlib.sha256(
+            json.dumps(sorted(tokenizer.get_vocab().items())).encode()
+        ).hexdigest(),
+        "max_docs": max_docs,
+        "shard_tokens": shard_tokens,
+    }
+    meta = {
+        **fingerprint,
+        "format": 1,
+        "dtype": np.dtype(_token_dtype(len(tokenizer))).name,
+        "special_ids": sorted(set(tokenizer.all_special_ids)),
+        "mask_token_id": tokenizer.mask_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+        "complete": False,
+    }
+    state = {"docs": 0, "shards": 0, "tokens": 0}
+    if (out / "meta.json").exists():
+        old = json.loads((out / "meta.json").read_text())
+        diff = [f"{k}: {old.get(k)!r} there, {v!r} now" for k, v in fingerprint.items() if old.get(k) != v]
+        if diff:
+            raise ValueError(
+                f"{out} already holds shards made from other inputs or another tokenizer ({'; '.join(diff)}): "
+                "rerun with the same inputs to resume, or choose a new output folder"
+            )
+        meta["complete"] = old.get("complete", False)
+        if (out / "progress.json").exists():
+            state = json.loads((out / "progress.json").read_text())
+    return meta, state
+
+
+class _ShardWriter:
+    """Token ids gathered into shards of at least ``shard_tokens`` tokens; each shard written moves
+    ``progress.json`` to the documents consumed so far (where a rerun resumes)."""
+
+    def __init__(self, out: Path, dtype, shard_tokens: int, state: dict):
+        self.out, self.dtype, self.shard_tokens, self.state = out, dtype, shard_tokens, state
+        self.pieces: list[np.ndarray] = []
+        self.n_in_shard, self.consumed = 0, state["docs"]
+
+    def add(self, ids: list[int]) -> None:
+        self.pieces.append(np.asarray(ids, dtype=np.int64))
+        self.n_in_shard += len(ids)
+        self.consumed += 1
+        if self.n_in_shard >= self.shard_tokens:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.pieces:
+            return
+        lengths = np.array([len(p) for p in self.pieces], dtype=np.int64)
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        idx, state = self.state["shards"], self.state
+        _save_npy(self.out / f"shard-{idx:05d}.tokens.npy", np.concatenate(self.pieces).astype(self.dtype))
+        _save_npy(self.out / f"shard-{idx:05d}.offsets.npy", offsets)
+        state.update(docs=self.consumed, shards=idx + 1, tokens=state["tokens"] + int(offsets[-1]))
+        atomic_write_text(self.out / "progress.json", json.dumps(state) + "\n")
+        self.pieces, self.n_in_shard = [], 0
+
+
+def _write_shards(
+    docs: Iterator[str], writer: _ShardWriter, tokenizer, max_docs, batch_size: int, progress: bool
+):
+    """Tokenize ``docs`` in batches into ``writer``, skipping the documents of finished shards first."""
+    from tqdm.auto import tqdm
+
+    skipped = 0
+    while skipped < writer.consumed and next(docs, None) is not None:  # resume: skip finished documents
+        skipped += 1
+    bar = tqdm(total=max_docs, initial=writer.consumed, unit="doc", desc="tokenizing", disable=not progress)
+
+    def encode(texts):
+        enc = tokenizer(texts, add_special_tokens=True, return_attention_mask=False, verbose=False)
+        for ids in enc["input_ids"]:
+            writer.add(ids)
+        bar.update(len(texts))
+
+    batch = []
+    for text in docs:
+        if max_docs is not None and writer.consumed + len(batch) >= max_docs:
+            break
+        batch.append(text)
+        if len(batch) >= batch_size:
+            encode(batch)
+            batch = []
+    if batch:
+        encode(batch)
+    writer.flush()
+    bar.close()
+
+
 def preprocess(
     source: str,
     out_dir: str | Path,
@@ -175,92 +274,15 @@ def preprocess(
     interruption and it skips the documents already in finished shards. ``min_lengths`` builds the
     length-filtered subsets (documents with more than L tokens) at the end.
     """
-    from tqdm.auto import tqdm
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    fingerprint = {
-        "source": str(source),
-        "column": column,
-        "tokenizer": getattr(tokenizer, "name_or_path", None),
-        "vocab_size": len(tokenizer),
-        # the vocabulary itself: two tokenizers with one name and size (a retrained local one) still differ here
-        "vocab_sha256": hashlib.sha256(
-            json.dumps(sorted(tokenizer.get_vocab().items())).encode()
-        ).hexdigest(),
-        "max_docs": max_docs,
-        "shard_tokens": shard_tokens,
-    }
-    meta_path, progress_path = out / "meta.json", out / "progress.json"
-    meta = {
-        **fingerprint,
-        "format": 1,
-        "dtype": np.dtype(_token_dtype(len(tokenizer))).name,
-        "special_ids": sorted(set(tokenizer.all_special_ids)),
-        "mask_token_id": tokenizer.mask_token_id,
-        "pad_token_id": tokenizer.pad_token_id,
-        "complete": False,
-    }
-    state = {"docs": 0, "shards": 0, "tokens": 0}
-    if meta_path.exists():
-        old = json.loads(meta_path.read_text())
-        diff = [f"{k}: {old.get(k)!r} there, {v!r} now" for k, v in fingerprint.items() if old.get(k) != v]
-        if diff:
-            raise ValueError(
-                f"{out} already holds shards made from other inputs or another tokenizer ({'; '.join(diff)}): "
-                "rerun with the same inputs to resume, or choose a new output folder"
-            )
-        meta["complete"] = old.get("complete", False)
-        if progress_path.exists():
-            state = json.loads(progress_path.read_text())
+    meta, state = _shard_meta(out, source, tokenizer, column, max_docs, shard_tokens)
     if not meta["complete"]:
-        atomic_write_text(meta_path, json.dumps(meta, indent=2) + "\n")
-        dtype = _token_dtype(len(tokenizer))
-        docs = iter_documents(source, column)
-        skipped = 0
-        while skipped < state["docs"] and next(docs, None) is not None:  # resume: skip finished documents
-            skipped += 1
-        bar = tqdm(total=max_docs, initial=state["docs"], unit="doc", desc="tokenizing", disable=not progress)
-        pieces: list[np.ndarray] = []
-        n_in_shard, batch, consumed = 0, [], state["docs"]
-
-        def flush_shard():
-            nonlocal pieces, n_in_shard
-            if not pieces:
-                return
-            lengths = np.array([len(p) for p in pieces], dtype=np.int64)
-            offsets = np.concatenate([[0], np.cumsum(lengths)])
-            idx = state["shards"]
-            _save_npy(out / f"shard-{idx:05d}.tokens.npy", np.concatenate(pieces).astype(dtype))
-            _save_npy(out / f"shard-{idx:05d}.offsets.npy", offsets)
-            state.update(docs=consumed, shards=idx + 1, tokens=state["tokens"] + int(offsets[-1]))
-            atomic_write_text(progress_path, json.dumps(state) + "\n")
-            pieces, n_in_shard = [], 0
-
-        def encode(texts):
-            nonlocal n_in_shard, consumed
-            enc = tokenizer(texts, add_special_tokens=True, return_attention_mask=False, verbose=False)
-            for ids in enc["input_ids"]:
-                pieces.append(np.asarray(ids, dtype=np.int64))
-                n_in_shard += len(ids)
-                consumed += 1
-                if n_in_shard >= shard_tokens:
-                    flush_shard()
-            bar.update(len(texts))
-
-        for text in docs:
-            if max_docs is not None and consumed + len(batch) >= max_docs:
-                break
-            batch.append(text)
-            if len(batch) >= batch_size:
-                encode(batch)
-                batch = []
-        if batch:
-            encode(batch)
-        flush_shard()
-        bar.close()
+        atomic_write_text(out / "meta.json", json.dumps(meta, indent=2) + "\n")
+        writer = _ShardWriter(out, _token_dtype(len(tokenizer)), shard_tokens, state)
+        _write_shards(iter_documents(source, column), writer, tokenizer, max_docs, batch_size, progress)
         meta["complete"] = True
-        atomic_write_text(meta_path, json.dumps(meta, indent=2) + "\n")
+        atomic_write_text(out / "meta.json", json.dumps(meta, indent=2) + "\n")
     corpus = ShardedCorpus(out)
     stats = length_stats(corpus.lengths)
     atomic_write_text(out / "stats.json", json.dumps(stats, indent=2) + "\n")

@@ -29,7 +29,6 @@ leaves half a checkpoint to resume from. SIGTERM / Ctrl-C checkpoint and exit 14
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 import numpy as np
@@ -38,19 +37,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from neoembed.compile import compile_layers
-from neoembed.loop import RunLoop, StepOutput
+from neoembed.loop import RunLoop, StepOutput, adamw, check_launch
 from neoembed.pretrain.masking import IGNORE_INDEX, mask_tokens, step_generator
 from neoembed.pretrain.packing import DocumentStream, collate_packed, collate_padded
 from neoembed.pretrain.recipe import PretrainRecipe
 from neoembed.pretrain.schedule import lr_lambda
-from neoembed.runs import (
-    TrainingStopped,
-    check_weight_files,
-    param_groups,
-    prepare_output_dir,
-    resume_settings,
-    settings_hash,
-)
+from neoembed.runs import TrainingStopped, check_weight_files, prepare_output_dir, resume_settings
 
 __all__ = ["MLMObjective", "TrainingStopped", "choose_source", "pretrain"]
 
@@ -164,7 +156,7 @@ def _micro_batch(recipe, corrupted, labels, pad_id, device):
     return inputs, lab.to(device), batch.num_tokens
 
 
-# ------------------------------------------------------------------------------------------------- train
+# ------------------------------------------------------------------------------------------------- setup
 def _accelerator(recipe: PretrainRecipe):
     """An Accelerator for the recipe, refusing launches where the processes would not train together."""
     from accelerate import Accelerator
@@ -173,13 +165,7 @@ def _accelerator(recipe: PretrainRecipe):
         mixed_precision={"fp32": "no", "bf16": "bf16", "fp16": "fp16"}[recipe.precision],
         gradient_accumulation_steps=recipe.batch.grad_accumulation,
     )
-    world = accelerator.num_processes
-    launched = int(os.environ.get("WORLD_SIZE", "1"))
-    if launched != world:
-        raise RuntimeError(
-            f"{launched} processes were launched (WORLD_SIZE) but accelerate sees {world}: every process would train "
-            "alone. On CPU launch with `ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes N ...`"
-        )
+    check_launch(accelerator)
     if accelerator.distributed_type.value == "DEEPSPEED":
         ds_accum = accelerator.state.deepspeed_plugin.deepspeed_config.get("gradient_accumulation_steps")
         if ds_accum not in (None, "auto", recipe.batch.grad_accumulation):
@@ -191,25 +177,10 @@ def _accelerator(recipe: PretrainRecipe):
     return accelerator
 
 
-def pretrain(
-    recipe: PretrainRecipe, resume: bool = False, progress: bool = True, overwrite: bool = False
-) -> Path:
-    """Run a pre-training recipe; returns the output folder (final model in the neoembed layout, tokenizer,
-    ``metrics.jsonl``, ``run_record.json``, checkpoints). The folder must be new or empty unless ``resume`` or
-    ``overwrite`` (:func:`neoembed.runs.prepare_output_dir`); SIGTERM / Ctrl-C raise
-    :class:`~neoembed.runs.TrainingInterrupted` after the checkpoint."""
-    from transformers import AutoTokenizer
-
+def _open_sources(recipe: PretrainRecipe):
+    """Every source read as shards, one document stream per source, and the sources' normalised weights."""
     from neoembed.pretrain.data import ShardedCorpus
-    from neoembed.recipe import seed_everything
-    from neoembed.record import write_run_record
 
-    accelerator = _accelerator(recipe)
-    world = accelerator.num_processes
-    output = Path(recipe.output_dir)
-    seed_everything(recipe.seed)
-
-    # data: every source read as shards; one stream per source
     corpora = [ShardedCorpus(s.path) for s in recipe.data.sources]
     streams = [
         DocumentStream(c, seed=recipe.seed * 1000 + i, shuffle=recipe.data.shuffle)
@@ -217,6 +188,12 @@ def pretrain(
     ]
     weights = np.array([s.weight for s in recipe.data.sources], dtype=np.float64)
     weights /= weights.sum()
+    return corpora, streams, weights
+
+
+def _load_tokenizer(recipe: PretrainRecipe, corpora):
+    """The recipe's tokenizer, checked against the shards' vocabulary, and the ids masking leaves alone."""
+    from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(recipe.tokenizer)
     if tokenizer.mask_token_id is None or tokenizer.pad_token_id is None:
@@ -228,7 +205,67 @@ def pretrain(
                 f"shards {c.path} were tokenized with a vocabulary of {vocab} tokens, the recipe's tokenizer "
                 f"{recipe.tokenizer!r} has {len(tokenizer)}: set 'tokenizer' to the one used by preprocess"
             )
-    special_ids = sorted(set(tokenizer.all_special_ids) | {tokenizer.pad_token_id})
+    return tokenizer, sorted(set(tokenizer.all_special_ids) | {tokenizer.pad_token_id})
+
+
+def _global_sequences(recipe: PretrainRecipe, accelerator) -> int:
+    """The sequences of one optimizer step over every process (announced once)."""
+    b, accum, world = recipe.batch.micro_batch_size, recipe.batch.grad_accumulation, accelerator.num_processes
+    n_global, L = b * accum * world, recipe.data.seq_length
+    kind = "packed" if recipe.data.packing == "packed" else "at most (padded)"
+    accelerator.print(
+        f"effective batch: {n_global} sequences x {L} tokens = {n_global * L:,} tokens {kind} per step "
+        f"(micro-batch {b} x accumulation {accum} x {world} processes); {recipe.steps:,} steps"
+    )
+    return n_global
+
+
+def _stream_state(checkpoint: Path | None, streams, n_global: int, L: int):
+    """What a checkpoint keeps of the data (every stream's position, the global batch) and how it is read back."""
+
+    def trainer_state() -> dict:
+        return {"streams": [st.state_dict() for st in streams], "global_sequences": n_global, "seq_length": L}
+
+    def load_state(state: dict) -> None:
+        if state["global_sequences"] != n_global or state["seq_length"] != L:
+            raise ValueError(
+                f"{checkpoint} was written with a global batch of {state['global_sequences']} x "
+                f"{state['seq_length']} tokens, this run has {n_global} x {L}: an exact resume needs the same "
+                "global batch"
+            )
+        for stream, st in zip(streams, state["streams"], strict=True):
+            stream.load_state_dict(st)
+
+    return trainer_state, load_state
+
+
+def _run_record(corpora, model, n_global: int, L: int) -> tuple[list[Path], dict]:
+    """The files the run record hashes (every shard folder's index files) and what it adds to the loop's record."""
+    files = ("meta.json", "stats.json", "subset.json", "docs.npy")
+    extra = {
+        "global_batch_sequences": n_global,
+        "global_batch_tokens": n_global * L,
+        "data_fingerprints": {c.path.as_posix(): c.fingerprint for c in corpora},
+        "parameters": sum(p.numel() for p in model.parameters()),
+    }
+    return [c.path / name for c in corpora for name in files], extra
+
+
+# ------------------------------------------------------------------------------------------------- train
+def pretrain(
+    recipe: PretrainRecipe, resume: bool = False, progress: bool = True, overwrite: bool = False
+) -> Path:
+    """Run a pre-training recipe; returns the output folder (final model in the neoembed layout, tokenizer,
+    ``metrics.jsonl``, ``run_record.json``, checkpoints). The folder must be new or empty unless ``resume`` or
+    ``overwrite`` (:func:`neoembed.runs.prepare_output_dir`); SIGTERM / Ctrl-C raise
+    :class:`~neoembed.runs.TrainingInterrupted` after the checkpoint."""
+    from neoembed.recipe import seed_everything
+
+    accelerator = _accelerator(recipe)
+    output = Path(recipe.output_dir)
+    seed_everything(recipe.seed)
+    corpora, streams, weights = _open_sources(recipe)
+    tokenizer, special_ids = _load_tokenizer(recipe, corpora)
     settings = resume_settings(recipe)
     checkpoint = prepare_output_dir(
         output,
@@ -241,25 +278,14 @@ def pretrain(
         check_weight_files(recipe.model.init_from)
 
     model = _build_model(recipe, tokenizer)
-    objective = MLMObjective(model)
-    opt = recipe.optimizer
-    optimizer = torch.optim.AdamW(
-        param_groups(model, opt.weight_decay), lr=opt.lr, betas=opt.betas, eps=opt.eps
-    )
+    optimizer = adamw(model, recipe.optimizer)
     s = recipe.schedule
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_lambda(s.warmup_steps, recipe.steps, s.decay_fraction, s.final_ratio)
     )
-    objective, optimizer = accelerator.prepare(objective, optimizer)
-
-    b, accum, L = recipe.batch.micro_batch_size, recipe.batch.grad_accumulation, recipe.data.seq_length
-    n_global = b * accum * world
-    kind = "packed" if recipe.data.packing == "packed" else "at most (padded)"
-    accelerator.print(
-        f"effective batch: {n_global} sequences x {L} tokens = {n_global * L:,} tokens {kind} per step "
-        f"(micro-batch {b} x accumulation {accum} x {world} processes); {recipe.steps:,} steps"
-    )
-
+    objective, optimizer = accelerator.prepare(MLMObjective(model), optimizer)
+    n_global, L = _global_sequences(recipe, accelerator), recipe.data.seq_length
+    trainer_state, load_state = _stream_state(checkpoint, streams, n_global, L)
     loop = RunLoop(
         accelerator,
         recipe,
@@ -267,58 +293,22 @@ def pretrain(
         optimizer=optimizer,
         scheduler=scheduler,
         parameters=objective.parameters,
-        grad_clip=opt.grad_clip,
+        grad_clip=recipe.optimizer.grad_clip,
         settings=settings,
-        trainer_state=lambda: {
-            "streams": [st.state_dict() for st in streams],
-            "global_sequences": n_global,
-            "seq_length": L,
-        },
+        trainer_state=trainer_state,
         desc="pretrain",
         progress=progress,
         nan_advice="Lower optimizer.lr, raise schedule.warmup_steps, or use precision bf16/fp32 instead of fp16",
     )
-    if checkpoint is not None:
+    data_files, extra = _run_record(corpora, model, n_global, L)
+    loop.start(checkpoint, "pretrain", data_files=data_files, extra=extra, load_state=load_state)
+    loop.run(*_mlm_step(recipe, accelerator, objective, streams, weights, tokenizer, special_ids))
 
-        def load_state(state: dict) -> None:
-            if state["global_sequences"] != n_global or state["seq_length"] != L:
-                raise ValueError(
-                    f"{checkpoint} was written with a global batch of {state['global_sequences']} x "
-                    f"{state['seq_length']} tokens, this run has {n_global} x {L}: an exact resume needs the same "
-                    "global batch"
-                )
-            for stream, st in zip(streams, state["streams"], strict=True):
-                stream.load_state_dict(st)
-
-        loop.resume(checkpoint, load_state)
-    if accelerator.is_main_process:
-        output.mkdir(parents=True, exist_ok=True)
-        data_files = [
-            c.path / name for c in corpora for name in ("meta.json", "stats.json", "subset.json", "docs.npy")
-        ]
-        write_run_record(
-            output,
-            "pretrain",
-            recipe=recipe,
-            data_files=data_files,
-            extra={
-                "world_size": world,
-                "global_batch_sequences": n_global,
-                "global_batch_tokens": n_global * L,
-                "data_fingerprints": {c.path.as_posix(): c.fingerprint for c in corpora},
-                "parameters": sum(p.numel() for p in model.parameters()),
-                "resume_settings": settings,
-                "recipe_hash": settings_hash(settings),
-            },
-        )
-    step_fn, row_fn = _mlm_step(recipe, accelerator, objective, streams, weights, tokenizer, special_ids)
-    loop.run(step_fn, row_fn)
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        final = accelerator.unwrap_model(objective).mlm
-        final.save_pretrained(output)
+    def save_final() -> None:
+        accelerator.unwrap_model(objective).mlm.save_pretrained(output)
         tokenizer.save_pretrained(output)
-    accelerator.wait_for_everyone()
+
+    loop.finish(save_final)
     accelerator.end_training()
     return output
 

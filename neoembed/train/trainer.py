@@ -301,6 +301,53 @@ def _purge_tensorboard(trainer, step: int) -> None:
             cb._SummaryWriter = functools.partial(cb._SummaryWriter, purge_step=step + 1)
 
 
+def _resume_logs(trainer, checkpoint: Path, output: Path, main: bool) -> None:
+    """On resume: the metrics and TensorBoard events logged after ``checkpoint`` go (its step is logged again)."""
+    from neoembed.runs import trim_metrics
+
+    step = json.loads((checkpoint / "trainer_state.json").read_text())["global_step"]
+    trim_metrics(output / "metrics.jsonl", step) if main else None
+    _purge_tensorboard(trainer, step)
+    logger.warning("resuming from %s (step %d)", checkpoint, step)
+
+
+def _write_run_record(
+    recipe: UnifiedRecipe, output: Path, cards, reports: dict, datasets, settings: dict
+) -> None:
+    write_run_record(
+        output,
+        "train",
+        recipe=recipe,
+        data_files=[f for f in _data_files(cards) if f.is_file()],
+        extra={
+            "cards": {
+                c.name: {"pinned": c.pinned, "license": c.license, "data": reports[c.name].as_dict()}
+                for c, _ in cards
+            },
+            "negatives_per_query": {n: d.num_columns - 2 for n, d in datasets.items()},
+            "resume_settings": settings,
+            "recipe_hash": settings_hash(settings),
+        },
+    )
+
+
+def _fit(trainer, checkpoint: Path | None, stop: StopSignal, recipe: UnifiedRecipe, output: Path, main: bool):
+    """``trainer.train`` with the stop signals caught, out-of-memory explained, and the curves plotted."""
+    from neoembed.plots import plot_training_curves
+
+    try:
+        with stop:
+            trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
+    except torch.OutOfMemoryError as e:
+        raise TrainingStopped(
+            "out of memory: lower batch_size, enable GradCache with loss=cached_infonce cache_mini_batch_size=32 (same loss, memory of "
+            f"one mini-batch), or shorten max_length (now {recipe.max_length}). ({e})"
+        ) from None
+    finally:
+        if main and (output / "metrics.jsonl").exists():
+            plot_training_curves(output / "metrics.jsonl", output / "training_curves.png", title=output.name)
+
+
 def train(
     recipe: UnifiedRecipe, recipe_dir: Path | None = None, resume: bool = False, overwrite: bool = False
 ) -> Path:
@@ -309,9 +356,7 @@ def train(
     The output folder must be new or empty, unless ``resume`` (continue the run it holds, from its newest
     complete checkpoint) or ``overwrite`` (clear it); see :func:`neoembed.runs.prepare_output_dir`. Raises
     :class:`~neoembed.runs.TrainingInterrupted` after checkpointing on SIGTERM / Ctrl-C."""
-    from neoembed.plots import plot_training_curves
     from neoembed.recipe import seed_everything
-    from neoembed.runs import trim_metrics
     from neoembed.sentence import load
 
     seed_everything(recipe.seed)
@@ -345,37 +390,10 @@ def train(
     trainer.add_callback(metrics)
     trainer.add_callback(_SignalCallback(stop))
     if checkpoint is not None:
-        step = json.loads((checkpoint / "trainer_state.json").read_text())["global_step"]
-        trim_metrics(output / "metrics.jsonl", step) if main else None
-        _purge_tensorboard(trainer, step)
-        logger.warning("resuming from %s (step %d)", checkpoint, step)
+        _resume_logs(trainer, checkpoint, output, main)
     if main:
-        write_run_record(
-            output,
-            "train",
-            recipe=recipe,
-            data_files=[f for f in _data_files(cards) if f.is_file()],
-            extra={
-                "cards": {
-                    c.name: {"pinned": c.pinned, "license": c.license, "data": reports[c.name].as_dict()}
-                    for c, _ in cards
-                },
-                "negatives_per_query": {n: d.num_columns - 2 for n, d in datasets.items()},
-                "resume_settings": settings,
-                "recipe_hash": settings_hash(settings),
-            },
-        )
-    try:
-        with stop:
-            trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
-    except torch.OutOfMemoryError as e:
-        raise TrainingStopped(
-            "out of memory: lower batch_size, enable GradCache with loss=cached_infonce cache_mini_batch_size=32 (same loss, memory of "
-            f"one mini-batch), or shorten max_length (now {recipe.max_length}). ({e})"
-        ) from None
-    finally:
-        if main and (output / "metrics.jsonl").exists():
-            plot_training_curves(output / "metrics.jsonl", output / "training_curves.png", title=output.name)
+        _write_run_record(recipe, output, cards, reports, datasets, settings)
+    _fit(trainer, checkpoint, stop, recipe, output, main)
     if metrics.nan_step is not None:
         raise TrainingStopped(
             f"the loss became NaN at step {metrics.nan_step}; training stopped and the NaN state was not saved. "
