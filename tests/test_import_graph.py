@@ -149,3 +149,16 @@ def test_every_import_goes_to_a_lower_floor():
 def test_nothing_inside_imports_the_package_root():
     importers = sorted(m for m, targets in import_graph().items() if "neoembed" in targets)
     assert importers == [], f"{importers} import the package root: import the module that holds the name"
+
+
+def test_the_architecture_page_shows_these_floors():
+    """docs/architecture.md's table is this plan, entry for entry (module names relative to the package)."""
+    import re
+
+    page = (PACKAGE.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
+    shown = {}
+    for floor, cell in re.findall(r"^\| (\d+) \| (.+?) \|", page, flags=re.M):
+        for name in re.findall(r"`([\w.]+)`", cell):
+            module = name if name.startswith("neoembed") else f"neoembed.{name}"
+            shown[module] = int(floor)
+    assert shown == FLOORS
