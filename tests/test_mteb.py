@@ -169,7 +169,7 @@ def test_dataset_card_classification_and_clustering_on_real_text(minilm, shared_
     assert 0.2 < report.scores["SentenceSources"]["main_score"] <= 1.0
 
 
-def test_local_sts_task_gets_the_papers_sts_instruction(tiny_official, shared_dir, tmp_path):
+def test_local_sts_task_gets_the_papers_sts_instruction(tiny_official, small, tmp_path):
     """The paper gives its general-domain STS tasks one instruction; an STS task it does not list gets it."""
     import neoembed
     from neoembed.instructions import paper_type_instruction
@@ -179,8 +179,8 @@ def test_local_sts_task_gets_the_papers_sts_instruction(tiny_official, shared_di
     shared = [k for k, v in sts.items() if v == paper_type_instruction("STS")]
     assert len(sts) == 10 and sorted(set(sts) - set(shared)) == ["BIOSSES"]  # MTEB(eng, v1)'s 10 STS tasks
     folder = tmp_path / "data" / "MySTS"
-    _dataset_card(folder, name="MySTS", task_type="sts", splits={"test": 1500})
-    (folder / "test.jsonl.gz").symlink_to(shared_dir / "data" / "mteb" / "STS13" / "test.jsonl.gz")
+    _dataset_card(folder, name="MySTS", task_type="sts", splits={"test": SMALL_ROWS["STS16"]})
+    (folder / "test.jsonl.gz").symlink_to(small / "mteb" / "STS16" / "test.jsonl.gz")
     model = neoembed.load(tiny_official)
     with_paper = _run(model, tmp_path / "a", data_dir=tmp_path / "data", instructions="paper")
     without = _run(model, tmp_path / "b", data_dir=tmp_path / "data", instructions="none")
@@ -281,9 +281,9 @@ def test_missing_folder_is_a_clear_error(minilm, tmp_path):
         _run(minilm, tmp_path / "out", data_dir=tmp_path / "data", tasks=["STS13"])
 
 
-def test_resume_skips_and_broken_task_does_not_stop_others(minilm, shared_dir, tmp_path):
+def test_resume_skips_and_broken_task_does_not_stop_others(minilm, small, tmp_path):
     data = tmp_path / "data"
-    shutil.copytree(shared_dir / "data" / "mteb" / "STS16", data / "STS16")
+    shutil.copytree(small / "mteb" / "STS16", data / "STS16")
     (data / "STS13").mkdir(parents=True)
     _write_jsonl_gz(data / "STS13" / "test.jsonl.gz", [{"wrong": "columns"}])  # broken task
     out = tmp_path / "out"
@@ -386,11 +386,11 @@ def test_instructions_reach_the_encoder(minilm, small, tmp_path):
     assert a.scores["STS16"]["main_score"] != b.scores["STS16"]["main_score"]
 
 
-def test_fp16_matches_fp32_on_tiny_neobert(tiny_official, shared_dir, tmp_path):
+def test_fp16_matches_fp32_on_tiny_neobert(tiny_official, small, tmp_path):
     import neoembed
 
     model = neoembed.load(tiny_official)
-    kw = dict(data_dir=shared_dir / "data" / "mteb", tasks=["STS16"])
+    kw = dict(data_dir=small / "mteb", tasks=["STS16"])
     fp32 = _run(model, tmp_path / "32", precision="fp32", **kw).scores["STS16"]["main_score"]
     fp16 = _run(model, tmp_path / "16", precision="fp16", **kw).scores["STS16"]["main_score"]
     assert abs(fp32 - fp16) <= 0.01
