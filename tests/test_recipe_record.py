@@ -78,10 +78,12 @@ def test_run_record(tmp_path):
 def test_cli_version_and_help():
     r = subprocess.run([sys.executable, "-m", "neoembed", "--version"], capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.startswith("neoembed ")
-    r = subprocess.run(
-        [sys.executable, "-m", "neoembed", "convert", "--help"], capture_output=True, text=True
-    )
-    assert r.returncode == 0 and "--to" in r.stdout
+    from typer.testing import CliRunner
+
+    from neoembed.cli import app
+
+    r = CliRunner().invoke(app, ["convert", "--help"])  # in-process: one interpreter start is enough
+    assert r.exit_code == 0 and "--to" in r.output
 
 
 def test_recipe_kind_is_a_discriminated_union_read_after_the_overrides():
