@@ -9,6 +9,7 @@ Results: benchmarks/results/quickstart_<device>.{json,md} with the command, comm
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import tempfile
@@ -29,12 +30,26 @@ def main() -> None:
         cmd = [sys.executable, "-m", "neoembed", "quickstart", "--output", str(out)]
         if args.steps is not None:
             cmd += ["--steps", str(args.steps)]
+        load_before = os.getloadavg()[0]
         t0 = time.perf_counter()
-        subprocess.run(cmd, check=True)
+        run = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True)
         wall = time.perf_counter() - t0
+        print(run.stdout)
         table = (out / "results" / "quickstart.md").read_text().strip()
-    payload = {"header": header(), "wall_time_s": round(wall, 1), "steps": args.steps, "table": table}
-    md = f"`neoembed quickstart` wall time: **{wall / 60:.1f} min** (data, evaluations, training, save)\n\n{table}\n"
+    stages = next((line for line in run.stdout.splitlines() if line.startswith("stage timings:")), "")
+    load = {"before": round(load_before, 2), "after (1 min)": round(os.getloadavg()[0], 2)}
+    payload = {
+        "header": header(),
+        "wall_time_s": round(wall, 1),
+        "steps": args.steps,
+        "stage_timings": stages,
+        "load_average": load,
+        "table": table,
+    }
+    md = (
+        f"`neoembed quickstart` wall time: **{wall:.0f} s ({wall / 60:.1f} min)** in an empty temporary folder "
+        f"(data, evaluations, training, save)  \n{stages}  \nLoad average (1 min): {load}\n\n{table}\n"
+    )
     write_results("quickstart_cpu", payload, md)
     print(md)
 
