@@ -34,8 +34,8 @@ def _build_wheel(dist: Path) -> Path:
         import hatchling  # noqa: F401
     except ImportError:
         pytest.fail("the wheel test builds without network and needs hatchling: pip install -e '.[dev]'")
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
-          "-w", dist, REPO])  # fmt: skip
+    pip = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q"]
+    _run([*pip, "-w", dist, REPO])
     (wheel,) = dist.glob("neoembed-*.whl")
     return wheel
 
@@ -53,15 +53,13 @@ def _venv_with(wheel: Path, root: Path) -> tuple[Path, dict]:
     pip_only = root / "pip_only"
     pip_only.mkdir()
     (pip_only / "pip").symlink_to(Path(pip.__file__).parent)
-    _run([python, "-m", "pip", "install", "--no-deps", "--no-index", "-q", "--disable-pip-version-check", wheel],
-         env={**child_env, "PYTHONPATH": str(pip_only)})  # fmt: skip
-    site = Path(
-        _run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip()
-    )
+    install = [python, "-m", "pip", "install", "--no-deps", "--no-index", "-q", "--disable-pip-version-check"]
+    _run([*install, wheel], env={**child_env, "PYTHONPATH": str(pip_only)})
+    purelib = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    site = Path(_run([python, "-c", purelib]).stdout.strip())
     parents = dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))
-    (site / "zz_parent_env.pth").write_text(
-        "".join(f"import site; site.addsitedir({p!r})\n" for p in parents)
-    )
+    lines = "".join(f"import site; site.addsitedir({p!r})\n" for p in parents)
+    (site / "zz_parent_env.pth").write_text(lines)
     return python, child_env
 
 
@@ -70,26 +68,34 @@ def installed(tmp_path_factory):
     root = tmp_path_factory.mktemp("wheel")
     wheel = _build_wheel(root / "dist")
     python, env = _venv_with(wheel, root)
-    env.update(
-        HF_HUB_OFFLINE="1", HF_DATASETS_CACHE=str(root / "hf-datasets"), TOKENIZERS_PARALLELISM="false"
-    )
+    env.update(HF_HUB_OFFLINE="1", HF_DATASETS_CACHE=str(root / "hf-datasets"))
+    env.update(TOKENIZERS_PARALLELISM="false")
     return wheel, python, env, root
 
 
 def test_the_wheel_ships_the_tiny_recipes_with_their_model_rows_cards_and_licence(installed):
     wheel = installed[0]
+    tiny = "neoembed/recipes/tiny/"
     with zipfile.ZipFile(wheel) as z:
         sizes = {i.filename: i.file_size for i in z.infolist()}
-    tiny = "neoembed/recipes/tiny/"
+        licence = z.read(tiny + "LICENSE-PSF.txt").decode()
     for name in ("recipes/tiny.yaml", "recipes/cde-tiny.yaml", "data_cards/agnews.yaml"):
         assert f"neoembed/{name}" in sizes, name
-    for name in ("model/config.json", "model/model.safetensors", "model/tokenizer.json", "cards/pydoc_names.yaml",
-                 "cards/pydoc_details.yaml", "cards/pydoc_signatures.yaml", "rows/pydoc_names.jsonl",
-                 "rows/pydoc_details.jsonl", "rows/pydoc_signatures.jsonl", "LICENSE-PSF.txt", "README.md"):  # fmt: skip
-        assert tiny + name in sizes, name
-    assert (
-        "PYTHON SOFTWARE FOUNDATION LICENSE" in zipfile.ZipFile(wheel).read(tiny + "LICENSE-PSF.txt").decode()
+    cards = ("pydoc_names", "pydoc_details", "pydoc_signatures")
+    model = (
+        "model/config.json",
+        "model/model.safetensors",
+        "model/tokenizer.json",
+        "model/tokenizer_config.json",
     )
+    for name in (
+        *model,
+        *(f"cards/{c}.yaml" for c in cards),
+        *(f"rows/{c}.jsonl" for c in cards),
+        "README.md",
+    ):
+        assert tiny + name in sizes, name
+    assert "PYTHON SOFTWARE FOUNDATION LICENSE" in licence
     assert sum(s for n, s in sizes.items() if n.startswith(tiny)) < TINY_ASSETS_MAX_BYTES
 
 
@@ -105,26 +111,26 @@ def test_tiny_and_cde_tiny_train_from_the_installed_wheel_outside_the_source_tre
         "tiny": [python.parent / "neoembed", "train", "tiny"],
         "cde-tiny": [python.parent / "neoembed", "train", "cde-tiny", "steps=2", "save_steps=100"],
     }
-    procs = {
-        name: subprocess.Popen(
-            [str(c) for c in cmd],
-            cwd=work,
-            env={**env, "OMP_NUM_THREADS": "1"},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )  # fmt: skip
-        for name, cmd in runs.items()
-    }
+    logs = {name: root / f"{name}.log" for name in runs}  # files, not pipes: a full pipe would stall a run
+    procs = {}
+    for name, cmd in runs.items():
+        with open(logs[name], "w") as log:
+            procs[name] = subprocess.Popen(
+                [str(c) for c in cmd], cwd=work, env={**env, "OMP_NUM_THREADS": "1"}, stdout=log, stderr=log
+            )
     for name, proc in procs.items():
-        out, _ = proc.communicate(timeout=300)
-        assert proc.returncode == 0, f"neoembed train {name} failed:\n{out[-4000:]}"
+        proc.wait(timeout=300)
+        assert proc.returncode == 0, f"neoembed train {name} failed:\n{logs[name].read_text()[-4000:]}"
     tiny = work / "runs" / "tiny"
     assert (tiny / "model.safetensors").is_file() and (tiny / "checkpoint-8").is_dir()
     assert len((tiny / "metrics.jsonl").read_text().splitlines()) == 8
     record = json.loads((tiny / "run_record.json").read_text())
     assert set(record["cards"]) == {"pydoc_names", "pydoc_details", "pydoc_signatures"}
+    # the shipped model, read from the installed package
+    assert Path(record["recipe"]["model"]).is_relative_to(root / "venv"), record["recipe"]["model"]
     assert "PSF-2.0" in (tiny / "README.md").read_text()
     cde = work / "runs" / "cde-tiny"
     assert (cde / "cde_head.safetensors").is_file() and (cde / "first_stage").is_dir()
     assert len((cde / "metrics.jsonl").read_text().splitlines()) == 2
+    cde_model = json.loads((cde / "run_record.json").read_text())["recipe"]["model"]
+    assert Path(cde_model).is_relative_to(root / "venv"), cde_model
