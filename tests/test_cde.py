@@ -328,7 +328,7 @@ def test_tiny_cde_recipe_trains_saves_reloads(tmp_path, tiny_official, fake_hub)
     recipe = _recipe(
         out,
         tiny_official,
-        "datasets=[{card: msrp_pairs, max_rows: 32}]",
+        "datasets=[{card: pydoc_names, max_rows: 32}]",
         "steps=24",
         "save_steps=1000",
         "optimizer.lr=2.0e-3",
@@ -341,7 +341,7 @@ def test_tiny_cde_recipe_trains_saves_reloads(tmp_path, tiny_official, fake_hub)
     assert record["command"] == "train-cde"
     assert (out / "training_curves.png").stat().st_size > 1000
     card = (out / "README.md").read_text()
-    assert "msrp_pairs" in card and "research use only" in card
+    assert "pydoc_names" in card and "PSF-2.0" in card
     model = neoembed.load(out)
     e = model.encode_context(DOCS + DOCS[:2])
     assert e.shape == (8, model.get_embedding_dimension())
@@ -351,7 +351,7 @@ def test_tiny_cde_recipe_trains_saves_reloads(tmp_path, tiny_official, fake_hub)
     # pushed to the hub with the trainer's card (data and licences), its code naming the hub id
     model.push_to_hub("someone/tiny-cde")
     card = (fake_hub / "someone" / "tiny-cde" / "README.md").read_text()
-    assert "msrp_pairs" in card and "research use only" in card and str(tiny_official) in card
+    assert "pydoc_names" in card and "PSF-2.0" in card and str(tiny_official) in card
     assert 'neoembed.load("someone/tiny-cde")' in card and "PATH" not in card
     pushed = neoembed.load(fake_hub / "someone" / "tiny-cde")
     assert np.abs(pushed.encode(DOCS, dataset_embeddings=e) - a).max() <= 1e-6

@@ -47,7 +47,7 @@ from neoembed.train.trainer import train
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "recipes" / "tiny.yaml"
-RUN = ("steps=4", "save_steps=2", "datasets=[{card: msrp_pairs, max_rows: 48}]")
+RUN = ("steps=4", "save_steps=2", "datasets=[{card: pydoc_names, max_rows: 48}]")
 
 
 def _recipe(out: Path, model: Path, *overrides: str):
@@ -249,7 +249,7 @@ def test_case_5_to_7_the_run_records_the_negatives_it_trained_with(tmp_path, tin
     from neoembed.train.trainer import prepare_datasets
 
     ref, _ = finished
-    assert json.loads((ref / "run_record.json").read_text())["negatives_per_query"] == {"msrp_pairs": 0}
+    assert json.loads((ref / "run_record.json").read_text())["negatives_per_query"] == {"pydoc_names": 0}
     rows = [{"q": f"query {i}", "p": f"positive {i}", "n": [f"neg {i}a", f"neg {i}b"]} for i in range(20)]
     data = tmp_path / "negs.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -100,7 +100,7 @@ def test_tiny_recipe_trains_saves_reloads_and_loss_decreases(
     recipe = _recipe(
         tmp_path / "run",
         tiny_official,
-        "datasets=[{card: msrp_pairs, max_rows: 64}]",
+        "datasets=[{card: pydoc_names, max_rows: 64}]",
         "steps=12",
         "save_steps=100",
     )
@@ -123,18 +123,18 @@ def test_tiny_recipe_trains_saves_reloads_and_loss_decreases(
     )
     record = json.loads((out / "run_record.json").read_text())
     assert record["recipe"]["steps"] == 12 and record["seed"] == 0 and record["data"]
-    kept = record["cards"]["msrp_pairs"][
+    kept = record["cards"]["pydoc_names"][
         "data"
     ]  # what the card gave: rows kept, dropped per reason, full size
-    assert kept["rows_read"] == 64 and kept["full_size"] == 2696 and kept["dropped"] == {} and kept["sampled"]
+    assert kept["rows_read"] == 64 and kept["full_size"] == 200 and kept["dropped"] == {} and kept["sampled"]
     card = (out / "README.md").read_text()
-    assert "msrp_pairs" in card and "research use" in card and str(tiny_official) in card
+    assert "pydoc_names" in card and "PSF-2.0" in card and str(tiny_official) in card
     assert "trust_remote_code=True" in card
     # pushed to the hub: the trainer's card (base model, data, licences) with loading code for the hub id
     assert model.push_to_hub("someone/tiny-neobert") == "someone/tiny-neobert@fake"
     pushed = fake_hub / "someone" / "tiny-neobert"
     card = (pushed / "README.md").read_text()
-    assert "msrp_pairs" in card and "research use" in card and str(tiny_official) in card
+    assert "pydoc_names" in card and "PSF-2.0" in card and str(tiny_official) in card
     assert 'neoembed.load("someone/tiny-neobert")' in card
     assert 'SentenceTransformer("someone/tiny-neobert", trust_remote_code=True)' in card
     assert card.count("## Loading with and without neoembed") == 1 and f'"{out.name}"' not in card
@@ -183,7 +183,7 @@ def test_bad_input_fails_before_training(tmp_path, tiny_official):
         )
     with pytest.raises(DataCardError, match="appears twice"):
         train(
-            _recipe(tmp_path, tiny_official, "datasets=[{card: msrp_pairs}, {card: msrp_pairs}]"),
+            _recipe(tmp_path, tiny_official, "datasets=[{card: pydoc_names}, {card: pydoc_names}]"),
             recipe_dir=TINY.parent,
         )
     with pytest.raises(RecipeError, match="unknown key 'stepz'"):
@@ -193,14 +193,14 @@ def test_bad_input_fails_before_training(tmp_path, tiny_official):
 def test_instructions_go_before_queries_and_can_be_overridden(tmp_path, tiny_official):
     from neoembed.train.trainer import prepare_datasets
 
-    recipe = _recipe(tmp_path, tiny_official, "instruction_overrides={msrp_pairs: Find a paraphrase.}")
+    recipe = _recipe(tmp_path, tiny_official, "instruction_overrides={pydoc_names: Find a paraphrase.}")
     data, _, sizes = prepare_datasets(recipe, TINY.parent)
-    assert data["msrp_pairs"][0]["query"].startswith("Find a paraphrase. ")
-    assert not data["msrp_pairs"][0]["positive"].startswith("Find")  # documents stay plain
-    assert not data["sts2012_pairs"][0]["query"].startswith("Find")
-    assert sizes == {"msrp_pairs": 16, "sts2012_pairs": 16, "trecqa_pairs": 8}
+    assert data["pydoc_names"][0]["query"].startswith("Find a paraphrase. ")
+    assert not data["pydoc_names"][0]["positive"].startswith("Find")  # documents stay plain
+    assert not data["pydoc_details"][0]["query"].startswith("Find")
+    assert sizes == {"pydoc_names": 16, "pydoc_details": 16, "pydoc_signatures": 8}
     plain, _, _ = prepare_datasets(_recipe(tmp_path, tiny_official, "instructions=false"), TINY.parent)
-    assert data["msrp_pairs"][0]["query"].endswith(plain["msrp_pairs"][0]["query"])
+    assert data["pydoc_names"][0]["query"].endswith(plain["pydoc_names"][0]["query"])
 
 
 def test_cli_train_tiny(tmp_path, tiny_official):
@@ -324,7 +324,7 @@ def test_sigterm_in_process_checkpoints_then_resume_finishes(tmp_path, tiny_offi
             os.kill(os.getpid(), signal.SIGTERM)
 
     out = tmp_path / "sig"
-    recipe = _recipe(out, tiny_official, "datasets=[{card: msrp_pairs, max_rows: 64}]", "save_steps=100")
+    recipe = _recipe(out, tiny_official, "datasets=[{card: pydoc_names, max_rows: 64}]", "save_steps=100")
     monkeypatch.setattr(trainer_mod._MetricsCallback, "on_log", on_log_then_sigterm)
     before = signal.getsignal(signal.SIGTERM)
     from neoembed.runs import TrainingInterrupted
@@ -357,7 +357,7 @@ def test_sigterm_checkpoints_then_resume_finishes(tmp_path, tiny_official):
         f"output_dir={out}",
         "steps=150",
         "save_steps=1000",
-        "datasets=[{card: msrp_pairs, max_rows: 64}]",
+        "datasets=[{card: pydoc_names, max_rows: 64}]",
     ]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
@@ -375,7 +375,7 @@ def test_sigterm_checkpoints_then_resume_finishes(tmp_path, tiny_official):
             *cmd[:-2],
             "steps=150",
             "save_steps=1000",
-            "datasets=[{card: msrp_pairs, max_rows: 64}]",
+            "datasets=[{card: pydoc_names, max_rows: 64}]",
             "--resume",
         ],
         cwd=REPO,
