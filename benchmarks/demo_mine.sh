@@ -36,8 +36,11 @@ ARM_A="["
 ARM_B="["
 for set in $SETS; do
   # --resume: a folder left by an interrupted run is continued, a finished one is left as it is
-  neoembed mine "$(card_path "$set")" --model "$MODEL" --out "$OUT/mined/$set" -k "$K" --range-max 30 \
-    --max-fraction 0.95 --max-length 128 --resume
+  if ! ls "$OUT/mined/$set"/*.yaml >/dev/null 2>&1; then
+    resume=$([ -d "$OUT/mined/$set" ] && echo --resume || true)
+    neoembed mine "$(card_path "$set")" --model "$MODEL" --out "$OUT/mined/$set" -k "$K" --range-max 30 \
+      --max-fraction 0.95 --max-length 128 $resume
+  fi
   ARM_A+="{card: $(card_path "$set"), max_negatives: 0$(batch_opt "$set")}, "
   ARM_B+="{card: $(ls "$OUT/mined/$set"/*.yaml)$(batch_opt "$set")}, "
 done
@@ -52,8 +55,11 @@ for seed in $SEEDS; do
       neoembed train quickstart "model=$MODEL" "output_dir=$run/model" "steps=$STEPS" "seed=$seed" \
         "datasets=$datasets" save_steps=100000 logging_steps=10
     fi
-    neoembed mteb --model "$run/model" --data-dir "$OUT/eval" --tasks "$(echo $TASKS | tr ' ' ',')" \
-      --instructions paper --output "$run/eval"
+    done_tasks=$(for t in $TASKS; do [ -f "$run/eval/$t.json" ] && echo "$t"; done | wc -l)
+    if [ "$done_tasks" -lt "$(echo $TASKS | wc -w)" ]; then
+      neoembed mteb --model "$run/model" --data-dir "$OUT/eval" --tasks "$(echo $TASKS | tr ' ' ',')" \
+        --instructions paper --output "$run/eval"
+    fi
   done
 done
 
