@@ -44,6 +44,7 @@ from tqdm.auto import tqdm
 
 from neoembed.data.cards import DataCard, DataCardError, build_pairs, find_card, load_card, load_rows
 from neoembed.instructions import DEFAULT_TEMPLATE, format_with_instruction
+from neoembed.mine.encode import fast_encode, fast_encode_supported
 from neoembed.mine.filters import select_negatives, text_key
 from neoembed.mine.search import EmbeddingShards, search, write_shard
 from neoembed.recipe import StrictModel, format_validation_error
@@ -153,7 +154,7 @@ def mine_negatives(
     query_texts = [format_with_instruction(src.instruction, q, cfg.template) for q in data.queries]
     from neoembed.loading import load
 
-    encoder = load(str(model), pooling=cfg.pooling, max_seq_length=cfg.max_length)
+    encoder = load(str(model), pooling=cfg.pooling, max_seq_length=cfg.max_length, padding_free=_padding_free())
     with _encode_pool(encoder, cfg.workers) as pool:
         corpus_emb = _embed_sharded(encoder, data.corpus, state, "corpus", cfg, pool, progress)
         query_emb = _embed_sharded(encoder, query_texts, state, "queries", cfg, pool, progress)
@@ -316,6 +317,16 @@ def _first_occurrences(texts: Sequence[str]) -> np.ndarray:
     return np.sort(first)
 
 
+def _padding_free() -> bool | None:
+    """NeoBERT's layout for mining: the checkpoint's (padding-free) where CUDA runs the variable-length kernel;
+    padded on CPU, where padding-free attention is a Python loop over the batch's sequences and the batches,
+    sorted by length, carry little padding (12,000 texts, one-layer NeoBERT: 5.0 s CPU padded, 5.2-6.0 s
+    padding-free; ``benchmarks/results/mine.md``)."""
+    import torch
+
+    return None if torch.cuda.is_available() else False
+
+
 @contextlib.contextmanager
 def _encode_pool(model, workers: int):
     """sentence-transformers' multi-process pool: one process per GPU (up to ``workers``), else ``workers``
@@ -337,6 +348,8 @@ def _encode_pool(model, workers: int):
 
 
 def _encode(model, texts: list[str], cfg: MineConfig, pool) -> np.ndarray:
+    if pool is None and fast_encode_supported(model):
+        return fast_encode(model, texts, cfg.batch_size)
     # prompt="": the texts already carry their instruction; a saved model's default prompt must not be added
     return model.encode(
         texts,
