@@ -21,6 +21,7 @@ Results: benchmarks/results/mine_<mode>_cpu.{json,md}. The machine's load (/proc
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import json
 import os
@@ -49,6 +50,11 @@ def _current_rss_mib() -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def _cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 def _load() -> str:
@@ -135,12 +141,12 @@ def child(args) -> None:
     model = neoembed.load(model_path, max_seq_length=args.max_length)
     model.encode(["warm up"])
     base = _current_rss_mib()
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), _cpu_s()
     if args.impl == "neoembed":
         rows = _mine_neoembed(pairs, docs, model_path, work, args)
     else:
         rows = _mine_st(pairs, docs, model, args)
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, _cpu_s() - cpu0
     out = {
         "impl": args.impl,
         "data": args.data,
@@ -149,6 +155,7 @@ def child(args) -> None:
         "queries": len({p["query"] for p in pairs}),
         "rows_with_negatives": rows,
         "seconds": round(seconds, 2),
+        "cpu_s": round(cpu, 2),  # user + sys: inflated less by the load than wall time
         "base_rss_mib": round(base, 1),
         "peak_rss_mib": round(_rss_mib(), 1),
         "load_before": load_before,
@@ -188,7 +195,10 @@ def _mine_neoembed(pairs, docs, model_path, work: Path, args) -> int:
         shard_size=args.shard_size,
         gpu="off",
     )
-    result = mine_negatives(card / "bench.yaml", model_path, work / "out", corpus=docs, config=cfg)
+    resume = (work / "out").is_dir()  # a --work-dir left by an interrupted run: its shards are reused
+    result = mine_negatives(
+        card / "bench.yaml", model_path, work / "out", corpus=docs, config=cfg, resume=resume
+    )
     return result.counts["rows_written"]
 
 
@@ -214,7 +224,11 @@ def _mine_st(pairs, docs, model, args) -> int:
 
 
 def measure(impl: str, data: str, docs: int, args) -> dict:
-    with tempfile.TemporaryDirectory() as work:
+    keep = args.work_dir and impl == "neoembed"
+    with contextlib.nullcontext(args.work_dir) if keep else tempfile.TemporaryDirectory() as work:
+        if keep:
+            work = str(Path(work) / f"{data}-{docs}")
+            Path(work).mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, __file__, "_child", "--impl", impl, "--data", data, "--docs", str(docs)]
         cmd += ["--model", args.model, "--threads", str(args.threads), "--max-length", str(args.max_length)]
         cmd += ["--shard-size", str(args.shard_size), "--work", work]
@@ -228,11 +242,12 @@ def measure(impl: str, data: str, docs: int, args) -> dict:
 
 
 def _table(rows: list[dict]) -> str:
-    md = "| miner | documents | queries | time (s) | texts/s | peak RSS (MiB) | base (MiB) | peak - base (MiB) | rows | load |\n"
-    md += "|---|---|---|---|---|---|---|---|---|---|\n"
+    md = "| miner | documents | queries | time (s) | CPU (s) | texts/s | peak RSS (MiB) | base (MiB) | peak - base (MiB) | rows | load |\n"
+    md += "|---|---|---|---|---|---|---|---|---|---|---|\n"
     for r in rows:
         md += (
-            f"| {r['impl']} | {r['documents']:,} | {r['queries']:,} | {r['seconds']} | {r['texts_per_s']} | "
+            f"| {r['impl']} | {r['documents']:,} | {r['queries']:,} | {r['seconds']} | {r.get('cpu_s', '-')} | "
+            f"{r['texts_per_s']} | "
             f"{r['peak_rss_mib']} | {r['base_rss_mib']} | {r['mining_rss_mib']} | {r['rows_with_negatives']:,} | "
             f"{r['load_before']} -> {r['load_after']} |\n"
         )
@@ -257,6 +272,12 @@ def main() -> None:
     p.add_argument("--impl", choices=["neoembed", "sentence-transformers"])
     p.add_argument("--data", choices=["real", "synthetic"])
     p.add_argument("--work")
+    p.add_argument("--tag", default="", help="suffix of the result files' names (keeps an earlier record)")
+    p.add_argument(
+        "--work-dir",
+        help="keep neoembed's mining folders here (one per corpus size); run the same command again to resume "
+        "an interrupted run from the shards on disk (the resumed process's time and memory are what is reported)",
+    )
     args = p.parse_args()
     if args.mode == "_child":
         args.docs = args.docs[0]
@@ -267,13 +288,13 @@ def main() -> None:
         for _ in range(args.reps):
             for impl in ("sentence-transformers", "neoembed"):
                 rows.append(measure(impl, "real", 0, args))
-        stem = f"mine_compare_{args.model}_cpu"
+        stem = f"mine_compare_{args.model}_cpu" + args.tag
     else:
         args.model = args.model or "tiny-1layer"
         for n in args.docs:
             for impl in ("sentence-transformers", "neoembed") if n <= args.st_max else ("neoembed",):
                 rows.append(measure(impl, "synthetic", n, args))
-        stem = "mine_scale_cpu"
+        stem = "mine_scale_cpu" + args.tag
     md = (
         f"Model: {args.model}; torch/faiss threads {args.threads}; max length {args.max_length}; "
         f"neoembed shard size {args.shard_size:,} documents.\n\n" + _table(rows)

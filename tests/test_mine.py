@@ -290,7 +290,9 @@ def test_two_cpu_workers_equal_one(mined, card, tiny_official, tmp_path):
 
 
 @pytest.mark.parametrize("padding_free", [True, False])
-def test_fast_encode_equals_sentence_transformers_encode(shared_dir, tiny_official, minilm_path, padding_free):
+def test_fast_encode_equals_sentence_transformers_encode(
+    shared_dir, tiny_official, minilm_path, padding_free
+):
     """Mining's lean encoder gives ``encode``'s embeddings: NeoBERT in both layouts, and a BERT (MiniLM) whose
     tokenizer returns token type ids; texts longer than max_length are truncated the same way."""
     from neoembed.loading import load
@@ -312,7 +314,9 @@ def test_fast_encode_equals_sentence_transformers_encode(shared_dir, tiny_offici
         assert got.shape == expected.shape and got.dtype == np.float32
         np.testing.assert_allclose(got, expected, atol=2e-6, rtol=0)
         raw = model.encode(texts[:5], prompt="", batch_size=16, convert_to_numpy=True)
-        np.testing.assert_allclose(fast_encode(model, texts[:5], 16, normalize=False), raw, atol=2e-5, rtol=1e-5)
+        np.testing.assert_allclose(
+            fast_encode(model, texts[:5], 16, normalize=False), raw, atol=2e-5, rtol=1e-5
+        )
 
 
 def test_fast_encode_declines_what_it_does_not_reproduce(tiny_official):
