@@ -280,13 +280,26 @@ def test_interrupted_run_resumed_equals_uninterrupted(mined, card, tiny_official
     assert again.counts == resumed.counts  # a finished run is not redone
 
 
-@pytest.mark.slow  # two spawned processes each import torch and sentence-transformers: 143-249 s here at load 12-18
-def test_two_cpu_workers_equal_one(mined, card, tiny_official, tmp_path):
+def test_two_cpu_workers_equal_one(mined, card, tiny_official, tmp_path, monkeypatch):
+    import os
+
+    import neoembed.mine.encode as encode
+
     result, _ = mined
+    real, seen = encode.fast_encode, tmp_path / "pids"
+    seen.mkdir()
+
+    def spy(*args, **kwargs):  # runs in the forked workers: they leave their pid on disk
+        (seen / str(os.getpid())).touch()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(encode, "fast_encode", spy)
     two = mine_negatives(
         card, tiny_official, tmp_path / "two", config=MineConfig(**SETTINGS, workers=2), progress=False
     )
     assert two.data.read_bytes() == result.data.read_bytes()
+    pids = {int(p.name) for p in seen.iterdir()}
+    assert len(pids) >= 2 and os.getpid() not in pids  # the embedding ran in other processes, two at a time
 
 
 @pytest.mark.parametrize("padding_free", [True, False])

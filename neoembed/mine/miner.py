@@ -44,7 +44,7 @@ from tqdm.auto import tqdm
 
 from neoembed.data.cards import DataCard, DataCardError, build_pairs, find_card, load_card, load_rows
 from neoembed.instructions import DEFAULT_TEMPLATE, format_with_instruction
-from neoembed.mine.encode import fast_encode, fast_encode_supported
+from neoembed.mine.encode import ForkedWorkers, fast_encode, fast_encode_supported
 from neoembed.mine.filters import select_negatives, text_key
 from neoembed.mine.search import EmbeddingShards, search, write_shard
 from neoembed.recipe import StrictModel, format_validation_error
@@ -82,7 +82,7 @@ class MineConfig(StrictModel):
     max_rows: int | None = Field(None, ge=1)
     cross_encoder: str | None = None
     cross_encoder_batch_size: int = Field(64, ge=1)
-    workers: int = Field(1, ge=1)  # encoding processes (CPU) or GPUs, through sentence-transformers' pool
+    workers: int = Field(1, ge=1)  # encoding processes: forked on CPU, one per GPU (sentence-transformers' pool)
     name: str | None = None  # of the written card; default <source card>_mined
     keep_embeddings: bool = False  # keep OUT/.mine (embeddings, candidates) after a finished run
 
@@ -331,8 +331,9 @@ def _padding_free() -> bool | None:
 
 @contextlib.contextmanager
 def _encode_pool(model, workers: int):
-    """sentence-transformers' multi-process pool: one process per GPU (up to ``workers``), else ``workers``
-    CPU processes; no pool for one worker."""
+    """No pool for one worker; on CPU ``workers`` processes forked with the model loaded (where the platform
+    forks and the model is the plain text pipeline); else sentence-transformers' multi-process pool: one process
+    per GPU (up to ``workers``), or ``workers`` CPU processes."""
     if workers <= 1:
         yield None
         return
@@ -340,6 +341,9 @@ def _encode_pool(model, workers: int):
 
     if torch.cuda.is_available():
         devices = [f"cuda:{i}" for i in range(min(workers, torch.cuda.device_count()))]
+    elif fast_encode_supported(model) and ForkedWorkers.available():
+        yield ForkedWorkers(model, workers)
+        return
     else:
         devices = ["cpu"] * workers
     pool = model.start_multi_process_pool(target_devices=devices)
@@ -350,6 +354,8 @@ def _encode_pool(model, workers: int):
 
 
 def _encode(model, texts: list[str], cfg: MineConfig, pool) -> np.ndarray:
+    if isinstance(pool, ForkedWorkers):
+        return pool.encode(texts, cfg.batch_size)
     if pool is None and fast_encode_supported(model):
         return fast_encode(model, texts, cfg.batch_size)
     # prompt="": the texts already carry their instruction; a saved model's default prompt must not be added
