@@ -82,7 +82,9 @@ class MineConfig(StrictModel):
     max_rows: int | None = Field(None, ge=1)
     cross_encoder: str | None = None
     cross_encoder_batch_size: int = Field(64, ge=1)
-    workers: int = Field(1, ge=1)  # encoding processes: forked on CPU, one per GPU (sentence-transformers' pool)
+    workers: int = Field(
+        1, ge=1
+    )  # encoding processes: forked on CPU, one per GPU (sentence-transformers' pool)
     name: str | None = None  # of the written card; default <source card>_mined
     keep_embeddings: bool = False  # keep OUT/.mine (embeddings, candidates) after a finished run
 
