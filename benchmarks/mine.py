@@ -3,6 +3,7 @@
     python benchmarks/mine.py compare                    # ~10k real documents, both miners, same model/settings
     python benchmarks/mine.py compare --model minilm     # the same with the packaged all-MiniLM-L6-v2
     python benchmarks/mine.py scale --docs 100000 1000000 --st-max 100000   # synthetic corpora, tiny model
+    python benchmarks/mine.py encode --docs 20000 --max-length 32 --reps 2  # the embedding step alone, CPU time
 
 Every measurement runs in its own process, so its peak resident memory (``ru_maxrss``) is its own. ``base`` is the
 memory once the model is loaded and the texts are built (the same for both miners); ``peak - base`` is what mining
@@ -223,6 +224,51 @@ def _mine_st(pairs, docs, model, args) -> int:
     return len(out)
 
 
+def encode_profile(args) -> list[dict]:
+    """CPU time of the embedding step alone, in one process, variants interleaved rep by rep: what ``neoembed
+    mine`` did before (``encode``, padding-free NeoBERT) against its lean encoder, padded and padding-free."""
+    import numpy as np
+    import torch
+
+    import neoembed
+    from neoembed.mine.encode import fast_encode
+
+    torch.set_num_threads(args.threads)
+    _, docs = synthetic_corpus(args.docs[0], n_queries=1)
+    with tempfile.TemporaryDirectory() as work:
+        path = _model_path(args.model or "tiny-1layer", Path(work))
+        free = neoembed.load(path, max_seq_length=args.max_length)
+        padded = neoembed.load(path, max_seq_length=args.max_length, padding_free=False)
+        variants = {
+            "encode (padding-free; mine before)": lambda: free.encode(
+                docs, prompt="", batch_size=BATCH, normalize_embeddings=True, show_progress_bar=False
+            ),
+            "lean encoder, padded (mine on CPU now)": lambda: fast_encode(padded, docs, BATCH),
+            "lean encoder, padding-free": lambda: fast_encode(free, docs, BATCH),
+        }
+        rows, reference = [], None
+        for rep in range(args.reps):
+            for name, run in variants.items():
+                cpu0, t0 = _cpu_s(), time.perf_counter()
+                emb = run()
+                cpu, wall = _cpu_s() - cpu0, time.perf_counter() - t0
+                reference = emb if reference is None else reference
+                diff = float(np.abs(emb - reference).max())
+                rows.append(
+                    {
+                        "variant": name,
+                        "rep": rep,
+                        "cpu_s": round(cpu, 2),
+                        "wall_s": round(wall, 2),
+                        "texts_per_cpu_s": round(len(docs) / cpu, 1),
+                        "max_abs_diff": diff,
+                        "load": _load(),
+                    }
+                )
+                print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 def measure(impl: str, data: str, docs: int, args) -> dict:
     keep = args.work_dir and impl == "neoembed"
     with contextlib.nullcontext(args.work_dir) if keep else tempfile.TemporaryDirectory() as work:
@@ -256,7 +302,7 @@ def _table(rows: list[dict]) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("mode", choices=["compare", "scale", "_child"])
+    p.add_argument("mode", choices=["compare", "scale", "encode", "_child"])
     p.add_argument("--model", default=None, help="tiny (fixture), tiny-1layer, minilm, or a path")
     p.add_argument("--docs", type=int, nargs="+", default=[100_000, 1_000_000])
     p.add_argument(
@@ -282,6 +328,22 @@ def main() -> None:
     if args.mode == "_child":
         args.docs = args.docs[0]
         return child(args)
+    if args.mode == "encode":
+        rows = encode_profile(args)
+        md = f"{args.docs[0]:,} synthetic texts, model {args.model or 'tiny-1layer'}, max length {args.max_length}, "
+        md += f"batch {BATCH}, torch threads {args.threads}; one process, variants interleaved.\n\n"
+        md += "| variant | rep | CPU (s) | wall (s) | texts per CPU-s | max abs diff to the first | load |\n"
+        md += "|---|---|---|---|---|---|---|\n"
+        md += "".join(
+            f"| {r['variant']} | {r['rep']} | {r['cpu_s']} | {r['wall_s']} | {r['texts_per_cpu_s']} | "
+            f"{r['max_abs_diff']:.1e} | {r['load']} |\n"
+            for r in rows
+        )
+        write_results(
+            "mine_encode_cpu" + args.tag, {"header": header(), "settings": vars(args), "runs": rows}, md
+        )
+        print(md)
+        return
     rows = []
     if args.mode == "compare":
         args.model = args.model or "tiny"
