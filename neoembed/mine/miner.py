@@ -324,8 +324,8 @@ def _first_occurrences(texts: Sequence[str]) -> np.ndarray:
 def _padding_free() -> bool | None:
     """NeoBERT's layout for mining: the checkpoint's (padding-free) where CUDA runs the variable-length kernel;
     padded on CPU, where padding-free attention is a Python loop over the batch's sequences and the batches,
-    sorted by length, carry little padding (12,000 texts, one-layer NeoBERT: 5.0 s CPU padded, 5.2-6.0 s
-    padding-free; ``benchmarks/results/mine.md``)."""
+    sorted by length, carry little padding. Measured on CPU no slower, within the noise of a loaded machine
+    (``python benchmarks/mine.py encode``: 4.9-5.7 s padded vs 5.1-6.6 s padding-free for 20,000 texts)."""
     import torch
 
     return None if torch.cuda.is_available() else False
