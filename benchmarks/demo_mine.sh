@@ -2,7 +2,7 @@
 # Demonstration of `neoembed mine` (issue: hard-negative mining): the packaged all-MiniLM-L6-v2 fine-tuned with the
 # unified recipe (recipes/quickstart.yaml) on local training pairs -- ../shared/data/train (msrp, sts2012, trecqa)
 # and the quickstart's Python-docs training pairs -- with in-batch negatives only (A) vs with mined negatives (B):
-# same steps, seeds, batch sizes and cards. B's negatives are mined by the base model from each card's own training
+# same steps, seeds, batch sizes and (query, positive) rows. B's negatives are mined by the base model from each card's own training
 # documents (its positives): no query or document of an evaluation split is in any mining corpus. Both arms are
 # scored with `neoembed mteb` on local tasks and the quickstart's held-out PythonDocsRetrieval (nDCG@10).
 #
@@ -36,9 +36,14 @@ ARM_A="["
 ARM_B="["
 for set in $SETS; do
   # --resume: a folder left by an interrupted run is continued, a finished one is left as it is
-  neoembed mine "$(card_path "$set")" --model "$MODEL" --out "$OUT/mined/$set" -k "$K" --range-max 30 \
-    --max-fraction 0.95 --max-length 128 --resume
-  ARM_A+="{card: $(card_path "$set"), max_negatives: 0$(batch_opt "$set")}, "
+  if ! ls "$OUT/mined/$set"/*.yaml >/dev/null 2>&1; then
+    resume=$([ -d "$OUT/mined/$set" ] && echo --resume || true)
+    neoembed mine "$(card_path "$set")" --model "$MODEL" --out "$OUT/mined/$set" -k "$K" --range-max 30 \
+      --max-fraction 0.95 --max-length 128 $resume
+  fi
+  # A trains on the mined card's rows without their negatives: a mined card keeps only the rows whose query kept
+  # K negatives, and both arms must see the same (query, positive) pairs
+  ARM_A+="{card: $(ls "$OUT/mined/$set"/*.yaml), max_negatives: 0$(batch_opt "$set")}, "
   ARM_B+="{card: $(ls "$OUT/mined/$set"/*.yaml)$(batch_opt "$set")}, "
 done
 ARM_A="${ARM_A%, }]"
@@ -52,8 +57,11 @@ for seed in $SEEDS; do
       neoembed train quickstart "model=$MODEL" "output_dir=$run/model" "steps=$STEPS" "seed=$seed" \
         "datasets=$datasets" save_steps=100000 logging_steps=10
     fi
-    neoembed mteb --model "$run/model" --data-dir "$OUT/eval" --tasks "$(echo $TASKS | tr ' ' ',')" \
-      --instructions paper --output "$run/eval"
+    done_tasks=$(for t in $TASKS; do [ -f "$run/eval/$t.json" ] && echo "$t"; done | wc -l)
+    if [ "$done_tasks" -lt "$(echo $TASKS | wc -w)" ]; then
+      neoembed mteb --model "$run/model" --data-dir "$OUT/eval" --tasks "$(echo $TASKS | tr ' ' ',')" \
+        --instructions paper --output "$run/eval"
+    fi
   done
 done
 

@@ -3,6 +3,7 @@
     python benchmarks/mine.py compare                    # ~10k real documents, both miners, same model/settings
     python benchmarks/mine.py compare --model minilm     # the same with the packaged all-MiniLM-L6-v2
     python benchmarks/mine.py scale --docs 100000 1000000 --st-max 100000   # synthetic corpora, tiny model
+    python benchmarks/mine.py encode --docs 20000 --max-length 32 --reps 2  # the embedding step alone, CPU time
 
 Every measurement runs in its own process, so its peak resident memory (``ru_maxrss``) is its own. ``base`` is the
 memory once the model is loaded and the texts are built (the same for both miners); ``peak - base`` is what mining
@@ -21,6 +22,7 @@ Results: benchmarks/results/mine_<mode>_cpu.{json,md}. The machine's load (/proc
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import json
 import os
@@ -49,6 +51,11 @@ def _current_rss_mib() -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def _cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 def _load() -> str:
@@ -135,12 +142,12 @@ def child(args) -> None:
     model = neoembed.load(model_path, max_seq_length=args.max_length)
     model.encode(["warm up"])
     base = _current_rss_mib()
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), _cpu_s()
     if args.impl == "neoembed":
         rows = _mine_neoembed(pairs, docs, model_path, work, args)
     else:
         rows = _mine_st(pairs, docs, model, args)
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, _cpu_s() - cpu0
     out = {
         "impl": args.impl,
         "data": args.data,
@@ -149,6 +156,7 @@ def child(args) -> None:
         "queries": len({p["query"] for p in pairs}),
         "rows_with_negatives": rows,
         "seconds": round(seconds, 2),
+        "cpu_s": round(cpu, 2),  # user + sys: inflated less by the load than wall time
         "base_rss_mib": round(base, 1),
         "peak_rss_mib": round(_rss_mib(), 1),
         "load_before": load_before,
@@ -188,7 +196,10 @@ def _mine_neoembed(pairs, docs, model_path, work: Path, args) -> int:
         shard_size=args.shard_size,
         gpu="off",
     )
-    result = mine_negatives(card / "bench.yaml", model_path, work / "out", corpus=docs, config=cfg)
+    resume = (work / "out").is_dir()  # a --work-dir left by an interrupted run: its shards are reused
+    result = mine_negatives(
+        card / "bench.yaml", model_path, work / "out", corpus=docs, config=cfg, resume=resume
+    )
     return result.counts["rows_written"]
 
 
@@ -213,8 +224,57 @@ def _mine_st(pairs, docs, model, args) -> int:
     return len(out)
 
 
-def measure(impl: str, data: str, docs: int, args) -> dict:
+def encode_profile(args) -> list[dict]:
+    """CPU time of the embedding step alone, in one process, variants interleaved rep by rep: what ``neoembed
+    mine`` did before (``encode``, padding-free NeoBERT) against its lean encoder, padded and padding-free."""
+    import numpy as np
+    import torch
+
+    import neoembed
+    from neoembed.mine.encode import fast_encode
+
+    torch.set_num_threads(args.threads)
+    _, docs = synthetic_corpus(args.docs[0], n_queries=1)
     with tempfile.TemporaryDirectory() as work:
+        path = _model_path(args.model or "tiny-1layer", Path(work))
+        free = neoembed.load(path, max_seq_length=args.max_length)
+        padded = neoembed.load(path, max_seq_length=args.max_length, padding_free=False)
+        variants = {
+            "encode (padding-free; mine before)": lambda: free.encode(
+                docs, prompt="", batch_size=BATCH, normalize_embeddings=True, show_progress_bar=False
+            ),
+            "lean encoder, padded (mine on CPU now)": lambda: fast_encode(padded, docs, BATCH),
+            "lean encoder, padding-free": lambda: fast_encode(free, docs, BATCH),
+        }
+        rows, reference = [], None
+        for rep in range(args.reps):
+            for name, run in variants.items():
+                cpu0, t0 = _cpu_s(), time.perf_counter()
+                emb = run()
+                cpu, wall = _cpu_s() - cpu0, time.perf_counter() - t0
+                reference = emb if reference is None else reference
+                diff = float(np.abs(emb - reference).max())
+                rows.append(
+                    {
+                        "variant": name,
+                        "rep": rep,
+                        "cpu_s": round(cpu, 2),
+                        "wall_s": round(wall, 2),
+                        "texts_per_cpu_s": round(len(docs) / cpu, 1),
+                        "max_abs_diff": diff,
+                        "load": _load(),
+                    }
+                )
+                print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def measure(impl: str, data: str, docs: int, args) -> dict:
+    keep = args.work_dir and impl == "neoembed"
+    with contextlib.nullcontext(args.work_dir) if keep else tempfile.TemporaryDirectory() as work:
+        if keep:
+            work = str(Path(work) / f"{data}-{docs}")
+            Path(work).mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, __file__, "_child", "--impl", impl, "--data", data, "--docs", str(docs)]
         cmd += ["--model", args.model, "--threads", str(args.threads), "--max-length", str(args.max_length)]
         cmd += ["--shard-size", str(args.shard_size), "--work", work]
@@ -228,11 +288,12 @@ def measure(impl: str, data: str, docs: int, args) -> dict:
 
 
 def _table(rows: list[dict]) -> str:
-    md = "| miner | documents | queries | time (s) | texts/s | peak RSS (MiB) | base (MiB) | peak - base (MiB) | rows | load |\n"
-    md += "|---|---|---|---|---|---|---|---|---|---|\n"
+    md = "| miner | documents | queries | time (s) | CPU (s) | texts/s | peak RSS (MiB) | base (MiB) | peak - base (MiB) | rows | load |\n"
+    md += "|---|---|---|---|---|---|---|---|---|---|---|\n"
     for r in rows:
         md += (
-            f"| {r['impl']} | {r['documents']:,} | {r['queries']:,} | {r['seconds']} | {r['texts_per_s']} | "
+            f"| {r['impl']} | {r['documents']:,} | {r['queries']:,} | {r['seconds']} | {r.get('cpu_s', '-')} | "
+            f"{r['texts_per_s']} | "
             f"{r['peak_rss_mib']} | {r['base_rss_mib']} | {r['mining_rss_mib']} | {r['rows_with_negatives']:,} | "
             f"{r['load_before']} -> {r['load_after']} |\n"
         )
@@ -241,7 +302,7 @@ def _table(rows: list[dict]) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("mode", choices=["compare", "scale", "_child"])
+    p.add_argument("mode", choices=["compare", "scale", "encode", "_child"])
     p.add_argument("--model", default=None, help="tiny (fixture), tiny-1layer, minilm, or a path")
     p.add_argument("--docs", type=int, nargs="+", default=[100_000, 1_000_000])
     p.add_argument(
@@ -257,23 +318,45 @@ def main() -> None:
     p.add_argument("--impl", choices=["neoembed", "sentence-transformers"])
     p.add_argument("--data", choices=["real", "synthetic"])
     p.add_argument("--work")
+    p.add_argument("--tag", default="", help="suffix of the result files' names (keeps an earlier record)")
+    p.add_argument(
+        "--work-dir",
+        help="keep neoembed's mining folders here (one per corpus size); run the same command again to resume "
+        "an interrupted run from the shards on disk (the resumed process's time and memory are what is reported)",
+    )
     args = p.parse_args()
     if args.mode == "_child":
         args.docs = args.docs[0]
         return child(args)
+    if args.mode == "encode":
+        rows = encode_profile(args)
+        md = f"{args.docs[0]:,} synthetic texts, model {args.model or 'tiny-1layer'}, max length {args.max_length}, "
+        md += f"batch {BATCH}, torch threads {args.threads}; one process, variants interleaved.\n\n"
+        md += "| variant | rep | CPU (s) | wall (s) | texts per CPU-s | max abs diff to the first | load |\n"
+        md += "|---|---|---|---|---|---|---|\n"
+        md += "".join(
+            f"| {r['variant']} | {r['rep']} | {r['cpu_s']} | {r['wall_s']} | {r['texts_per_cpu_s']} | "
+            f"{r['max_abs_diff']:.1e} | {r['load']} |\n"
+            for r in rows
+        )
+        write_results(
+            "mine_encode_cpu" + args.tag, {"header": header(), "settings": vars(args), "runs": rows}, md
+        )
+        print(md)
+        return
     rows = []
     if args.mode == "compare":
         args.model = args.model or "tiny"
         for _ in range(args.reps):
             for impl in ("sentence-transformers", "neoembed"):
                 rows.append(measure(impl, "real", 0, args))
-        stem = f"mine_compare_{args.model}_cpu"
+        stem = f"mine_compare_{args.model}_cpu" + args.tag
     else:
         args.model = args.model or "tiny-1layer"
         for n in args.docs:
             for impl in ("sentence-transformers", "neoembed") if n <= args.st_max else ("neoembed",):
                 rows.append(measure(impl, "synthetic", n, args))
-        stem = "mine_scale_cpu"
+        stem = "mine_scale_cpu" + args.tag
     md = (
         f"Model: {args.model}; torch/faiss threads {args.threads}; max length {args.max_length}; "
         f"neoembed shard size {args.shard_size:,} documents.\n\n" + _table(rows)

@@ -280,13 +280,67 @@ def test_interrupted_run_resumed_equals_uninterrupted(mined, card, tiny_official
     assert again.counts == resumed.counts  # a finished run is not redone
 
 
-@pytest.mark.slow  # two spawned processes each import torch and sentence-transformers: 143-249 s here at load 12-18
-def test_two_cpu_workers_equal_one(mined, card, tiny_official, tmp_path):
+def test_two_cpu_workers_equal_one(mined, card, tiny_official, tmp_path, monkeypatch):
+    import os
+
+    import neoembed.mine.encode as encode
+
     result, _ = mined
+    real, seen = encode.fast_encode, tmp_path / "pids"
+    seen.mkdir()
+
+    def spy(*args, **kwargs):  # runs in the forked workers: they leave their pid on disk
+        (seen / str(os.getpid())).touch()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(encode, "fast_encode", spy)
     two = mine_negatives(
         card, tiny_official, tmp_path / "two", config=MineConfig(**SETTINGS, workers=2), progress=False
     )
     assert two.data.read_bytes() == result.data.read_bytes()
+    pids = {int(p.name) for p in seen.iterdir()}
+    assert len(pids) >= 2 and os.getpid() not in pids  # the embedding ran in other processes, two at a time
+
+
+@pytest.mark.parametrize("padding_free", [True, False])
+def test_fast_encode_equals_sentence_transformers_encode(
+    shared_dir, tiny_official, minilm_path, padding_free
+):
+    """Mining's lean encoder gives ``encode``'s embeddings: NeoBERT in both layouts, and a BERT (MiniLM) whose
+    tokenizer returns token type ids; texts longer than max_length are truncated the same way."""
+    from neoembed.loading import load
+    from neoembed.mine.encode import fast_encode, fast_encode_supported
+
+    texts = [r[k] for r in _msrp(shared_dir, 40) for k in ("query", "positive")]
+    texts += [" ".join(texts[:6]), "x", "  leading and trailing spaces  ", "Ünïcödé — text"]
+    for path, max_length in ((tiny_official, 24), (minilm_path, 16)):
+        model = load(str(path), max_seq_length=max_length, padding_free=padding_free)
+        assert fast_encode_supported(model)
+        with pytest.warns(UserWarning, match="exceed max_seq_length") as before:
+            expected = model.encode(
+                texts, prompt="", batch_size=16, normalize_embeddings=True, convert_to_numpy=True
+            )
+        with pytest.warns(UserWarning, match="exceed max_seq_length") as after:
+            got = fast_encode(model, texts, batch_size=16)
+        count = str(before[0].message).split()[0]  # the same texts counted as truncated
+        assert int(count) > 1 and str(after[0].message).startswith(f"{count} text(s)")
+        assert got.shape == expected.shape and got.dtype == np.float32
+        np.testing.assert_allclose(got, expected, atol=2e-6, rtol=0)
+        raw = model.encode(texts[:5], prompt="", batch_size=16, convert_to_numpy=True)
+        np.testing.assert_allclose(
+            fast_encode(model, texts[:5], 16, normalize=False), raw, atol=2e-5, rtol=1e-5
+        )
+
+
+def test_fast_encode_declines_what_it_does_not_reproduce(tiny_official):
+    from sentence_transformers.base.modules import Dense
+
+    from neoembed.loading import load
+    from neoembed.mine.encode import fast_encode_supported
+
+    model = load(str(tiny_official), max_seq_length=24)
+    model.append(Dense(model.get_embedding_dimension(), 8))  # a module fast_encode does not run
+    assert not fast_encode_supported(model)
 
 
 def test_cross_encoder_rescoring(card, tiny_official, tmp_path):
