@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, dynamic_rope_update
 
 try:
     from transformers.modeling_layers import GradientCheckpointingLayer
@@ -67,41 +68,56 @@ class NeoBERTRMSNorm(nn.Module):
 
 
 # --------------------------------------------------------------------------------------------------- RoPE
-def rope_frequencies(config: NeoBERTConfig, device=None) -> tuple[torch.Tensor, float]:
-    """Inverse frequencies (Dh/2,) in float32 and the cos/sin scale (YaRN's attention factor, else 1)."""
-    dim, base = config.head_dim, config.rope_theta
-    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, device=device)[: dim // 2].float() / dim))
-    scaling = config.rope_scaling
-    if scaling is None:
-        return inv_freq, 1.0
-    # YaRN (Peng et al., 2023): interpolate the low frequencies by `factor`, keep the high ones, blend
-    # between the two with a linear ramp over the wavelengths set by beta_fast / beta_slow.
-    factor, beta_fast, beta_slow = scaling["factor"], scaling["beta_fast"], scaling["beta_slow"]
-    original = config.max_length
+class NeoBERTRotaryEmbedding(nn.Module):
+    """RoPE's inverse frequencies (Dh/2,) and their cos/sin at given positions.
 
-    def correction_dim(num_rotations: float) -> float:
-        return (dim * math.log(original / (num_rotations * 2 * math.pi))) / (2 * math.log(base))
+    ``config.rope_parameters`` picks the variant: ``default`` (the paper's RoPE, base ``rope_theta``) or one of
+    the scalings transformers defines (``yarn``, ``linear``, ``dynamic``, ...), computed by transformers' own
+    functions so that the keys mean what they mean in every transformers model. The frequencies stay float32
+    whatever dtype the model is cast to: in bfloat16, positions in the thousands would be off by radians."""
 
-    low = max(math.floor(correction_dim(beta_fast)), 0)
-    high = min(math.ceil(correction_dim(beta_slow)), dim - 1)
-    if low == high:
-        high += 0.001
-    ramp = ((torch.arange(dim // 2, device=device, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
-    extrapolation_weight = 1.0 - ramp
-    inv_freq = (inv_freq / factor) * (1 - extrapolation_weight) + inv_freq * extrapolation_weight
-    attention_factor = scaling.get("attention_factor")
-    if attention_factor is None:
-        attention_factor = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
-    return inv_freq, float(attention_factor)
+    inv_freq: torch.Tensor
+    original_inv_freq: torch.Tensor
 
+    def __init__(self, config: NeoBERTConfig, device=None):
+        super().__init__()
+        self.config = config
+        self.rope_type = config.rope_type
+        # read by transformers' dynamic_rope_update (the "dynamic" scaling recomputes past this length)
+        self.max_seq_len_cached = self.original_max_seq_len = config.max_position_embeddings
+        init = self.compute_default_rope_parameters
+        if self.rope_type != "default":
+            init = ROPE_INIT_FUNCTIONS[self.rope_type]
+        inv_freq, self.attention_scaling = init(config, device)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.register_buffer("original_inv_freq", inv_freq.clone(), persistent=False)
 
-def rope_cos_sin(position_ids: torch.Tensor, inv_freq: torch.Tensor, scale: float):
-    """cos and sin of shape ``(*position_ids.shape, 1, Dh/2)`` in float32 (the 1 broadcasts over heads)."""
-    angles = position_ids.to(torch.float32).unsqueeze(-1) * inv_freq
-    cos, sin = torch.cos(angles), torch.sin(angles)
-    if scale != 1.0:
-        cos, sin = cos * scale, sin * scale
-    return cos.unsqueeze(-2), sin.unsqueeze(-2)
+    @staticmethod
+    def compute_default_rope_parameters(config: NeoBERTConfig, device=None, **kwargs) -> tuple[torch.Tensor, float]:
+        """The paper's frequencies ``base ** (-2i / Dh)``, and a cos/sin scale of 1."""
+        dim, base = config.head_dim, config.rope_parameters["rope_theta"]
+        exponents = torch.arange(0, dim, 2, dtype=torch.int64).to(device=device, dtype=torch.float32) / dim
+        return 1.0 / (base**exponents), 1.0
+
+    @torch.no_grad()
+    @dynamic_rope_update
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of shape ``(*position_ids.shape, Dh/2)``, float32 (``x`` gives only the device)."""
+        angles = position_ids.to(torch.float32).unsqueeze(-1) * self.inv_freq.to(x.device, torch.float32)
+        cos, sin = torch.cos(angles), torch.sin(angles)
+        if self.attention_scaling != 1.0:
+            cos, sin = cos * self.attention_scaling, sin * self.attention_scaling
+        return cos, sin
+
+    def _apply(self, fn, recurse=True):
+        # a cast of the whole model (.to(torch.bfloat16), .half()) moves the frequencies but keeps them float32
+        kept = {name: buf for name, buf in self._buffers.items() if buf is not None}
+        super()._apply(fn, recurse)
+        for name, buf in kept.items():
+            moved = self._buffers[name]
+            if moved.dtype != torch.float32 and buf.dtype == torch.float32:
+                self._buffers[name] = buf.to(moved.device)
+        return self
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -123,7 +139,7 @@ class AttentionInputs:
     """
 
     backend: str
-    cos: torch.Tensor  # (..., L or T, 1, Dh/2) float32, broadcast over heads
+    cos: torch.Tensor  # (..., L or T, 1, Dh/2) float32, broadcast over heads (NeoBERTRotaryEmbedding's)
     sin: torch.Tensor
     key_mask: torch.Tensor | None = None  # (B, 1, 1, L) bool, padded layouts; None attends to every key
     cu_seqlens: torch.Tensor | None = None  # (B+1,) int32, packed layouts
@@ -362,6 +378,8 @@ class NeoBERTPreTrainedModel(PreTrainedModel):
             nn.init.uniform_(module.weight, -r, r)
         elif isinstance(module, NeoBERTRMSNorm):
             nn.init.ones_(module.weight)
+        elif isinstance(module, NeoBERTRotaryEmbedding):
+            super()._init_weights(module)  # transformers recomputes the frequency buffers (not in checkpoints)
 
     def _output_flags(self, output_attentions, output_hidden_states, return_dict) -> tuple[bool, bool, bool]:
         """Call arguments, else the config's (transformers' convention)."""
@@ -463,6 +481,7 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
             NeoBERTBlock(config) for _ in range(config.num_hidden_layers)
         )
         self.layer_norm = NeoBERTRMSNorm(config.hidden_size, config.norm_eps)
+        self.rotary_emb = NeoBERTRotaryEmbedding(config)
         self.gradient_checkpointing = False
         self.post_init()
 
@@ -645,18 +664,22 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
         return x, Layout(B, L), inputs
 
     def _rope(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        inv_freq, scale = rope_frequencies(self.config, device=position_ids.device)
-        return rope_cos_sin(position_ids, inv_freq, scale)
+        cos, sin = self.rotary_emb(self.rotary_emb.inv_freq, position_ids)
+        return cos.unsqueeze(-2), sin.unsqueeze(-2)  # broadcast over heads
 
     def _check_length(self, length: int) -> None:
+        """RoPE has no hard limit (transformers' models run past their trained length), but quality drops there."""
         limit = self.config.max_sequence_length
         if length > limit:
             hint = (
-                "enable YaRN with rope_scaling={'type': 'yarn', 'factor': f} to go beyond the trained length"
-                if self.config.rope_scaling is None
-                else "raise rope_scaling.factor or truncate the input"
+                "set rope_parameters={'rope_type': 'yarn', 'factor': f} (YaRN) to extend it"
+                if self.config.rope_type == "default"
+                else "raise rope_parameters['factor'] or truncate the input"
             )
-            raise ValueError(f"sequence of {length} tokens exceeds the model's maximum of {limit}: {hint}")
+            warnings.warn(
+                f"a sequence exceeds the {limit} tokens this model supports; its outputs degrade: {hint}",
+                stacklevel=3,
+            )
 
 
 # ----------------------------------------------------------------------------------------------- MLM head
