@@ -1,4 +1,4 @@
-# Copyright (c) 2026 the neoembed developers. MIT License.
+# Copyright 2026 the neoembed developers. MIT License.
 """NeoBERT configuration (Le Breton et al., 2025, "NeoBERT: A Next-Generation BERT").
 
 This file and ``modeling_neobert.py`` hold the whole model. They import only torch and transformers and

@@ -1,4 +1,4 @@
-# Copyright (c) 2026 the neoembed developers. MIT License.
+# Copyright 2026 the neoembed developers. MIT License.
 """NeoBERT (Le Breton et al., 2025), top to bottom: RMSNorm -> RoPE -> attention -> SwiGLU -> block ->
 encoder -> masked-LM head.
 
@@ -329,6 +329,13 @@ class NeoBERTPreTrainedModel(PreTrainedModel):
     # (DataCollatorWithFlattening: position_ids, cu_seq_lens_q/k, max_length_q/k), which forward() accepts
     _supports_attention_backend = True
 
+    @classmethod
+    def _can_set_attn_implementation(cls) -> bool:
+        # Every forward reads config._attn_implementation to pick its backend, so set_attn_implementation takes
+        # effect at once. (transformers' own check looks for its ALL_ATTENTION_FUNCTIONS in this file's source;
+        # NeoBERT's backends live in ATTENTION_BACKENDS, with RoPE and the packed layouts inside them.)
+        return True
+
     @staticmethod
     def register_attention_backend(name: str, fn) -> None:
         """Add an attention backend to the registry of the module this model class comes from (a folder loaded
@@ -342,7 +349,12 @@ class NeoBERTPreTrainedModel(PreTrainedModel):
         them: then ``(model, info)`` comes back and checking it is the caller's business. The MLM ``decoder`` is
         dropped when loading the bare encoder, and freshly initialised (with a warning) when loading the
         masked-LM model from an encoder-only checkpoint."""
-        if kwargs.get("output_loading_info"):
+        source = args[0] if args else kwargs.get("pretrained_model_name_or_path")
+        state_dict = kwargs.get("state_dict")
+        # no checkpoint at all (no path, an empty state_dict): transformers' way to build and initialise a model
+        # through the loading machinery, with nothing that could mismatch
+        no_checkpoint = source is None and isinstance(state_dict, dict) and not state_dict
+        if kwargs.get("output_loading_info") or no_checkpoint:
             return super().from_pretrained(*args, **kwargs)
         model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
         missing = [k for k in info.get("missing_keys", ()) if not k.startswith("decoder.")]
@@ -353,7 +365,7 @@ class NeoBERTPreTrainedModel(PreTrainedModel):
             parts += [f"unexpected keys {sorted(unexpected)}"] if unexpected else []
             parts += [f"keys with mismatched shapes {mismatched}"] if mismatched else []
             raise ValueError(
-                f"checkpoint {args[0] if args else kwargs.get('pretrained_model_name_or_path')!r} does not match "
+                f"checkpoint {source!r} does not match "
                 f"{cls.__name__}: " + "; ".join(parts) + ". Check that config.json belongs to these weights "
                 "(or pass output_loading_info=True to get the model and this information instead)."
             )
