@@ -61,6 +61,12 @@ class NeoBERTRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32 and x.device.type == "cpu":
+            # one reduction pass over x (its norm) and no x² temporary: F.rms_norm's CPU composite makes three
+            # passes and two full-size temporaries (benchmarks/throughput.py --official)
+            inv_rms = torch.linalg.vector_norm(x, dim=-1, keepdim=True).square().div(x.shape[-1]).add(self.eps)
+            y = x * inv_rms.rsqrt()
+            return y * self.weight if torch.is_grad_enabled() else y.mul_(self.weight)
         if x.dtype == torch.float32:
             return F.rms_norm(x, (x.shape[-1],), self.weight.float(), self.eps)
         y = F.rms_norm(x.float(), (x.shape[-1],), None, self.eps).to(x.dtype)
@@ -289,7 +295,10 @@ class NeoBERTSwiGLU(nn.Module):
             # Two GEMMs on the two contiguous row blocks of the fused weight: faster than the fused one on
             # CPU (measured, benchmarks/throughput.py), and silu then runs on a contiguous tensor.
             gate_w, value_w = self.w12.weight.chunk(2, dim=0)
-            return self.w3(F.silu(F.linear(x, gate_w)) * F.linear(x, value_w))
+            gate, value = F.linear(x, gate_w), F.linear(x, value_w)
+            if torch.is_grad_enabled():
+                return self.w3(F.silu(gate) * value)
+            return self.w3(F.silu(gate, inplace=True).mul_(value))  # inference: no (T, 2,048) temporaries
         gate, value = self.w12(x).chunk(2, dim=-1)
         return self.w3(F.silu(gate) * value)
 
@@ -312,8 +321,10 @@ class NeoBERTBlock(GradientCheckpointingLayer):
         # x: (B, L, D) padded or (T, D) packed; per head the official layout is [q | k | v]
         qkv = self.qkv(self.attention_norm(x)).unflatten(-1, (self.num_heads, 3 * self.head_dim))
         attn, weights = self.attention(*qkv.chunk(3, dim=-1), inputs)
-        x = x + self.wo(attn.flatten(-2))
-        return x + self.ffn(self.ffn_norm(x)), weights
+        # residuals added into the fresh projection outputs (no third tensor; autograd-safe: a linear layer's
+        # backward does not read its output)
+        x = self.wo(attn.flatten(-2)).add_(x)
+        return self.ffn(self.ffn_norm(x)).add_(x), weights
 
 
 # --------------------------------------------------------------------------------------------- encoder
