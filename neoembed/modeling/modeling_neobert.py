@@ -130,7 +130,12 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     """Rotate interleaved pairs (x[2i], x[2i+1]) of the last dim by the angles; computed in float32.
 
     The pairs are read as complex numbers (a view, no copy, even on the strided q/k of the fused projection)
-    and multiplied by cos + i sin: one vectorised kernel where the real form needs strided halves and a stack."""
+    and multiplied by cos + i sin: one vectorised kernel where the real form needs strided halves and a stack.
+    Under torch.compile the real form runs instead: inductor has no code generation for complex numbers (it would
+    fall back to eager kernels) and fuses the real one."""
+    if torch.compiler.is_compiling():
+        x0, x1 = x.float().unflatten(-1, (-1, 2)).unbind(-1)
+        return torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(-2).to(x.dtype)
     pairs = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))
     return torch.view_as_real(pairs * torch.complex(cos, sin)).flatten(-2).to(x.dtype)
 
@@ -607,7 +612,7 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
                 return self._packed_input_layout(x, position_ids, cu_k, [*starts, L])
         if plan == "padding_free":
             lengths = [int(n) for n in host]
-            if min(lengths, default=L) < L:
+            if any(n < L for n in lengths):  # (no min(..., default=): dynamo breaks the graph on it)
                 return self._padding_free_layout(x, attention_mask, position_ids, lengths)
             plan = "flat" if self.config._attn_implementation == "flash_attention_2" else "unpadded"
         if plan == "flat":
@@ -650,7 +655,7 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
         if cu_k is not None and cu_k.shape != (len(bounds),):
             raise ValueError("cu_seq_lens_k must equal cu_seq_lens_q (NeoBERT is self-attention only)")
         lengths = [b - a for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
-        if not bounds or bounds[0] != 0 or bounds[-1] != T or min(lengths, default=0) < 0:
+        if not bounds or bounds[0] != 0 or bounds[-1] != T or any(n < 0 for n in lengths):
             raise ValueError(f"cu_seq_lens_q {bounds} does not describe {T} packed tokens")
         if position_ids is None:
             position_ids = torch.cat([torch.arange(n, device=x.device) for n in lengths])[None]
@@ -668,7 +673,7 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
             *self._rope(pos),
             cu_seqlens=cu,
             lengths=tuple(lengths),
-            max_seqlen=max(lengths, default=0),
+            max_seqlen=max([0, *lengths]),
         )
 
     def _prefix_layout(self, x, attention_mask, position_ids, prefix, output_attentions):
