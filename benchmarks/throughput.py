@@ -246,8 +246,11 @@ def official_comparison(checkout: Path, reps: int, compiled: bool, commit: str |
                 f"  {case:30s} {n:18s} {med[n] * 1e3:8.0f} ms  x{row['speedup_vs_official']:.2f} vs official",
                 flush=True,
             )
+    head = header()
+    # the checkout's place is this machine's business; its commit, recorded below, says which code it was
+    head["command"] = head["command"].replace(str(checkout), "OFFICIAL_CHECKOUT")
     payload = {
-        "header": header(),
+        "header": head,
         "official_commit": commit or official_commit(checkout),
         "threads": torch.get_num_threads(),
         "load_average_1_5_15_before": load,

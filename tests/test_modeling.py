@@ -592,6 +592,34 @@ def test_swiglu_two_gemms_equal_the_fused_product():
         strict=True,
     ):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    with torch.inference_mode():  # the in-place inference path
+        torch.testing.assert_close(ffn(x.detach()), plain.detach(), atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("grad", [True, False])
+def test_rmsnorm_cpu_path_equals_the_reference(grad):
+    """RMSNorm on CPU float32 (one norm pass; the weight product in place at inference) equals F.rms_norm,
+    gradients included; the block's in-place residual additions leave training gradients as they were."""
+    import torch.nn.functional as F
+
+    from neoembed.modeling.modeling_neobert import NeoBERTRMSNorm
+
+    torch.manual_seed(0)
+    norm = NeoBERTRMSNorm(32, 1e-5)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    x = (torch.randn(3, 5, 32) * 3).requires_grad_(grad)
+    with torch.set_grad_enabled(grad):
+        out, ref = norm(x), F.rms_norm(x, (32,), norm.weight, 1e-5)
+    torch.testing.assert_close(out, ref, atol=1e-6, rtol=1e-5)
+    if grad:
+        w = torch.randn(out.shape)
+        for a, b in zip(
+            torch.autograd.grad((out * w).sum(), (x, norm.weight)),
+            torch.autograd.grad((ref * w).sum(), (x, norm.weight)),
+            strict=True,
+        ):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
