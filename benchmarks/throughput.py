@@ -168,7 +168,9 @@ def paper_paragraphs() -> list[str]:
     left out), in document order."""
     text = (SHARED / "paper" / "neobert-paper.md").read_text(encoding="utf8")
     paragraphs = (p.strip() for p in re.split(r"\n\s*\n", text))
-    return [p for p in paragraphs if not p.startswith(("#", "|", "!", "$$", "```", "<")) and len(p.split()) > 5]
+    return [
+        p for p in paragraphs if not p.startswith(("#", "|", "!", "$$", "```", "<")) and len(p.split()) > 5
+    ]
 
 
 def official_inputs():

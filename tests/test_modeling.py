@@ -239,7 +239,9 @@ def test_eager_attentions_and_fully_padded_row():
 def test_yarn_factor_one_is_plain_rope_and_limits_length():
     torch.manual_seed(0)
     plain = NeoBERTModel(tiny_config(max_length=64)).eval()
-    yarn1 = NeoBERTModel(tiny_config(max_length=64, rope_parameters={"rope_type": "yarn", "factor": 1.0})).eval()
+    yarn1 = NeoBERTModel(
+        tiny_config(max_length=64, rope_parameters={"rope_type": "yarn", "factor": 1.0})
+    ).eval()
     yarn1.load_state_dict(plain.state_dict())
     ids, mask = random_batch([60, 30])
     with torch.no_grad():
@@ -250,7 +252,9 @@ def test_yarn_factor_one_is_plain_rope_and_limits_length():
     long_ids, _ = random_batch([100])
     with pytest.warns(UserWarning, match="exceeds the 64 tokens.*yarn"):
         plain(input_ids=long_ids)
-    yarn2 = NeoBERTModel(tiny_config(max_length=64, rope_parameters={"rope_type": "yarn", "factor": 2.0})).eval()
+    yarn2 = NeoBERTModel(
+        tiny_config(max_length=64, rope_parameters={"rope_type": "yarn", "factor": 2.0})
+    ).eval()
     assert yarn2.config.max_sequence_length == 128
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("error")  # 100 tokens lie within YaRN's 2 x 64
@@ -260,10 +264,14 @@ def test_yarn_factor_one_is_plain_rope_and_limits_length():
     with pytest.raises(ValueError, match="unknown rope_parameters rope_type 'ntk'.*yarn"):
         tiny_config(rope_parameters={"rope_type": "ntk", "factor": 2.0})
     with pytest.raises(ValueError, match="once"):
-        tiny_config(rope_parameters={"rope_type": "yarn", "factor": 2.0}, rope_scaling={"type": "yarn", "factor": 2.0})
+        tiny_config(
+            rope_parameters={"rope_type": "yarn", "factor": 2.0}, rope_scaling={"type": "yarn", "factor": 2.0}
+        )
 
 
-def _yarn_of_the_previous_code(dim: int, base: float, original: int, factor: float, beta_fast=32.0, beta_slow=1.0):
+def _yarn_of_the_previous_code(
+    dim: int, base: float, original: int, factor: float, beta_fast=32.0, beta_slow=1.0
+):
     """YaRN's frequencies and cos/sin scale as neoembed computed them before adopting transformers' functions."""
     inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2)[: dim // 2].float() / dim))
 
@@ -282,15 +290,26 @@ def test_folder_saved_with_rope_scaling_loads_with_the_same_outputs(tmp_path, fa
     """A folder written before rope_parameters existed (config.json with the keys the previous code wrote:
     rope_theta and rope_scaling YaRN) loads into rope_parameters with the same frequencies and outputs."""
     torch.manual_seed(0)
-    model = NeoBERTModel(tiny_config(max_length=64, rope_parameters={"rope_type": "yarn", "factor": factor})).eval()
+    model = NeoBERTModel(
+        tiny_config(max_length=64, rope_parameters={"rope_type": "yarn", "factor": factor})
+    ).eval()
     model.save_pretrained(tmp_path)
     raw = json.loads((tmp_path / "config.json").read_text())
     assert raw["rope_parameters"] == {
-        "rope_type": "yarn", "factor": factor, "rope_theta": 10000.0, "original_max_position_embeddings": 64
+        "rope_type": "yarn",
+        "factor": factor,
+        "rope_theta": 10000.0,
+        "original_max_position_embeddings": 64,
     }
     old = {k: v for k, v in raw.items() if k != "rope_parameters"}
     old["rope_theta"] = 10000.0
-    old["rope_scaling"] = {"attention_factor": None, "beta_fast": 32.0, "beta_slow": 1.0, "factor": factor, "type": "yarn"}
+    old["rope_scaling"] = {
+        "attention_factor": None,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "factor": factor,
+        "type": "yarn",
+    }
     (tmp_path / "config.json").write_text(json.dumps(old))
     loaded = AutoModel.from_pretrained(tmp_path).eval()
     assert loaded.config.rope_parameters == raw["rope_parameters"] | {"beta_fast": 32.0, "beta_slow": 1.0}
@@ -316,7 +335,9 @@ def test_rope_scalings_of_transformers_run_and_differ():
         warnings.simplefilter("ignore")
         ref = plain(input_ids=ids).last_hidden_state
         for kind in ("linear", "dynamic", "yarn"):
-            scaled = NeoBERTModel(tiny_config(max_length=16, rope_parameters={"rope_type": kind, "factor": 4.0}))
+            scaled = NeoBERTModel(
+                tiny_config(max_length=16, rope_parameters={"rope_type": kind, "factor": 4.0})
+            )
             scaled.load_state_dict(plain.state_dict())
             out = scaled.eval()(input_ids=ids).last_hidden_state
             assert torch.isfinite(out).all() and not torch.allclose(out, ref, atol=1e-4), kind

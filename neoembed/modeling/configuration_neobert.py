@@ -165,7 +165,9 @@ def _from_rope_scaling(scaling: dict) -> dict:
     "attention_factor": None}``, as neoembed wrote it) as ``rope_parameters``: ``type`` becomes ``rope_type``,
     unset (None) values are dropped so that transformers' defaults apply, the same ones as before."""
     if not isinstance(scaling, dict):
-        raise ValueError(f"rope_scaling must be a mapping such as {{'type': 'yarn', 'factor': 2.0}}, got {scaling!r}")
+        raise ValueError(
+            f"rope_scaling must be a mapping such as {{'type': 'yarn', 'factor': 2.0}}, got {scaling!r}"
+        )
     params = {k: v for k, v in scaling.items() if v is not None and k != "type"}
     params.setdefault("rope_type", scaling.get("type", "default"))
     return params

@@ -64,7 +64,9 @@ class NeoBERTRMSNorm(nn.Module):
         if x.dtype == torch.float32 and x.device.type == "cpu":
             # one reduction pass over x (its norm) and no x² temporary: F.rms_norm's CPU composite makes three
             # passes and two full-size temporaries (benchmarks/throughput.py --official)
-            inv_rms = torch.linalg.vector_norm(x, dim=-1, keepdim=True).square().div(x.shape[-1]).add(self.eps)
+            inv_rms = (
+                torch.linalg.vector_norm(x, dim=-1, keepdim=True).square().div(x.shape[-1]).add(self.eps)
+            )
             y = x * inv_rms.rsqrt()
             return y * self.weight if torch.is_grad_enabled() else y.mul_(self.weight)
         if x.dtype == torch.float32:
@@ -99,7 +101,9 @@ class NeoBERTRotaryEmbedding(nn.Module):
         self.register_buffer("original_inv_freq", inv_freq.clone(), persistent=False)
 
     @staticmethod
-    def compute_default_rope_parameters(config: NeoBERTConfig, device=None, **kwargs) -> tuple[torch.Tensor, float]:
+    def compute_default_rope_parameters(
+        config: NeoBERTConfig, device=None, **kwargs
+    ) -> tuple[torch.Tensor, float]:
         """The paper's frequencies ``base ** (-2i / Dh)``, and a cos/sin scale of 1."""
         dim, base = config.head_dim, config.rope_parameters["rope_theta"]
         exponents = torch.arange(0, dim, 2, dtype=torch.int64).to(device=device, dtype=torch.float32) / dim
@@ -407,7 +411,9 @@ class NeoBERTPreTrainedModel(PreTrainedModel):
         elif isinstance(module, NeoBERTRMSNorm):
             nn.init.ones_(module.weight)
         elif isinstance(module, NeoBERTRotaryEmbedding):
-            super()._init_weights(module)  # transformers recomputes the frequency buffers (not in checkpoints)
+            super()._init_weights(
+                module
+            )  # transformers recomputes the frequency buffers (not in checkpoints)
 
     def _output_flags(self, output_attentions, output_hidden_states, return_dict) -> tuple[bool, bool, bool]:
         """Call arguments, else the config's (transformers' convention)."""
