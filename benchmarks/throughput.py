@@ -179,7 +179,10 @@ def official_inputs():
     The texts are paragraphs of the NeoBERT paper (../shared/paper/neobert-paper.md; ../shared/data holds no text
     between ~115 and 400 tokens): for each of 16 target lengths evenly spaced from 20 to 400 tokens, the paragraph
     whose length is closest (first in document order on ties, none used twice), so that the batch spans the range
-    the way a mixed real batch does. Deterministic: same paper, same tokenizer, same batch."""
+    the way a mixed real batch does: lengths 20-394, 3,377 real of 6,304 padded tokens, so padding removal can
+    save at most 1.87x of the linear layers' work on this batch (2.65x of the attention's). A seeded random draw of
+    16 paragraphs is no more padded (30-186 tokens, 1,494 real of 2,976). Deterministic: same paper, same
+    tokenizer, same batch."""
     g = torch.Generator().manual_seed(0)
     unpadded = torch.randint(1000, 20000, (4, 512), generator=g)
     tok = AutoTokenizer.from_pretrained(TOKENIZER)
