@@ -4,10 +4,12 @@ checkpoints round-trip, bad input fails loudly."""
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import pytest
 import torch
@@ -237,7 +239,9 @@ def test_eager_attentions_and_fully_padded_row():
 def test_yarn_factor_one_is_plain_rope_and_limits_length():
     torch.manual_seed(0)
     plain = NeoBERTModel(tiny_config(max_length=64)).eval()
-    yarn1 = NeoBERTModel(tiny_config(max_length=64, rope_scaling={"type": "yarn", "factor": 1.0})).eval()
+    yarn1 = NeoBERTModel(
+        tiny_config(max_length=64, rope_parameters={"rope_type": "yarn", "factor": 1.0})
+    ).eval()
     yarn1.load_state_dict(plain.state_dict())
     ids, mask = random_batch([60, 30])
     with torch.no_grad():
@@ -246,15 +250,99 @@ def test_yarn_factor_one_is_plain_rope_and_limits_length():
             yarn1(input_ids=ids, attention_mask=mask).last_hidden_state,
         )
     long_ids, _ = random_batch([100])
-    with pytest.raises(ValueError, match="exceeds the model's maximum of 64.*yarn"):
+    with pytest.warns(UserWarning, match="exceeds the 64 tokens.*yarn"):
         plain(input_ids=long_ids)
-    yarn2 = NeoBERTModel(tiny_config(max_length=64, rope_scaling={"type": "yarn", "factor": 2.0})).eval()
-    with torch.no_grad():
+    yarn2 = NeoBERTModel(
+        tiny_config(max_length=64, rope_parameters={"rope_type": "yarn", "factor": 2.0})
+    ).eval()
+    assert yarn2.config.max_sequence_length == 128
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error")  # 100 tokens lie within YaRN's 2 x 64
         assert torch.isfinite(yarn2(input_ids=long_ids).last_hidden_state).all()
-    with pytest.raises(ValueError, match="maximum of 128"):
+    with pytest.warns(UserWarning, match="exceeds the 128 tokens"):
         yarn2(input_ids=random_batch([129])[0])
-    with pytest.raises(ValueError, match="yarn"):
-        tiny_config(rope_scaling={"type": "linear", "factor": 2.0})
+    with pytest.raises(ValueError, match="unknown rope_parameters rope_type 'ntk'.*yarn"):
+        tiny_config(rope_parameters={"rope_type": "ntk", "factor": 2.0})
+    with pytest.raises(ValueError, match="once"):
+        tiny_config(
+            rope_parameters={"rope_type": "yarn", "factor": 2.0}, rope_scaling={"type": "yarn", "factor": 2.0}
+        )
+
+
+def _yarn_of_the_previous_code(
+    dim: int, base: float, original: int, factor: float, beta_fast=32.0, beta_slow=1.0
+):
+    """YaRN's frequencies and cos/sin scale as neoembed computed them before adopting transformers' functions."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2)[: dim // 2].float() / dim))
+
+    def correction_dim(num_rotations: float) -> float:
+        return (dim * math.log(original / (num_rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low = max(math.floor(correction_dim(beta_fast)), 0)
+    high = min(math.ceil(correction_dim(beta_slow)), dim - 1)
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    inv_freq = (inv_freq / factor) * ramp + inv_freq * (1.0 - ramp)
+    return inv_freq, 0.1 * math.log(factor) + 1.0
+
+
+@pytest.mark.parametrize("factor", [2.0, 3.0])
+def test_folder_saved_with_rope_scaling_loads_with_the_same_outputs(tmp_path, factor):
+    """A folder written before rope_parameters existed (config.json with the keys the previous code wrote:
+    rope_theta and rope_scaling YaRN) loads into rope_parameters with the same frequencies and outputs."""
+    torch.manual_seed(0)
+    model = NeoBERTModel(
+        tiny_config(max_length=64, rope_parameters={"rope_type": "yarn", "factor": factor})
+    ).eval()
+    model.save_pretrained(tmp_path)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    assert raw["rope_parameters"] == {
+        "rope_type": "yarn",
+        "factor": factor,
+        "rope_theta": 10000.0,
+        "original_max_position_embeddings": 64,
+    }
+    old = {k: v for k, v in raw.items() if k != "rope_parameters"}
+    old["rope_theta"] = 10000.0
+    old["rope_scaling"] = {
+        "attention_factor": None,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "factor": factor,
+        "type": "yarn",
+    }
+    (tmp_path / "config.json").write_text(json.dumps(old))
+    loaded = AutoModel.from_pretrained(tmp_path).eval()
+    assert loaded.config.rope_parameters == raw["rope_parameters"] | {"beta_fast": 32.0, "beta_slow": 1.0}
+    inv_freq, scale = _yarn_of_the_previous_code(8, 10000.0, 64, factor)
+    # the same up to one float32 rounding: transformers divides by (factor * base**x), the old code by factor last
+    torch.testing.assert_close(loaded.rotary_emb.inv_freq, inv_freq, atol=0, rtol=2e-7)
+    assert loaded.rotary_emb.attention_scaling == pytest.approx(scale, abs=1e-12)
+    ids, mask = random_batch([120, 70, 5])
+    with torch.no_grad():
+        for m in (mask, None):
+            a = model(input_ids=ids, attention_mask=m).last_hidden_state
+            b = loaded(input_ids=ids, attention_mask=m).last_hidden_state
+            assert torch.equal(a, b)
+
+
+def test_rope_scalings_of_transformers_run_and_differ():
+    """rope_parameters takes transformers' scalings; each changes the long-input outputs; bfloat16 keeps float32
+    frequencies."""
+    torch.manual_seed(0)
+    plain = NeoBERTModel(tiny_config(max_length=16)).eval()
+    ids, _ = random_batch([40])
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = plain(input_ids=ids).last_hidden_state
+        for kind in ("linear", "dynamic", "yarn"):
+            scaled = NeoBERTModel(
+                tiny_config(max_length=16, rope_parameters={"rope_type": kind, "factor": 4.0})
+            )
+            scaled.load_state_dict(plain.state_dict())
+            out = scaled.eval()(input_ids=ids).last_hidden_state
+            assert torch.isfinite(out).all() and not torch.allclose(out, ref, atol=1e-4), kind
+    half = plain.to(torch.bfloat16)
+    assert half.rotary_emb.inv_freq.dtype == torch.float32 and half.encoder.weight.dtype == torch.bfloat16
 
 
 # ---------------------------------------------------------------------------------- save, load, convert
@@ -386,7 +474,7 @@ def test_bad_input_ids(small_model):
         small_model(input_ids=torch.ones(1, 3))
     with pytest.raises(ValueError, match=r"\[0, 100\)"):
         small_model(input_ids=torch.tensor([[1, 100]]))
-    with pytest.raises(ValueError, match="exceeds the model's maximum of 32"):
+    with pytest.warns(UserWarning, match="exceeds the 32 tokens this model supports"):
         small_model(input_ids=torch.ones(1, 33, dtype=torch.long))
 
 
@@ -525,17 +613,44 @@ def test_swiglu_two_gemms_equal_the_fused_product():
         strict=True,
     ):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    with torch.inference_mode():  # the in-place inference path
+        torch.testing.assert_close(ffn(x.detach()), plain.detach(), atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("grad", [True, False])
+def test_rmsnorm_cpu_path_equals_the_reference(grad):
+    """RMSNorm on CPU float32 (one norm pass; the weight product in place at inference) equals F.rms_norm,
+    gradients included; the block's in-place residual additions leave training gradients as they were."""
+    import torch.nn.functional as F
+
+    from neoembed.modeling.modeling_neobert import NeoBERTRMSNorm
+
+    torch.manual_seed(0)
+    norm = NeoBERTRMSNorm(32, 1e-5)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    x = (torch.randn(3, 5, 32) * 3).requires_grad_(grad)
+    with torch.set_grad_enabled(grad):
+        out, ref = norm(x), F.rms_norm(x, (32,), norm.weight, 1e-5)
+    torch.testing.assert_close(out, ref, atol=1e-6, rtol=1e-5)
+    if grad:
+        w = torch.randn(out.shape)
+        for a, b in zip(
+            torch.autograd.grad((out * w).sum(), (x, norm.weight)),
+            torch.autograd.grad((ref * w).sum(), (x, norm.weight)),
+            strict=True,
+        ):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rope_as_complex_product_equals_the_pair_rotation(dtype):
     """RoPE runs as a complex product; it equals rotating each interleaved pair (x0, x1) by its angle."""
-    from neoembed.modeling.modeling_neobert import apply_rope, rope_cos_sin, rope_frequencies
+    from neoembed.modeling.modeling_neobert import NeoBERTRotaryEmbedding, apply_rope
 
-    cfg = tiny_config()
     qkv = torch.randn(2, 7, 4, 24).to(dtype)  # strided q, as cut from the fused projection
     q = qkv[..., :8]
-    cos, sin = rope_cos_sin(torch.arange(7)[None], *rope_frequencies(cfg))
+    cos, sin = (t.unsqueeze(-2) for t in NeoBERTRotaryEmbedding(tiny_config())(q, torch.arange(7)[None]))
     x0, x1 = q.float()[..., 0::2], q.float()[..., 1::2]
     expected = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(-2).to(dtype)
     torch.testing.assert_close(apply_rope(q, cos, sin), expected, atol=1e-6, rtol=1e-5)

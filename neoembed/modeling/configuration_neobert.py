@@ -1,4 +1,4 @@
-# Copyright (c) 2026 the neoembed developers. MIT License.
+# Copyright 2026 the neoembed developers. MIT License.
 """NeoBERT configuration (Le Breton et al., 2025, "NeoBERT: A Next-Generation BERT").
 
 This file and ``modeling_neobert.py`` hold the whole model. They import only torch and transformers and
@@ -12,6 +12,11 @@ import math
 from typing import Any
 
 from transformers import PretrainedConfig
+
+try:  # transformers >= 5: RoPE settings live in one `rope_parameters` mapping
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+except ImportError:  # pragma: no cover - older transformers
+    ROPE_INIT_FUNCTIONS = {}
 
 try:  # transformers >= 5 builds configs as strict dataclasses
     from huggingface_hub.dataclasses import strict
@@ -49,12 +54,16 @@ class NeoBERTConfig(PretrainedConfig):
         intermediate_size: nominal feed-forward width; the SwiGLU hidden size is
             ``8 * ceil(int(2 * intermediate_size / 3) / 8)`` (as in the official model).
         norm_eps: epsilon of the RMSNorm layers.
-        max_length: longest sequence the RoPE tables were trained for (the official key). With YaRN
-            ``rope_scaling`` the model accepts ``factor * max_length`` tokens. Also readable as
-            ``max_position_embeddings``.
-        rope_theta: RoPE base.
-        rope_scaling: ``None`` or ``{"type": "yarn", "factor": s, "beta_fast": 32, "beta_slow": 1,
-            "attention_factor": None}`` to extend the context by ``s``.
+        max_length: longest sequence the model was trained on (the official key; also readable as
+            ``max_position_embeddings``). Longer input runs with a warning; a RoPE scaling with ``factor`` s
+            extends the supported length to ``s * max_length`` (``max_sequence_length``).
+        rope_parameters: transformers' RoPE mapping: ``rope_type`` (``"default"``, or a scaling transformers
+            defines: ``"yarn"``, ``"linear"``, ``"dynamic"``, ...), ``rope_theta`` (the base, 10,000) and the
+            scaling's own keys, e.g. ``{"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0}`` (YaRN's
+            ``beta_fast`` 32 / ``beta_slow`` 1 / ``attention_factor`` default as in the paper;
+            ``original_max_position_embeddings`` defaults to ``max_length``). Folders written before this key
+            existed, with ``rope_theta`` and ``rope_scaling={"type": "yarn", "factor": s, ...}``, and the keyword
+            ``rope_scaling=`` itself, are read into it.
         padding_free: drop padding inside the model (tokens of all sequences packed into one sequence for
             every linear layer, attention confined to each sequence) and return padded outputs.
         pad_token_id: id of ``[PAD]``.
@@ -72,8 +81,7 @@ class NeoBERTConfig(PretrainedConfig):
     intermediate_size: int = 3072
     norm_eps: float = 1e-5
     max_length: int = 4096
-    rope_theta: float = 10000.0
-    rope_scaling: dict | None = None
+    rope_parameters: dict | None = None
     padding_free: bool = True
     pad_token_id: int | None = 0
     embedding_init_range: float = 0.02
@@ -111,9 +119,19 @@ class NeoBERTConfig(PretrainedConfig):
                 self.max_length = int(kwargs.pop(key))
         if self.max_length <= 0:
             raise ValueError(f"max_length must be positive, got {self.max_length}")
-        if self.rope_scaling is not None:
-            self.rope_scaling = _validate_rope_scaling(self.rope_scaling)
+        legacy = kwargs.pop("rope_scaling", None)
+        if legacy is not None:
+            if self.rope_parameters:
+                raise ValueError(
+                    "pass the RoPE settings once: rope_parameters (transformers 5) or the older rope_scaling"
+                )
+            self.rope_parameters = _from_rope_scaling(legacy)
+        if self.rope_parameters is not None:
+            self.rope_parameters = dict(self.rope_parameters)  # standardisation edits it in place
+        # transformers standardises: rope_theta (kwarg or old config.json key) moves into rope_parameters,
+        # rope_type defaults to "default", scalings get original_max_position_embeddings = max_length
         super().__post_init__(**kwargs)
+        _check_rope_type(self.rope_parameters)
 
     @property
     def head_dim(self) -> int:
@@ -125,11 +143,16 @@ class NeoBERTConfig(PretrainedConfig):
         return 8 * math.ceil(int(2 * self.intermediate_size / 3) / 8)
 
     @property
+    def rope_type(self) -> str:
+        return (self.rope_parameters or {}).get("rope_type", "default")
+
+    @property
     def max_sequence_length(self) -> int:
-        """Longest accepted input: ``max_length``, times the YaRN factor when scaling is on."""
-        if self.rope_scaling is None:
+        """Longest supported input: ``max_length``, times the RoPE scaling's factor when there is one."""
+        factor = (self.rope_parameters or {}).get("factor")
+        if self.rope_type == "default" or factor is None:
             return self.max_length
-        return int(self.max_length * self.rope_scaling["factor"])
+        return int(self.max_length * factor)
 
     def to_dict(self) -> dict[str, Any]:
         out = super().to_dict()
@@ -137,27 +160,28 @@ class NeoBERTConfig(PretrainedConfig):
         return out
 
 
-def _validate_rope_scaling(scaling: dict) -> dict:
-    scaling = dict(scaling)
-    kind = scaling.get("type", scaling.get("rope_type"))
-    if kind != "yarn":
+def _from_rope_scaling(scaling: dict) -> dict:
+    """An older ``rope_scaling`` mapping (``{"type": "yarn", "factor": s, "beta_fast": 32.0, "beta_slow": 1.0,
+    "attention_factor": None}``, as neoembed wrote it) as ``rope_parameters``: ``type`` becomes ``rope_type``,
+    unset (None) values are dropped so that transformers' defaults apply, the same ones as before."""
+    if not isinstance(scaling, dict):
         raise ValueError(
-            f"rope_scaling type must be 'yarn' (the only scaling NeoBERT supports), got {kind!r}"
+            f"rope_scaling must be a mapping such as {{'type': 'yarn', 'factor': 2.0}}, got {scaling!r}"
         )
-    allowed = {"type", "rope_type", "factor", "beta_fast", "beta_slow", "attention_factor"}
-    unknown = sorted(set(scaling) - allowed)
-    if unknown:
-        raise ValueError(f"unknown rope_scaling keys {unknown}; valid keys: {sorted(allowed)}")
-    factor = scaling.get("factor")
-    if not isinstance(factor, int | float) or factor < 1:
-        raise ValueError(f"rope_scaling.factor must be a number >= 1, got {factor!r}")
-    scaling.pop("rope_type", None)
-    scaling["type"] = "yarn"
-    scaling["factor"] = float(factor)
-    scaling.setdefault("beta_fast", 32.0)
-    scaling.setdefault("beta_slow", 1.0)
-    scaling.setdefault("attention_factor", None)
-    return scaling
+    params = {k: v for k, v in scaling.items() if v is not None and k != "type"}
+    params.setdefault("rope_type", scaling.get("type", "default"))
+    return params
+
+
+def _check_rope_type(params: dict | None) -> None:
+    kind = (params or {}).get("rope_type", "default")
+    if kind != "default" and kind not in ROPE_INIT_FUNCTIONS:
+        raise ValueError(
+            f"unknown rope_parameters rope_type {kind!r}; valid: {['default', *sorted(ROPE_INIT_FUNCTIONS)]}"
+        )
+    factor = (params or {}).get("factor")
+    if factor is not None and (not isinstance(factor, int | float) or factor < 1):
+        raise ValueError(f"rope_parameters factor must be a number >= 1, got {factor!r}")
 
 
 NeoBERTConfig.register_for_auto_class()

@@ -102,9 +102,10 @@ def _check(state: dict[str, torch.Tensor], config: NeoBERTConfig) -> bool:
 
 
 def official_config_dict(config: NeoBERTConfig) -> dict:
-    if config.rope_scaling is not None:
+    if config.rope_type != "default" or config.rope_parameters["rope_theta"] != 10000.0:
         raise ValueError(
-            "the official NeoBERT layout has no RoPE scaling; drop rope_scaling before exporting"
+            "the official NeoBERT layout has plain RoPE with base 10,000 only; set rope_parameters to "
+            f"{{'rope_type': 'default', 'rope_theta': 10000.0}} before exporting (got {config.rope_parameters})"
         )
     return {
         "architectures": ["NeoBERTLMHead"],

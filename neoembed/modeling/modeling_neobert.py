@@ -1,4 +1,4 @@
-# Copyright (c) 2026 the neoembed developers. MIT License.
+# Copyright 2026 the neoembed developers. MIT License.
 """NeoBERT (Le Breton et al., 2025), top to bottom: RMSNorm -> RoPE -> attention -> SwiGLU -> block ->
 encoder -> masked-LM head.
 
@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, dynamic_rope_update
 
 try:
     from transformers.modeling_layers import GradientCheckpointingLayer
@@ -60,6 +61,14 @@ class NeoBERTRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32 and x.device.type == "cpu":
+            # one reduction pass over x (its norm) and no x² temporary: F.rms_norm's CPU composite makes three
+            # passes and two full-size temporaries (benchmarks/throughput.py --official)
+            inv_rms = (
+                torch.linalg.vector_norm(x, dim=-1, keepdim=True).square().div(x.shape[-1]).add(self.eps)
+            )
+            y = x * inv_rms.rsqrt()
+            return y * self.weight if torch.is_grad_enabled() else y.mul_(self.weight)
         if x.dtype == torch.float32:
             return F.rms_norm(x, (x.shape[-1],), self.weight.float(), self.eps)
         y = F.rms_norm(x.float(), (x.shape[-1],), None, self.eps).to(x.dtype)
@@ -67,48 +76,70 @@ class NeoBERTRMSNorm(nn.Module):
 
 
 # --------------------------------------------------------------------------------------------------- RoPE
-def rope_frequencies(config: NeoBERTConfig, device=None) -> tuple[torch.Tensor, float]:
-    """Inverse frequencies (Dh/2,) in float32 and the cos/sin scale (YaRN's attention factor, else 1)."""
-    dim, base = config.head_dim, config.rope_theta
-    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, device=device)[: dim // 2].float() / dim))
-    scaling = config.rope_scaling
-    if scaling is None:
-        return inv_freq, 1.0
-    # YaRN (Peng et al., 2023): interpolate the low frequencies by `factor`, keep the high ones, blend
-    # between the two with a linear ramp over the wavelengths set by beta_fast / beta_slow.
-    factor, beta_fast, beta_slow = scaling["factor"], scaling["beta_fast"], scaling["beta_slow"]
-    original = config.max_length
+class NeoBERTRotaryEmbedding(nn.Module):
+    """RoPE's inverse frequencies (Dh/2,) and their cos/sin at given positions.
 
-    def correction_dim(num_rotations: float) -> float:
-        return (dim * math.log(original / (num_rotations * 2 * math.pi))) / (2 * math.log(base))
+    ``config.rope_parameters`` picks the variant: ``default`` (the paper's RoPE, base ``rope_theta``) or one of
+    the scalings transformers defines (``yarn``, ``linear``, ``dynamic``, ...), computed by transformers' own
+    functions so that the keys mean what they mean in every transformers model. The frequencies stay float32
+    whatever dtype the model is cast to: in bfloat16, positions in the thousands would be off by radians."""
 
-    low = max(math.floor(correction_dim(beta_fast)), 0)
-    high = min(math.ceil(correction_dim(beta_slow)), dim - 1)
-    if low == high:
-        high += 0.001
-    ramp = ((torch.arange(dim // 2, device=device, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
-    extrapolation_weight = 1.0 - ramp
-    inv_freq = (inv_freq / factor) * (1 - extrapolation_weight) + inv_freq * extrapolation_weight
-    attention_factor = scaling.get("attention_factor")
-    if attention_factor is None:
-        attention_factor = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
-    return inv_freq, float(attention_factor)
+    inv_freq: torch.Tensor
+    original_inv_freq: torch.Tensor
 
+    def __init__(self, config: NeoBERTConfig, device=None):
+        super().__init__()
+        self.config = config
+        self.rope_type = config.rope_type
+        # read by transformers' dynamic_rope_update (the "dynamic" scaling recomputes past this length)
+        self.max_seq_len_cached = self.original_max_seq_len = config.max_position_embeddings
+        init = self.compute_default_rope_parameters
+        if self.rope_type != "default":
+            init = ROPE_INIT_FUNCTIONS[self.rope_type]
+        inv_freq, self.attention_scaling = init(config, device)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.register_buffer("original_inv_freq", inv_freq.clone(), persistent=False)
 
-def rope_cos_sin(position_ids: torch.Tensor, inv_freq: torch.Tensor, scale: float):
-    """cos and sin of shape ``(*position_ids.shape, 1, Dh/2)`` in float32 (the 1 broadcasts over heads)."""
-    angles = position_ids.to(torch.float32).unsqueeze(-1) * inv_freq
-    cos, sin = torch.cos(angles), torch.sin(angles)
-    if scale != 1.0:
-        cos, sin = cos * scale, sin * scale
-    return cos.unsqueeze(-2), sin.unsqueeze(-2)
+    @staticmethod
+    def compute_default_rope_parameters(
+        config: NeoBERTConfig, device=None, **kwargs
+    ) -> tuple[torch.Tensor, float]:
+        """The paper's frequencies ``base ** (-2i / Dh)``, and a cos/sin scale of 1."""
+        dim, base = config.head_dim, config.rope_parameters["rope_theta"]
+        exponents = torch.arange(0, dim, 2, dtype=torch.int64).to(device=device, dtype=torch.float32) / dim
+        return 1.0 / (base**exponents), 1.0
+
+    @torch.no_grad()
+    @dynamic_rope_update
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of shape ``(*position_ids.shape, Dh/2)``, float32 (``x`` gives only the device)."""
+        angles = position_ids.to(torch.float32).unsqueeze(-1) * self.inv_freq.to(x.device, torch.float32)
+        cos, sin = torch.cos(angles), torch.sin(angles)
+        if self.attention_scaling != 1.0:
+            cos, sin = cos * self.attention_scaling, sin * self.attention_scaling
+        return cos, sin
+
+    def _apply(self, fn, recurse=True):
+        # a cast of the whole model (.to(torch.bfloat16), .half()) moves the frequencies but keeps them float32
+        kept = {name: buf for name, buf in self._buffers.items() if buf is not None}
+        super()._apply(fn, recurse)
+        for name, buf in kept.items():
+            moved = self._buffers[name]
+            if moved.dtype != torch.float32 and buf.dtype == torch.float32:
+                self._buffers[name] = buf.to(moved.device)
+        return self
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate interleaved pairs (x[2i], x[2i+1]) of the last dim by the angles; computed in float32.
 
     The pairs are read as complex numbers (a view, no copy, even on the strided q/k of the fused projection)
-    and multiplied by cos + i sin: one vectorised kernel where the real form needs strided halves and a stack."""
+    and multiplied by cos + i sin: one vectorised kernel where the real form needs strided halves and a stack.
+    Under torch.compile the real form runs instead: inductor has no code generation for complex numbers (it would
+    fall back to eager kernels) and fuses the real one."""
+    if torch.compiler.is_compiling():
+        x0, x1 = x.float().unflatten(-1, (-1, 2)).unbind(-1)
+        return torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(-2).to(x.dtype)
     pairs = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))
     return torch.view_as_real(pairs * torch.complex(cos, sin)).flatten(-2).to(x.dtype)
 
@@ -123,7 +154,7 @@ class AttentionInputs:
     """
 
     backend: str
-    cos: torch.Tensor  # (..., L or T, 1, Dh/2) float32, broadcast over heads
+    cos: torch.Tensor  # (..., L or T, 1, Dh/2) float32, broadcast over heads (NeoBERTRotaryEmbedding's)
     sin: torch.Tensor
     key_mask: torch.Tensor | None = None  # (B, 1, 1, L) bool, padded layouts; None attends to every key
     cu_seqlens: torch.Tensor | None = None  # (B+1,) int32, packed layouts
@@ -273,7 +304,10 @@ class NeoBERTSwiGLU(nn.Module):
             # Two GEMMs on the two contiguous row blocks of the fused weight: faster than the fused one on
             # CPU (measured, benchmarks/throughput.py), and silu then runs on a contiguous tensor.
             gate_w, value_w = self.w12.weight.chunk(2, dim=0)
-            return self.w3(F.silu(F.linear(x, gate_w)) * F.linear(x, value_w))
+            gate, value = F.linear(x, gate_w), F.linear(x, value_w)
+            if torch.is_grad_enabled():
+                return self.w3(F.silu(gate) * value)
+            return self.w3(F.silu(gate, inplace=True).mul_(value))  # inference: no (T, 2,048) temporaries
         gate, value = self.w12(x).chunk(2, dim=-1)
         return self.w3(F.silu(gate) * value)
 
@@ -296,8 +330,10 @@ class NeoBERTBlock(GradientCheckpointingLayer):
         # x: (B, L, D) padded or (T, D) packed; per head the official layout is [q | k | v]
         qkv = self.qkv(self.attention_norm(x)).unflatten(-1, (self.num_heads, 3 * self.head_dim))
         attn, weights = self.attention(*qkv.chunk(3, dim=-1), inputs)
-        x = x + self.wo(attn.flatten(-2))
-        return x + self.ffn(self.ffn_norm(x)), weights
+        # residuals added into the fresh projection outputs (no third tensor; autograd-safe: a linear layer's
+        # backward does not read its output)
+        x = self.wo(attn.flatten(-2)).add_(x)
+        return self.ffn(self.ffn_norm(x)).add_(x), weights
 
 
 # --------------------------------------------------------------------------------------------- encoder
@@ -313,6 +349,13 @@ class NeoBERTPreTrainedModel(PreTrainedModel):
     # (DataCollatorWithFlattening: position_ids, cu_seq_lens_q/k, max_length_q/k), which forward() accepts
     _supports_attention_backend = True
 
+    @classmethod
+    def _can_set_attn_implementation(cls) -> bool:
+        # Every forward reads config._attn_implementation to pick its backend, so set_attn_implementation takes
+        # effect at once. (transformers' own check looks for its ALL_ATTENTION_FUNCTIONS in this file's source;
+        # NeoBERT's backends live in ATTENTION_BACKENDS, with RoPE and the packed layouts inside them.)
+        return True
+
     @staticmethod
     def register_attention_backend(name: str, fn) -> None:
         """Add an attention backend to the registry of the module this model class comes from (a folder loaded
@@ -326,7 +369,12 @@ class NeoBERTPreTrainedModel(PreTrainedModel):
         them: then ``(model, info)`` comes back and checking it is the caller's business. The MLM ``decoder`` is
         dropped when loading the bare encoder, and freshly initialised (with a warning) when loading the
         masked-LM model from an encoder-only checkpoint."""
-        if kwargs.get("output_loading_info"):
+        source = args[0] if args else kwargs.get("pretrained_model_name_or_path")
+        state_dict = kwargs.get("state_dict")
+        # no checkpoint at all (no path, an empty state_dict): transformers' way to build and initialise a model
+        # through the loading machinery, with nothing that could mismatch
+        no_checkpoint = source is None and isinstance(state_dict, dict) and not state_dict
+        if kwargs.get("output_loading_info") or no_checkpoint:
             return super().from_pretrained(*args, **kwargs)
         model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
         missing = [k for k in info.get("missing_keys", ()) if not k.startswith("decoder.")]
@@ -337,7 +385,7 @@ class NeoBERTPreTrainedModel(PreTrainedModel):
             parts += [f"unexpected keys {sorted(unexpected)}"] if unexpected else []
             parts += [f"keys with mismatched shapes {mismatched}"] if mismatched else []
             raise ValueError(
-                f"checkpoint {args[0] if args else kwargs.get('pretrained_model_name_or_path')!r} does not match "
+                f"checkpoint {source!r} does not match "
                 f"{cls.__name__}: " + "; ".join(parts) + ". Check that config.json belongs to these weights "
                 "(or pass output_loading_info=True to get the model and this information instead)."
             )
@@ -362,6 +410,10 @@ class NeoBERTPreTrainedModel(PreTrainedModel):
             nn.init.uniform_(module.weight, -r, r)
         elif isinstance(module, NeoBERTRMSNorm):
             nn.init.ones_(module.weight)
+        elif isinstance(module, NeoBERTRotaryEmbedding):
+            super()._init_weights(
+                module
+            )  # transformers recomputes the frequency buffers (not in checkpoints)
 
     def _output_flags(self, output_attentions, output_hidden_states, return_dict) -> tuple[bool, bool, bool]:
         """Call arguments, else the config's (transformers' convention)."""
@@ -463,6 +515,7 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
             NeoBERTBlock(config) for _ in range(config.num_hidden_layers)
         )
         self.layer_norm = NeoBERTRMSNorm(config.hidden_size, config.norm_eps)
+        self.rotary_emb = NeoBERTRotaryEmbedding(config)
         self.gradient_checkpointing = False
         self.post_init()
 
@@ -565,7 +618,7 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
                 return self._packed_input_layout(x, position_ids, cu_k, [*starts, L])
         if plan == "padding_free":
             lengths = [int(n) for n in host]
-            if min(lengths, default=L) < L:
+            if any(n < L for n in lengths):  # (no min(..., default=): dynamo breaks the graph on it)
                 return self._padding_free_layout(x, attention_mask, position_ids, lengths)
             plan = "flat" if self.config._attn_implementation == "flash_attention_2" else "unpadded"
         if plan == "flat":
@@ -608,7 +661,7 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
         if cu_k is not None and cu_k.shape != (len(bounds),):
             raise ValueError("cu_seq_lens_k must equal cu_seq_lens_q (NeoBERT is self-attention only)")
         lengths = [b - a for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
-        if not bounds or bounds[0] != 0 or bounds[-1] != T or min(lengths, default=0) < 0:
+        if not bounds or bounds[0] != 0 or bounds[-1] != T or any(n < 0 for n in lengths):
             raise ValueError(f"cu_seq_lens_q {bounds} does not describe {T} packed tokens")
         if position_ids is None:
             position_ids = torch.cat([torch.arange(n, device=x.device) for n in lengths])[None]
@@ -626,7 +679,7 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
             *self._rope(pos),
             cu_seqlens=cu,
             lengths=tuple(lengths),
-            max_seqlen=max(lengths, default=0),
+            max_seqlen=max([0, *lengths]),
         )
 
     def _prefix_layout(self, x, attention_mask, position_ids, prefix, output_attentions):
@@ -645,18 +698,22 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
         return x, Layout(B, L), inputs
 
     def _rope(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        inv_freq, scale = rope_frequencies(self.config, device=position_ids.device)
-        return rope_cos_sin(position_ids, inv_freq, scale)
+        cos, sin = self.rotary_emb(self.rotary_emb.inv_freq, position_ids)
+        return cos.unsqueeze(-2), sin.unsqueeze(-2)  # broadcast over heads
 
     def _check_length(self, length: int) -> None:
+        """RoPE has no hard limit (transformers' models run past their trained length), but quality drops there."""
         limit = self.config.max_sequence_length
         if length > limit:
             hint = (
-                "enable YaRN with rope_scaling={'type': 'yarn', 'factor': f} to go beyond the trained length"
-                if self.config.rope_scaling is None
-                else "raise rope_scaling.factor or truncate the input"
+                "set rope_parameters={'rope_type': 'yarn', 'factor': f} (YaRN) to extend it"
+                if self.config.rope_type == "default"
+                else "raise rope_parameters['factor'] or truncate the input"
             )
-            raise ValueError(f"sequence of {length} tokens exceeds the model's maximum of {limit}: {hint}")
+            warnings.warn(
+                f"a sequence exceeds the {limit} tokens this model supports; its outputs degrade: {hint}",
+                stacklevel=3,
+            )
 
 
 # ----------------------------------------------------------------------------------------------- MLM head
