@@ -17,7 +17,7 @@ work. Feature types are written in a compact form of the hub's ``dataset_info: f
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -220,8 +220,10 @@ class TrainingCard(_Strict):
     license: str | None = None
     # rows of the full dataset (before max_rows); pi_i uses it where the data is not counted (a dry run)
     size: int | None = None
-    # the share of rows the card expects to drop (missing values the evidence shows); losing more is an error
-    expected_loss: float = Field(0.0, ge=0.0, le=1.0)
+    # the share of rows the card expects to drop (missing values the evidence shows); losing more is an error.
+    # "unknown": the evidence publishes no share. Dropped rows are still counted per reason and reported as a
+    # warning with the measured share (and how to pin it), but never stop the run.
+    expected_loss: Annotated[float, Field(ge=0.0, le=1.0)] | Literal["unknown"] = 0.0
     schema_: DeclaredSchema | None = Field(None, alias="schema")
     notes: str | None = None
     # how the data was made, for cards written by tools (``neoembed mine``: source card, model, index, counts)

@@ -307,6 +307,68 @@ def test_rows_dropped_for_missing_or_empty_text_are_counted_per_reason(tmp_path)
         prepare_card(card, folder)
 
 
+def _medmcqa_like(card: TrainingCard, n: int = 40, without_exp=(3, 11, 12, 30)) -> datasets.Dataset:
+    """Rows shaped like medmcqa with its explanation (exp) null in some rows, as in the real dataset."""
+    rows = _rows_like(card, n).to_list()
+    for i in without_exp:
+        rows[i]["exp"] = None
+    return datasets.Dataset.from_list(rows, features=_rows_like(card, 1).features)
+
+
+def test_an_unknown_expected_loss_counts_and_warns_but_never_stops_the_run(caplog):
+    med, _ = load_card(REPO / "data_cards" / "medmcqa.yaml")
+    assert med.expected_loss == "unknown" and "expected_loss is unknown" in med.notes
+    rows = _medmcqa_like(med)
+    with caplog.at_level("WARNING", logger="neoembed.data.cards"):
+        pairs, report = build_pairs_report(med, rows)
+    assert len(pairs) == 36 and report.dropped == {"positive missing": 4}
+    record = report.as_dict()  # what the run record keeps for the card
+    assert record["expected_loss"] == "unknown" and record["loss"] == pytest.approx(0.1)
+    assert (
+        "36 of 40 rows kept (dropped: positive missing: 4; measured 10.00%, expected: unknown)"
+        in record["line"]
+    )
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1 and "card medmcqa: expected_loss is unknown" in warned[0]
+    assert (
+        "measured 10.00% (4 dropped of 40 rows)" in warned[0]
+        and "expected_loss: 0.1 in the card" in warned[0]
+    )
+    # a number keeps today's strict rule: the same card and rows with expected_loss 0 stop
+    with pytest.raises(DataCardError, match=r"positive missing: 4; 10.00% vs 0.00% expected.*or `unknown`"):
+        build_pairs_report(med.model_copy(update={"expected_loss": 0.0}), rows)
+    # no usable rows is still an error, unknown or not
+    blank = datasets.Dataset.from_list([{**r, "exp": " "} for r in rows.to_list()], features=rows.features)
+    with pytest.raises(DataCardError, match="no usable rows"):
+        build_pairs_report(med, blank)
+
+
+def test_an_unknown_expected_loss_is_written_in_the_training_data_report(tmp_path):
+    from neoembed.train.recipe import UnifiedRecipe
+    from neoembed.train.trainer import prepare_datasets
+
+    rows = _qa_rows(40)
+    for i in (2, 9, 21):
+        rows[i]["a"] = None
+    card, _ = _card(tmp_path, rows, {"query": "q", "positive": "a"}, expected_loss="unknown")
+    recipe = UnifiedRecipe(
+        model="unused", seed=0, datasets=[{"card": str(tmp_path / "c.yaml")}], batch_size=4
+    )
+    reports: dict = {}
+    pairs, _, _ = prepare_datasets(recipe, tmp_path, reports)
+    assert len(pairs["probe"]) == 37 and reports["probe"].dropped == {"positive missing": 3}
+    assert "measured 7.50%, expected: unknown" in reports["probe"].as_dict()["line"]
+    raw = json.loads((tmp_path / "c.yaml").read_text())
+    raw["expected_loss"] = 0.0
+    (tmp_path / "c.yaml").write_text(json.dumps(raw))
+    with pytest.raises(DataCardError, match=r"37 of 40 rows kept .*7.50% vs 0.00% expected"):
+        prepare_datasets(recipe, tmp_path, {})
+    raw["expected_loss"] = None  # null is not "unknown": the strict default is never switched off by accident
+    (tmp_path / "c.yaml").write_text(json.dumps(raw))
+    with pytest.raises(DataCardError, match="expected_loss"):
+        load_card(tmp_path / "c.yaml")
+
+
 # --------------------------------------------------------------------------------- sampling and qrels joins
 def test_max_rows_is_a_seeded_random_sample_and_pi_uses_the_full_size(tmp_path):
     from neoembed.data.sampler import PowerLawDatasetBatchSampler, dataset_probabilities
@@ -536,6 +598,16 @@ def test_data_check_reports_rows_dropped_per_reason(tmp_path):
     (tmp_path / "c.yaml").write_text(json.dumps(raw))
     r = _check(str(tmp_path / "c.yaml"), offline=True)
     assert r.exit_code == 1 and "reaches a str in row 0" in r.output
+
+
+def test_data_check_shows_an_unknown_expected_loss_and_how_to_pin_it(tmp_path):
+    rows = _qa_rows(20)
+    rows[2]["a"] = None
+    _card(tmp_path, rows, {"query": "q", "positive": "a"}, expected_loss="unknown")
+    r = _check(str(tmp_path / "c.yaml"), offline=True)
+    assert r.exit_code == 0, r.output
+    assert "19 of 20 rows kept (dropped: positive missing: 1; measured 5.00%, expected: unknown)" in r.output
+    assert "set expected_loss: 0.05 in the card and cite `neoembed data check probe`" in r.output
 
 
 # -------------------------------------------------------------------------------------------- dry run

@@ -18,7 +18,7 @@ Schema (``neoembed.card_schema.TrainingCard``; unknown keys are errors)::
     instruction: "Given a question, ..."         # placed before queries (none before documents)
     license: apache-2.0
     size: 3012496                                # rows of the full dataset
-    expected_loss: 0.0                           # share of rows the evidence says will be dropped
+    expected_loss: 0.0                           # share of rows the evidence says will be dropped; or unknown
     schema: {config: triplet-5, split: train, features: {question: string, ...}, num_rows: 3012496, license: ...}
     notes: "evidence: <URL of the hub page or loader code>"
 
@@ -26,6 +26,11 @@ Nothing is dropped silently. A column path that reaches a non-text value is an e
 the row and the type (integer class labels are read as their names); a spec that matches nothing in any row is an
 error; rows dropped for a missing or empty query or positive are counted per reason, and losing a larger share
 than the card's ``expected_loss`` is an error.
+
+``expected_loss: unknown`` is for a dataset whose evidence publishes no share (say so in ``notes``): its dropped
+rows are counted per reason as always, and the measured share is logged as a warning (and written in the run
+record) with how to pin it, but it never stops the run. A number keeps the strict rule; pin one once
+``neoembed data check CARD`` has measured the share on the full data, citing that command as the evidence.
 
 Hard negatives: every query of a dataset gets the same number k of negatives (sentence-transformers batches are
 columns). k is the number most rows carry (capped by ``max_negatives``); a row with fewer than k is dropped and
@@ -37,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import operator
 import random
 import re
@@ -68,6 +74,9 @@ __all__ = [
 ]
 
 DataCard = TrainingCard  # the training card's schema lives in neoembed.card_schema (shared with other cards)
+UNKNOWN = "unknown"  # expected_loss of a card whose evidence publishes no share of dropped rows
+
+logger = logging.getLogger(__name__)
 
 
 class DataCardError(ValueError):
@@ -339,11 +348,28 @@ class DropReport:
     negatives_per_query: int = 0
     full_size: int | None = None
     sampled: bool = False
-    expected_loss: float = 0.0
+    expected_loss: float | str = 0.0  # or UNKNOWN
 
     @property
     def loss(self) -> float:
         return sum(self.dropped.values()) / max(self.rows_read, 1)
+
+    def pin_hint(self) -> str | None:
+        """For a card with ``expected_loss: unknown`` that dropped rows: the measured share and how to pin it."""
+        if self.expected_loss != UNKNOWN or not self.dropped:
+            return None
+        n = sum(self.dropped.values())
+        where = (
+            f"a seeded sample of {self.rows_read:,} rows (of {self.full_size:,}); measure the full data without "
+            "--max-rows before pinning"
+            if self.sampled and self.full_size
+            else f"{self.rows_read:,} rows"
+        )
+        return (
+            f"card {self.card}: expected_loss is unknown (its evidence publishes no share), so the run goes on: "
+            f"measured {100 * self.loss:.2f}% ({n:,} dropped of {where}). To pin it, set expected_loss: "
+            f"{_round_up(self.loss)} in the card and cite `neoembed data check {self.card}` and its output in notes"
+        )
 
     def as_dict(self) -> dict:
         return {
@@ -352,6 +378,7 @@ class DropReport:
             "dropped": dict(self.dropped),
             "loss": round(self.loss, 6),
             "expected_loss": self.expected_loss,
+            "line": self.line(),
             "negatives_per_query": self.negatives_per_query,
             "full_size": self.full_size,
             "sampled": self.sampled,
@@ -359,10 +386,21 @@ class DropReport:
 
     def line(self) -> str:
         drops = ", ".join(f"{k}: {v}" for k, v in self.dropped.items() if v) or "none"
+        if self.expected_loss == UNKNOWN:
+            share = f"measured {100 * self.loss:.2f}%, expected: unknown"
+        else:
+            share = f"{100 * self.loss:.2f}% vs {100 * self.expected_loss:.2f}% expected"
         return (
-            f"{self.rows_kept} of {self.rows_read} rows kept (dropped: {drops}; {100 * self.loss:.2f}% vs "
-            f"{100 * self.expected_loss:.2f}% expected); {self.negatives_per_query} hard negatives per query"
+            f"{self.rows_kept} of {self.rows_read} rows kept (dropped: {drops}; {share}); "
+            f"{self.negatives_per_query} hard negatives per query"
         )
+
+
+def _round_up(share: float) -> float:
+    """A measured share as a card value: 4 decimals, rounded up so that the measured data pass."""
+    import math
+
+    return math.ceil(share * 10_000) / 10_000
 
 
 def build_pairs(card, rows, max_negatives=None, template=DEFAULT_TEMPLATE, with_instruction=True):
@@ -377,9 +415,11 @@ def build_pairs_report(
     template: str = DEFAULT_TEMPLATE,
     with_instruction: bool = True,
     loaded: LoadedRows | None = None,
+    warn: bool = True,
 ):
     """Rows -> (Dataset with ``query, positive, negative_1..k``, :class:`DropReport`). The card's instruction goes
-    before every query (documents stay plain); every dropped row is counted (see the module docstring)."""
+    before every query (documents stay plain); every dropped row is counted (see the module docstring).
+    ``warn=False``: the caller reports an ``expected_loss: unknown`` card's share itself (``report.pin_hint()``)."""
     import datasets
 
     cols, feats = rows.column_names, getattr(rows, "features", None)
@@ -419,7 +459,7 @@ def build_pairs_report(
         report.dropped[f"fewer than {k} hard negatives"] = short
     kept = [r for r in kept if len(r[2]) >= k]
     report.rows_kept, report.negatives_per_query = len(kept), k
-    _check_loss(card, report, max_negatives)
+    _check_loss(card, report, max_negatives, warn)
     instruction = card.instruction if with_instruction else None
     out: dict[str, list] = {
         "query": [format_with_instruction(instruction, q, template) for q, _, _ in kept],
@@ -454,9 +494,13 @@ def _shape(v, depth: int = 0):
     return type(v).__name__
 
 
-def _check_loss(card: DataCard, report: DropReport, max_negatives: int | None) -> None:
+def _check_loss(card: DataCard, report: DropReport, max_negatives: int | None, warn: bool = True) -> None:
     if report.rows_kept == 0:
         raise DataCardError(f"card {card.name}: no usable rows ({report.line()})")
+    if card.expected_loss == UNKNOWN:
+        if warn and report.pin_hint():
+            logger.warning(report.pin_hint())
+        return
     if report.loss <= _allowed_loss(card.expected_loss, report.rows_read, report.sampled):
         return
     k = report.negatives_per_query
@@ -467,7 +511,8 @@ def _check_loss(card: DataCard, report: DropReport, max_negatives: int | None) -
     raise DataCardError(
         f"card {card.name}: {report.line()}. That is more than the card's expected_loss "
         f"({card.expected_loss}): check the card's column paths against the data, or, if the dataset really "
-        f"lacks these values, set expected_loss to at least {report.loss:.4f} in the card with its evidence{neg_hint}"
+        f"lacks these values, set expected_loss to at least {_round_up(report.loss)} in the card with its evidence "
+        f"(or `unknown` where the evidence publishes no share){neg_hint}"
     )
 
 
@@ -486,13 +531,17 @@ def prepare_card(
     template: str = DEFAULT_TEMPLATE,
     with_instruction: bool = True,
     seed: int = 0,
+    warn: bool = True,
 ):
     """Load a card's rows and build its pairs: ``(Dataset, DropReport)``; the report's ``full_size`` is the
-    dataset's full row count (pi_i), its ``dropped`` every row lost on the way, per reason."""
+    dataset's full row count (pi_i), its ``dropped`` every row lost on the way, per reason (``warn``: see
+    :func:`build_pairs_report`)."""
     loaded = load_card_rows(card, folder, max_rows, seed)
     if len(loaded.rows) == 0 and not loaded.dropped:
         raise DataCardError(f"card {card.name}: the dataset is empty")
-    return build_pairs_report(card, loaded.rows, max_negatives, template, with_instruction, loaded=loaded)
+    return build_pairs_report(
+        card, loaded.rows, max_negatives, template, with_instruction, loaded=loaded, warn=warn
+    )
 
 
 # ---------------------------------------------------------------------------- unreadable local data files

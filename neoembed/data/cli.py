@@ -2,7 +2,8 @@
 the live dataset (hub reachable), then the rows the data gives, with every dropped row counted.
 
 Exit code 1 when any card is invalid, its paths cannot work, the live dataset differs from the declared schema, the
-hub rejects the card's repository, config or split, or the data loses more rows than the card expects. A hub that
+hub rejects the card's repository, config or split, or the data loses more rows than the card expects (a card with
+``expected_loss: unknown`` never fails for that: its measured share is printed with how to pin it). A hub that
 cannot be reached at all is not the card's fault: the card is then checked against its declared schema only.
 Whether the hub can be reached is found once per run (one short probe, or the first card that cannot connect),
 so a run without network takes seconds, not the hub client's retries for every card.
@@ -130,7 +131,7 @@ def _rows(card, folder, hub: _Hub, max_rows: int | None, sample: int) -> bool:
     from neoembed.data.cards import DataCardError, HubUnreachable, prepare_card
 
     try:
-        pairs, report = prepare_card(card, folder, max_rows)
+        pairs, report = prepare_card(card, folder, max_rows, warn=False)  # the share is printed below
     except HubUnreachable as e:
         hub.down = "found unreachable by an earlier card"
         typer.echo(f"   hub unreachable: rows not loaded ({e})")
@@ -141,6 +142,8 @@ def _rows(card, folder, hub: _Hub, max_rows: int | None, sample: int) -> bool:
     sampled = f" (a seeded sample of {report.full_size})" if report.sampled else ""
     typer.echo(f"   {len(pairs)} rows{sampled}; columns {pairs.column_names}")
     typer.echo(f"   {report.line()}")
+    if report.pin_hint():
+        typer.echo(f"   WARNING: {report.pin_hint()}")
     for row in pairs.select(range(min(sample, len(pairs)))):
         typer.echo("   " + " | ".join(f"{k}: {str(v)[:80]!r}" for k, v in row.items()))
     return True
