@@ -587,6 +587,52 @@ def test_an_unreachable_hub_costs_one_probe_per_run_not_retries_per_card(monkeyp
     assert r.exit_code == 1 and "HUB ERROR" in r.output and "doesn't exist on the Hub" in r.output
 
 
+def test_training_without_network_costs_one_probe_and_names_the_hub_and_hf_hub_offline(monkeypatch, tmp_path):
+    from neoembed.data.cards import HubUnreachable
+    from neoembed.train.recipe import UnifiedRecipe
+    from neoembed.train.trainer import prepare_datasets
+
+    hub_cards = ["wikihow", "gooaq", "pubmedqa", "triviaqa"]
+    loads, real_load = [], datasets.load_dataset
+
+    def load_dataset(*a, **k):  # each hub card's load; with the hub down it would retry for ~50 s
+        loads.append(a[0])
+        raise ConnectionError(f"Couldn't reach {a[0]!r} on the Hub (LocalEntryNotFoundError)")
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    session = _hub(monkeypatch, reachable=False)
+    recipe = UnifiedRecipe(model="unused", seed=0, datasets=[{"card": c} for c in hub_cards])
+    with pytest.raises(HubUnreachable) as e:
+        prepare_datasets(recipe, tmp_path)
+    assert session.heads == 1 and loads == []  # one probe for the run; no card's load was tried
+    message = str(e.value)
+    assert "the Hugging Face hub (https://huggingface.co) cannot be reached (ConnectError" in message
+    assert "4 dataset(s) of this run are on it: wikihow (sentence-transformers/wikihow), gooaq" in message
+    assert "set HF_HUB_OFFLINE=1 to load them from there" in message
+
+    # HF_HUB_OFFLINE set: no probe; the first card missing from the cache fails at once, the others are not tried
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+    def offline(*a, **k):
+        loads.append(a[0])
+        raise ConnectionError(f"Couldn't reach {a[0]!r} on the Hub (OfflineModeIsEnabled)")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    with pytest.raises(
+        HubUnreachable, match="HF_HUB_OFFLINE is set and the dataset is not in the local cache"
+    ):
+        prepare_datasets(recipe, tmp_path)
+    assert session.heads == 1 and loads == ["sentence-transformers/wikihow"]
+
+    # a recipe of local cards never asks the hub
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setattr(datasets, "load_dataset", real_load)
+    _card(tmp_path, _qa_rows(8), {"query": "q", "positive": "a"})
+    local = UnifiedRecipe(model="unused", seed=0, datasets=[{"card": str(tmp_path / "c.yaml")}], batch_size=4)
+    assert len(prepare_datasets(local, tmp_path)[0]["probe"]) == 8 and session.heads == 1
+
+
 def test_data_check_reports_rows_dropped_per_reason(tmp_path):
     rows = _qa_rows(20)
     rows[2]["a"] = ""

@@ -43,6 +43,7 @@ from neoembed.cde.gradcache import full_backprop_step, two_stage_gradcache_step
 from neoembed.cde.recipe import CDERecipe
 from neoembed.compile import compile_layers
 from neoembed.data.cards import DataCardError, explain_data_errors, find_card, load_card, prepare_card
+from neoembed.data.check import require_hub
 from neoembed.loop import RunLoop, StepOutput, adamw, check_launch
 from neoembed.losses import InfoNCELoss, duplicate_mask
 from neoembed.recipe import resolve_recipe_path
@@ -87,6 +88,7 @@ def prepare_sources(recipe: CDERecipe, recipe_dir: Path | None = None) -> tuple[
     """Load and check every card before training."""
     search = [Path(resolve_recipe_path(d, recipe_dir)) for d in recipe.card_dirs]
     loaded = [load_card(find_card(entry.card, search)) for entry in recipe.datasets]
+    require_hub([card for card, _ in loaded])  # no network: one probe and a clear error, not retries per card
     names = [card.name for card, _ in loaded]
     for name in {n for n in names if names.count(n) > 1}:
         raise DataCardError(f"dataset {name!r} appears twice in the recipe")

@@ -44,6 +44,7 @@ import contextlib
 import json
 import logging
 import operator
+import os
 import random
 import re
 from collections import Counter
@@ -198,7 +199,16 @@ def hub_error(card: DataCard, e: Exception) -> DataCardError:
     hub = card.source.hub
     where = f"hub dataset {hub.id!r} (config {hub.config}, split {hub.split}, revision {hub.revision})"
     if is_unreachable(e):
-        return HubUnreachable(f"card {card.name}: the Hugging Face hub is unreachable for {where}: {e}")
+        offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0")
+        fix = (
+            "HF_HUB_OFFLINE is set and the dataset is not in the local cache: unset it, with network access, to "
+            "download it"
+            if offline
+            else "connect to the network, or set HF_HUB_OFFLINE=1 to load a dataset already in the local cache"
+        )
+        return HubUnreachable(
+            f"card {card.name}: the Hugging Face hub is unreachable for {where}: {e}. {fix}"
+        )
     return DataCardError(
         f"card {card.name}: could not load {where}: {type(e).__name__}: {e}. Check the card's source against the "
         "dataset's page (id, config, split, revision)"
@@ -207,8 +217,6 @@ def hub_error(card: DataCard, e: Exception) -> DataCardError:
 
 def is_unreachable(e: BaseException) -> bool:
     """Whether ``e`` (or an exception it was raised from) means "no connection", not "wrong request"."""
-    import os
-
     names = {
         "ConnectionError",
         "ConnectTimeout",

@@ -7,12 +7,16 @@ schema that differs from the declared one, is the card's fault and fails the che
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from neoembed.card_schema import TrainingCard
 
 __all__ = [
     "NOTE",
+    "HubStatus",
+    "hub_offline_mode",
+    "require_hub",
     "compact_features",
     "hub_unreachable_reason",
     "live_differences",
@@ -128,3 +132,48 @@ def hub_unreachable_reason(timeout: float = 5.0) -> str | None:
             return f"{type(e).__name__} from {constants.ENDPOINT}: {e}"
         # not a connection failure: the hub is there; each card's own requests report what is wrong
     return None
+
+
+def hub_offline_mode() -> bool:
+    """Whether the user asked the Hugging Face libraries to stay offline (``HF_HUB_OFFLINE``)."""
+    return os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0")
+
+
+class HubStatus:
+    """Whether the hub can be reached, found once per run (``data check``, training): by one probe before the
+    first hub card, or by the first card whose requests fail to connect. Every later hub card is then spared the
+    hub client's retries (about 40 s per card). ``down``: why the hub cannot be reached; None: not known to be."""
+
+    def __init__(self, down: str | None = None):
+        self.down = down
+        self._probed = down is not None
+
+    def unreachable(self) -> str | None:
+        if not self._probed:
+            self._probed = True
+            self.down = hub_unreachable_reason()
+        return self.down
+
+
+def require_hub(cards: list[TrainingCard], hub: HubStatus | None = None) -> None:
+    """Before a run loads any data: when some cards read the hub, one probe; an unreachable hub raises
+    :class:`~neoembed.data.cards.HubUnreachable` at once, naming the hub, those cards and ``HF_HUB_OFFLINE``.
+
+    With ``HF_HUB_OFFLINE`` set nothing is probed: the datasets load from the local cache (and a card missing
+    from it fails at once, without retries)."""
+    from huggingface_hub import constants
+
+    from neoembed.data.cards import HubUnreachable
+
+    on_hub = [c for c in cards if c.source.hub is not None]
+    if not on_hub or hub_offline_mode():
+        return
+    down = (hub or HubStatus()).unreachable()
+    if down is None:
+        return
+    names = ", ".join(f"{c.name} ({c.source.hub.id})" for c in on_hub)
+    raise HubUnreachable(
+        f"the Hugging Face hub ({constants.ENDPOINT}) cannot be reached ({down}); {len(on_hub)} dataset(s) of "
+        f"this run are on it: {names}. Connect to the network, or, if these datasets are in your local cache, "
+        "set HF_HUB_OFFLINE=1 to load them from there without contacting the hub"
+    )

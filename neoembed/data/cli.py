@@ -11,10 +11,12 @@ so a run without network takes seconds, not the hub client's retries for every c
 
 from __future__ import annotations
 
-import os
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    from neoembed.data.check import HubStatus
 
 app = typer.Typer(help="Data cards: validate and inspect.", no_args_is_help=True)
 
@@ -35,9 +37,9 @@ def check_command(
 ) -> None:
     """Check each card: schema (offline), live features (hub reachable), rows kept and dropped per reason."""
     from neoembed.data.cards import DataCardError, find_card, load_card
+    from neoembed.data.check import HubStatus, hub_offline_mode
 
-    offline = offline or os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0")
-    hub = _Hub("offline mode" if offline else None)
+    hub = HubStatus("offline mode" if offline or hub_offline_mode() else None)
     failures = 0
     for name in cards:
         try:
@@ -52,25 +54,7 @@ def check_command(
         raise typer.Exit(1)
 
 
-class _Hub:
-    """Whether the hub can be reached, found once per run: by one probe before the first hub card, or by the
-    first card whose requests fail to connect. Every later hub card is then checked offline at once instead of
-    retrying for about 40 s."""
-
-    def __init__(self, down: str | None = None):
-        self.down = down  # why the hub cannot be reached; None: not known to be down
-        self._probed = down is not None
-
-    def unreachable(self) -> str | None:
-        if not self._probed:
-            from neoembed.data.check import hub_unreachable_reason
-
-            self._probed = True
-            self.down = hub_unreachable_reason()
-        return self.down
-
-
-def _check_card(card, folder, hub: _Hub, load: bool, max_rows: int | None, sample: int) -> bool:
+def _check_card(card, folder, hub: HubStatus, load: bool, max_rows: int | None, sample: int) -> bool:
     """Print one card's checks; False when the card fails."""
     from neoembed.data.check import offline_problems
 
@@ -127,7 +111,7 @@ def _live(card) -> bool | None:
     return True
 
 
-def _rows(card, folder, hub: _Hub, max_rows: int | None, sample: int) -> bool:
+def _rows(card, folder, hub: HubStatus, max_rows: int | None, sample: int) -> bool:
     from neoembed.data.cards import DataCardError, HubUnreachable, prepare_card
 
     try:

@@ -30,6 +30,7 @@ import torch
 from transformers import TrainerCallback
 
 from neoembed.data.cards import DataCardError, explain_data_errors, find_card, load_card, prepare_card
+from neoembed.data.check import require_hub
 from neoembed.data.sampler import PowerLawDatasetBatchSampler
 from neoembed.instructions import format_with_instruction
 from neoembed.losses import build_loss
@@ -65,6 +66,7 @@ def prepare_datasets(recipe: UnifiedRecipe, recipe_dir: Path | None = None, repo
 
     search = [Path(resolve_recipe_path(d, recipe_dir)) for d in recipe.card_dirs]
     loaded = [load_card(find_card(entry.card, search)) for entry in recipe.datasets]  # cards first: cheap
+    require_hub([card for card, _ in loaded])  # no network: one probe and a clear error, not retries per card
     names = [card.name for card, _ in loaded]
     for name in {n for n in names if names.count(n) > 1}:
         raise DataCardError(f"dataset {name!r} appears twice in the recipe")
