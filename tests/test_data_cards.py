@@ -205,6 +205,21 @@ def test_clustering_cards_train_text_to_its_category_name():
     assert pairs["positive"] == ["Anatomy", "Pharmacology"]
 
 
+def test_pubmedqa_trains_all_20_hard_negatives_at_the_released_batch_size():
+    """The official code feeds every query's negative_1 ... negative_20 each step, target_bsz // 22 queries."""
+    from neoembed.recipe import load_recipe
+    from neoembed.train.recipe import UnifiedRecipe
+
+    card, _ = load_card(REPO / "data_cards" / "pubmedqa.yaml")
+    declared = [f for f in card.schema_.features if f.startswith("negative_")]
+    assert card.columns.negatives == declared == [f"negative_{i}" for i in range(1, 21)]
+    pairs, report = build_pairs_report(card, _rows_like(card, 6))
+    assert report.negatives_per_query == 20 and pairs.column_names[-1] == "negative_20"
+    recipe = load_recipe(REPO / "recipes" / "neobert-unified.yaml", UnifiedRecipe, [])
+    entry = next(e for e in recipe.datasets if e.card == "pubmedqa")
+    assert entry.batch_size == recipe.batch_size // 22 == 5 and entry.max_negatives is None
+
+
 # ------------------------------------------------------------------------------------- nothing silent
 def _card(tmp_path, rows, columns, **extra) -> tuple[TrainingCard, Path]:
     (tmp_path / "d.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
