@@ -667,6 +667,7 @@ def test_data_check_shows_an_unknown_expected_loss_and_how_to_pin_it(tmp_path):
     _card(tmp_path, rows, {"query": "q", "positive": "a"}, expected_loss="unknown")
     r = _check(str(tmp_path / "c.yaml"), offline=True)
     assert r.exit_code == 0, r.output
+    assert "expected_loss: unknown (no published share)" in r.output
     assert "19 of 20 rows kept (dropped: positive missing: 1; measured 5.00%, expected: unknown)" in r.output
     assert "set expected_loss: 0.05 in the card and cite `neoembed data check probe`" in r.output
 

@@ -56,6 +56,7 @@ def check_command(
 
 def _check_card(card, folder, hub: HubStatus, load: bool, max_rows: int | None, sample: int) -> bool:
     """Print one card's checks; False when the card fails."""
+    from neoembed.data.cards import UNKNOWN
     from neoembed.data.check import offline_problems
 
     pin = "pinned" if card.pinned else "revision unpinned"
@@ -67,6 +68,10 @@ def _check_card(card, folder, hub: HubStatus, load: bool, max_rows: int | None, 
         return False
     if card.schema_ is not None:
         typer.echo(f"   paths match the declared schema ({len(card.schema_.features)} features)")
+    if card.expected_loss == UNKNOWN:
+        typer.echo(
+            "   expected_loss: unknown (no published share): dropped rows are counted and never stop a run"
+        )
     if card.source.hub is not None:
         down = hub.unreachable()
         if down is not None:
