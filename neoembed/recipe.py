@@ -142,6 +142,8 @@ def format_validation_error(
             lines.append(f"  - unknown key '{where}'. Valid keys here: {', '.join(valid) or '(none)'}")
         elif e["type"] == "missing":
             lines.append(f"  - missing required key '{where}'")
+        elif not loc:  # a check across keys: its input is the whole recipe, which the message already names
+            lines.append(f"  - {e['msg']}")
         else:
             lines.append(f"  - '{where}': {e['msg']} (got {e.get('input')!r})")
     return "\n".join(lines)

@@ -217,7 +217,8 @@ def test_pubmedqa_trains_all_20_hard_negatives_at_the_released_batch_size():
     assert report.negatives_per_query == 20 and pairs.column_names[-1] == "negative_20"
     recipe = load_recipe(REPO / "recipes" / "neobert-unified.yaml", UnifiedRecipe, [])
     entry = next(e for e in recipe.datasets if e.card == "pubmedqa")
-    assert entry.batch_size == recipe.batch_size // 22 == 5 and entry.max_negatives is None
+    assert recipe.dataset_batch_size(entry, report.negatives_per_query) == recipe.batch_texts // 22 == 5
+    assert entry.batch_size is None and entry.max_negatives is None
 
 
 # ------------------------------------------------------------------------------------- nothing silent

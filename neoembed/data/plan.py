@@ -1,8 +1,9 @@
 """``neoembed train RECIPE --dry-run``: what a unified recipe would train on, without loading a model or hub data.
 
 One line per dataset: rows (declared by the card, or counted for local data), pi_i ∝ n_i^alpha, the steps of the run
-expected to draw it, hard negatives per query, the instruction, the licence, pinned or not. Hub datasets are described
-from the cards' declared schemas (nothing is downloaded; ``neoembed data check`` compares them with the live data).
+expected to draw it, hard negatives per query, queries per step (and texts per step), the instruction, the licence,
+pinned or not. Hub datasets are described from the cards' declared schemas (nothing is downloaded; ``neoembed data
+check`` compares them with the live data).
 """
 
 from __future__ import annotations
@@ -27,20 +28,24 @@ class PlanRow:
     pinned: bool
     probability: float | None = None
     steps: float | None = None
+    batch: int | None = None  # queries per step (None: set by the negatives the rows carry)
+    texts: int | None = None  # texts per step: batch x (2 + negatives)
 
 
-def _negatives(card, max_negatives: int | None) -> str:
-    """Negatives per query as far as the declared schema tells: fixed columns count one each; a list column has as
-    many as its rows carry (the loader then uses the count most rows have)."""
+def _negatives(card, max_negatives: int | None) -> tuple[str, int | None]:
+    """Negatives per query as far as the declared schema tells (text, and the count where it is fixed): fixed
+    columns count one each; a list column has as many as its rows carry (the loader then uses the count most rows
+    have)."""
     if not card.columns.negatives or max_negatives == 0:
-        return "0"
+        return "0", 0
     fixed, lists = 0, 0
     features = card.schema_.features if card.schema_ is not None else None
     for spec in card.columns.negatives:
         t = resolve_spec_type(spec, features) if features is not None else "string"
         fixed, lists = (fixed + 1, lists) if not isinstance(t, list) else (fixed, lists + 1)
     text = str(fixed) if not lists else f"{fixed}+list" if fixed else "list (the count most rows carry)"
-    return f"{text}, at most {max_negatives}" if max_negatives is not None else text
+    count = None if lists else fixed if max_negatives is None else min(fixed, max_negatives)
+    return (f"{text}, at most {max_negatives}" if max_negatives is not None else text), count
 
 
 def plan(recipe, recipe_dir: Path | None = None) -> list[PlanRow]:
@@ -62,15 +67,20 @@ def plan(recipe, recipe_dir: Path | None = None) -> list[PlanRow]:
         instruction = (
             recipe.instruction_overrides.get(card.name, card.instruction) if recipe.instructions else None
         )
+        negatives, count = _negatives(card, entry.max_negatives)
+        batch = recipe.dataset_batch_size(entry, count)  # the trainer's rule, on the declared negatives
+        texts = batch * (2 + count) if batch is not None and count is not None else None
         out.append(
             PlanRow(
                 card.name,
                 rows,
                 rows_from,
-                _negatives(card, entry.max_negatives),
+                negatives,
                 instruction,
                 card.license,
                 card.pinned,
+                batch=batch,
+                texts=texts,
             )
         )
     known = [r for r in out if r.rows]
@@ -95,8 +105,10 @@ def dry_run(recipe, recipe_dir: Path | None = None) -> str:
         n = f"{r.rows:,} ({r.rows_from})" if r.rows else "unknown"
         pi = f"{r.probability:.4f}" if r.probability is not None else "  -   "
         steps = f"{r.steps:7.1f}" if r.steps is not None else "      -"
+        batch = f"{r.batch} ({r.texts} texts)" if r.texts is not None else str(r.batch or "from rows")
         lines.append(
             f"{r.name:<{width}}  rows {n:<22} pi {pi}  steps {steps}/{recipe.steps}  negatives {r.negatives:<8} "
+            f"batch {batch:<16} "
             f"{'pinned  ' if r.pinned else 'UNPINNED'}  licence: {r.license or 'not stated'}  "
             f"instruction: {r.instruction!r}"
         )

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import NonNegativeInt, PositiveFloat, PositiveInt, field_validator
+from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
 
 from neoembed.instructions import DEFAULT_TEMPLATE
-from neoembed.recipe import DatasetEntry, DatasetList, OptimizerConfig, Recipe
+from neoembed.recipe import DatasetEntry, DatasetList, OptimizerConfig, Recipe, RecipeError
 
 __all__ = ["DatasetEntry", "OptimizerConfig", "UnifiedRecipe"]
 
@@ -23,7 +23,11 @@ class UnifiedRecipe(Recipe):
     datasets: DatasetList
     card_dirs: list[str] = []  # extra folders searched for card names (relative to the recipe file)
     steps: PositiveInt = 2000
+    # queries per step (each with its positive and hard negatives), the same for every dataset; or
+    # texts per step instead (the released NeoBERT rule, get_bsz): a dataset whose rows carry k hard negatives gets
+    # batch_texts // (2 + k) queries per step. A dataset's own batch_size wins over both global forms.
     batch_size: PositiveInt = 128
+    batch_texts: int | None = Field(None, ge=2)
     temperature: PositiveFloat = 0.07
     alpha: float = 0.5
     mask_duplicates: bool = True
@@ -61,3 +65,32 @@ class UnifiedRecipe(Recipe):
         from neoembed.losses import check_loss_name
 
         return check_loss_name(v)
+
+    @model_validator(mode="after")
+    def _one_batch_rule(self):
+        if self.batch_texts is not None and "batch_size" in self.model_fields_set:
+            raise ValueError(
+                f"batch_size {self.batch_size} (queries per step) and batch_texts {self.batch_texts} (texts per step) "
+                "are both set; keep one: batch_texts=null gives every dataset batch_size queries, or remove "
+                "batch_size (a dataset's own batch_size still wins)"
+            )
+        return self
+
+    def dataset_batch_size(self, entry: DatasetEntry, negatives: int | None) -> int | None:
+        """Queries per step for ``entry``, whose rows carry ``negatives`` hard negatives each: its own
+        batch_size, else batch_texts // (2 + negatives) (None while ``negatives`` is unknown), else batch_size.
+        The trainer calls it with the negatives the rows gave, the dry run with those the card declares."""
+        if entry.batch_size is not None:
+            return entry.batch_size
+        if self.batch_texts is None:
+            return self.batch_size
+        if negatives is None:
+            return None
+        width = 2 + negatives
+        if width > self.batch_texts:
+            raise RecipeError(
+                f"dataset {entry.card}: each row is {width} texts (query, positive, {negatives} hard negatives), more "
+                f"than batch_texts {self.batch_texts}: raise batch_texts to at least {width}, set max_negatives: "
+                f"{self.batch_texts - 2} for it, or give it its own batch_size"
+            )
+        return self.batch_texts // width

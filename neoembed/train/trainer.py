@@ -100,7 +100,10 @@ def prepare_datasets(recipe: UnifiedRecipe, recipe_dir: Path | None = None, repo
             pairs["positive"],
             lambda text, i=instruction: format_with_instruction(i, text, recipe.template),
         )
-        bs = entry.batch_size or recipe.batch_size
+        bs = recipe.dataset_batch_size(entry, report.negatives_per_query)
+        logger.info(
+            "card %s: %d queries per step (%d texts)", card.name, bs, bs * (2 + report.negatives_per_query)
+        )
         if bs > len(pairs):
             raise DataCardError(
                 f"card {card.name}: batch size {bs} is larger than the dataset ({len(pairs)} usable rows); "
@@ -244,9 +247,12 @@ def _model_card(recipe: UnifiedRecipe, cards, output: Path) -> None:
         if card.research_only and "research" not in lic.lower():
             lic += " (research use only)"
         datasets.append({"name": card.name, "source": src, "license": lic})
+    batch = f"batch size {recipe.batch_size}"
+    if recipe.batch_texts is not None:  # the per-dataset query counts are in run_record.json
+        batch = f"{recipe.batch_texts} texts per step (query, positive and hard negatives)"
     notes = (
         f"Unified contrastive recipe: InfoNCE, cosine similarity, temperature {recipe.temperature}, "
-        f"dataset sampling alpha {recipe.alpha}, batch size {recipe.batch_size}, max length {recipe.max_length}, "
+        f"dataset sampling alpha {recipe.alpha}, {batch}, max length {recipe.max_length}, "
         f"seed {recipe.seed}."
     )
     config = output / "config.json"
@@ -314,7 +320,7 @@ def _resume_logs(trainer, checkpoint: Path, output: Path, main: bool) -> None:
 
 
 def _write_run_record(
-    recipe: UnifiedRecipe, output: Path, cards, reports: dict, datasets, settings: dict
+    recipe: UnifiedRecipe, output: Path, cards, reports: dict, datasets, settings: dict, batch_sizes: dict
 ) -> None:
     write_run_record(
         output,
@@ -327,6 +333,7 @@ def _write_run_record(
                 for c, _ in cards
             },
             "negatives_per_query": {n: d.num_columns - 2 for n, d in datasets.items()},
+            "batch_size": batch_sizes,  # queries per step of each dataset
             "resume_settings": settings,
             "recipe_hash": settings_hash(settings),
         },
@@ -394,7 +401,7 @@ def train(
     if checkpoint is not None:
         _resume_logs(trainer, checkpoint, output, main)
     if main:
-        _write_run_record(recipe, output, cards, reports, datasets, settings)
+        _write_run_record(recipe, output, cards, reports, datasets, settings, batch_sizes)
     _fit(trainer, checkpoint, stop, recipe, output, main)
     if metrics.nan_step is not None:
         raise TrainingStopped(
