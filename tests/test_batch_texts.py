@@ -136,3 +136,12 @@ def test_training_sizes_each_dataset_by_the_negatives_its_rows_carry(tmp_path):
         prepare_datasets(_recipe(datasets=[{"card": cards["three"]}], batch_texts=4))
     with pytest.raises(DataCardError, match=r"batch size 50 is larger than the dataset \(40 usable rows\)"):
         prepare_datasets(_recipe(datasets=[{"card": cards["pairs"]}], batch_texts=100))
+
+
+def test_the_model_card_states_the_texts_per_step(tmp_path):
+    from neoembed.train.trainer import _model_card
+
+    _model_card(load_recipe(FLAGSHIP, UnifiedRecipe), [], tmp_path)
+    assert "128 texts per step (query, positive and hard negatives)" in (tmp_path / "README.md").read_text()
+    _model_card(load_recipe("tiny", UnifiedRecipe), [], tmp_path)
+    assert "batch size 16," in (tmp_path / "README.md").read_text()

@@ -249,7 +249,8 @@ def test_case_5_to_7_the_run_records_the_negatives_it_trained_with(tmp_path, tin
     from neoembed.train.trainer import prepare_datasets
 
     ref, _ = finished
-    assert json.loads((ref / "run_record.json").read_text())["negatives_per_query"] == {"pydoc_names": 0}
+    record = json.loads((ref / "run_record.json").read_text())
+    assert record["negatives_per_query"] == {"pydoc_names": 0} and record["batch_size"] == {"pydoc_names": 16}
     rows = [{"q": f"query {i}", "p": f"positive {i}", "n": [f"neg {i}a", f"neg {i}b"]} for i in range(20)]
     data = tmp_path / "negs.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
