@@ -57,7 +57,7 @@ for seed in $SEEDS; do
       neoembed train quickstart "model=$MODEL" "output_dir=$run/model" "steps=$STEPS" "seed=$seed" \
         "datasets=$datasets" save_steps=100000 logging_steps=10
     fi
-    done_tasks=$(for t in $TASKS; do [ -f "$run/eval/$t.json" ] && echo "$t"; done | wc -l)
+    done_tasks=$(for t in $TASKS; do if [ -f "$run/eval/$t.json" ]; then echo "$t"; fi; done | wc -l)
     if [ "$done_tasks" -lt "$(echo $TASKS | wc -w)" ]; then
       neoembed mteb --model "$run/model" --data-dir "$OUT/eval" --tasks "$(echo $TASKS | tr ' ' ',')" \
         --instructions paper --output "$run/eval"
