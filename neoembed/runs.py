@@ -52,6 +52,7 @@ __all__ = [
     "param_groups",
     "prepare_output_dir",
     "prune_checkpoints",
+    "resume_defaults",
     "resume_settings",
     "settings_hash",
     "stage_checkpoint",
@@ -118,6 +119,28 @@ def resume_settings(recipe: Any) -> dict[str, Any]:
     return flat
 
 
+def resume_defaults(recipe: Any) -> dict[str, Any]:
+    """The defaults of the recipe's fields, flattened as :func:`resume_settings` flattens its values. A run
+    recorded before a field existed ran with that field's default behaviour (fields are added with defaults that
+    keep it), so on resume a key missing from the folder's run and at its default now is not a difference."""
+    from pydantic import BaseModel
+    from pydantic_core import to_jsonable_python
+
+    flat: dict[str, Any] = {}
+
+    def walk(model: BaseModel, prefix: str) -> None:
+        for name, field in type(model).model_fields.items():
+            value = getattr(model, name)
+            if isinstance(value, BaseModel):
+                walk(value, f"{prefix}{name}.")
+            elif not field.is_required():
+                flat[f"{prefix}{name}"] = to_jsonable_python(field.get_default(call_default_factory=True))
+
+    if isinstance(recipe, BaseModel):
+        walk(recipe, "")
+    return flat
+
+
 def settings_hash(settings: dict[str, Any]) -> str:
     """A short hash of :func:`resume_settings` (in run records and checkpoint markers: same hash, same run)."""
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -144,9 +167,10 @@ def _saved_settings(output: Path) -> dict[str, Any] | None:
     return None
 
 
-def _differences(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
-    keys = sorted(set(saved) | set(now))
+def _differences(saved: dict[str, Any], now: dict[str, Any], defaults: dict[str, Any]) -> list[str]:
     missing = "(not set)"
+    # a key the folder's run predates is no difference while it is at its default now
+    keys = sorted(k for k in set(saved) | set(now) if k in saved or now[k] != defaults.get(k, missing))
     return [
         f"{k}: {json.dumps(saved.get(k, missing), default=str)} in the folder's run, "
         f"{json.dumps(now.get(k, missing), default=str)} now"
@@ -189,6 +213,7 @@ def prepare_output_dir(
     overwrite: bool,
     resume: bool,
     settings: dict[str, Any] | None = None,
+    defaults: dict[str, Any] | None = None,
     checkpoints: bool = True,
     what: str = "output_dir",
     main_process: bool = True,
@@ -201,7 +226,8 @@ def prepare_output_dir(
       neoembed command wrote (it holds one of the ``clearable`` files: a run record by default) and refuses any
       other;
     - ``resume``: the folder's run must have the same ``settings`` (see :func:`resume_settings`; differences are
-      named); with ``checkpoints``, returns the newest complete checkpoint (an error if there is none).
+      named; a key the folder's run predates passes at its value in ``defaults``, see :func:`resume_defaults`);
+      with ``checkpoints``, returns the newest complete checkpoint (an error if there is none).
 
     Returns the checkpoint to resume from, or ``None``. Raises :class:`OutputDirError` (exit 2). Only the main
     process checks a fresh folder and clears; with ``resume`` every process reads the checkpoint to load."""
@@ -222,6 +248,7 @@ def prepare_output_dir(
             diff = _differences(
                 {k: v for k, v in saved.items() if k != "steps"},
                 {k: v for k, v in settings.items() if k != "steps"},
+                defaults or {},
             )
             if diff:
                 raise OutputDirError(

@@ -38,6 +38,8 @@ from neoembed.runs import (
     find_resume_checkpoint,
     list_checkpoints,
     prepare_output_dir,
+    resume_defaults,
+    resume_settings,
     stage_checkpoint,
     trim_metrics,
     verify_checkpoint,
@@ -526,6 +528,26 @@ def test_prepare_output_dir_rules(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(OutputDirError, match="is a file"):
         prepare_output_dir(tmp_path / "file", overwrite=False, resume=False)
+
+
+def test_resume_accepts_a_run_recorded_before_a_field_existed_while_it_is_at_its_default(tmp_path):
+    """A field added later (with a default that keeps the old behaviour) is missing from older run records:
+    resuming such a run passes while the field is at its default, and names it once it is not."""
+    recipe = UnifiedRecipe(seed=0, model="m", datasets=[{"card": "c"}])
+    now, defaults = resume_settings(recipe), resume_defaults(recipe)
+    old = {k: v for k, v in now.items() if k not in ("batch_texts", "group_by_length")}
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "run_record.json").write_text(json.dumps({"resume_settings": old}))
+    kw = {"overwrite": False, "resume": True, "checkpoints": False, "defaults": defaults}
+    assert prepare_output_dir(out, settings=now, **kw) is None
+    changed = resume_settings(recipe.model_copy(update={"group_by_length": False}))
+    with pytest.raises(
+        OutputDirError, match=r'group_by_length: "\(not set\)" in the folder\'s run, false now'
+    ):
+        prepare_output_dir(out, settings=changed, **kw)
+    with pytest.raises(OutputDirError, match="batch_texts"):  # without the defaults: every new key differs
+        prepare_output_dir(out, settings=now, **{**kw, "defaults": None})
 
 
 def _stage(out: Path, step: int, payload: bytes) -> Path:

@@ -52,6 +52,7 @@ from neoembed.runs import (
     check_pairs,
     check_weight_files,
     prepare_output_dir,
+    resume_defaults,
     resume_settings,
 )
 from neoembed.sentence import resolve_packaged
@@ -307,7 +308,12 @@ def train_cde(
     sources, cards = prepare_sources(recipe, recipe_dir)
     settings = resume_settings(recipe)
     checkpoint = prepare_output_dir(
-        output, overwrite=overwrite, resume=resume, settings=settings, main_process=acc.is_main_process
+        output,
+        overwrite=overwrite,
+        resume=resume,
+        settings=settings,
+        defaults=resume_defaults(recipe),
+        main_process=acc.is_main_process,
     )
     check_weight_files(recipe.model)
     with acc.main_process_first():  # with a cache, the other processes read what the first one computed

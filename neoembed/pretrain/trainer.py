@@ -42,7 +42,13 @@ from neoembed.pretrain.masking import IGNORE_INDEX, mask_tokens, step_generator
 from neoembed.pretrain.packing import DocumentStream, collate_packed, collate_padded
 from neoembed.pretrain.recipe import PretrainRecipe
 from neoembed.pretrain.schedule import lr_lambda
-from neoembed.runs import TrainingStopped, check_weight_files, prepare_output_dir, resume_settings
+from neoembed.runs import (
+    TrainingStopped,
+    check_weight_files,
+    prepare_output_dir,
+    resume_defaults,
+    resume_settings,
+)
 
 __all__ = ["MLMObjective", "TrainingStopped", "choose_source", "pretrain"]
 
@@ -271,6 +277,7 @@ def pretrain(
         output,
         overwrite=overwrite,
         resume=resume,
+        defaults=resume_defaults(recipe),
         settings=settings,
         main_process=accelerator.is_main_process,
     )

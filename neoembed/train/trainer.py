@@ -46,6 +46,7 @@ from neoembed.runs import (
     commit_checkpoint,
     list_checkpoints,
     prepare_output_dir,
+    resume_defaults,
     resume_settings,
     settings_hash,
     stage_checkpoint,
@@ -377,7 +378,12 @@ def train(
     full_sizes = [reports[name].full_size or len(datasets[name]) for name in datasets]
     settings = resume_settings(recipe)
     checkpoint = prepare_output_dir(
-        output, overwrite=overwrite, resume=resume, settings=settings, main_process=main
+        output,
+        overwrite=overwrite,
+        resume=resume,
+        settings=settings,
+        defaults=resume_defaults(recipe),
+        main_process=main,
     )
     check_weight_files(recipe.model)
     model = load(
