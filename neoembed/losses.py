@@ -146,7 +146,7 @@ def embed_by_length(model, features_list: list[dict[str, Tensor]]) -> list[Tenso
             else value
             for key, value in features_list[0].items()
         }
-        for i, emb in zip(group, model(batch)["sentence_embedding"].unbind(0)):
+        for i, emb in zip(group, model(batch)["sentence_embedding"].unbind(0), strict=True):
             out[i] = emb
     embeddings, start = [], 0
     for f in features_list:

@@ -242,7 +242,9 @@ def test_preprocess_real_text_stats_subsets_and_resume(tmp_path, tokenizer, shar
     assert all(np.array_equal(resumed[i], corpus[i]) for i in range(0, len(corpus), 97))
     sub = ShardedCorpus(out / "subsets" / "gt32")
     assert len(sub) == int((corpus.lengths > 32).sum()) and (sub.lengths > 32).all()
-    with pytest.raises(ValueError, match="other inputs or another tokenizer .shard_tokens: 20000 there, 999 now"):
+    with pytest.raises(
+        ValueError, match="other inputs or another tokenizer .shard_tokens: 20000 there, 999 now"
+    ):
         preprocess(str(MSRP), out, tokenizer, column="positive", shard_tokens=999, progress=False)
 
 
