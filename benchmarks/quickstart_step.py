@@ -3,8 +3,8 @@
     python benchmarks/quickstart_step.py              # 12 profiled steps of the shipped recipe, with and without dropout
 
 The quickstart's own recipe, data and trainer (``neoembed.quickstart``), profiled with torch.profiler: per step,
-the matrix products (mm, addmm, bmm), the dropout masks' random numbers (bernoulli_) and everything else, the
-tokens through the model (real and padded) and the GEMMs' FLOP rate beside this machine's matmul rate. The same
+the matrix products (mm, addmm, bmm), the dropout masks' random numbers (bernoulli_) and everything else, and the
+GEMMs' FLOP rate beside this machine's matmul rate. The same
 steps run a second time with the backbone's dropout set to 0 (a copy of its folder with the config changed), to
 show what dropout costs. The floor for the recipe's steps is its GEMM time alone: its fp32 matrix products (FLOPs
 as the profiler counts them, padding included) at the rate they ran, and at this machine's matmul rate, nothing
