@@ -68,6 +68,7 @@ __all__ = [
     "build_pairs",
     "build_pairs_report",
     "find_card",
+    "hub_offline_mode",
     "prepare_card",
     "load_card",
     "load_card_rows",
@@ -199,11 +200,10 @@ def hub_error(card: DataCard, e: Exception) -> DataCardError:
     hub = card.source.hub
     where = f"hub dataset {hub.id!r} (config {hub.config}, split {hub.split}, revision {hub.revision})"
     if is_unreachable(e):
-        offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0")
         fix = (
             "HF_HUB_OFFLINE is set and the dataset is not in the local cache: unset it, with network access, to "
             "download it"
-            if offline
+            if hub_offline_mode()
             else "connect to the network, or set HF_HUB_OFFLINE=1 to load a dataset already in the local cache"
         )
         return HubUnreachable(
@@ -234,7 +234,13 @@ def is_unreachable(e: BaseException) -> bool:
             return True
         seen = seen.__cause__ or seen.__context__
     # datasets in offline mode reports a missing cache as FileNotFoundError / its own errors naming offline mode
-    return os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0") and "offline" in str(e).lower()
+    return hub_offline_mode() and "offline" in str(e).lower()
+
+
+def hub_offline_mode() -> bool:
+    """Whether the user asked the Hugging Face libraries to stay offline (``HF_HUB_OFFLINE``), read now (not at
+    import, as huggingface_hub's constant is)."""
+    return os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0")
 
 
 def _joined(card: DataCard, joined) -> LoadedRows:
@@ -506,8 +512,8 @@ def _check_loss(card: DataCard, report: DropReport, max_negatives: int | None, w
     if report.rows_kept == 0:
         raise DataCardError(f"card {card.name}: no usable rows ({report.line()})")
     if card.expected_loss == UNKNOWN:
-        if warn and report.pin_hint():
-            logger.warning(report.pin_hint())
+        if warn and (hint := report.pin_hint()):
+            logger.warning(hint)
         return
     if report.loss <= _allowed_loss(card.expected_loss, report.rows_read, report.sampled):
         return

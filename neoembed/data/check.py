@@ -7,7 +7,6 @@ schema that differs from the declared one, is the card's fault and fails the che
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from neoembed.card_schema import TrainingCard
@@ -15,7 +14,6 @@ from neoembed.card_schema import TrainingCard
 __all__ = [
     "NOTE",
     "HubStatus",
-    "hub_offline_mode",
     "require_hub",
     "compact_features",
     "hub_unreachable_reason",
@@ -134,11 +132,6 @@ def hub_unreachable_reason(timeout: float = 5.0) -> str | None:
     return None
 
 
-def hub_offline_mode() -> bool:
-    """Whether the user asked the Hugging Face libraries to stay offline (``HF_HUB_OFFLINE``)."""
-    return os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0")
-
-
 class HubStatus:
     """Whether the hub can be reached, found once per run (``data check``, training): by one probe before the
     first hub card, or by the first card whose requests fail to connect. Every later hub card is then spared the
@@ -147,6 +140,10 @@ class HubStatus:
     def __init__(self, down: str | None = None):
         self.down = down
         self._probed = down is not None
+
+    def found_unreachable(self) -> None:
+        """A card's requests failed to connect: the cards after it are not tried."""
+        self.down, self._probed = "found unreachable by an earlier card", True
 
     def unreachable(self) -> str | None:
         if not self._probed:
@@ -163,7 +160,7 @@ def require_hub(cards: list[TrainingCard], hub: HubStatus | None = None) -> None
     from it fails at once, without retries)."""
     from huggingface_hub import constants
 
-    from neoembed.data.cards import HubUnreachable
+    from neoembed.data.cards import HubUnreachable, hub_offline_mode
 
     on_hub = [c for c in cards if c.source.hub is not None]
     if not on_hub or hub_offline_mode():

@@ -36,8 +36,8 @@ def check_command(
     ] = False,
 ) -> None:
     """Check each card: schema (offline), live features (hub reachable), rows kept and dropped per reason."""
-    from neoembed.data.cards import DataCardError, find_card, load_card
-    from neoembed.data.check import HubStatus, hub_offline_mode
+    from neoembed.data.cards import DataCardError, find_card, hub_offline_mode, load_card
+    from neoembed.data.check import HubStatus
 
     hub = HubStatus("offline mode" if offline or hub_offline_mode() else None)
     failures = 0
@@ -79,7 +79,7 @@ def _check_card(card, folder, hub: HubStatus, load: bool, max_rows: int | None, 
             return True
         reached = _live(card)
         if reached is None:
-            hub.down = "found unreachable by an earlier card"
+            hub.found_unreachable()
         if reached is not True:
             return reached is None  # None: unreachable (not the card's fault); False: a card error
     return _rows(card, folder, hub, max_rows, sample) if load else True
@@ -122,7 +122,7 @@ def _rows(card, folder, hub: HubStatus, max_rows: int | None, sample: int) -> bo
     try:
         pairs, report = prepare_card(card, folder, max_rows, warn=False)  # the share is printed below
     except HubUnreachable as e:
-        hub.down = "found unreachable by an earlier card"
+        hub.found_unreachable()
         typer.echo(f"   hub unreachable: rows not loaded ({e})")
         return True
     except DataCardError as e:
@@ -131,8 +131,8 @@ def _rows(card, folder, hub: HubStatus, max_rows: int | None, sample: int) -> bo
     sampled = f" (a seeded sample of {report.full_size})" if report.sampled else ""
     typer.echo(f"   {len(pairs)} rows{sampled}; columns {pairs.column_names}")
     typer.echo(f"   {report.line()}")
-    if report.pin_hint():
-        typer.echo(f"   WARNING: {report.pin_hint()}")
+    if hint := report.pin_hint():
+        typer.echo(f"   WARNING: {hint}")
     for row in pairs.select(range(min(sample, len(pairs)))):
         typer.echo("   " + " | ".join(f"{k}: {str(v)[:80]!r}" for k, v in row.items()))
     return True
