@@ -2,14 +2,15 @@
 
 The wheel is built from this checkout without network (``pip wheel --no-build-isolation --no-index``: the build
 backend, hatchling, comes with the ``dev`` extra), installed with ``--no-deps`` into a fresh virtual environment that
-sees this environment's packages (torch, transformers, ...) behind its own, and ``neoembed train tiny`` /
-``neoembed train cde-tiny`` run from an empty folder outside the repository, with PYTHONPATH cleared so that the
-wheel's neoembed, not this checkout's, is the one imported.
+sees this environment's packages (torch, transformers, ...) behind its own, and ``neoembed train tiny``,
+``neoembed train cde-tiny`` and ``neoembed pretrain pretrain-tiny`` run from an empty folder outside the repository,
+with PYTHONPATH cleared so that the wheel's neoembed, not this checkout's, is the one imported.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -20,7 +21,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-TINY_ASSETS_MAX_BYTES = 600_000  # model, tokenizer, rows, cards and licence of the tiny recipes, uncompressed
+TINY_ASSETS_MAX_BYTES = (
+    650_000  # model, tokenizer, rows, cards, shards and licence of the tiny recipes, uncompressed
+)
 
 
 def _run(cmd: list, **kw) -> subprocess.CompletedProcess:
@@ -79,7 +82,12 @@ def test_the_wheel_ships_the_tiny_recipes_with_their_model_rows_cards_and_licenc
     with zipfile.ZipFile(wheel) as z:
         sizes = {i.filename: i.file_size for i in z.infolist()}
         licence = z.read(tiny + "LICENSE-PSF.txt").decode()
-    for name in ("recipes/tiny.yaml", "recipes/cde-tiny.yaml", "data_cards/agnews.yaml"):
+    for name in (
+        "recipes/tiny.yaml",
+        "recipes/cde-tiny.yaml",
+        "recipes/pretrain-tiny.yaml",
+        "data_cards/agnews.yaml",
+    ):
         assert f"neoembed/{name}" in sizes, name
     cards = ("pydoc_names", "pydoc_details", "pydoc_signatures")
     model = (
@@ -92,6 +100,9 @@ def test_the_wheel_ships_the_tiny_recipes_with_their_model_rows_cards_and_licenc
         *model,
         *(f"cards/{c}.yaml" for c in cards),
         *(f"rows/{c}.jsonl" for c in cards),
+        "shards/meta.json",
+        "shards/shard-00000.tokens.npy",
+        "shards/shard-00000.offsets.npy",
         "README.md",
     ):
         assert tiny + name in sizes, name
@@ -99,17 +110,18 @@ def test_the_wheel_ships_the_tiny_recipes_with_their_model_rows_cards_and_licenc
     assert sum(s for n, s in sizes.items() if n.startswith(tiny)) < TINY_ASSETS_MAX_BYTES
 
 
-def test_tiny_and_cde_tiny_train_from_the_installed_wheel_outside_the_source_tree(installed):
+def test_tiny_cde_tiny_and_pretrain_tiny_train_from_the_installed_wheel_outside_the_source_tree(installed):
     _, python, env, root = installed
     find = "import importlib.util; print(importlib.util.find_spec('neoembed').origin)"  # without importing it
     where = _run([python, "-c", find], env=env, cwd=root).stdout.strip()
     assert Path(where).is_relative_to(root / "venv"), where  # the wheel's neoembed, not this checkout's
     work = root / "work"
     work.mkdir()
-    # both runs at once, one thread each: either is mostly imports and model loading, and the models are tiny
+    # the runs at once, one thread each: each is mostly imports and model loading, and the models are tiny
     runs = {
         "tiny": [python.parent / "neoembed", "train", "tiny"],
         "cde-tiny": [python.parent / "neoembed", "train", "cde-tiny", "steps=2", "save_steps=100"],
+        "pretrain-tiny": [python.parent / "neoembed", "pretrain", "pretrain-tiny", "steps=4"],
     }
     logs = {name: root / f"{name}.log" for name in runs}  # files, not pipes: a full pipe would stall a run
     procs = {}
@@ -120,7 +132,7 @@ def test_tiny_and_cde_tiny_train_from_the_installed_wheel_outside_the_source_tre
             )
     for name, proc in procs.items():
         proc.wait(timeout=300)
-        assert proc.returncode == 0, f"neoembed train {name} failed:\n{logs[name].read_text()[-4000:]}"
+        assert proc.returncode == 0, f"{name} failed:\n{logs[name].read_text()[-4000:]}"
     tiny = work / "runs" / "tiny"
     assert (tiny / "model.safetensors").is_file() and (tiny / "checkpoint-8").is_dir()
     assert len((tiny / "metrics.jsonl").read_text().splitlines()) == 8
@@ -134,3 +146,10 @@ def test_tiny_and_cde_tiny_train_from_the_installed_wheel_outside_the_source_tre
     assert len((cde / "metrics.jsonl").read_text().splitlines()) == 2
     cde_model = json.loads((cde / "run_record.json").read_text())["recipe"]["model"]
     assert Path(cde_model).is_relative_to(root / "venv"), cde_model
+    pre = work / "runs" / "pretrain-tiny"
+    rows = [json.loads(line) for line in (pre / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 4
+    assert abs(rows[0]["loss"] - math.log(1500)) < 0.1  # ln |V| of the shipped tokenizer
+    pre_recipe = json.loads((pre / "run_record.json").read_text())["recipe"]
+    for used in (pre_recipe["tokenizer"], pre_recipe["data"]["sources"][0]["path"]):
+        assert Path(used).is_relative_to(root / "venv"), used  # the shipped tokenizer and shards

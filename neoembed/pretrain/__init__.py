@@ -2,6 +2,6 @@
 documented training loop (accelerate), and pseudo-perplexity.
 
     neoembed preprocess docs/ shards/ --tokenizer chandar-lab/NeoBERT --min-lengths 1024,2048
-    neoembed pretrain pretrain-tiny data.sources='[{path: shards/}]'
+    neoembed pretrain pretrain-tiny tokenizer=chandar-lab/NeoBERT data.sources='[{path: shards/}]'
     neoembed ppl --model runs/pretrain-tiny --data shards/ --lengths 128,256,512
 """

@@ -102,9 +102,9 @@ def pretrain_command(
 
 
 def resolve_recipe_paths(recipe, recipe_dir: Path):
+    """Tokenizer, init_from and data paths: the working directory first, then the recipe's folder."""
     from neoembed.recipe import resolve_recipe_path as _near_recipe
 
-    """Tokenizer, init_from and data paths: the working directory first, then the recipe's folder."""
     data = recipe.data.model_copy(
         update={
             "sources": [

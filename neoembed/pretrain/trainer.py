@@ -21,7 +21,7 @@ Checkpoints (``checkpoint-N/``) hold accelerate's state (model, optimizer, RNG o
 ``.checkpoint-N.partial``, sealed with a checksum marker and renamed (:mod:`neoembed.runs`), so a kill never
 leaves half a checkpoint to resume from. SIGTERM / Ctrl-C checkpoint and exit 143 / 130.
 
-    neoembed pretrain pretrain-tiny data.sources='[{path: shards}]'
+    neoembed pretrain pretrain-tiny      # the shipped tiny tokenizer and shards: seconds on CPU
     accelerate launch --num_processes 8 -m neoembed pretrain pretrain-stage1 data.sources='[{path: rw}]'
     neoembed pretrain pretrain-stage1 ... --resume
 """

@@ -1,6 +1,7 @@
-"""Rebuild the assets of the tiny recipes (``tiny.yaml``, ``cde-tiny.yaml``): three small sets of text pairs drawn
-from the Python standard library's docstrings (PSF licence, see ``LICENSE-PSF.txt``), a WordPiece tokenizer trained
-on those rows, and a randomly initialised 2-layer x 32-wide NeoBERT.
+"""Rebuild the assets of the tiny recipes (``tiny.yaml``, ``cde-tiny.yaml``, ``pretrain-tiny.yaml``): three small
+sets of text pairs drawn from the Python standard library's docstrings (PSF licence, see ``LICENSE-PSF.txt``), a
+WordPiece tokenizer trained on those rows, a randomly initialised 2-layer x 32-wide NeoBERT, and pre-training shards
+of one set's paragraphs.
 
 They ship inside the package so that the tiny recipes run from an installed wheel, with nothing else on disk. The
 rows depend on the Python version whose docstrings are read (the shipped ones: CPython 3.11), so rebuilding with
@@ -14,6 +15,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -132,12 +134,33 @@ def write_model(cards: dict[str, list[dict]]) -> None:
     print(f"model: vocabulary {len(tokenizer)}, {sum(p.stat().st_size for p in out.iterdir())} bytes")
 
 
+def write_shards() -> None:
+    """Pre-training shards of the ``pydoc_details`` docstring paragraphs, tokenized with the tiny tokenizer (what
+    ``neoembed preprocess rows/pydoc_details.jsonl shards --tokenizer model --column positive`` writes here)."""
+    from transformers import AutoTokenizer
+
+    from neoembed.pretrain.data import preprocess
+
+    shutil.rmtree(HERE / "shards", ignore_errors=True)
+    cwd = Path.cwd()
+    os.chdir(HERE)  # the shards' meta.json records its inputs as given: paths relative to this folder
+    try:
+        stats = preprocess(
+            "rows/pydoc_details.jsonl", "shards", AutoTokenizer.from_pretrained("model"), column="positive",
+            progress=False,
+        )  # fmt: skip
+    finally:
+        os.chdir(cwd)
+    print(f"shards: {stats['documents']} documents, {stats['tokens']} tokens")
+
+
 def main() -> None:
     cards = card_rows(documented_functions())
     write_rows(cards)
     shutil.copyfile(Path(sys.base_prefix) / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" /
                     "LICENSE.txt", HERE / "LICENSE-PSF.txt")  # fmt: skip
     write_model(cards)
+    write_shards()
 
 
 if __name__ == "__main__":
