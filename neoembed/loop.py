@@ -43,7 +43,7 @@ from neoembed.runs import (
     commit_checkpoint,
     list_checkpoints,
     param_groups,
-    settings_hash,
+    run_identity,
     stage_checkpoint,
     write_failed,
 )
@@ -136,12 +136,7 @@ class RunLoop:
             self.resume(checkpoint, load_state)
         if self.acc.is_main_process:
             self.output.mkdir(parents=True, exist_ok=True)
-            extra = {
-                "world_size": self.acc.num_processes,
-                **extra,
-                "resume_settings": self.settings,
-                "recipe_hash": settings_hash(self.settings),
-            }
+            extra = {"world_size": self.acc.num_processes, **extra, **run_identity(self.settings)}
             write_run_record(self.output, command, recipe=self.recipe, data_files=data_files, extra=extra)
 
     def finish(self, save_final: Callable[[], None]) -> None:

@@ -54,7 +54,7 @@ __all__ = [
     "prune_checkpoints",
     "resume_defaults",
     "resume_settings",
-    "settings_hash",
+    "run_identity",
     "stage_checkpoint",
     "trim_metrics",
     "verify_checkpoint",
@@ -141,9 +141,11 @@ def resume_defaults(recipe: Any) -> dict[str, Any]:
     return flat
 
 
-def settings_hash(settings: dict[str, Any]) -> str:
-    """A short hash of :func:`resume_settings` (in run records and checkpoint markers: same hash, same run)."""
-    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
+def run_identity(settings: dict[str, Any] | None) -> dict[str, Any]:
+    """What run records and checkpoint markers say of the run: its :func:`resume_settings` and their short hash
+    (same hash, same run)."""
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return {"resume_settings": settings, "recipe_hash": digest if settings is not None else None}
 
 
 def _describe(folder: Path, limit: int = 5) -> str:
@@ -366,12 +368,7 @@ def commit_checkpoint(
         p.relative_to(staged).as_posix(): {"size": p.stat().st_size, "sha256": file_sha256(p)}
         for p in _files(staged)
     }
-    marker = {
-        "step": step,
-        "files": files,
-        "resume_settings": settings,
-        "recipe_hash": settings_hash(settings) if settings is not None else None,
-    }
+    marker = {"step": step, "files": files, **run_identity(settings)}
     atomic_write_text(staged / CHECKPOINT_MARKER, json.dumps(marker, indent=1) + "\n")
     target = output / f"checkpoint-{step}"
     if target.exists():  # an older checkpoint of this step: moved aside first, so one of the two stays whole

@@ -48,7 +48,7 @@ from neoembed.runs import (
     prepare_output_dir,
     resume_defaults,
     resume_settings,
-    settings_hash,
+    run_identity,
     stage_checkpoint,
     verify_checkpoint,
     write_failed,
@@ -335,8 +335,7 @@ def _write_run_record(
             },
             "negatives_per_query": {n: d.num_columns - 2 for n, d in datasets.items()},
             "batch_size": batch_sizes,  # queries per step of each dataset
-            "resume_settings": settings,
-            "recipe_hash": settings_hash(settings),
+            **run_identity(settings),
         },
     )
 
