@@ -43,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import operator
 import os
 import random
@@ -412,8 +413,6 @@ class DropReport:
 
 def _round_up(share: float) -> float:
     """A measured share as a card value: 4 decimals, rounded up so that the measured data pass."""
-    import math
-
     return math.ceil(share * 10_000) / 10_000
 
 
