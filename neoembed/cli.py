@@ -55,21 +55,21 @@ def convert(
     """Convert a NeoBERT checkpoint between the official layout and the neoembed layout. DST must be a new or
     empty folder (or --overwrite a model folder)."""
     from neoembed.modeling.convert import convert_checkpoint
-    from neoembed.runs import OutputDirError, check_weight_files, prepare_output_dir
+    from neoembed.runs import OutputDirError, check_weight_files, output_lock, prepare_output_dir
 
     if Path(src).exists() and Path(src).resolve() == dst.resolve():
         raise OutputDirError(f"convert: SRC and DST are the same folder ({dst}): choose a new DST")
     check_weight_files(src)
-    prepare_output_dir(
-        dst, overwrite=overwrite, resume=False, what="DST", clearable=("run_record.json", "config.json")
-    )
+    with output_lock(dst, what="DST"):
+        prepare_output_dir(
+            dst, overwrite=overwrite, resume=False, what="DST", clearable=("run_record.json", "config.json")
+        )
+        if sentence:
+            from neoembed.sentence import convert_to_sentence_transformer
 
-    if sentence:
-        from neoembed.sentence import convert_to_sentence_transformer
-
-        report = convert_to_sentence_transformer(src, dst, pooling=pooling)
-    else:
-        report = convert_checkpoint(src, dst, to=to)
+            report = convert_to_sentence_transformer(src, dst, pooling=pooling)
+        else:
+            report = convert_checkpoint(src, dst, to=to)
     typer.echo(report)
 
 

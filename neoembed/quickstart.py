@@ -153,9 +153,47 @@ def quickstart_command(
     model: Annotated[
         str | None, typer.Option("--model", help="Backbone (default: packaged all-MiniLM-L6-v2).")
     ] = None,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace an earlier quickstart's data, model and results.")
+    ] = False,
 ) -> None:
-    """Build a retrieval set from Python's own documentation, fine-tune, and compare nDCG@10 before/after."""
+    """Build a retrieval set from Python's own documentation, fine-tune, and compare nDCG@10 before/after.
+    --output must be new or empty, or hold an earlier quickstart (replaced with --overwrite)."""
     t0 = time.perf_counter()  # before the command's own imports, so that "other" counts them
+    from neoembed.runs import output_lock
+
+    with output_lock(output, what="--output"):
+        _claim_output(output, overwrite)
+        _run(output, steps, model, t0)
+
+
+MARKER = "quickstart.json"
+
+
+def _claim_output(output: Path, overwrite: bool) -> None:
+    """A used --output is refused unless --overwrite, and cleared only if a quickstart wrote it (its marker, or
+    the run record of its model); the marker is written at once, so an interrupted quickstart is one too."""
+    import json
+
+    from neoembed.record import atomic_write_text
+    from neoembed.runs import OutputDirError, prepare_output_dir
+
+    if output.is_dir() and any(output.iterdir()) and not overwrite:
+        raise OutputDirError(
+            f"--output {output} is not empty: pass --overwrite to replace the quickstart it holds (its data, "
+            "model and results), or choose a new --output"
+        )
+    prepare_output_dir(
+        output,
+        overwrite=overwrite,
+        resume=False,
+        what="--output",
+        clearable=(MARKER, "model/run_record.json"),
+    )
+    atomic_write_text(output / MARKER, json.dumps({"written_by": "neoembed quickstart"}) + "\n")
+
+
+def _run(output: Path, steps: int | None, model: str | None, t0: float) -> None:
     from neoembed.eval.runner import EvalConfig, run_mteb
     from neoembed.train.trainer import train
 
@@ -200,7 +238,7 @@ def quickstart_command(
         f"3/4 fine-tuning with the unified recipe ({recipe.steps} steps, batch {recipe.batch_size}) ..."
     )
     with _stage(timings, "train"):
-        # a rerun replaces the model of an earlier quickstart in this folder (never a folder neoembed did not write)
+        # --output was claimed above: model/ is new (or cleared with --overwrite)
         trained = train(recipe, recipe_dir=recipe_path.parent, overwrite=True)
     typer.echo("4/4 nDCG@10 after fine-tuning ...")
     with _stage(timings, "evaluate after"):

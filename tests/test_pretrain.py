@@ -454,3 +454,26 @@ def test_pseudo_perplexity_equals_the_slow_reference(tmp_path):
     assert json.loads(j.read_text())["lengths"][0]["scored_tokens"] == 16 and png.stat().st_size > 1000
     with pytest.raises(ValueError, match="no document has 64 tokens"):
         pseudo_perplexity(model, docs, [64], [0], 4, progress=False)
+
+
+def test_poor_ppl_refuses_a_model_without_its_masked_lm_head(tmp_path, tiny_official, capsys, monkeypatch):
+    """An encoder without the pre-training head once scored a random decoder (chance-level pseudo-perplexity,
+    exit 0); it is refused by name."""
+    import shutil
+    import sys
+
+    from neoembed.cli import main
+    from neoembed.modeling import NeoBERTForMaskedLM
+
+    encoder = tmp_path / "encoder"
+    NeoBERTForMaskedLM.from_pretrained(str(tiny_official)).model.save_pretrained(encoder)
+    for f in tiny_official.glob("*tok*"):
+        shutil.copy(f, encoder)
+    shutil.copy(tiny_official / "vocab.txt", encoder)
+    (tmp_path / "docs.txt").write_text("a short document about rivers and the sea\n")
+    argv = ["neoembed", "ppl", "--model", str(encoder), "--data", str(tmp_path / "docs.txt")]
+    monkeypatch.setattr(sys, "argv", [*argv, "--lengths", "8", "--out", str(tmp_path / "o"), "--device", "cpu"])
+    with pytest.raises(SystemExit) as e:
+        main()
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "no masked-LM head" in err and str(encoder) in err, err

@@ -65,3 +65,26 @@ def test_quickstart_end_to_end_short(tmp_path):
     assert "all-MiniLM-L6-v2 (packaged)" in r.stdout
     assert "encode([...]) -> array of shape (2, 384)" in r.stdout
     assert (tmp_path / "model" / "model.safetensors").is_file()
+
+
+def test_data_lost_a_used_output_is_refused_without_overwrite(tmp_path, capsys, monkeypatch):
+    from neoembed.cli import main
+
+    def run(*args):
+        monkeypatch.setattr(sys, "argv", ["neoembed", "quickstart", "--output", str(tmp_path), *args])
+        with pytest.raises(SystemExit) as e:
+            main()
+        return e.value.code, capsys.readouterr().err
+
+    (tmp_path / "notes.txt").write_text("mine")
+    code, err = run()
+    assert code == 2 and "--overwrite" in err and str(tmp_path) in err
+    code, err = run("--overwrite")  # a folder no quickstart wrote is never cleared
+    assert code == 2 and "no neoembed command wrote it" in err
+    (tmp_path / "notes.txt").unlink()
+    (tmp_path / "quickstart.json").write_text("{}")  # an earlier quickstart's folder
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "quickstart.md").write_text("scores")
+    code, err = run()
+    assert code == 2 and "--overwrite" in err
+    assert (tmp_path / "results" / "quickstart.md").read_text() == "scores"

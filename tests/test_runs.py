@@ -37,6 +37,8 @@ from neoembed.runs import (
     default_results_dir,
     find_resume_checkpoint,
     list_checkpoints,
+    lock_path,
+    output_lock,
     prepare_output_dir,
     resume_defaults,
     resume_settings,
@@ -656,3 +658,64 @@ def test_ppl_refuses_a_used_output_folder_before_loading(tmp_path, capsys, monke
     assert (
         code == 2 and "not empty" in err and "--overwrite" in err and (out / "ppl.json").read_text() == "{}"
     )
+
+
+# ----------------------------------------------------------------------------------- one writer per folder
+_HOLD = (
+    "import sys, time; from neoembed.runs import output_lock\n"
+    "with output_lock(sys.argv[1]):\n    print('held', flush=True); time.sleep(600)\n"
+)
+
+
+def _holder(folder: Path):
+    """Another process holding ``folder``'s lock (as any neoembed writer does for its whole run)."""
+    import subprocess
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _HOLD, str(folder)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_data_lost_a_second_writer_into_one_folder_is_refused_naming_the_holder(
+    tmp_path, tiny_official, capsys, monkeypatch
+):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text('{"step": 1}\n')
+    before = _snapshot(out)
+    proc = _holder(out)
+    try:
+        args = ["train", str(TINY), f"model={tiny_official}", f"output_dir={out}", *RUN, "--resume"]
+        code, err = _cli(capsys, monkeypatch, *args)
+        assert code == 2 and str(out) in err and f"pid {proc.pid}" in err and "in use" in err, err
+        for cmd in (
+            ["convert", str(tiny_official), str(out)],
+            ["mteb", "--model", str(tiny_official), "--output", str(out), "--tasks", "STS12"],
+        ):
+            code, err = _cli(capsys, monkeypatch, *cmd)
+            assert code == 2 and f"pid {proc.pid}" in err, (cmd, err)
+        assert _snapshot(out) == before  # the refused commands did not touch the folder
+    finally:
+        proc.kill()  # SIGKILL: no chance to clean up
+        proc.wait()
+    # the killed holder's lock file is left behind, but the OS dropped its lock: the next writer takes it over
+    assert lock_path(out).exists()
+    with output_lock(out):
+        assert json.loads(lock_path(out).read_text())["pid"] == os.getpid()
+    assert not lock_path(out).exists()
+
+
+def test_data_lost_the_lock_is_released_on_any_exit(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "deep" / "o"
+    with pytest.raises(KeyboardInterrupt), output_lock(out):
+        raise KeyboardInterrupt
+    assert not lock_path(out).exists() and not (tmp_path / "deep").exists()  # nothing left behind
+    code, err = _cli(capsys, monkeypatch, "train", str(TINY), "model=nowhere", f"output_dir={out}", "seed=x")
+    assert code == 2 and not lock_path(out).exists() and not (tmp_path / "deep").exists()
+    with output_lock(out), output_lock(out):  # reentrant: a command and the library function it calls
+        pass

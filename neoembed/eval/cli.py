@@ -14,8 +14,18 @@ app = typer.Typer(
 )
 
 
-def _split(value: str | None) -> list[str] | None:
-    return [v.strip() for v in value.split(",") if v.strip()] if value else None
+def _split(value: str | None, option: str = "--tasks") -> list[str] | None:
+    """Comma-separated names; an option given but naming nothing (``','``, ``' '``) is refused rather than read
+    as "every task"."""
+    if value is None:
+        return None
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    if not names:
+        raise typer.BadParameter(
+            f"{value!r} names nothing: give comma-separated names, or leave {option} out for the default",
+            param_hint=option,
+        )
+    return names
 
 
 Instructions = Annotated[
@@ -78,31 +88,40 @@ def mteb_command(
     if model is None:
         typer.echo(ctx.get_help())
         raise typer.Exit(2)
-    from neoembed.eval.runner import EvalConfig, run_mteb
-    from neoembed.eval.summary import write_summary
-    from neoembed.runs import check_weight_files, claim_results_dir, default_results_dir
+    from neoembed.eval.runner import EvalConfig
+    from neoembed.runs import check_weight_files, claim_results_dir, default_results_dir, output_lock
 
     out = output or default_results_dir(model)
     check_weight_files(model)
-    claim_results_dir(out, model, overwrite, write=False)  # another model's folder: refused before any import
-    if data_dir is None:  # with --data-dir, task names are folder names, checked by the runner
-        _check_task_names(_split(tasks))
-    cfg = EvalConfig(
-        model=model,
-        output=out,
-        tasks=_split(tasks),
-        task_types=_split(task_types),
-        benchmark=benchmark,
-        precision=precision,
-        instructions=instructions,
-        batch_size=batch_size,
-        max_length=max_length,
-        data_dir=data_dir,
-        overwrite=overwrite,
-        seed=seed,
-        cde_context=cde_context,
-        device=device,
-    )
+    task_list = _split(tasks, "--tasks")
+    with output_lock(out, what="--output"):
+        # another model's folder: refused before any import
+        claim_results_dir(out, model, overwrite, write=False)
+        if data_dir is None:  # with --data-dir, task names are folder names, checked by the runner
+            _check_task_names(task_list)
+        cfg = EvalConfig(
+            model=model,
+            output=out,
+            tasks=task_list,
+            task_types=_split(task_types, "--task-types"),
+            benchmark=benchmark,
+            precision=precision,
+            instructions=instructions,
+            batch_size=batch_size,
+            max_length=max_length,
+            data_dir=data_dir,
+            overwrite=overwrite,
+            seed=seed,
+            cde_context=cde_context,
+            device=device,
+        )
+        _run(cfg, out, model)
+
+
+def _run(cfg, out: Path, model: str) -> None:
+    from neoembed.eval.runner import run_mteb
+    from neoembed.eval.summary import write_summary
+
     fresh = not out.exists()
     try:
         report = run_mteb(cfg)

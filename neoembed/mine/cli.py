@@ -101,16 +101,13 @@ def mine_command(
         config = MineConfig(**settings)
     except ValidationError as e:
         raise ValueError(format_validation_error(e, MineConfig, "neoembed mine options")) from None
-    result = mine_negatives(
-        card,
-        model,
-        out,
-        corpus=corpus,
-        config=config,
-        resume=resume,
-        overwrite=overwrite,
-        card_dirs=card_dir or [],
-    )
+    from neoembed.runs import output_lock
+
+    with output_lock(out, what="--out"):
+        result = mine_negatives(
+            card, model, out, corpus=corpus, config=config, resume=resume, overwrite=overwrite,
+            card_dirs=card_dir or [],
+        )  # fmt: skip
     c = result.counts
     typer.echo(
         f"wrote {result.card} and {result.data.name}: {c['rows_written']} of {c['rows_in']} rows "

@@ -41,6 +41,15 @@ def preprocess_command(
     ] = None,
 ) -> None:
     """Tokenize a corpus into shards, report length statistics, build length-filtered subsets."""
+    from neoembed.runs import output_lock
+
+    with output_lock(out, what="OUT"):
+        _preprocess(
+            source, out, tokenizer, column, max_docs, shard_tokens, _ints(min_lengths, "--min-lengths")
+        )
+
+
+def _preprocess(source, out: Path, tokenizer, column, max_docs, shard_tokens, lengths) -> None:
     import json
 
     from transformers import AutoTokenizer
@@ -48,7 +57,6 @@ def preprocess_command(
     from neoembed.pretrain.data import preprocess
     from neoembed.runs import OutputDirError
 
-    lengths = _ints(min_lengths, "--min-lengths")
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / "meta.json").is_file())):
         raise OutputDirError(
             f"{out} is not empty and holds no shards of an earlier preprocess run (no meta.json): choose a new "
@@ -97,7 +105,10 @@ def pretrain_command(
     # errors (bad recipe: exit 2; a stopped run: 1; a signal: 130 / 143) are reported by neoembed.cli.main
     path = resolve_named_file(recipe, "recipes")
     parsed = resolve_recipe_paths(load_recipe(path, PretrainRecipe, overrides or []), path.parent)
-    out = pretrain(parsed, resume=resume, overwrite=overwrite)
+    from neoembed.runs import output_lock
+
+    with output_lock(parsed.output_dir):
+        out = pretrain(parsed, resume=resume, overwrite=overwrite)
     typer.echo(f"done: {out}")
 
 
@@ -137,11 +148,33 @@ def ppl_command(
         bool, typer.Option("--overwrite", help="Replace the results in a non-empty --out folder.")
     ] = False,
 ) -> None:
-    """Pseudo-perplexity against sequence length (JSON + PNG plot)."""
+    """Pseudo-perplexity against sequence length (JSON + PNG plot). The model must have its masked-LM head."""
+    from neoembed.runs import output_lock
+
+    with output_lock(out, what="--out"):
+        _ppl(model, data, lengths, out, max_docs, batch_size, column, device, overwrite)
+
+
+def _load_mlm(folder, dev):
+    """The masked-LM model of ``folder``; one without the head's weights (an encoder or embedding model) is
+    refused: a random head scores chance-level pseudo-perplexity, not the model's."""
+    from neoembed.modeling import NeoBERTForMaskedLM
+
+    net, info = NeoBERTForMaskedLM.from_pretrained(str(folder), output_loading_info=True)
+    missing = sorted(k for k in info["missing_keys"] if k.startswith("decoder."))
+    if missing:
+        raise ValueError(
+            f"--model {folder} has no masked-LM head (its weights lack {', '.join(missing)}): pseudo-perplexity "
+            "needs the pre-training head; give the checkpoint of `neoembed pretrain` (or the official NeoBERT), "
+            "not an encoder or embedding model"
+        )
+    return net.to(dev)
+
+
+def _ppl(model, data, lengths, out, max_docs, batch_size, column, device, overwrite) -> None:
     import torch
     from transformers import AutoTokenizer
 
-    from neoembed.modeling import NeoBERTForMaskedLM
     from neoembed.modeling.convert import resolve_checkpoint
     from neoembed.pretrain.data import ShardedCorpus, iter_documents
     from neoembed.pretrain.ppl import pseudo_perplexity, write_ppl
@@ -159,7 +192,7 @@ def ppl_command(
     check_weight_files(folder)
     tok = AutoTokenizer.from_pretrained(str(folder))
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    net = NeoBERTForMaskedLM.from_pretrained(str(folder)).to(dev)
+    net = _load_mlm(folder, dev)
     if dev.type == "cuda":
         net = net.to(torch.bfloat16)
     if (Path(data) / "meta.json").is_file() or (Path(data) / "subset.json").is_file():

@@ -45,14 +45,17 @@ def train_command(
 
         typer.echo(describe(parsed, path.parent))
         return
-    if isinstance(parsed, CDERecipe):
-        from neoembed.cde.trainer import train_cde
+    from neoembed.runs import output_lock
 
-        out = train_cde(parsed, recipe_dir=path.parent, resume=resume, overwrite=overwrite)
-    else:
-        from neoembed.train.trainer import train
+    with output_lock(parsed.output_dir):  # a second run into this folder is refused before it touches it
+        if isinstance(parsed, CDERecipe):
+            from neoembed.cde.trainer import train_cde
 
-        out = train(parsed, recipe_dir=path.parent, resume=resume, overwrite=overwrite)
+            out = train_cde(parsed, recipe_dir=path.parent, resume=resume, overwrite=overwrite)
+        else:
+            from neoembed.train.trainer import train
+
+            out = train(parsed, recipe_dir=path.parent, resume=resume, overwrite=overwrite)
     _release_process_group()
     typer.echo(f"done: {out}")
 
