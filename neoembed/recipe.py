@@ -26,6 +26,8 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Discriminator,
+    Field,
+    NonNegativeFloat,
     NonNegativeInt,
     PositiveFloat,
     PositiveInt,
@@ -37,6 +39,7 @@ from pydantic import (
 __all__ = [
     "DatasetEntry",
     "DatasetList",
+    "Fraction",
     "OptimizerConfig",
     "Recipe",
     "RecipeError",
@@ -55,15 +58,23 @@ class RecipeError(ValueError):
 
 
 class StrictModel(BaseModel):
-    """Base of every typed config: unknown keys are rejected, objects are immutable."""
+    """Base of every typed config: unknown keys are rejected, objects are immutable, and no number may be NaN or
+    infinite (``alpha=nan`` or ``lr=inf`` fail here, by key, not inside a run)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+#: a fraction in [0, 1] / in [0, 1): dropout rates, schedule ratios, Adam's betas
+Fraction = Annotated[float, Field(ge=0, le=1)]
+Beta = Annotated[float, Field(ge=0, lt=1)]
+#: a seed every generator accepts (NumPy takes 0 .. 2**32 - 1)
+Seed = Annotated[int, Field(ge=0, lt=2**32)]
 
 
 class Recipe(StrictModel):
     """Base of every recipe schema. ``seed`` seeds Python, NumPy and torch at the start of a run."""
 
-    seed: int
+    seed: Seed
 
 
 class OptimizerConfig(StrictModel):
@@ -72,12 +83,12 @@ class OptimizerConfig(StrictModel):
     and rejects these two keys."""
 
     lr: PositiveFloat = 1e-4
-    betas: tuple[float, float] = (0.9, 0.95)
-    eps: float = 1e-8
-    weight_decay: float = 0.01
+    betas: tuple[Beta, Beta] = (0.9, 0.95)
+    eps: NonNegativeFloat = 1e-8
+    weight_decay: NonNegativeFloat = 0.01
     warmup_steps: NonNegativeInt = 0
     schedule: Literal["cosine", "linear", "constant"] = "cosine"
-    grad_clip: float = 1.0
+    grad_clip: PositiveFloat = 1.0  # the largest gradient norm
 
 
 class DatasetEntry(StrictModel):

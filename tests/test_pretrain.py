@@ -472,7 +472,9 @@ def test_poor_ppl_refuses_a_model_without_its_masked_lm_head(tmp_path, tiny_offi
     shutil.copy(tiny_official / "vocab.txt", encoder)
     (tmp_path / "docs.txt").write_text("a short document about rivers and the sea\n")
     argv = ["neoembed", "ppl", "--model", str(encoder), "--data", str(tmp_path / "docs.txt")]
-    monkeypatch.setattr(sys, "argv", [*argv, "--lengths", "8", "--out", str(tmp_path / "o"), "--device", "cpu"])
+    monkeypatch.setattr(
+        sys, "argv", [*argv, "--lengths", "8", "--out", str(tmp_path / "o"), "--device", "cpu"]
+    )
     with pytest.raises(SystemExit) as e:
         main()
     err = capsys.readouterr().err

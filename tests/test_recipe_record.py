@@ -130,3 +130,26 @@ def test_one_optimizer_config_for_every_recipe():
     assert pre.optimizer.weight_decay == 0.1
     with pytest.raises(RecipeError, match="schedule:"):  # pre-training's schedule has its own block
         load_recipe("pretrain-tiny", PretrainRecipe, ["optimizer.warmup_steps=10"])
+
+
+@pytest.mark.parametrize(
+    ("recipe", "override", "key"),
+    [
+        ("tiny", "alpha=nan", "alpha"),
+        ("tiny", "alpha=-1e6", "alpha"),
+        ("tiny", "temperature=inf", "temperature"),
+        ("tiny", "optimizer.lr=inf", "optimizer.lr"),
+        ("tiny", "optimizer.betas=[2,0.5]", "optimizer.betas"),
+        ("tiny", "seed=-1", "seed"),
+        ("cde-tiny", "context.dropout=1.5", "context.dropout"),
+        ("pretrain-tiny", "schedule.final_ratio=-0.1", "schedule.final_ratio"),
+    ],
+)
+def test_bad_numbers_are_refused_by_key_before_anything_loads(recipe, override, key):
+    from neoembed.cde.recipe import CDERecipe
+    from neoembed.pretrain.recipe import PretrainRecipe
+    from neoembed.train.recipe import UnifiedRecipe
+
+    schema = {"tiny": UnifiedRecipe, "cde-tiny": CDERecipe, "pretrain-tiny": PretrainRecipe}[recipe]
+    with pytest.raises(RecipeError, match=key.replace(".", r"\.")):
+        load_recipe(recipe, schema, [override])

@@ -4,27 +4,27 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import NonNegativeInt, PositiveInt, model_validator
+from pydantic import NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
 from neoembed.instructions import DEFAULT_TEMPLATE
-from neoembed.recipe import DatasetList, OptimizerConfig, Recipe, StrictModel
+from neoembed.recipe import DatasetList, Fraction, OptimizerConfig, Recipe, StrictModel
 
 __all__ = ["CDERecipe", "ClusteringConfig", "ContextConfig", "FilteringConfig"]
 
 
 class ContextConfig(StrictModel):
-    n_context: int = 512  # N context documents per model (saved with it)
-    n_soft_prompt: int = 4
+    n_context: PositiveInt = 512  # N context documents per model (saved with it)
+    n_soft_prompt: PositiveInt = 4
     exclude_prompt: bool = False  # pool without the instruction prefix (prompts given as ST prompts)
-    dropout: float = 0.0  # training-time fraction of context vectors replaced by the learned null context
+    dropout: Fraction = 0.0  # training-time fraction of context vectors replaced by the learned null context
 
 
 class ClusteringConfig(StrictModel):
     enabled: bool = True  # False: random single-source batches (the ablation)
     teacher: str = "sentence-transformers/all-MiniLM-L6-v2"  # any sentence-transformers model
-    cluster_size: int | None = None  # default: the batch size
-    dims: int | None = 128  # SVD reduction of teacher embeddings; null keeps them whole
-    niter: int = 20
+    cluster_size: PositiveInt | None = None  # default: the batch size
+    dims: PositiveInt | None = 128  # SVD reduction of teacher embeddings; null keeps them whole
+    niter: PositiveInt = 20
     tour: bool = False  # greedy nearest-centroid order of clusters instead of a random order
     cache_dir: str | None = "~/.cache/neoembed/cde"  # null: no cache
 
@@ -45,9 +45,9 @@ class CDERecipe(Recipe):
     card_dirs: list[str] = []
     steps: PositiveInt = 2000
     batch_size: PositiveInt = 512  # global: every process takes batch_size / processes of each batch
-    temperature: float = 0.02  # 1 / 50: the reference implementation's fixed logit scale
+    temperature: PositiveFloat = 0.02  # 1 / 50: the reference implementation's fixed logit scale
     mask_duplicates: bool = True
-    chunk_size: int | None = None  # two-stage GradCache chunk; None = plain backpropagation
+    chunk_size: PositiveInt | None = None  # two-stage GradCache chunk; None = plain backpropagation
     context: ContextConfig = ContextConfig()
     clustering: ClusteringConfig = ClusteringConfig()
     filtering: FilteringConfig = FilteringConfig()

@@ -88,9 +88,13 @@ def mteb_command(
     if model is None:
         typer.echo(ctx.get_help())
         raise typer.Exit(2)
-    from neoembed.eval.runner import EvalConfig
+    from neoembed.eval.runner import PRECISIONS, EvalConfig
     from neoembed.runs import check_weight_files, claim_results_dir, default_results_dir, output_lock
 
+    if precision is not None and precision not in PRECISIONS:
+        raise typer.BadParameter(
+            f"{precision!r} is not one of {', '.join(PRECISIONS)}", param_hint="--precision"
+        )
     out = output or default_results_dir(model)
     check_weight_files(model)
     task_list = _split(tasks, "--tasks")

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import NonNegativeInt, PositiveInt, field_validator, model_validator
 
-from neoembed.recipe import OptimizerConfig, Recipe, StrictModel
+from neoembed.recipe import Fraction, OptimizerConfig, Recipe, StrictModel
 
 __all__ = [
     "BatchConfig",
@@ -91,8 +91,8 @@ class BatchConfig(StrictModel):
 
 class ScheduleConfig(StrictModel):
     warmup_steps: NonNegativeInt = 2000
-    decay_fraction: float = 0.9
-    final_ratio: float = 0.1
+    decay_fraction: Fraction = 0.9
+    final_ratio: Fraction = 0.1
 
 
 class PretrainRecipe(Recipe):

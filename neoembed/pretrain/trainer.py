@@ -28,6 +28,7 @@ leaves half a checkpoint to resume from. SIGTERM / Ctrl-C checkpoint and exit 14
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -77,6 +78,26 @@ class MLMObjective(nn.Module):
 
 
 # ----------------------------------------------------------------------------------------------- helpers
+def _check_vocab(vocab_size: int | None, recipe: PretrainRecipe, tokenizer) -> None:
+    if vocab_size is not None and vocab_size < len(tokenizer):
+        raise ValueError(
+            f"the model's vocabulary ({vocab_size}) is smaller than tokenizer {recipe.tokenizer!r} ({len(tokenizer)} "
+            "ids: its larger ids would index past the embedding): use the model's own tokenizer (recipe key "
+            "'tokenizer'), or a larger model.config.vocab_size"
+        )
+
+
+def _planned_vocab(recipe: PretrainRecipe) -> int | None:
+    """The vocabulary size the model will have, read before it loads (its config.json, or model.config)."""
+    m = recipe.model
+    if m.init_from is None:
+        return m.config.get("vocab_size")
+    from neoembed.modeling.convert import resolve_checkpoint
+
+    config = Path(resolve_checkpoint(m.init_from)) / "config.json"
+    return json.loads(config.read_text()).get("vocab_size") if config.is_file() else None
+
+
 def _build_model(recipe: PretrainRecipe, tokenizer):
     from neoembed.modeling import NeoBERTConfig, NeoBERTForMaskedLM
 
@@ -92,11 +113,7 @@ def _build_model(recipe: PretrainRecipe, tokenizer):
         config = NeoBERTConfig(**cfg)
         config._attn_implementation = m.attn_implementation
         model = NeoBERTForMaskedLM(config)
-    if model.config.vocab_size < len(tokenizer):
-        raise ValueError(
-            f"the model's vocabulary ({model.config.vocab_size}) is smaller than the tokenizer's "
-            f"({len(tokenizer)}): use the model's own tokenizer (recipe key 'tokenizer')"
-        )
+    _check_vocab(model.config.vocab_size, recipe, tokenizer)
     if recipe.data.seq_length > model.config.max_sequence_length:
         raise ValueError(
             f"data.seq_length={recipe.data.seq_length} exceeds the model's maximum "
@@ -272,6 +289,7 @@ def pretrain(
     seed_everything(recipe.seed)
     corpora, streams, weights = _open_sources(recipe)
     tokenizer, special_ids = _load_tokenizer(recipe, corpora)
+    _check_vocab(_planned_vocab(recipe), recipe, tokenizer)  # before the model loads
     settings = resume_settings(recipe)
     checkpoint = prepare_output_dir(
         output,

@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
 
 from neoembed.instructions import DEFAULT_TEMPLATE
-from neoembed.recipe import DatasetEntry, DatasetList, OptimizerConfig, Recipe, RecipeError
+from neoembed.recipe import DatasetEntry, DatasetList, Fraction, OptimizerConfig, Recipe, RecipeError
 
 __all__ = ["DatasetEntry", "OptimizerConfig", "UnifiedRecipe"]
 
@@ -29,7 +29,7 @@ class UnifiedRecipe(Recipe):
     batch_size: PositiveInt = 128
     batch_texts: int | None = Field(None, ge=2)
     temperature: PositiveFloat = 0.07
-    alpha: float = 0.5
+    alpha: Fraction = 0.5  # 0: every dataset equally often, 1: in proportion to its rows
     mask_duplicates: bool = True
     reduction: Literal["mean", "sum"] = "mean"
     loss: str = "infonce"  # a name in neoembed.losses.LOSSES: infonce, cached_infonce (GradCache)
