@@ -126,6 +126,7 @@ class _MetricsCallback(TrainerCallback):
         # ``samplers``: the list the trainer appends its batch sampler to (which dataset each step drew from)
         self.samplers, self.names, self.batch_sizes = samplers, names, batch_sizes
         self.last_time, self.last_step, self.nan_step = time.perf_counter(), 0, None
+        self.loss_counts = dict  # set by train() to the loss's pop_counts
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.last_step = state.global_step  # a resumed run starts at its checkpoint's step
@@ -157,6 +158,7 @@ class _MetricsCallback(TrainerCallback):
             "peak_memory_mib": round(peak, 1),
             "world_size": args.world_size,
         }
+        row.update(self.loss_counts())  # what the loss masked (false negatives), when it masks anything
         self.log.write(row)
         self.last_time, self.last_step = now, step
 
@@ -401,6 +403,7 @@ def train(
     output.mkdir(parents=True, exist_ok=True)
     metrics = _MetricsCallback(output, samplers, list(datasets.keys()), batch_sizes, main)
     stop = StopSignal()
+    metrics.loss_counts = getattr(trainer.loss, "pop_counts", dict)
     trainer.add_callback(metrics)
     trainer.add_callback(_SignalCallback(stop))
     if checkpoint is not None:
