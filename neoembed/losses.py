@@ -555,5 +555,5 @@ def build_loss(name: str, model, recipe):
     """The loss ``name`` for ``model``, with its settings read from ``recipe``."""
     loss = LOSSES[check_loss_name(name)].from_recipe(model, recipe)
     if getattr(loss, "matryoshka", None) is not None:
-        loss.matryoshka.check_width(model.get_sentence_embedding_dimension())
+        loss.matryoshka.check_width(model.get_embedding_dimension())
     return loss

@@ -14,6 +14,7 @@ from neoembed.losses import (
     CachedInfoNCELoss,
     FalseNegativeConfig,
     InfoNCELoss,
+    MatryoshkaConfig,
     false_negative_mask,
     info_nce,
 )
@@ -131,3 +132,183 @@ def test_improved_contrastive_equals_sentence_transformers_gte_directions(tiny, 
     )
     ours = InfoNCELoss(tiny, temperature=0.05, mask_duplicates=False, improved_contrastive=True)
     _assert_same(_run(tiny, ours, columns), _run(tiny, reference, columns))
+
+
+# ------------------------------------------------------------------------------------------------ Matryoshka
+@pytest.fixture(scope="module")
+def minilm(minilm_path):
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(minilm_path), device="cpu")
+    model.train()
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    return model
+
+
+MRL = {"dims": [384, 256, 128, 64], "weights": [1.0, 0.5, 0.5, 0.25]}
+
+
+def test_matryoshka_equals_sentence_transformers_matryoshka_of_mnrl(minilm):
+    """The packaged all-MiniLM-L6-v2: our Matryoshka InfoNCE, plain and GradCache, against sentence-transformers'
+    MatryoshkaLoss(MultipleNegativesRankingLoss): the loss and every gradient."""
+    from sentence_transformers.sentence_transformer.losses import MatryoshkaLoss, MultipleNegativesRankingLoss
+
+    reference = MatryoshkaLoss(
+        minilm, MultipleNegativesRankingLoss(minilm, scale=1 / 0.05), MRL["dims"], MRL["weights"]
+    )
+    expected = _run(minilm, reference)
+    plain = InfoNCELoss(minilm, temperature=0.05, matryoshka=MRL)
+    cached = CachedInfoNCELoss(minilm, temperature=0.05, mini_batch_size=2, matryoshka=MRL)
+    _assert_same(_run(minilm, plain), expected)
+    _assert_same(_run(minilm, cached), expected)
+    single = _run(minilm, InfoNCELoss(minilm, temperature=0.05))[0]
+    assert abs(expected[0] - single) > 0.1  # the nested dimensions really add terms
+
+
+def test_cached_matryoshka_encodes_each_mini_batch_twice_whatever_the_dims(tiny):
+    """GradCache memory stays at one mini-batch: the loss over every dimension is computed from the cached
+    embeddings, so the model runs as often as without Matryoshka (a no-grad pass and a replay per mini-batch)."""
+    calls = []
+    hook = tiny[0].register_forward_pre_hook(lambda mod, args: calls.append(torch.is_grad_enabled()))
+    try:
+        counts = []
+        for mrl in (None, {"dims": [64, 32, 16, 8]}):
+            calls.clear()
+            _run(tiny, CachedInfoNCELoss(tiny, mini_batch_size=2, matryoshka=mrl))
+            counts.append((calls.count(False), calls.count(True)))
+    finally:
+        hook.remove()
+    assert counts[0] == counts[1] == (9, 9)  # 3 columns x 3 mini-batches of 2, 2, 1 rows
+
+
+@pytest.mark.parametrize("improved", [False, True])
+def test_matryoshka_with_false_negatives_cached_equals_plain(tiny, improved):
+    options = dict(
+        matryoshka={"dims": [64, 16]}, false_negatives={"margin": 0.05}, improved_contrastive=improved
+    )
+    _assert_same(
+        _run(tiny, CachedInfoNCELoss(tiny, mini_batch_size=3, **options)),
+        _run(tiny, InfoNCELoss(tiny, **options)),
+    )
+
+
+def test_matryoshka_settings_fail_loudly(tiny):
+    from neoembed.losses import build_loss
+    from neoembed.recipe import RecipeError, load_recipe
+    from neoembed.train.recipe import UnifiedRecipe
+
+    with pytest.raises(RecipeError, match="one weight per dimension"):
+        load_recipe("tiny", UnifiedRecipe, ["matryoshka.dims=[64,32]", "matryoshka.weights=[1]"])
+    with pytest.raises(RecipeError, match="repeat"):
+        load_recipe("tiny", UnifiedRecipe, ["matryoshka.dims=[64,64]"])
+    recipe = load_recipe("tiny", UnifiedRecipe, ["matryoshka.dims=[128,32]"])
+    with pytest.raises(ValueError, match=r"exceed the model's embedding dimension 64"):
+        build_loss("infonce", tiny, recipe)
+    with pytest.raises(ValueError, match=r"truncate_dim 65 is outside 1..64"):
+        from neoembed.sentence import set_truncate_dim
+
+        set_truncate_dim(tiny, 65)
+
+
+def test_matryoshka_recipe_trains_saves_and_reloads_truncated(
+    tmp_path, tiny_official, small_sts, block_neoembed
+):
+    """A Matryoshka recipe with GradCache and false-negative masking: metrics count the masked negatives, the saved
+    model records its dims, and it loads truncated in neoembed, in plain sentence-transformers and in
+    ``neoembed mteb --truncate-dim``."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from neoembed.recipe import load_recipe
+    from neoembed.sentence import matryoshka_dims
+    from neoembed.train.recipe import UnifiedRecipe
+    from neoembed.train.trainer import train
+
+    tiny_recipe = Path(__file__).resolve().parents[1] / "recipes" / "tiny.yaml"
+    recipe = load_recipe(
+        tiny_recipe,
+        UnifiedRecipe,
+        [
+            f"model={tiny_official}",
+            f"output_dir={tmp_path / 'run'}",
+            "datasets=[{card: pydoc_names, max_rows: 32}]",
+        ]
+        + ["steps=3", "save_steps=100", "loss=cached_infonce", "cache_mini_batch_size=4"]
+        + ["matryoshka.dims=[64,32,16]", "false_negatives.margin=0.1"],
+    )
+    out = train(recipe, recipe_dir=tiny_recipe.parent)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 and all(0 <= r["false_negative_fraction"] <= 1 for r in rows)
+    assert all("false_negatives_masked" in r for r in rows)
+    assert matryoshka_dims(out) == [64, 32, 16]
+    assert "Matryoshka dimensions 64, 32, 16" in (out / "README.md").read_text()
+    assert neoembed.load(out, truncate_dim=16).encode(["a sentence"]).shape == (1, 16)
+    code = block_neoembed + (
+        "from sentence_transformers import SentenceTransformer\n"
+        f"m = SentenceTransformer({str(out)!r}, trust_remote_code=True, truncate_dim=32)\n"
+        "print(m.encode(['a sentence']).shape)\n"
+    )
+    plain = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert plain.returncode == 0 and "(1, 32)" in plain.stdout, plain.stderr[-2000:]
+    cli = [sys.executable, "-m", "neoembed", "mteb", "--model", str(out), "--data-dir", str(small_sts)]
+    cli += ["--instructions", "none", "--truncate-dim", "16", "--output", str(tmp_path / "mteb")]
+    run = subprocess.run(cli, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert json.loads((tmp_path / "mteb" / "summary.json").read_text())["n_tasks"] == 1
+    assert json.loads((tmp_path / "mteb" / "run_record.json").read_text())["recipe"]["truncate_dim"] == "16"
+
+
+@pytest.fixture(scope="module")
+def small_sts(shared_dir, tmp_path_factory):
+    """The first 60 pairs of STS16 with its card: an evaluation in a second."""
+    import gzip
+
+    import yaml
+
+    root = tmp_path_factory.mktemp("sts")
+    src, dst = shared_dir / "data" / "mteb" / "STS16", root / "STS16"
+    dst.mkdir()
+    with gzip.open(src / "test.jsonl.gz", "rt") as f:
+        rows = [next(f) for _ in range(60)]
+    with gzip.open(dst / "test.jsonl.gz", "wt") as f:
+        f.writelines(rows)
+    card = yaml.safe_load((src / "card.yaml").read_text())
+    card["splits"] = {"test": len(rows)}
+    (dst / "card.yaml").write_text(yaml.safe_dump(card))
+    return root
+
+
+def test_cde_two_stage_gradcache_with_matryoshka_equals_full_backprop(tiny_official):
+    """CDE's two-stage loss at nested dimensions: the chunked GradCache step gives full backpropagation's loss and
+    gradients (the Matryoshka sum is computed once, on the cached embeddings)."""
+    from neoembed.cde.gradcache import full_backprop_step, two_stage_gradcache_step
+    from neoembed.cde.model import ContextualSentenceTransformer
+    from neoembed.cde.trainer import cde_loss
+
+    torch.manual_seed(0)
+    model = ContextualSentenceTransformer.from_backbone(str(tiny_official), n_context=4, n_soft_prompt=2)
+    m = model.cde
+    m.train()
+    tok = lambda t: dict(m.tokenizer(t, padding=True, return_tensors="pt"))  # noqa: E731
+    ctx = tok(BATCH["positive"][:4])
+    queries, docs = tok(BATCH["query"][:3]), tok(BATCH["positive"][:3] + BATCH["negative"][:3])
+    mrl = MatryoshkaConfig(dims=[64, 32, 8], weights=[1.0, 0.5, 0.25])
+
+    def loss_fn(q, d):
+        return mrl.loss(cde_loss, q, d, 0.5)
+
+    results = []
+    for step in (
+        lambda: full_backprop_step(m, ctx, queries, docs, loss_fn),
+        lambda: two_stage_gradcache_step(m, ctx, queries, docs, loss_fn, 2),
+    ):
+        m.zero_grad()
+        loss = step()
+        results.append(
+            (float(loss), {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None})
+        )
+    _assert_same(results[1], results[0])

@@ -53,6 +53,7 @@ from neoembed.runs import (
     verify_checkpoint,
     write_failed,
 )
+from neoembed.sentence import record_matryoshka_dims
 from neoembed.train.recipe import UnifiedRecipe
 
 __all__ = ["TrainingStopped", "prepare_datasets", "train"]
@@ -258,6 +259,9 @@ def _model_card(recipe: UnifiedRecipe, cards, output: Path) -> None:
         f"dataset sampling alpha {recipe.alpha}, {batch}, max length {recipe.max_length}, "
         f"seed {recipe.seed}."
     )
+    if recipe.matryoshka is not None:
+        dims = ", ".join(str(d) for d, _ in recipe.matryoshka.pairs())
+        notes += f" Matryoshka dimensions {dims}: load with `truncate_dim=` one of them."
     config = output / "config.json"
     neobert = config.is_file() and json.loads(config.read_text()).get("model_type") == "neobert"
     text = model_card_text(
@@ -421,6 +425,8 @@ def train(
         raise TrainingInterrupted(stop.received, _last_checkpoint(output))
     if main:
         model.save(str(output))
+        if recipe.matryoshka is not None:
+            record_matryoshka_dims(output, recipe.matryoshka.dims)
         _model_card(recipe, cards, output)
     return output
 
