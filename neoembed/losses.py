@@ -39,7 +39,9 @@ from torch import Tensor
 
 __all__ = [
     "LOSSES",
+    "DISTILLATION_LOSSES",
     "CachedInfoNCELoss",
+    "DistillationConfig",
     "FalseNegativeConfig",
     "InfoNCELoss",
     "MatryoshkaConfig",
@@ -50,7 +52,9 @@ __all__ = [
     "false_negative_mask",
     "improved_info_nce",
     "info_nce",
+    "kl_distillation",
     "length_groups",
+    "margin_mse",
     "text_keys",
 ]
 
@@ -166,6 +170,70 @@ def improved_info_nce(
     log_z = torch.logsumexp(torch.cat([qd, qq, dq, dd], dim=1), dim=1)
     loss = log_z - qd[rows, own]
     return loss.mean() if reduction == "mean" else loss.sum()
+
+
+def _own_scores(queries: Tensor, docs: list[Tensor], temperature: float) -> Tensor:
+    """(B, len(docs)) cosine of each query with its own positive and hard negatives, divided by ``temperature``."""
+    return (
+        torch.stack([F.cosine_similarity(queries.float(), d.float(), dim=-1) for d in docs], dim=1)
+        / temperature
+    )
+
+
+def margin_mse(queries: Tensor, docs: list[Tensor], teacher: Tensor, config: DistillationConfig) -> Tensor:
+    """Margin-MSE (Hofstätter et al. 2020): the mean squared difference between the student's margins
+    ``s(q, d+) - s(q, d-_j)`` and the teacher's, with student scores ``cos / student_temperature``. Equals
+    sentence-transformers' ``MarginMSELoss(similarity_fct=pairwise_cos_sim)`` at ``student_temperature: 1``."""
+    student = _own_scores(queries, docs, config.student_temperature)
+    teacher = teacher.detach().float()
+    return F.mse_loss(student[:, :1] - student[:, 1:], teacher[:, :1] - teacher[:, 1:])
+
+
+def kl_distillation(
+    queries: Tensor, docs: list[Tensor], teacher: Tensor, config: DistillationConfig
+) -> Tensor:
+    """KL(teacher || student) over each query's positive and hard negatives (Lin et al. 2020), softmaxes at the
+    student and teacher temperatures, scaled by the student temperature squared. Equals sentence-transformers'
+    ``DistillKLDivLoss(similarity_fct=pairwise_cos_sim)`` at the same temperatures."""
+    student = torch.log_softmax(_own_scores(queries, docs, config.student_temperature), dim=1)
+    target = torch.softmax(teacher.detach().float() / config.teacher_temperature, dim=1)
+    return F.kl_div(student, target, reduction="batchmean") * config.student_temperature**2
+
+
+#: distillation loss name in a recipe (``distillation: {loss: ...}``) -> the function over embeddings and teacher
+#: scores; a new one is one function, one entry, one test
+DISTILLATION_LOSSES: dict[str, Callable[..., Tensor]] = {"margin_mse": margin_mse, "kl": kl_distillation}
+
+
+class DistillationConfig(BaseModel):
+    """Distillation from teacher scores (each row's ``label``: the teacher's score of its positive, then of each
+    hard negative): ``loss`` is a name in :data:`DISTILLATION_LOSSES`, added with ``weight`` to InfoNCE weighted
+    ``infonce_weight`` (0: distillation alone, InfoNCE not computed)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    loss: str = "kl"
+    weight: float = Field(1.0, ge=0.0)
+    infonce_weight: float = Field(1.0, ge=0.0)
+    student_temperature: float = Field(1.0, gt=0.0)
+    teacher_temperature: float = Field(1.0, gt=0.0)
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.loss not in DISTILLATION_LOSSES:
+            raise ValueError(f"unknown distillation loss {self.loss!r}; valid: {sorted(DISTILLATION_LOSSES)}")
+        return self
+
+    def term(self, queries: Tensor, docs: list[Tensor], teacher: Tensor | None) -> Tensor:
+        """The weighted distillation loss; teacher scores of the wrong shape are an error saying what to fix."""
+        want = (len(queries), len(docs))
+        if teacher is None or tuple(teacher.shape) != want:
+            got = "none" if teacher is None else tuple(teacher.shape)
+            raise ValueError(
+                f"distillation needs each row's teacher scores (positive, then each of its {len(docs) - 1} hard "
+                f"negatives): expected labels of shape {want}, got {got}. Declare the card's score column "
+                "(columns.scores) or add one with `neoembed score CARD --teacher MODEL`"
+            )
+        return self.weight * DISTILLATION_LOSSES[self.loss](queries, docs, teacher, self)
 
 
 class MatryoshkaConfig(BaseModel):
@@ -309,15 +377,20 @@ class _InfoNCEMixin:
     false_negatives: FalseNegativeConfig | None = None
     improved_contrastive: bool = False
     matryoshka: MatryoshkaConfig | None = None
+    distillation: DistillationConfig | None = None
     #: running sums since the trainer last logged them (:meth:`pop_counts`)
     _counts: dict[str, float] | None = None
 
-    def _setup_objective(self, false_negatives, improved_contrastive: bool, matryoshka) -> None:
-        """The options beyond plain InfoNCE: false-negative masking, GTE's improved denominator, Matryoshka."""
+    def _setup_objective(self, false_negatives, improved_contrastive: bool, matryoshka, distillation) -> None:
+        """The options beyond plain InfoNCE: false-negative masking, GTE's improved denominator, Matryoshka,
+        distillation from teacher scores."""
         if isinstance(false_negatives, dict):
             false_negatives = FalseNegativeConfig(**false_negatives)
         if isinstance(matryoshka, dict):
             matryoshka = MatryoshkaConfig(**matryoshka)
+        if isinstance(distillation, dict):
+            distillation = DistillationConfig(**distillation)
+        object.__setattr__(self, "distillation", distillation)
         object.__setattr__(self, "false_negatives", false_negatives)
         object.__setattr__(self, "improved_contrastive", improved_contrastive)
         object.__setattr__(self, "matryoshka", matryoshka)
@@ -325,11 +398,22 @@ class _InfoNCEMixin:
             self, "_counts", {"false_negatives_masked": 0.0, "pairs_scored": 0.0, "calls": 0.0}
         )
 
-    def _loss(self, queries: Tensor, docs: list[Tensor]) -> Tensor:
-        """The loss of full-width embeddings: :meth:`_score`, or its Matryoshka sum over nested dimensions."""
+    def _loss(self, queries: Tensor, docs: list[Tensor], labels: Tensor | None = None) -> Tensor:
+        """The loss of full-width embeddings: :meth:`_objective`, or its Matryoshka sum over nested dimensions.
+        ``labels``: the rows' teacher scores, read only when distilling."""
+        teacher = labels if self.distillation is not None else None
         if self.matryoshka is None:
+            return self._objective(queries, docs, teacher)
+        return self.matryoshka.loss(self._objective, queries, docs, teacher)
+
+    def _objective(self, queries: Tensor, docs: list[Tensor], teacher: Tensor | None) -> Tensor:
+        """InfoNCE (:meth:`_score`), plus or instead of the weighted distillation loss."""
+        if self.distillation is None:
             return self._score(queries, docs)
-        return self.matryoshka.loss(self._score, queries, docs)
+        loss = self.distillation.term(queries, docs, teacher)
+        if self.distillation.infonce_weight > 0:
+            loss = loss + self.distillation.infonce_weight * self._score(queries, docs)
+        return loss
 
     def _mask_false_negatives(
         self, queries: Tensor, candidates: Tensor, n_columns: int, mask: Tensor | None, offset: int
@@ -421,6 +505,7 @@ def _recipe_settings(recipe) -> dict:
         "false_negatives": getattr(recipe, "false_negatives", None),
         "improved_contrastive": getattr(recipe, "improved_contrastive", False),
         "matryoshka": getattr(recipe, "matryoshka", None),
+        "distillation": getattr(recipe, "distillation", None),
     }
 
 
@@ -430,6 +515,7 @@ def _objective_config(loss) -> dict:
         "false_negatives": loss.false_negatives.model_dump() if loss.false_negatives else None,
         "improved_contrastive": loss.improved_contrastive,
         "matryoshka": loss.matryoshka.model_dump() if loss.matryoshka else None,
+        "distillation": loss.distillation.model_dump() if loss.distillation else None,
     }
 
 
@@ -447,9 +533,10 @@ class InfoNCELoss(_InfoNCEMixin, MultipleNegativesRankingLoss):
         false_negatives: FalseNegativeConfig | dict | None = None,
         improved_contrastive: bool = False,
         matryoshka: MatryoshkaConfig | dict | None = None,
+        distillation: DistillationConfig | dict | None = None,
     ) -> None:
         self._setup(temperature, mask_duplicates, reduction)
-        self._setup_objective(false_negatives, improved_contrastive, matryoshka)
+        self._setup_objective(false_negatives, improved_contrastive, matryoshka, distillation)
         object.__setattr__(self, "group_by_length", group_by_length)
         super().__init__(model, scale=1.0 / temperature, gather_across_devices=gather_across_devices)
 
@@ -470,7 +557,7 @@ class InfoNCELoss(_InfoNCEMixin, MultipleNegativesRankingLoss):
     def compute_loss_from_embeddings(self, embeddings: list[Tensor], labels: Tensor) -> Tensor:
         if len(embeddings) < 2:
             raise ValueError(f"InfoNCE needs a query and a positive column, got {len(embeddings)} column(s)")
-        return self._loss(embeddings[0], embeddings[1:])
+        return self._loss(embeddings[0], embeddings[1:], labels)
 
     def get_config_dict(self):
         return {
@@ -499,9 +586,10 @@ class CachedInfoNCELoss(_InfoNCEMixin, CachedMultipleNegativesRankingLoss):
         false_negatives: FalseNegativeConfig | dict | None = None,
         improved_contrastive: bool = False,
         matryoshka: MatryoshkaConfig | dict | None = None,
+        distillation: DistillationConfig | dict | None = None,
     ) -> None:
         self._setup(temperature, mask_duplicates, reduction)
-        self._setup_objective(false_negatives, improved_contrastive, matryoshka)
+        self._setup_objective(false_negatives, improved_contrastive, matryoshka, distillation)
         super().__init__(
             model,
             scale=1.0 / temperature,
@@ -521,7 +609,7 @@ class CachedInfoNCELoss(_InfoNCEMixin, CachedMultipleNegativesRankingLoss):
     ):
         queries = torch.cat(reps[0])
         docs = [torch.cat(r) for r in reps[1:]]
-        loss = self._loss(queries, docs)
+        loss = self._loss(queries, docs, labels)
         if with_backward:
             loss.backward()
             loss = loss.detach()

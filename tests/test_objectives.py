@@ -312,3 +312,64 @@ def test_cde_two_stage_gradcache_with_matryoshka_equals_full_backprop(tiny_offic
             (float(loss), {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None})
         )
     _assert_same(results[1], results[0])
+
+
+# ---------------------------------------------------------------------------------------------- distillation
+TEACHER = torch.tensor(  # a teacher's scores of each query's positive, then its hard negative
+    [[7.5, 1.0], [9.0, 6.5], [4.0, 4.5], [8.0, -2.0], [5.5, 3.0]]
+)
+
+
+def _run_labels(model, loss, labels, columns=("query", "positive", "negative")):
+    model.zero_grad()
+    value = loss(_features(model, columns), labels)
+    value.backward()
+    return value.item(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_margin_mse_equals_sentence_transformers(minilm, cached):
+    from sentence_transformers.sentence_transformer.losses import MarginMSELoss
+    from sentence_transformers.util import pairwise_cos_sim
+
+    reference = _run_labels(minilm, MarginMSELoss(minilm, similarity_fct=pairwise_cos_sim), TEACHER)
+    options = dict(distillation={"loss": "margin_mse", "infonce_weight": 0.0})
+    ours = (
+        CachedInfoNCELoss(minilm, mini_batch_size=2, **options) if cached else InfoNCELoss(minilm, **options)
+    )
+    _assert_same(_run_labels(minilm, ours, TEACHER), reference)
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_kl_distillation_equals_sentence_transformers(minilm, cached):
+    from sentence_transformers.sentence_transformer.losses import DistillKLDivLoss
+    from sentence_transformers.util import pairwise_cos_sim
+
+    st = DistillKLDivLoss(minilm, pairwise_cos_sim, student_temperature=0.5, teacher_temperature=2.0)
+    reference = _run_labels(minilm, st, TEACHER)
+    config = {"loss": "kl", "infonce_weight": 0.0, "student_temperature": 0.5, "teacher_temperature": 2.0}
+    ours = (
+        CachedInfoNCELoss(minilm, mini_batch_size=2, distillation=config)
+        if cached
+        else InfoNCELoss(minilm, distillation=config)
+    )
+    _assert_same(_run_labels(minilm, ours, TEACHER), reference)
+
+
+def test_distillation_added_to_infonce_with_matryoshka_cached_equals_plain(tiny):
+    options = dict(distillation={"loss": "kl", "weight": 0.5}, matryoshka={"dims": [64, 16]})
+    plain = _run_labels(tiny, InfoNCELoss(tiny, **options), TEACHER)
+    _assert_same(_run_labels(tiny, CachedInfoNCELoss(tiny, mini_batch_size=2, **options), TEACHER), plain)
+    with torch.no_grad():  # the sum of its two parts
+        infonce = float(InfoNCELoss(tiny)(_features(tiny, ("query", "positive", "negative")), TEACHER))
+    assert plain[0] != pytest.approx(infonce)
+
+
+def test_rows_without_teacher_scores_are_a_clear_error(tiny):
+    loss = InfoNCELoss(tiny, distillation={"loss": "margin_mse"})
+    with pytest.raises(
+        ValueError, match=r"teacher scores .* expected labels of shape \(5, 2\), got \(5,\).*neoembed score"
+    ):
+        loss(_features(tiny, ("query", "positive", "negative")), torch.zeros(5))
+    with pytest.raises(ValueError, match=r"unknown distillation loss 'mse'; valid: \['kl', 'margin_mse'\]"):
+        InfoNCELoss(tiny, distillation={"loss": "mse"})

@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
 
 from neoembed.instructions import DEFAULT_TEMPLATE
-from neoembed.losses import FalseNegativeConfig, MatryoshkaConfig
+from neoembed.losses import DistillationConfig, FalseNegativeConfig, MatryoshkaConfig
 from neoembed.recipe import DatasetEntry, DatasetList, OptimizerConfig, Recipe, RecipeError
 
 __all__ = ["DatasetEntry", "OptimizerConfig", "UnifiedRecipe"]
@@ -42,6 +42,8 @@ class UnifiedRecipe(Recipe):
     false_negatives: FalseNegativeConfig | None = None
     improved_contrastive: bool = False  # GTE: query-query and document-document terms in the denominator
     matryoshka: MatryoshkaConfig | None = None  # {dims: [...], weights: [...]}: nested-dimension loss
+    # {loss: kl | margin_mse, weight, infonce_weight, ...}: distillation from the rows' teacher scores
+    distillation: DistillationConfig | None = None
     optimizer: OptimizerConfig = OptimizerConfig()
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     # torch.compile of the backbone's layers (neoembed.compile): true = "default"; the CUDA-graph modes are for
