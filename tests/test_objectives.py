@@ -373,3 +373,66 @@ def test_rows_without_teacher_scores_are_a_clear_error(tiny):
         loss(_features(tiny, ("query", "positive", "negative")), torch.zeros(5))
     with pytest.raises(ValueError, match=r"unknown distillation loss 'mse'; valid: \['kl', 'margin_mse'\]"):
         InfoNCELoss(tiny, distillation={"loss": "mse"})
+
+
+def test_mined_card_carries_the_scores_that_chose_its_negatives_and_trains_distilled(
+    shared_dir, tiny_official, tmp_path
+):
+    """``neoembed mine`` writes each row's scores (positive, then each negative: the bi-encoder's cosine here),
+    the card declares them, ``neoembed data check`` reads them, a distillation recipe trains on them, and a row
+    with a wrong score list fails the check naming the row."""
+    import gzip
+    import json
+    from pathlib import Path
+
+    import yaml
+    from typer.testing import CliRunner
+
+    from neoembed.cli import app
+    from neoembed.data.cards import load_card
+    from neoembed.mine.miner import MineConfig, mine_negatives
+    from neoembed.recipe import load_recipe
+    from neoembed.train.recipe import UnifiedRecipe
+    from neoembed.train.trainer import train
+
+    with gzip.open(shared_dir / "data/train/msrp_pairs/train.jsonl.gz", "rt") as f:
+        rows = [json.loads(line) for _, line in zip(range(80), f, strict=False)]
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "pairs.jsonl").write_text(
+        "".join(json.dumps({k: r[k] for k in ("query", "positive")}) + "\n" for r in rows)
+    )
+    card = {"name": "msrp80", "source": {"local": {"path": "pairs.jsonl", "format": "json"}}}
+    card |= {"columns": {"query": "query", "positive": "positive"}, "license": "MSRP licence (research use)"}
+    (src / "msrp80.yaml").write_text(yaml.safe_dump(card))
+    config = MineConfig(num_negatives=2, range_max=12, shard_size=64, batch_size=32, max_length=64)
+    result = mine_negatives(
+        src / "msrp80.yaml", tiny_official, tmp_path / "mined", config=config, progress=False
+    )
+    assert load_card(result.card)[0].columns.scores == "scores"
+    written = [json.loads(line) for line in result.data.read_text().splitlines()]
+    model = neoembed.load(tiny_official, max_seq_length=64)
+    r = written[0]
+    q, p, n1 = model.encode([r["query"], r["positive"], r["negative_1"]], normalize_embeddings=True)
+    assert r["scores"][0] == pytest.approx(float(q @ p), abs=2e-4)
+    assert r["scores"][1] == pytest.approx(float(q @ n1), abs=2e-4)
+    assert all(len(w["scores"]) == 3 and w["scores"][1] >= w["scores"][2] for w in written)
+    assert CliRunner().invoke(app, ["data", "check", str(result.card)]).exit_code == 0
+
+    recipe = load_recipe(
+        Path(__file__).resolve().parents[1] / "recipes" / "tiny.yaml",
+        UnifiedRecipe,
+        [
+            f"model={tiny_official}",
+            f"output_dir={tmp_path / 'run'}",
+            f"datasets=[{{card: {result.card}, batch_size: 8}}]",
+        ]
+        + ["steps=2", "save_steps=100", "distillation.loss=margin_mse", "distillation.weight=0.5"],
+    )
+    out = train(recipe)
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
+
+    written[3]["scores"] = written[3]["scores"][:2]
+    result.data.write_text("".join(json.dumps(w) + "\n" for w in written))
+    check = CliRunner().invoke(app, ["data", "check", str(result.card)])
+    assert check.exit_code != 0 and "row 3" in check.output and "neoembed score" in check.output, check.output
