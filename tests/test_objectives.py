@@ -212,15 +212,11 @@ def test_matryoshka_settings_fail_loudly(tiny):
         set_truncate_dim(tiny, 65)
 
 
-def test_matryoshka_recipe_trains_saves_and_reloads_truncated(
-    tmp_path, tiny_official, small_sts, block_neoembed
-):
+def test_matryoshka_recipe_trains_saves_and_reloads_truncated(tmp_path, tiny_official, small_sts):
     """A Matryoshka recipe with GradCache and false-negative masking: metrics count the masked negatives, the saved
     model records its dims, and it loads truncated in neoembed, in plain sentence-transformers and in
     ``neoembed mteb --truncate-dim``."""
     import json
-    import subprocess
-    import sys
     from pathlib import Path
 
     from neoembed.recipe import load_recipe
@@ -247,17 +243,16 @@ def test_matryoshka_recipe_trains_saves_and_reloads_truncated(
     assert matryoshka_dims(out) == [64, 32, 16]
     assert "Matryoshka dimensions 64, 32, 16" in (out / "README.md").read_text()
     assert neoembed.load(out, truncate_dim=16).encode(["a sentence"]).shape == (1, 16)
-    code = block_neoembed + (
-        "from sentence_transformers import SentenceTransformer\n"
-        f"m = SentenceTransformer({str(out)!r}, trust_remote_code=True, truncate_dim=32)\n"
-        "print(m.encode(['a sentence']).shape)\n"
-    )
-    plain = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert plain.returncode == 0 and "(1, 32)" in plain.stdout, plain.stderr[-2000:]
-    cli = [sys.executable, "-m", "neoembed", "mteb", "--model", str(out), "--data-dir", str(small_sts)]
-    cli += ["--instructions", "none", "--truncate-dim", "16", "--output", str(tmp_path / "mteb")]
-    run = subprocess.run(cli, capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr[-2000:]
+    from sentence_transformers import SentenceTransformer
+    from typer.testing import CliRunner
+
+    from neoembed.cli import app
+
+    plain = SentenceTransformer(str(out), trust_remote_code=True, truncate_dim=32)
+    assert plain.encode(["a sentence"]).shape == (1, 32)
+    cli = ["mteb", "--model", str(out), "--data-dir", str(small_sts), "--instructions", "none"]
+    run = CliRunner().invoke(app, [*cli, "--truncate-dim", "16", "--output", str(tmp_path / "mteb")])
+    assert run.exit_code == 0, run.output
     assert json.loads((tmp_path / "mteb" / "summary.json").read_text())["n_tasks"] == 1
     assert json.loads((tmp_path / "mteb" / "run_record.json").read_text())["recipe"]["truncate_dim"] == "16"
 
@@ -375,26 +370,17 @@ def test_rows_without_teacher_scores_are_a_clear_error(tiny):
         InfoNCELoss(tiny, distillation={"loss": "mse"})
 
 
-def test_mined_card_carries_the_scores_that_chose_its_negatives_and_trains_distilled(
-    shared_dir, tiny_official, tmp_path
-):
-    """``neoembed mine`` writes each row's scores (positive, then each negative: the bi-encoder's cosine here),
-    the card declares them, ``neoembed data check`` reads them, a distillation recipe trains on them, and a row
-    with a wrong score list fails the check naming the row."""
+@pytest.fixture(scope="module")
+def mined(shared_dir, tiny_official, tmp_path_factory):
+    """80 MSRP pairs with 2 hard negatives each, mined with the tiny fixture."""
     import gzip
     import json
-    from pathlib import Path
 
     import yaml
-    from typer.testing import CliRunner
 
-    from neoembed.cli import app
-    from neoembed.data.cards import load_card
     from neoembed.mine.miner import MineConfig, mine_negatives
-    from neoembed.recipe import load_recipe
-    from neoembed.train.recipe import UnifiedRecipe
-    from neoembed.train.trainer import train
 
+    tmp_path = tmp_path_factory.mktemp("mined")
     with gzip.open(shared_dir / "data/train/msrp_pairs/train.jsonl.gz", "rt") as f:
         rows = [json.loads(line) for _, line in zip(range(80), f, strict=False)]
     src = tmp_path / "src"
@@ -409,6 +395,28 @@ def test_mined_card_carries_the_scores_that_chose_its_negatives_and_trains_disti
     result = mine_negatives(
         src / "msrp80.yaml", tiny_official, tmp_path / "mined", config=config, progress=False
     )
+    return result
+
+
+def test_mined_card_carries_the_scores_that_chose_its_negatives_and_trains_distilled(
+    mined, tiny_official, tmp_path
+):
+    """``neoembed mine`` writes each row's scores (positive, then each negative: the bi-encoder's cosine here),
+    the card declares them, ``neoembed data check`` reads them, a distillation recipe trains on them, and a row
+    with a wrong score list fails the check naming the row."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from neoembed.cli import app
+    from neoembed.data.cards import load_card
+    from neoembed.recipe import load_recipe
+    from neoembed.train.recipe import UnifiedRecipe
+    from neoembed.train.trainer import train
+
+    result = mined
     assert load_card(result.card)[0].columns.scores == "scores"
     written = [json.loads(line) for line in result.data.read_text().splitlines()]
     model = neoembed.load(tiny_official, max_seq_length=64)
@@ -432,7 +440,90 @@ def test_mined_card_carries_the_scores_that_chose_its_negatives_and_trains_disti
     out = train(recipe)
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
 
+    broken = tmp_path / "broken"
+    shutil.copytree(result.card.parent, broken, ignore=shutil.ignore_patterns(".*"))
     written[3]["scores"] = written[3]["scores"][:2]
-    result.data.write_text("".join(json.dumps(w) + "\n" for w in written))
-    check = CliRunner().invoke(app, ["data", "check", str(result.card)])
+    (broken / result.data.name).write_text("".join(json.dumps(w) + "\n" for w in written))
+    check = CliRunner().invoke(app, ["data", "check", str(broken / result.card.name)])
     assert check.exit_code != 0 and "row 3" in check.output and "neoembed score" in check.output, check.output
+
+
+@pytest.fixture(scope="module")
+def cross_encoder(tiny_official, tmp_path_factory):
+    """A small cross-encoder built from the fixture: its backbone, CLS pooling, a seeded score head."""
+    from sentence_transformers import CrossEncoder
+    from sentence_transformers.base.modules import Dense, Transformer
+    from sentence_transformers.sentence_transformer.modules import Pooling
+
+    torch.manual_seed(0)
+    backbone = Transformer(str(tiny_official), max_seq_length=64)
+    head = Dense(64, 1, activation_function=None, module_output_name="scores")
+    path = tmp_path_factory.mktemp("ce") / "ce"
+    CrossEncoder(modules=[backbone, Pooling(64, "cls"), head], device="cpu").save(str(path))
+    return path
+
+
+def test_score_adds_cross_encoder_scores_and_resumes_after_an_interruption(
+    mined, cross_encoder, tmp_path, monkeypatch
+):
+    import json
+
+    from sentence_transformers import CrossEncoder
+
+    import neoembed.mine.score as score_module
+    from neoembed.data.cards import load_card
+    from neoembed.mine.score import ScoreConfig, score_card
+
+    config = ScoreConfig(shard_size=16, max_length=64)
+    whole = score_card(mined.card, str(cross_encoder), tmp_path / "whole", config=config, progress=False)
+    assert whole.kind == "cross-encoder" and whole.rows == len(mined.data.read_text().splitlines())
+    assert (
+        load_card(whole.card)[0].columns.scores == "scores" and not (tmp_path / "whole" / ".score").exists()
+    )
+    rows = [json.loads(line) for line in whole.data.read_text().splitlines()]
+    ce = CrossEncoder(str(cross_encoder), max_length=64)
+    for row in rows[:3]:
+        expected = ce.predict([(row["query"], row[c]) for c in ("positive", "negative_1", "negative_2")])
+        assert row["scores"] == pytest.approx(expected.tolist(), abs=2e-4)
+
+    real, calls = score_module._score_shard, []
+
+    def interrupted(*args):  # the third shard's scoring is killed
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*args)
+
+    monkeypatch.setattr(score_module, "_score_shard", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        score_card(mined.card, str(cross_encoder), tmp_path / "resumed", config=config, progress=False)
+    assert len(list((tmp_path / "resumed" / ".score").glob("scores-*.npy"))) == 2
+    monkeypatch.setattr(score_module, "_score_shard", real)
+    with pytest.raises(Exception, match="resume"):
+        score_card(mined.card, str(cross_encoder), tmp_path / "resumed", config=config, progress=False)
+    resumed = score_card(
+        mined.card, str(cross_encoder), tmp_path / "resumed", config=config, resume=True, progress=False
+    )
+    assert resumed.data.read_bytes() == whole.data.read_bytes()
+
+
+def test_score_with_a_bi_encoder_teacher_and_bad_input(mined, minilm_path, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from neoembed.mine.score import ScoreConfig, score_card
+
+    result = score_card(
+        mined.card, str(minilm_path), tmp_path / "bi", ScoreConfig(max_rows=8), progress=False
+    )
+    assert result.kind == "bi-encoder"
+    row = json.loads(result.data.read_text().splitlines()[0])
+    teacher = neoembed.load(minilm_path)
+    q, p = teacher.encode([row["query"], row["positive"]], normalize_embeddings=True)
+    assert row["scores"][0] == pytest.approx(float(q @ p), abs=2e-4)
+    cli = [sys.executable, "-m", "neoembed", "score", str(mined.card), "--teacher", str(minilm_path)]
+    bad = subprocess.run(
+        [*cli, "--out", str(tmp_path / "x"), "--kind", "llm"], capture_output=True, text=True
+    )
+    assert bad.returncode == 2 and "kind" in bad.stderr, bad.stderr[-1500:]
