@@ -195,6 +195,9 @@ class Columns(_Strict):
     query: ColumnSpec
     positive: ColumnSpec
     negatives: list[str] = []
+    # a teacher's scores of each row's positive, then of each of its negatives in order (a list of numbers);
+    # ``neoembed mine`` and ``neoembed score`` write it; recipes with ``distillation`` train on it
+    scores: str | None = None
 
     def specs(self) -> list[tuple[str, str]]:
         """(role, spec) for every column spec of the card."""

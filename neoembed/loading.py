@@ -13,7 +13,7 @@ from typing import Any
 
 from neoembed.cde.model import ContextualSentenceTransformer, is_cde_folder, load_cde
 from neoembed.compile import resolve_compile_mode
-from neoembed.sentence import EmbeddingModel, apply_speedups, resolve_dtype
+from neoembed.sentence import EmbeddingModel, apply_speedups, resolve_dtype, set_truncate_dim
 from neoembed.sentence import load as load_bi_encoder
 
 __all__ = ["load"]
@@ -23,16 +23,22 @@ def load(
     name_or_path: str | Path,
     *args: Any,
     prompts: dict[str, str] | None = None,
+    truncate_dim: int | None = None,
     **kwargs: Any,
 ) -> EmbeddingModel | ContextualSentenceTransformer:
-    """Load an embedding model as a SentenceTransformer; the arguments are :func:`neoembed.sentence.load`'s.
+    """Load an embedding model as a SentenceTransformer; the arguments are :func:`neoembed.sentence.load`'s, and
+    ``truncate_dim``: embed with the first ``truncate_dim`` dimensions (sentence-transformers' ``truncate_dim``; a
+    Matryoshka-trained model lists its dims in ``config_sentence_transformers.json``, ``matryoshka_dims``).
 
-    For a CDE folder, ``max_seq_length``, ``dtype``, ``device``, ``prompts``, ``compile`` and ``bucketing`` apply
+    For a CDE folder, ``max_seq_length``, ``dtype``, ``device``, ``prompts``, ``compile``, ``bucketing`` and
+    ``truncate_dim`` apply
     (the others describe how to build a bi-encoder and are ignored).
     """
     path = Path(name_or_path)
     if not (path.exists() and is_cde_folder(path)):
-        return load_bi_encoder(name_or_path, *args, prompts=prompts, **kwargs)
+        model = load_bi_encoder(name_or_path, *args, prompts=prompts, **kwargs)
+        set_truncate_dim(model, truncate_dim)
+        return model
     names = ("pooling", "max_seq_length", "dtype", "device")
     options = {**dict(zip(names, args, strict=False)), **kwargs}
     dtype = resolve_dtype(options.get("dtype"))
@@ -44,4 +50,5 @@ def load(
         model.prompts = {**model.prompts, **prompts}
     if options.get("max_seq_length") is not None:
         model.cde.max_seq_length = int(options["max_seq_length"])
+    set_truncate_dim(model, truncate_dim)
     return apply_speedups(model, compile_mode, options.get("bucketing"))

@@ -25,10 +25,12 @@ step calls). A new loss is one class with those two methods, one entry in :data:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 from sentence_transformers.sentence_transformer.losses import (
     CachedMultipleNegativesRankingLoss,
     MultipleNegativesRankingLoss,
@@ -37,14 +39,22 @@ from torch import Tensor
 
 __all__ = [
     "LOSSES",
+    "DISTILLATION_LOSSES",
     "CachedInfoNCELoss",
+    "DistillationConfig",
+    "FalseNegativeConfig",
     "InfoNCELoss",
+    "MatryoshkaConfig",
     "build_loss",
     "check_loss_name",
     "duplicate_mask",
     "embed_by_length",
+    "false_negative_mask",
+    "improved_info_nce",
     "info_nce",
+    "kl_distillation",
     "length_groups",
+    "margin_mse",
     "text_keys",
 ]
 
@@ -83,6 +93,187 @@ def info_nce(
         logits = logits.masked_fill(mask, float("-inf"))
     target = torch.arange(len(queries), device=queries.device) + offset
     return F.cross_entropy(logits, target, reduction=reduction)
+
+
+def _cos(a: Tensor, b: Tensor) -> Tensor:
+    """(len(a), len(b)) cosine similarities, in fp32."""
+    return F.normalize(a.float(), dim=-1) @ F.normalize(b.float(), dim=-1).T
+
+
+class FalseNegativeConfig(BaseModel):
+    """False-negative masking: a candidate scoring above its query's positive minus a margin is dropped from
+    that query's denominator, judged on the model's own (detached) cosine similarities.
+
+    ``mode: absolute`` drops ``s > s_pos - margin``; ``mode: relative`` drops ``s > s_pos - |s_pos| * margin``,
+    which equals sentence-transformers' ``s_pos * (1 - margin)`` for positive scores and stays below the positive
+    when it is negative (sentence-transformers PR #3821). ``scope``: ``all`` candidates, ``in_batch`` (the other
+    queries' documents) or ``hard`` (the query's own hard negatives)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    margin: float = Field(0.0, ge=0.0)
+    mode: Literal["absolute", "relative"] = "absolute"
+    scope: Literal["all", "in_batch", "hard"] = "all"
+
+
+def false_negative_mask(
+    queries: Tensor, candidates: Tensor, n_columns: int, config: FalseNegativeConfig, offset: int = 0
+) -> Tensor:
+    """(B, N) True where candidate j of query i is a suspected false negative (see :class:`FalseNegativeConfig`).
+    ``candidates`` holds ``n_columns`` blocks of equal size (positives, then each hard-negative column); column
+    ``offset + i`` is query i's positive and the ``offset + i``-th row of every block is one of its documents."""
+    with torch.no_grad():
+        scores = _cos(queries, candidates)
+        rows = torch.arange(len(queries), device=scores.device)
+        own = rows + offset
+        positive = scores[rows, own][:, None]
+        if config.mode == "absolute":
+            threshold = positive - config.margin
+        else:
+            threshold = positive - positive.abs() * config.margin
+        mask = scores > threshold
+        block = len(candidates) // n_columns
+        mine = (torch.arange(len(candidates), device=scores.device) % block)[None, :] == own[:, None]
+        if config.scope == "in_batch":
+            mask &= ~mine
+        elif config.scope == "hard":
+            mask &= mine
+        mask[rows, own] = False
+    return mask
+
+
+def improved_info_nce(
+    queries: Tensor,
+    candidates: Tensor,
+    all_queries: Tensor,
+    temperature: float,
+    mask: Tensor | None = None,
+    reduction: str = "mean",
+    offset: int = 0,
+) -> Tensor:
+    """The "improved contrastive loss" of GTE (Li et al. 2023, Eq. 3): InfoNCE whose denominator also holds the
+    query-query, document-query and document-document terms, one softmax over all four. ``all_queries`` are the
+    queries of every process (the local ones at ``offset``); ``mask`` applies to the query-document terms.
+    Equals sentence-transformers' ``MultipleNegativesRankingLoss(directions=("query_to_doc", "query_to_query",
+    "doc_to_query", "doc_to_doc"), partition_mode="joint")``."""
+    rows = torch.arange(len(queries), device=queries.device)
+    own = rows + offset
+    world = len(all_queries)
+    qd = _cos(queries, candidates) / temperature
+    if mask is not None:
+        qd = qd.masked_fill(mask, float("-inf"))
+    qq = _cos(queries, all_queries) / temperature
+    qq[rows, own] = float("-inf")
+    positives = candidates[own]
+    dq = _cos(all_queries, positives).T / temperature
+    mine = (torch.arange(len(candidates), device=queries.device) % world)[None, :] == own[:, None]
+    dd = (_cos(positives, candidates) / temperature).masked_fill(mine, float("-inf"))
+    log_z = torch.logsumexp(torch.cat([qd, qq, dq, dd], dim=1), dim=1)
+    loss = log_z - qd[rows, own]
+    return loss.mean() if reduction == "mean" else loss.sum()
+
+
+def _own_scores(queries: Tensor, docs: list[Tensor], temperature: float) -> Tensor:
+    """(B, len(docs)) cosine of each query with its own positive and hard negatives, divided by ``temperature``."""
+    return (
+        torch.stack([F.cosine_similarity(queries.float(), d.float(), dim=-1) for d in docs], dim=1)
+        / temperature
+    )
+
+
+def margin_mse(queries: Tensor, docs: list[Tensor], teacher: Tensor, config: DistillationConfig) -> Tensor:
+    """Margin-MSE (Hofstätter et al. 2020): the mean squared difference between the student's margins
+    ``s(q, d+) - s(q, d-_j)`` and the teacher's, with student scores ``cos / student_temperature``. Equals
+    sentence-transformers' ``MarginMSELoss(similarity_fct=pairwise_cos_sim)`` at ``student_temperature: 1``."""
+    student = _own_scores(queries, docs, config.student_temperature)
+    teacher = teacher.detach().float()
+    return F.mse_loss(student[:, :1] - student[:, 1:], teacher[:, :1] - teacher[:, 1:])
+
+
+def kl_distillation(
+    queries: Tensor, docs: list[Tensor], teacher: Tensor, config: DistillationConfig
+) -> Tensor:
+    """KL(teacher || student) over each query's positive and hard negatives (Lin et al. 2020), softmaxes at the
+    student and teacher temperatures, scaled by the student temperature squared. Equals sentence-transformers'
+    ``DistillKLDivLoss(similarity_fct=pairwise_cos_sim)`` at the same temperatures."""
+    student = torch.log_softmax(_own_scores(queries, docs, config.student_temperature), dim=1)
+    target = torch.softmax(teacher.detach().float() / config.teacher_temperature, dim=1)
+    return F.kl_div(student, target, reduction="batchmean") * config.student_temperature**2
+
+
+#: distillation loss name in a recipe (``distillation: {loss: ...}``) -> the function over embeddings and teacher
+#: scores; a new one is one function, one entry, one test
+DISTILLATION_LOSSES: dict[str, Callable[..., Tensor]] = {"margin_mse": margin_mse, "kl": kl_distillation}
+
+
+class DistillationConfig(BaseModel):
+    """Distillation from teacher scores (each row's ``label``: the teacher's score of its positive, then of each
+    hard negative): ``loss`` is a name in :data:`DISTILLATION_LOSSES`, added with ``weight`` to InfoNCE weighted
+    ``infonce_weight`` (0: distillation alone, InfoNCE not computed)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    loss: str = "kl"
+    weight: float = Field(1.0, ge=0.0)
+    infonce_weight: float = Field(1.0, ge=0.0)
+    student_temperature: float = Field(1.0, gt=0.0)
+    teacher_temperature: float = Field(1.0, gt=0.0)
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.loss not in DISTILLATION_LOSSES:
+            raise ValueError(f"unknown distillation loss {self.loss!r}; valid: {sorted(DISTILLATION_LOSSES)}")
+        return self
+
+    def term(self, queries: Tensor, docs: list[Tensor], teacher: Tensor | None) -> Tensor:
+        """The weighted distillation loss; teacher scores of the wrong shape are an error saying what to fix."""
+        want = (len(queries), len(docs))
+        if teacher is None or tuple(teacher.shape) != want:
+            got = "none" if teacher is None else tuple(teacher.shape)
+            raise ValueError(
+                f"distillation needs each row's teacher scores (positive, then each of its {len(docs) - 1} hard "
+                f"negatives): expected labels of shape {want}, got {got}. Declare the card's score column "
+                "(columns.scores) or add one with `neoembed score CARD --teacher MODEL`"
+            )
+        return self.weight * DISTILLATION_LOSSES[self.loss](queries, docs, teacher, self)
+
+
+class MatryoshkaConfig(BaseModel):
+    """Nested dimensions (Kusupati et al. 2022): the loss is ``sum_k weight_k * loss(embeddings[:, :dim_k])``,
+    sentence-transformers' ``MatryoshkaLoss``. ``weights`` default to 1 each."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    dims: list[PositiveInt] = Field(min_length=1)
+    weights: list[float] | None = None
+
+    @model_validator(mode="after")
+    def _check(self):
+        if len(set(self.dims)) != len(self.dims):
+            raise ValueError(f"matryoshka.dims {self.dims} repeat a dimension; list each once")
+        if self.weights is not None and len(self.weights) != len(self.dims):
+            raise ValueError(
+                f"matryoshka.weights has {len(self.weights)} entries for {len(self.dims)} dims {self.dims}: "
+                "give one weight per dimension, or none (1 each)"
+            )
+        return self
+
+    def pairs(self) -> list[tuple[int, float]]:
+        """(dim, weight), largest dimension first."""
+        weights = self.weights if self.weights is not None else [1.0] * len(self.dims)
+        return sorted(zip(self.dims, weights, strict=True), reverse=True)
+
+    def check_width(self, width: int) -> None:
+        """Fail when a dimension exceeds the model's embedding width."""
+        if max(self.dims) > width:
+            raise ValueError(
+                f"matryoshka.dims {self.dims} exceed the model's embedding dimension {width}; keep dims <= {width}"
+            )
+
+    def loss(self, fn: Callable[..., Tensor], queries: Tensor, docs, *args, **kwargs) -> Tensor:
+        """``fn(queries, docs, ...)`` at every dimension, weighted and summed; ``docs`` a tensor or a list."""
+        total = 0.0
+        for dim, weight in self.pairs():
+            cut = [d[..., :dim] for d in docs] if isinstance(docs, list) else docs[..., :dim]
+            total = total + weight * fn(queries[..., :dim], cut, *args, **kwargs)
+        return total
 
 
 #: the cost of one more forward call, in padded tokens: a group is split off only where it saves more than this
@@ -183,6 +374,82 @@ class _InfoNCEMixin:
     mask_duplicates: bool
     reduction: str
     _keys: tuple[Tensor, Tensor] | None = None
+    false_negatives: FalseNegativeConfig | None = None
+    improved_contrastive: bool = False
+    matryoshka: MatryoshkaConfig | None = None
+    distillation: DistillationConfig | None = None
+    #: running sums since the trainer last logged them (:meth:`pop_counts`)
+    _counts: dict[str, float] | None = None
+
+    def _setup_objective(self, false_negatives, improved_contrastive: bool, matryoshka, distillation) -> None:
+        """The options beyond plain InfoNCE: false-negative masking, GTE's improved denominator, Matryoshka,
+        distillation from teacher scores."""
+        if isinstance(false_negatives, dict):
+            false_negatives = FalseNegativeConfig(**false_negatives)
+        if isinstance(matryoshka, dict):
+            matryoshka = MatryoshkaConfig(**matryoshka)
+        if isinstance(distillation, dict):
+            distillation = DistillationConfig(**distillation)
+        object.__setattr__(self, "distillation", distillation)
+        object.__setattr__(self, "false_negatives", false_negatives)
+        object.__setattr__(self, "improved_contrastive", improved_contrastive)
+        object.__setattr__(self, "matryoshka", matryoshka)
+        object.__setattr__(
+            self, "_counts", {"false_negatives_masked": 0.0, "pairs_scored": 0.0, "calls": 0.0}
+        )
+
+    def _loss(self, queries: Tensor, docs: list[Tensor], labels: Tensor | None = None) -> Tensor:
+        """The loss of full-width embeddings: :meth:`_objective`, or its Matryoshka sum over nested dimensions.
+        ``labels``: the rows' teacher scores, read only when distilling."""
+        teacher = labels if self.distillation is not None else None
+        if self.matryoshka is None:
+            return self._objective(queries, docs, teacher)
+        return self.matryoshka.loss(self._objective, queries, docs, teacher)
+
+    def _objective(self, queries: Tensor, docs: list[Tensor], teacher: Tensor | None) -> Tensor:
+        """InfoNCE (:meth:`_score`), plus or instead of the weighted distillation loss."""
+        if self.distillation is None:
+            return self._score(queries, docs)
+        loss = self.distillation.term(queries, docs, teacher)
+        if self.distillation.infonce_weight > 0:
+            loss = loss + self.distillation.infonce_weight * self._score(queries, docs)
+        return loss
+
+    def _mask_false_negatives(
+        self, queries: Tensor, candidates: Tensor, n_columns: int, mask: Tensor | None, offset: int
+    ) -> Tensor | None:
+        """``mask`` joined with the suspected false negatives (when configured), which are counted."""
+        if self.false_negatives is None:
+            return mask
+        found = false_negative_mask(queries, candidates, n_columns, self.false_negatives, offset)
+        new = found if mask is None else found & ~mask
+        self._counts["false_negatives_masked"] += float(new.sum())
+        self._counts["pairs_scored"] += float(found.numel() - len(queries))
+        self._counts["calls"] += 1.0
+        return found if mask is None else mask | found
+
+    def _contrast(self, queries: Tensor, candidates: Tensor, mask: Tensor | None, offset: int) -> Tensor:
+        """InfoNCE over the candidates, or GTE's improved contrastive loss."""
+        if not self.improved_contrastive:
+            return info_nce(queries, candidates, self.tau, mask, self.reduction, offset)
+        all_queries = _gather(queries, True) if self.gather_across_devices else queries
+        return improved_info_nce(queries, candidates, all_queries, self.tau, mask, self.reduction, offset)
+
+    def pop_counts(self) -> dict[str, float]:
+        """What the loss masked since the last call (the trainer logs it): false negatives per query-step and
+        their fraction of the scored negatives."""
+        counts = self._counts or {}
+        calls, pairs = counts.get("calls", 0.0), counts.get("pairs_scored", 0.0)
+        if not calls:
+            return {}
+        out = {
+            "false_negatives_masked": counts["false_negatives_masked"],
+            "false_negative_fraction": counts["false_negatives_masked"] / max(pairs, 1.0),
+        }
+        object.__setattr__(
+            self, "_counts", {"false_negatives_masked": 0.0, "pairs_scored": 0.0, "calls": 0.0}
+        )
+        return out
 
     def _setup(self, temperature: float, mask_duplicates: bool, reduction: str) -> None:
         if reduction not in ("mean", "sum"):
@@ -224,7 +491,8 @@ class _InfoNCEMixin:
                 per_col = cands.view(n_cols, -1)
                 cands = torch.cat([_gather(per_col[c], False) for c in range(n_cols)])
             mask = duplicate_mask(pos, cands, offset=offset)
-        return info_nce(queries, candidates, self.tau, mask, self.reduction, offset)
+        mask = self._mask_false_negatives(queries, candidates, len(docs), mask, offset)  # objectives (#25)
+        return self._contrast(queries, candidates, mask, offset)
 
 
 def _recipe_settings(recipe) -> dict:
@@ -234,6 +502,20 @@ def _recipe_settings(recipe) -> dict:
         "mask_duplicates": recipe.mask_duplicates,
         "reduction": recipe.reduction,
         "gather_across_devices": recipe.gather_across_devices,
+        "false_negatives": getattr(recipe, "false_negatives", None),
+        "improved_contrastive": getattr(recipe, "improved_contrastive", False),
+        "matryoshka": getattr(recipe, "matryoshka", None),
+        "distillation": getattr(recipe, "distillation", None),
+    }
+
+
+def _objective_config(loss) -> dict:
+    """The objective options of ``loss`` for its saved config."""
+    return {
+        "false_negatives": loss.false_negatives.model_dump() if loss.false_negatives else None,
+        "improved_contrastive": loss.improved_contrastive,
+        "matryoshka": loss.matryoshka.model_dump() if loss.matryoshka else None,
+        "distillation": loss.distillation.model_dump() if loss.distillation else None,
     }
 
 
@@ -248,8 +530,13 @@ class InfoNCELoss(_InfoNCEMixin, MultipleNegativesRankingLoss):
         reduction: str = "mean",
         gather_across_devices: bool = False,
         group_by_length: bool = True,
+        false_negatives: FalseNegativeConfig | dict | None = None,
+        improved_contrastive: bool = False,
+        matryoshka: MatryoshkaConfig | dict | None = None,
+        distillation: DistillationConfig | dict | None = None,
     ) -> None:
         self._setup(temperature, mask_duplicates, reduction)
+        self._setup_objective(false_negatives, improved_contrastive, matryoshka, distillation)
         object.__setattr__(self, "group_by_length", group_by_length)
         super().__init__(model, scale=1.0 / temperature, gather_across_devices=gather_across_devices)
 
@@ -270,7 +557,7 @@ class InfoNCELoss(_InfoNCEMixin, MultipleNegativesRankingLoss):
     def compute_loss_from_embeddings(self, embeddings: list[Tensor], labels: Tensor) -> Tensor:
         if len(embeddings) < 2:
             raise ValueError(f"InfoNCE needs a query and a positive column, got {len(embeddings)} column(s)")
-        return self._score(embeddings[0], embeddings[1:])
+        return self._loss(embeddings[0], embeddings[1:], labels)
 
     def get_config_dict(self):
         return {
@@ -278,6 +565,7 @@ class InfoNCELoss(_InfoNCEMixin, MultipleNegativesRankingLoss):
             "mask_duplicates": self.mask_duplicates,
             "reduction": self.reduction,
             "group_by_length": self.group_by_length,
+            **_objective_config(self),
         }
 
 
@@ -295,8 +583,13 @@ class CachedInfoNCELoss(_InfoNCEMixin, CachedMultipleNegativesRankingLoss):
         mini_batch_size: int = 32,
         gather_across_devices: bool = False,
         show_progress_bar: bool = False,
+        false_negatives: FalseNegativeConfig | dict | None = None,
+        improved_contrastive: bool = False,
+        matryoshka: MatryoshkaConfig | dict | None = None,
+        distillation: DistillationConfig | dict | None = None,
     ) -> None:
         self._setup(temperature, mask_duplicates, reduction)
+        self._setup_objective(false_negatives, improved_contrastive, matryoshka, distillation)
         super().__init__(
             model,
             scale=1.0 / temperature,
@@ -316,7 +609,7 @@ class CachedInfoNCELoss(_InfoNCEMixin, CachedMultipleNegativesRankingLoss):
     ):
         queries = torch.cat(reps[0])
         docs = [torch.cat(r) for r in reps[1:]]
-        loss = self._score(queries, docs)
+        loss = self._loss(queries, docs, labels)
         if with_backward:
             loss.backward()
             loss = loss.detach()
@@ -328,6 +621,7 @@ class CachedInfoNCELoss(_InfoNCEMixin, CachedMultipleNegativesRankingLoss):
             "mask_duplicates": self.mask_duplicates,
             "reduction": self.reduction,
             "mini_batch_size": self.mini_batch_size,
+            **_objective_config(self),
         }
 
 
@@ -347,4 +641,7 @@ def check_loss_name(name: str) -> str:
 
 def build_loss(name: str, model, recipe):
     """The loss ``name`` for ``model``, with its settings read from ``recipe``."""
-    return LOSSES[check_loss_name(name)].from_recipe(model, recipe)
+    loss = LOSSES[check_loss_name(name)].from_recipe(model, recipe)
+    if getattr(loss, "matryoshka", None) is not None:
+        loss.matryoshka.check_width(model.get_embedding_dimension())
+    return loss

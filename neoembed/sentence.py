@@ -329,6 +329,40 @@ def load(
     return apply_speedups(model, compile_mode, bucketing)
 
 
+#: the key of ``config_sentence_transformers.json`` listing a Matryoshka-trained model's dimensions
+MATRYOSHKA_KEY = "matryoshka_dims"
+
+
+def matryoshka_dims(folder: str | Path) -> list[int] | None:
+    """The Matryoshka dimensions a saved model was trained at (None when it was not)."""
+    config = Path(folder) / "config_sentence_transformers.json"
+    if not config.is_file():
+        return None
+    return json.loads(config.read_text()).get(MATRYOSHKA_KEY)
+
+
+def record_matryoshka_dims(folder: str | Path, dims: list[int]) -> None:
+    """Write ``dims`` into a saved model's ``config_sentence_transformers.json`` (sentence-transformers
+    ignores the key; load with ``truncate_dim=`` one of them)."""
+    config = Path(folder) / "config_sentence_transformers.json"
+    data = json.loads(config.read_text()) if config.is_file() else {}
+    data[MATRYOSHKA_KEY] = sorted(dims, reverse=True)
+    config.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def set_truncate_dim(model, truncate_dim: int | None) -> None:
+    """Embed with the first ``truncate_dim`` dimensions (None: all); a value beyond the width is an error."""
+    if truncate_dim is None:
+        return
+    model.truncate_dim = None  # the full width, not an earlier truncation's
+    width = model.get_embedding_dimension()
+    if width is not None and not 1 <= truncate_dim <= width:
+        raise ValueError(
+            f"truncate_dim {truncate_dim} is outside 1..{width}, the model's embedding dimension"
+        )
+    model.truncate_dim = int(truncate_dim)
+
+
 def _transformer(name_or_path: str, model_kwargs: dict, trust_remote_code: bool, tokenizer, max_seq_length):
     """sentence-transformers' Transformer module over a plain Hugging Face checkpoint."""
     trust = {"trust_remote_code": True} if trust_remote_code else None

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
 from neoembed.instructions import DEFAULT_TEMPLATE
+from neoembed.losses import MatryoshkaConfig
 from neoembed.recipe import DatasetList, Fraction, OptimizerConfig, Recipe, StrictModel
 
 __all__ = ["CDERecipe", "ClusteringConfig", "ContextConfig", "FilteringConfig"]
@@ -48,6 +49,7 @@ class CDERecipe(Recipe):
     temperature: PositiveFloat = 0.02  # 1 / 50: the reference implementation's fixed logit scale
     mask_duplicates: bool = True
     chunk_size: PositiveInt | None = None  # two-stage GradCache chunk; None = plain backpropagation
+    matryoshka: MatryoshkaConfig | None = None  # {dims: [...], weights: [...]}: the loss at nested dimensions
     context: ContextConfig = ContextConfig()
     clustering: ClusteringConfig = ClusteringConfig()
     filtering: FilteringConfig = FilteringConfig()

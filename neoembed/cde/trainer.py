@@ -55,7 +55,7 @@ from neoembed.runs import (
     resume_defaults,
     resume_settings,
 )
-from neoembed.sentence import resolve_packaged
+from neoembed.sentence import record_matryoshka_dims, resolve_packaged
 
 __all__ = ["TrainingStopped", "cde_loss", "prepare_sources", "train_cde"]
 
@@ -201,7 +201,8 @@ def _model_card(recipe: CDERecipe, cards, steps: int) -> str:
         "",
         f"Two-stage contextual document embedding model (Morris & Rush, 2024) built on `{recipe.model}`: "
         f"{recipe.context.n_context} context vectors, {recipe.context.n_soft_prompt} soft-prompt vectors, "
-        f"{steps} steps, batch {recipe.batch_size}, temperature {recipe.temperature}.",
+        f"{steps} steps, batch {recipe.batch_size}, temperature {recipe.temperature}"
+        + (f", Matryoshka dimensions {recipe.matryoshka.dims}." if recipe.matryoshka else "."),
         "",
         "## Usage",
         "",
@@ -325,6 +326,8 @@ def train_cde(
     seed_everything(recipe.seed)
     model = _build_model(recipe, acc.device)
     module = model.cde
+    if recipe.matryoshka is not None:
+        recipe.matryoshka.check_width(model.get_embedding_dimension())
     module.train()
     optimizer = adamw(module, recipe.optimizer)
     loop = RunLoop(
@@ -354,6 +357,8 @@ def train_cde(
     def save_final() -> None:
         module.eval()
         model.save(str(output))
+        if recipe.matryoshka is not None:
+            record_matryoshka_dims(output, recipe.matryoshka.dims)
         atomic_write_text(output / "README.md", _model_card(recipe, cards, loop.step))
 
     loop.finish(save_final)
@@ -399,6 +404,8 @@ def _cde_step(recipe: CDERecipe, acc, module, sources: list[Source], batches: Co
         db = _tokenize(tokenizer, d_texts, recipe.max_length, device)
 
         def loss_fn(q, d, mask=mask_dev):
+            if recipe.matryoshka is not None:  # nested dimensions, on the embeddings the step computed
+                return recipe.matryoshka.loss(cde_loss, q, d, tau, mask)
             return cde_loss(q, d, tau, mask)
 
         with autocast:

@@ -441,12 +441,13 @@ def build_pairs_report(
         for role, v in (("query", card.columns.query), ("positive", card.columns.positive))
     }
     negs = [_Spec(card, "negatives", s, cols, feats) for s in card.columns.negatives]
+    score_spec = _Spec(card, "scores", card.columns.scores, cols, feats) if card.columns.scores else None
     report = DropReport(card.name, len(rows), expected_loss=card.expected_loss)
     if loaded is not None:
         report.full_size, report.sampled = loaded.full_size, loaded.sampled
         report.rows_read += sum(loaded.dropped.values())
         report.dropped.update(loaded.dropped)
-    kept: list[tuple[str, str, list[str]]] = []
+    kept: list[tuple[str, str, list[str], list[float] | None]] = []
     for i, row in enumerate(rows):
         texts, reason = {}, None
         for role, specs in readers.items():
@@ -464,10 +465,14 @@ def build_pairs_report(
         if reason:
             report.dropped[reason] = report.dropped.get(reason, 0) + 1
             continue
-        kept.append((texts["query"], texts["positive"], [n for n in row_negs if n.strip()]))
+        scores = _row_scores(card, score_spec, row, i, len(row_negs)) if score_spec else None
+        keep = [j for j, n in enumerate(row_negs) if n.strip()]
+        if scores is not None:  # each negative keeps its own score
+            scores = [scores[0]] + [scores[1 + j] for j in keep]
+        kept.append((texts["query"], texts["positive"], [row_negs[j] for j in keep], scores))
     _check_hits(card, [s for specs in readers.values() for s in specs] + negs, rows)
-    k = _negatives_per_query([len(n) for _, _, n in kept], max_negatives) if negs else 0
-    short = sum(len(n) < k for _, _, n in kept)
+    k = _negatives_per_query([len(r[2]) for r in kept], max_negatives) if negs else 0
+    short = sum(len(r[2]) < k for r in kept)
     if short:
         report.dropped[f"fewer than {k} hard negatives"] = short
     kept = [r for r in kept if len(r[2]) >= k]
@@ -475,12 +480,30 @@ def build_pairs_report(
     _check_loss(card, report, max_negatives, warn)
     instruction = card.instruction if with_instruction else None
     out: dict[str, list] = {
-        "query": [format_with_instruction(instruction, q, template) for q, _, _ in kept],
-        "positive": [p for _, p, _ in kept],
+        "query": [format_with_instruction(instruction, r[0], template) for r in kept],
+        "positive": [r[1] for r in kept],
     }
     for j in range(k):
-        out[f"negative_{j + 1}"] = [n[j] for _, _, n in kept]
+        out[f"negative_{j + 1}"] = [r[2][j] for r in kept]
+    if score_spec is not None:  # sentence-transformers hands the "label" column to the loss as its labels
+        out["label"] = [r[3][: 1 + k] for r in kept]
     return datasets.Dataset.from_dict(out), report
+
+
+def _row_scores(card: DataCard, spec: _Spec, row: dict, i: int, n_negatives: int) -> list[float]:
+    """Row ``i``'s teacher scores: one number for the positive and one per negative, else an error."""
+    value = spec.read(row, i)
+    ok = isinstance(value, list) and all(
+        isinstance(x, int | float) and not isinstance(x, bool) for x in value
+    )
+    if not ok or len(value) != 1 + n_negatives:
+        got = "nothing" if value is _MISSING else repr(value)[:80]
+        raise DataCardError(
+            f"card {card.name}: row {i} has {got} in its scores column {spec.spec!r}, not {1 + n_negatives} "
+            f"numbers (the positive's score, then one per hard negative): fix the row, or write the scores "
+            f"again with `neoembed score {card.name} --teacher MODEL`"
+        )
+    return [float(x) for x in value]
 
 
 def _negatives_per_query(counts: list[int], cap: int | None) -> int:

@@ -73,6 +73,10 @@ def mteb_command(
     instructions: Instructions = "released",
     batch_size: Annotated[int, typer.Option("--batch-size", min=1)] = 32,
     max_length: Annotated[int | None, typer.Option("--max-length", min=1)] = None,
+    truncate_dim: Annotated[
+        int | None,
+        typer.Option("--truncate-dim", min=1, help="Evaluate the first N dimensions (Matryoshka)."),
+    ] = None,
     data_dir: Annotated[
         Path | None, typer.Option("--data-dir", help="Serve task T from DIR/T/ (no hub).")
     ] = None,
@@ -113,6 +117,7 @@ def mteb_command(
             instructions=instructions,
             batch_size=batch_size,
             max_length=max_length,
+            truncate_dim=truncate_dim,
             data_dir=data_dir,
             overwrite=overwrite,
             seed=seed,

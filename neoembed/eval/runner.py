@@ -60,6 +60,7 @@ class EvalConfig:
     seed: int = 42
     device: str | None = None
     cde_context: str = "corpus"  # CDE models: "corpus" (a seeded sample of each task's texts) or "null"
+    truncate_dim: int | None = None  # evaluate the first truncate_dim dimensions (a Matryoshka model)
 
 
 @dataclass
@@ -232,7 +233,7 @@ def _is_cde(model) -> bool:
 def _load_model(cfg: EvalConfig):
     from neoembed.loading import load
 
-    model = load(cfg.model, device=cfg.device)
+    model = load(cfg.model, device=cfg.device, truncate_dim=cfg.truncate_dim)
     if cfg.max_length:
         model.max_seq_length = cfg.max_length
     return model
@@ -333,6 +334,8 @@ def run_mteb(cfg: EvalConfig, model=None) -> EvalReport:
     if cfg.cde_context not in ("corpus", "null"):
         raise ValueError(f"cde_context must be 'corpus' or 'null', got {cfg.cde_context!r}")
     record_extra = {"instructions": label, "precision": precision, "device": device, "tasks": []}
+    if cfg.truncate_dim is not None:
+        record_extra["truncate_dim"] = cfg.truncate_dim
     if _is_cde(model):
         record_extra["cde_context"] = cfg.cde_context
         record_extra["cde_n_context"] = model.n_context

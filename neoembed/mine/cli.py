@@ -115,3 +115,53 @@ def mine_command(
     )
     typer.echo("candidates: " + ", ".join(f"{k} {v}" for k, v in c["candidates"].items()))
     typer.echo(f"train on it: neoembed train RECIPE 'datasets=[{{card: {result.card}}}]'")
+
+
+Teacher = Annotated[
+    str, _opt("--teacher", "Cross-encoder or bi-encoder (folder or hub id) whose scores to add.")
+]
+Kind = Annotated[str, _opt("--kind", "auto (from the folder), cross-encoder or bi-encoder.")]
+MaxNegatives = Annotated[
+    int | None, _opt("--max-negatives", "Score at most this many negatives per row.", "Run")
+]
+ScoreShard = Annotated[int, _opt("--shard-size", "Rows per shard on disk (what --resume skips).", "Run")]
+
+
+def score_command(
+    card: Annotated[
+        str, typer.Argument(help="Data card (path or shipped name) whose rows get teacher scores.")
+    ],
+    teacher: Teacher,
+    out: Out,
+    kind: Kind = "auto",
+    card_dir: CardDir = None,
+    batch_size: BatchSize = 64,
+    max_length: MaxLength = 512,
+    max_rows: MaxRows = None,
+    max_negatives: MaxNegatives = None,
+    shard_size: ScoreShard = 10_000,
+    name: Name = None,
+    resume: Resume = False,
+    overwrite: Overwrite = False,
+) -> None:
+    """Add a teacher's scores (positive, then each hard negative) to a card's rows: OUT/<name>.yaml + .jsonl."""
+    from pydantic import ValidationError
+
+    from neoembed.mine.score import ScoreConfig, score_card
+    from neoembed.recipe import format_validation_error
+
+    settings = dict(
+        kind=kind, batch_size=batch_size, max_length=max_length, max_rows=max_rows, max_negatives=max_negatives,
+        shard_size=shard_size, name=name,
+    )  # fmt: skip
+    try:
+        config = ScoreConfig(**settings)
+    except ValidationError as e:
+        raise ValueError(format_validation_error(e, ScoreConfig, "neoembed score options")) from None
+    result = score_card(
+        card, teacher, out, config=config, resume=resume, overwrite=overwrite, card_dirs=card_dir or []
+    )
+    typer.echo(f"wrote {result.card} and {result.data.name}: {result.rows} rows scored by a {result.kind}")
+    typer.echo(
+        f"distil from it: neoembed train RECIPE 'datasets=[{{card: {result.card}}}]' distillation.loss=margin_mse"
+    )

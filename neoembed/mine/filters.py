@@ -48,6 +48,7 @@ def select_negatives(
     rescore: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
     batch: int = 512,
     progress: bool = True,
+    scores_out: list | None = None,
 ) -> tuple[list[np.ndarray], Counter]:
     """Per query, the corpus ids of its negatives (best first, at most ``cfg.num_negatives``), and the count of
     every outcome over all retrieved candidates.
@@ -55,7 +56,8 @@ def select_negatives(
     ``positives``: (Q, P) corpus ids, -1 padded. ``scores``/``ids``: (Q, K) search results in rank order.
     ``corpus_emb`` / ``query_emb``: :class:`~neoembed.mine.search.EmbeddingShards`. ``rescore(q, d)``: optional
     scores of (query index, corpus id) pairs (a cross-encoder) that replace the bi-encoder's for the thresholds
-    and the order of the survivors."""
+    and the order of the survivors. ``scores_out`` (a list) receives, per query, the scores of its kept
+    negatives (the ones that chose them: the cross-encoder's when ``rescore`` is given)."""
     negatives: list[np.ndarray] = []
     counts: Counter = Counter({name: 0 for name in OUTCOMES})
     for a in tqdm(range(0, len(ids), batch), desc="filtering", unit="batch", disable=not progress):
@@ -73,6 +75,8 @@ def select_negatives(
             idx = idx[np.argsort(-sc[r, idx], kind="stable")]  # rank order already, unless rescored
             keep = idx[: cfg.num_negatives]
             negatives.append(ids[a + r, keep])
+            if scores_out is not None:
+                scores_out.append(sc[r, keep])
             counts["kept"] += len(keep)
             counts["unused"] += len(idx) - len(keep)
         for name, c in _CODE.items():

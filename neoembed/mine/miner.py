@@ -163,7 +163,8 @@ def mine_negatives(
         corpus_emb = _embed_sharded(encoder, data.corpus, state, "corpus", cfg, pool, progress)
         query_emb = _embed_sharded(encoder, query_texts, state, "queries", cfg, pool, progress)
     scores, ids, index_info = _candidates(state, corpus_emb, query_emb, cfg, progress)
-    negatives, reasons = _select(data, scores, ids, corpus_emb, query_emb, cfg, progress)
+    negatives, reasons, neg_scores, rescore = _select(data, scores, ids, corpus_emb, query_emb, cfg, progress)
+    row_scores = _row_scores(data, negatives, neg_scores, query_emb, corpus_emb, rescore)
     provenance = {
         "tool": "neoembed mine",
         "neoembed_version": _version(),
@@ -174,7 +175,7 @@ def mine_negatives(
         "index": index_info,
         "settings": cfg.model_dump(exclude={"workers", "keep_embeddings", "name"}),
     }
-    result = _write(out, name, src, data, negatives, reasons, provenance, cfg.num_negatives)
+    result = _write(out, name, src, data, (negatives, row_scores), reasons, provenance, cfg.num_negatives)
     if not cfg.keep_embeddings:
         del corpus_emb, query_emb
         shutil.rmtree(state, ignore_errors=True)
@@ -422,7 +423,8 @@ def _select(data: _Pairs, scores, ids, corpus_emb, query_emb, cfg: MineConfig, p
     doc_keys = np.fromiter((text_key(t) for t in data.corpus), np.int64, len(data.corpus))
     query_keys = np.fromiter((text_key(t) for t in data.queries), np.int64, len(data.queries))
     rescore = _cross_encoder_scorer(cfg, data) if cfg.cross_encoder else None
-    return select_negatives(
+    neg_scores: list = []
+    negatives, reasons = select_negatives(
         data.positives,
         scores,
         ids,
@@ -433,7 +435,20 @@ def _select(data: _Pairs, scores, ids, corpus_emb, query_emb, cfg: MineConfig, p
         cfg,
         rescore,
         progress=progress,
+        scores_out=neg_scores,
     )
+    return negatives, reasons, neg_scores, rescore
+
+
+def _row_scores(data: _Pairs, negatives, neg_scores, query_emb, corpus_emb, rescore) -> list[list[float]]:
+    """Per source row, the scores that chose its negatives: its positive's, then each kept negative's (the
+    cross-encoder's when one rescored them, else the bi-encoder's cosine)."""
+    q_ids, p_ids = np.asarray(data.row_query), np.asarray(data.row_positive)
+    if rescore is not None:
+        pos = rescore(q_ids, p_ids) if len(q_ids) else np.zeros(0, np.float32)
+    else:
+        pos = np.einsum("nd,nd->n", query_emb.gather(q_ids), corpus_emb.gather(p_ids))
+    return [[float(pos[r]), *map(float, neg_scores[q])] for r, q in enumerate(q_ids)]
 
 
 def _cross_encoder_scorer(cfg: MineConfig, data: _Pairs):
@@ -453,22 +468,23 @@ def _cross_encoder_scorer(cfg: MineConfig, data: _Pairs):
     return score
 
 
-def _write(
-    out: Path, name: str, src: DataCard, data: _Pairs, negatives, reasons: Counter, provenance, k: int
-):
-    """``<name>.jsonl`` (one line per source row whose query kept ``k`` negatives), then ``<name>.yaml``: the
-    card is written last, so its presence marks a finished run."""
+def _write(out: Path, name: str, src: DataCard, data: _Pairs, mined, reasons: Counter, provenance, k: int):
+    """``<name>.jsonl`` (one line per source row whose query kept ``k`` negatives, with ``scores``: the positive's
+    and each negative's score), then ``<name>.yaml``: the card is written last, so its presence marks a finished
+    run. ``mined``: (negatives per query, scores per source row)."""
+    negatives, row_scores = mined
     data_path, card_path = out / f"{name}.jsonl", out / f"{name}.yaml"
     written = dropped = 0
     tmp = out / f".{name}.jsonl.tmp{os.getpid()}"
     with open(tmp, "w", encoding="utf8") as f:
-        for q, p in zip(data.row_query, data.row_positive, strict=True):
+        for r, (q, p) in enumerate(zip(data.row_query, data.row_positive, strict=True)):
             negs = negatives[q]
             if len(negs) < k:
                 dropped += 1
                 continue
             row = {"query": data.queries[q], "positive": data.corpus[p]}
             row.update({f"negative_{j + 1}": data.corpus[d] for j, d in enumerate(negs)})
+            row["scores"] = [round(x, 4) for x in row_scores[r]]  # 4 decimals: equal across worker counts
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
             written += 1
     os.replace(tmp, data_path)
@@ -487,6 +503,7 @@ def _write(
             "query": "query",
             "positive": "positive",
             "negatives": [f"negative_{j + 1}" for j in range(k)],
+            "scores": "scores",
         },
         "instruction": src.instruction,
         "license": src.license,

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
 
 from neoembed.instructions import DEFAULT_TEMPLATE
+from neoembed.losses import DistillationConfig, FalseNegativeConfig, MatryoshkaConfig
 from neoembed.recipe import DatasetEntry, DatasetList, Fraction, OptimizerConfig, Recipe, RecipeError
 
 __all__ = ["DatasetEntry", "OptimizerConfig", "UnifiedRecipe"]
@@ -37,6 +38,12 @@ class UnifiedRecipe(Recipe):
     # infonce: encode each batch in groups of rows of similar length (same rows, fewer padding tokens)
     group_by_length: bool = True
     gather_across_devices: bool = False
+    # drop from each query's denominator the candidates scoring above its positive minus a margin (losses.py)
+    false_negatives: FalseNegativeConfig | None = None
+    improved_contrastive: bool = False  # GTE: query-query and document-document terms in the denominator
+    matryoshka: MatryoshkaConfig | None = None  # {dims: [...], weights: [...]}: nested-dimension loss
+    # {loss: kl | margin_mse, weight, infonce_weight, ...}: distillation from the rows' teacher scores
+    distillation: DistillationConfig | None = None
     optimizer: OptimizerConfig = OptimizerConfig()
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     # torch.compile of the backbone's layers (neoembed.compile): true = "default"; the CUDA-graph modes are for

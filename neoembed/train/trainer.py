@@ -53,6 +53,7 @@ from neoembed.runs import (
     verify_checkpoint,
     write_failed,
 )
+from neoembed.sentence import record_matryoshka_dims
 from neoembed.train.recipe import UnifiedRecipe
 
 __all__ = ["TrainingStopped", "prepare_datasets", "train"]
@@ -126,6 +127,7 @@ class _MetricsCallback(TrainerCallback):
         # ``samplers``: the list the trainer appends its batch sampler to (which dataset each step drew from)
         self.samplers, self.names, self.batch_sizes = samplers, names, batch_sizes
         self.last_time, self.last_step, self.nan_step = time.perf_counter(), 0, None
+        self.loss_counts = dict  # set by train() to the loss's pop_counts
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.last_step = state.global_step  # a resumed run starts at its checkpoint's step
@@ -157,6 +159,7 @@ class _MetricsCallback(TrainerCallback):
             "peak_memory_mib": round(peak, 1),
             "world_size": args.world_size,
         }
+        row.update(self.loss_counts())  # what the loss masked (false negatives), when it masks anything
         self.log.write(row)
         self.last_time, self.last_step = now, step
 
@@ -256,6 +259,9 @@ def _model_card(recipe: UnifiedRecipe, cards, output: Path) -> None:
         f"dataset sampling alpha {recipe.alpha}, {batch}, max length {recipe.max_length}, "
         f"seed {recipe.seed}."
     )
+    if recipe.matryoshka is not None:
+        dims = ", ".join(str(d) for d, _ in recipe.matryoshka.pairs())
+        notes += f" Matryoshka dimensions {dims}: load with `truncate_dim=` one of them."
     config = output / "config.json"
     neobert = config.is_file() and json.loads(config.read_text()).get("model_type") == "neobert"
     text = model_card_text(
@@ -401,6 +407,7 @@ def train(
     output.mkdir(parents=True, exist_ok=True)
     metrics = _MetricsCallback(output, samplers, list(datasets.keys()), batch_sizes, main)
     stop = StopSignal()
+    metrics.loss_counts = getattr(trainer.loss, "pop_counts", dict)
     trainer.add_callback(metrics)
     trainer.add_callback(_SignalCallback(stop))
     if checkpoint is not None:
@@ -418,6 +425,8 @@ def train(
         raise TrainingInterrupted(stop.received, _last_checkpoint(output))
     if main:
         model.save(str(output))
+        if recipe.matryoshka is not None:
+            record_matryoshka_dims(output, recipe.matryoshka.dims)
         _model_card(recipe, cards, output)
     return output
 

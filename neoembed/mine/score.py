@@ -1,0 +1,197 @@
+"""A teacher's scores for a training card's rows: ``neoembed score CARD --teacher MODEL --out DIR``.
+
+Each row's query is scored against its positive and each of its hard negatives, by a cross-encoder (the pair read
+together) or a bi-encoder (the cosine of the two embeddings, with the teacher's own ``query`` / ``document``
+prompts when it has them). The result is a copy of the card's rows (``query, positive, negative_1..k, scores``)
+and a card declaring ``columns.scores``, which recipes with ``distillation`` train on.
+
+Rows are scored in shards written to ``OUT/.score/`` as they finish, so an interrupted run continues with
+``--resume`` from the first missing shard (the settings must be the interrupted run's); the card is written
+last, so its presence marks a finished run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import yaml
+from pydantic import Field
+from tqdm.auto import tqdm
+
+from neoembed.data.cards import DataCard, DataCardError, build_pairs, find_card, load_card, load_rows
+from neoembed.mine.miner import _prepare_output_dir
+from neoembed.recipe import StrictModel
+from neoembed.record import atomic_write_text, file_sha256
+
+__all__ = ["ScoreConfig", "ScoreResult", "score_card", "teacher_kind"]
+
+logger = logging.getLogger(__name__)
+
+
+class ScoreConfig(StrictModel):
+    """Settings of a scoring run (``neoembed score --help`` gives the same as options)."""
+
+    kind: Literal["auto", "cross-encoder", "bi-encoder"] = "auto"
+    batch_size: int = Field(64, ge=1)
+    max_length: int | None = Field(512, ge=8)
+    shard_size: int = Field(10_000, ge=1)  # rows per shard on disk (the unit a resumed run skips)
+    max_rows: int | None = Field(None, ge=1)
+    max_negatives: int | None = Field(None, ge=1)
+    name: str | None = None  # of the written card; default <source card>_scored
+
+
+@dataclass(frozen=True)
+class ScoreResult:
+    card: Path  # OUT/<name>.yaml
+    data: Path  # OUT/<name>.jsonl
+    rows: int
+    kind: str
+
+
+def teacher_kind(teacher: str, kind: str = "auto") -> str:
+    """``kind``, or for ``auto`` what the folder holds: a cross-encoder (a sentence-transformers CrossEncoder, or
+    a sequence-classification checkpoint) or a bi-encoder."""
+    if kind != "auto":
+        return kind
+    path = Path(teacher)
+    st_config = path / "config_sentence_transformers.json"
+    if st_config.is_file():
+        model_type = json.loads(st_config.read_text()).get("model_type", "")
+        if model_type:
+            return "cross-encoder" if model_type == "CrossEncoder" else "bi-encoder"
+    config = path / "config.json"
+    if config.is_file() and not (path / "modules.json").is_file():
+        architectures = json.loads(config.read_text()).get("architectures") or []
+        if any(a.endswith("ForSequenceClassification") for a in architectures):
+            return "cross-encoder"
+    if path.exists():
+        return "bi-encoder"
+    raise ValueError(
+        f"--kind auto cannot tell what the hub model {teacher!r} is: pass --kind cross-encoder or bi-encoder"
+    )
+
+
+def _scorer(teacher: str, kind: str, cfg: ScoreConfig):
+    """A function from (queries, documents) lists to one score per pair."""
+    if kind == "cross-encoder":
+        from sentence_transformers import CrossEncoder
+
+        import neoembed.modeling  # noqa: F401  (NeoBERT cross-encoders load through the Auto classes)
+
+        model = CrossEncoder(teacher, max_length=cfg.max_length)
+        return lambda q, d: np.asarray(
+            model.predict(list(zip(q, d, strict=True)), batch_size=cfg.batch_size, show_progress_bar=False),
+            dtype=np.float32,
+        ).reshape(-1)
+    from neoembed.loading import load
+
+    model = load(teacher, max_seq_length=cfg.max_length)
+    options = dict(batch_size=cfg.batch_size, normalize_embeddings=True, convert_to_numpy=True)
+
+    def score(q: list[str], d: list[str]) -> np.ndarray:
+        eq = model.encode_query(q, show_progress_bar=False, **options)
+        ed = model.encode_document(d, show_progress_bar=False, **options)
+        return np.einsum("nd,nd->n", eq, ed).astype(np.float32)
+
+    return score
+
+
+def _score_shard(score, rows: dict[str, list[str]], k: int) -> np.ndarray:
+    """(rows, 1 + k): each query against its positive, then each negative, in one scorer call."""
+    queries = rows["query"]
+    docs = [rows["positive"]] + [rows[f"negative_{j + 1}"] for j in range(k)]
+    flat = score([q for _ in docs for q in queries], [d for column in docs for d in column])
+    return flat.reshape(1 + k, len(queries)).T
+
+
+def score_card(
+    card: str | Path,
+    teacher: str,
+    out: str | Path,
+    config: ScoreConfig | None = None,
+    resume: bool = False,
+    overwrite: bool = False,
+    card_dirs=(),
+    progress: bool = True,
+) -> ScoreResult:
+    """Score every row of ``card`` with ``teacher`` and write ``out/<name>.yaml`` + ``.jsonl`` (see the module)."""
+    cfg = config or ScoreConfig()
+    out = Path(out)
+    src_path = find_card(card, list(card_dirs))
+    src, folder = load_card(src_path)
+    name = cfg.name or f"{src.name}_scored"
+    kind = teacher_kind(teacher, cfg.kind)
+    fingerprint = {"card_sha256": file_sha256(src_path), "teacher": str(teacher), "kind": kind}
+    fingerprint["settings"] = cfg.model_dump(exclude={"batch_size"})
+    state = out / ".score"
+    if _prepare_output_dir(out, state, name, fingerprint, resume, overwrite):
+        logger.warning("%s already holds a finished run (%s.yaml); nothing to do", out, name)
+        rows = len((out / f"{name}.jsonl").read_text().splitlines())
+        return ScoreResult(out / f"{name}.yaml", out / f"{name}.jsonl", rows, kind)
+    pairs = build_pairs(src, load_rows(src, folder, cfg.max_rows), cfg.max_negatives, with_instruction=False)
+    k = sum(c.startswith("negative_") for c in pairs.column_names)
+    if k == 0:
+        raise DataCardError(
+            f"card {src.name} has no hard negatives to score against: mine some first "
+            f"(neoembed mine {src_path} --model MODEL --out DIR), then score the mined card"
+        )
+    scores = _score_shards(pairs, k, state, teacher, kind, cfg, progress)
+    result = _write(out, name, src, src_path, pairs, scores, k, fingerprint)
+    shutil.rmtree(state, ignore_errors=True)
+    return result
+
+
+def _score_shards(pairs, k: int, state: Path, teacher: str, kind: str, cfg: ScoreConfig, progress: bool):
+    """Every row's scores, shard by shard into ``state/scores-NNNNN.npy``; shards on disk are kept."""
+    n_shards = max(1, math.ceil(len(pairs) / cfg.shard_size))
+    paths = [state / f"scores-{s:05d}.npy" for s in range(n_shards)]
+    todo = [s for s in range(n_shards) if not paths[s].is_file()]
+    score = _scorer(teacher, kind, cfg) if todo else None
+    for s in tqdm(todo, desc="scoring", unit="shard", disable=not progress):
+        rows = pairs[s * cfg.shard_size : (s + 1) * cfg.shard_size]
+        tmp = state / f".scores-{s:05d}.tmp{os.getpid()}.npy"
+        np.save(tmp, _score_shard(score, rows, k))
+        os.replace(tmp, paths[s])
+    return np.concatenate([np.load(p) for p in paths])
+
+
+def _write(
+    out: Path, name: str, src: DataCard, src_path: Path, pairs, scores, k: int, fingerprint
+) -> ScoreResult:
+    """``<name>.jsonl``, then ``<name>.yaml`` (written last: its presence marks a finished run)."""
+    data_path, card_path = out / f"{name}.jsonl", out / f"{name}.yaml"
+    columns = ["query", "positive", *(f"negative_{j + 1}" for j in range(k))]
+    tmp = out / f".{name}.jsonl.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf8") as f:
+        for i, row in enumerate(pairs.select_columns(columns)):
+            row["scores"] = [round(float(x), 4) for x in scores[i]]
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    os.replace(tmp, data_path)
+    raw = {
+        "name": name,
+        "source": {"local": {"path": data_path.name, "format": "json"}},
+        "columns": {"query": "query", "positive": "positive", "negatives": columns[2:], "scores": "scores"},
+        "instruction": src.instruction,
+        "license": src.license,
+        "size": len(pairs),
+        "notes": (
+            f"Card {src.name} with each row's {fingerprint['kind']} scores from {fingerprint['teacher']} (positive, "
+            f"then each of its {k} hard negatives), written by neoembed score."
+        ),
+        "provenance": {
+            "tool": "neoembed score",
+            "source_card": {"name": src.name, "file": src_path.name},
+            **fingerprint,
+        },
+    }
+    DataCard.model_validate(raw)
+    atomic_write_text(card_path, yaml.safe_dump(raw, sort_keys=False, allow_unicode=True, width=110))
+    return ScoreResult(card_path, data_path, len(pairs), fingerprint["kind"])
