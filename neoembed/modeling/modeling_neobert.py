@@ -874,6 +874,7 @@ class NeoBERTForSequenceClassification(NeoBERTPreTrainedModel):
     ) -> SequenceClassifierOutput | tuple:
         """Logits (B, num_labels); with ``labels`` (B,) or (B, num_labels), the loss too. Packed input (1, T)
         with ``cu_seq_lens_q`` or restarting ``position_ids`` gives one row per packed sequence."""
+        kwargs.pop("num_items_in_batch", None)  # the Trainer's; a per-sequence loss is a mean over the batch
         out = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -921,7 +922,9 @@ class NeoBERTForTokenClassification(NeoBERTPreTrainedModel):
         **kwargs,
     ) -> TokenClassifierOutput | tuple:
         """Logits (B, L, num_labels), or (1, T, num_labels) for packed input; with ``labels`` of the same
-        leading shape (-100 = ignored), the cross-entropy loss too."""
+        leading shape (-100 = ignored), the cross-entropy loss too: the mean over labelled tokens, or their sum over
+        ``num_items_in_batch`` (the Trainer's count over all accumulated micro-batches)."""
+        num_items = kwargs.pop("num_items_in_batch", None)
         out = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -938,7 +941,11 @@ class NeoBERTForTokenClassification(NeoBERTPreTrainedModel):
                 raise ValueError(
                     f"labels shape {tuple(labels.shape)} does not match the tokens {tuple(logits.shape[:-1])}"
                 )
-            loss = F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), ignore_index=-100)
+            flat = logits.flatten(0, -2).float(), labels.flatten()
+            if num_items is None:
+                loss = F.cross_entropy(*flat, ignore_index=-100)
+            else:
+                loss = F.cross_entropy(*flat, ignore_index=-100, reduction="sum") / num_items
         result = TokenClassifierOutput(
             loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions
         )
