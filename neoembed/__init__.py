@@ -1,7 +1,8 @@
 """neoembed: turn NeoBERT (or any encoder) into a state-of-the-art embedding model.
 
 Importing the package registers NeoBERT with transformers' Auto classes (``AutoConfig``, ``AutoModel``,
-``AutoModelForMaskedLM``), so official and neoembed checkpoints load without ``trust_remote_code``.
+``AutoModelForMaskedLM``,
+``AutoModelForSequenceClassification``, ``AutoModelForTokenClassification``), so official and neoembed checkpoints load without ``trust_remote_code``.
 Importing needs neither CUDA, flash-attn, faiss nor a compiler.
 """
 
@@ -9,10 +10,20 @@ from neoembed._version import __version__
 from neoembed.modeling import (  # registers the Auto classes
     NeoBERTConfig,
     NeoBERTForMaskedLM,
+    NeoBERTForSequenceClassification,
+    NeoBERTForTokenClassification,
     NeoBERTModel,
 )
 
-__all__ = ["NeoBERTConfig", "NeoBERTForMaskedLM", "NeoBERTModel", "__version__", "load"]
+__all__ = [
+    "NeoBERTConfig",
+    "NeoBERTForMaskedLM",
+    "NeoBERTForSequenceClassification",
+    "NeoBERTForTokenClassification",
+    "NeoBERTModel",
+    "__version__",
+    "load",
+]
 
 
 def load(name_or_path, *args, **kwargs):

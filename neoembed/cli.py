@@ -74,7 +74,7 @@ def convert(
 
 
 # Subcommands of later components are attached below (train, mteb, pretrain, ppl, preprocess, data,
-# quickstart). Each module exposes a typer app or a command function with lazy heavy imports.
+# quickstart, glue). Each module exposes a typer app or a command function with lazy heavy imports.
 def _attach_optional() -> None:
     import importlib
 
@@ -88,6 +88,7 @@ def _attach_optional() -> None:
         ("neoembed.pretrain.cli", "pretrain_command", "pretrain"),
         ("neoembed.pretrain.cli", "preprocess_command", "preprocess"),
         ("neoembed.pretrain.cli", "ppl_command", "ppl"),
+        ("neoembed.glue.cli", "glue_command", "glue"),
     ):
         try:
             module = importlib.import_module(module_name)

@@ -35,6 +35,7 @@ FLOORS = {
     "neoembed.train": 4,
     "neoembed.cde": 4,
     "neoembed.pretrain": 4,
+    "neoembed.glue": 4,
     # floor 5: one loader for every model kind (bi-encoder or CDE)
     "neoembed.loading": 5,
     # floor 6: evaluation, hard-negative mining
@@ -48,6 +49,7 @@ FLOORS = {
     "neoembed.data.cli": 7,
     "neoembed.pretrain.cli": 7,
     "neoembed.mine.cli": 7,
+    "neoembed.glue.cli": 7,
     # floor 8: the entry points: the package root, the public facade (neoembed.load, the model classes, the
     # version), and ``python -m neoembed``
     "neoembed": 8,

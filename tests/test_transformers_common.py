@@ -38,7 +38,13 @@ import torch
 import transformers
 from transformers.models.auto import modeling_auto as _auto
 
-from neoembed.modeling import NeoBERTConfig, NeoBERTForMaskedLM, NeoBERTModel
+from neoembed.modeling import (
+    NeoBERTConfig,
+    NeoBERTForMaskedLM,
+    NeoBERTForSequenceClassification,
+    NeoBERTForTokenClassification,
+    NeoBERTModel,
+)
 
 _FILES = ("test_modeling_common.py", "test_configuration_common.py")
 _PACKAGE = "_transformers_common_tests"
@@ -174,7 +180,12 @@ class NeoBERTModelTester:
 
 
 class NeoBERTModelTest(ModelTesterMixin, unittest.TestCase):
-    all_model_classes = (NeoBERTModel, NeoBERTForMaskedLM)
+    all_model_classes = (
+        NeoBERTModel,
+        NeoBERTForMaskedLM,
+        NeoBERTForSequenceClassification,
+        NeoBERTForTokenClassification,
+    )
     # NeoBERT has no position embedding table to resize (RoPE)
     test_resize_position_embeddings = False
 
@@ -186,6 +197,8 @@ class NeoBERTModelTest(ModelTesterMixin, unittest.TestCase):
         cls._tables = [
             (_auto.MODEL_MAPPING_NAMES, "NeoBERTModel"),
             (_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES, "NeoBERTForMaskedLM"),
+            (_auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES, "NeoBERTForSequenceClassification"),
+            (_auto.MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES, "NeoBERTForTokenClassification"),
         ]
         for table, name in cls._tables:
             table["neobert"] = name

@@ -36,6 +36,8 @@ NEOEMBED_AUTO_MAP = {
     "AutoConfig": "configuration_neobert.NeoBERTConfig",
     "AutoModel": "modeling_neobert.NeoBERTModel",
     "AutoModelForMaskedLM": "modeling_neobert.NeoBERTForMaskedLM",
+    "AutoModelForSequenceClassification": "modeling_neobert.NeoBERTForSequenceClassification",
+    "AutoModelForTokenClassification": "modeling_neobert.NeoBERTForTokenClassification",
 }
 
 
@@ -67,8 +69,11 @@ class NeoBERTConfig(PretrainedConfig):
         padding_free: drop padding inside the model (tokens of all sequences packed into one sequence for
             every linear layer, attention confined to each sequence) and return padded outputs.
         pad_token_id: id of ``[PAD]``.
-        embedding_init_range / decoder_init_range / classifier_init_range: bounds of the uniform
-            initialisation of embeddings and linear layers (official keys).
+        embedding_init_range / decoder_init_range: bounds of the uniform initialisation of embeddings and
+            linear layers (official keys).
+        classifier_init_range: standard deviation of the normal initialisation of the classification heads'
+            linear layers (official key and rule).
+        classifier_dropout: dropout of the classification heads (the official 0.1; the encoder has none).
     """
 
     model_type = "neobert"
@@ -87,6 +92,7 @@ class NeoBERTConfig(PretrainedConfig):
     embedding_init_range: float = 0.02
     decoder_init_range: float = 0.02
     classifier_init_range: float = 0.02
+    classifier_dropout: float = 0.1
     neoembed_format: int = NEOEMBED_FORMAT_VERSION
     tie_word_embeddings: bool = False
 
@@ -117,6 +123,8 @@ class NeoBERTConfig(PretrainedConfig):
         for key in ("max_position_embeddings",):
             if key in kwargs:
                 self.max_length = int(kwargs.pop(key))
+        if not 0.0 <= self.classifier_dropout < 1.0:
+            raise ValueError(f"classifier_dropout must lie in [0, 1), got {self.classifier_dropout}")
         if self.max_length <= 0:
             raise ValueError(f"max_length must be positive, got {self.max_length}")
         legacy = kwargs.pop("rope_scaling", None)

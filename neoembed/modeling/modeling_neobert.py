@@ -1,6 +1,6 @@
 # Copyright 2026 the neoembed developers. MIT License.
 """NeoBERT (Le Breton et al., 2025), top to bottom: RMSNorm -> RoPE -> attention -> SwiGLU -> block ->
-encoder -> masked-LM head.
+encoder -> heads (masked LM, sequence and token classification).
 
 Imports only torch and transformers: this file is copied next to every saved model.
 
@@ -38,7 +38,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
-from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput
+from transformers.modeling_outputs import (
+    BaseModelOutput,
+    MaskedLMOutput,
+    SequenceClassifierOutput,
+    TokenClassifierOutput,
+)
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, dynamic_rope_update
 
 try:
@@ -48,7 +53,18 @@ except ImportError:  # pragma: no cover - older transformers
 
 from .configuration_neobert import ATTN_IMPLEMENTATIONS, NeoBERTConfig
 
-__all__ = ["NeoBERTForMaskedLM", "NeoBERTModel", "NeoBERTPreTrainedModel"]
+__all__ = [
+    "NeoBERTForMaskedLM",
+    "NeoBERTForSequenceClassification",
+    "NeoBERTForTokenClassification",
+    "NeoBERTModel",
+    "NeoBERTPreTrainedModel",
+]
+
+#: Parameter-name prefixes of the task heads on top of the encoder (``model.``): the official masked-LM
+#: ``decoder`` and the official classifier's ``dense`` / ``classifier``. A checkpoint may lack them (they start
+#: fresh) or hold another head's (dropped); the encoder's own weights must match exactly.
+HEAD_KEY_PREFIXES = ("decoder.", "dense.", "classifier.")
 
 
 # --------------------------------------------------------------------------------------------------- norm
@@ -366,9 +382,10 @@ class NeoBERTPreTrainedModel(PreTrainedModel):
     def from_pretrained(cls, *args, **kwargs):
         """As transformers' ``from_pretrained``, but a checkpoint with missing or unexpected NeoBERT weights is an
         error listing them (never a silently half-random model), unless ``output_loading_info=True`` asks for
-        them: then ``(model, info)`` comes back and checking it is the caller's business. The MLM ``decoder`` is
-        dropped when loading the bare encoder, and freshly initialised (with a warning) when loading the
-        masked-LM model from an encoder-only checkpoint."""
+        them: then ``(model, info)`` comes back and checking it is the caller's business. Task heads
+        (``HEAD_KEY_PREFIXES``: the MLM ``decoder``, the classifiers' ``dense`` / ``classifier``) are the exception:
+        a head the checkpoint lacks starts fresh, one it has and the model lacks is dropped, both listed in
+        transformers' load report (the masked-LM model also warns that its decoder is random)."""
         source = args[0] if args else kwargs.get("pretrained_model_name_or_path")
         state_dict = kwargs.get("state_dict")
         # no checkpoint at all (no path, an empty state_dict): transformers' way to build and initialise a model
@@ -377,9 +394,10 @@ class NeoBERTPreTrainedModel(PreTrainedModel):
         if kwargs.get("output_loading_info") or no_checkpoint:
             return super().from_pretrained(*args, **kwargs)
         model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
-        missing = [k for k in info.get("missing_keys", ()) if not k.startswith("decoder.")]
-        unexpected = [k for k in info.get("unexpected_keys", ()) if not k.startswith("decoder.")]
-        mismatched = list(info.get("mismatched_keys", ()))
+        missing = [k for k in info.get("missing_keys", ()) if not k.startswith(HEAD_KEY_PREFIXES)]
+        unexpected = [k for k in info.get("unexpected_keys", ()) if not k.startswith(HEAD_KEY_PREFIXES)]
+        # ignore_mismatched_sizes=True asks for mismatched weights to start fresh (a new label count)
+        mismatched = [] if kwargs.get("ignore_mismatched_sizes") else list(info.get("mismatched_keys", ()))
         if missing or unexpected or mismatched:
             parts = [f"missing keys {sorted(missing)}"] if missing else []
             parts += [f"unexpected keys {sorted(unexpected)}"] if unexpected else []
@@ -400,7 +418,12 @@ class NeoBERTPreTrainedModel(PreTrainedModel):
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         # Official initialisation: uniform in +-range for linear layers and embeddings.
-        if isinstance(module, nn.Linear):
+        if isinstance(module, nn.Linear) and getattr(module, "_is_classifier", False):
+            # the official classification heads: normal(0, classifier_init_range), zero bias
+            nn.init.normal_(module.weight, 0.0, self.config.classifier_init_range)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Linear):
             r = self.config.decoder_init_range
             nn.init.uniform_(module.weight, -r, r)
             if module.bias is not None:
@@ -505,8 +528,9 @@ class Layout:
 class NeoBERTModel(NeoBERTPreTrainedModel):
     """The NeoBERT encoder: token embedding (no position embedding) -> blocks -> final RMSNorm."""
 
-    # official checkpoints hold the masked-LM decoder too; the bare encoder drops it without complaint
-    _keys_to_ignore_on_load_unexpected = [r"^decoder\."]
+    # official checkpoints hold the masked-LM decoder too, fine-tuned ones a classifier; the bare encoder drops
+    # them without complaint
+    _keys_to_ignore_on_load_unexpected = [r"^decoder\.", r"^dense\.", r"^classifier\."]
 
     def __init__(self, config: NeoBERTConfig):
         super().__init__(config)
@@ -766,5 +790,169 @@ class NeoBERTForMaskedLM(NeoBERTPreTrainedModel):
         return result if self._output_flags(None, None, return_dict)[2] else result.to_tuple()
 
 
+# ---------------------------------------------------------------------------------------- classification
+def _classifier_linear(in_features: int, out_features: int) -> nn.Linear:
+    """A head's linear layer, marked for the official classifier initialisation (``_init_weights``)."""
+    layer = nn.Linear(in_features, out_features)
+    layer._is_classifier = True
+    return layer
+
+
+def _first_tokens(h: torch.Tensor, attention_mask, position_ids, cu_seq_lens_q) -> torch.Tensor:
+    """(B, D): the hidden state of each sequence's first real token (``[CLS]``).
+
+    ``h`` is the encoder output, (B, L, D), or (1, T, D) for packed input, whose sequences start at
+    ``cu_seq_lens_q[:-1]`` or where ``position_ids`` restart at 0. The official code takes ``h[:, 0]``
+    (right padding); the first position of the attention mask is the same there and also right under left
+    padding. No host sync except for packed input given by ``position_ids`` alone."""
+    if cu_seq_lens_q is not None:
+        return h[0, cu_seq_lens_q[:-1].long()]
+    if position_ids is not None and attention_mask is None and h.shape[0] == 1:
+        starts = (position_ids[0] == 0).nonzero().flatten()
+        if starts.numel():  # the model packed these sequences the same way (NeoBERTModel._plan)
+            return h[0, starts]
+    if attention_mask is None:
+        return h[:, 0]
+    first = attention_mask.to(torch.int32).argmax(dim=1)  # the first 1 of each row
+    return h[torch.arange(h.shape[0], device=h.device), first]
+
+
+PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
+
+
+def sequence_classification_loss(logits: torch.Tensor, labels: torch.Tensor, config) -> torch.Tensor:
+    """transformers' loss for sequence classifiers, chosen by ``config.problem_type`` or, when unset, as
+    transformers infers it (without writing it into the config): one label -> regression (MSE), integer labels
+    -> single-label (cross-entropy), float labels of shape (B, num_labels) -> multi-label (BCE with logits)."""
+    kind = config.problem_type
+    if kind is None:
+        if config.num_labels == 1:
+            kind = "regression"
+        elif labels.dtype in (torch.long, torch.int32, torch.int16, torch.uint8):
+            kind = "single_label_classification"
+        else:
+            kind = "multi_label_classification"
+    if kind == "regression":
+        if config.num_labels == 1:
+            return F.mse_loss(logits.view(-1).float(), labels.view(-1).float())
+        return F.mse_loss(logits.float(), labels.float())
+    if kind == "single_label_classification":
+        return F.cross_entropy(logits.view(-1, config.num_labels).float(), labels.view(-1))
+    if kind == "multi_label_classification":
+        return F.binary_cross_entropy_with_logits(logits.float(), labels.float())
+    raise ValueError(f"unknown problem_type {kind!r}; valid: {list(PROBLEM_TYPES)}")
+
+
+class NeoBERTForSequenceClassification(NeoBERTPreTrainedModel):
+    """NeoBERT with the official sequence-classification head: the first token's hidden state (``[CLS]``) ->
+    dropout -> ``dense`` -> tanh -> dropout -> ``classifier`` (``num_labels`` logits).
+
+    As the official ``NeoBERTHFForSequenceClassification`` (chandar-lab/NeoBERT, ``src/neobert/model/model.py``),
+    parameter names included, so that its fine-tuned checkpoints load; its linear layers start from
+    normal(0, ``classifier_init_range``). Regression (``num_labels=1``, STS-B), single- and multi-label
+    classification follow ``config.problem_type`` as in every transformers classifier."""
+
+    def __init__(self, config: NeoBERTConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.model = NeoBERTModel(config)
+        self.dense = _classifier_linear(config.hidden_size, config.hidden_size)
+        self.dropout = nn.Dropout(config.classifier_dropout)
+        self.classifier = _classifier_linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> SequenceClassifierOutput | tuple:
+        """Logits (B, num_labels); with ``labels`` (B,) or (B, num_labels), the loss too. Packed input (1, T)
+        with ``cu_seq_lens_q`` or restarting ``position_ids`` gives one row per packed sequence."""
+        kwargs.pop("num_items_in_batch", None)  # the Trainer's; a per-sequence loss is a mean over the batch
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
+            output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions,
+            return_dict=True,
+            **kwargs,
+        )
+        x = _first_tokens(
+            out.last_hidden_state, attention_mask, kwargs.get("position_ids"), kwargs.get("cu_seq_lens_q")
+        )
+        x = self.dropout(torch.tanh(self.dense(self.dropout(x))))
+        logits = self.classifier(x)
+        loss = None if labels is None else sequence_classification_loss(logits, labels, self.config)
+        result = SequenceClassifierOutput(
+            loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions
+        )
+        return result if self._output_flags(None, None, return_dict)[2] else result.to_tuple()
+
+
+class NeoBERTForTokenClassification(NeoBERTPreTrainedModel):
+    """NeoBERT with a token-classification head: every token's hidden state -> dropout -> ``classifier``.
+
+    The official code has no token head; this one is BERT's (``BertForTokenClassification``), with the
+    official classifier initialisation and dropout. Padding positions get logits too; label them -100."""
+
+    def __init__(self, config: NeoBERTConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.model = NeoBERTModel(config)
+        self.dropout = nn.Dropout(config.classifier_dropout)
+        self.classifier = _classifier_linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> TokenClassifierOutput | tuple:
+        """Logits (B, L, num_labels), or (1, T, num_labels) for packed input; with ``labels`` of the same
+        leading shape (-100 = ignored), the cross-entropy loss too: the mean over labelled tokens, or their sum over
+        ``num_items_in_batch`` (the Trainer's count over all accumulated micro-batches)."""
+        num_items = kwargs.pop("num_items_in_batch", None)
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
+            output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions,
+            return_dict=True,
+            **kwargs,
+        )
+        logits = self.classifier(self.dropout(out.last_hidden_state))
+        loss = None
+        if labels is not None:
+            if labels.shape != logits.shape[:-1]:
+                raise ValueError(
+                    f"labels shape {tuple(labels.shape)} does not match the tokens {tuple(logits.shape[:-1])}"
+                )
+            flat = logits.flatten(0, -2).float(), labels.flatten()
+            if num_items is None:
+                loss = F.cross_entropy(*flat, ignore_index=-100)
+            else:
+                loss = F.cross_entropy(*flat, ignore_index=-100, reduction="sum") / num_items
+        result = TokenClassifierOutput(
+            loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions
+        )
+        return result if self._output_flags(None, None, return_dict)[2] else result.to_tuple()
+
+
 NeoBERTModel.register_for_auto_class("AutoModel")
 NeoBERTForMaskedLM.register_for_auto_class("AutoModelForMaskedLM")
+NeoBERTForSequenceClassification.register_for_auto_class("AutoModelForSequenceClassification")
+NeoBERTForTokenClassification.register_for_auto_class("AutoModelForTokenClassification")

@@ -1,0 +1,100 @@
+"""``neoembed glue TASK --model M``: fine-tune and score a GLUE task with the NeoBERT paper's protocol."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+Task = Annotated[str, typer.Argument(help="GLUE task: CoLA, SST-2, MRPC, QQP, STS-B, MNLI, QNLI or RTE.")]
+Overrides = Annotated[list[str] | None, typer.Argument(help="Recipe overrides, key=value (e.g. epochs=3).")]
+Model = Annotated[
+    str, typer.Option("--model", help="Encoder to fine-tune (folder or hub id); any HF encoder.")
+]
+RecipeOpt = Annotated[
+    str | None,
+    typer.Option("--recipe", help="Recipe (path or shipped name); default glue/<task>: Table 6's best."),
+]
+Out = Annotated[Path | None, typer.Option("--out", help="Output folder (default runs/glue/<task>).")]
+DataDir = Annotated[
+    Path | None,
+    typer.Option("--data-dir", help="Local data in the nyu-mll/glue layout (offline); default: the hub."),
+]
+Carve = Annotated[
+    str | None,
+    typer.Option(
+        "--carve", help="Divide this one labelled split of --data-dir into train 80% / validation 20%."
+    ),
+]
+From = Annotated[
+    str | None,
+    typer.Option(
+        "--from", help="Start from this checkpoint: a model, or a finished MNLI run or grid (its best)."
+    ),
+]
+Grid = Annotated[bool, typer.Option("--grid", help="Run the paper's search (the recipe's grid); resumable.")]
+Resume = Annotated[bool, typer.Option("--resume", help="Continue the run(s) in --out.")]
+Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace the glue run in a non-empty --out.")]
+
+
+def glue_command(
+    task: Task,
+    overrides: Overrides = None,
+    model: Model = "chandar-lab/NeoBERT",
+    recipe: RecipeOpt = None,
+    out: Out = None,
+    data_dir: DataDir = None,
+    carve: Carve = None,
+    from_: From = None,
+    grid: Grid = False,
+    resume: Resume = False,
+    overwrite: Overwrite = False,
+) -> None:
+    """Fine-tune MODEL on a GLUE task (Appendix C of the NeoBERT paper: 10 epochs, evaluation every
+    min(500, len(dataloader) // 10) steps, early stopping after 15 evaluations without improvement) and print
+    the validation score; --grid searches Table 6's grid. Results: OUT/results.json (or grid.md / grid.json)."""
+    from neoembed.glue.run import GlueRecipe, record, resolve_from, run_grid, run_one
+    from neoembed.glue.tasks import get_task
+    from neoembed.recipe import load_recipe
+    from neoembed.runs import prepare_output_dir
+    from neoembed.sentence import resolve_packaged
+
+    spec = get_task(task)
+    settings = load_recipe(recipe or f"glue/{spec.name}", GlueRecipe, overrides or [])
+    if get_task(settings.task) is not spec:
+        raise ValueError(
+            f"recipe is for task {settings.task!r}, not {spec.display}: pick the matching --recipe"
+        )
+    out = out or Path("runs") / "glue" / spec.name
+    prepare_output_dir(
+        out,
+        overwrite=overwrite,
+        resume=resume,
+        checkpoints=False,
+        clearable=("run_record.json",),
+        what="--out",
+    )
+    source = resolve_from(from_) if from_ else None
+    if settings.transfer_from and source is None:
+        typer.echo(
+            f"note: the paper starts {spec.display} from the best {settings.transfer_from.upper()} "
+            "checkpoint; pass --from to do the same",
+            err=True,
+        )
+    backbone = source or resolve_packaged(model)
+    data = {"data_dir": data_dir, "carve": carve}
+    out.mkdir(parents=True, exist_ok=True)
+    record(out, settings, backbone, source, grid)
+    if grid:
+        rows = run_grid(settings, spec, backbone, out, data, transfer=source is not None)
+        best = max(rows, key=lambda r: r["score"])
+        typer.echo(
+            f"{spec.display} grid: best {best['score']:.2f} ({best['run']}); table in {out / 'grid.md'}"
+        )
+        return
+    result = run_one(settings, spec, backbone, out, data, transfer=source is not None)
+    details = ", ".join(
+        f"{s} {m} {100 * v:.2f}" for s, ms in result["validation"].items() for m, v in ms.items()
+    )
+    typer.echo(f"{spec.display}: {result['score']:.2f} ({details}); written to {out / 'results.json'}")

@@ -1,0 +1,169 @@
+"""``neoembed glue``: tasks and metrics as GLUE defines them, the Appendix C protocol's numbers, local data in the
+hub's layout, and a run, a transfer and a resumable grid on the NeoBERT fixture (seconds on CPU)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy.stats import spearmanr
+from typer.testing import CliRunner
+
+from neoembed.cli import app
+from neoembed.glue.run import GlueRecipe, eval_interval, grid_points, lr_lambda
+from neoembed.glue.tasks import TASKS, compute_metrics, get_task, load_splits, task_score
+
+
+@pytest.mark.parametrize(
+    "name, key", [("MRPC", "mrpc"), ("STS-B", "stsb"), ("sst2", "sst2"), ("SST-2", "sst2")]
+)
+def test_task_names(name, key):
+    assert get_task(name) is TASKS[key]
+
+
+def test_wnli_and_unknown_tasks_fail_with_the_valid_ones():
+    with pytest.raises(ValueError, match="WNLI is excluded"):
+        get_task("WNLI")
+    with pytest.raises(ValueError, match="'CoLA', 'SST-2'"):
+        get_task("squad")
+
+
+def test_metrics_match_their_definitions():
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 2, 200)
+    logits = rng.normal(size=(200, 2)) + 0.8 * np.eye(2)[labels]
+    pred = logits.argmax(1)
+    tp, tn = ((pred == 1) & (labels == 1)).sum(), ((pred == 0) & (labels == 0)).sum()
+    fp, fn = ((pred == 1) & (labels == 0)).sum(), ((pred == 0) & (labels == 1)).sum()
+    mcc = (tp * tn - fp * fn) / np.sqrt(float((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn)))
+    assert compute_metrics(TASKS["cola"], logits, labels)["matthews"] == pytest.approx(mcc)
+    mrpc = compute_metrics(TASKS["mrpc"], logits, labels)
+    assert mrpc["f1"] == pytest.approx(2 * tp / (2 * tp + fp + fn))
+    assert mrpc["accuracy"] == pytest.approx((tp + tn) / 200)
+    scores, gold = rng.normal(size=(50, 1)), rng.uniform(0, 5, 50)
+    stsb = compute_metrics(TASKS["stsb"], scores, gold)
+    assert stsb["pearson"] == pytest.approx(np.corrcoef(scores[:, 0], gold)[0, 1])
+    assert stsb["spearman"] == pytest.approx(spearmanr(scores[:, 0], gold).statistic)
+
+
+def test_task_scores_average_as_the_paper():
+    mnli = {"validation_matched": {"accuracy": 0.9}, "validation_mismatched": {"accuracy": 0.8}}
+    assert task_score(TASKS["mnli"], mnli) == pytest.approx(85.0)
+    assert task_score(TASKS["mrpc"], {"validation": {"f1": 0.9, "accuracy": 0.86}}) == pytest.approx(88.0)
+
+
+def test_protocol_numbers():
+    recipe = GlueRecipe(task="mnli", batch_size=16, learning_rate=6e-6, weight_decay=1e-2)
+    assert eval_interval(recipe, 392_702) == 500  # MNLI: 24,544 batches // 10 > 500
+    assert eval_interval(recipe.model_copy(update={"batch_size": 8}), 3_668) == 45  # MRPC: 459 // 10
+    assert (recipe.epochs, recipe.patience) == (10, 15)
+    factors = [lr_lambda(s, 1000, recipe) for s in range(1000)]
+    assert factors[59] == pytest.approx(1.0) and factors[0] == pytest.approx(1 / 60)  # 6% warm-up
+    assert factors[899] == pytest.approx(0.1 + 0.9 / 840, rel=1e-6) and set(factors[900:]) == {0.1}
+    assert len(grid_points(recipe)) == 5 * 6 * 2  # Table 6's caption
+
+
+def test_shipped_recipes_hold_table_6():
+    from neoembed.recipe import load_recipe
+
+    expected = {
+        "cola": (4, 6e-6, 1e-5),
+        "mrpc": (8, 2e-5, 1e-5),
+        "qqp": (32, 1e-5, 1e-2),
+        "stsb": (8, 1e-5, 1e-2),
+    }
+    for task, setting in expected.items():
+        r = load_recipe(f"glue/{task}", GlueRecipe)
+        assert (r.batch_size, r.learning_rate, r.weight_decay) == setting
+    assert {t for t in TASKS if load_recipe(f"glue/{t}", GlueRecipe).transfer_from} == {
+        "mrpc",
+        "stsb",
+        "qnli",
+        "rte",
+    }
+
+
+@pytest.fixture(scope="module")
+def msrp_rows(shared_dir):
+    with gzip.open(shared_dir / "data" / "eval" / "MSRP" / "test.jsonl.gz", "rt") as f:
+        return [json.loads(line) for _, line in zip(range(64), f, strict=False)]
+
+
+def _hub_layout(root, task, splits):
+    """A folder as a snapshot of nyu-mll/glue: <task>/<split>-00000-of-00001.parquet."""
+    (root / task).mkdir(parents=True)
+    for split, rows in splits.items():
+        pd.DataFrame(rows).to_parquet(root / task / f"{split}-00000-of-00001.parquet")
+    return root
+
+
+def test_local_hub_layout_and_carve(tmp_path, msrp_rows, shared_dir):
+    folder = _hub_layout(tmp_path / "glue", "mrpc", {"train": msrp_rows[:40], "validation": msrp_rows[40:]})
+    splits = load_splits(TASKS["mrpc"], folder, None)
+    assert (splits["train"].num_rows, splits["validation"].num_rows) == (40, 24)
+    carved = load_splits(TASKS["mrpc"], shared_dir / "data" / "eval" / "MSRP", "test")
+    assert (carved["train"].num_rows, carved["validation"].num_rows) == (1380, 345)
+    with pytest.raises(FileNotFoundError, match="--carve"):
+        load_splits(TASKS["mrpc"], shared_dir / "data" / "eval" / "MSRP", None)
+
+
+def _glue(*args):
+    result = CliRunner().invoke(app, ["glue", *args], env={"HF_HUB_OFFLINE": "1"})
+    assert result.exit_code == 0, (result.output, result.exception)
+    return result.output
+
+
+def test_run_transfer_and_resumable_grid(tmp_path, msrp_rows, tiny_official):
+    """MRPC on the fixture, STS-B from its checkpoint (3 -> 1 labels: a fresh classifier), and a 2-point grid
+    that a second call reads back instead of training again."""
+    folder = _hub_layout(tmp_path / "data", "mrpc", {"train": msrp_rows[:40], "validation": msrp_rows[40:]})
+    stsb = [{**r, "label": 5.0 * r["label"] - 0.5 * i % 2} for i, r in enumerate(msrp_rows)]
+    _hub_layout(tmp_path / "data", "stsb", {"train": stsb[:40], "validation": stsb[40:]})
+    model, mrpc_out = str(tiny_official), tmp_path / "mrpc"
+    out = _glue("MRPC", "epochs=1", "--model", model, "--data-dir", str(folder), "--out", str(mrpc_out))
+    result = json.loads((mrpc_out / "results.json").read_text())
+    assert f"MRPC: {result['score']:.2f}" in out and result["eval_every"] == 1 and result["steps"] == 5
+    assert (mrpc_out / "model" / "config.json").is_file() and not (mrpc_out / "checkpoints").exists()
+    _glue(
+        "STS-B",
+        "epochs=1",
+        "--model",
+        model,
+        "--data-dir",
+        str(folder),
+        "--out",
+        str(tmp_path / "s"),
+        "--from",
+        str(mrpc_out),
+    )
+    stsb_result = json.loads((tmp_path / "s" / "results.json").read_text())
+    assert set(stsb_result["validation"]["validation"]) == {"pearson", "spearman"}
+    grid = [
+        "MRPC",
+        "epochs=1",
+        "grid.batch_size=[16]",
+        "grid.learning_rate=[1e-5,3e-5]",
+        "grid.weight_decay=[0.01]",
+    ]
+    grid += ["--grid", "--model", model, "--data-dir", str(folder), "--out", str(tmp_path / "g")]
+    _glue(*grid)
+    table = (tmp_path / "g" / "grid.md").read_text()
+    assert table.count("| 16 |") == 2
+    _glue(*grid, "--resume")  # both runs finished: read back, not trained again
+    assert (tmp_path / "g" / "grid.md").read_text() == table
+    kept = [p for p in (tmp_path / "g").glob("*/model")]
+    assert len(kept) == 1  # only the best run keeps its model
+
+
+def test_bad_input_exits_2(tmp_path):
+    run = subprocess.run(
+        [sys.executable, "-m", "neoembed", "glue", "WNLI", "--model", "x", "--out", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 2 and "WNLI is excluded" in run.stderr
