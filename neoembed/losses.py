@@ -59,14 +59,29 @@ __all__ = [
 ]
 
 
+def _hash_powers(n: int) -> list[int]:
+    """base**k mod 2**64 for k < n, as signed int64 values (int64 products below wrap mod 2**64 too)."""
+    out, value = [], 1
+    for _ in range(n):
+        out.append(value - (1 << 64) if value >= 1 << 63 else value)
+        value = value * _HASH_BASE % (1 << 64)
+    return out
+
+
+_HASH_BASE = 0x9E3779B97F4A7C15  # odd 64-bit constant: a polynomial hash mod 2**64 with well-mixed powers
+
+
 def text_keys(features: dict[str, Tensor]) -> Tensor:
-    """One int64 key per row identifying its token sequence (equal texts -> equal keys)."""
-    ids = features["input_ids"]
+    """One int64 key per row identifying its token sequence: equal texts get equal keys whatever the padding
+    (right or left) and the width of the column they were tokenized in, so a hard negative matches another
+    row's positive. The hash runs over the real tokens only (positions counted from the first real token);
+    it is deterministic, so keys gathered from other processes compare too."""
+    ids = features["input_ids"].to(torch.int64)
     mask = features.get("attention_mask")
-    ids = ids * mask if mask is not None else ids
-    # polynomial rolling hash over the (padded) ids; collisions are astronomically unlikely at batch scale
-    powers = torch.arange(1, ids.shape[1] + 1, device=ids.device, dtype=torch.int64)
-    return ((ids.to(torch.int64) + 1) * (powers * 1_000_003 + 7919)).sum(dim=1) + ids.shape[1] * 104_729
+    mask = torch.ones_like(ids) if mask is None else mask.to(torch.int64)
+    pos = (mask.cumsum(dim=1) - 1).clamp(min=0)
+    powers = torch.tensor(_hash_powers(ids.shape[1]), device=ids.device, dtype=torch.int64)
+    return ((ids + 1) * powers[pos] * mask).sum(dim=1)
 
 
 def duplicate_mask(positive_keys: Tensor, candidate_keys: Tensor, offset: int = 0) -> Tensor:

@@ -13,15 +13,43 @@ from collections.abc import Iterator
 from itertools import accumulate
 
 import torch
-from sentence_transformers.base.sampler import MultiDatasetDefaultBatchSampler
+from sentence_transformers.base.sampler import MultiDatasetDefaultBatchSampler, NoDuplicatesBatchSampler
 
-__all__ = ["PowerLawDatasetBatchSampler", "dataset_probabilities"]
+__all__ = [
+    "NoDuplicatesBatchSampler",
+    "PowerLawDatasetBatchSampler",
+    "dataset_probabilities",
+    "no_duplicate_batches",
+    "text_repeats",
+]
 
 
 def dataset_probabilities(sizes: list[int], alpha: float) -> list[float]:
     weights = [n**alpha for n in sizes]
     total = sum(weights)
     return [w / total for w in weights]
+
+
+def text_repeats(dataset, label_columns: list[str] | tuple[str, ...] = ("label",)) -> bool:
+    """Whether some text occurs in more than one row (the same query with several positives, or one row's
+    negative that is another row's positive): then two rows of one batch can be each other's false negatives."""
+    seen: set[str] = set()
+    for column in dataset.column_names:
+        if column in label_columns:
+            continue
+        for text in dataset[column]:
+            if text in seen:
+                return True
+            seen.add(text)
+    return False
+
+
+def no_duplicate_batches(mode: bool | str, dataset, **sampler_kwargs) -> NoDuplicatesBatchSampler | None:
+    """sentence-transformers' ``NoDuplicatesBatchSampler`` (no text twice in a batch, across all columns) for
+    ``dataset`` when ``mode`` is True, or "auto" and :func:`text_repeats` finds a repeated text; else None."""
+    if mode is False or (mode == "auto" and not text_repeats(dataset)):
+        return None
+    return NoDuplicatesBatchSampler(dataset, **sampler_kwargs)
 
 
 def _world() -> int:

@@ -32,6 +32,9 @@ class UnifiedRecipe(Recipe):
     temperature: PositiveFloat = 0.07
     alpha: Fraction = 0.5  # 0: every dataset equally often, 1: in proportion to its rows
     mask_duplicates: bool = True
+    # no text twice in one batch (sentence-transformers' NoDuplicatesBatchSampler); "auto": for the cards where
+    # a text repeats across rows (a query with several positives, a mined negative that is another row's positive)
+    no_duplicates: bool | Literal["auto"] = "auto"
     reduction: Literal["mean", "sum"] = "mean"
     loss: str = "infonce"  # a name in neoembed.losses.LOSSES: infonce, cached_infonce (GradCache)
     cache_mini_batch_size: PositiveInt = 32  # cached_infonce: the GradCache mini-batch

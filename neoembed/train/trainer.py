@@ -31,7 +31,7 @@ from transformers import TrainerCallback
 
 from neoembed.data.cards import DataCardError, explain_data_errors, find_card, load_card, prepare_card
 from neoembed.data.check import require_hub
-from neoembed.data.sampler import PowerLawDatasetBatchSampler
+from neoembed.data.sampler import NoDuplicatesBatchSampler, PowerLawDatasetBatchSampler, no_duplicate_batches
 from neoembed.instructions import format_with_instruction
 from neoembed.losses import build_loss
 from neoembed.recipe import resolve_recipe_path
@@ -184,16 +184,29 @@ def _trainer_class():
         and renamed (neoembed.runs). All of it travels as constructor arguments, per trainer."""
 
         def __init__(
-            self, *args, batch_sizes: dict[str, int], samplers: list, settings: dict | None, **kwargs
+            self,
+            *args,
+            batch_sizes: dict,
+            samplers: list,
+            settings: dict | None,
+            no_duplicates="auto",
+            **kwargs,
         ):
             self.neoembed_batch_sizes, self.neoembed_samplers = batch_sizes, samplers
+            self.neoembed_no_duplicates = no_duplicates
             self.neoembed_settings, self._neoembed_staging = settings, None
             super().__init__(*args, **kwargs)
+
+        def get_batch_sampler(self, dataset, **kwargs):  # sentence-transformers passes keywords only
+            sampler = no_duplicate_batches(self.neoembed_no_duplicates, dataset, **kwargs)
+            return super().get_batch_sampler(dataset, **kwargs) if sampler is None else sampler
 
         def get_multi_dataset_batch_sampler(self, dataset, batch_samplers, generator=None, seed=0):
             names = list(self.train_dataset.keys())
             for name, sampler in zip(names, batch_samplers, strict=True):
                 sampler.batch_size = self.neoembed_batch_sizes.get(name, sampler.batch_size)
+                if isinstance(sampler, NoDuplicatesBatchSampler):
+                    logger.info("card %s: a text repeats across rows, so no batch holds it twice", name)
             sampler = super().get_multi_dataset_batch_sampler(dataset, batch_samplers, generator, seed)
             self.neoembed_samplers.append(sampler)
             return sampler
@@ -403,6 +416,7 @@ def train(
         batch_sizes=batch_sizes,
         samplers=samplers,
         settings=settings,
+        no_duplicates=recipe.no_duplicates,
     )
     output.mkdir(parents=True, exist_ok=True)
     metrics = _MetricsCallback(output, samplers, list(datasets.keys()), batch_sizes, main)
