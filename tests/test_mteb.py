@@ -468,3 +468,29 @@ def test_task_type_registry_is_the_one_place_that_names_types(shared_dir):
     assert "Retrieval" in TASK_TYPES and dataset_card_task(shared_dir / "data" / "eval" / "MSRP")[1].type == (
         "PairClassification"
     )
+
+
+def test_low_precision_encodes_under_autocast_but_scores_in_float32(minilm, small, tmp_path, monkeypatch):
+    """bf16 evaluation (CPU autocast here; fp16 on CUDA is the same path): the encoder runs under autocast, the
+    similarities mteb asks the model for come back in float32 (an autocast around all of mteb.evaluate made
+    them bfloat16, reordering near ties)."""
+    import torch
+
+    seen = {"encode_autocast": [], "similarity_dtype": []}
+    similarity, forward = minilm.similarity, minilm.forward
+
+    def spy_similarity(a, b):
+        out = similarity(a, b)
+        seen["similarity_dtype"].append(out.dtype)
+        return out
+
+    def spy_forward(*args, **kwargs):
+        seen["encode_autocast"].append(torch.is_autocast_enabled("cpu"))
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(minilm, "similarity", spy_similarity)
+    monkeypatch.setattr(minilm, "forward", spy_forward)
+    report = _run(minilm, tmp_path, tasks=[str(small / "eval" / "TrecQA")], precision="bf16")
+    assert not report.failed
+    assert seen["encode_autocast"] and all(seen["encode_autocast"])
+    assert seen["similarity_dtype"] and set(seen["similarity_dtype"]) == {torch.float32}

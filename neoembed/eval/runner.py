@@ -270,19 +270,23 @@ def _task_context(cfg: EvalConfig, model, task, output: Path):
     return task_context(model, task, cfg.seed, output / "cde_context", str(cfg.model))
 
 
-def _mteb_wrapper(model, prompts: dict[str, str], context):
-    """mteb's sentence-transformers wrapper for one task; with a CDE ``context``, every encode call of this task
-    carries it as ``dataset_embeddings`` (the wrapper is dropped after the task: nothing is left on the model)."""
+def _mteb_wrapper(model, prompts: dict[str, str], context, precision: str = "fp32"):
+    """mteb's sentence-transformers wrapper for one task, encoding under ``precision``'s autocast while
+    similarities and metrics stay in float32 (an autocast around the whole evaluation would also run
+    ``model.similarity``'s matmul in float16, reordering near-tied neighbours). With a CDE ``context``, every
+    encode call of this task carries it as ``dataset_embeddings`` (nothing is left on the model)."""
     from mteb.models import SentenceTransformerEncoderWrapper
 
-    class _WithContext(SentenceTransformerEncoderWrapper):
+    class _Wrapper(SentenceTransformerEncoderWrapper):
         def encode(self, inputs, **kwargs):
-            return super().encode(inputs, dataset_embeddings=context, **kwargs)
+            if context is not None:
+                kwargs["dataset_embeddings"] = context
+            with _autocast(precision, str(model.device)):
+                return super().encode(inputs, **kwargs)
 
-    cls = SentenceTransformerEncoderWrapper if context is None else _WithContext
     with warnings.catch_warnings():  # mteb nags when a model has no generic query/document prompts
         warnings.simplefilter("ignore", UserWarning)
-        return cls(model, model_prompts=prompts)
+        return _Wrapper(model, model_prompts=prompts)
 
 
 def _evaluate_task(cfg: EvalConfig, model, task, prompts: dict, precision: str, output: Path):
@@ -292,9 +296,8 @@ def _evaluate_task(cfg: EvalConfig, model, task, prompts: dict, precision: str, 
 
     if isinstance(task, _Unresolvable):
         raise task.error
-    wrapper = _mteb_wrapper(model, prompts, _task_context(cfg, model, task, output))
-    device = str(model.device)
-    with _autocast(precision, device), torch.inference_mode():
+    wrapper = _mteb_wrapper(model, prompts, _task_context(cfg, model, task, output), precision)
+    with torch.inference_mode():
         result = mteb.evaluate(
             wrapper,
             task,
