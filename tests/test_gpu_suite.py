@@ -83,3 +83,21 @@ def test_fp16_against_fp32_scores_per_task():
     assert (
         not rows["MSRP"]["ok"] and rows["MSRP"]["fp16"] is None
     )  # missing on one side: reported, not dropped
+
+
+def test_every_dependency_is_on_the_gpu_image_or_carried():
+    """benchmarks/gpu_wheels.txt (what gpu_wheels.sh carries) and gpu_image.txt (what the GPU machine has) cover
+    every runtime dependency of pyproject.toml, so the suite's offline install cannot miss one."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import _gpu_wheels
+
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    names = {_gpu_wheels.norm(Requirement(d).name) for d in deps}
+    have = set(_gpu_wheels.image_packages()) | set(_gpu_wheels.carried())
+    assert names - have == set()
+    assert {"torch", "transformers", "sentence-transformers"} <= set(_gpu_wheels.image_packages())
+    assert "mteb" in _gpu_wheels.carried()  # the image has no mteb
