@@ -132,25 +132,90 @@ def test_cards_without_repeats_keep_the_plain_sampler(trecqa):
     assert no_duplicate_batches(False, repeated, batch_size=4, drop_last=True) is None
 
 
-def test_training_on_a_card_with_repeated_questions_uses_it(tmp_path, tiny_official, caplog):
+REPO = Path(__file__).resolve().parents[1]
+TINY = REPO / "recipes/tiny.yaml"
+
+
+def _trecqa_recipe(output: Path, tiny_official, *overrides):
     from neoembed.recipe import load_recipe
     from neoembed.train.recipe import UnifiedRecipe
-    from neoembed.train.trainer import train
 
-    repo_root = Path(__file__).resolve().parents[1]
-    tiny_recipe = repo_root / "recipes/tiny.yaml"
-    recipe = load_recipe(
-        tiny_recipe,
+    return load_recipe(
+        TINY,
         UnifiedRecipe,
         [
             f"model={tiny_official}",
-            f"output_dir={tmp_path / 'run'}",
-            f"card_dirs=[{repo_root / 'tests/data_cards'}]",
+            f"output_dir={output}",
+            f"card_dirs=[{REPO / 'tests/data_cards'}]",
             "datasets=[{card: trecqa_pairs, max_rows: 96}]",
-            "steps=2",
-            "save_steps=100",
+            *overrides,
         ],
     )
+
+
+def _losses(out: Path) -> list[float]:
+    return [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_training_on_a_card_with_repeated_questions_uses_it_and_resumes_bit_identical(
+    tmp_path, tiny_official, caplog
+):
+    """The sampler replays the same batches after a kill and --resume (the trainer skips the batches of the
+    steps done by iterating the sampler again), so a resumed run logs the uninterrupted run's losses."""
+    import shutil
+
+    from neoembed.train.trainer import train
+
+    settings = ("steps=4", "save_steps=2", "batch_size=16")
     with caplog.at_level("INFO", logger="neoembed"):
-        train(recipe, recipe_dir=tiny_recipe.parent)
+        full = train(_trecqa_recipe(tmp_path / "full", tiny_official, *settings), recipe_dir=TINY.parent)
     assert "card trecqa_pairs: a text repeats across rows, so no batch holds it twice" in caplog.text
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    shutil.copytree(full / "checkpoint-2", resumed / "checkpoint-2")
+    train(_trecqa_recipe(resumed, tiny_official, *settings), recipe_dir=TINY.parent, resume=True)
+    assert len(_losses(full)) == 4 and _losses(resumed) == _losses(full)[2:]
+
+
+def _questions(trecqa, n_rows):
+    return Dataset.from_list([{"query": r["query"], "positive": r["positive"]} for r in trecqa[:n_rows]])
+
+
+def test_a_batch_larger_than_the_rows_free_of_repeats_is_refused_or_falls_back(trecqa, caplog):
+    """The first 96 TREC QA rows hold 21 questions: a batch of 32 cannot be free of repeats. "auto" warns and keeps plain
+    batches, true is refused before any model loads, and a sampler that runs dry mid-run names the dataset
+    (it used to end in 'RuntimeError: generator raised StopIteration')."""
+    from torch.utils.data import ConcatDataset
+
+    from neoembed.data.cards import DataCardError
+    from neoembed.data.sampler import PowerLawDatasetBatchSampler, duplicate_free_rows, plan_no_duplicates
+
+    dataset = _questions(trecqa, 96)
+    free = duplicate_free_rows(dataset, 1000)
+    assert free == len(set(dataset["query"])) == 21
+    assert plan_no_duplicates("auto", dataset, 16, "trecqa") and plan_no_duplicates(
+        True, dataset, 21, "trecqa"
+    )
+    with caplog.at_level("WARNING", logger="neoembed"):
+        assert not plan_no_duplicates("auto", dataset, 32, "trecqa")
+    assert "card trecqa: only 21 of its rows share no text" in caplog.text
+    with pytest.raises(
+        DataCardError, match="card trecqa: only 21 .* batch size 32.* set no_duplicates: false"
+    ):
+        plan_no_duplicates(True, dataset, 32, "trecqa")
+    assert not plan_no_duplicates(False, dataset, 16, "trecqa")
+    dry = NoDuplicatesBatchSampler(dataset, batch_size=32, drop_last=True, generator=torch.Generator())
+    sampler = PowerLawDatasetBatchSampler(ConcatDataset([dataset]), [dry], num_steps=3)
+    with pytest.raises(RuntimeError, match="dataset 0 .* no batch of 32 rows.*no_duplicates: false"):
+        list(sampler)
+
+
+def test_a_recipe_asking_for_impossible_unique_batches_fails_before_the_model_loads(tmp_path, trecqa):
+    from neoembed.data.cards import DataCardError
+    from neoembed.train.trainer import train
+
+    # 96 rows sampled from 93 questions: fewer than 90 distinct ones
+    recipe = _trecqa_recipe(tmp_path / "run", "no-such-model", "no_duplicates=true", "batch_size=90")
+    with pytest.raises(DataCardError, match=r"trecqa_pairs: only \d+ .* batch size 90"):
+        train(recipe, recipe_dir=TINY.parent)
+    assert not (tmp_path / "run").exists()

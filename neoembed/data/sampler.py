@@ -9,6 +9,7 @@ dataset for every step, so that the global batch of a step is single-dataset on 
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Iterator
 from itertools import accumulate
 
@@ -19,9 +20,13 @@ __all__ = [
     "NoDuplicatesBatchSampler",
     "PowerLawDatasetBatchSampler",
     "dataset_probabilities",
+    "duplicate_free_rows",
     "no_duplicate_batches",
+    "plan_no_duplicates",
     "text_repeats",
 ]
+
+logger = logging.getLogger(__name__)
 
 
 def dataset_probabilities(sizes: list[int], alpha: float) -> list[float]:
@@ -50,6 +55,57 @@ def no_duplicate_batches(mode: bool | str, dataset, **sampler_kwargs) -> NoDupli
     if mode is False or (mode == "auto" and not text_repeats(dataset)):
         return None
     return NoDuplicatesBatchSampler(dataset, **sampler_kwargs)
+
+
+def duplicate_free_rows(dataset, limit: int, label_columns: tuple[str, ...] = ("label",)) -> int:
+    """How many rows, taken in order, share no text with the rows taken before them (counting stops at
+    ``limit``). ``NoDuplicatesBatchSampler`` fills a batch the same greedy way, so below the batch size it can
+    form no batch at all."""
+    columns = [c for c in dataset.column_names if c not in label_columns]
+    seen: set[str] = set()
+    count = 0
+    for row in zip(*(dataset[c] for c in columns), strict=True):
+        if seen.isdisjoint(row):
+            seen.update(row)
+            count += 1
+            if count >= limit:
+                break
+    return count
+
+
+def plan_no_duplicates(mode: bool | str, dataset, batch_size: int, name: str) -> bool:
+    """Whether dataset ``name`` gets batches without a repeated text (recipe key ``no_duplicates``), decided
+    before any model loads. "auto": where a text repeats and ``batch_size`` rows free of repeats exist (else a
+    warning and plain batches); True: the same, an error naming the fix when no such batch exists."""
+    if mode is False or (mode == "auto" and not text_repeats(dataset)):
+        return False
+    free = duplicate_free_rows(dataset, batch_size)
+    if free >= batch_size:
+        return True
+    problem = (
+        f"card {name}: only {free} of its rows share no text with one another (a question with several "
+        f"answers counts once), fewer than its batch size {batch_size}"
+    )
+    if mode == "auto":
+        logger.warning("%s, so its batches may hold a text twice; lower its batch_size to avoid it", problem)
+        return False
+    from neoembed.data.cards import DataCardError
+
+    raise DataCardError(
+        f"{problem}: no_duplicates: true cannot fill a batch; lower batch_size or set no_duplicates: false"
+    )
+
+
+def _restarted_batch(batches: Iterator[list[int]], i: int, sampler) -> list[int]:
+    """The first batch of dataset ``i``'s restarted sampler; one that yields none (a ``NoDuplicatesBatchSampler``
+    whose data holds too few rows free of repeats) is an error naming the fix, not a bare StopIteration."""
+    batch = next(batches, None)
+    if batch is None:
+        raise RuntimeError(
+            f"dataset {i} (in recipe order) yields no batch of {sampler.batch_size} rows; lower its batch_size, "
+            "or set no_duplicates: false if its texts repeat"
+        )
+    return batch
 
 
 def _world() -> int:
@@ -108,7 +164,7 @@ class PowerLawDatasetBatchSampler(MultiDatasetDefaultBatchSampler):
                     if hasattr(self.batch_samplers[i], "set_epoch"):
                         self.batch_samplers[i].set_epoch(getattr(self.batch_samplers[i], "epoch", 0) + 1)
                     iters[i] = iter(self.batch_samplers[i])
-                    batch = next(iters[i])
+                    batch = _restarted_batch(iters[i], i, self.batch_samplers[i])
                 yield [j + offsets[i] for j in batch]
 
     def __len__(self) -> int:

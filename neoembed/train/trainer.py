@@ -31,7 +31,7 @@ from transformers import TrainerCallback
 
 from neoembed.data.cards import DataCardError, explain_data_errors, find_card, load_card, prepare_card
 from neoembed.data.check import require_hub
-from neoembed.data.sampler import NoDuplicatesBatchSampler, PowerLawDatasetBatchSampler, no_duplicate_batches
+from neoembed.data.sampler import NoDuplicatesBatchSampler, PowerLawDatasetBatchSampler, plan_no_duplicates
 from neoembed.instructions import format_with_instruction
 from neoembed.losses import build_loss
 from neoembed.recipe import resolve_recipe_path
@@ -189,17 +189,21 @@ def _trainer_class():
             batch_sizes: dict,
             samplers: list,
             settings: dict | None,
-            no_duplicates="auto",
+            no_duplicates: dict[str, bool] | None = None,
             **kwargs,
         ):
             self.neoembed_batch_sizes, self.neoembed_samplers = batch_sizes, samplers
-            self.neoembed_no_duplicates = no_duplicates
+            self.neoembed_no_duplicates = no_duplicates or {}  # card name -> no text twice in its batches
             self.neoembed_settings, self._neoembed_staging = settings, None
             super().__init__(*args, **kwargs)
 
         def get_batch_sampler(self, dataset, **kwargs):  # sentence-transformers passes keywords only
-            sampler = no_duplicate_batches(self.neoembed_no_duplicates, dataset, **kwargs)
-            return super().get_batch_sampler(dataset, **kwargs) if sampler is None else sampler
+            unique = any(
+                self.train_dataset[n] is dataset for n, u in self.neoembed_no_duplicates.items() if u
+            )
+            if unique:
+                return NoDuplicatesBatchSampler(dataset, **kwargs)
+            return super().get_batch_sampler(dataset, **kwargs)
 
         def get_multi_dataset_batch_sampler(self, dataset, batch_samplers, generator=None, seed=0):
             names = list(self.train_dataset.keys())
@@ -394,6 +398,9 @@ def train(
     reports: dict = {}
     datasets, cards, batch_sizes = prepare_datasets(recipe, recipe_dir, reports)
     full_sizes = [reports[name].full_size or len(datasets[name]) for name in datasets]
+    no_duplicates = {
+        n: plan_no_duplicates(recipe.no_duplicates, d, batch_sizes[n], n) for n, d in datasets.items()
+    }
     settings = resume_settings(recipe)
     checkpoint = prepare_output_dir(
         output,
@@ -416,7 +423,7 @@ def train(
         batch_sizes=batch_sizes,
         samplers=samplers,
         settings=settings,
-        no_duplicates=recipe.no_duplicates,
+        no_duplicates=no_duplicates,
     )
     output.mkdir(parents=True, exist_ok=True)
     metrics = _MetricsCallback(output, samplers, list(datasets.keys()), batch_sizes, main)
