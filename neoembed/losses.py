@@ -84,9 +84,24 @@ def text_keys(features: dict[str, Tensor]) -> Tensor:
     return ((ids + 1) * powers[pos] * mask).sum(dim=1)
 
 
-def duplicate_mask(positive_keys: Tensor, candidate_keys: Tensor, offset: int = 0) -> Tensor:
-    """(B, N) True where candidate j has the same text as query i's positive but is not that positive."""
+def duplicate_mask(
+    positive_keys: Tensor,
+    candidate_keys: Tensor,
+    offset: int = 0,
+    query_keys: Tensor | None = None,
+    candidate_query_keys: Tensor | None = None,
+) -> Tensor:
+    """(B, N) True where candidate j has the same text as a positive of query i but is not its own positive
+    column ``offset + i``. Without ``query_keys`` the positives of query i are its own; with them, also those of
+    every row asking the same query (one question, several answers: each answer is not a negative of the
+    other row). ``candidate_keys`` begin with the positives of the rows whose queries are
+    ``candidate_query_keys`` (default ``query_keys``: the same rows, as when nothing is gathered)."""
     mask = positive_keys[:, None] == candidate_keys[None, :]
+    if query_keys is not None:
+        others = query_keys if candidate_query_keys is None else candidate_query_keys
+        same_query = (query_keys[:, None] == others[None, :]).float()  # (B, M), rows asking the same query
+        is_their_positive = (candidate_keys[: len(others), None] == candidate_keys[None, :]).float()  # (M, N)
+        mask |= (same_query @ is_their_positive) > 0
     rows = torch.arange(len(positive_keys), device=mask.device)
     mask[rows, rows + offset] = False
     return mask
@@ -388,7 +403,7 @@ class _InfoNCEMixin:
     tau: float
     mask_duplicates: bool
     reduction: str
-    _keys: tuple[Tensor, Tensor] | None = None
+    _keys: tuple[Tensor, Tensor, Tensor] | None = None  # positives', candidates' and queries' text keys
     false_negatives: FalseNegativeConfig | None = None
     improved_contrastive: bool = False
     matryoshka: MatryoshkaConfig | None = None
@@ -487,7 +502,7 @@ class _InfoNCEMixin:
             return
         pos = text_keys(sentence_features[1])
         cands = torch.cat([text_keys(f) for f in sentence_features[1:]])
-        self._keys = (pos, cands)
+        self._keys = (pos, cands, text_keys(sentence_features[0]))
 
     def _score(self, queries: Tensor, docs: list[Tensor]) -> Tensor:
         batch = len(queries)
@@ -499,13 +514,15 @@ class _InfoNCEMixin:
         candidates = torch.cat(docs)
         mask = None
         if self._keys is not None:
-            pos, cands = self._keys
+            pos, cands, query_keys = self._keys
+            all_queries = None
             if self.gather_across_devices:
                 # candidate order after gathering: [positives of all ranks, negatives_1 of all ranks, ...]
                 n_cols = len(docs)
                 per_col = cands.view(n_cols, -1)
                 cands = torch.cat([_gather(per_col[c], False) for c in range(n_cols)])
-            mask = duplicate_mask(pos, cands, offset=offset)
+                all_queries = _gather(query_keys, False)
+            mask = duplicate_mask(pos, cands, offset, query_keys, all_queries)
         mask = self._mask_false_negatives(queries, candidates, len(docs), mask, offset)  # objectives (#25)
         return self._contrast(queries, candidates, mask, offset)
 

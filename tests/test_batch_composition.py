@@ -219,3 +219,73 @@ def test_a_recipe_asking_for_impossible_unique_batches_fails_before_the_model_lo
     with pytest.raises(DataCardError, match=r"trecqa_pairs: only \d+ .* batch size 90"):
         train(recipe, recipe_dir=TINY.parent)
     assert not (tmp_path / "run").exists()
+
+
+def _asked_twice(rows: list[dict], size: int = 6) -> dict[str, list[str]]:
+    """Real TREC QA rows whose first two ask the same question with different answers (the card's order),
+    then rows of other questions."""
+    first = [r for r in rows if r["query"] == rows[0]["query"] and r.get("negative")][:2]
+    others, seen = [], {rows[0]["query"]}
+    for row in rows:
+        if row["query"] not in seen and row.get("negative"):
+            others.append(row)
+            seen.add(row["query"])
+    picked = first + others[: size - 2]
+    assert picked[0]["positive"] != picked[1]["positive"]
+    return {c: [r[c] for r in picked] for c in ("query", "positive", "negative")}
+
+
+def _hand_mask_by_question(batch: dict[str, list[str]]) -> torch.Tensor:
+    """Candidate j is masked for query i when it is a positive of a row asking query i, not i's own column."""
+    cands = batch["positive"] + batch["negative"]
+    b = len(batch["query"])
+    answers = [
+        {batch["positive"][k] for k in range(b) if batch["query"][k] == batch["query"][i]} for i in range(b)
+    ]
+    return torch.tensor([[j != i and cands[j] in answers[i] for j in range(len(cands))] for i in range(b)])
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_the_same_question_twice_masks_each_others_answer(tiny, trecqa, cached):
+    """One question, two answers in one batch: answer 1 is not a negative of row 0, nor answer 0 of row 1
+    (the loss used to keep both in the denominators when no_duplicates fell back to plain batches)."""
+    batch = _asked_twice(trecqa)
+    features = [tiny.tokenize(batch[c]) for c in ("query", "positive", "negative")]
+    loss_fn = CachedInfoNCELoss(tiny, mini_batch_size=2) if cached else InfoNCELoss(tiny)
+    with torch.no_grad():
+        loss = float(loss_fn(features, torch.zeros(len(batch["query"]))))
+        q, p, n = (tiny(f)["sentence_embedding"] for f in features)
+    mask = _hand_mask_by_question(batch)
+    assert mask[0, 1] and mask[1, 0] and int(mask.sum()) == 2
+    assert loss == pytest.approx(float(info_nce(q, torch.cat([p, n]), loss_fn.tau, mask)), rel=1e-5)
+    assert loss != pytest.approx(float(info_nce(q, torch.cat([p, n]), loss_fn.tau)), rel=1e-5)
+
+
+def test_duplicate_mask_by_question_across_gathered_ranks():
+    """Two ranks of two rows, candidates gathered as [positives of both ranks, negatives of both ranks]: rank 1's
+    row 0 asks rank 0's row 1's question, so rank 0's answer is masked for it, and its own column is not."""
+    queries = torch.tensor([10, 11, 11, 12])  # rows of rank 0 then rank 1
+    positives = torch.tensor([20, 21, 22, 23])
+    negatives = torch.tensor([30, 20, 31, 32])  # rank 0's row 1 has row 0's positive as its negative
+    cands = torch.cat([positives, negatives])
+    rank1 = duplicate_mask(
+        positives[2:], cands, offset=2, query_keys=queries[2:], candidate_query_keys=queries
+    )
+    assert rank1.nonzero().tolist() == [[0, 1]]
+    rank0 = duplicate_mask(
+        positives[:2], cands, offset=0, query_keys=queries[:2], candidate_query_keys=queries
+    )
+    assert rank0.nonzero().tolist() == [[0, 5], [1, 2]]
+    assert duplicate_mask(positives[:2], cands).nonzero().tolist() == [[0, 5]]  # by positive text alone
+
+
+def test_cde_masks_the_answer_of_the_same_question_on_another_row(trecqa):
+    from types import SimpleNamespace
+
+    from neoembed.cde.trainer import Source, _step_mask
+
+    batch = _asked_twice(trecqa, size=4)
+    src = Source("trecqa", batch["query"], batch["positive"], [[t] for t in batch["negative"]])
+    recipe = SimpleNamespace(filtering=SimpleNamespace(enabled=False), mask_duplicates=True)
+    mask = _step_mask(recipe, src, [0, 1, 2, 3], batch["positive"] + batch["negative"])
+    assert mask.equal(_hand_mask_by_question(batch)) and mask[0, 1] and mask[1, 0]

@@ -472,6 +472,8 @@ def _step_mask(recipe: CDERecipe, src: Source, local: list[int], d_texts: list[s
     if recipe.mask_duplicates:  # d_texts: the local positives first, then their hard negatives
         ids: dict[str, int] = {}
         keys = torch.tensor([ids.setdefault(t, len(ids)) for t in d_texts])
-        dup = duplicate_mask(keys[: len(local)], keys)
+        # the same question on two rows (several answers): each row's answer is not the other's negative
+        queries = torch.tensor([ids.setdefault("query\0" + src.queries[i], len(ids)) for i in local])
+        dup = duplicate_mask(keys[: len(local)], keys, query_keys=queries)
         mask = dup if mask is None else (mask | dup)
     return mask
