@@ -246,6 +246,40 @@ def test_written_card_passes_data_check_and_trains_with_the_tiny_recipe(mined, t
     assert metrics[0]["dataset"] == "msrp_small_mined"
 
 
+def test_a_mined_negative_that_is_another_rows_positive_is_masked_by_the_loss(mined, tiny_official):
+    """Rows as neoembed mine wrote them: negatives come from the card's positives, so a batch holding a row and
+    the row whose positive is its negative puts that text in two columns padded to different widths. InfoNCE
+    (plain and cached) equals the loss with it masked by hand for the query it answers."""
+    import torch
+
+    import neoembed
+    from neoembed.losses import CachedInfoNCELoss, InfoNCELoss, info_nce
+
+    result, cfg = mined
+    rows = _rows(result.data)
+    owner = {r["positive"]: k for k, r in enumerate(rows)}
+    a = next(k for k, r in enumerate(rows) if owner.get(r["negative_1"], k) != k)
+    picked = [a, owner[rows[a]["negative_1"]]]
+    picked += [k for k in range(len(rows)) if rows[k]["query"] not in {rows[j]["query"] for j in picked}][:4]
+    cols = ["query", "positive"] + [f"negative_{j + 1}" for j in range(cfg.num_negatives)]
+    batch = {c: [rows[k][c] for k in picked] for c in cols}
+    cands = [t for c in cols[1:] for t in batch[c]]
+    hand = torch.tensor(
+        [[j != i and t == batch["positive"][i] for j, t in enumerate(cands)] for i in range(6)]
+    )
+    assert hand[1, len(picked)]  # row a's first negative is row b's positive
+    model = neoembed.load(tiny_official)
+    model.eval()
+    features = [model.tokenize(batch[c]) for c in cols]
+    assert features[1]["input_ids"].shape[1] != features[2]["input_ids"].shape[1]
+    with torch.no_grad():
+        q, *docs = (model(dict(f))["sentence_embedding"] for f in features)  # the forward adds keys
+        expected = float(info_nce(q, torch.cat(docs), 0.07, hand))
+        for loss in (InfoNCELoss(model), CachedInfoNCELoss(model, mini_batch_size=4)):
+            assert float(loss(features, torch.zeros(6))) == pytest.approx(expected, rel=1e-5)
+    assert float(info_nce(q, torch.cat(docs), 0.07)) != pytest.approx(expected, rel=1e-5)
+
+
 def test_interrupted_run_resumed_equals_uninterrupted(mined, card, tiny_official, tmp_path, monkeypatch):
     import neoembed.mine.miner as miner
 
