@@ -67,11 +67,13 @@ def _preprocess(source, out: Path, tokenizer, column, max_docs, shard_tokens, le
     except OSError as e:
         typer.echo(f"error: could not load tokenizer {tokenizer!r}: {e}", err=True)
         raise typer.Exit(2) from None
+    fresh = not out.exists()
     try:
         stats = preprocess(
             source, out, tok, column=column, shard_tokens=shard_tokens, max_docs=max_docs, min_lengths=lengths
         )
     except (FileNotFoundError, KeyError, ValueError, OSError) as e:
+        _drop_unstarted(out, fresh)
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
     typer.echo(json.dumps(stats, indent=2))
@@ -80,6 +82,15 @@ def _preprocess(source, out: Path, tokenizer, column, max_docs, shard_tokens, le
         typer.echo(
             f"subset {out / 'subsets' / f'gt{n}'}: {info['documents']} documents, {info['tokens']:,} tokens"
         )
+
+
+def _drop_unstarted(out: Path, fresh: bool) -> None:
+    """A refused preprocess leaves nothing behind: the folder it created is removed while it holds no shard
+    (one with shards is kept: rerunning the command resumes it)."""
+    import shutil
+
+    if fresh and out.is_dir() and not any(out.glob("shard-*")):
+        shutil.rmtree(out, ignore_errors=True)
 
 
 def pretrain_command(

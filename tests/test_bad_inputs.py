@@ -1,0 +1,140 @@
+"""Fault injection, one test per class of bad input a new user meets: each is refused with exit 2 by a message
+naming the file (or card, or model) and the fix, and leaves nothing on disk. Everything here runs on the tiny
+model and rows shipped with the package, in seconds."""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+RECIPES = Path(__file__).resolve().parents[1] / "recipes"
+TINY = RECIPES / "tiny"
+
+
+def _cli(capsys, monkeypatch, *args: str) -> tuple[int, str]:
+    """``neoembed ARGS`` in this process: the exit code and stderr + stdout."""
+    from neoembed.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["neoembed", *args])
+    monkeypatch.delenv("NEOEMBED_DEBUG", raising=False)
+    with pytest.raises(SystemExit) as e:
+        main()
+    out = capsys.readouterr()
+    return e.value.code, out.err + out.out
+
+
+def _recipe_on(tmp_path: Path, data: str) -> Path:
+    """A unified recipe training the tiny model on one card whose local data is ``data``."""
+    cards = tmp_path / "cards"
+    cards.mkdir()
+    (cards / "x.yaml").write_text(
+        f"name: x\nsource:\n  local: {{path: {data}, format: json}}\ncolumns: {{query: query, positive: positive}}\n"
+        "license: test\nsize: 10\n"
+    )
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(
+        f"seed: 0\nmodel: {TINY / 'model'}\nmax_length: 32\ncard_dirs: [{cards}]\ndatasets: [{{card: x}}]\nsteps: 2\n"
+        f"batch_size: 4\nsave_steps: 4\noutput_dir: {tmp_path / 'out'}\n"
+    )
+    return recipe
+
+
+def _truncated_gz(path: Path) -> Path:
+    path.write_bytes(gzip.compress((TINY / "rows" / "pydoc_names.jsonl").read_bytes())[:3000])
+    return path
+
+
+@pytest.mark.parametrize(
+    ("make", "expect"),
+    [
+        (lambda d: (d / "sub" / "deeper").mkdir(parents=True) or d / "sub", "holds no files"),
+        (lambda d: (d / "nl.jsonl").write_text("\n") and d / "nl.jsonl", "holds no rows"),
+        (lambda d: _truncated_gz(d / "rows.jsonl.gz"), "complete .gz"),
+    ],
+    ids=["folder", "newline-only", "truncated-gz"],
+)
+def test_unreadable_card_data_is_named(tmp_path, capsys, monkeypatch, make, expect):
+    data = make(tmp_path)
+    code, out = _cli(capsys, monkeypatch, "train", str(_recipe_on(tmp_path, str(data))))
+    assert code == 2, out
+    assert "card x" in out and expect in out and str(Path(data).name) in out
+    assert not (tmp_path / "out").exists()
+
+
+def test_eof_error_is_bad_input_not_an_interruption(tmp_path, capsys, monkeypatch):
+    """click turns any EOFError into Abort: a truncated compressed file must not read as Ctrl-C (exit 130)."""
+    import neoembed.pretrain.data as data
+
+    def truncated(*_a, **_k):
+        raise EOFError("Compressed file ended before the end-of-stream marker was reached")
+
+    monkeypatch.setattr(data, "preprocess", truncated)
+    src = tmp_path / "c.txt"
+    src.write_text("hello world")
+    code, out = _cli(
+        capsys, monkeypatch, "preprocess", str(src), str(tmp_path / "o"), "--tokenizer", str(TINY / "model")
+    )
+    assert code == 2 and "truncated" in out and "interrupted" not in out
+
+
+@pytest.mark.parametrize("kind", ["random-bytes", "truncated-gz"])
+def test_preprocess_refuses_unreadable_corpus_and_leaves_nothing(tmp_path, capsys, monkeypatch, kind):
+    import random
+
+    if kind == "random-bytes":
+        src = tmp_path / "noise.txt"
+        src.write_bytes(random.Random(0).randbytes(20_000))
+    else:
+        src = _truncated_gz(tmp_path / "rows.jsonl.gz")
+    out_dir = tmp_path / "shards"
+    code, out = _cli(
+        capsys, monkeypatch, "preprocess", str(src), str(out_dir), "--tokenizer", str(TINY / "model"), "--column",
+        "query",
+    )  # fmt: skip
+    assert code == 2 and src.name in out, out
+    assert not out_dir.exists()
+
+
+@pytest.mark.parametrize("which", ["tokens", "offsets"])
+def test_truncated_shard_is_named(tmp_path, which):
+    from neoembed.pretrain.data import ShardedCorpus
+
+    shards = shutil.copytree(TINY / "shards", tmp_path / "shards")
+    victim = shards / f"shard-00000.{which}.npy"
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+    with pytest.raises(ValueError, match=r"shard.*shard-00000\." + which):
+        ShardedCorpus(shards)
+
+
+def test_malformed_instructions_file_is_named(tmp_path):
+    from neoembed.instructions import load_instruction_set
+
+    bad = tmp_path / "instr.yaml"
+    bad.write_text("STS12: [unclosed\n")
+    with pytest.raises(ValueError, match="instructions file .*instr.yaml"):
+        load_instruction_set(str(bad))
+
+
+def test_corrupt_weights_are_named(tmp_path):
+    import neoembed
+
+    model = shutil.copytree(TINY / "model", tmp_path / "m")
+    weights = model / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:5000])
+    with pytest.raises(ValueError, match=r"model\.safetensors cannot be read.*truncated or corrupt"):
+        neoembed.load(model)
+
+
+def test_tokenizer_larger_than_the_vocabulary_is_refused(tmp_path, minilm_path):
+    import neoembed
+
+    model = shutil.copytree(TINY / "model", tmp_path / "m")
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt"):
+        if (minilm_path / name).is_file():
+            shutil.copy(minilm_path / name, model / name)
+    with pytest.raises(ValueError, match=r"tokenizer has 30,522 tokens .* 1,500 rows"):
+        neoembed.load(model)
