@@ -138,3 +138,53 @@ def test_tokenizer_larger_than_the_vocabulary_is_refused(tmp_path, minilm_path):
             shutil.copy(minilm_path / name, model / name)
     with pytest.raises(ValueError, match=r"tokenizer has 30,522 tokens .* 1,500 rows"):
         neoembed.load(model)
+
+
+def _pairs_card(tmp_path: Path, rows: list[tuple[str, str]]) -> Path:
+    import json
+
+    (tmp_path / "rows.jsonl").write_text(
+        "".join(json.dumps({"query": q, "positive": p}) + "\n" for q, p in rows)
+    )
+    card = tmp_path / "pairs.yaml"
+    card.write_text(
+        "name: pairs\nsource:\n  local: {path: rows.jsonl, format: json}\ncolumns: {query: query, positive: positive}"
+        "\nlicense: test\nsize: 3\n"
+    )
+    return card
+
+
+@pytest.mark.parametrize(
+    ("rows", "k"),
+    [
+        ([("a", "alpha doc"), ("b", "beta doc"), ("c", "gamma doc")], 5),  # k larger than the corpus
+        ([("a", "one doc")], 1),  # one document
+        ([("a", "same doc"), ("b", "same doc"), ("c", "same doc")], 1),  # identical documents
+    ],
+    ids=["k-over-corpus", "one-document", "identical-documents"],
+)
+def test_mine_refuses_to_write_an_empty_card_before_loading_a_model(tmp_path, capsys, monkeypatch, rows, k):
+    import neoembed.loading
+
+    def no_model(*_a, **_k):
+        raise AssertionError("the model must not load for a card that cannot be mined")
+
+    monkeypatch.setattr(neoembed.loading, "load", no_model)
+    out = tmp_path / "mined"
+    code, msg = _cli(
+        capsys, monkeypatch, "mine", str(_pairs_card(tmp_path, rows)), "--model", str(TINY / "model"), "--out",
+        str(out), "-k", str(k),
+    )  # fmt: skip
+    assert code == 2 and "0 rows" in msg and "--num-negatives" in msg, msg
+    assert not out.exists()
+
+
+def test_mine_refuses_when_the_filters_keep_no_negative(tmp_path, capsys, monkeypatch):
+    rows = [(f"q{i}", f"document number {i} about topic {i}") for i in range(6)]
+    out = tmp_path / "mined"
+    code, msg = _cli(
+        capsys, monkeypatch, "mine", str(_pairs_card(tmp_path, rows)), "--model", str(TINY / "model"), "--out",
+        str(out), "-k", "2", "--max-score", "-2",
+    )  # fmt: skip
+    assert code == 2 and "0 rows" in msg and "no query kept 2 negatives" in msg, msg
+    assert not out.exists()
