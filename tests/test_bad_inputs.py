@@ -188,3 +188,25 @@ def test_mine_refuses_when_the_filters_keep_no_negative(tmp_path, capsys, monkey
     )  # fmt: skip
     assert code == 2 and "0 rows" in msg and "no query kept 2 negatives" in msg, msg
     assert not out.exists()
+
+
+def test_cde_says_when_the_context_repeats_documents(caplog):
+    """A context of N drawn from fewer batch documents (with replacement) is reported before training, with
+    the fix; a batch holding N documents or more is not."""
+    import logging
+
+    from neoembed.cde.recipe import CDERecipe
+    from neoembed.cde.trainer import prepare_sources
+    from neoembed.recipe import load_recipe
+
+    recipe = load_recipe(RECIPES / "cde-tiny.yaml", CDERecipe, ["context.n_context=64"])
+    with caplog.at_level(logging.WARNING, logger="neoembed.cde.trainer"):
+        sources, _ = prepare_sources(recipe, RECIPES)
+    warned = [r.getMessage() for r in caplog.records if "context.n_context is 64" in r.getMessage()]
+    assert len(warned) == len(sources) and "a batch holds 8 documents" in warned[0]
+    assert "lower context.n_context to at most 8" in warned[0]
+    caplog.clear()
+    recipe = load_recipe(RECIPES / "cde-tiny.yaml", CDERecipe, [])
+    with caplog.at_level(logging.WARNING, logger="neoembed.cde.trainer"):
+        prepare_sources(recipe, RECIPES)
+    assert not [r for r in caplog.records if "n_context" in r.getMessage()]
