@@ -210,3 +210,91 @@ def test_cde_says_when_the_context_repeats_documents(caplog):
     with caplog.at_level(logging.WARNING, logger="neoembed.cde.trainer"):
         prepare_sources(recipe, RECIPES)
     assert not [r for r in caplog.records if "n_context" in r.getMessage()]
+
+
+# ------------------------------------------------------------------------------- a signal during the final save
+def _interrupting_save(signum):
+    import os
+
+    def save(folder: Path) -> None:
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text("{}")
+        os.kill(os.getpid(), signum)  # delivered here, between two files of the model
+        (folder / "model.safetensors").write_bytes(b"x" * 100)
+
+    return save
+
+
+@pytest.mark.parametrize(("name", "code"), [("SIGINT", 130), ("SIGTERM", 143)])
+def test_signal_during_the_final_save_keeps_no_half_model(tmp_path, name, code):
+    import signal
+
+    from neoembed.runs import FinalSaveInterrupted, save_final_model
+
+    (tmp_path / "checkpoint-4").mkdir()
+    save = _interrupting_save(getattr(signal, name))
+    with pytest.raises(FinalSaveInterrupted) as e:
+        save_final_model(tmp_path, save)
+    assert e.value.exit_code == code
+    assert "no final model was written" in str(e.value) and "checkpoint-4" in str(e.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-4"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
+
+
+def test_signal_while_the_final_model_is_moved_in_waits(tmp_path, monkeypatch):
+    import os
+    import signal
+
+    import neoembed.runs as runs
+
+    real, sent = os.replace, []
+
+    def replace(a, b):
+        if not sent:
+            sent.append(os.kill(os.getpid(), signal.SIGINT))
+        real(a, b)
+
+    monkeypatch.setattr(runs.os, "replace", replace)
+
+    def save(folder: Path) -> None:
+        (folder / "1_Pooling").mkdir(parents=True)
+        for f in ("config.json", "model.safetensors", "1_Pooling/config.json"):
+            (folder / f).write_text(f)
+
+    runs.save_final_model(tmp_path, save)
+    assert sent and sorted(p.name for p in tmp_path.iterdir()) == [
+        "1_Pooling",
+        "config.json",
+        "model.safetensors",
+    ]
+
+
+def test_ctrl_c_during_pretraining_final_save_exits_130_and_resume_finishes(tmp_path, capsys, monkeypatch):
+    import os
+    import signal
+
+    from neoembed.modeling import NeoBERTForMaskedLM
+
+    real = NeoBERTForMaskedLM.save_pretrained
+
+    def interrupted(self, folder, *a, **k):
+        os.kill(os.getpid(), signal.SIGINT)
+        return real(self, folder, *a, **k)
+
+    out = tmp_path / "run"
+    args = [
+        "pretrain",
+        str(RECIPES / "pretrain-tiny.yaml"),
+        "steps=2",
+        "save_steps=1",
+        "schedule.warmup_steps=0",
+        f"output_dir={out}",
+    ]
+    monkeypatch.setattr(NeoBERTForMaskedLM, "save_pretrained", interrupted)
+    code, msg = _cli(capsys, monkeypatch, *args)
+    assert code == 130 and "while the final model was being saved" in msg, msg
+    assert not (out / "model.safetensors").exists() and not (out / ".final.partial").exists()
+    monkeypatch.setattr(NeoBERTForMaskedLM, "save_pretrained", real)
+    code, msg = _cli(capsys, monkeypatch, *args, "--resume")
+    assert code == 0, msg
+    assert (out / "model.safetensors").is_file() and not (out / ".final.partial").exists()

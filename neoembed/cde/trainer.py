@@ -54,6 +54,7 @@ from neoembed.runs import (
     prepare_output_dir,
     resume_defaults,
     resume_settings,
+    save_final_model,
 )
 from neoembed.sentence import resolve_packaged
 
@@ -369,7 +370,7 @@ def train_cde(
 
     def save_final() -> None:
         module.eval()
-        model.save(str(output))
+        save_final_model(output, lambda folder: model.save(str(folder)))
         atomic_write_text(output / "README.md", _model_card(recipe, cards, loop.step))
 
     loop.finish(save_final)

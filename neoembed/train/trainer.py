@@ -49,6 +49,7 @@ from neoembed.runs import (
     resume_defaults,
     resume_settings,
     run_identity,
+    save_final_model,
     stage_checkpoint,
     verify_checkpoint,
     write_failed,
@@ -417,7 +418,7 @@ def train(
     if stop.received is not None:
         raise TrainingInterrupted(stop.received, _last_checkpoint(output))
     if main:
-        model.save(str(output))
+        save_final_model(output, lambda folder: model.save(str(folder)))
         _model_card(recipe, cards, output)
     return output
 
