@@ -51,6 +51,7 @@ __all__ = [
     "StopSignal",
     "TrainingInterrupted",
     "TrainingStopped",
+    "check_device",
     "check_pairs",
     "check_weight_files",
     "claim_results_dir",
@@ -236,6 +237,29 @@ def _remove_dirs(created: list[Path]) -> None:
     for p in created:
         with contextlib.suppress(OSError):
             p.rmdir()
+
+
+def check_device(device: str | None, flag: str = "--device") -> None:
+    """Refuse, before any model loads, a device torch does not know or this machine does not have (exit 2)."""
+    if device is None:
+        return
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"{flag} {device!r} is not a device: use cpu, cuda, cuda:N or mps") from None
+    if dev.type == "cuda" and (
+        not torch.cuda.is_available() or (dev.index or 0) >= torch.cuda.device_count()
+    ):
+        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        raise ValueError(
+            f"{flag} {device}: this machine has {have} CUDA device(s); use --device cpu or another GPU"
+        )
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"{flag} {device}: MPS is not available on this machine; use --device cpu")
+    if dev.type not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"{flag} {device!r}: neoembed runs on cpu, cuda or mps")
 
 
 # ------------------------------------------------------------------------------------------- output folder

@@ -298,3 +298,14 @@ def test_ctrl_c_during_pretraining_final_save_exits_130_and_resume_finishes(tmp_
     code, msg = _cli(capsys, monkeypatch, *args, "--resume")
     assert code == 0, msg
     assert (out / "model.safetensors").is_file() and not (out / ".final.partial").exists()
+
+
+@pytest.mark.parametrize("device", ["tpu", "cuda:999", "gpu0"])
+def test_mteb_refuses_an_unusable_device_before_the_model_loads(tmp_path, capsys, monkeypatch, device):
+    out = tmp_path / "res"
+    code, msg = _cli(
+        capsys, monkeypatch, "mteb", "--model", str(TINY / "model"), "--tasks", "STS12", "--device", device,
+        "--output", str(out),
+    )  # fmt: skip
+    assert code == 2 and f"--device {device}" in msg.replace("'", ""), msg
+    assert not out.exists()

@@ -189,8 +189,9 @@ def _ppl(model, data, lengths, out, max_docs, batch_size, column, device, overwr
     from neoembed.modeling.convert import resolve_checkpoint
     from neoembed.pretrain.data import ShardedCorpus, iter_documents
     from neoembed.pretrain.ppl import pseudo_perplexity, write_ppl
-    from neoembed.runs import check_weight_files, prepare_output_dir
+    from neoembed.runs import check_device, check_weight_files, prepare_output_dir
 
+    check_device(device)
     wanted = _ints(lengths, "--lengths")
     if not wanted or min(wanted) < 1:
         raise typer.BadParameter(f"--lengths needs positive lengths such as 512,1024; got {lengths!r}")
