@@ -309,3 +309,29 @@ def test_mteb_refuses_an_unusable_device_before_the_model_loads(tmp_path, capsys
     )  # fmt: skip
     assert code == 2 and f"--device {device}" in msg.replace("'", ""), msg
     assert not out.exists()
+
+
+def test_refused_mine_and_preprocess_leave_nothing(tmp_path, capsys, monkeypatch):
+    """An unusable model for mine, a corpus of blank lines for preprocess: exit 2, naming it, no folder left."""
+    model = shutil.copytree(TINY / "model", tmp_path / "m")
+    (model / "model.safetensors").write_bytes((model / "model.safetensors").read_bytes()[:5000])
+    card = _pairs_card(tmp_path, [(f"q{i}", f"document {i}") for i in range(6)])
+    code, msg = _cli(
+        capsys, monkeypatch, "mine", str(card), "--model", str(model), "--out", str(tmp_path / "o")
+    )
+    assert code == 2 and "model.safetensors cannot be read" in msg and not (tmp_path / "o").exists(), msg
+    blank = tmp_path / "blank.jsonl"
+    blank.write_text("\n\n")
+    code, msg = _cli(
+        capsys, monkeypatch, "preprocess", str(blank), str(tmp_path / "s"), "--tokenizer", str(TINY / "model")
+    )
+    assert code == 2 and "holds no documents" in msg and not (tmp_path / "s").exists(), msg
+
+
+def test_data_check_names_the_file_it_cannot_read(tmp_path, capsys, monkeypatch):
+    code, msg = _cli(capsys, monkeypatch, "data", "check", str(_pairs_card(tmp_path, [])))
+    assert code == 1 and "rows.jsonl: holds no rows" in msg, msg
+    noise = tmp_path / "noise.yaml"
+    noise.write_bytes(bytes(range(128, 256)))
+    code, msg = _cli(capsys, monkeypatch, "data", "check", str(noise))
+    assert code == 1 and "noise.yaml is not a data card" in msg, msg

@@ -104,6 +104,10 @@ def load_card(path: str | Path) -> tuple[DataCard, Path]:
         raw = yaml.safe_load(path.read_text(encoding="utf8")) or {}
     except yaml.YAMLError as e:
         raise DataCardError(f"{path} is not valid YAML: {e}") from e
+    except UnicodeDecodeError as e:
+        raise DataCardError(
+            f"{path} is not a data card: not UTF-8 text ({e}); give the card's .yaml file"
+        ) from None
     try:
         card = DataCard.model_validate(raw)
     except ValidationError as e:

@@ -159,9 +159,10 @@ def mine_negatives(
     query_texts = [format_with_instruction(src.instruction, q, cfg.template) for q in data.queries]
     from neoembed.loading import load
 
-    encoder = load(
-        str(model), pooling=cfg.pooling, max_seq_length=cfg.max_length, padding_free=_padding_free()
-    )
+    with _nothing_left_on_refusal(out, state, fresh):  # an unusable model: nothing mined, nothing kept
+        encoder = load(
+            str(model), pooling=cfg.pooling, max_seq_length=cfg.max_length, padding_free=_padding_free()
+        )
     with _encode_pool(encoder, cfg.workers) as pool:
         corpus_emb = _embed_sharded(encoder, data.corpus, state, "corpus", cfg, pool, progress)
         query_emb = _embed_sharded(encoder, query_texts, state, "queries", cfg, pool, progress)

@@ -34,7 +34,9 @@ def preprocess_command(
     max_docs: Annotated[
         int | None, typer.Option("--max-docs", help="Stop after this many documents.")
     ] = None,
-    shard_tokens: Annotated[int, typer.Option("--shard-tokens", help="Tokens per shard file.")] = 50_000_000,
+    shard_tokens: Annotated[
+        int, typer.Option("--shard-tokens", min=1, help="Tokens per shard file.")
+    ] = 50_000_000,
     min_lengths: Annotated[
         str | None,
         typer.Option("--min-lengths", help="Build subsets of documents longer than these, e.g. 1024,2048."),

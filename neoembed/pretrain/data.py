@@ -304,6 +304,11 @@ def preprocess(
         atomic_write_text(out / "meta.json", json.dumps(meta, indent=2) + "\n")
         writer = _ShardWriter(out, _token_dtype(len(tokenizer)), shard_tokens, state)
         _write_shards(iter_documents(source, column), writer, tokenizer, max_docs, batch_size, progress)
+        if not any(out.glob("shard-*.tokens.npy")):
+            raise ValueError(
+                f"corpus {source} holds no documents (its files are empty or blank, or no row has a non-empty "
+                f"{column!r}): nothing to tokenize - check the path, or pass --column"
+            )
         meta["complete"] = True
         atomic_write_text(out / "meta.json", json.dumps(meta, indent=2) + "\n")
     corpus = ShardedCorpus(out)
