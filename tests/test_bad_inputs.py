@@ -335,3 +335,18 @@ def test_data_check_names_the_file_it_cannot_read(tmp_path, capsys, monkeypatch)
     noise.write_bytes(bytes(range(128, 256)))
     code, msg = _cli(capsys, monkeypatch, "data", "check", str(noise))
     assert code == 1 and "noise.yaml is not a data card" in msg, msg
+
+
+def test_read_only_output_folder_is_refused_before_training(tmp_path, capsys, monkeypatch):
+    """(os.access is stubbed: the test may run as root, whom mode bits do not stop.)"""
+    import os
+
+    import neoembed.runs as runs
+
+    out = tmp_path / "ro"
+    out.mkdir()
+    real = os.access
+    monkeypatch.setattr(runs.os, "access", lambda p, mode: False if Path(p) == out else real(p, mode))
+    code, msg = _cli(capsys, monkeypatch, "train", str(RECIPES / "tiny.yaml"), f"output_dir={out}")
+    assert code == 2 and f"{out} is not writable" in msg, msg
+    assert list(out.iterdir()) == []
