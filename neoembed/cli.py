@@ -137,6 +137,16 @@ def _click_exceptions() -> tuple[tuple[type[BaseException], ...], tuple[type[Bas
     return tuple(usage), tuple(aborts)
 
 
+def _eof_message(e: BaseException) -> str:
+    """An ``EOFError`` that reached the command line: a compressed file that ends early (a truncated ``.gz``
+    read by a library that does not name it), not a Ctrl-C."""
+    where = f" in {e.filename}" if getattr(e, "filename", None) else ""
+    return (
+        f"a data file ended before its end{where} ({e or 'EOFError'}): a truncated download or copy "
+        "(check .gz files with gzip -t) - copy it again"
+    )
+
+
 def main() -> None:
     """Run the command line; the one place where errors become messages and exit codes.
 
@@ -160,7 +170,10 @@ def main() -> None:
     except usage as e:  # usage errors (a bad option value): click's own message, exit 2
         e.show()
         raise SystemExit(e.exit_code) from None
-    except (*aborts, KeyboardInterrupt):
+    except (*aborts, KeyboardInterrupt) as e:
+        if isinstance(e.__cause__ or e.__context__, EOFError):  # click turns any EOFError into Abort
+            typer.echo(f"error: {_eof_message(e.__cause__ or e.__context__)}{hint}", err=True)
+            raise SystemExit(BAD_INPUT_EXIT) from None
         typer.echo("interrupted (a second Ctrl-C aborts without a checkpoint)", err=True)
         raise SystemExit(130) from None
     except TrainingStopped as e:

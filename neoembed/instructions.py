@@ -100,7 +100,13 @@ def load_instruction_set(spec: str | None) -> tuple[str, dict[str, str]]:
         )
     import yaml
 
-    mapping = yaml.safe_load(path.read_text(encoding="utf8"))  # YAML is a superset of JSON
+    try:
+        mapping = yaml.safe_load(path.read_text(encoding="utf8"))  # YAML is a superset of JSON
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise ValueError(
+            f"instructions file {path} is not valid YAML/JSON text ({e}): fix it, or pass one of "
+            f"{list(INSTRUCTION_SETS)}"
+        ) from None
     if not isinstance(mapping, dict) or not all(isinstance(v, str) for v in mapping.values()):
         raise ValueError(f"{path} must map task names to instruction strings")
     return str(path), {str(k): v.strip() for k, v in mapping.items()}

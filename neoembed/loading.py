@@ -13,7 +13,13 @@ from typing import Any
 
 from neoembed.cde.model import ContextualSentenceTransformer, is_cde_folder, load_cde
 from neoembed.compile import resolve_compile_mode
-from neoembed.sentence import EmbeddingModel, apply_speedups, resolve_dtype, set_truncate_dim
+from neoembed.sentence import (
+    EmbeddingModel,
+    apply_speedups,
+    named_weight_errors,
+    resolve_dtype,
+    set_truncate_dim,
+)
 from neoembed.sentence import load as load_bi_encoder
 
 __all__ = ["load"]
@@ -43,9 +49,10 @@ def load(
     options = {**dict(zip(names, args, strict=False)), **kwargs}
     dtype = resolve_dtype(options.get("dtype"))
     compile_mode = resolve_compile_mode(options.get("compile", False))
-    model = load_cde(
-        path, device=options.get("device"), model_kwargs={"dtype": dtype} if dtype is not None else None
-    )
+    with named_weight_errors(path):
+        model = load_cde(
+            path, device=options.get("device"), model_kwargs={"dtype": dtype} if dtype is not None else None
+        )
     if prompts:
         model.prompts = {**model.prompts, **prompts}
     if options.get("max_seq_length") is not None:

@@ -67,6 +67,9 @@ class StrictModel(BaseModel):
 #: a fraction in [0, 1] / in [0, 1): dropout rates, schedule ratios, Adam's betas
 Fraction = Annotated[float, Field(ge=0, le=1)]
 Beta = Annotated[float, Field(ge=0, lt=1)]
+#: a contrastive temperature: cosine / tau stays a finite logit in fp16 (|1 / 0.001| = 1000; below that the
+#: softmax is a hard max and the loss explodes), and above 10 every logit is ~0 and nothing is learned
+Temperature = Annotated[float, Field(ge=1e-3, le=10)]
 #: a seed every generator accepts (NumPy takes 0 .. 2**32 - 1)
 Seed = Annotated[int, Field(ge=0, lt=2**32)]
 

@@ -33,7 +33,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,12 +44,14 @@ from neoembed.record import atomic_write_text, file_sha256
 __all__ = [
     "CHECKPOINT_MARKER",
     "CheckpointWriteError",
+    "FinalSaveInterrupted",
     "MetricsLog",
     "OutputDirError",
     "OutputLockedError",
     "StopSignal",
     "TrainingInterrupted",
     "TrainingStopped",
+    "check_device",
     "check_pairs",
     "check_weight_files",
     "claim_results_dir",
@@ -66,6 +68,7 @@ __all__ = [
     "resume_defaults",
     "resume_settings",
     "run_identity",
+    "save_final_model",
     "stage_checkpoint",
     "trim_metrics",
     "verify_checkpoint",
@@ -234,6 +237,29 @@ def _remove_dirs(created: list[Path]) -> None:
     for p in created:
         with contextlib.suppress(OSError):
             p.rmdir()
+
+
+def check_device(device: str | None, flag: str = "--device") -> None:
+    """Refuse, before any model loads, a device torch does not know or this machine does not have (exit 2)."""
+    if device is None:
+        return
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"{flag} {device!r} is not a device: use cpu, cuda, cuda:N or mps") from None
+    if dev.type == "cuda" and (
+        not torch.cuda.is_available() or (dev.index or 0) >= torch.cuda.device_count()
+    ):
+        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        raise ValueError(
+            f"{flag} {device}: this machine has {have} CUDA device(s); use --device cpu or another GPU"
+        )
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"{flag} {device}: MPS is not available on this machine; use --device cpu")
+    if dev.type not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"{flag} {device!r}: neoembed runs on cpu, cuda or mps")
 
 
 # ------------------------------------------------------------------------------------------- output folder
@@ -604,6 +630,83 @@ class StopSignal:
     def __exit__(self, *exc):
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+
+
+class FinalSaveInterrupted(TrainingInterrupted):
+    """SIGINT / SIGTERM while the final model was being written: none of it was kept (exit 130 / 143)."""
+
+    def __init__(self, signal_name: str, output: Path, checkpoint: Path | None):
+        super().__init__(signal_name, checkpoint)
+        again = (
+            f"--resume continues from {checkpoint} and saves it"
+            if checkpoint is not None
+            else "run the command again (with --overwrite)"
+        )
+        self.args = (
+            f"stopped by {signal_name} while the final model was being saved: no final model was written to "
+            f"{output} (nothing half-written); {again}",
+        )
+
+
+class _Signalled(BaseException):
+    def __init__(self, name: str):
+        super().__init__(name)
+        self.name = name
+
+
+class _FinalSaveSignals:
+    """SIGINT / SIGTERM raise :class:`_Signalled` while the model is written, and wait while it is moved in."""
+
+    def __init__(self):
+        self.deferring, self.received, self._previous = False, None, {}
+
+    def __enter__(self):
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(ValueError):  # not the main thread
+                self._previous[sig] = signal.signal(sig, self.handle)
+        return self
+
+    def handle(self, signum, frame):
+        name = signal.Signals(signum).name
+        if not self.deferring:
+            raise _Signalled(name)
+        self.received = name
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def save_final_model(output: str | Path, save: Callable[[Path], None]) -> None:
+    """Write a run's final model all or nothing: ``save(folder)`` writes it into ``output/.final.partial``,
+    whose entries are then moved into ``output`` (renames, with SIGINT / SIGTERM held until they are done).
+
+    A signal while ``save`` runs removes the partial folder and raises :class:`FinalSaveInterrupted` (exit 130 /
+    143) naming the checkpoint that ``--resume`` continues from; so does any error (re-raised as it is)."""
+    output = Path(output)
+    staged = output / ".final.partial"
+    shutil.rmtree(staged, ignore_errors=True)
+    with _FinalSaveSignals() as signals:
+        try:
+            save(staged)
+        except _Signalled as e:
+            shutil.rmtree(staged, ignore_errors=True)
+            ckpts = list_checkpoints(output)
+            raise FinalSaveInterrupted(e.name, output, ckpts[-1] if ckpts else None) from None
+        except BaseException:
+            shutil.rmtree(staged, ignore_errors=True)
+            raise
+        signals.deferring = True
+        for entry in sorted(staged.iterdir()):
+            target = output / entry.name
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            os.replace(entry, target)
+        staged.rmdir()
+    if signals.received is not None:
+        logger.warning(
+            "%s received while the final model was moved in: it is complete in %s", signals.received, output
+        )
 
 
 # ------------------------------------------------------------------------------------------------- metrics

@@ -12,6 +12,7 @@ are written beside the weights, so the folder loads
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -300,28 +301,27 @@ def load(
 
     name_or_path = str(name_or_path)
     path = Path(name_or_path)
-    if _kind(name_or_path, tokenizer) == "sentence":
-        trust = trust_remote_code or (path.exists() and _uses_neoembed_modules(path))
-        model = EmbeddingModel(
-            name_or_path, device=device, model_kwargs=model_kwargs or None, trust_remote_code=trust
-        )
-        if prompts:
-            model.prompts = {**model.prompts, **prompts}
-        if default_prompt_name is not None:
-            model.default_prompt_name = default_prompt_name
-        if not include_prompt:
-            model.set_pooling_include_prompt(False)
-    else:
-        transformer = _transformer(name_or_path, model_kwargs, trust_remote_code, tokenizer, max_seq_length)
-        pooler = Pooling(transformer.get_embedding_dimension(), mode, include_prompt=include_prompt)
-        model = EmbeddingModel(
-            modules=[transformer, pooler, *([Normalize()] if normalize else [])],
-            device=device,
-            prompts=prompts,
-            default_prompt_name=default_prompt_name,
-            similarity_fn_name="cosine",
-        )
-        model.model_card_data.base_model = name_or_path
+    with named_weight_errors(name_or_path):
+        if _kind(name_or_path, tokenizer) == "sentence":
+            trust = trust_remote_code or (path.exists() and _uses_neoembed_modules(path))
+            model = EmbeddingModel(
+                name_or_path, device=device, model_kwargs=model_kwargs or None, trust_remote_code=trust
+            )
+            _prompt_options(model, prompts, default_prompt_name, include_prompt)
+        else:
+            transformer = _transformer(
+                name_or_path, model_kwargs, trust_remote_code, tokenizer, max_seq_length
+            )
+            pooler = Pooling(transformer.get_embedding_dimension(), mode, include_prompt=include_prompt)
+            model = EmbeddingModel(
+                modules=[transformer, pooler, *([Normalize()] if normalize else [])],
+                device=device,
+                prompts=prompts,
+                default_prompt_name=default_prompt_name,
+                similarity_fn_name="cosine",
+            )
+            model.model_card_data.base_model = name_or_path
+    check_vocab(model, name_or_path)
     if max_seq_length is not None:
         model.max_seq_length = max_seq_length
     if padding_free is not None and _is_neobert(model):
@@ -361,6 +361,62 @@ def set_truncate_dim(model, truncate_dim: int | None) -> None:
             f"truncate_dim {truncate_dim} is outside 1..{width}, the model's embedding dimension"
         )
     model.truncate_dim = int(truncate_dim)
+
+
+def _prompt_options(model, prompts, default_prompt_name, include_prompt) -> None:
+    """Merge ``load``'s prompt options into a saved sentence-transformers model's own."""
+    if prompts:
+        model.prompts = {**model.prompts, **prompts}
+    if default_prompt_name is not None:
+        model.default_prompt_name = default_prompt_name
+    if not include_prompt:
+        model.set_pooling_include_prompt(False)
+
+
+@contextlib.contextmanager
+def named_weight_errors(name_or_path: str | Path):
+    """Around reading a model: safetensors' own error (a truncated or corrupt weights file, which it reports
+    without a file name) becomes a ``ValueError`` naming the model and the unreadable file (exit 2)."""
+    from safetensors import SafetensorError
+
+    try:
+        yield
+    except SafetensorError as e:
+        path = Path(name_or_path)
+        files = sorted(path.rglob("*.safetensors")) if path.is_dir() else []
+        broken = [str(f) for f in files if not _readable_safetensors(f)] or [str(name_or_path)]
+        raise ValueError(
+            f"model {name_or_path}: weights file {', '.join(broken)} cannot be read ({e}): it is truncated or "
+            "corrupt - copy or save the model again"
+        ) from None
+
+
+def _readable_safetensors(path: Path) -> bool:
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            f.keys()
+        return True
+    except (SafetensorError, OSError):
+        return False
+
+
+def check_vocab(model: SentenceTransformer, name_or_path: str | Path) -> None:
+    """Refuse a tokenizer whose ids do not fit the model's embedding table (a tokenizer swapped in from another
+    model): each such id would fail deep inside the first forward pass with an index error naming neither."""
+    first = model[0] if len(model) else None
+    tok = getattr(first, "tokenizer", None)
+    config = getattr(getattr(first, "auto_model", None), "config", None)
+    vocab = getattr(config, "vocab_size", None)
+    if tok is None or not isinstance(vocab, int):
+        return
+    if len(tok) > vocab:
+        raise ValueError(
+            f"model {name_or_path}: its tokenizer has {len(tok):,} tokens but the model's embedding table has "
+            f"{vocab:,} rows (config.json vocab_size): ids >= {vocab:,} cannot be embedded - use the tokenizer "
+            "the model was trained with"
+        )
 
 
 def _transformer(name_or_path: str, model_kwargs: dict, trust_remote_code: bool, tokenizer, max_seq_length):

@@ -138,6 +138,8 @@ def test_one_optimizer_config_for_every_recipe():
         ("tiny", "alpha=nan", "alpha"),
         ("tiny", "alpha=-1e6", "alpha"),
         ("tiny", "temperature=inf", "temperature"),
+        ("tiny", "temperature=1e-30", "temperature"),
+        ("cde-tiny", "temperature=1000", "temperature"),
         ("tiny", "optimizer.lr=inf", "optimizer.lr"),
         ("tiny", "optimizer.betas=[2,0.5]", "optimizer.betas"),
         ("tiny", "seed=-1", "seed"),

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import NonNegativeInt, PositiveFloat, PositiveInt, model_validator
+from pydantic import NonNegativeInt, PositiveInt, model_validator
 
 from neoembed.instructions import DEFAULT_TEMPLATE
 from neoembed.losses import MatryoshkaConfig
-from neoembed.recipe import DatasetList, Fraction, OptimizerConfig, Recipe, StrictModel
+from neoembed.recipe import DatasetList, Fraction, OptimizerConfig, Recipe, StrictModel, Temperature
 
 __all__ = ["CDERecipe", "ClusteringConfig", "ContextConfig", "FilteringConfig"]
 
@@ -46,7 +46,7 @@ class CDERecipe(Recipe):
     card_dirs: list[str] = []
     steps: PositiveInt = 2000
     batch_size: PositiveInt = 512  # global: every process takes batch_size / processes of each batch
-    temperature: PositiveFloat = 0.02  # 1 / 50: the reference implementation's fixed logit scale
+    temperature: Temperature = 0.02  # 1 / 50: the reference implementation's fixed logit scale
     mask_duplicates: bool = True
     chunk_size: PositiveInt | None = None  # two-stage GradCache chunk; None = plain backpropagation
     matryoshka: MatryoshkaConfig | None = None  # {dims: [...], weights: [...]}: the loss at nested dimensions

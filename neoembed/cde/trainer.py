@@ -54,6 +54,7 @@ from neoembed.runs import (
     prepare_output_dir,
     resume_defaults,
     resume_settings,
+    save_final_model,
 )
 from neoembed.sentence import record_matryoshka_dims, resolve_packaged
 
@@ -115,7 +116,23 @@ def prepare_sources(recipe: CDERecipe, recipe_dir: Path | None = None) -> tuple[
         check_pairs(card.name, pairs["query"], pairs["positive"], lambda text: text)
         sources.append(Source(card.name, pairs["query"], pairs["positive"], negatives))
         cards.append((card, folder))
+    for source in sources:
+        warn_small_context(source.name, recipe.batch_size * (1 + source.k), recipe.context.n_context)
     return sources, cards
+
+
+def warn_small_context(name: str, documents: int, n_context: int) -> bool:
+    """Say so (once per source, before training) when a batch holds fewer documents than the N context slots:
+    each step's context is then drawn from them with replacement, so it repeats documents."""
+    if documents >= n_context:
+        return False
+    logger.warning(
+        "card %s: a batch holds %d documents (batch_size x (1 + negatives)) but context.n_context is %d: every "
+        "context repeats documents (drawn with replacement, ~%.1f copies each). Raise batch_size, or lower "
+        "context.n_context to at most %d",
+        name, documents, n_context, n_context / documents, documents,
+    )  # fmt: skip
+    return True
 
 
 def _teacher_pass(recipe: CDERecipe, sources: list[Source], progress: bool):
@@ -356,9 +373,13 @@ def train_cde(
 
     def save_final() -> None:
         module.eval()
-        model.save(str(output))
-        if recipe.matryoshka is not None:
-            record_matryoshka_dims(output, recipe.matryoshka.dims)
+
+        def _save(folder) -> None:
+            model.save(str(folder))
+            if recipe.matryoshka is not None:
+                record_matryoshka_dims(folder, recipe.matryoshka.dims)
+
+        save_final_model(output, _save)
         atomic_write_text(output / "README.md", _model_card(recipe, cards, loop.step))
 
     loop.finish(save_final)

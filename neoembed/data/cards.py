@@ -104,6 +104,10 @@ def load_card(path: str | Path) -> tuple[DataCard, Path]:
         raw = yaml.safe_load(path.read_text(encoding="utf8")) or {}
     except yaml.YAMLError as e:
         raise DataCardError(f"{path} is not valid YAML: {e}") from e
+    except UnicodeDecodeError as e:
+        raise DataCardError(
+            f"{path} is not a data card: not UTF-8 text ({e}); give the card's .yaml file"
+        ) from None
     try:
         card = DataCard.model_validate(raw)
     except ValidationError as e:
@@ -175,6 +179,11 @@ def load_card_rows(card: DataCard, folder: Path, max_rows: int | None = None, se
         if local.format == "mteb":
             return _joined(card, qrels.join_local(path, local.split, local.join, max_rows, seed))
         files = sorted(str(f) for f in path.glob("*") if f.is_file()) if path.is_dir() else [str(path)]
+        if not files:
+            raise DataCardError(
+                f"card {card.name}: local data folder {path} holds no files (sub-folders are not read): put the "
+                "data files in it or point source.local.path at one"
+            )
         ds = datasets.load_dataset(local.format, data_files=files, split="train")
     else:
         try:
@@ -591,6 +600,9 @@ def explain_unreadable(path: Path, error: BaseException) -> str:
         opener = gzip.open if path.suffix == ".gz" else open
         try:
             with opener(path, "rb") as f:
+                if not any(raw.strip() for raw in f):
+                    return f"{path}: holds no rows (empty, or blank lines only): fill it or remove it from the card"
+                f.seek(0)
                 for number, raw in enumerate(f, 1):
                     try:
                         line = raw.decode("utf-8").strip()

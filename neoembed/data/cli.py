@@ -117,10 +117,11 @@ def _live(card) -> bool | None:
 
 
 def _rows(card, folder, hub: HubStatus, max_rows: int | None, sample: int) -> bool:
-    from neoembed.data.cards import DataCardError, HubUnreachable, prepare_card
+    from neoembed.data.cards import DataCardError, HubUnreachable, explain_data_errors, prepare_card
 
     try:
-        pairs, report = prepare_card(card, folder, max_rows, warn=False)  # the share is printed below
+        with explain_data_errors(card, folder):  # the datasets library's errors name no file: say which
+            pairs, report = prepare_card(card, folder, max_rows, warn=False)  # the share is printed below
     except HubUnreachable as e:
         hub.found_unreachable()
         typer.echo(f"   hub unreachable: rows not loaded ({e})")

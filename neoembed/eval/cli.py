@@ -82,7 +82,7 @@ def mteb_command(
     ] = None,
     output: Output = None,
     overwrite: Overwrite = False,
-    seed: Annotated[int, typer.Option("--seed")] = 42,
+    seed: Annotated[int, typer.Option("--seed", min=0)] = 42,
     device: Annotated[str | None, typer.Option("--device")] = None,
     cde_context: CdeContext = "corpus",
 ) -> None:
@@ -93,13 +93,20 @@ def mteb_command(
         typer.echo(ctx.get_help())
         raise typer.Exit(2)
     from neoembed.eval.runner import PRECISIONS, EvalConfig
-    from neoembed.runs import check_weight_files, claim_results_dir, default_results_dir, output_lock
+    from neoembed.runs import (
+        check_device,
+        check_weight_files,
+        claim_results_dir,
+        default_results_dir,
+        output_lock,
+    )
 
     if precision is not None and precision not in PRECISIONS:
         raise typer.BadParameter(
             f"{precision!r} is not one of {', '.join(PRECISIONS)}", param_hint="--precision"
         )
     out = output or default_results_dir(model)
+    check_device(device)
     check_weight_files(model)
     task_list = _split(tasks, "--tasks")
     with output_lock(out, what="--output"):

@@ -145,6 +145,7 @@ def mine_negatives(
         corpus_card = (*load_card(corpus_path), corpus_path)
     fingerprint = _fingerprint(src_path, model, cfg, corpus, corpus_card)
     state = out / ".mine"
+    fresh = not out.exists() or (out.is_dir() and not any(out.iterdir()))
     if _prepare_output_dir(out, state, name, fingerprint, resume, overwrite):
         logger.warning("%s already holds a finished run (%s.yaml); nothing to do", out, name)
         return MineResult(
@@ -152,13 +153,16 @@ def mine_negatives(
             out / f"{name}.jsonl",
             load_card(out / f"{name}.yaml")[0].provenance["counts"],
         )
-    data = _load_pairs(src, folder, cfg, corpus, corpus_card)
+    with _nothing_left_on_refusal(out, state, fresh):
+        data = _load_pairs(src, folder, cfg, corpus, corpus_card)
+        _check_enough_documents(src.name, data, cfg.num_negatives)
     query_texts = [format_with_instruction(src.instruction, q, cfg.template) for q in data.queries]
     from neoembed.loading import load
 
-    encoder = load(
-        str(model), pooling=cfg.pooling, max_seq_length=cfg.max_length, padding_free=_padding_free()
-    )
+    with _nothing_left_on_refusal(out, state, fresh):  # an unusable model: nothing mined, nothing kept
+        encoder = load(
+            str(model), pooling=cfg.pooling, max_seq_length=cfg.max_length, padding_free=_padding_free()
+        )
     with _encode_pool(encoder, cfg.workers) as pool:
         corpus_emb = _embed_sharded(encoder, data.corpus, state, "corpus", cfg, pool, progress)
         query_emb = _embed_sharded(encoder, query_texts, state, "queries", cfg, pool, progress)
@@ -175,11 +179,41 @@ def mine_negatives(
         "index": index_info,
         "settings": cfg.model_dump(exclude={"workers", "keep_embeddings", "name"}),
     }
-    result = _write(out, name, src, data, (negatives, row_scores), reasons, provenance, cfg.num_negatives)
+    with _nothing_left_on_refusal(out, state, fresh, NothingToMine):  # a full disk keeps the embeddings
+        result = _write(out, name, src, data, (negatives, row_scores), reasons, provenance, cfg.num_negatives)
     if not cfg.keep_embeddings:
         del corpus_emb, query_emb
         shutil.rmtree(state, ignore_errors=True)
     return result
+
+
+class NothingToMine(ValueError):
+    """A mining run that would write a card with no rows (exit 2); the message says why and what to change."""
+
+
+@contextlib.contextmanager
+def _nothing_left_on_refusal(out: Path, state: Path, fresh: bool, errors=(ValueError, OSError)):
+    """A refused run leaves nothing behind: its state folder, and ``out`` itself when this run created it."""
+    try:
+        yield
+    except errors:
+        shutil.rmtree(state, ignore_errors=True)
+        if fresh and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
+        raise
+
+
+def _check_enough_documents(card: str, data: _Pairs, k: int) -> None:
+    """Refuse before any model loads when no query can get ``k`` negatives: a query's negatives are distinct
+    documents other than its positives, so a corpus of (distinct) documents too small writes an empty card."""
+    n_pos = (data.positives >= 0).sum(axis=1)
+    best = int(len(data.corpus) - n_pos.min()) if len(n_pos) else 0
+    if best < k:
+        raise NothingToMine(
+            f"card {card}: {len(data.corpus)} distinct documents ({len(data.queries)} queries) leave at most "
+            f"{best} candidate negatives per query, fewer than --num-negatives {k}: the card would have 0 rows. "
+            "Lower --num-negatives, or add documents with --corpus (identical texts count once)"
+        )
 
 
 def _version() -> str:
@@ -487,6 +521,13 @@ def _write(out: Path, name: str, src: DataCard, data: _Pairs, mined, reasons: Co
             row["scores"] = [round(x, 4) for x in row_scores[r]]  # 4 decimals: equal across worker counts
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
             written += 1
+    if written == 0:
+        os.remove(tmp)
+        raise NothingToMine(
+            f"card {src.name}: no query kept {k} negatives after the filters ({dict(reasons)}): the card would "
+            "have 0 rows. Lower --num-negatives, widen --range-max, relax --max-fraction / --margin / "
+            "--duplicate-threshold, or add documents with --corpus"
+        )
     os.replace(tmp, data_path)
     counts = {
         "rows_in": len(data.row_query),

@@ -34,7 +34,9 @@ def preprocess_command(
     max_docs: Annotated[
         int | None, typer.Option("--max-docs", help="Stop after this many documents.")
     ] = None,
-    shard_tokens: Annotated[int, typer.Option("--shard-tokens", help="Tokens per shard file.")] = 50_000_000,
+    shard_tokens: Annotated[
+        int, typer.Option("--shard-tokens", min=1, help="Tokens per shard file.")
+    ] = 50_000_000,
     min_lengths: Annotated[
         str | None,
         typer.Option("--min-lengths", help="Build subsets of documents longer than these, e.g. 1024,2048."),
@@ -67,11 +69,13 @@ def _preprocess(source, out: Path, tokenizer, column, max_docs, shard_tokens, le
     except OSError as e:
         typer.echo(f"error: could not load tokenizer {tokenizer!r}: {e}", err=True)
         raise typer.Exit(2) from None
+    fresh = not out.exists()
     try:
         stats = preprocess(
             source, out, tok, column=column, shard_tokens=shard_tokens, max_docs=max_docs, min_lengths=lengths
         )
     except (FileNotFoundError, KeyError, ValueError, OSError) as e:
+        _drop_unstarted(out, fresh)
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
     typer.echo(json.dumps(stats, indent=2))
@@ -80,6 +84,15 @@ def _preprocess(source, out: Path, tokenizer, column, max_docs, shard_tokens, le
         typer.echo(
             f"subset {out / 'subsets' / f'gt{n}'}: {info['documents']} documents, {info['tokens']:,} tokens"
         )
+
+
+def _drop_unstarted(out: Path, fresh: bool) -> None:
+    """A refused preprocess leaves nothing behind: the folder it created is removed while it holds no shard
+    (one with shards is kept: rerunning the command resumes it)."""
+    import shutil
+
+    if fresh and out.is_dir() and not any(out.glob("shard-*")):
+        shutil.rmtree(out, ignore_errors=True)
 
 
 def pretrain_command(
@@ -178,8 +191,9 @@ def _ppl(model, data, lengths, out, max_docs, batch_size, column, device, overwr
     from neoembed.modeling.convert import resolve_checkpoint
     from neoembed.pretrain.data import ShardedCorpus, iter_documents
     from neoembed.pretrain.ppl import pseudo_perplexity, write_ppl
-    from neoembed.runs import check_weight_files, prepare_output_dir
+    from neoembed.runs import check_device, check_weight_files, prepare_output_dir
 
+    check_device(device)
     wanted = _ints(lengths, "--lengths")
     if not wanted or min(wanted) < 1:
         raise typer.BadParameter(f"--lengths needs positive lengths such as 512,1024; got {lengths!r}")

@@ -82,9 +82,32 @@ def _local_files(path: Path) -> list[Path]:
 
 
 def _iter_file(path: Path, column: str) -> Iterator[str]:
+    """A file's documents; a file that cannot be read (truncated .gz, not UTF-8, not JSON) is a ``ValueError``
+    naming it (exit 2), not the library's anonymous error."""
+    try:
+        yield from _read_file(path, column)
+    except (EOFError, UnicodeDecodeError, json.JSONDecodeError, gzip.BadGzipFile) as e:
+        raise ValueError(
+            f"corpus file {path} cannot be read ({type(e).__name__}: {e}): is it complete UTF-8 text or JSON "
+            "lines (a truncated .gz fails `gzip -t`)? Copy it again or remove it"
+        ) from None
+
+
+def _check_text(path: Path, text: str) -> str:
+    """Refuse a text file that is not text (random or binary bytes decode to U+FFFD replacement characters)."""
+    bad = text.count("\ufffd") + text.count("\x00")
+    if bad > max(8, len(text) // 100):
+        raise ValueError(
+            f"corpus file {path} is not UTF-8 text ({bad} of {len(text)} characters undecodable or NUL): "
+            "convert it to UTF-8 (e.g. iconv -f latin1 -t utf-8) or remove it from the corpus"
+        )
+    return text
+
+
+def _read_file(path: Path, column: str) -> Iterator[str]:
     name = path.name.lower()
     if name.endswith(TEXT_SUFFIXES):
-        text = path.read_text(encoding="utf8", errors="replace")
+        text = _check_text(path, path.read_text(encoding="utf8", errors="replace"))
         if text.strip():
             yield text
         return
@@ -281,6 +304,11 @@ def preprocess(
         atomic_write_text(out / "meta.json", json.dumps(meta, indent=2) + "\n")
         writer = _ShardWriter(out, _token_dtype(len(tokenizer)), shard_tokens, state)
         _write_shards(iter_documents(source, column), writer, tokenizer, max_docs, batch_size, progress)
+        if not any(out.glob("shard-*.tokens.npy")):
+            raise ValueError(
+                f"corpus {source} holds no documents (its files are empty or blank, or no row has a non-empty "
+                f"{column!r}): nothing to tokenize - check the path, or pass --column"
+            )
         meta["complete"] = True
         atomic_write_text(out / "meta.json", json.dumps(meta, indent=2) + "\n")
     corpus = ShardedCorpus(out)
@@ -324,6 +352,17 @@ def build_subset(shard_dir: str | Path, min_length: int) -> Path:
 
 
 # ---------------------------------------------------------------------------------------------- reading
+def _load_shard_array(path: Path, mmap: bool = False) -> np.ndarray:
+    """One ``.npy`` array of a shard folder; a missing, truncated or corrupt file is named (exit 2)."""
+    try:
+        return np.load(path, mmap_mode="r" if mmap else None)
+    except (OSError, ValueError, EOFError) as e:
+        raise ValueError(
+            f"shard file {path} cannot be read ({e}): the shard folder is incomplete or damaged; run "
+            "`neoembed preprocess` again into a new folder"
+        ) from None
+
+
 class ShardedCorpus:
     """Documents of a shard folder (or of a subset folder), memory-mapped: ``corpus[i]`` is an int64 array."""
 
@@ -344,8 +383,14 @@ class ShardedCorpus:
         shards = sorted(root.glob("shard-*.tokens.npy"))
         if not shards:
             raise FileNotFoundError(f"{root} holds no shards yet: run (or finish) `neoembed preprocess`")
-        self._tokens = [np.load(s, mmap_mode="r") for s in shards]
-        offsets = [np.load(str(s).replace(".tokens.npy", ".offsets.npy")) for s in shards]
+        self._tokens = [_load_shard_array(s, mmap=True) for s in shards]
+        offsets = [_load_shard_array(Path(str(s).replace(".tokens.npy", ".offsets.npy"))) for s in shards]
+        for s, tokens, o in zip(shards, self._tokens, offsets, strict=True):
+            if len(o) == 0 or int(o[-1]) > len(tokens):
+                raise ValueError(
+                    f"shard {s} is truncated ({len(tokens)} tokens, its offsets need {int(o[-1]) if len(o) else '?'}):"
+                    " run `neoembed preprocess` again into a new folder"
+                )
         n_per = np.array([len(o) - 1 for o in offsets])
         self._shard_of = np.repeat(np.arange(len(shards)), n_per)
         self._starts = np.concatenate([o[:-1] for o in offsets]).astype(np.int64)

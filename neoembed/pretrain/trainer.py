@@ -49,6 +49,7 @@ from neoembed.runs import (
     prepare_output_dir,
     resume_defaults,
     resume_settings,
+    save_final_model,
 )
 
 __all__ = ["MLMObjective", "TrainingStopped", "choose_source", "pretrain"]
@@ -330,8 +331,11 @@ def pretrain(
     loop.run(*_mlm_step(recipe, accelerator, objective, streams, weights, tokenizer, special_ids))
 
     def save_final() -> None:
-        accelerator.unwrap_model(objective).mlm.save_pretrained(output)
-        tokenizer.save_pretrained(output)
+        def write(folder: Path) -> None:
+            accelerator.unwrap_model(objective).mlm.save_pretrained(folder)
+            tokenizer.save_pretrained(folder)
+
+        save_final_model(output, write)
 
     loop.finish(save_final)
     accelerator.end_training()

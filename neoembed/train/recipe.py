@@ -4,11 +4,19 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
+from pydantic import Field, NonNegativeInt, PositiveInt, field_validator, model_validator
 
 from neoembed.instructions import DEFAULT_TEMPLATE
 from neoembed.losses import DistillationConfig, FalseNegativeConfig, MatryoshkaConfig
-from neoembed.recipe import DatasetEntry, DatasetList, Fraction, OptimizerConfig, Recipe, RecipeError
+from neoembed.recipe import (
+    DatasetEntry,
+    DatasetList,
+    Fraction,
+    OptimizerConfig,
+    Recipe,
+    RecipeError,
+    Temperature,
+)
 
 __all__ = ["DatasetEntry", "OptimizerConfig", "UnifiedRecipe"]
 
@@ -29,7 +37,7 @@ class UnifiedRecipe(Recipe):
     # batch_texts // (2 + k) queries per step. A dataset's own batch_size wins over both global forms.
     batch_size: PositiveInt = 128
     batch_texts: int | None = Field(None, ge=2)
-    temperature: PositiveFloat = 0.07
+    temperature: Temperature = 0.07
     alpha: Fraction = 0.5  # 0: every dataset equally often, 1: in proportion to its rows
     mask_duplicates: bool = True
     # no text twice in one batch (sentence-transformers' NoDuplicatesBatchSampler); "auto": for the cards where

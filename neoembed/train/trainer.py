@@ -49,6 +49,7 @@ from neoembed.runs import (
     resume_defaults,
     resume_settings,
     run_identity,
+    save_final_model,
     stage_checkpoint,
     verify_checkpoint,
     write_failed,
@@ -445,9 +446,13 @@ def train(
     if stop.received is not None:
         raise TrainingInterrupted(stop.received, _last_checkpoint(output))
     if main:
-        model.save(str(output))
-        if recipe.matryoshka is not None:
-            record_matryoshka_dims(output, recipe.matryoshka.dims)
+
+        def _save(folder) -> None:
+            model.save(str(folder))
+            if recipe.matryoshka is not None:
+                record_matryoshka_dims(folder, recipe.matryoshka.dims)
+
+        save_final_model(output, _save)
         _model_card(recipe, cards, output)
     return output
 

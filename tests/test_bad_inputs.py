@@ -1,0 +1,352 @@
+"""Fault injection, one test per class of bad input a new user meets: each is refused with exit 2 by a message
+naming the file (or card, or model) and the fix, and leaves nothing on disk. Everything here runs on the tiny
+model and rows shipped with the package, in seconds."""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+RECIPES = Path(__file__).resolve().parents[1] / "recipes"
+TINY = RECIPES / "tiny"
+
+
+def _cli(capsys, monkeypatch, *args: str) -> tuple[int, str]:
+    """``neoembed ARGS`` in this process: the exit code and stderr + stdout."""
+    from neoembed.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["neoembed", *args])
+    monkeypatch.delenv("NEOEMBED_DEBUG", raising=False)
+    with pytest.raises(SystemExit) as e:
+        main()
+    out = capsys.readouterr()
+    return e.value.code, out.err + out.out
+
+
+def _recipe_on(tmp_path: Path, data: str) -> Path:
+    """A unified recipe training the tiny model on one card whose local data is ``data``."""
+    cards = tmp_path / "cards"
+    cards.mkdir()
+    (cards / "x.yaml").write_text(
+        f"name: x\nsource:\n  local: {{path: {data}, format: json}}\ncolumns: {{query: query, positive: positive}}\n"
+        "license: test\nsize: 10\n"
+    )
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(
+        f"seed: 0\nmodel: {TINY / 'model'}\nmax_length: 32\ncard_dirs: [{cards}]\ndatasets: [{{card: x}}]\nsteps: 2\n"
+        f"batch_size: 4\nsave_steps: 4\noutput_dir: {tmp_path / 'out'}\n"
+    )
+    return recipe
+
+
+def _truncated_gz(path: Path) -> Path:
+    path.write_bytes(gzip.compress((TINY / "rows" / "pydoc_names.jsonl").read_bytes())[:3000])
+    return path
+
+
+@pytest.mark.parametrize(
+    ("make", "expect"),
+    [
+        (lambda d: (d / "sub" / "deeper").mkdir(parents=True) or d / "sub", "holds no files"),
+        (lambda d: (d / "nl.jsonl").write_text("\n") and d / "nl.jsonl", "holds no rows"),
+        (lambda d: _truncated_gz(d / "rows.jsonl.gz"), "complete .gz"),
+    ],
+    ids=["folder", "newline-only", "truncated-gz"],
+)
+def test_unreadable_card_data_is_named(tmp_path, capsys, monkeypatch, make, expect):
+    data = make(tmp_path)
+    code, out = _cli(capsys, monkeypatch, "train", str(_recipe_on(tmp_path, str(data))))
+    assert code == 2, out
+    assert "card x" in out and expect in out and str(Path(data).name) in out
+    assert not (tmp_path / "out").exists()
+
+
+def test_eof_error_is_bad_input_not_an_interruption(tmp_path, capsys, monkeypatch):
+    """click turns any EOFError into Abort: a truncated compressed file must not read as Ctrl-C (exit 130)."""
+    import neoembed.pretrain.data as data
+
+    def truncated(*_a, **_k):
+        raise EOFError("Compressed file ended before the end-of-stream marker was reached")
+
+    monkeypatch.setattr(data, "preprocess", truncated)
+    src = tmp_path / "c.txt"
+    src.write_text("hello world")
+    code, out = _cli(
+        capsys, monkeypatch, "preprocess", str(src), str(tmp_path / "o"), "--tokenizer", str(TINY / "model")
+    )
+    assert code == 2 and "truncated" in out and "interrupted" not in out
+
+
+@pytest.mark.parametrize("kind", ["random-bytes", "truncated-gz"])
+def test_preprocess_refuses_unreadable_corpus_and_leaves_nothing(tmp_path, capsys, monkeypatch, kind):
+    import random
+
+    if kind == "random-bytes":
+        src = tmp_path / "noise.txt"
+        src.write_bytes(random.Random(0).randbytes(20_000))
+    else:
+        src = _truncated_gz(tmp_path / "rows.jsonl.gz")
+    out_dir = tmp_path / "shards"
+    code, out = _cli(
+        capsys, monkeypatch, "preprocess", str(src), str(out_dir), "--tokenizer", str(TINY / "model"), "--column",
+        "query",
+    )  # fmt: skip
+    assert code == 2 and src.name in out, out
+    assert not out_dir.exists()
+
+
+@pytest.mark.parametrize("which", ["tokens", "offsets"])
+def test_truncated_shard_is_named(tmp_path, which):
+    from neoembed.pretrain.data import ShardedCorpus
+
+    shards = shutil.copytree(TINY / "shards", tmp_path / "shards")
+    victim = shards / f"shard-00000.{which}.npy"
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+    with pytest.raises(ValueError, match=r"shard.*shard-00000\." + which):
+        ShardedCorpus(shards)
+
+
+def test_malformed_instructions_file_is_named(tmp_path):
+    from neoembed.instructions import load_instruction_set
+
+    bad = tmp_path / "instr.yaml"
+    bad.write_text("STS12: [unclosed\n")
+    with pytest.raises(ValueError, match="instructions file .*instr.yaml"):
+        load_instruction_set(str(bad))
+
+
+def test_corrupt_weights_are_named(tmp_path):
+    import neoembed
+
+    model = shutil.copytree(TINY / "model", tmp_path / "m")
+    weights = model / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:5000])
+    with pytest.raises(ValueError, match=r"model\.safetensors cannot be read.*truncated or corrupt"):
+        neoembed.load(model)
+
+
+def test_tokenizer_larger_than_the_vocabulary_is_refused(tmp_path, minilm_path):
+    import neoembed
+
+    model = shutil.copytree(TINY / "model", tmp_path / "m")
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt"):
+        if (minilm_path / name).is_file():
+            shutil.copy(minilm_path / name, model / name)
+    with pytest.raises(ValueError, match=r"tokenizer has 30,522 tokens .* 1,500 rows"):
+        neoembed.load(model)
+
+
+def _pairs_card(tmp_path: Path, rows: list[tuple[str, str]]) -> Path:
+    import json
+
+    (tmp_path / "rows.jsonl").write_text(
+        "".join(json.dumps({"query": q, "positive": p}) + "\n" for q, p in rows)
+    )
+    card = tmp_path / "pairs.yaml"
+    card.write_text(
+        "name: pairs\nsource:\n  local: {path: rows.jsonl, format: json}\ncolumns: {query: query, positive: positive}"
+        "\nlicense: test\nsize: 3\n"
+    )
+    return card
+
+
+@pytest.mark.parametrize(
+    ("rows", "k"),
+    [
+        ([("a", "alpha doc"), ("b", "beta doc"), ("c", "gamma doc")], 5),  # k larger than the corpus
+        ([("a", "one doc")], 1),  # one document
+        ([("a", "same doc"), ("b", "same doc"), ("c", "same doc")], 1),  # identical documents
+    ],
+    ids=["k-over-corpus", "one-document", "identical-documents"],
+)
+def test_mine_refuses_to_write_an_empty_card_before_loading_a_model(tmp_path, capsys, monkeypatch, rows, k):
+    import neoembed.loading
+
+    def no_model(*_a, **_k):
+        raise AssertionError("the model must not load for a card that cannot be mined")
+
+    monkeypatch.setattr(neoembed.loading, "load", no_model)
+    out = tmp_path / "mined"
+    code, msg = _cli(
+        capsys, monkeypatch, "mine", str(_pairs_card(tmp_path, rows)), "--model", str(TINY / "model"), "--out",
+        str(out), "-k", str(k),
+    )  # fmt: skip
+    assert code == 2 and "0 rows" in msg and "--num-negatives" in msg, msg
+    assert not out.exists()
+
+
+def test_mine_refuses_when_the_filters_keep_no_negative(tmp_path, capsys, monkeypatch):
+    rows = [(f"q{i}", f"document number {i} about topic {i}") for i in range(6)]
+    out = tmp_path / "mined"
+    code, msg = _cli(
+        capsys, monkeypatch, "mine", str(_pairs_card(tmp_path, rows)), "--model", str(TINY / "model"), "--out",
+        str(out), "-k", "2", "--max-score", "-2",
+    )  # fmt: skip
+    assert code == 2 and "0 rows" in msg and "no query kept 2 negatives" in msg, msg
+    assert not out.exists()
+
+
+def test_cde_says_when_the_context_repeats_documents(caplog):
+    """A context of N drawn from fewer batch documents (with replacement) is reported before training, with
+    the fix; a batch holding N documents or more is not."""
+    import logging
+
+    from neoembed.cde.recipe import CDERecipe
+    from neoembed.cde.trainer import prepare_sources
+    from neoembed.recipe import load_recipe
+
+    recipe = load_recipe(RECIPES / "cde-tiny.yaml", CDERecipe, ["context.n_context=64"])
+    with caplog.at_level(logging.WARNING, logger="neoembed.cde.trainer"):
+        sources, _ = prepare_sources(recipe, RECIPES)
+    warned = [r.getMessage() for r in caplog.records if "context.n_context is 64" in r.getMessage()]
+    assert len(warned) == len(sources) and "a batch holds 8 documents" in warned[0]
+    assert "lower context.n_context to at most 8" in warned[0]
+    caplog.clear()
+    recipe = load_recipe(RECIPES / "cde-tiny.yaml", CDERecipe, [])
+    with caplog.at_level(logging.WARNING, logger="neoembed.cde.trainer"):
+        prepare_sources(recipe, RECIPES)
+    assert not [r for r in caplog.records if "n_context" in r.getMessage()]
+
+
+# ------------------------------------------------------------------------------- a signal during the final save
+def _interrupting_save(signum):
+    import os
+
+    def save(folder: Path) -> None:
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text("{}")
+        os.kill(os.getpid(), signum)  # delivered here, between two files of the model
+        (folder / "model.safetensors").write_bytes(b"x" * 100)
+
+    return save
+
+
+@pytest.mark.parametrize(("name", "code"), [("SIGINT", 130), ("SIGTERM", 143)])
+def test_signal_during_the_final_save_keeps_no_half_model(tmp_path, name, code):
+    import signal
+
+    from neoembed.runs import FinalSaveInterrupted, save_final_model
+
+    (tmp_path / "checkpoint-4").mkdir()
+    save = _interrupting_save(getattr(signal, name))
+    with pytest.raises(FinalSaveInterrupted) as e:
+        save_final_model(tmp_path, save)
+    assert e.value.exit_code == code
+    assert "no final model was written" in str(e.value) and "checkpoint-4" in str(e.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-4"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
+
+
+def test_signal_while_the_final_model_is_moved_in_waits(tmp_path, monkeypatch):
+    import os
+    import signal
+
+    import neoembed.runs as runs
+
+    real, sent = os.replace, []
+
+    def replace(a, b):
+        if not sent:
+            sent.append(os.kill(os.getpid(), signal.SIGINT))
+        real(a, b)
+
+    monkeypatch.setattr(runs.os, "replace", replace)
+
+    def save(folder: Path) -> None:
+        (folder / "1_Pooling").mkdir(parents=True)
+        for f in ("config.json", "model.safetensors", "1_Pooling/config.json"):
+            (folder / f).write_text(f)
+
+    runs.save_final_model(tmp_path, save)
+    assert sent and sorted(p.name for p in tmp_path.iterdir()) == [
+        "1_Pooling",
+        "config.json",
+        "model.safetensors",
+    ]
+
+
+def test_ctrl_c_during_pretraining_final_save_exits_130_and_resume_finishes(tmp_path, capsys, monkeypatch):
+    import os
+    import signal
+
+    from neoembed.modeling import NeoBERTForMaskedLM
+
+    real = NeoBERTForMaskedLM.save_pretrained
+
+    def interrupted(self, folder, *a, **k):
+        os.kill(os.getpid(), signal.SIGINT)
+        return real(self, folder, *a, **k)
+
+    out = tmp_path / "run"
+    args = [
+        "pretrain",
+        str(RECIPES / "pretrain-tiny.yaml"),
+        "steps=2",
+        "save_steps=1",
+        "schedule.warmup_steps=0",
+        f"output_dir={out}",
+    ]
+    monkeypatch.setattr(NeoBERTForMaskedLM, "save_pretrained", interrupted)
+    code, msg = _cli(capsys, monkeypatch, *args)
+    assert code == 130 and "while the final model was being saved" in msg, msg
+    assert not (out / "model.safetensors").exists() and not (out / ".final.partial").exists()
+    monkeypatch.setattr(NeoBERTForMaskedLM, "save_pretrained", real)
+    code, msg = _cli(capsys, monkeypatch, *args, "--resume")
+    assert code == 0, msg
+    assert (out / "model.safetensors").is_file() and not (out / ".final.partial").exists()
+
+
+@pytest.mark.parametrize("device", ["tpu", "cuda:999", "gpu0"])
+def test_mteb_refuses_an_unusable_device_before_the_model_loads(tmp_path, capsys, monkeypatch, device):
+    out = tmp_path / "res"
+    code, msg = _cli(
+        capsys, monkeypatch, "mteb", "--model", str(TINY / "model"), "--tasks", "STS12", "--device", device,
+        "--output", str(out),
+    )  # fmt: skip
+    assert code == 2 and f"--device {device}" in msg.replace("'", ""), msg
+    assert not out.exists()
+
+
+def test_refused_mine_and_preprocess_leave_nothing(tmp_path, capsys, monkeypatch):
+    """An unusable model for mine, a corpus of blank lines for preprocess: exit 2, naming it, no folder left."""
+    model = shutil.copytree(TINY / "model", tmp_path / "m")
+    (model / "model.safetensors").write_bytes((model / "model.safetensors").read_bytes()[:5000])
+    card = _pairs_card(tmp_path, [(f"q{i}", f"document {i}") for i in range(6)])
+    code, msg = _cli(
+        capsys, monkeypatch, "mine", str(card), "--model", str(model), "--out", str(tmp_path / "o")
+    )
+    assert code == 2 and "model.safetensors cannot be read" in msg and not (tmp_path / "o").exists(), msg
+    blank = tmp_path / "blank.jsonl"
+    blank.write_text("\n\n")
+    code, msg = _cli(
+        capsys, monkeypatch, "preprocess", str(blank), str(tmp_path / "s"), "--tokenizer", str(TINY / "model")
+    )
+    assert code == 2 and "holds no documents" in msg and not (tmp_path / "s").exists(), msg
+
+
+def test_data_check_names_the_file_it_cannot_read(tmp_path, capsys, monkeypatch):
+    code, msg = _cli(capsys, monkeypatch, "data", "check", str(_pairs_card(tmp_path, [])))
+    assert code == 1 and "rows.jsonl: holds no rows" in msg, msg
+    noise = tmp_path / "noise.yaml"
+    noise.write_bytes(bytes(range(128, 256)))
+    code, msg = _cli(capsys, monkeypatch, "data", "check", str(noise))
+    assert code == 1 and "noise.yaml is not a data card" in msg, msg
+
+
+def test_read_only_output_folder_is_refused_before_training(tmp_path, capsys, monkeypatch):
+    """(os.access is stubbed: the test may run as root, whom mode bits do not stop.)"""
+    import os
+
+    import neoembed.runs as runs
+
+    out = tmp_path / "ro"
+    out.mkdir()
+    real = os.access
+    monkeypatch.setattr(runs.os, "access", lambda p, mode: False if Path(p) == out else real(p, mode))
+    code, msg = _cli(capsys, monkeypatch, "train", str(RECIPES / "tiny.yaml"), f"output_dir={out}")
+    assert code == 2 and f"{out} is not writable" in msg, msg
+    assert list(out.iterdir()) == []
