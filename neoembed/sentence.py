@@ -41,6 +41,8 @@ __all__ = [
     "load",
     "model_card_text",
     "PACKAGED_MINILM",
+    "base_model_name",
+    "training_prompts",
     "pooling_mode",
     "resolve_packaged",
     "resolve_dtype",
@@ -320,7 +322,7 @@ def load(
                 default_prompt_name=default_prompt_name,
                 similarity_fn_name="cosine",
             )
-            model.model_card_data.base_model = name_or_path
+            model.model_card_data.base_model = base_model_name(name_or_path)
     check_vocab(model, name_or_path)
     if max_seq_length is not None:
         model.max_seq_length = max_seq_length
@@ -514,6 +516,28 @@ def with_loading_section(card: str, model_id: str, neobert: bool = True) -> str:
     return card[:start] + section + ("\n" + rest if rest else "")
 
 
+def base_model_name(name_or_path: str | Path) -> str:
+    """How a model card names its base model: a hub id as given, a local folder by its own name (never a path
+    of the training machine), a packaged model by the hub id it copies."""
+    text = str(name_or_path)
+    if text in PACKAGED_MINILM:
+        return PACKAGED_MINILM[1]
+    path = Path(text).expanduser()
+    if path.exists() or path.is_absolute() or text.startswith((".", "~")):
+        return path.resolve().name
+    return text
+
+
+def training_prompts(instructions: Sequence[str | None], template: str) -> dict[str, str]:
+    """The prompts a trained model keeps: ``query`` = the prefix its queries were trained with, when every card
+    used the same one; ``document`` = "" (documents are trained without instruction). Cards with different
+    instructions leave ``query`` empty: the caller passes ``prompt=`` per task, as in training."""
+    from neoembed.instructions import instruction_prefix
+
+    prefixes = {instruction_prefix(i, template) for i in instructions}
+    return {"query": prefixes.pop() if len(prefixes) == 1 else "", "document": ""}
+
+
 def model_card_text(
     model_id: str,
     base_model: str,
@@ -522,9 +546,11 @@ def model_card_text(
     scores: dict[str, float] | None = None,
     notes: str = "",
     neobert: bool = True,
+    query_prompt: str | None = None,
 ) -> str:
     """A model card (README.md) naming the base model, the training data and their licences, the training
-    length, scores, and how to load the model with and without neoembed."""
+    length, scores, how queries were prompted (``query_prompt``: the saved ``query`` prompt) and how to load the
+    model with and without neoembed."""
     lines = [
         "---",
         "library_name: sentence-transformers",
@@ -561,8 +587,26 @@ def model_card_text(
         ]
     if notes:
         lines += ["", notes]
+    if query_prompt is not None:
+        lines += ["", _usage_section(query_prompt)]
     lines += ["", loading_section(model_id, neobert)]
     return "\n".join(lines)
+
+
+def _usage_section(query_prompt: str) -> str:
+    if query_prompt:
+        said = (
+            f"Queries were trained with the prefix `{query_prompt!r}`, saved as the model's `query` prompt: "
+            "`encode_query` adds it, `encode_document` adds nothing."
+        )
+    else:
+        said = "Queries were trained without one shared prefix; pass `prompt=` as in training."
+    return (
+        f"## Usage\n\n{said}\n\n```python\n"
+        'query_embeddings = model.encode_query(["how do cats purr?"])\n'
+        'document_embeddings = model.encode_document(["Cats purr by vibrating their vocal folds."])\n'
+        "scores = model.similarity(query_embeddings, document_embeddings)\n```\n"
+    )
 
 
 def convert_to_sentence_transformer(src: str | Path, dst: str | Path, pooling: str = "mean") -> str:
@@ -575,7 +619,7 @@ def convert_to_sentence_transformer(src: str | Path, dst: str | Path, pooling: s
         raise ValueError(
             f"{src} is not a NeoBERT checkpoint (model_type={model[0].auto_model.config.model_type!r})"
         )
-    model.model_card_data.base_model = str(src)
+    model.model_card_data.base_model = base_model_name(src)
     model.save(str(dst))
     files = sorted(p.name for p in Path(dst).iterdir())
     return (

@@ -128,13 +128,23 @@ def test_tiny_recipe_trains_saves_reloads_and_loss_decreases(
     ]  # what the card gave: rows kept, dropped per reason, full size
     assert kept["rows_read"] == 64 and kept["full_size"] == 200 and kept["dropped"] == {} and kept["sampled"]
     card = (out / "README.md").read_text()
-    assert "pydoc_names" in card and "PSF-2.0" in card and str(tiny_official) in card
+    assert (
+        "pydoc_names" in card
+        and "PSF-2.0" in card
+        and tiny_official.name in card
+        and str(tiny_official) not in card
+    )
     assert "trust_remote_code=True" in card
     # pushed to the hub: the trainer's card (base model, data, licences) with loading code for the hub id
     assert model.push_to_hub("someone/tiny-neobert") == "someone/tiny-neobert@fake"
     pushed = fake_hub / "someone" / "tiny-neobert"
     card = (pushed / "README.md").read_text()
-    assert "pydoc_names" in card and "PSF-2.0" in card and str(tiny_official) in card
+    assert (
+        "pydoc_names" in card
+        and "PSF-2.0" in card
+        and tiny_official.name in card
+        and str(tiny_official) not in card
+    )
     assert 'neoembed.load("someone/tiny-neobert")' in card
     assert 'SentenceTransformer("someone/tiny-neobert", trust_remote_code=True)' in card
     assert card.count("## Loading with and without neoembed") == 1 and f'"{out.name}"' not in card
@@ -424,3 +434,25 @@ def test_out_of_memory_is_answered_with_advice(tmp_path, tiny_official, monkeypa
     monkeypatch.setattr(SentenceTransformerTrainer, "train", oom)
     with pytest.raises(TrainingStopped, match="cache_mini_batch_size.*max_length"):
         train(_recipe(tmp_path / "oom", tiny_official), recipe_dir=TINY.parent)
+
+
+def test_the_saved_model_remembers_its_training(tmp_path, tiny_official):
+    """The query instruction is the saved `query` prompt (encode_query applies it), max_seq_length is the base
+    model's, not training's max_length, and the card shows the prompt and names the base model without a path."""
+    import neoembed
+
+    recipe = _recipe(
+        tmp_path / "run", tiny_official, "datasets=[{card: pydoc_names, max_rows: 32}]", "steps=2"
+    )
+    base = neoembed.load(tiny_official)
+    out = train(recipe, recipe_dir=TINY.parent)
+    model = neoembed.load(out)
+    prefix = "Given the name of a Python standard-library function, retrieve its one-line description. "
+    assert model.prompts["query"] == prefix and model.prompts["document"] == ""
+    assert model.max_seq_length == base.max_seq_length != recipe.max_length
+    assert model.encode_query(["os.path.join"]) == pytest.approx(
+        model.encode([prefix + "os.path.join"]), abs=1e-6
+    )
+    card = (out / "README.md").read_text()
+    assert f"base_model: {tiny_official.name}\n" in card and str(tiny_official) not in card
+    assert repr(prefix) in card and "encode_query" in card

@@ -56,7 +56,7 @@ from neoembed.runs import (
     resume_settings,
     save_final_model,
 )
-from neoembed.sentence import record_matryoshka_dims, resolve_packaged
+from neoembed.sentence import base_model_name, record_matryoshka_dims, resolve_packaged
 
 __all__ = ["TrainingStopped", "cde_loss", "prepare_sources", "train_cde"]
 
@@ -207,16 +207,17 @@ def _tokenize(tokenizer, texts: list[str], max_length: int, device) -> dict[str,
 
 
 def _model_card(recipe: CDERecipe, cards, steps: int) -> str:
-
+    base = base_model_name(recipe.model)
     lines = [
         "---",
         "library_name: sentence-transformers",
         "tags: [sentence-transformers, contextual-document-embeddings, neoembed]",
+        f"base_model: {base}",
         "---",
         "",
         "# CDE model trained with neoembed",
         "",
-        f"Two-stage contextual document embedding model (Morris & Rush, 2024) built on `{recipe.model}`: "
+        f"Two-stage contextual document embedding model (Morris & Rush, 2024) built on `{base}`: "
         f"{recipe.context.n_context} context vectors, {recipe.context.n_soft_prompt} soft-prompt vectors, "
         f"{steps} steps, batch {recipe.batch_size}, temperature {recipe.temperature}"
         + (f", Matryoshka dimensions {recipe.matryoshka.dims}." if recipe.matryoshka else "."),

@@ -54,7 +54,7 @@ from neoembed.runs import (
     verify_checkpoint,
     write_failed,
 )
-from neoembed.sentence import record_matryoshka_dims
+from neoembed.sentence import record_matryoshka_dims, training_prompts
 from neoembed.train.recipe import UnifiedRecipe
 
 __all__ = ["TrainingStopped", "prepare_datasets", "train"]
@@ -258,9 +258,15 @@ def _trainer_class():
     return UnifiedTrainer
 
 
+def _query_prompt(recipe: UnifiedRecipe, cards) -> str:
+    """The prefix every training query carried ("" when cards differ or instructions are off)."""
+    instructions = [card.instruction if recipe.instructions else None for card, _ in cards]
+    return training_prompts(instructions, recipe.template)["query"]
+
+
 def _model_card(recipe: UnifiedRecipe, cards, output: Path) -> None:
     from neoembed.record import atomic_write_text
-    from neoembed.sentence import model_card_text
+    from neoembed.sentence import base_model_name, model_card_text
 
     datasets = []
     for card, _ in cards:
@@ -283,7 +289,13 @@ def _model_card(recipe: UnifiedRecipe, cards, output: Path) -> None:
     config = output / "config.json"
     neobert = config.is_file() and json.loads(config.read_text()).get("model_type") == "neobert"
     text = model_card_text(
-        output.name, recipe.model, datasets, steps=recipe.steps, notes=notes, neobert=neobert
+        output.name,
+        base_model_name(recipe.model),
+        datasets,
+        steps=recipe.steps,
+        notes=notes,
+        neobert=neobert,
+        query_prompt=_query_prompt(recipe, cards),
     )
     atomic_write_text(output / "README.md", text)
 
@@ -412,9 +424,9 @@ def train(
         main_process=main,
     )
     check_weight_files(recipe.model)
-    model = load(
-        recipe.model, pooling=recipe.pooling, max_seq_length=recipe.max_length, compile=recipe.compile
-    )
+    model = load(recipe.model, pooling=recipe.pooling, compile=recipe.compile)
+    base_max_length = model.max_seq_length
+    model.max_seq_length = recipe.max_length
     samplers: list = []
     trainer = _trainer_class()(
         model=model,
@@ -448,6 +460,8 @@ def train(
     if main:
 
         def _save(folder) -> None:
+            model.prompts = {**model.prompts, "query": _query_prompt(recipe, cards), "document": ""}
+            model.max_seq_length = base_max_length  # training's max_length cut texts; users keep the model's
             model.save(str(folder))
             if recipe.matryoshka is not None:
                 record_matryoshka_dims(folder, recipe.matryoshka.dims)
