@@ -494,3 +494,37 @@ def test_low_precision_encodes_under_autocast_but_scores_in_float32(minilm, smal
     assert not report.failed
     assert seen["encode_autocast"] and all(seen["encode_autocast"])
     assert seen["similarity_dtype"] and set(seen["similarity_dtype"]) == {torch.float32}
+
+
+def _write_results(folder: Path, instructions: str, precision: str = "fp32") -> Path:
+    folder.mkdir(parents=True)
+    for name, ttype, score in (("A", "STS", 0.8), ("C", "Retrieval", 0.4)):
+        entry = {"task": name, "type": ttype, "main_score": score, "model": "m"}
+        entry |= {"instructions": instructions, "precision": precision}
+        (folder / f"{name}.json").write_text(json.dumps(entry))
+    return folder
+
+
+def test_summaries_state_their_settings_and_comparisons_refuse_mixes(tmp_path):
+    a = _write_results(tmp_path / "a", "released")
+    write_summary(a, "m")
+    assert (a / "summary.md").read_text().startswith("Instructions: released · precision: fp32")
+    assert json.loads((a / "summary.json").read_text())["instructions"] == "released"
+    assert "Instructions: released" in compare_runs([a, _write_results(tmp_path / "b", "released")])
+    with pytest.raises(ValueError, match=r"different instructions .*a: released.*c: none.*--instructions"):
+        compare_runs([a, _write_results(tmp_path / "c", "none")])
+    with pytest.raises(ValueError, match=r"different precision .*fp32.*fp16.*--precision"):
+        compare_runs([a, _write_results(tmp_path / "d", "released", "fp16")])
+
+
+def test_a_run_where_every_task_fails_says_so(tmp_path):
+    """Nothing scored: a well-formed summary (JSON without NaN, a sentence instead of a table), exit 1, and a
+    failure that looks like no hub access points to --data-dir."""
+    from neoembed.eval.cli import _hub_hint
+
+    row = write_summary(tmp_path, "m")
+    assert row["n_tasks"] == 0 and row["mean"] is None
+    assert json.loads((tmp_path / "summary.json").read_text())["mean"] is None
+    assert (tmp_path / "summary.md").read_text().startswith("No task produced a score")
+    assert "--data-dir" in _hub_hint("ConnectionError: Couldn't reach https://huggingface.co/datasets/mteb/x")
+    assert _hub_hint("ValueError: bad scores") == ""

@@ -149,12 +149,30 @@ def _run(cfg, out: Path, model: str) -> None:
     typer.echo((out / "summary.md").read_text())
     if report.skipped:
         typer.echo(f"skipped (results exist; --overwrite to re-run): {', '.join(report.skipped)}")
-    typer.echo(f"results: {out}  (mean {100 * row['mean']:.2f} over {row['n_tasks']} tasks)")
+    if row["n_tasks"]:
+        typer.echo(f"results: {out}  (mean {100 * row['mean']:.2f} over {row['n_tasks']} tasks)")
     if report.failed:
         typer.echo("FAILED tasks:", err=True)
         for name, why in report.failed.items():
-            typer.echo(f"  {name}: {why}", err=True)
+            typer.echo(f"  {name}: {why}{_hub_hint(why)}", err=True)
         raise typer.Exit(1)
+
+
+def _hub_hint(error: str) -> str:
+    """Advice for a task whose data could not be fetched: the hub is the usual cause on an offline machine."""
+    signs = (
+        "huggingface.co",
+        "connection",
+        "offline",
+        "resolve host",
+        "hf_hub_offline",
+        "localentrynotfound",
+    )
+    if any(sign in error.lower() for sign in signs):
+        return (
+            " (no hub access? serve the task from a local folder with --data-dir DIR, see docs/evaluation.md)"
+        )
+    return ""
 
 
 def _check_task_names(tasks: list[str] | None) -> None:
