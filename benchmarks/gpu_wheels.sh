@@ -78,6 +78,8 @@ for whl in Path(sys.argv[1]).glob("*.whl"):
         print(f"removing {whl.name}: not in gpu_wheels.txt"); whl.unlink()
 PY
   neoembed_wheel "$DIR/wheels"
+  # the records the suite writes name this commit (the GPU machine's copy has no git)
+  { git rev-parse HEAD | tr -d '\n'; git diff --quiet HEAD || printf -- '-dirty'; echo; } >"$DIR/wheels/COMMIT"
   rm -rf "$DIR/polars"
   mkdir -p "$DIR/polars"
   for name in $("$PY" benchmarks/_gpu_wheels.py first); do mv "$DIR/wheels/${name//-/_}"-*.whl "$DIR/polars/"; done
