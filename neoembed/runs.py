@@ -262,6 +262,15 @@ def check_device(device: str | None, flag: str = "--device") -> None:
         raise ValueError(f"{flag} {device!r}: neoembed runs on cpu, cuda or mps")
 
 
+def require_module(module: str, extra: str, what: str) -> None:
+    """Refuse, before any model loads, a job whose optional package is missing: the message names the extra
+    that installs it (exit 2), instead of an ImportError after minutes of work."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise ValueError(f"{what} needs {module}, which is not installed: pip install 'neoembed[{extra}]'")
+
+
 # ------------------------------------------------------------------------------------------- output folder
 def resume_settings(recipe: Any) -> dict[str, Any]:
     """The recipe's settings that decide a run's trajectory, flattened to ``a.b`` keys (compared on resume)."""

@@ -350,3 +350,25 @@ def test_read_only_output_folder_is_refused_before_training(tmp_path, capsys, mo
     code, msg = _cli(capsys, monkeypatch, "train", str(RECIPES / "tiny.yaml"), f"output_dir={out}")
     assert code == 2 and f"{out} is not writable" in msg, msg
     assert list(out.iterdir()) == []
+
+
+def test_a_missing_optional_package_is_named_before_any_model_loads(tmp_path, monkeypatch):
+    """faiss (mining, CDE's clustering) absent: exit-2 message naming the extra, before anything loads or is
+    written (it used to surface as an ImportError, 'please report it', after the embedding pass)."""
+    import importlib.util
+
+    from neoembed.cde.recipe import CDERecipe
+    from neoembed.cde.trainer import train_cde
+    from neoembed.mine import mine_negatives
+    from neoembed.recipe import load_recipe
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "faiss" else real(name, *a)
+    )
+    with pytest.raises(ValueError, match=r"neoembed mine needs faiss.*pip install 'neoembed\[faiss\]'"):
+        mine_negatives("no-such-card", "no-such-model", tmp_path / "mined")
+    recipe = load_recipe("cde-tiny", CDERecipe, [f"output_dir={tmp_path / 'cde'}"])
+    with pytest.raises(ValueError, match=r"CDE training with clustering.*needs faiss.*neoembed\[faiss\]"):
+        train_cde(recipe)
+    assert not (tmp_path / "mined").exists() and not (tmp_path / "cde").exists()

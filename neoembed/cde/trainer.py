@@ -52,6 +52,7 @@ from neoembed.runs import (
     check_pairs,
     check_weight_files,
     prepare_output_dir,
+    require_module,
     resume_defaults,
     resume_settings,
     save_final_model,
@@ -321,6 +322,10 @@ def train_cde(
     from neoembed.recipe import seed_everything
     from neoembed.record import atomic_write_text
 
+    if recipe.clustering.enabled:  # contextual batches come from faiss k-means
+        require_module(
+            "faiss", "faiss", "CDE training with clustering (clustering.enabled: false turns it off)"
+        )
     acc = _accelerator(recipe)
     seed_everything(recipe.seed)
     output = Path(recipe.output_dir)

@@ -49,7 +49,7 @@ from neoembed.mine.filters import select_negatives, text_key
 from neoembed.mine.search import EmbeddingShards, search, write_shard
 from neoembed.recipe import StrictModel, format_validation_error
 from neoembed.record import atomic_write_text, file_sha256
-from neoembed.runs import OutputDirError, prepare_output_dir
+from neoembed.runs import OutputDirError, prepare_output_dir, require_module
 
 __all__ = ["MineConfig", "MineResult", "mine_negatives"]
 
@@ -135,6 +135,7 @@ def mine_negatives(
     ``out``; without either a non-empty ``out`` is refused.
     """
     cfg = config or MineConfig()
+    require_module("faiss", "faiss", "neoembed mine")  # its index; checked before any model loads
     out = Path(out)
     src_path = find_card(card, list(card_dirs))
     src, folder = load_card(src_path)
