@@ -456,3 +456,11 @@ def test_the_saved_model_remembers_its_training(tmp_path, tiny_official):
     card = (out / "README.md").read_text()
     assert f"base_model: {tiny_official.name}\n" in card and str(tiny_official) not in card
     assert repr(prefix) in card and "encode_query" in card
+
+
+def test_train_quickstart_without_its_card_says_how_to_run_it(tmp_path):
+    r = subprocess.run(
+        [sys.executable, "-m", "neoembed", "train", "quickstart"], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert r.returncode == 2 and "run `neoembed quickstart`" in r.stderr and "datasets=" in r.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -8,7 +8,7 @@ import typer
 
 
 def train_command(
-    recipe: Annotated[str, typer.Argument(help="Recipe YAML path or shipped name (e.g. tiny, quickstart).")],
+    recipe: Annotated[str, typer.Argument(help="Recipe YAML path or shipped name (e.g. tiny, cde-tiny).")],
     overrides: Annotated[list[str] | None, typer.Argument(help="key.sub=value overrides.")] = None,
     resume: Annotated[
         bool,
@@ -32,10 +32,19 @@ def train_command(
     from neoembed.recipe import RecipeError, kind_union, load_recipe, resolve_named_file, resolve_recipe_path
     from neoembed.train.recipe import UnifiedRecipe
 
+    from neoembed.sentence import resolve_packaged
+
     path = resolve_named_file(recipe, "recipes")
+    if recipe == "quickstart" and not any(o.startswith("datasets") for o in overrides or []):
+        raise RecipeError(
+            "the quickstart recipe trains on the card that `neoembed quickstart` builds from this Python's "
+            "documentation: run `neoembed quickstart`, or give it your own card: "
+            "neoembed train quickstart 'datasets=[{card: my_card.yaml}]'"
+        )
     # the kind is read from the validated recipe, after the overrides (``kind=cde`` works)
     parsed = load_recipe(path, kind_union(UnifiedRecipe, CDERecipe), overrides or [])
-    parsed = parsed.model_copy(update={"model": resolve_recipe_path(parsed.model, path.parent)})
+    model = resolve_packaged(parsed.model) if parsed.model.startswith("packaged:") else parsed.model
+    parsed = parsed.model_copy(update={"model": resolve_recipe_path(model, path.parent)})
     if dry_run:
         if not isinstance(parsed, UnifiedRecipe):
             raise RecipeError(
