@@ -30,9 +30,8 @@ def train_command(
     Ctrl-C / SIGTERM after checkpointing (continue with --resume)."""
     from neoembed.cde.recipe import CDERecipe
     from neoembed.recipe import RecipeError, kind_union, load_recipe, resolve_named_file, resolve_recipe_path
-    from neoembed.train.recipe import UnifiedRecipe
-
     from neoembed.sentence import resolve_packaged
+    from neoembed.train.recipe import UnifiedRecipe
 
     path = resolve_named_file(recipe, "recipes")
     if recipe == "quickstart" and not any(o.startswith("datasets") for o in overrides or []):
