@@ -82,6 +82,7 @@ def _attach_optional() -> None:
         ("neoembed.eval.cli", "app", "mteb"),
         ("neoembed.train.cli", "train_command", "train"),
         ("neoembed.data.cli", "app", "data"),
+        ("neoembed.data.cli", "init_command", "init"),
         ("neoembed.mine.cli", "mine_command", "mine"),
         ("neoembed.mine.cli", "score_command", "score"),
         ("neoembed.quickstart", "quickstart_command", "quickstart"),

@@ -460,7 +460,10 @@ def test_the_saved_model_remembers_its_training(tmp_path, tiny_official):
 
 def test_train_quickstart_without_its_card_says_how_to_run_it(tmp_path):
     r = subprocess.run(
-        [sys.executable, "-m", "neoembed", "train", "quickstart"], capture_output=True, text=True, cwd=tmp_path
+        [sys.executable, "-m", "neoembed", "train", "quickstart"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
     )
     assert r.returncode == 2 and "run `neoembed quickstart`" in r.stderr and "datasets=" in r.stderr
     assert list(tmp_path.iterdir()) == []

@@ -309,6 +309,13 @@ def _run_record(
     return data_files, extra
 
 
+def _require_faiss(recipe: CDERecipe) -> None:
+    if recipe.clustering.enabled:  # contextual batches come from faiss k-means
+        require_module(
+            "faiss", "faiss", "CDE training with clustering (clustering.enabled: false turns it off)"
+        )
+
+
 def train_cde(
     recipe: CDERecipe,
     recipe_dir: Path | None = None,

@@ -11,6 +11,7 @@ so a run without network takes seconds, not the hub client's retries for every c
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -137,3 +138,33 @@ def _rows(card, folder, hub: HubStatus, max_rows: int | None, sample: int) -> bo
     for row in pairs.select(range(min(sample, len(pairs)))):
         typer.echo("   " + " | ".join(f"{k}: {str(v)[:80]!r}" for k, v in row.items()))
     return True
+
+
+def init_command(
+    data: Annotated[
+        Path, typer.Argument(help="Your pairs or triplets: .jsonl(.gz), .json, .csv or .parquet.")
+    ],
+    out: Annotated[Path, typer.Option("--out", help="Folder for the card and the recipe.")] = Path("."),
+    model: Annotated[
+        str, typer.Option("--model", help="The model the recipe fine-tunes (hub id or folder).")
+    ] = "sentence-transformers/all-MiniLM-L6-v2",
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace a card or recipe already there.")
+    ] = False,
+) -> None:
+    """Write a commented starter data card and training recipe for DATA (columns recognised by name)."""
+    from neoembed.data.cards import load_card
+    from neoembed.data.starter import write_starter
+    from neoembed.recipe import load_recipe
+    from neoembed.train.recipe import UnifiedRecipe
+
+    starter = write_starter(data, out, model=model, overwrite=overwrite)
+    load_card(starter.card)  # what was written validates as it stands
+    load_recipe(starter.recipe, UnifiedRecipe)
+    cols = starter.columns
+    typer.echo(
+        f"{starter.rows} rows: query={cols['query']}, positive={cols['positive']}, "
+        f"negatives={cols['negatives'] or 'none (in-batch only)'}\n"
+        f"wrote {starter.card} and {starter.recipe}; edit the instruction and licence, then:\n"
+        f"  neoembed data check {starter.card}\n  neoembed train {starter.recipe}"
+    )

@@ -50,7 +50,9 @@ def _negatives(card, max_negatives: int | None) -> tuple[str, int | None]:
 
 def plan(recipe, recipe_dir: Path | None = None) -> list[PlanRow]:
     """The dry-run rows of a unified recipe (see the module docstring)."""
-    search = [Path(recipe_dir or ".") / d for d in recipe.card_dirs]
+    from neoembed.recipe import resolve_recipe_path
+
+    search = [Path(resolve_recipe_path(d, recipe_dir)) for d in recipe.card_dirs]  # as training resolves them
     out = []
     for entry in recipe.datasets:
         card, folder = load_card(find_card(entry.card, search))

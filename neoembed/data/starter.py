@@ -1,0 +1,152 @@
+"""``neoembed init DATA``: a commented starter data card and training recipe for a file of your own pairs or
+triplets (JSON lines, optionally gzipped, CSV or Parquet), with the columns recognised from their names.
+
+The card says where the rows are and which column is the query, the positive and the hard negatives; the recipe
+trains a sentence-transformers model on it with the unified contrastive recipe. Both are plain YAML meant to be
+edited; ``neoembed data check CARD`` and ``neoembed train RECIPE --dry-run`` check them before anything trains.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["Starter", "guess_columns", "write_starter"]
+
+QUERY_NAMES = ("query", "anchor", "question", "q", "sentence1", "text1", "premise", "title")
+POSITIVE_NAMES = ("positive", "pos", "document", "doc", "passage", "answer", "response", "sentence2", "text2")
+NEGATIVE_PATTERN = re.compile(r"^(hard_)?neg(ative)?(_?\d+)?s?$", re.IGNORECASE)
+DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+@dataclass
+class Starter:
+    card: Path
+    recipe: Path
+    rows: int
+    columns: dict
+
+
+def _format(path: Path) -> str:
+    name = path.name.lower()
+    if name.endswith((".jsonl", ".json", ".jsonl.gz", ".json.gz")):
+        return "json"
+    if name.endswith((".csv", ".csv.gz")):
+        return "csv"
+    if name.endswith(".parquet"):
+        return "parquet"
+    raise ValueError(f"{path}: neoembed init reads .jsonl, .jsonl.gz, .json, .csv or .parquet files")
+
+
+def _open(path: Path):
+    return gzip.open(path, "rt", encoding="utf8") if path.name.endswith(".gz") else path.open(encoding="utf8")
+
+
+def _read(path: Path) -> tuple[list[str], int]:
+    """(column names of the first row, number of rows)."""
+    fmt = _format(path)
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        meta = pq.ParquetFile(path).metadata
+        return list(meta.schema.names), meta.num_rows
+    with _open(path) as f:
+        if fmt == "csv":
+            reader = csv.DictReader(f)
+            return list(reader.fieldnames or []), sum(1 for _ in reader)
+        lines = [line for line in f if line.strip()]
+    if not lines:
+        raise ValueError(f"{path} holds no rows")
+    try:
+        first = json.loads(lines[0])
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: line 1 is not a JSON object ({e}); write one object per line") from None
+    if not isinstance(first, dict):
+        raise ValueError(f"{path}: line 1 is not a JSON object; write one object per line")
+    return list(first), len(lines)
+
+
+def guess_columns(names: list[str]) -> dict:
+    """{query, positive, negatives} from column names (the first of each known name, in the file's order)."""
+
+    def first(candidates):
+        lower = {n.lower(): n for n in names}
+        return next((lower[c] for c in candidates if c in lower), None)
+
+    query, positive = first(QUERY_NAMES), first(POSITIVE_NAMES)
+    if query is None or positive is None:
+        raise ValueError(
+            f"cannot tell the query and positive columns from {names}: name them e.g. 'query' and 'positive' "
+            f"(recognised: {', '.join(QUERY_NAMES)} / {', '.join(POSITIVE_NAMES)}), or write the card by hand "
+            "(docs/own-data.md)"
+        )
+    negatives = [n for n in names if NEGATIVE_PATTERN.match(n) and n not in (query, positive)]
+    return {"query": query, "positive": positive, "negatives": negatives}
+
+
+def _card_text(name: str, data: str, fmt: str, columns: dict, rows: int) -> str:
+    negatives = ", ".join(columns["negatives"])
+    return f"""\
+# Data card written by `neoembed init` for {Path(data).name}: where the rows are and what each column is.
+# Check it with `neoembed data check {name}.yaml`; every key is described in docs/own-data.md.
+name: {name}
+source:
+  local: {{path: {data}, format: {fmt}}}    # relative to this card's folder
+columns:
+  query: {columns["query"]}
+  positive: {columns["positive"]}
+  negatives: [{negatives}]                      # hard-negative columns; [] for pairs (in-batch negatives only)
+# Put before every query in training, and saved as the trained model's query prompt. Say what a query looks for.
+instruction: Given a query, retrieve the passage that answers it.
+license: unknown                                # your data's licence: it is written on the model card
+size: {rows}
+"""
+
+
+def _recipe_text(name: str, card_dir: str, rows: int, model: str) -> str:
+    batch = max(2, min(32, rows // 4))
+    steps = max(10, min(1000, rows // batch))
+    return f"""\
+# Training recipe written by `neoembed init` for the card {name}: the unified contrastive recipe (InfoNCE with
+# in-batch and hard negatives, the card's instruction before queries). Run: neoembed train {name}-recipe.yaml
+# Any key can be overridden on the command line (steps=500); every key: docs/training.md.
+seed: 0
+model: {model}   # a hub id or a local folder: any sentence-transformers or Hugging Face encoder
+pooling: mean
+max_length: 128               # tokens per text during training (the saved model keeps its own limit)
+card_dirs: [{card_dir}]       # where the card is, relative to the folder you run neoembed from
+datasets:
+  - {{card: {name}}}
+steps: {steps}                # about one pass over {rows} rows
+batch_size: {batch}           # queries per step: more in-batch negatives, more memory
+temperature: 0.07
+optimizer: {{lr: 5.0e-5, warmup_steps: {min(100, steps // 10)}, schedule: cosine}}
+save_steps: {steps}
+output_dir: runs/{name}
+"""
+
+
+def write_starter(
+    data: str | Path, out: str | Path = ".", model: str = DEFAULT_MODEL, overwrite: bool = False
+):
+    """Write ``out/<name>.yaml`` (card) and ``out/<name>-recipe.yaml`` for ``data``; returns a :class:`Starter`."""
+    data, out = Path(data), Path(out)
+    if not data.is_file():
+        raise FileNotFoundError(f"{data}: no such data file")
+    names, rows = _read(data)
+    columns = guess_columns(names)
+    name = re.sub(r"[^A-Za-z0-9_-]+", "_", data.name.split(".")[0]) or "mydata"
+    card, recipe = out / f"{name}.yaml", out / f"{name}-recipe.yaml"
+    for path in (card, recipe):
+        if path.exists() and not overwrite:
+            raise FileExistsError(f"{path} exists: edit it, or pass --overwrite to write a new one")
+    out.mkdir(parents=True, exist_ok=True)
+    rel = os.path.relpath(data.resolve(), out.resolve())
+    card.write_text(_card_text(name, rel, _format(data), columns, rows), encoding="utf8")
+    recipe.write_text(_recipe_text(name, str(out), rows, model), encoding="utf8")
+    return Starter(card, recipe, rows, columns)

@@ -1,0 +1,79 @@
+"""docs/own-data.md as a new user runs it: the page's shell commands, in order, in an empty folder, on a JSONL of
+real pairs written from scratch (MSRP paraphrase pairs), with the tiny NeoBERT fixture standing in for the packaged
+model so that it runs in seconds; then the trained model in plain sentence-transformers with its saved prompt."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "own-data.md"
+
+
+def _page_commands() -> list[str]:
+    blocks = re.findall(r"```bash\n(.*?)```", PAGE.read_text(encoding="utf8"), flags=re.S)
+    lines = [re.sub(r"\s+#.*$", "", line).strip() for block in blocks for line in block.splitlines()]
+    return [line for line in lines if line.startswith("neoembed ")]
+
+
+def _write_data(folder: Path, shared_dir: Path) -> None:
+    rows = [json.loads(line) for line in gzip.open(shared_dir / "data/train/msrp_pairs/train.jsonl.gz", "rt")]
+    with (folder / "pairs.jsonl").open("w") as f:
+        for r in rows[:64]:
+            f.write(json.dumps({"query": r["query"], "positive": r["positive"]}) + "\n")
+    held = folder / "mydata" / "heldout"
+    held.mkdir(parents=True)
+    with (held / "test.jsonl").open("w") as f:
+        for i, r in enumerate(rows[100:112]):
+            others = [rows[100 + (i + j) % 12]["positive"] for j in (1, 2, 3)]
+            f.write(json.dumps({"query": r["query"], "positive": [r["positive"]], "negative": others}) + "\n")
+    (folder / "mydata" / "heldout-task.yaml").write_text("name: MyHeldout\ntype: Reranking\ndata: heldout\n")
+
+
+def test_the_own_data_page_runs_as_written(tmp_path, shared_dir, tiny_official):
+    commands = _page_commands()
+    assert [c.split()[1] for c in commands] == ["init", "data", "train", "train", "mteb"]
+    _write_data(tmp_path, shared_dir)
+    for command in commands:
+        argv = command.replace("packaged:all-MiniLM-L6-v2", str(tiny_official)).split()
+        if argv[1] == "train" and "--dry-run" not in argv:
+            argv += ["steps=3"]
+        r = subprocess.run([sys.executable, "-m", *argv], cwd=tmp_path, capture_output=True, text=True)
+        assert r.returncode == 0, f"{command}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+    card = (tmp_path / "mydata" / "pairs.yaml").read_text()
+    assert "query: query" in card and "positive: positive" in card and "size: 64" in card
+    scores = json.loads((tmp_path / "results" / "pairs" / "MyHeldout.json").read_text())
+    assert 0.0 <= scores["main_score"] <= 1.0
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(tmp_path / "runs" / "pairs"), trust_remote_code=True)
+    assert model.prompts["query"] == "Given a query, retrieve the passage that answers it. "
+    assert model.encode_query(["a"]).shape == model.encode_document(["b"]).shape
+
+
+def test_init_recognises_triplets_and_refuses_what_it_cannot_read(tmp_path):
+    from neoembed.data.starter import guess_columns, write_starter
+
+    assert guess_columns(["anchor", "answer", "neg_1", "neg_2", "id"]) == {
+        "query": "anchor",
+        "positive": "answer",
+        "negatives": ["neg_1", "neg_2"],
+    }
+    with pytest.raises(ValueError, match="cannot tell the query and positive columns"):
+        guess_columns(["a", "b"])
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("not json\n")
+    with pytest.raises(ValueError, match="line 1 is not a JSON object"):
+        write_starter(bad, tmp_path)
+    good = tmp_path / "t.jsonl"
+    good.write_text(json.dumps({"query": "q", "positive": "p", "negative": "n"}) + "\n")
+    starter = write_starter(good, tmp_path)
+    assert starter.columns["negatives"] == ["negative"]
+    with pytest.raises(FileExistsError, match="--overwrite"):
+        write_starter(good, tmp_path)
