@@ -23,6 +23,7 @@ checkpoint after the current step and exit 143 / 130; a NaN/inf loss stops befor
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from pathlib import Path
@@ -309,6 +310,12 @@ def _run_record(
     return data_files, extra
 
 
+def _save_model(model, recipe: CDERecipe, folder: Path) -> None:
+    model.save(str(folder))
+    if recipe.matryoshka is not None:
+        record_matryoshka_dims(folder, recipe.matryoshka.dims)
+
+
 def _require_faiss(recipe: CDERecipe) -> None:
     if recipe.clustering.enabled:  # contextual batches come from faiss k-means
         require_module(
@@ -386,13 +393,7 @@ def train_cde(
 
     def save_final() -> None:
         module.eval()
-
-        def _save(folder) -> None:
-            model.save(str(folder))
-            if recipe.matryoshka is not None:
-                record_matryoshka_dims(folder, recipe.matryoshka.dims)
-
-        save_final_model(output, _save)
+        save_final_model(output, functools.partial(_save_model, model, recipe))
         atomic_write_text(output / "README.md", _model_card(recipe, cards, loop.step))
 
     loop.finish(save_final)
