@@ -132,6 +132,13 @@ class _MetricsCallback(TrainerCallback):
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         logs = logs or {}
+        scores = {
+            k: float(v)
+            for k, v in logs.items()
+            if k.startswith("eval_") and isinstance(v, int | float) and not k.endswith("_per_second")
+        }
+        if scores:  # an evaluation (neoembed.eval.training): its own row, at the step it scored
+            self.log.write({"step": state.global_step, **scores})
         if "loss" not in logs:
             return
         if not math.isfinite(float(logs["loss"])):
@@ -181,9 +188,21 @@ def _trainer_class():
         and renamed (neoembed.runs). All of it travels as constructor arguments, per trainer."""
 
         def __init__(
-            self, *args, batch_sizes: dict[str, int], samplers: list, settings: dict | None, **kwargs
+            self,
+            *args,
+            batch_sizes: dict[str, int],
+            samplers: list,
+            settings: dict | None,
+            keep: int | None,
+            **kwargs,
         ):
-            self.neoembed_batch_sizes, self.neoembed_samplers = batch_sizes, samplers
+            # ``keep``: save_total_limit, applied here (transformers gets none: its end-of-run clean-up would also
+            # delete the newest checkpoint of an interrupted run kept for --resume)
+            self.neoembed_batch_sizes, self.neoembed_samplers, self.neoembed_keep = (
+                batch_sizes,
+                samplers,
+                keep,
+            )
             self.neoembed_settings, self._neoembed_staging = settings, None
             super().__init__(*args, **kwargs)
 
@@ -224,20 +243,47 @@ def _trainer_class():
                 self._neoembed_staging = None
             self.accelerator.wait_for_everyone()
             if main:
+                _point_at_best(self.state, staged / f"checkpoint-{step}", output)
                 commit_checkpoint(
-                    staged / f"checkpoint-{step}",
-                    step,
-                    self.args.save_total_limit,
-                    self.neoembed_settings,
-                    output=output,
+                    staged / f"checkpoint-{step}", step, None, self.neoembed_settings, output=output
                 )
                 shutil.rmtree(staged, ignore_errors=True)  # the emptied staging folder (commit may have gone)
+                _rotate(output, self.neoembed_keep, self.state.best_global_step)
             self.accelerator.wait_for_everyone()
 
     return UnifiedTrainer
 
 
-def _model_card(recipe: UnifiedRecipe, cards, output: Path) -> None:
+def _point_at_best(state, checkpoint: Path, output: Path) -> None:
+    """transformers records the best checkpoint under the folder it wrote to (the staging folder): the state, and
+    the trainer_state.json about to be sealed (the one a resume reads), name the checkpoint's final place."""
+    if not state.best_global_step:
+        return
+    state.best_model_checkpoint = str(output / f"checkpoint-{state.best_global_step}")
+    state.save_to_json(str(checkpoint / "trainer_state.json"))
+
+
+def _rotate(output: Path, keep: int | None, best_step: int | None) -> None:
+    """``save_total_limit``: the ``keep`` newest checkpoints stay, and the best one (``keep_best``) besides."""
+    if not keep:
+        return
+    best = output / f"checkpoint-{best_step}" if best_step else None
+    for old in list_checkpoints(output)[:-keep]:
+        if old != best:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _best_line(recipe: UnifiedRecipe, state) -> str:
+    """The model card's sentence on which checkpoint the final model is (``keep_best``)."""
+    if recipe.keep_best is None or not state.best_global_step:
+        return ""
+    return (
+        f" The final model is the checkpoint of step {state.best_global_step} of {state.global_step}, the best by "
+        f"{recipe.keep_best.metric} ({recipe.keep_best.mode}): {state.best_metric:.6g}."
+    )
+
+
+def _model_card(recipe: UnifiedRecipe, cards, output: Path, best: str = "") -> None:
     from neoembed.record import atomic_write_text
     from neoembed.sentence import model_card_text
 
@@ -254,7 +300,7 @@ def _model_card(recipe: UnifiedRecipe, cards, output: Path) -> None:
     notes = (
         f"Unified contrastive recipe: InfoNCE, cosine similarity, temperature {recipe.temperature}, "
         f"dataset sampling alpha {recipe.alpha}, {batch}, max length {recipe.max_length}, "
-        f"seed {recipe.seed}."
+        f"seed {recipe.seed}.{best}"
     )
     config = output / "config.json"
     neobert = config.is_file() and json.loads(config.read_text()).get("model_type") == "neobert"
@@ -284,10 +330,10 @@ def _training_args(recipe: UnifiedRecipe, output: Path, full_sizes: list[int]):
         fp16=recipe.precision == "fp16",
         save_strategy="steps",
         save_steps=recipe.save_steps,
-        save_total_limit=recipe.save_total_limit,
         logging_steps=recipe.logging_steps,
         logging_nan_inf_filter=False,  # a NaN loss must reach the callback that stops the run
         report_to=list(recipe.report_to) or "none",
+        **_eval_args(recipe),
         seed=recipe.seed,
         data_seed=recipe.seed,
         dataloader_drop_last=True,
@@ -297,6 +343,21 @@ def _training_args(recipe: UnifiedRecipe, output: Path, full_sizes: list[int]):
         disable_tqdm=False,
         dataloader_pin_memory=torch.cuda.is_available(),
     )
+
+
+def _eval_args(recipe: UnifiedRecipe) -> dict:
+    """Evaluation every ``eval.steps`` (the evaluator is neoembed.eval.training's) and, with ``keep_best``,
+    transformers' best-model tracking, which survives a resume in trainer_state.json."""
+    if recipe.eval is None:
+        return {"eval_strategy": "no"}
+    out = {"eval_strategy": "steps", "eval_steps": recipe.eval.steps}
+    if recipe.keep_best is not None:
+        out |= {
+            "metric_for_best_model": f"eval_{recipe.keep_best.metric}",
+            "greater_is_better": recipe.keep_best.mode == "max",
+            "load_best_model_at_end": True,
+        }
+    return out
 
 
 def _purge_tensorboard(trainer, step: int) -> None:
@@ -358,17 +419,28 @@ def _fit(trainer, checkpoint: Path | None, stop: StopSignal, recipe: UnifiedReci
 
 
 def train(
-    recipe: UnifiedRecipe, recipe_dir: Path | None = None, resume: bool = False, overwrite: bool = False
+    recipe: UnifiedRecipe,
+    recipe_dir: Path | None = None,
+    resume: bool = False,
+    overwrite: bool = False,
+    evaluator=None,
 ) -> Path:
     """Run the unified recipe; returns the output folder (final model, metrics, run record, model card).
 
     The output folder must be new or empty, unless ``resume`` (continue the run it holds, from its newest
-    complete checkpoint) or ``overwrite`` (clear it); see :func:`neoembed.runs.prepare_output_dir`. Raises
+    complete checkpoint) or ``overwrite`` (clear it); see :func:`neoembed.runs.prepare_output_dir`. A recipe with
+    ``eval:`` needs ``evaluator``: ``neoembed.eval.training.MtebEvaluator(recipe.eval, recipe_dir)``
+    (``neoembed train`` passes it; evaluation sits above training in the package's layers). Raises
     :class:`~neoembed.runs.TrainingInterrupted` after checkpointing on SIGTERM / Ctrl-C."""
     from neoembed.recipe import seed_everything
     from neoembed.sentence import load
 
     seed_everything(recipe.seed)
+    if recipe.eval is not None and evaluator is None:
+        raise ValueError(
+            "the recipe has an eval: block but no evaluator was given: pass "
+            "evaluator=neoembed.eval.training.MtebEvaluator(recipe.eval, recipe_dir), or run neoembed train"
+        )
     output = Path(recipe.output_dir)
     main = int(os.environ.get("RANK", "0")) == 0
     # bad data, a used output folder and truncated weights fail before the model loads
@@ -397,6 +469,8 @@ def train(
         batch_sizes=batch_sizes,
         samplers=samplers,
         settings=settings,
+        keep=recipe.save_total_limit,
+        evaluator=evaluator,
     )
     output.mkdir(parents=True, exist_ok=True)
     metrics = _MetricsCallback(output, samplers, list(datasets.keys()), batch_sizes, main)
@@ -417,8 +491,8 @@ def train(
     if stop.received is not None:
         raise TrainingInterrupted(stop.received, _last_checkpoint(output))
     if main:
-        model.save(str(output))
-        _model_card(recipe, cards, output)
+        model.save(str(output))  # with keep_best: the best checkpoint's weights, loaded back by transformers
+        _model_card(recipe, cards, output, _best_line(recipe, trainer.state))
     return output
 
 
