@@ -35,6 +35,8 @@ from neoembed.record import atomic_write_text, file_sha256
 
 __all__ = [
     "CHECKPOINT_MARKER",
+    "TRACKERS",
+    "check_trackers",
     "CheckpointWriteError",
     "MetricsLog",
     "OutputDirError",
@@ -471,6 +473,31 @@ class StopSignal:
 
 # ------------------------------------------------------------------------------------------------- metrics
 DEGENERATE_ROWS = 20
+
+
+# report_to name -> (the module it needs, the neoembed extra that installs it)
+TRACKERS = {
+    "tensorboard": ("tensorboard", "tensorboard"),
+    "wandb": ("wandb", "wandb"),
+    "mlflow": ("mlflow", "mlflow"),
+    "trackio": ("trackio", "trackio"),
+}
+
+
+def check_trackers(report_to) -> None:
+    """Every tracker named in ``report_to`` is known and installed: checked before any data or model loads, so a
+    missing package costs seconds, not a run."""
+    import importlib.util
+
+    for name in report_to:
+        if name not in TRACKERS:
+            raise ValueError(f"report_to: unknown tracker {name!r}; valid: {', '.join(TRACKERS)}")
+        module, extra = TRACKERS[name]
+        if importlib.util.find_spec(module) is None:
+            raise ImportError(
+                f"report_to: [{name}] needs the {module} package, which is not installed: "
+                f"pip install 'neoembed[{extra}]' (or remove {name} from report_to)"
+            )
 
 
 class MetricsLog:

@@ -18,6 +18,7 @@ transformers trainer.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -42,6 +43,7 @@ from neoembed.runs import (
     TrainingInterrupted,
     TrainingStopped,
     check_pairs,
+    check_trackers,
     check_weight_files,
     commit_checkpoint,
     list_checkpoints,
@@ -166,6 +168,50 @@ class _MetricsCallback(TrainerCallback):
         }
         self.log.write(row)
         self.last_time, self.last_step = now, step
+
+
+TRACKER_IDS = "trackers.json"
+# tracker -> the environment variables with which transformers' integration continues a run of that id
+RESUME_ENV = {"mlflow": {"MLFLOW_RUN_ID": "{id}"}, "wandb": {"WANDB_RUN_ID": "{id}", "WANDB_RESUME": "allow"}}
+
+
+class _TrackerIdsCallback(TrainerCallback):
+    """Writes the id of each tracked run (MLflow, W&B) to ``OUTPUT/trackers.json`` once the trackers have started,
+    so that ``--resume`` continues the same tracked run (:func:`_tracker_env`) instead of opening a new one."""
+
+    def __init__(self, callbacks: list, output: Path, main: bool):
+        self.callbacks, self.output, self.main = callbacks, output, main
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        ids = {}
+        for cb in self.callbacks:
+            run = None
+            if type(cb).__name__ == "MLflowCallback" and getattr(cb, "_initialized", False):
+                run = cb._ml_flow.active_run()
+                ids["mlflow"] = run.info.run_id if run is not None else None
+            elif type(cb).__name__ == "WandbCallback" and getattr(cb, "_wandb", None) is not None:
+                ids["wandb"] = cb._wandb.run.id if cb._wandb.run is not None else None
+        ids = {k: v for k, v in ids.items() if v}
+        if ids and self.main:
+            from neoembed.record import atomic_write_text
+
+            atomic_write_text(self.output / TRACKER_IDS, json.dumps(ids, indent=1) + "\n")
+
+
+@contextlib.contextmanager
+def _tracker_env(output: Path, resume: bool):
+    """On resume: the environment that makes transformers' MLflow / W&B integrations continue the recorded runs (a
+    variable the user set wins); restored afterwards."""
+    saved = output / TRACKER_IDS
+    ids = json.loads(saved.read_text()) if resume and saved.is_file() else {}
+    env = {k: v.format(id=ids[t]) for t, kv in RESUME_ENV.items() if t in ids for k, v in kv.items()}
+    env = {k: v for k, v in env.items() if k not in os.environ}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k in env:
+            os.environ.pop(k, None)
 
 
 class _SignalCallback(TrainerCallback):
@@ -333,6 +379,7 @@ def _training_args(recipe: UnifiedRecipe, output: Path, full_sizes: list[int]):
         logging_steps=recipe.logging_steps,
         logging_nan_inf_filter=False,  # a NaN loss must reach the callback that stops the run
         report_to=list(recipe.report_to) or "none",
+        run_name=output.name,  # the tracked run's name, as the run loop names it
         **_eval_args(recipe),
         seed=recipe.seed,
         data_seed=recipe.seed,
@@ -436,6 +483,7 @@ def train(
     from neoembed.sentence import load
 
     seed_everything(recipe.seed)
+    check_trackers(recipe.report_to)
     if recipe.eval is not None and evaluator is None:
         raise ValueError(
             "the recipe has an eval: block but no evaluator was given: pass "
@@ -477,11 +525,13 @@ def train(
     stop = StopSignal()
     trainer.add_callback(metrics)
     trainer.add_callback(_SignalCallback(stop))
+    trainer.add_callback(_TrackerIdsCallback(trainer.callback_handler.callbacks, output, main))
     if checkpoint is not None:
         _resume_logs(trainer, checkpoint, output, main)
     if main:
         _write_run_record(recipe, output, cards, reports, datasets, settings, batch_sizes)
-    _fit(trainer, checkpoint, stop, recipe, output, main)
+    with _tracker_env(output, checkpoint is not None):
+        _fit(trainer, checkpoint, stop, recipe, output, main)
     if metrics.nan_step is not None:
         raise TrainingStopped(
             f"the loss became NaN at step {metrics.nan_step}; training stopped and the NaN state was not saved. "
