@@ -9,7 +9,7 @@ from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_va
 from neoembed.instructions import DEFAULT_INSTRUCTION_SET, DEFAULT_TEMPLATE
 from neoembed.recipe import DatasetEntry, DatasetList, OptimizerConfig, Recipe, RecipeError, StrictModel
 
-__all__ = ["DatasetEntry", "EvalSettings", "KeepBest", "OptimizerConfig", "UnifiedRecipe"]
+__all__ = ["AdapterConfig", "DatasetEntry", "EvalSettings", "KeepBest", "OptimizerConfig", "UnifiedRecipe"]
 
 
 class EvalSettings(StrictModel):
@@ -23,6 +23,18 @@ class EvalSettings(StrictModel):
     metric: str = "main_score"
     instructions: str = DEFAULT_INSTRUCTION_SET
     batch_size: PositiveInt = 32
+
+
+class AdapterConfig(StrictModel):
+    """``adapter:``: train a LoRA adapter (PEFT) instead of every weight. The final model is saved merged (an
+    ordinary checkpoint) and the adapter alone in ``OUTPUT/adapter/`` (PEFT's layout). ``target_modules`` null:
+    NeoBERT's qkv, wo, w12, w3, or PEFT's defaults for other encoders."""
+
+    type: Literal["lora"] = "lora"
+    r: PositiveInt = 16
+    alpha: PositiveFloat = 32
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    target_modules: list[str] | None = None
 
 
 class KeepBest(StrictModel):
@@ -71,6 +83,7 @@ class UnifiedRecipe(Recipe):
     report_to: list[Literal["tensorboard", "wandb", "mlflow", "trackio"]] = []
     eval: EvalSettings | None = None
     keep_best: KeepBest | None = None
+    adapter: AdapterConfig | None = None
     output_dir: str = "runs/unified"
     template: str = DEFAULT_TEMPLATE
     instructions: bool = True  # False: no instruction before queries (an ablation)

@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
+from neoembed.adapters import add_lora, count_parameters, merge_lora, require_peft, save_adapter
 from neoembed.data.cards import DataCardError, explain_data_errors, find_card, load_card, prepare_card
 from neoembed.data.check import require_hub
 from neoembed.data.sampler import PowerLawDatasetBatchSampler
@@ -483,12 +484,7 @@ def train(
     from neoembed.sentence import load
 
     seed_everything(recipe.seed)
-    check_trackers(recipe.report_to)
-    if recipe.eval is not None and evaluator is None:
-        raise ValueError(
-            "the recipe has an eval: block but no evaluator was given: pass "
-            "evaluator=neoembed.eval.training.MtebEvaluator(recipe.eval, recipe_dir), or run neoembed train"
-        )
+    _check_extras(recipe, evaluator)
     output = Path(recipe.output_dir)
     main = int(os.environ.get("RANK", "0")) == 0
     # bad data, a used output folder and truncated weights fail before the model loads
@@ -508,6 +504,10 @@ def train(
     model = load(
         recipe.model, pooling=recipe.pooling, max_seq_length=recipe.max_length, compile=recipe.compile
     )
+    if recipe.adapter is not None:
+        a = recipe.adapter
+        add_lora(model, a.r, a.alpha, a.dropout, a.target_modules)
+        logger.info("LoRA adapter: %d of %d parameters train", *count_parameters(model))
     samplers: list = []
     trainer = _trainer_class()(
         model=model,
@@ -541,9 +541,30 @@ def train(
     if stop.received is not None:
         raise TrainingInterrupted(stop.received, _last_checkpoint(output))
     if main:
-        model.save(str(output))  # with keep_best: the best checkpoint's weights, loaded back by transformers
-        _model_card(recipe, cards, output, _best_line(recipe, trainer.state))
+        _save_final(recipe, model, cards, output, trainer.state)
     return output
+
+
+def _check_extras(recipe: UnifiedRecipe, evaluator) -> None:
+    """Trackers, PEFT and the evaluator a recipe needs: checked before data or the model load."""
+    check_trackers(recipe.report_to)
+    if recipe.adapter is not None:
+        require_peft()
+    if recipe.eval is not None and evaluator is None:
+        raise ValueError(
+            "the recipe has an eval: block but no evaluator was given: pass "
+            "evaluator=neoembed.eval.training.MtebEvaluator(recipe.eval, recipe_dir), or run neoembed train"
+        )
+
+
+def _save_final(recipe: UnifiedRecipe, model, cards, output: Path, state) -> None:
+    """The final model (with keep_best, the best checkpoint's weights, loaded back by transformers), a LoRA
+    adapter alone in ``adapter/`` then merged into the saved weights, and the model card."""
+    if recipe.adapter is not None:
+        save_adapter(model, output / "adapter")
+        merge_lora(model)
+    model.save(str(output))
+    _model_card(recipe, cards, output, _best_line(recipe, state))
 
 
 def _data_files(cards) -> list[Path]:
