@@ -215,6 +215,36 @@ def _tracker_env(output: Path, resume: bool):
             os.environ.pop(k, None)
 
 
+class _PlainProgress(TrainerCallback):
+    """Output that is not a terminal (CI, a scheduler's log) gets no progress bar (its redraws are noise there)
+    but one plain line per logging step and per evaluation: step of total, loss, rate and time left."""
+
+    def __init__(self, stream=None):
+        import sys
+
+        self.stream = stream or sys.stderr
+        self.t0, self.first = time.perf_counter(), 0
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.t0, self.first = time.perf_counter(), state.global_step
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        logs, step, total = logs or {}, state.global_step, state.max_steps
+        done = step - self.first
+        rate = done / max(time.perf_counter() - self.t0, 1e-9)
+        left = (total - step) / rate if rate > 0 else float("nan")
+        eta = time.strftime("%H:%M:%S", time.gmtime(left)) if math.isfinite(left) else "?"
+        values = "  ".join(
+            f"{k} {v:.4g}"
+            for k, v in logs.items()
+            if isinstance(v, int | float) and k in ("loss", "learning_rate") or k.startswith("eval_")
+            if not k.endswith(("_runtime", "_per_second"))
+        )
+        if values:
+            line = f"step {step}/{total} ({100 * step / max(total, 1):.0f}%)  {values}  {rate:.2f} steps/s  left {eta}"
+            print(line, file=self.stream, flush=True)
+
+
 class _SignalCallback(TrainerCallback):
     """On SIGTERM or Ctrl-C: finish the current step, write a checkpoint, stop."""
 
@@ -388,7 +418,7 @@ def _training_args(recipe: UnifiedRecipe, output: Path, full_sizes: list[int]):
         multi_dataset_batch_sampler=PowerLawDatasetBatchSampler.with_settings(
             recipe.alpha, recipe.steps, full_sizes
         ),
-        disable_tqdm=False,
+        disable_tqdm=not _is_terminal(),  # a bar on a terminal; elsewhere _PlainProgress's lines
         dataloader_pin_memory=torch.cuda.is_available(),
     )
 
@@ -523,9 +553,7 @@ def train(
     output.mkdir(parents=True, exist_ok=True)
     metrics = _MetricsCallback(output, samplers, list(datasets.keys()), batch_sizes, main)
     stop = StopSignal()
-    trainer.add_callback(metrics)
-    trainer.add_callback(_SignalCallback(stop))
-    trainer.add_callback(_TrackerIdsCallback(trainer.callback_handler.callbacks, output, main))
+    _add_callbacks(trainer, metrics, stop, output, main)
     if checkpoint is not None:
         _resume_logs(trainer, checkpoint, output, main)
     if main:
@@ -543,6 +571,23 @@ def train(
     if main:
         _save_final(recipe, model, cards, output, trainer.state)
     return output
+
+
+def _add_callbacks(trainer, metrics: _MetricsCallback, stop: StopSignal, output: Path, main: bool) -> None:
+    trainer.add_callback(metrics)
+    trainer.add_callback(_SignalCallback(stop))
+    if not _is_terminal():  # transformers' own printer would add a raw dict per log beside our line
+        from transformers.trainer_callback import PrinterCallback
+
+        trainer.remove_callback(PrinterCallback)
+        trainer.add_callback(_PlainProgress())
+    trainer.add_callback(_TrackerIdsCallback(trainer.callback_handler.callbacks, output, main))
+
+
+def _is_terminal() -> bool:
+    import sys
+
+    return sys.stderr.isatty()
 
 
 def _check_extras(recipe: UnifiedRecipe, evaluator) -> None:
