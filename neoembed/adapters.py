@@ -104,3 +104,30 @@ def save_adapter(model, folder: str | Path) -> Path:
     )
     config.save_pretrained(str(folder))
     return folder
+
+
+def is_adapter_folder(path: str | Path) -> bool:
+    """A folder holding an adapter alone (PEFT's ``adapter_config.json``, no sentence-transformers model)."""
+    path = Path(path)
+    return (path / "adapter_config.json").is_file() and not (path / "modules.json").is_file()
+
+
+def load_adapter(folder: str | Path, load_base, base: str | None = None):
+    """The base model named in the adapter's config (or ``base``), loaded by ``load_base(name)``, with the adapter
+    of ``folder`` applied (not merged: :func:`merge_lora` folds it in)."""
+    require_peft()
+    from peft import LoraConfig, inject_adapter_in_model, set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    config = LoraConfig.from_pretrained(str(folder))
+    base = base or config.base_model_name_or_path
+    if not base:
+        raise ValueError(
+            f"{folder}/adapter_config.json names no base_model_name_or_path: pass the base model"
+        )
+    model = load_base(base)
+    inject_adapter_in_model(config, _backbone(model))
+    set_peft_model_state_dict(_backbone(model), load_file(str(folder / "adapter_model.safetensors")))
+    model.neoembed_lora_config = config
+    return model

@@ -82,6 +82,14 @@ def test_scores_logged_during_training_equal_neoembed_mteb_on_the_checkpoints(
             == entry["main_score"]
         )
     assert (out / "training_curves.png").is_file()
+    # evaluating does not move the training: the same losses as the same run without eval:
+    plain = load_recipe(
+        TINY,
+        UnifiedRecipe,
+        [f"model={tiny_official}", f"output_dir={tmp_path / 'plain'}"]
+        + ["datasets=[{card: pydoc_names, max_rows: 64}]", "steps=6", "save_steps=100"],
+    )
+    assert _rows(train(plain, recipe_dir=TINY.parent), "loss") == _rows(out, "loss")
 
 
 def test_keep_best_survives_rotation_and_an_interrupted_resumed_run(
