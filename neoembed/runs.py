@@ -67,9 +67,18 @@ logger = logging.getLogger(__name__)
 
 CHECKPOINT_MARKER = "checkpoint_complete.json"
 RECORD = "run_record.json"
-# Recipe keys that say where and how often a run writes, not what it computes: a resume may change them.
+# Recipe keys that say where and how often a run writes, not what it computes: a resume may change them. ``eval``
+# (evaluation during training) restores every random stream after scoring, so it does not move the training either.
 NON_TRAJECTORY_KEYS = frozenset(
-    {"output_dir", "save_steps", "save_total_limit", "logging_steps", "report_to", "clustering.cache_dir"}
+    {
+        "output_dir",
+        "save_steps",
+        "save_total_limit",
+        "logging_steps",
+        "report_to",
+        "clustering.cache_dir",
+        "eval",
+    }
 )
 # Exit statuses of a run stopped by a signal, as a shell reports a process killed by it (128 + number).
 SIGNAL_EXIT = {"SIGINT": 130, "SIGTERM": 143}
@@ -112,9 +121,11 @@ def resume_settings(recipe: Any) -> dict[str, Any]:
     def walk(node, prefix):
         for key, value in node.items():
             name = f"{prefix}{key}"
+            if name in NON_TRAJECTORY_KEYS:
+                continue
             if isinstance(value, dict) and value:
                 walk(value, name + ".")
-            elif name not in NON_TRAJECTORY_KEYS:
+            else:
                 flat[name] = value
 
     walk(data, "")

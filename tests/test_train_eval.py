@@ -144,3 +144,13 @@ def test_keep_best_without_eval_is_refused_with_the_fix(tmp_path, tiny_official,
 def _same_weights(a: Path, b: Path) -> bool:
     wa, wb = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
     return wa.keys() == wb.keys() and all((wa[k] == wb[k]).all() for k in wa)
+
+
+def test_adding_or_changing_eval_does_not_block_a_resume(tmp_path, tiny_official, trecqa):
+    from neoembed.runs import resume_settings
+
+    with_eval = _recipe(tmp_path, tiny_official, trecqa)
+    other = _recipe(tmp_path, tiny_official, trecqa, "eval.steps=3", "eval.metric=map_at_10")
+    without = with_eval.model_copy(update={"eval": None})
+    assert resume_settings(with_eval) == resume_settings(other) == resume_settings(without)
+    assert resume_settings(with_eval)["steps"] == 6  # the trajectory keys are still compared
