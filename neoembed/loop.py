@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,6 +44,7 @@ from neoembed.runs import (
     commit_checkpoint,
     list_checkpoints,
     param_groups,
+    progress_line,
     run_identity,
     stage_checkpoint,
     write_failed,
@@ -189,12 +191,12 @@ class RunLoop:
         from tqdm.auto import tqdm
 
         r = self.recipe
-        bar = tqdm(
-            total=r.steps,
-            initial=self.step,
-            desc=self.desc,
-            disable=not (self.progress and self.acc.is_main_process),
-        )
+        shown = self.progress and self.acc.is_main_process
+        plain = (
+            shown and not sys.stderr.isatty()
+        )  # not a terminal: a line per logging step, not a bar's redraws
+        bar = tqdm(total=r.steps, initial=self.step, desc=self.desc, disable=not shown or plain)
+        first, start = self.step, time.perf_counter()
         sums: dict[str, float] = {}
         t0, stopped = time.perf_counter(), None
         with StopSignal() as stop:
@@ -210,6 +212,10 @@ class RunLoop:
                     row = {"step": self.step, **row_fn(sums, now - t0, grad_norm, lr)}
                     self.metrics.write(row)
                     bar.set_postfix(loss=f"{row['loss']:.3f}")
+                    if plain:
+                        rate = (self.step - first) / max(now - start, 1e-9)
+                        values = {k: row[k] for k in ("loss", "learning_rate", "lr") if k in row}
+                        print(progress_line(self.step, r.steps, values, rate), file=sys.stderr, flush=True)
                     sums, t0 = {}, time.perf_counter()
                 if out.stop:
                     stopped = self.save()

@@ -37,6 +37,7 @@ __all__ = [
     "CHECKPOINT_MARKER",
     "TRACKERS",
     "check_trackers",
+    "progress_line",
     "CheckpointWriteError",
     "MetricsLog",
     "OutputDirError",
@@ -509,6 +510,18 @@ def check_trackers(report_to) -> None:
                 f"report_to: [{name}] needs the {module} package, which is not installed: "
                 f"pip install 'neoembed[{extra}]' (or remove {name} from report_to)"
             )
+
+
+def progress_line(step: int, total: int, values: dict, steps_per_s: float) -> str:
+    """The plain progress line a run prints per logging step where output is not a terminal (CI, a scheduler's
+    log): step of total, the logged values, the rate and the time left."""
+    import math
+    import time
+
+    left = (total - step) / steps_per_s if steps_per_s > 0 else float("nan")
+    eta = time.strftime("%H:%M:%S", time.gmtime(left)) if math.isfinite(left) else "?"
+    shown = "  ".join(f"{k} {v:.4g}" for k, v in values.items() if isinstance(v, int | float))
+    return f"step {step}/{total} ({100 * step / max(total, 1):.0f}%)  {shown}  {steps_per_s:.2f} steps/s  left {eta}"
 
 
 class MetricsLog:

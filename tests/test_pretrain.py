@@ -454,3 +454,11 @@ def test_pseudo_perplexity_equals_the_slow_reference(tmp_path):
     assert json.loads(j.read_text())["lengths"][0]["scored_tokens"] == 16 and png.stat().st_size > 1000
     with pytest.raises(ValueError, match="no document has 64 tokens"):
         pseudo_perplexity(model, docs, [64], [0], 4, progress=False)
+
+
+def test_progress_is_a_plain_line_per_logging_step_when_not_a_terminal(tmp_path, shards, capfd):
+    """Under pytest stderr is not a terminal: no bar redraws, one line per logged step with the time left."""
+    pretrain(_recipe(tmp_path / "p", shards, "steps=3", "logging_steps=1", "save_steps=100"), progress=True)
+    lines = [line for line in capfd.readouterr().err.splitlines() if line.startswith("step ")]
+    assert [line.split()[1] for line in lines] == ["1/3", "2/3", "3/3"]
+    assert all(" loss " in line and " left " in line for line in lines)

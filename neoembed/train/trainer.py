@@ -49,6 +49,7 @@ from neoembed.runs import (
     commit_checkpoint,
     list_checkpoints,
     prepare_output_dir,
+    progress_line,
     resume_defaults,
     resume_settings,
     run_identity,
@@ -229,20 +230,16 @@ class _PlainProgress(TrainerCallback):
         self.t0, self.first = time.perf_counter(), state.global_step
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        logs, step, total = logs or {}, state.global_step, state.max_steps
-        done = step - self.first
-        rate = done / max(time.perf_counter() - self.t0, 1e-9)
-        left = (total - step) / rate if rate > 0 else float("nan")
-        eta = time.strftime("%H:%M:%S", time.gmtime(left)) if math.isfinite(left) else "?"
-        values = "  ".join(
-            f"{k} {v:.4g}"
-            for k, v in logs.items()
-            if isinstance(v, int | float) and k in ("loss", "learning_rate") or k.startswith("eval_")
-            if not k.endswith(("_runtime", "_per_second"))
-        )
+        step = state.global_step
+        values = {
+            k: v
+            for k, v in (logs or {}).items()
+            if (k in ("loss", "learning_rate") or k.startswith("eval_"))
+            and not k.endswith(("_runtime", "_per_second"))
+        }
         if values:
-            line = f"step {step}/{total} ({100 * step / max(total, 1):.0f}%)  {values}  {rate:.2f} steps/s  left {eta}"
-            print(line, file=self.stream, flush=True)
+            rate = (step - self.first) / max(time.perf_counter() - self.t0, 1e-9)
+            print(progress_line(step, state.max_steps, values, rate), file=self.stream, flush=True)
 
 
 class _SignalCallback(TrainerCallback):
