@@ -301,7 +301,9 @@ def train_cde(
     SIGTERM / Ctrl-C raise :class:`~neoembed.runs.TrainingInterrupted` after the checkpoint."""
     from neoembed.recipe import seed_everything
     from neoembed.record import atomic_write_text
+    from neoembed.runs import check_trackers
 
+    check_trackers(recipe.report_to)  # a missing tracker fails before data or the model load
     acc = _accelerator(recipe)
     seed_everything(recipe.seed)
     output = Path(recipe.output_dir)
