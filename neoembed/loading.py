@@ -2,7 +2,8 @@
 
 A saved CDE folder (its ``modules.json`` names the contextual module) loads as a
 :class:`~neoembed.cde.model.ContextualSentenceTransformer`; anything else goes to :func:`neoembed.sentence.load`
-(bi-encoders, official NeoBERT checkpoints, any Hugging Face encoder). This module sits above both
+(bi-encoders, official NeoBERT checkpoints, any Hugging Face encoder); a LoRA adapter saved alone
+(``adapter_config.json``, no ``modules.json``) loads its base model and applies the adapter. This module sits above both
 ``sentence.py`` and ``cde/``, so that neither imports the other's floor upward (``docs/architecture.md``).
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from neoembed.adapters import is_adapter_folder, load_adapter
 from neoembed.cde.model import ContextualSentenceTransformer, is_cde_folder, load_cde
 from neoembed.compile import resolve_compile_mode
 from neoembed.sentence import (
@@ -41,6 +43,8 @@ def load(
     (the others describe how to build a bi-encoder and are ignored).
     """
     path = Path(name_or_path)
+    if is_adapter_folder(path):  # a LoRA adapter saved alone: its base model, then the adapter on it
+        return load_adapter(path, lambda base: load(base, *args, prompts=prompts, **kwargs))
     if not (path.exists() and is_cde_folder(path)):
         model = load_bi_encoder(name_or_path, *args, prompts=prompts, **kwargs)
         set_truncate_dim(model, truncate_dim)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,9 +41,11 @@ from neoembed.runs import (
     StopSignal,
     TrainingInterrupted,
     TrainingStopped,
+    check_trackers,
     commit_checkpoint,
     list_checkpoints,
     param_groups,
+    progress_line,
     run_identity,
     stage_checkpoint,
     write_failed,
@@ -67,6 +70,42 @@ def adamw(model, opt):
     import torch
 
     return torch.optim.AdamW(param_groups(model, opt.weight_decay), lr=opt.lr, betas=opt.betas, eps=opt.eps)
+
+
+TRACKER_IDS = "trackers.json"
+
+
+def _start_trackers(report_to, output: Path, resumed: bool, main: bool) -> list:
+    """accelerate's trackers for ``report_to`` (TensorBoard is MetricsLog's own), each run named after the output
+    folder; a resumed run continues the MLflow / W&B run recorded in ``OUTPUT/trackers.json``."""
+    names = [n for n in report_to if n != "tensorboard"]
+    if not names or not main:
+        return []
+    from accelerate.tracking import MLflowTracker, TrackioTracker, WandBTracker
+
+    saved = output / TRACKER_IDS
+    ids = json.loads(saved.read_text()) if resumed and saved.is_file() else {}
+    make = {
+        "mlflow": lambda: MLflowTracker(
+            os.environ.get("MLFLOW_EXPERIMENT_NAME", "Default"),
+            run_id=ids.get("mlflow"),
+            run_name=output.name,
+        ),
+        "wandb": lambda: WandBTracker(output.name, name=output.name, id=ids.get("wandb"), resume="allow"),
+        "trackio": lambda: TrackioTracker(output.name, name=output.name),
+    }
+    trackers = [make[n]() for n in names]
+    for tracker in trackers:
+        tracker.start()
+    run_ids = {}
+    for name, tracker in zip(names, trackers, strict=True):
+        if name == "mlflow":
+            run_ids[name] = tracker.active_run.info.run_id
+        elif name == "wandb":
+            run_ids[name] = tracker.run.id
+    output.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(saved, json.dumps(run_ids, indent=1) + "\n")
+    return trackers
 
 
 @dataclass
@@ -106,6 +145,8 @@ class RunLoop:
         self.settings, self.trainer_state, self.desc, self.progress = settings, trainer_state, desc, progress
         self.nan_advice = nan_advice
         self.metrics = MetricsLog(self.output, recipe.report_to, accelerator.is_main_process)
+        check_trackers(recipe.report_to)
+        self.trackers: list = []
         self.step = 0
         # objects that are not accelerate-prepared (the scheduler; CDE's model and optimizer) travel in its state
         for obj in (scheduler, *registered):
@@ -189,12 +230,15 @@ class RunLoop:
         from tqdm.auto import tqdm
 
         r = self.recipe
-        bar = tqdm(
-            total=r.steps,
-            initial=self.step,
-            desc=self.desc,
-            disable=not (self.progress and self.acc.is_main_process),
+        self.trackers = _start_trackers(
+            self.recipe.report_to, self.output, self.step > 0, self.acc.is_main_process
         )
+        shown = self.progress and self.acc.is_main_process
+        plain = (
+            shown and not sys.stderr.isatty()
+        )  # not a terminal: a line per logging step, not a bar's redraws
+        bar = tqdm(total=r.steps, initial=self.step, desc=self.desc, disable=not shown or plain)
+        first, start = self.step, time.perf_counter()
         sums: dict[str, float] = {}
         t0, stopped = time.perf_counter(), None
         with StopSignal() as stop:
@@ -209,7 +253,13 @@ class RunLoop:
                     now = time.perf_counter()
                     row = {"step": self.step, **row_fn(sums, now - t0, grad_norm, lr)}
                     self.metrics.write(row)
+                    for tracker in self.trackers:
+                        tracker.log({k: v for k, v in row.items() if k != "step"}, step=self.step)
                     bar.set_postfix(loss=f"{row['loss']:.3f}")
+                    if plain:
+                        rate = (self.step - first) / max(now - start, 1e-9)
+                        values = {k: row[k] for k in ("loss", "learning_rate", "lr") if k in row}
+                        print(progress_line(self.step, r.steps, values, rate), file=sys.stderr, flush=True)
                     sums, t0 = {}, time.perf_counter()
                 if out.stop:
                     stopped = self.save()
@@ -218,6 +268,8 @@ class RunLoop:
                     self.save()
         bar.close()
         self.metrics.close(title=self.output.name)
+        for tracker in self.trackers:
+            tracker.finish()
         if stopped is not None:
             self.acc.end_training()
             raise TrainingInterrupted(stop.received or "SIGTERM", stopped)

@@ -38,8 +38,11 @@ def plot_training_curves(metrics: str | Path, out: str | Path, title: str | None
     not a reason to lose a finished run."""
     try:
         rows = [r for r in read_metrics(metrics) if "step" in r]
-        keys = [
-            k for k in PANELS if any(isinstance(r.get(k), int | float) and math.isfinite(r[k]) for r in rows)
+        scores = sorted({k for r in rows for k in r if k.startswith("eval_") and k != "eval_runtime"})
+        keys = [  # the known panels, then the evaluation scores logged during training
+            k
+            for k in [*PANELS, *scores]
+            if any(isinstance(r.get(k), int | float) and math.isfinite(r[k]) for r in rows)
         ]
         if not rows or not keys:
             return None
@@ -56,7 +59,7 @@ def plot_training_curves(metrics: str | Path, out: str | Path, title: str | None
                 if isinstance(r.get(key), int | float) and math.isfinite(r[key])
             ]
             ax.plot([p[0] for p in points], [p[1] for p in points], lw=1.2)
-            label, log = PANELS[key]
+            label, log = PANELS.get(key, (key, False))
             if log and all(p[1] > 0 for p in points):
                 ax.set_yscale("log")
             ax.set_title(label)

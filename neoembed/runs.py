@@ -43,6 +43,9 @@ from neoembed.record import atomic_write_text, file_sha256
 
 __all__ = [
     "CHECKPOINT_MARKER",
+    "TRACKERS",
+    "check_trackers",
+    "progress_line",
     "CheckpointWriteError",
     "FinalSaveInterrupted",
     "MetricsLog",
@@ -79,9 +82,18 @@ logger = logging.getLogger(__name__)
 
 CHECKPOINT_MARKER = "checkpoint_complete.json"
 RECORD = "run_record.json"
-# Recipe keys that say where and how often a run writes, not what it computes: a resume may change them.
+# Recipe keys that say where and how often a run writes, not what it computes: a resume may change them. ``eval``
+# (evaluation during training) restores every random stream after scoring, so it does not move the training either.
 NON_TRAJECTORY_KEYS = frozenset(
-    {"output_dir", "save_steps", "save_total_limit", "logging_steps", "report_to", "clustering.cache_dir"}
+    {
+        "output_dir",
+        "save_steps",
+        "save_total_limit",
+        "logging_steps",
+        "report_to",
+        "clustering.cache_dir",
+        "eval",
+    }
 )
 # Exit statuses of a run stopped by a signal, as a shell reports a process killed by it (128 + number).
 SIGNAL_EXIT = {"SIGINT": 130, "SIGTERM": 143}
@@ -280,9 +292,11 @@ def resume_settings(recipe: Any) -> dict[str, Any]:
     def walk(node, prefix):
         for key, value in node.items():
             name = f"{prefix}{key}"
+            if name in NON_TRAJECTORY_KEYS:
+                continue
             if isinstance(value, dict) and value:
                 walk(value, name + ".")
-            elif name not in NON_TRAJECTORY_KEYS:
+            else:
                 flat[name] = value
 
     walk(data, "")
@@ -720,6 +734,43 @@ def save_final_model(output: str | Path, save: Callable[[Path], None]) -> None:
 
 # ------------------------------------------------------------------------------------------------- metrics
 DEGENERATE_ROWS = 20
+
+
+# report_to name -> (the module it needs, the neoembed extra that installs it)
+TRACKERS = {
+    "tensorboard": ("tensorboard", "tensorboard"),
+    "wandb": ("wandb", "wandb"),
+    "mlflow": ("mlflow", "mlflow"),
+    "trackio": ("trackio", "trackio"),
+}
+
+
+def check_trackers(report_to) -> None:
+    """Every tracker named in ``report_to`` is known and installed: checked before any data or model loads, so a
+    missing package costs seconds, not a run."""
+    import importlib.util
+
+    for name in report_to:
+        if name not in TRACKERS:
+            raise ValueError(f"report_to: unknown tracker {name!r}; valid: {', '.join(TRACKERS)}")
+        module, extra = TRACKERS[name]
+        if importlib.util.find_spec(module) is None:
+            raise ImportError(
+                f"report_to: [{name}] needs the {module} package, which is not installed: "
+                f"pip install 'neoembed[{extra}]' (or remove {name} from report_to)"
+            )
+
+
+def progress_line(step: int, total: int, values: dict, steps_per_s: float) -> str:
+    """The plain progress line a run prints per logging step where output is not a terminal (CI, a scheduler's
+    log): step of total, the logged values, the rate and the time left."""
+    import math
+    import time
+
+    left = (total - step) / steps_per_s if steps_per_s > 0 else float("nan")
+    eta = time.strftime("%H:%M:%S", time.gmtime(left)) if math.isfinite(left) else "?"
+    shown = "  ".join(f"{k} {v:.4g}" for k, v in values.items() if isinstance(v, int | float))
+    return f"step {step}/{total} ({100 * step / max(total, 1):.0f}%)  {shown}  {steps_per_s:.2f} steps/s  left {eta}"
 
 
 class MetricsLog:

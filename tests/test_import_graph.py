@@ -29,6 +29,7 @@ FLOORS = {
     "neoembed.sentence": 2,
     "neoembed.data": 2,
     "neoembed.runs": 2,
+    "neoembed.adapters": 2,
     # floor 3: the one run loop of pre-training and CDE
     "neoembed.loop": 3,
     # floor 4: model kinds and their trainers

@@ -479,3 +479,39 @@ def test_poor_ppl_refuses_a_model_without_its_masked_lm_head(tmp_path, tiny_offi
         main()
     err = capsys.readouterr().err
     assert e.value.code == 2 and "no masked-LM head" in err and str(encoder) in err, err
+
+
+def test_progress_is_a_plain_line_per_logging_step_when_not_a_terminal(tmp_path, shards, capfd):
+    """Under pytest stderr is not a terminal: no bar redraws, one line per logged step with the time left."""
+    pretrain(_recipe(tmp_path / "p", shards, "steps=3", "logging_steps=1", "save_steps=100"), progress=True)
+    lines = [line for line in capfd.readouterr().err.splitlines() if line.startswith("step ")]
+    assert [line.split()[1] for line in lines] == ["1/3", "2/3", "3/3"]
+    assert all(" loss " in line and " left " in line for line in lines)
+
+
+def test_mlflow_tracks_the_run_loop_and_a_resume_continues_the_same_run(tmp_path, shards, monkeypatch):
+    """accelerate's MLflow tracker against a local file store: a run of 4 steps (checkpoint at 2), resumed from
+    checkpoint-2 to 6 steps: one MLflow run, continued, whose latest value per step equals metrics.jsonl."""
+    from mlflow.tracking import MlflowClient
+
+    uri = (tmp_path / "mlruns").as_uri()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # mlflow >= 3.10 asks for it to use a file store
+    out = tmp_path / "tracked"
+    common = ("save_steps=2", "logging_steps=1", "schedule.warmup_steps=0", "report_to=[mlflow]")
+    pretrain(_recipe(out, shards, "steps=4", *common), progress=False)
+    pretrain(_recipe(out, shards, "steps=6", *common), resume=True, progress=False)
+    losses = {r["step"]: r["loss"] for r in _rows(out)}
+    client = MlflowClient(uri)
+    runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+    assert len(runs) == 1 and runs[0].info.run_name == "tracked"
+    history = client.get_metric_history(runs[0].info.run_id, "loss")
+    by_step: dict[int, list[float]] = {}
+    for m in history:
+        by_step.setdefault(m.step, []).append(m.value)
+    assert sorted(by_step) == sorted(losses) == list(range(1, 7))
+    # the first run logged steps 3-4 after its last checkpoint (2) and the resume ran them again: MLflow keeps both
+    # values (its store cannot drop metrics); the last is the resumed run's. A SIGTERM'd run logs nothing after its
+    # checkpoint, so a resume after it logs every step once.
+    assert {s: len(v) for s, v in by_step.items()} == {1: 1, 2: 1, 3: 2, 4: 2, 5: 1, 6: 1}
+    assert {s: v[-1] for s, v in by_step.items()} == pytest.approx(losses, rel=1e-6)

@@ -61,7 +61,9 @@ class CDERecipe(Recipe):
     save_steps: PositiveInt = 500
     save_total_limit: NonNegativeInt | None = 3
     logging_steps: PositiveInt = 10
-    report_to: list[Literal["tensorboard"]] = []
+    report_to: list[
+        Literal["tensorboard", "wandb", "mlflow", "trackio"]
+    ] = []  # trackers: see neoembed.runs.TRACKERS
     output_dir: str = "runs/cde"
     template: str = DEFAULT_TEMPLATE
     instructions: bool = True  # the card's instruction before every query

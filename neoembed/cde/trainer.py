@@ -335,11 +335,10 @@ def train_cde(
     SIGTERM / Ctrl-C raise :class:`~neoembed.runs.TrainingInterrupted` after the checkpoint."""
     from neoembed.recipe import seed_everything
     from neoembed.record import atomic_write_text
+    from neoembed.runs import check_trackers
 
-    if recipe.clustering.enabled:  # contextual batches come from faiss k-means
-        require_module(
-            "faiss", "faiss", "CDE training with clustering (clustering.enabled: false turns it off)"
-        )
+    check_trackers(recipe.report_to)  # a missing tracker fails before data or the model load
+    _require_faiss(recipe)
     acc = _accelerator(recipe)
     seed_everything(recipe.seed)
     output = Path(recipe.output_dir)

@@ -316,7 +316,7 @@ class NeoBERTSwiGLU(nn.Module):
         self.w3 = nn.Linear(hidden, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type == "cpu":
+        if x.device.type == "cpu" and type(self.w12) is nn.Linear:  # a wrapped w12 (a LoRA adapter) is called
             # Two GEMMs on the two contiguous row blocks of the fused weight: faster than the fused one on
             # CPU (measured, benchmarks/throughput.py), and silu then runs on a contiguous tensor.
             gate_w, value_w = self.w12.weight.chunk(2, dim=0)

@@ -112,7 +112,9 @@ class PretrainRecipe(Recipe):
     save_steps: PositiveInt = 10_000
     save_total_limit: NonNegativeInt | None = 3
     logging_steps: PositiveInt = 100
-    report_to: list[Literal["tensorboard"]] = []
+    report_to: list[
+        Literal["tensorboard", "wandb", "mlflow", "trackio"]
+    ] = []  # trackers: see neoembed.runs.TRACKERS
     output_dir: str = "runs/pretrain"
 
     @model_validator(mode="after")

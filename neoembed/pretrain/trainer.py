@@ -284,7 +284,9 @@ def pretrain(
     ``overwrite`` (:func:`neoembed.runs.prepare_output_dir`); SIGTERM / Ctrl-C raise
     :class:`~neoembed.runs.TrainingInterrupted` after the checkpoint."""
     from neoembed.recipe import seed_everything
+    from neoembed.runs import check_trackers
 
+    check_trackers(recipe.report_to)  # a missing tracker fails before data or the model load
     accelerator = _accelerator(recipe)
     output = Path(recipe.output_dir)
     seed_everything(recipe.seed)

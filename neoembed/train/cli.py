@@ -63,7 +63,14 @@ def train_command(
         else:
             from neoembed.train.trainer import train
 
-            out = train(parsed, recipe_dir=path.parent, resume=resume, overwrite=overwrite)
+            evaluator = None
+            if parsed.eval is not None:
+                from neoembed.eval.training import MtebEvaluator
+
+                evaluator = MtebEvaluator(parsed.eval, path.parent)
+            out = train(
+                parsed, recipe_dir=path.parent, resume=resume, overwrite=overwrite, evaluator=evaluator
+            )
     _release_process_group()
     typer.echo(f"done: {out}")
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, NonNegativeInt, PositiveInt, field_validator, model_validator
+from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
 
-from neoembed.instructions import DEFAULT_TEMPLATE
+from neoembed.instructions import DEFAULT_INSTRUCTION_SET, DEFAULT_TEMPLATE
 from neoembed.losses import DistillationConfig, FalseNegativeConfig, MatryoshkaConfig
 from neoembed.recipe import (
     DatasetEntry,
@@ -15,10 +15,44 @@ from neoembed.recipe import (
     OptimizerConfig,
     Recipe,
     RecipeError,
+    StrictModel,
     Temperature,
 )
 
-__all__ = ["DatasetEntry", "OptimizerConfig", "UnifiedRecipe"]
+__all__ = ["AdapterConfig", "DatasetEntry", "EvalSettings", "KeepBest", "OptimizerConfig", "UnifiedRecipe"]
+
+
+class EvalSettings(StrictModel):
+    """Evaluation during training (``eval:``): every ``steps`` steps the model is scored on ``tasks`` (task folders,
+    task cards or mteb task names, as ``neoembed mteb --tasks`` takes them; paths relative to the recipe) by the
+    code of ``neoembed mteb``; ``metric`` (``main_score`` or any score mteb reports, e.g. ``ndcg_at_10``) is logged
+    per task and averaged as ``eval_<metric>``."""
+
+    steps: PositiveInt
+    tasks: list[str] = Field(min_length=1)
+    metric: str = "main_score"
+    instructions: str = DEFAULT_INSTRUCTION_SET
+    batch_size: PositiveInt = 32
+
+
+class AdapterConfig(StrictModel):
+    """``adapter:``: train a LoRA adapter (PEFT) instead of every weight. The final model is saved merged (an
+    ordinary checkpoint) and the adapter alone in ``OUTPUT/adapter/`` (PEFT's layout). ``target_modules`` null:
+    NeoBERT's qkv, wo, w12, w3, or PEFT's defaults for other encoders."""
+
+    type: Literal["lora"] = "lora"
+    r: PositiveInt = 16
+    alpha: PositiveFloat = 32
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    target_modules: list[str] | None = None
+
+
+class KeepBest(StrictModel):
+    """``keep_best:``: the checkpoint with the best logged ``metric`` (an evaluation score such as ``ndcg_at_10``,
+    logged by ``eval:``, or one task's ``<task>_<metric>``) stays out of ``save_total_limit``'s rotation and becomes the final model."""
+
+    metric: str
+    mode: Literal["max", "min"] = "max"
 
 
 class UnifiedRecipe(Recipe):
@@ -63,7 +97,12 @@ class UnifiedRecipe(Recipe):
     save_steps: PositiveInt = 500
     save_total_limit: NonNegativeInt | None = 3
     logging_steps: PositiveInt = 10
-    report_to: list[Literal["tensorboard", "wandb"]] = []
+    # trackers (transformers' integrations), each an optional extra: pip install 'neoembed[mlflow]'. The run is named
+    # after output_dir's folder; a resumed run continues the same tracked run (ids kept in OUTPUT/trackers.json)
+    report_to: list[Literal["tensorboard", "wandb", "mlflow", "trackio"]] = []
+    eval: EvalSettings | None = None
+    keep_best: KeepBest | None = None
+    adapter: AdapterConfig | None = None
     output_dir: str = "runs/unified"
     template: str = DEFAULT_TEMPLATE
     instructions: bool = True  # False: no instruction before queries (an ablation)
@@ -91,6 +130,22 @@ class UnifiedRecipe(Recipe):
                 f"batch_size {self.batch_size} (queries per step) and batch_texts {self.batch_texts} (texts per step) "
                 "are both set; keep one: batch_texts=null gives every dataset batch_size queries, or remove "
                 "batch_size (a dataset's own batch_size still wins)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _keep_best_needs_eval(self):
+        if self.keep_best is None:
+            return self
+        if self.eval is None:
+            raise ValueError(
+                f"keep_best: {{metric: {self.keep_best.metric}}} compares evaluation scores: add an eval: block that "
+                "logs it (eval: {steps: N, tasks: [...], metric: ...}), or remove keep_best"
+            )
+        if self.save_steps % self.eval.steps:
+            raise ValueError(
+                f"keep_best compares checkpoints by their evaluation: save_steps {self.save_steps} must be a multiple "
+                f"of eval.steps {self.eval.steps}"
             )
         return self
 

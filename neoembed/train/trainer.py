@@ -18,6 +18,7 @@ transformers trainer.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -29,6 +30,7 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
+from neoembed.adapters import add_lora, count_parameters, merge_lora, require_peft, save_adapter
 from neoembed.data.cards import DataCardError, explain_data_errors, find_card, load_card, prepare_card
 from neoembed.data.check import require_hub
 from neoembed.data.sampler import NoDuplicatesBatchSampler, PowerLawDatasetBatchSampler, plan_no_duplicates
@@ -42,10 +44,12 @@ from neoembed.runs import (
     TrainingInterrupted,
     TrainingStopped,
     check_pairs,
+    check_trackers,
     check_weight_files,
     commit_checkpoint,
     list_checkpoints,
     prepare_output_dir,
+    progress_line,
     resume_defaults,
     resume_settings,
     run_identity,
@@ -135,6 +139,13 @@ class _MetricsCallback(TrainerCallback):
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         logs = logs or {}
+        scores = {
+            k: float(v)
+            for k, v in logs.items()
+            if k.startswith("eval_") and isinstance(v, int | float) and not k.endswith("_per_second")
+        }
+        if scores:  # an evaluation (neoembed.eval.training): its own row, at the step it scored
+            self.log.write({"step": state.global_step, **scores})
         if "loss" not in logs:
             return
         if not math.isfinite(float(logs["loss"])):
@@ -165,6 +176,76 @@ class _MetricsCallback(TrainerCallback):
         self.last_time, self.last_step = now, step
 
 
+TRACKER_IDS = "trackers.json"
+# tracker -> the environment variables with which transformers' integration continues a run of that id
+RESUME_ENV = {"mlflow": {"MLFLOW_RUN_ID": "{id}"}, "wandb": {"WANDB_RUN_ID": "{id}", "WANDB_RESUME": "allow"}}
+
+
+class _TrackerIdsCallback(TrainerCallback):
+    """Writes the id of each tracked run (MLflow, W&B) to ``OUTPUT/trackers.json`` once the trackers have started,
+    so that ``--resume`` continues the same tracked run (:func:`_tracker_env`) instead of opening a new one."""
+
+    def __init__(self, callbacks: list, output: Path, main: bool):
+        self.callbacks, self.output, self.main = callbacks, output, main
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        ids = {}
+        for cb in self.callbacks:
+            run = None
+            if type(cb).__name__ == "MLflowCallback" and getattr(cb, "_initialized", False):
+                run = cb._ml_flow.active_run()
+                ids["mlflow"] = run.info.run_id if run is not None else None
+            elif type(cb).__name__ == "WandbCallback" and getattr(cb, "_wandb", None) is not None:
+                ids["wandb"] = cb._wandb.run.id if cb._wandb.run is not None else None
+        ids = {k: v for k, v in ids.items() if v}
+        if ids and self.main:
+            from neoembed.record import atomic_write_text
+
+            atomic_write_text(self.output / TRACKER_IDS, json.dumps(ids, indent=1) + "\n")
+
+
+@contextlib.contextmanager
+def _tracker_env(output: Path, resume: bool):
+    """On resume: the environment that makes transformers' MLflow / W&B integrations continue the recorded runs (a
+    variable the user set wins); restored afterwards."""
+    saved = output / TRACKER_IDS
+    ids = json.loads(saved.read_text()) if resume and saved.is_file() else {}
+    env = {k: v.format(id=ids[t]) for t, kv in RESUME_ENV.items() if t in ids for k, v in kv.items()}
+    env = {k: v for k, v in env.items() if k not in os.environ}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k in env:
+            os.environ.pop(k, None)
+
+
+class _PlainProgress(TrainerCallback):
+    """Output that is not a terminal (CI, a scheduler's log) gets no progress bar (its redraws are noise there)
+    but one plain line per logging step and per evaluation: step of total, loss, rate and time left."""
+
+    def __init__(self, stream=None):
+        import sys
+
+        self.stream = stream or sys.stderr
+        self.t0, self.first = time.perf_counter(), 0
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.t0, self.first = time.perf_counter(), state.global_step
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        step = state.global_step
+        values = {
+            k: v
+            for k, v in (logs or {}).items()
+            if (k in ("loss", "learning_rate") or k.startswith("eval_"))
+            and not k.endswith(("_runtime", "_per_second"))
+        }
+        if values:
+            rate = (step - self.first) / max(time.perf_counter() - self.t0, 1e-9)
+            print(progress_line(step, state.max_steps, values, rate), file=self.stream, flush=True)
+
+
 class _SignalCallback(TrainerCallback):
     """On SIGTERM or Ctrl-C: finish the current step, write a checkpoint, stop."""
 
@@ -174,6 +255,15 @@ class _SignalCallback(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         if self.stop.received is not None:
             control.should_save, control.should_training_stop = True, True
+
+
+def _nan_at_this_step(state) -> bool:
+    logged = next((h for h in reversed(state.log_history) if "loss" in h), None)
+    return (
+        logged is not None
+        and logged.get("step") == state.global_step
+        and not math.isfinite(float(logged["loss"]))
+    )
 
 
 def _trainer_class():
@@ -190,19 +280,24 @@ def _trainer_class():
             batch_sizes: dict,
             samplers: list,
             settings: dict | None,
+            keep: int | None,
             no_duplicates: dict[str, bool] | None = None,
             **kwargs,
         ):
-            self.neoembed_batch_sizes, self.neoembed_samplers = batch_sizes, samplers
-            self.neoembed_no_duplicates = no_duplicates or {}  # card name -> no text twice in its batches
+            # ``keep``: save_total_limit, applied here (transformers gets none: its end-of-run clean-up would also
+            # delete the newest checkpoint of an interrupted run kept for --resume); ``no_duplicates``: card name ->
+            # no text twice in its batches
+            self.neoembed_batch_sizes, self.neoembed_samplers, self.neoembed_keep = (
+                batch_sizes,
+                samplers,
+                keep,
+            )
+            self.neoembed_no_duplicates = no_duplicates or {}
             self.neoembed_settings, self._neoembed_staging = settings, None
             super().__init__(*args, **kwargs)
 
         def get_batch_sampler(self, dataset, **kwargs):  # sentence-transformers passes keywords only
-            unique = any(
-                self.train_dataset[n] is dataset for n, u in self.neoembed_no_duplicates.items() if u
-            )
-            if unique:
+            if any(self.train_dataset[n] is dataset for n, u in self.neoembed_no_duplicates.items() if u):
                 return NoDuplicatesBatchSampler(dataset, **kwargs)
             return super().get_batch_sampler(dataset, **kwargs)
 
@@ -223,12 +318,7 @@ def _trainer_class():
             return super()._get_output_dir(trial)
 
         def _save_checkpoint(self, model, trial):
-            logged = next((h for h in reversed(self.state.log_history) if "loss" in h), None)
-            if (  # a NaN step at a save step: its state is not a checkpoint
-                logged is not None
-                and logged.get("step") == self.state.global_step
-                and not math.isfinite(float(logged["loss"]))
-            ):
+            if _nan_at_this_step(self.state):  # a NaN step at a save step: its state is not a checkpoint
                 return
             step, output = self.state.global_step, Path(self.args.output_dir)
             main = self.args.should_save
@@ -245,14 +335,12 @@ def _trainer_class():
                 self._neoembed_staging = None
             self.accelerator.wait_for_everyone()
             if main:
+                _point_at_best(self.state, staged / f"checkpoint-{step}", output)
                 commit_checkpoint(
-                    staged / f"checkpoint-{step}",
-                    step,
-                    self.args.save_total_limit,
-                    self.neoembed_settings,
-                    output=output,
+                    staged / f"checkpoint-{step}", step, None, self.neoembed_settings, output=output
                 )
                 shutil.rmtree(staged, ignore_errors=True)  # the emptied staging folder (commit may have gone)
+                _rotate(output, self.neoembed_keep, self.state.best_global_step)
             self.accelerator.wait_for_everyone()
 
     return UnifiedTrainer
@@ -264,7 +352,36 @@ def _query_prompt(recipe: UnifiedRecipe, cards) -> str:
     return training_prompts(instructions, recipe.template)["query"]
 
 
-def _model_card(recipe: UnifiedRecipe, cards, output: Path) -> None:
+def _point_at_best(state, checkpoint: Path, output: Path) -> None:
+    """transformers records the best checkpoint under the folder it wrote to (the staging folder): the state, and
+    the trainer_state.json about to be sealed (the one a resume reads), name the checkpoint's final place."""
+    if not state.best_global_step:
+        return
+    state.best_model_checkpoint = str(output / f"checkpoint-{state.best_global_step}")
+    state.save_to_json(str(checkpoint / "trainer_state.json"))
+
+
+def _rotate(output: Path, keep: int | None, best_step: int | None) -> None:
+    """``save_total_limit``: the ``keep`` newest checkpoints stay, and the best one (``keep_best``) besides."""
+    if not keep:
+        return
+    best = output / f"checkpoint-{best_step}" if best_step else None
+    for old in list_checkpoints(output)[:-keep]:
+        if old != best:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _best_line(recipe: UnifiedRecipe, state) -> str:
+    """The model card's sentence on which checkpoint the final model is (``keep_best``)."""
+    if recipe.keep_best is None or not state.best_global_step:
+        return ""
+    return (
+        f" The final model is the checkpoint of step {state.best_global_step} of {state.global_step}, the best by "
+        f"{recipe.keep_best.metric} ({recipe.keep_best.mode}): {state.best_metric:.6g}."
+    )
+
+
+def _model_card(recipe: UnifiedRecipe, cards, output: Path, best: str = "") -> None:
     from neoembed.record import atomic_write_text
     from neoembed.sentence import base_model_name, model_card_text
 
@@ -281,7 +398,7 @@ def _model_card(recipe: UnifiedRecipe, cards, output: Path) -> None:
     notes = (
         f"Unified contrastive recipe: InfoNCE, cosine similarity, temperature {recipe.temperature}, "
         f"dataset sampling alpha {recipe.alpha}, {batch}, max length {recipe.max_length}, "
-        f"seed {recipe.seed}."
+        f"seed {recipe.seed}.{best}"
     )
     if recipe.matryoshka is not None:
         dims = ", ".join(str(d) for d, _ in recipe.matryoshka.pairs())
@@ -320,19 +437,35 @@ def _training_args(recipe: UnifiedRecipe, output: Path, full_sizes: list[int]):
         fp16=recipe.precision == "fp16",
         save_strategy="steps",
         save_steps=recipe.save_steps,
-        save_total_limit=recipe.save_total_limit,
         logging_steps=recipe.logging_steps,
         logging_nan_inf_filter=False,  # a NaN loss must reach the callback that stops the run
         report_to=list(recipe.report_to) or "none",
+        run_name=output.name,  # the tracked run's name, as the run loop names it
+        **_eval_args(recipe),
         seed=recipe.seed,
         data_seed=recipe.seed,
         dataloader_drop_last=True,
         multi_dataset_batch_sampler=PowerLawDatasetBatchSampler.with_settings(
             recipe.alpha, recipe.steps, full_sizes
         ),
-        disable_tqdm=False,
+        disable_tqdm=not _is_terminal(),  # a bar on a terminal; elsewhere _PlainProgress's lines
         dataloader_pin_memory=torch.cuda.is_available(),
     )
+
+
+def _eval_args(recipe: UnifiedRecipe) -> dict:
+    """Evaluation every ``eval.steps`` (the evaluator is neoembed.eval.training's) and, with ``keep_best``,
+    transformers' best-model tracking, which survives a resume in trainer_state.json."""
+    if recipe.eval is None:
+        return {"eval_strategy": "no"}
+    out = {"eval_strategy": "steps", "eval_steps": recipe.eval.steps}
+    if recipe.keep_best is not None:
+        out |= {
+            "metric_for_best_model": f"eval_{recipe.keep_best.metric}",
+            "greater_is_better": recipe.keep_best.mode == "max",
+            "load_best_model_at_end": True,
+        }
+    return out
 
 
 def _purge_tensorboard(trainer, step: int) -> None:
@@ -394,17 +527,24 @@ def _fit(trainer, checkpoint: Path | None, stop: StopSignal, recipe: UnifiedReci
 
 
 def train(
-    recipe: UnifiedRecipe, recipe_dir: Path | None = None, resume: bool = False, overwrite: bool = False
+    recipe: UnifiedRecipe,
+    recipe_dir: Path | None = None,
+    resume: bool = False,
+    overwrite: bool = False,
+    evaluator=None,
 ) -> Path:
     """Run the unified recipe; returns the output folder (final model, metrics, run record, model card).
 
     The output folder must be new or empty, unless ``resume`` (continue the run it holds, from its newest
-    complete checkpoint) or ``overwrite`` (clear it); see :func:`neoembed.runs.prepare_output_dir`. Raises
+    complete checkpoint) or ``overwrite`` (clear it); see :func:`neoembed.runs.prepare_output_dir`. A recipe with
+    ``eval:`` needs ``evaluator``: ``neoembed.eval.training.MtebEvaluator(recipe.eval, recipe_dir)``
+    (``neoembed train`` passes it; evaluation sits above training in the package's layers). Raises
     :class:`~neoembed.runs.TrainingInterrupted` after checkpointing on SIGTERM / Ctrl-C."""
     from neoembed.recipe import seed_everything
     from neoembed.sentence import load
 
     seed_everything(recipe.seed)
+    _check_extras(recipe, evaluator)
     output = Path(recipe.output_dir)
     main = int(os.environ.get("RANK", "0")) == 0
     # bad data, a used output folder and truncated weights fail before the model loads
@@ -426,7 +566,11 @@ def train(
     check_weight_files(recipe.model)
     model = load(recipe.model, pooling=recipe.pooling, compile=recipe.compile)
     base_max_length = model.max_seq_length
-    model.max_seq_length = recipe.max_length
+    model.max_seq_length = recipe.max_length  # for training; the saved model gets base_max_length back
+    if recipe.adapter is not None:
+        a = recipe.adapter
+        add_lora(model, a.r, a.alpha, a.dropout, a.target_modules)
+        logger.info("LoRA adapter: %d of %d parameters train", *count_parameters(model))
     samplers: list = []
     trainer = _trainer_class()(
         model=model,
@@ -436,19 +580,21 @@ def train(
         batch_sizes=batch_sizes,
         samplers=samplers,
         settings=settings,
+        keep=recipe.save_total_limit,
+        evaluator=evaluator,
         no_duplicates=no_duplicates,
     )
     output.mkdir(parents=True, exist_ok=True)
     metrics = _MetricsCallback(output, samplers, list(datasets.keys()), batch_sizes, main)
     stop = StopSignal()
     metrics.loss_counts = getattr(trainer.loss, "pop_counts", dict)
-    trainer.add_callback(metrics)
-    trainer.add_callback(_SignalCallback(stop))
+    _add_callbacks(trainer, metrics, stop, output, main)
     if checkpoint is not None:
         _resume_logs(trainer, checkpoint, output, main)
     if main:
         _write_run_record(recipe, output, cards, reports, datasets, settings, batch_sizes)
-    _fit(trainer, checkpoint, stop, recipe, output, main)
+    with _tracker_env(output, checkpoint is not None):
+        _fit(trainer, checkpoint, stop, recipe, output, main)
     if metrics.nan_step is not None:
         raise TrainingStopped(
             f"the loss became NaN at step {metrics.nan_step}; training stopped and the NaN state was not saved. "
@@ -458,17 +604,57 @@ def train(
     if stop.received is not None:
         raise TrainingInterrupted(stop.received, _last_checkpoint(output))
     if main:
-
-        def _save(folder) -> None:
-            model.prompts = {**model.prompts, "query": _query_prompt(recipe, cards), "document": ""}
-            model.max_seq_length = base_max_length  # training's max_length cut texts; users keep the model's
-            model.save(str(folder))
-            if recipe.matryoshka is not None:
-                record_matryoshka_dims(folder, recipe.matryoshka.dims)
-
-        save_final_model(output, _save)
-        _model_card(recipe, cards, output)
+        _save_final(recipe, model, cards, output, trainer.state, base_max_length)
     return output
+
+
+def _add_callbacks(trainer, metrics: _MetricsCallback, stop: StopSignal, output: Path, main: bool) -> None:
+    trainer.add_callback(metrics)
+    trainer.add_callback(_SignalCallback(stop))
+    if not _is_terminal():  # transformers' own printer would add a raw dict per log beside our line
+        from transformers.trainer_callback import PrinterCallback
+
+        trainer.remove_callback(PrinterCallback)
+        trainer.add_callback(_PlainProgress())
+    trainer.add_callback(_TrackerIdsCallback(trainer.callback_handler.callbacks, output, main))
+
+
+def _is_terminal() -> bool:
+    import sys
+
+    return sys.stderr.isatty()
+
+
+def _check_extras(recipe: UnifiedRecipe, evaluator) -> None:
+    """Trackers, PEFT and the evaluator a recipe needs: checked before data or the model load."""
+    check_trackers(recipe.report_to)
+    if recipe.adapter is not None:
+        require_peft()
+    if recipe.eval is not None and evaluator is None:
+        raise ValueError(
+            "the recipe has an eval: block but no evaluator was given: pass "
+            "evaluator=neoembed.eval.training.MtebEvaluator(recipe.eval, recipe_dir), or run neoembed train"
+        )
+
+
+def _save_final(recipe: UnifiedRecipe, model, cards, output: Path, state, base_max_length) -> None:
+    """The final model, all or nothing (:func:`neoembed.runs.save_final_model`): with keep_best, the best
+    checkpoint's weights (loaded back by transformers); a LoRA adapter alone in ``adapter/``, then merged into the
+    saved weights; the query instruction as the saved ``query`` prompt and the base model's max_seq_length (the
+    recipe's max_length was for training); then the model card."""
+
+    def save(folder: Path) -> None:
+        if recipe.adapter is not None:
+            save_adapter(model, folder / "adapter")
+            merge_lora(model)
+        model.prompts = {**model.prompts, "query": _query_prompt(recipe, cards), "document": ""}
+        model.max_seq_length = base_max_length
+        model.save(str(folder))
+        if recipe.matryoshka is not None:
+            record_matryoshka_dims(folder, recipe.matryoshka.dims)
+
+    save_final_model(output, save)
+    _model_card(recipe, cards, output, _best_line(recipe, state))
 
 
 def _data_files(cards) -> list[Path]:

@@ -1,0 +1,133 @@
+"""LoRA adapters (PEFT) on the backbone of a sentence-transformers model: add, merge, save alone.
+
+PEFT's layers are injected into the model's Hugging Face backbone (``model[0].auto_model``) with
+:func:`peft.inject_adapter_in_model`, which works on NeoBERT and on any encoder; only the adapter's parameters train.
+:func:`merge_lora` folds them into the weights and puts the plain layers back, so a merged model is an ordinary
+checkpoint (it loads with ``neoembed.load`` and with plain sentence-transformers, no PEFT needed).
+:func:`save_adapter` writes the adapter alone in PEFT's layout (``adapter_config.json``,
+``adapter_model.safetensors``). PEFT is an optional extra: ``pip install 'neoembed[peft]'``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = [
+    "NEOBERT_LORA_TARGETS",
+    "add_lora",
+    "count_parameters",
+    "merge_lora",
+    "require_peft",
+    "save_adapter",
+]
+
+# NeoBERT's linear layers (attention qkv / output, SwiGLU w12 / w3); other encoders: PEFT's defaults for the type
+NEOBERT_LORA_TARGETS = ["qkv", "wo", "w12", "w3"]
+
+
+def require_peft() -> None:
+    """An ImportError that names the extra when PEFT is missing (checked before the model loads)."""
+    import importlib.util
+
+    if importlib.util.find_spec("peft") is None:
+        raise ImportError(
+            "adapter: {type: lora} needs PEFT, which is not installed: pip install 'neoembed[peft]'"
+        )
+
+
+def _backbone(model):
+    return model[0].auto_model
+
+
+def add_lora(model, r: int, alpha: float, dropout: float = 0.0, target_modules: list[str] | None = None):
+    """Inject LoRA layers (rank ``r``, scale ``alpha / r``) into ``model``'s backbone and freeze everything else;
+    returns the PEFT config. ``target_modules`` None: NeoBERT's four linear layers, or PEFT's defaults for the
+    backbone's model type."""
+    from peft import LoraConfig, inject_adapter_in_model
+
+    backbone = _backbone(model)
+    if target_modules is None and backbone.config.model_type == "neobert":
+        target_modules = NEOBERT_LORA_TARGETS
+    config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_modules)
+    if target_modules is None:
+        from peft.utils import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as defaults
+
+        if backbone.config.model_type not in defaults:
+            raise ValueError(
+                f"adapter: no default LoRA target_modules for model type {backbone.config.model_type!r}: name them "
+                "(the backbone's linear layers, e.g. target_modules: [query, key, value, dense])"
+            )
+        config.target_modules = set(defaults[backbone.config.model_type])
+    config.base_model_name_or_path = getattr(backbone, "name_or_path", None)
+    inject_adapter_in_model(config, backbone)
+    for name, param in model.named_parameters():
+        param.requires_grad = "lora_" in name
+    model.neoembed_lora_config = config
+    return config
+
+
+def count_parameters(model) -> tuple[int, int]:
+    """(trainable, total) parameters of ``model``."""
+    params = list(model.parameters())
+    return sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)
+
+
+def merge_lora(model) -> None:
+    """Fold every LoRA layer into its base weight and put the plain layer back (all parameters trainable again, as
+    in a loaded model): ``model`` becomes an ordinary checkpoint with the adapted weights."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    backbone = _backbone(model)
+    for name, module in list(backbone.named_modules()):
+        if isinstance(module, BaseTunerLayer):
+            module.merge()
+            parent, _, child = name.rpartition(".")
+            setattr(backbone.get_submodule(parent) if parent else backbone, child, module.get_base_layer())
+    for param in model.parameters():
+        param.requires_grad = True
+    model.__dict__.pop("neoembed_lora_config", None)
+
+
+def save_adapter(model, folder: str | Path) -> Path:
+    """Write the adapter alone (before :func:`merge_lora`) in PEFT's layout; ``peft.set_peft_model_state_dict``
+    (or ``PeftModel.from_pretrained`` on the base backbone) puts it back."""
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    config = model.neoembed_lora_config
+    state = get_peft_model_state_dict(_backbone(model), adapter_name="default")
+    save_file(
+        {k: v.detach().contiguous().cpu() for k, v in state.items()},
+        str(folder / "adapter_model.safetensors"),
+    )
+    config.save_pretrained(str(folder))
+    return folder
+
+
+def is_adapter_folder(path: str | Path) -> bool:
+    """A folder holding an adapter alone (PEFT's ``adapter_config.json``, no sentence-transformers model)."""
+    path = Path(path)
+    return (path / "adapter_config.json").is_file() and not (path / "modules.json").is_file()
+
+
+def load_adapter(folder: str | Path, load_base, base: str | None = None):
+    """The base model named in the adapter's config (or ``base``), loaded by ``load_base(name)``, with the adapter
+    of ``folder`` applied (not merged: :func:`merge_lora` folds it in)."""
+    require_peft()
+    from peft import LoraConfig, inject_adapter_in_model, set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    config = LoraConfig.from_pretrained(str(folder))
+    base = base or config.base_model_name_or_path
+    if not base:
+        raise ValueError(
+            f"{folder}/adapter_config.json names no base_model_name_or_path: pass the base model"
+        )
+    model = load_base(base)
+    inject_adapter_in_model(config, _backbone(model))
+    set_peft_model_state_dict(_backbone(model), load_file(str(folder / "adapter_model.safetensors")))
+    model.neoembed_lora_config = config
+    return model

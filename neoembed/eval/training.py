@@ -1,0 +1,108 @@
+"""Evaluation during training: a recipe's ``eval:`` block scored by the code of ``neoembed mteb``.
+
+:class:`MtebEvaluator` is a sentence-transformers evaluator, so the unified trainer runs it every ``eval.steps``
+(``eval_strategy="steps"``) and its scores reach ``metrics.jsonl``, every tracker of ``report_to`` and the
+best-checkpoint logic (``keep_best``) as ``eval_<metric>``. Each evaluation is :func:`neoembed.eval.runner.run_mteb`
+on the model being trained, with the same instructions, template, batch size and seed as ``neoembed mteb``: a score
+logged at step N equals ``neoembed mteb --model OUTPUT/checkpoint-N --tasks ...`` on that checkpoint. The per-task
+JSON of each evaluation is kept in ``OUTPUT/eval/step-N/``.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from sentence_transformers.evaluation import SentenceEvaluator
+
+from neoembed.eval.runner import EvalConfig, run_mteb
+from neoembed.recipe import resolve_recipe_path
+
+__all__ = ["MtebEvaluator", "task_metric"]
+
+
+def task_metric(entry: dict, metric: str) -> float:
+    """``metric`` of one ``neoembed mteb`` task entry (``OUTPUT/<task>.json``): ``main_score`` is the task's main
+    score; any other name is read from mteb's scores and averaged over splits and subsets, as mteb averages."""
+    if metric == "main_score":
+        return float(entry["main_score"])
+    values = [s[metric] for rows in entry["mteb"]["scores"].values() for s in rows if metric in s]
+    if not values:
+        names = sorted({k for rows in entry["mteb"]["scores"].values() for s in rows for k in s})
+        raise KeyError(
+            f"eval.metric {metric!r} is not a score of task {entry['task']} ({entry['type']}); "
+            f"its scores: {', '.join(n for n in names if n not in ('hf_subset', 'languages'))}"
+        )
+    return sum(values) / len(values)
+
+
+class MtebEvaluator(SentenceEvaluator):
+    """Scores the model on ``settings.tasks`` (task folders, task cards or mteb task names; paths relative to
+    ``recipe_dir``) with :func:`~neoembed.eval.runner.run_mteb`. Returns ``{metric: mean over tasks,
+    "<task>_<metric>": per task}``; the trainer prefixes each key with ``eval_``."""
+
+    def __init__(self, settings, recipe_dir: Path | None = None):
+        super().__init__()
+        self.settings = settings
+        self.tasks = [_task_path(t, recipe_dir) for t in settings.tasks]
+        self.primary_metric = settings.metric
+
+    def __call__(self, model, output_path: str | None = None, epoch: float = -1, steps: int = -1) -> dict:
+        root = Path(output_path) if output_path is not None else Path("eval")
+        out = root / f"step-{steps}"
+        cfg = EvalConfig(
+            model=str(root.parent / f"checkpoint-{steps}"),  # where this state is saved, if save_steps allows
+            output=out,
+            tasks=self.tasks,
+            instructions=self.settings.instructions,
+            batch_size=self.settings.batch_size,
+            overwrite=True,  # seed, precision, template: neoembed mteb's defaults, so the scores are its scores
+        )
+        was_training, rng = model.training, _rng_state()
+        model.eval()
+        try:  # run_mteb seeds every generator: the training's own streams are put back after it
+            report = run_mteb(cfg, model=model)
+        finally:
+            model.train(was_training)
+            _set_rng_state(rng)
+        if report.failed:
+            raise RuntimeError(
+                f"evaluation at step {steps} failed: {report.failed} (details in {out}/failures)"
+            )
+        scores = {
+            f"{name}_{self.primary_metric}": task_metric(e, self.primary_metric)
+            for name, e in report.scores.items()
+        }
+        finite = [v for v in scores.values() if math.isfinite(v)]
+        scores[self.primary_metric] = sum(finite) / len(finite) if finite else float("nan")
+        return scores
+
+
+def _task_path(task: str, recipe_dir: Path | None) -> str:
+    """A task given as a path (a folder or a ``.yaml`` card) is resolved against the recipe's folder; an mteb
+    task name stays as it is."""
+    resolved = Path(resolve_recipe_path(task, recipe_dir))
+    return str(resolved) if resolved.exists() else task
+
+
+def _rng_state() -> tuple:
+    import random
+
+    import numpy as np
+    import torch
+
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    return random.getstate(), np.random.get_state(), torch.get_rng_state(), cuda
+
+
+def _set_rng_state(state: tuple) -> None:
+    import random
+
+    import numpy as np
+    import torch
+
+    random.setstate(state[0])
+    np.random.set_state(state[1])
+    torch.set_rng_state(state[2])
+    if state[3] is not None:
+        torch.cuda.set_rng_state_all(state[3])

@@ -1,0 +1,78 @@
+"""LoRA adapters (neoembed.adapters, ``adapter:`` in the unified recipe): merged == unmerged, a LoRA run saved merged
+and as an adapter alone, the merged model loaded in a fresh process without neoembed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import neoembed
+from neoembed.adapters import add_lora, count_parameters, merge_lora
+from neoembed.recipe import load_recipe
+from neoembed.train.recipe import UnifiedRecipe
+from neoembed.train.trainer import train
+
+TINY = Path(__file__).resolve().parents[1] / "recipes" / "tiny.yaml"
+TEXTS = ["a sentence", "Return the absolute value of a number.", "os.path.join(a, *p)"]
+
+
+def _randomise_lora(model) -> None:
+    """A fresh LoRA adapter adds zero (B = 0): give B weights so that merging has something to fold in."""
+    torch.manual_seed(0)
+    for name, param in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(param, std=0.05)
+
+
+@pytest.mark.parametrize("which", ["neobert", "minilm"])
+def test_merged_adapter_gives_the_unmerged_models_embeddings(which, tiny_official, minilm_path):
+    model = neoembed.load(tiny_official if which == "neobert" else minilm_path)
+    base = model.encode(TEXTS, convert_to_tensor=True)
+    add_lora(model, r=4, alpha=8)
+    trainable, total = count_parameters(model)
+    assert 0 < trainable < total / 20
+    _randomise_lora(model)
+    unmerged = model.encode(TEXTS, convert_to_tensor=True)
+    assert (unmerged - base).abs().max() > 1e-3  # the adapter changes the embeddings (every target is wired)
+    merge_lora(model)
+    merged = model.encode(TEXTS, convert_to_tensor=True)
+    assert not any("lora_" in n for n, _ in model.named_parameters())
+    # fp32 re-association of W x + B A x: the tolerance of the reference's own rounding, not a loose one
+    torch.testing.assert_close(merged, unmerged, atol=1e-5, rtol=1e-5)
+
+
+def test_lora_run_saves_merged_and_adapter_and_loads_without_neoembed(
+    tmp_path, tiny_official, block_neoembed
+):
+    out = tmp_path / "lora"
+    overrides = [
+        f"model={tiny_official}",
+        f"output_dir={out}",
+        "datasets=[{card: pydoc_names, max_rows: 64}]",
+    ]
+    recipe = load_recipe(
+        TINY, UnifiedRecipe, [*overrides, "steps=4", "save_steps=2", "adapter={r: 4, alpha: 8}"]
+    )
+    train(recipe, recipe_dir=TINY.parent)
+    merged = neoembed.load(out)
+    emb = merged.encode(TEXTS)
+    assert not torch.allclose(torch.tensor(emb), torch.tensor(neoembed.load(tiny_official).encode(TEXTS)))
+    # the adapter alone: neoembed.load finds its base model and applies it; the merged model's embeddings
+    config = json.loads((out / "adapter" / "adapter_config.json").read_text())
+    assert sorted(config["target_modules"]) == ["qkv", "w12", "w3", "wo"] and config["r"] == 4
+    assert config["base_model_name_or_path"] == str(tiny_official)
+    assert neoembed.load(out / "adapter").encode(TEXTS) == pytest.approx(emb, abs=1e-5)
+    # a fresh process, neoembed not importable: plain sentence-transformers loads the merged model
+    code = block_neoembed + (
+        "from sentence_transformers import SentenceTransformer\n"
+        f"print(SentenceTransformer({str(out)!r}, trust_remote_code=True).encode({TEXTS!r}).tolist())\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    plain = json.loads(r.stdout.strip().splitlines()[-1])
+    torch.testing.assert_close(torch.tensor(plain), torch.tensor(emb), atol=1e-6, rtol=0)

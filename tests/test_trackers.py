@@ -1,0 +1,98 @@
+"""Trackers of the unified trainer (``report_to``): MLflow against a local file store and TensorBoard event files,
+read back; a resumed run continues the same tracked run without logging a step twice."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from neoembed.recipe import load_recipe
+from neoembed.runs import TrainingInterrupted, check_trackers
+from neoembed.train import trainer as trainer_mod
+from neoembed.train.recipe import UnifiedRecipe
+from neoembed.train.trainer import train
+
+TINY = Path(__file__).resolve().parents[1] / "recipes" / "tiny.yaml"
+
+
+def _interrupted_then_resumed(recipe, monkeypatch, at: int = 2) -> None:
+    on_log = trainer_mod._MetricsCallback.on_log
+
+    def on_log_then_sigterm(self, args, state, control, logs=None, **kwargs):
+        on_log(self, args, state, control, logs=logs, **kwargs)
+        if state.global_step == at:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(trainer_mod._MetricsCallback, "on_log", on_log_then_sigterm)
+    with pytest.raises(TrainingInterrupted):
+        train(recipe, recipe_dir=TINY.parent)
+    monkeypatch.setattr(trainer_mod._MetricsCallback, "on_log", on_log)
+    train(recipe, recipe_dir=TINY.parent, resume=True)
+
+
+def _tensorboard_scalars(folder: Path, tag: str) -> dict[int, float]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    found: dict[int, float] = {}
+    for events in sorted(folder.rglob("events.out.tfevents.*")):
+        acc = EventAccumulator(str(events.parent))
+        acc.Reload()
+        if tag in acc.Tags()["scalars"]:
+            for e in acc.Scalars(tag):
+                assert e.step not in found, f"step {e.step} logged twice to TensorBoard"
+                found[e.step] = e.value
+    return found
+
+
+def test_mlflow_file_store_and_tensorboard_read_back_across_a_resume(tmp_path, tiny_official, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    uri = (tmp_path / "mlruns").as_uri()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # mlflow >= 3.10 asks for it to use a file store
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    out = tmp_path / "tracked"
+    recipe = load_recipe(
+        TINY,
+        UnifiedRecipe,
+        [
+            f"model={tiny_official}",
+            f"output_dir={out}",
+            "datasets=[{card: pydoc_names, max_rows: 64}]",
+            "save_steps=100",
+            "report_to=[mlflow, tensorboard]",
+        ],
+    )
+    _interrupted_then_resumed(recipe, monkeypatch)
+    assert "MLFLOW_RUN_ID" not in os.environ  # set for the resumed run only
+    losses = {r["step"]: r["loss"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
+    assert sorted(losses) == list(range(1, 9))
+    client = MlflowClient(uri)
+    runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+    assert len(runs) == 1 and runs[0].info.run_name == "tracked"  # one tracked run, continued
+    assert runs[0].info.run_id == json.loads((out / "trackers.json").read_text())["mlflow"]
+    history = client.get_metric_history(runs[0].info.run_id, "loss")
+    steps = [m.step for m in history]
+    assert sorted(steps) == list(range(1, 9)), steps  # every step once
+    assert {m.step: m.value for m in history} == pytest.approx(losses, rel=1e-6)
+    assert _tensorboard_scalars(out, "train/loss") == pytest.approx(losses, rel=1e-6)
+
+
+def test_a_named_tracker_that_is_not_installed_fails_before_anything_loads(monkeypatch, tmp_path):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "wandb" else real(n, *a))
+    with pytest.raises(ImportError, match=r"pip install 'neoembed\[wandb\]'"):
+        check_trackers(["mlflow", "wandb"])
+    recipe = load_recipe(
+        TINY, UnifiedRecipe, ["model=does-not-exist", f"output_dir={tmp_path}", "report_to=[wandb]"]
+    )
+    with pytest.raises(ImportError, match="wandb"):  # before the (missing) model or any data is touched
+        train(recipe, recipe_dir=TINY.parent)
+    with pytest.raises(Exception, match="trackio"):
+        load_recipe(TINY, UnifiedRecipe, ["report_to=[neptune]"])
