@@ -83,6 +83,7 @@ def _attach_optional() -> None:
         ("neoembed.train.cli", "train_command", "train"),
         ("neoembed.data.cli", "app", "data"),
         ("neoembed.mine.cli", "mine_command", "mine"),
+        ("neoembed.export.cli", "export_command", "export"),
         ("neoembed.quickstart", "quickstart_command", "quickstart"),
         ("neoembed.pretrain.cli", "pretrain_command", "pretrain"),
         ("neoembed.pretrain.cli", "preprocess_command", "preprocess"),

@@ -13,6 +13,7 @@ from typing import Any
 
 from neoembed.cde.model import ContextualSentenceTransformer, is_cde_folder, load_cde
 from neoembed.compile import resolve_compile_mode
+from neoembed.export.runtime import load_onnx
 from neoembed.sentence import EmbeddingModel, apply_speedups, resolve_dtype
 from neoembed.sentence import load as load_bi_encoder
 
@@ -23,13 +24,23 @@ def load(
     name_or_path: str | Path,
     *args: Any,
     prompts: dict[str, str] | None = None,
+    backend: str = "torch",
+    file_name: str | None = None,
     **kwargs: Any,
 ) -> EmbeddingModel | ContextualSentenceTransformer:
     """Load an embedding model as a SentenceTransformer; the arguments are :func:`neoembed.sentence.load`'s.
 
+    ``backend="onnx"`` serves a folder written by ``neoembed export`` with ONNX Runtime (``file_name``: the
+    graph in its ``onnx/`` folder, e.g. ``model_qint8_avx512_vnni.onnx``; default ``model.onnx``); see
+    :mod:`neoembed.export.runtime`.
+
     For a CDE folder, ``max_seq_length``, ``dtype``, ``device``, ``prompts``, ``compile`` and ``bucketing`` apply
     (the others describe how to build a bi-encoder and are ignored).
     """
+    if backend not in ("torch", "onnx"):
+        raise ValueError(f"unknown backend {backend!r}: choose 'torch' or 'onnx'")
+    if backend == "onnx":
+        return load_onnx(name_or_path, file_name=file_name, prompts=prompts)
     path = Path(name_or_path)
     if not (path.exists() and is_cde_folder(path)):
         return load_bi_encoder(name_or_path, *args, prompts=prompts, **kwargs)
