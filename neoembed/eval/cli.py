@@ -47,6 +47,14 @@ CdeContext = Annotated[
     ),
 ]
 
+EmbeddingPrecision = Annotated[
+    str,
+    typer.Option(
+        "--embedding-precision",
+        help="fp32 | int8 | binary: score quantized embeddings (mteb's CompressionWrapper).",
+    ),
+]
+
 
 @app.callback()
 def mteb_command(
@@ -71,6 +79,7 @@ def mteb_command(
     seed: Annotated[int, typer.Option("--seed")] = 42,
     device: Annotated[str | None, typer.Option("--device")] = None,
     cde_context: CdeContext = "corpus",
+    embedding_precision: EmbeddingPrecision = "fp32",
 ) -> None:
     """Evaluate MODEL on MTEB tasks and write per-task JSON plus a Table-4 style summary."""
     if ctx.invoked_subcommand is not None:
@@ -85,6 +94,10 @@ def mteb_command(
     out = output or default_results_dir(model)
     check_weight_files(model)
     claim_results_dir(out, model, overwrite, write=False)  # another model's folder: refused before any import
+    if embedding_precision not in ("fp32", "int8", "binary"):
+        raise typer.BadParameter(
+            f"{embedding_precision!r}: choose fp32, int8 or binary", param_hint="--embedding-precision"
+        )
     if data_dir is None:  # with --data-dir, task names are folder names, checked by the runner
         _check_task_names(_split(tasks))
     cfg = EvalConfig(
@@ -102,6 +115,7 @@ def mteb_command(
         seed=seed,
         cde_context=cde_context,
         device=device,
+        embedding_precision=embedding_precision,
     )
     fresh = not out.exists()
     try:

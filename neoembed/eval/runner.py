@@ -41,6 +41,7 @@ __all__ = ["EvalConfig", "EvalReport", "resolve_tasks", "run_mteb", "task_folder
 
 logger = logging.getLogger(__name__)
 PRECISIONS = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": None}
+EMBEDDING_PRECISIONS = ("fp32", "int8", "binary")
 
 
 @dataclass
@@ -60,6 +61,7 @@ class EvalConfig:
     seed: int = 42
     device: str | None = None
     cde_context: str = "corpus"  # CDE models: "corpus" (a seeded sample of each task's texts) or "null"
+    embedding_precision: str = "fp32"  # "int8" / "binary": scores on quantized embeddings (mteb's wrapper)
 
 
 @dataclass
@@ -284,6 +286,20 @@ def _mteb_wrapper(model, prompts: dict[str, str], context):
         return cls(model, model_prompts=prompts)
 
 
+def _compressed(wrapper, embedding_precision: str):
+    """mteb's CompressionWrapper around ``wrapper`` for int8 / binary embeddings (fp32: the wrapper as is).
+
+    int8 maps each dimension to 256 levels between the ranges seen on the task's embeddings; binary keeps the
+    sign bits (mteb scores them with Hamming-equivalent similarities)."""
+    if embedding_precision == "fp32":
+        return wrapper
+    from mteb.models import CompressionWrapper
+    from mteb.types import OutputDType
+
+    dtype = OutputDType.INT8 if embedding_precision == "int8" else OutputDType.BINARY
+    return CompressionWrapper(wrapper, dtype)
+
+
 def _evaluate_task(cfg: EvalConfig, model, task, prompts: dict, precision: str, output: Path):
     """(mteb's task result, main score) of one task; raises when the task cannot run or scores NaN."""
     import mteb
@@ -292,6 +308,7 @@ def _evaluate_task(cfg: EvalConfig, model, task, prompts: dict, precision: str, 
     if isinstance(task, _Unresolvable):
         raise task.error
     wrapper = _mteb_wrapper(model, prompts, _task_context(cfg, model, task, output))
+    wrapper = _compressed(wrapper, cfg.embedding_precision)
     device = str(model.device)
     with _autocast(precision, device), torch.inference_mode():
         result = mteb.evaluate(
@@ -332,7 +349,17 @@ def run_mteb(cfg: EvalConfig, model=None) -> EvalReport:
     report = EvalReport()
     if cfg.cde_context not in ("corpus", "null"):
         raise ValueError(f"cde_context must be 'corpus' or 'null', got {cfg.cde_context!r}")
-    record_extra = {"instructions": label, "precision": precision, "device": device, "tasks": []}
+    if cfg.embedding_precision not in EMBEDDING_PRECISIONS:  # fails before any task runs
+        raise ValueError(
+            f"embedding_precision {cfg.embedding_precision!r}: choose one of {', '.join(EMBEDDING_PRECISIONS)}"
+        )
+    record_extra = {
+        "instructions": label,
+        "precision": precision,
+        "embedding_precision": cfg.embedding_precision,
+        "device": device,
+        "tasks": [],
+    }
     if _is_cde(model):
         record_extra["cde_context"] = cfg.cde_context
         record_extra["cde_n_context"] = model.n_context
@@ -362,6 +389,7 @@ def run_mteb(cfg: EvalConfig, model=None) -> EvalReport:
             "main_score": score,
             "wall_time_s": round(time.perf_counter() - t0, 3),
             "precision": precision,
+            "embedding_precision": cfg.embedding_precision,
             "instructions": label,
             "instruction": instruction,
             "model": cfg.model,
