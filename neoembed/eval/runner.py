@@ -326,6 +326,21 @@ def _evaluate_task(cfg: EvalConfig, model, task, prompts: dict, precision: str, 
     return task_result, score
 
 
+def _record_extra(cfg: EvalConfig, label: str, precision: str, device: str) -> dict:
+    """The run record's own fields; a bad ``embedding_precision`` fails here, before any task runs."""
+    if cfg.embedding_precision not in EMBEDDING_PRECISIONS:
+        raise ValueError(
+            f"embedding_precision {cfg.embedding_precision!r}: choose one of {', '.join(EMBEDDING_PRECISIONS)}"
+        )
+    return {
+        "instructions": label,
+        "precision": precision,
+        "embedding_precision": cfg.embedding_precision,
+        "device": device,
+        "tasks": [],
+    }
+
+
 def run_mteb(cfg: EvalConfig, model=None) -> EvalReport:
     """Evaluate ``cfg.model`` (or an already loaded ``model``) on the configured tasks."""
     from tqdm.auto import tqdm
@@ -349,17 +364,7 @@ def run_mteb(cfg: EvalConfig, model=None) -> EvalReport:
     report = EvalReport()
     if cfg.cde_context not in ("corpus", "null"):
         raise ValueError(f"cde_context must be 'corpus' or 'null', got {cfg.cde_context!r}")
-    if cfg.embedding_precision not in EMBEDDING_PRECISIONS:  # fails before any task runs
-        raise ValueError(
-            f"embedding_precision {cfg.embedding_precision!r}: choose one of {', '.join(EMBEDDING_PRECISIONS)}"
-        )
-    record_extra = {
-        "instructions": label,
-        "precision": precision,
-        "embedding_precision": cfg.embedding_precision,
-        "device": device,
-        "tasks": [],
-    }
+    record_extra = _record_extra(cfg, label, precision, device)
     if _is_cde(model):
         record_extra["cde_context"] = cfg.cde_context
         record_extra["cde_n_context"] = model.n_context
