@@ -48,13 +48,15 @@ def onnx_file(folder: str | Path, file_name: str | None = None) -> Path:
 
 def session_options(threads: int | None = None):
     """ONNX Runtime options: as many intra-op threads as torch uses (the caller's setting), all graph
-    optimizations on."""
+    optimizations on, and no spin-waiting between runs: idle ORT threads that spin take the cores from torch (or
+    another session) in the same process."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads or torch.get_num_threads()
     options.inter_op_num_threads = 1
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return options
 
 
