@@ -85,6 +85,7 @@ def _attach_optional() -> None:
         ("neoembed.data.cli", "init_command", "init"),
         ("neoembed.mine.cli", "mine_command", "mine"),
         ("neoembed.mine.cli", "score_command", "score"),
+        ("neoembed.export.cli", "export_command", "export"),
         ("neoembed.quickstart", "quickstart_command", "quickstart"),
         ("neoembed.pretrain.cli", "pretrain_command", "pretrain"),
         ("neoembed.pretrain.cli", "preprocess_command", "preprocess"),

@@ -15,11 +15,13 @@ from typing import Any
 from neoembed.adapters import is_adapter_folder, load_adapter
 from neoembed.cde.model import ContextualSentenceTransformer, is_cde_folder, load_cde
 from neoembed.compile import resolve_compile_mode
+from neoembed.export.runtime import load_onnx
 from neoembed.sentence import (
     EmbeddingModel,
     apply_speedups,
     named_weight_errors,
     resolve_dtype,
+    resolve_packaged,
     set_truncate_dim,
 )
 from neoembed.sentence import load as load_bi_encoder
@@ -32,16 +34,30 @@ def load(
     *args: Any,
     prompts: dict[str, str] | None = None,
     truncate_dim: int | None = None,
+    backend: str = "torch",
+    file_name: str | None = None,
     **kwargs: Any,
 ) -> EmbeddingModel | ContextualSentenceTransformer:
     """Load an embedding model as a SentenceTransformer; the arguments are :func:`neoembed.sentence.load`'s, and
     ``truncate_dim``: embed with the first ``truncate_dim`` dimensions (sentence-transformers' ``truncate_dim``; a
     Matryoshka-trained model lists its dims in ``config_sentence_transformers.json``, ``matryoshka_dims``).
 
+    ``backend="onnx"`` serves a folder written by ``neoembed export`` with ONNX Runtime (``file_name``: the
+    graph in its ``onnx/`` folder, e.g. ``model_qint8_avx512_vnni.onnx``; default ``model.onnx``); see
+    :mod:`neoembed.export.runtime`.
+
     For a CDE folder, ``max_seq_length``, ``dtype``, ``device``, ``prompts``, ``compile``, ``bucketing`` and
     ``truncate_dim`` apply
     (the others describe how to build a bi-encoder and are ignored).
     """
+    if backend not in ("torch", "onnx"):
+        raise ValueError(f"unknown backend {backend!r}: choose 'torch' or 'onnx'")
+    if str(name_or_path).startswith("packaged:"):  # the packaged all-MiniLM-L6-v2 (neoembed[quickstart])
+        name_or_path = resolve_packaged(str(name_or_path))
+    if backend == "onnx":
+        model = load_onnx(name_or_path, file_name=file_name, prompts=prompts)
+        set_truncate_dim(model, truncate_dim)
+        return model
     path = Path(name_or_path)
     if is_adapter_folder(path):  # a LoRA adapter saved alone: its base model, then the adapter on it
         return load_adapter(path, lambda base: load(base, *args, prompts=prompts, **kwargs))

@@ -32,6 +32,8 @@ FLOORS = {
     "neoembed.adapters": 2,
     # floor 3: the one run loop of pre-training and CDE
     "neoembed.loop": 3,
+    # floor 3: ONNX Runtime serving of an exported folder (builds on the bi-encoder; neoembed.load uses it)
+    "neoembed.export.runtime": 3,
     # floor 4: model kinds and their trainers
     "neoembed.train": 4,
     "neoembed.cde": 4,
@@ -42,6 +44,7 @@ FLOORS = {
     # floor 6: evaluation, hard-negative mining
     "neoembed.eval": 6,
     "neoembed.mine": 6,
+    "neoembed.export": 6,
     # floor 7: commands (every subcommand module, whichever package it lives in)
     "neoembed.cli": 7,
     "neoembed.quickstart": 7,
@@ -51,6 +54,7 @@ FLOORS = {
     "neoembed.pretrain.cli": 7,
     "neoembed.mine.cli": 7,
     "neoembed.glue.cli": 7,
+    "neoembed.export.cli": 7,
     # floor 8: the entry points: the package root, the public facade (neoembed.load, the model classes, the
     # version), and ``python -m neoembed``
     "neoembed": 8,

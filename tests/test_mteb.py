@@ -528,3 +528,23 @@ def test_a_run_where_every_task_fails_says_so(tmp_path):
     assert (tmp_path / "summary.md").read_text().startswith("No task produced a score")
     assert "--data-dir" in _hub_hint("ConnectionError: Couldn't reach https://huggingface.co/datasets/mteb/x")
     assert _hub_hint("ValueError: bad scores") == ""
+
+
+def test_quantized_embedding_precisions_score_close_to_fp32(minilm, small, tmp_path):
+    """int8 / binary embeddings through mteb's CompressionWrapper: recorded per task and in the run record,
+    scored on the quantized vectors (not equal to fp32), and close to fp32 on real TrecQA rows."""
+    data = tmp_path / "data"
+    shutil.copytree(small / "eval" / "TrecQA", data / "TrecQA")
+    scores = {}
+    for precision in ("fp32", "int8", "binary"):
+        report = _run(minilm, tmp_path / precision, data_dir=data, embedding_precision=precision)
+        assert not report.failed, report.failed
+        scores[precision] = report.scores["TrecQA"]["main_score"]
+        assert report.scores["TrecQA"]["embedding_precision"] == precision
+        record = json.loads((tmp_path / precision / "run_record.json").read_text())
+        assert record["embedding_precision"] == precision
+    # int8 ranges are estimated on this task's few embeddings (mteb warns): a small, nonzero change
+    assert scores["int8"] != scores["fp32"] and abs(scores["int8"] - scores["fp32"]) < 0.05, scores
+    assert scores["binary"] != scores["fp32"] and abs(scores["binary"] - scores["fp32"]) < 0.1, scores
+    with pytest.raises(ValueError, match="embedding_precision 'int4'"):
+        _run(minilm, tmp_path / "bad", data_dir=data, embedding_precision="int4")

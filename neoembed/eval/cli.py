@@ -57,6 +57,14 @@ CdeContext = Annotated[
     ),
 ]
 
+EmbeddingPrecision = Annotated[
+    str,
+    typer.Option(
+        "--embedding-precision",
+        help="fp32 | int8 | binary: score quantized embeddings (mteb's CompressionWrapper).",
+    ),
+]
+
 
 @app.callback()
 def mteb_command(
@@ -85,6 +93,7 @@ def mteb_command(
     seed: Annotated[int, typer.Option("--seed", min=0)] = 42,
     device: Annotated[str | None, typer.Option("--device")] = None,
     cde_context: CdeContext = "corpus",
+    embedding_precision: EmbeddingPrecision = "fp32",
 ) -> None:
     """Evaluate MODEL on MTEB tasks and write per-task JSON plus a Table-4 style summary."""
     if ctx.invoked_subcommand is not None:
@@ -104,6 +113,10 @@ def mteb_command(
     if precision is not None and precision not in PRECISIONS:
         raise typer.BadParameter(
             f"{precision!r} is not one of {', '.join(PRECISIONS)}", param_hint="--precision"
+        )
+    if embedding_precision not in ("fp32", "int8", "binary"):
+        raise typer.BadParameter(
+            f"{embedding_precision!r}: choose fp32, int8 or binary", param_hint="--embedding-precision"
         )
     out = output or default_results_dir(model)
     check_device(device)
@@ -130,6 +143,7 @@ def mteb_command(
             seed=seed,
             cde_context=cde_context,
             device=device,
+            embedding_precision=embedding_precision,
         )
         _run(cfg, out, model)
 

@@ -41,6 +41,7 @@ __all__ = ["EvalConfig", "EvalReport", "resolve_tasks", "run_mteb", "task_folder
 
 logger = logging.getLogger(__name__)
 PRECISIONS = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": None}
+EMBEDDING_PRECISIONS = ("fp32", "int8", "binary")
 
 
 @dataclass
@@ -61,6 +62,7 @@ class EvalConfig:
     device: str | None = None
     cde_context: str = "corpus"  # CDE models: "corpus" (a seeded sample of each task's texts) or "null"
     truncate_dim: int | None = None  # evaluate the first truncate_dim dimensions (a Matryoshka model)
+    embedding_precision: str = "fp32"  # "int8" / "binary": scores on quantized embeddings (mteb's wrapper)
 
 
 @dataclass
@@ -289,6 +291,20 @@ def _mteb_wrapper(model, prompts: dict[str, str], context, precision: str = "fp3
         return _Wrapper(model, model_prompts=prompts)
 
 
+def _compressed(wrapper, embedding_precision: str):
+    """mteb's CompressionWrapper around ``wrapper`` for int8 / binary embeddings (fp32: the wrapper as is).
+
+    int8 maps each dimension to 256 levels between the ranges seen on the task's embeddings; binary keeps the
+    sign bits (mteb scores them with Hamming-equivalent similarities)."""
+    if embedding_precision == "fp32":
+        return wrapper
+    from mteb.models import CompressionWrapper
+    from mteb.types import OutputDType
+
+    dtype = OutputDType.INT8 if embedding_precision == "int8" else OutputDType.BINARY
+    return CompressionWrapper(wrapper, dtype)
+
+
 def _evaluate_task(cfg: EvalConfig, model, task, prompts: dict, precision: str, output: Path):
     """(mteb's task result, main score) of one task; raises when the task cannot run or scores NaN."""
     import mteb
@@ -297,6 +313,7 @@ def _evaluate_task(cfg: EvalConfig, model, task, prompts: dict, precision: str, 
     if isinstance(task, _Unresolvable):
         raise task.error
     wrapper = _mteb_wrapper(model, prompts, _task_context(cfg, model, task, output), precision)
+    wrapper = _compressed(wrapper, cfg.embedding_precision)
     with torch.inference_mode():
         result = mteb.evaluate(
             wrapper,
@@ -311,6 +328,21 @@ def _evaluate_task(cfg: EvalConfig, model, task, prompts: dict, precision: str, 
     if score != score:  # NaN
         raise FloatingPointError("the main score is NaN: the model produced non-finite embeddings")
     return task_result, score
+
+
+def _record_extra(cfg: EvalConfig, label: str, precision: str, device: str) -> dict:
+    """The run record's own fields; a bad ``embedding_precision`` fails here, before any task runs."""
+    if cfg.embedding_precision not in EMBEDDING_PRECISIONS:
+        raise ValueError(
+            f"embedding_precision {cfg.embedding_precision!r}: choose one of {', '.join(EMBEDDING_PRECISIONS)}"
+        )
+    return {
+        "instructions": label,
+        "precision": precision,
+        "embedding_precision": cfg.embedding_precision,
+        "device": device,
+        "tasks": [],
+    }
 
 
 def run_mteb(cfg: EvalConfig, model=None) -> EvalReport:
@@ -336,7 +368,7 @@ def run_mteb(cfg: EvalConfig, model=None) -> EvalReport:
     report = EvalReport()
     if cfg.cde_context not in ("corpus", "null"):
         raise ValueError(f"cde_context must be 'corpus' or 'null', got {cfg.cde_context!r}")
-    record_extra = {"instructions": label, "precision": precision, "device": device, "tasks": []}
+    record_extra = _record_extra(cfg, label, precision, device)
     if cfg.truncate_dim is not None:
         record_extra["truncate_dim"] = cfg.truncate_dim
     if _is_cde(model):
@@ -368,6 +400,7 @@ def run_mteb(cfg: EvalConfig, model=None) -> EvalReport:
             "main_score": score,
             "wall_time_s": round(time.perf_counter() - t0, 3),
             "precision": precision,
+            "embedding_precision": cfg.embedding_precision,
             "instructions": label,
             "instruction": instruction,
             "model": cfg.model,

@@ -52,12 +52,16 @@ def summarize(results: dict[str, dict], model: str, full_suite: dict[str, int] |
 
 
 #: Result settings that change scores: two runs are comparable only when each is the same in both.
-COMPARED_SETTINGS = ("instructions", "precision")
+COMPARED_SETTINGS = ("instructions", "precision", "embedding_precision")
+#: what a result file written before a setting was recorded ran with
+SETTING_DEFAULTS = {"embedding_precision": "fp32"}
 
 
 def _setting(results: dict[str, dict], key: str) -> str:
     """One run's value of a setting over its tasks ("a + b" when its tasks were scored differently)."""
-    values = sorted({str(entry.get(key, "unrecorded")) for entry in results.values()})
+    values = sorted(
+        {str(entry.get(key, SETTING_DEFAULTS.get(key, "unrecorded"))) for entry in results.values()}
+    )
     return " + ".join(values) if values else "none"
 
 
@@ -65,7 +69,8 @@ def _settings_line(rows: list[dict]) -> str:
     """The header line every table carries: which instruction set and precision produced its scores."""
     said = {key: sorted({r.get(key, "unrecorded") for r in rows}) for key in COMPARED_SETTINGS}
     return (
-        f"Instructions: {', '.join(said['instructions'])} · precision: {', '.join(said['precision'])} "
+        f"Instructions: {', '.join(said['instructions'])} · precision: {', '.join(said['precision'])} · "
+        f"embeddings: {', '.join(said['embedding_precision'])} "
         "(`--instructions none` scores a model without task instructions)\n\n"
     )
 
@@ -144,7 +149,7 @@ def _check_comparable(rows: list[dict]) -> None:
         values = {r["run"]: r[key] for r in rows}
         if len(set(values.values())) > 1 or any(" + " in v for v in values.values()):
             runs = ", ".join(f"{run}: {v}" for run, v in values.items())
-            flag = "--instructions" if key == "instructions" else "--precision"
+            flag = "--" + key.replace("_", "-")
             raise ValueError(
                 f"these runs were scored with different {key} ({runs}): their scores are not comparable. "
                 f"Re-run neoembed mteb with one {flag} for every model (--overwrite re-scores a folder)"

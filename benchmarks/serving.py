@@ -1,0 +1,215 @@
+"""CPU serving speed: neoembed torch (padding-free), neoembed ONNX fp32 / int8, sentence-transformers' backends.
+
+    python benchmarks/serving.py            # one run, ~10 minutes on 2 shared cores
+
+Texts: real MTEB sentences (../shared/data/mteb/*) and long documents made of them (truncated at
+``--long-max`` tokens), texts/s and ms per text at batch 1 and 32 through ``encode``. Models: all-MiniLM-L6-v2
+(packaged) and a full-size NeoBERT with random weights (speed does not depend on the weights), each exported
+with ``neoembed export`` (fp32 and dynamic int8). The same run measures this CPU's fp32 and int8 matrix-multiply
+rates in ONNX Runtime (MatMul vs MatMulInteger, the op dynamic int8 graphs run) and records the CPU flags
+(avx512_vnni / avx512_bf16 / avx2) and ``uptime`` (the machine is shared).
+
+sentence-transformers' ONNX backends go through Optimum (``optimum-onnx``), which requires transformers<4.58:
+where it does not import, those rows say why instead of a number.
+Results: benchmarks/results/serving_cpu.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from _common import header, write_results
+from encode import TOKENIZER, long_documents, mteb_sentences
+
+import neoembed
+from neoembed.export.onnx import export, isa_suffix
+from neoembed.modeling import NeoBERTConfig, NeoBERTModel
+from neoembed.sentence import resolve_packaged
+
+
+def cpu_facts() -> dict:
+    flags = set(Path("/proc/cpuinfo").read_text().split()) if Path("/proc/cpuinfo").exists() else set()
+    uptime = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    return {
+        "flags": {f: f in flags for f in ("avx512_vnni", "avx512_bf16", "avx2", "amx_int8")},
+        "uptime": uptime,
+    }
+
+
+def _matmul_graph(n: int, integer: bool):
+    import onnx
+    from onnx import TensorProto, helper
+
+    a_type, out_type = (TensorProto.UINT8, TensorProto.INT32) if integer else (TensorProto.FLOAT,) * 2
+    rng = np.random.default_rng(0)
+    weight = (
+        rng.integers(-127, 127, (n, n), dtype=np.int8) if integer else rng.standard_normal((n, n), np.float32)
+    )
+    node = helper.make_node("MatMulInteger" if integer else "MatMul", ["a", "b"], ["c"])
+    graph = helper.make_graph(
+        [node],
+        "mm",
+        [helper.make_tensor_value_info("a", a_type, [n, n])],
+        [helper.make_tensor_value_info("c", out_type, [n, n])],
+        [onnx.numpy_helper.from_array(weight, "b")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+def matmul_rates(n: int = 1024, reps: int = 10) -> dict:
+    """GOP/s of an n x n x n product in ONNX Runtime: fp32 MatMul vs uint8 x int8 MatMulInteger."""
+    import onnxruntime as ort
+
+    from neoembed.export.runtime import session_options
+
+    out = {}
+    for integer in (False, True):
+        session = ort.InferenceSession(
+            _matmul_graph(n, integer), session_options(), providers=["CPUExecutionProvider"]
+        )
+        a = (
+            np.random.default_rng(1).integers(0, 255, (n, n), dtype=np.uint8)
+            if integer
+            else np.ones((n, n), np.float32)
+        )
+        session.run(None, {"a": a})
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            session.run(None, {"a": a})
+        out["int8" if integer else "fp32"] = 2 * n**3 * reps / (time.perf_counter() - t0) / 1e9
+    out["int8_over_fp32"] = out["int8"] / out["fp32"]
+    return out
+
+
+def time_encode(model, texts: list[str], batch_size: int) -> dict:
+    model.encode(texts[: max(batch_size, 2)], batch_size=batch_size)  # warm-up
+    t0 = time.perf_counter()
+    model.encode(texts, batch_size=batch_size)
+    dt = time.perf_counter() - t0
+    return {"texts_per_s": len(texts) / dt, "ms_per_text": 1000 * dt / len(texts), "n": len(texts)}
+
+
+def full_neobert(folder: Path) -> Path:
+    torch.manual_seed(0)
+    NeoBERTModel(NeoBERTConfig()).save_pretrained(folder)
+    from transformers import AutoTokenizer
+
+    AutoTokenizer.from_pretrained(str(TOKENIZER)).save_pretrained(folder)
+    return folder
+
+
+def st_onnx_forms(path: str) -> dict:
+    """sentence-transformers' own ONNX backend (fp32; int8 by its export_dynamic_quantized_onnx_model)."""
+    from sentence_transformers import SentenceTransformer
+
+    try:
+        model = SentenceTransformer(path, backend="onnx")
+    except Exception as e:  # Optimum missing or not importable under this transformers
+        return {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+    return {"model": model}
+
+
+def forms_for(name: str, path: str, work: Path, max_len: int) -> dict:
+    out = work / name
+    export(path, out, quantize="int8")
+    int8 = f"model_qint8_{isa_suffix()}.onnx"
+    forms = {
+        "neoembed torch (padding-free)" if name == "neobert" else "neoembed torch": neoembed.load(path),
+        "neoembed onnx fp32": neoembed.load(out, backend="onnx"),
+        "neoembed onnx int8": neoembed.load(out, backend="onnx", file_name=int8),
+    }
+    if name == "minilm":
+        from sentence_transformers import SentenceTransformer
+
+        forms["st torch"] = SentenceTransformer(path)
+        st = st_onnx_forms(path)
+        forms["st onnx"] = st.get("model") or st["error"]
+    for model in forms.values():
+        if not isinstance(model, str):
+            model.max_seq_length = min(model.max_seq_length, max_len)
+    return forms
+
+
+def measure(forms: dict, sets: dict) -> dict:
+    rows = {}
+    for form, model in forms.items():
+        if isinstance(model, str):
+            rows[form] = {"error": model}
+            continue
+        rows[form] = {}
+        for set_name, (texts, batch_sizes) in sets.items():
+            for bs in batch_sizes:
+                rows[form][f"{set_name} b{bs}"] = time_encode(model, texts, bs)
+                print(form, set_name, bs, rows[form][f"{set_name} b{bs}"], flush=True)
+    return rows
+
+
+def table(model: str, rows: dict) -> list[str]:
+    cols = sorted({c for r in rows.values() for c in r if c != "error"})
+    lines = [f"### {model}", "", "| form | " + " | ".join(f"{c} texts/s (ms/text)" for c in cols) + " |"]
+    lines.append("|---" * (len(cols) + 1) + "|")
+    for form, r in rows.items():
+        if "error" in r:
+            lines.append(f"| {form} | not runnable: {r['error'][:160]} |")
+            continue
+        cells = [f"{r[c]['texts_per_s']:.1f} ({r[c]['ms_per_text']:.1f})" for c in cols]
+        lines.append(f"| {form} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sentences", type=int, default=128)
+    parser.add_argument("--batch1", type=int, default=32)
+    parser.add_argument("--long", type=int, default=4)
+    parser.add_argument("--long-max", type=int, default=1024)
+    args = parser.parse_args()
+    torch.set_num_threads(torch.get_num_threads())
+    head, facts = header(), cpu_facts()
+    rates = matmul_rates()
+    sentences = mteb_sentences()
+    rng = np.random.default_rng(0)
+    picked = [sentences[i] for i in rng.choice(len(sentences), args.sentences, replace=False)]
+    docs = long_documents(sentences, args.long)
+    sets = {"sentences": (picked, (1, 32)), "long docs": (docs, (1,))}
+    sets_b1 = {"sentences": (picked[: args.batch1], (1,)), "long docs": (docs, (1,))}
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        minilm = resolve_packaged("packaged:all-MiniLM-L6-v2")
+        results["all-MiniLM-L6-v2"] = measure_split(
+            forms_for("minilm", minilm, work, args.long_max), sets, sets_b1
+        )
+        neobert = str(full_neobert(work / "neobert-random"))
+        results["NeoBERT full size (random)"] = measure_split(
+            forms_for("neobert", neobert, work, args.long_max), sets, sets_b1
+        )
+    payload = {"header": head, "cpu": facts, "matmul_gops": rates, "args": vars(args), "results": results}
+    md = [
+        f"uptime at start: `{facts['uptime']}`  ",
+        f"CPU flags: {facts['flags']}  ",
+        f"ONNX Runtime matmul (1024^3): fp32 {rates['fp32']:.1f} GOP/s, int8 {rates['int8']:.1f} GOP/s "
+        f"(int8/fp32 {rates['int8_over_fp32']:.2f}x)",
+        "",
+    ]
+    for model, rows in results.items():
+        md += table(model, rows)
+    write_results("serving_cpu", payload, "\n".join(md))
+
+
+def measure_split(forms: dict, sets: dict, sets_b1: dict) -> dict:
+    """batch 32 on all picked sentences, batch 1 on the first ``--batch1`` of them (and the long documents)."""
+    rows = measure(forms, {"sentences": (sets["sentences"][0], (32,))})
+    for form, extra in measure(forms, sets_b1).items():
+        rows[form] = {**rows[form], **extra} if "error" not in extra else extra
+    return rows
+
+
+if __name__ == "__main__":
+    main()

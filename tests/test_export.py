@@ -1,0 +1,154 @@
+"""ONNX export (``neoembed export``) and ONNX Runtime serving (``neoembed.load(path, backend="onnx")``).
+
+Embeddings are compared with the torch model that was exported (NeoBERT in its default padding-free layout, so
+the padded graph is checked against the other layout too), on real MTEB sentences (MSRP, TrecQA).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import neoembed
+from neoembed.export.onnx import export, isa_suffix
+
+pytest.importorskip("onnxruntime", reason="the onnx extra: pip install 'neoembed[onnx]'")
+
+
+def _sentences(shared_dir, n: int = 24) -> list[str]:
+    """Real MTEB sentences of mixed lengths: MSRP pairs and TrecQA questions with their long answers."""
+    texts = []
+    with gzip.open(shared_dir / "data" / "eval" / "MSRP" / "test.jsonl.gz", "rt") as f:
+        for line, _ in zip(f, range(n // 2), strict=False):
+            texts.append(json.loads(line)["sentence1"])
+    with gzip.open(shared_dir / "data" / "eval" / "TrecQA" / "test.jsonl.gz", "rt") as f:
+        for line, _ in zip(f, range(n // 4), strict=False):
+            row = json.loads(line)
+            texts += [row["query"], " ".join(row["positive"][:1] + row["negative"][:4])]  # up to ~250 tokens
+    return texts
+
+
+def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+
+
+@pytest.fixture(scope="module")
+def tiny_export(tiny_official, tmp_path_factory):
+    out = tmp_path_factory.mktemp("export") / "tiny"
+    record = export(str(tiny_official), out, quantize="int8")
+    return out, record
+
+
+@pytest.fixture(scope="module")
+def minilm_export(minilm_path, tmp_path_factory):
+    out = tmp_path_factory.mktemp("export") / "minilm"
+    export(str(minilm_path), out)
+    return out
+
+
+def test_export_writes_where_sentence_transformers_looks(tiny_export):
+    out, record = tiny_export
+    int8 = f"model_qint8_{isa_suffix()}.onnx"
+    assert record["files"] == ["onnx/model.onnx", f"onnx/{int8}"]
+    assert (out / "onnx" / "model.onnx").is_file() and (out / "onnx" / int8).is_file()
+    assert {"modules.json", "config.json", "tokenizer.json", "1_Pooling"} <= {p.name for p in out.iterdir()}
+
+
+def test_neobert_onnx_matches_torch_on_real_sentences(tiny_export, shared_dir):
+    out, _ = tiny_export
+    texts = _sentences(shared_dir)
+    torch_model, onnx_model = neoembed.load(out), neoembed.load(out, backend="onnx")
+    # one batch of mixed lengths (padding inside the graph), and one by one
+    expected = torch_model.encode(texts, batch_size=len(texts))
+    got = onnx_model.encode(texts, batch_size=len(texts))
+    assert np.abs(got - expected).max() <= 1e-5
+    assert _cosines(got, expected).min() >= 0.99999
+    single = np.stack([onnx_model.encode([t])[0] for t in texts[:4]])
+    assert np.abs(single - expected[:4]).max() <= 1e-5
+
+
+def test_neobert_onnx_long_input_4096_tokens(tiny_export, shared_dir):
+    out, _ = tiny_export
+    long_doc = " ".join(_sentences(shared_dir, 48)) * 6
+    torch_model, onnx_model = neoembed.load(out), neoembed.load(out, backend="onnx")
+    assert len(torch_model.tokenize([long_doc])["input_ids"][0]) == 4096  # truncated at the model's maximum
+    texts = [long_doc, "a short one"]
+    expected, got = torch_model.encode(texts), onnx_model.encode(texts)
+    assert _cosines(got, expected).min() >= 0.99999
+    assert np.abs(got - expected).max() <= 1e-5
+
+
+def test_neobert_int8_close_to_fp32(tiny_export, shared_dir):
+    out, record = tiny_export
+    texts = _sentences(shared_dir)
+    fp32 = neoembed.load(out, backend="onnx").encode(texts)
+    int8 = neoembed.load(out, backend="onnx", file_name=record["files"][1].split("/")[1]).encode(texts)
+    cos = _cosines(int8, fp32)
+    print(f"int8 vs fp32 cosine on {len(texts)} sentences: min {cos.min():.5f} mean {cos.mean():.5f}")
+    assert cos.min() >= 0.99 and not np.allclose(int8, fp32, atol=1e-6)  # quantized, and close
+
+
+def test_minilm_onnx_matches_torch_on_real_sentences(minilm_export, shared_dir):
+    texts = _sentences(shared_dir)
+    expected = neoembed.load(minilm_export).encode(texts, batch_size=len(texts))
+    got = neoembed.load(minilm_export, backend="onnx").encode(texts, batch_size=len(texts))
+    assert np.abs(got - expected).max() <= 1e-5 and _cosines(got, expected).min() >= 0.99999
+
+
+def test_exported_graph_serves_without_neoembed(tiny_export, shared_dir, tmp_path, block_neoembed):
+    """The folder alone (ONNX graph, tokenizer, pooling config) gives the embeddings where neoembed cannot be
+    imported: ONNX Runtime and the tokenizer, mean pooling as in 1_Pooling."""
+    out, _ = tiny_export
+    texts = _sentences(shared_dir, 8)
+    expected = neoembed.load(out).encode(texts)
+    result = tmp_path / "e.npy"
+    code = block_neoembed + textwrap.dedent(f"""
+        import json, numpy as np, onnxruntime as ort
+        from transformers import AutoTokenizer
+        try:
+            import neoembed
+            raise SystemExit('neoembed should not be importable here')
+        except ImportError:
+            pass
+        assert json.load(open({str(out / "1_Pooling" / "config.json")!r}))['pooling_mode'] == 'mean'
+        tok = AutoTokenizer.from_pretrained({str(out)!r})
+        batch = tok({texts!r}, padding=True, return_tensors='np')
+        session = ort.InferenceSession({str(out / "onnx" / "model.onnx")!r})
+        feed = {{i.name: batch[i.name].astype(np.int64) for i in session.get_inputs()}}
+        h = session.run(None, feed)[0]
+        mask = batch['attention_mask'][..., None].astype(np.float32)
+        np.save({str(result)!r}, (h * mask).sum(1) / mask.sum(1))
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert np.abs(np.load(result) - expected).max() <= 1e-5
+
+
+def _cli(monkeypatch, *args: str) -> int:
+    from neoembed.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["neoembed", *args])
+    with pytest.raises(SystemExit) as stop:
+        main()
+    return stop.value.code
+
+
+def test_cli_refuses_an_output_folder_that_holds_an_export(tiny_export, tiny_official, monkeypatch, capsys):
+    out, _ = tiny_export
+    assert _cli(monkeypatch, "export", str(tiny_official), str(out), "--format", "onnx") == 2
+    assert "already holds another export" in capsys.readouterr().err
+    assert _cli(monkeypatch, "export", str(tiny_official), str(out / "new"), "--format", "tflite") == 2
+    assert "--format" in capsys.readouterr().err and not (out / "new").exists()
+
+
+def test_missing_graph_names_the_folder_files(tiny_export):
+    out, _ = tiny_export
+    with pytest.raises(FileNotFoundError, match="model_qint8"):
+        neoembed.load(out, backend="onnx", file_name="model_O4.onnx")
