@@ -51,9 +51,7 @@ def _parse() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--rows", type=int, default=512, help="MSRP training pairs mined and trained on")
-    p.add_argument(
-        "--tasks", default="STS16,STS13", help="evaluation tasks from the shared data's mteb/ folder"
-    )
+    p.add_argument("--tasks", default="STS16", help="evaluation tasks from the shared data's mteb/ folder")
     p.add_argument("--arms", default=",".join(ARMS))
     p.add_argument(
         "--stem", default=None, help="results file stem (default objectives_cpu, smoke for 1 seed)"
