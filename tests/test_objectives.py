@@ -621,3 +621,35 @@ def test_the_registries_hold_one_entry_per_objective():
         assert config in getattr(fields[name].annotation, "__args__", (fields[name].annotation,)), name
     with pytest.raises(ValueError, match="valid: \\['cached_infonce', 'infonce'\\]"):
         check_loss_name("matryoshka")
+
+
+def test_the_objective_recipes_of_the_training_docs_run_as_written(tmp_path, monkeypatch):
+    """Every command of docs/training.md's objective block runs (two steps each, outputs under tmp_path): a
+    Matryoshka model that records its dims, a false-negative run that logs what it masked, and a distillation run
+    on the scores ``neoembed mine`` wrote."""
+    import json
+    import re
+    import shlex
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from neoembed.cli import app
+    from neoembed.sentence import matryoshka_dims
+
+    repo = Path(__file__).resolve().parents[1]
+    page = (repo / "docs" / "training.md").read_text(encoding="utf8")
+    block = re.search(r"<!-- objective recipes:.*?-->\n```bash\n(.*?)```", page, flags=re.S).group(1)
+    lines = [line.replace("runs/", f"{tmp_path}/") for line in block.strip().splitlines()]
+    assert [shlex.split(line)[1] for line in lines] == ["train", "train", "mine", "train"]
+    monkeypatch.chdir(repo)
+    for line in lines:
+        args = shlex.split(line)[1:]
+        args += ["steps=2", "save_steps=100"] if args[0] == "train" else []
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 0, (line, result.output, result.exception)
+    assert matryoshka_dims(tmp_path / "tiny-mrl") == [32, 16, 8]
+    logged = [json.loads(r) for r in (tmp_path / "tiny-fn" / "metrics.jsonl").read_text().splitlines()]
+    assert all("false_negative_fraction" in r for r in logged)
+    kd = json.loads((tmp_path / "tiny-kd" / "run_record.json").read_text())
+    assert kd["recipe"]["distillation"]["loss"] == "kl"
