@@ -527,3 +527,129 @@ def test_score_with_a_bi_encoder_teacher_and_bad_input(mined, minilm_path, tmp_p
         [*cli, "--out", str(tmp_path / "x"), "--kind", "llm"], capture_output=True, text=True
     )
     assert bad.returncode == 2 and "kind" in bad.stderr, bad.stderr[-1500:]
+
+
+DDP_OBJECTIVES = """
+import sys, torch, torch.distributed as dist
+from accelerate import Accelerator
+import neoembed
+from neoembed.losses import CachedInfoNCELoss, InfoNCELoss
+acc = Accelerator(cpu=True)
+model = neoembed.load(sys.argv[1])
+for m in model.modules():
+    if isinstance(m, torch.nn.Dropout):
+        m.p = 0.0
+q = ["what is neobert", "capital of france", "how do cats purr", "why is the sky blue"]
+p = ["an encoder model", "paris", "vibrating vocal folds", "rayleigh scattering"]
+n = ["a decoder model", "lyon", "dogs bark loudly", "a red sunset"]
+teacher = torch.tensor([[0.9, 0.2], [0.8, 0.6], [0.7, 0.1], [0.95, 0.3]])
+world, rank = acc.num_processes, acc.process_index
+sl = slice(rank * 4 // world, (rank + 1) * 4 // world)
+g = {"gather_across_devices": world > 1}
+fn = {"false_negatives": {"margin": 0.3}, "matryoshka": {"dims": [64, 16]}}
+kd = {"distillation": {"loss": "margin_mse", "weight": 0.5}, "matryoshka": {"dims": [64, 16]}}
+losses = {
+    "matryoshka_false_negatives": InfoNCELoss(model, **g, **fn),
+    "improved_contrastive": InfoNCELoss(model, **g, **fn, improved_contrastive=True),
+    "cached_matryoshka_false_negatives": CachedInfoNCELoss(model, mini_batch_size=1, **g, **fn),
+    "distillation_kl": InfoNCELoss(model, **g, distillation={"loss": "kl"}),
+    "cached_distillation_matryoshka": CachedInfoNCELoss(model, mini_batch_size=1, **g, **kd),
+}
+out = {"world": world}
+for name, loss in losses.items():
+    model.zero_grad()
+    value = loss([model.tokenize(c[sl]) for c in (q, p, n)], teacher[sl])
+    value.backward()
+    grad = model[0].auto_model.encoder.weight.grad.clone()
+    v = value.detach().clone()
+    if world > 1:
+        dist.all_reduce(grad)
+        dist.all_reduce(v)
+        grad, v = grad / world, v / world
+    out[name] = (float(v), grad)
+if rank == 0:
+    torch.save(out, sys.argv[2])
+acc.wait_for_everyone()
+acc.end_training()
+"""
+
+
+def test_two_processes_with_gathered_negatives_equal_one_for_every_objective(tmp_path, tiny_official):
+    """Matryoshka, false-negative masking (its mask judged on the gathered candidates), the improved contrastive
+    loss and distillation, plain and cached: two gloo processes that gather negatives give one process's loss and
+    gradient on the whole batch (each process's loss is the mean over its rows, so their mean is the batch's)."""
+    import subprocess
+
+    from test_train import _LAUNCH_KW, _launch
+
+    script = tmp_path / "ddp_objectives.py"
+    script.write_text(DDP_OBJECTIVES)
+    results = {}
+    for world in (1, 2):
+        target = tmp_path / f"{world}.pt"
+        run = subprocess.run([*_launch(world), str(script), str(tiny_official), str(target)], **_LAUNCH_KW)
+        assert run.returncode == 0, run.stderr[-3000:]
+        results[world] = torch.load(target)
+    one, two = results[1], results[2]
+    assert (one.pop("world"), two.pop("world")) == (1, 2)  # really two processes
+    assert one.keys() == two.keys() and len(one) == 5
+    for name in one:
+        assert two[name][0] == pytest.approx(one[name][0], rel=1e-5), name
+        torch.testing.assert_close(two[name][1], one[name][1], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_the_registries_hold_one_entry_per_objective():
+    """A recipe names a loss (InfoNCE, plain or cached) and adds objectives as options, each one config class; a
+    distillation loss is one function and one entry. Nothing else is registered, so a new objective stays one
+    class (or function), one entry, one test."""
+    from neoembed.losses import (
+        DISTILLATION_LOSSES,
+        LOSSES,
+        DistillationConfig,
+        check_loss_name,
+        kl_distillation,
+        margin_mse,
+    )
+    from neoembed.train.recipe import UnifiedRecipe
+
+    assert LOSSES == {"infonce": InfoNCELoss, "cached_infonce": CachedInfoNCELoss}
+    assert DISTILLATION_LOSSES == {"margin_mse": margin_mse, "kl": kl_distillation}
+    fields = UnifiedRecipe.model_fields
+    options = {"matryoshka": MatryoshkaConfig, "false_negatives": FalseNegativeConfig}
+    options["distillation"] = DistillationConfig
+    for name, config in options.items():
+        assert config in getattr(fields[name].annotation, "__args__", (fields[name].annotation,)), name
+    with pytest.raises(ValueError, match="valid: \\['cached_infonce', 'infonce'\\]"):
+        check_loss_name("matryoshka")
+
+
+def test_the_objective_recipes_of_the_training_docs_run_as_written(tmp_path, monkeypatch):
+    """Every command of docs/training.md's objective block runs (two steps each, outputs under tmp_path): a
+    Matryoshka model that records its dims, a false-negative run that logs what it masked, and a distillation run
+    on the scores ``neoembed mine`` wrote."""
+    import json
+    import re
+    import shlex
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from neoembed.cli import app
+    from neoembed.sentence import matryoshka_dims
+
+    repo = Path(__file__).resolve().parents[1]
+    page = (repo / "docs" / "training.md").read_text(encoding="utf8")
+    block = re.search(r"<!-- objective recipes:.*?-->\n```bash\n(.*?)```", page, flags=re.S).group(1)
+    lines = [line.replace("runs/", f"{tmp_path}/") for line in block.strip().splitlines()]
+    assert [shlex.split(line)[1] for line in lines] == ["train", "train", "mine", "train"]
+    monkeypatch.chdir(repo)
+    for line in lines:
+        args = shlex.split(line)[1:]
+        args += ["steps=2", "save_steps=100"] if args[0] == "train" else []
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 0, (line, result.output, result.exception)
+    assert matryoshka_dims(tmp_path / "tiny-mrl") == [32, 16, 8]
+    logged = [json.loads(r) for r in (tmp_path / "tiny-fn" / "metrics.jsonl").read_text().splitlines()]
+    assert all("false_negative_fraction" in r for r in logged)
+    kd = json.loads((tmp_path / "tiny-kd" / "run_record.json").read_text())
+    assert kd["recipe"]["distillation"]["loss"] == "kl"
