@@ -372,3 +372,18 @@ def test_a_missing_optional_package_is_named_before_any_model_loads(tmp_path, mo
     with pytest.raises(ValueError, match=r"CDE training with clustering.*needs faiss.*neoembed\[faiss\]"):
         train_cde(recipe)
     assert not (tmp_path / "mined").exists() and not (tmp_path / "cde").exists()
+
+
+def test_a_batch_with_nothing_to_contrast_is_refused_before_the_model_loads(tmp_path, tiny_official):
+    """batch_size=1 on pairs without hard negatives trained a loss of exactly 0 and exited 0."""
+    from neoembed.data.cards import DataCardError
+    from neoembed.recipe import load_recipe
+    from neoembed.train.recipe import UnifiedRecipe
+    from neoembed.train.trainer import train
+
+    overrides = [f"model={tiny_official}", f"output_dir={tmp_path / 'run'}", "batch_size=1"]
+    overrides.append("datasets=[{card: pydoc_names, max_rows: 16}]")
+    recipe = load_recipe("tiny", UnifiedRecipe, overrides)
+    with pytest.raises(DataCardError, match="card pydoc_names: a batch of 1 query without hard negatives"):
+        train(recipe, recipe_dir=Path(__file__).resolve().parents[1] / "recipes")
+    assert not (tmp_path / "run").exists()

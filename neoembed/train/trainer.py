@@ -111,14 +111,23 @@ def prepare_datasets(recipe: UnifiedRecipe, recipe_dir: Path | None = None, repo
         logger.info(
             "card %s: %d queries per step (%d texts)", card.name, bs, bs * (2 + report.negatives_per_query)
         )
-        if bs > len(pairs):
-            raise DataCardError(
-                f"card {card.name}: batch size {bs} is larger than the dataset ({len(pairs)} usable rows); "
-                "lower batch_size (or this dataset's batch_size) or add data"
-            )
+        _check_batch(card.name, bs, len(pairs), report.negatives_per_query)
         out[card.name], sizes[card.name] = pairs, bs
         cards.append((card, folder))
     return DatasetDict(out), cards, sizes
+
+
+def _check_batch(name: str, bs: int, rows: int, negatives: int) -> None:
+    if bs > rows:
+        raise DataCardError(
+            f"card {name}: batch size {bs} is larger than the dataset ({rows} usable rows); "
+            "lower batch_size (or this dataset's batch_size) or add data"
+        )
+    if bs == 1 and negatives == 0:  # InfoNCE over one candidate is log(1) = 0 at every step
+        raise DataCardError(
+            f"card {name}: a batch of 1 query without hard negatives leaves its positive nothing to be contrasted "
+            "with (the loss is 0 and nothing trains): raise batch_size, or use a card with hard negatives"
+        )
 
 
 class _MetricsCallback(TrainerCallback):
