@@ -6,25 +6,13 @@ from __future__ import annotations
 
 import gzip
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
+from test_runs import _cli  # neoembed ARGS in this process: (exit code, stderr + stdout)
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 TINY = RECIPES / "tiny"
-
-
-def _cli(capsys, monkeypatch, *args: str) -> tuple[int, str]:
-    """``neoembed ARGS`` in this process: the exit code and stderr + stdout."""
-    from neoembed.cli import main
-
-    monkeypatch.setattr(sys, "argv", ["neoembed", *args])
-    monkeypatch.delenv("NEOEMBED_DEBUG", raising=False)
-    with pytest.raises(SystemExit) as e:
-        main()
-    out = capsys.readouterr()
-    return e.value.code, out.err + out.out
 
 
 def _recipe_on(tmp_path: Path, data: str) -> Path:
