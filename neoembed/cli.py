@@ -34,8 +34,37 @@ def _root(
     version: Annotated[
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
     ] = False,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Also show debug lines and other libraries' info logs.")
+    ] = False,
 ) -> None:
     """NeoBERT embeddings toolkit."""
+    _console_logging(verbose)
+
+
+def _console_logging(verbose: bool) -> None:
+    """neoembed's own progress lines (rows kept per card, batch sizes, what a run decided) on stderr, plainly;
+    other libraries at their warnings, each repeated warning shown once; ``--verbose`` shows everything."""
+    import logging
+    import sys
+    import warnings
+
+    class _Stderr(logging.StreamHandler):
+        def emit(self, record):
+            self.stream = sys.stderr  # the current stderr (tests and notebooks swap it)
+            super().emit(record)
+
+    log = logging.getLogger("neoembed")
+    if not any(isinstance(h, logging.StreamHandler) and h.get_name() == "neoembed" for h in log.handlers):
+        handler = _Stderr()
+        handler.set_name("neoembed")
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+    log.setLevel(logging.DEBUG if verbose else logging.INFO)
+    if verbose:
+        logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    else:
+        warnings.filterwarnings("once")
 
 
 @app.command()

@@ -232,6 +232,10 @@ def test_cli_train_tiny(tmp_path, tiny_official):
     )
     assert r.returncode == 0, r.stderr[-2000:]
     assert (tmp_path / "o" / "model.safetensors").is_file()
+    # the console says what each card gave and how it is batched (these were logged where nothing showed them)
+    assert "card pydoc_names: 64 of 64 rows kept (dropped: none" in r.stderr
+    assert "card pydoc_signatures: 8 queries per step (24 texts)" in r.stderr
+    assert "step 2/2 (100%)" in r.stderr
 
 
 def _launch(processes: int) -> list[str]:
