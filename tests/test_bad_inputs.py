@@ -375,3 +375,17 @@ def test_a_batch_with_nothing_to_contrast_is_refused_before_the_model_loads(tmp_
     with pytest.raises(DataCardError, match="card pydoc_names: a batch of 1 query without hard negatives"):
         train(recipe, recipe_dir=Path(__file__).resolve().parents[1] / "recipes")
     assert not (tmp_path / "run").exists()
+
+
+def test_max_length_beyond_the_models_positions_is_refused_by_key(tmp_path, minilm_path):
+    """max_length=100000 on a BERT-style model (512 learned positions) was accepted and failed at the first long
+    text inside the embedding lookup."""
+    from neoembed.recipe import RecipeError, load_recipe
+    from neoembed.train.recipe import UnifiedRecipe
+    from neoembed.train.trainer import train
+
+    recipe = load_recipe("tiny", UnifiedRecipe, [f"model={minilm_path}", f"output_dir={tmp_path / 'run'}"])
+    recipe = recipe.model_copy(update={"max_length": 100000})
+    with pytest.raises(RecipeError, match=r"max_length=100000 exceeds the 512 positions"):
+        train(recipe, recipe_dir=Path(__file__).resolve().parents[1] / "recipes")
+    assert not (tmp_path / "run").exists()

@@ -36,7 +36,7 @@ from neoembed.data.check import require_hub
 from neoembed.data.sampler import NoDuplicatesBatchSampler, PowerLawDatasetBatchSampler, plan_no_duplicates
 from neoembed.instructions import format_with_instruction
 from neoembed.losses import build_loss
-from neoembed.recipe import resolve_recipe_path
+from neoembed.recipe import RecipeError, resolve_recipe_path
 from neoembed.record import write_run_record
 from neoembed.runs import (
     MetricsLog,
@@ -634,9 +634,33 @@ def _is_terminal() -> bool:
     return sys.stderr.isatty()
 
 
+def _check_max_length(recipe: UnifiedRecipe) -> None:
+    """A ``max_length`` beyond a local model's learned positions fails at the first long text, deep in the
+    embedding lookup: refuse it here, naming the key (RoPE models such as NeoBERT extrapolate: a warning)."""
+    config = Path(str(recipe.model)) / "config.json"
+    if not config.is_file():
+        return
+    cfg = json.loads(config.read_text())
+    positions, trained = cfg.get("max_position_embeddings"), cfg.get("max_length")
+    if isinstance(positions, int) and recipe.max_length > positions:
+        raise RecipeError(
+            f"max_length={recipe.max_length} exceeds the {positions} positions of model {recipe.model} "
+            "(config.json max_position_embeddings): lower max_length"
+        )
+    if isinstance(trained, int) and recipe.max_length > trained:
+        logger.warning(
+            "max_length=%d is longer than the %d tokens model %s was trained at (rotary positions extrapolate; "
+            "quality beyond its length is not measured)",
+            recipe.max_length,
+            trained,
+            recipe.model,
+        )
+
+
 def _check_extras(recipe: UnifiedRecipe, evaluator) -> None:
     """Trackers, PEFT and the evaluator a recipe needs: checked before data or the model load."""
     check_trackers(recipe.report_to)
+    _check_max_length(recipe)
     if recipe.adapter is not None:
         require_peft()
     if recipe.eval is not None and evaluator is None:
