@@ -54,7 +54,7 @@ def glue_command(
     """Fine-tune MODEL on a GLUE task (Appendix C of the NeoBERT paper: 10 epochs, evaluation every
     min(500, len(dataloader) // 10) steps, early stopping after 15 evaluations without improvement) and print
     the validation score; --grid searches Table 6's grid. Results: OUT/results.json (or grid.md / grid.json)."""
-    from neoembed.glue.run import GlueRecipe, record, resolve_from, run_grid, run_one
+    from neoembed.glue.run import GlueRecipe, record, resolve_from
     from neoembed.glue.tasks import get_task
     from neoembed.recipe import load_recipe
     from neoembed.runs import prepare_output_dir
@@ -84,8 +84,20 @@ def glue_command(
         )
     backbone = source or resolve_packaged(model)
     data = {"data_dir": data_dir, "carve": carve}
+    fresh = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     record(out, settings, backbone, source, grid)
+    try:
+        _run(settings, spec, backbone, out, data, source, grid)
+    except BaseException:
+        if fresh:  # failed before anything but the record was written (data or model unreachable): leave no folder
+            _discard_unstarted(out)
+        raise
+
+
+def _run(settings, spec, backbone: str, out: Path, data: dict, source: str | None, grid: bool) -> None:
+    from neoembed.glue.run import run_grid, run_one
+
     if grid:
         rows = run_grid(settings, spec, backbone, out, data, transfer=source is not None)
         best = max(rows, key=lambda r: r["score"])
@@ -98,3 +110,10 @@ def glue_command(
         f"{s} {m} {100 * v:.2f}" for s, ms in result["validation"].items() for m, v in ms.items()
     )
     typer.echo(f"{spec.display}: {result['score']:.2f} ({details}); written to {out / 'results.json'}")
+
+
+def _discard_unstarted(out: Path) -> None:
+    """Remove ``out`` if the run record is all it holds, so that a rerun is not refused as a used folder."""
+    if [p.name for p in out.iterdir()] == ["run_record.json"]:
+        (out / "run_record.json").unlink()
+        out.rmdir()
