@@ -54,9 +54,7 @@ def preprocess_command(
 def _preprocess(source, out: Path, tokenizer, column, max_docs, shard_tokens, lengths) -> None:
     import json
 
-    from transformers import AutoTokenizer
-
-    from neoembed.pretrain.data import preprocess
+    from neoembed.pretrain.data import load_tokenizer, preprocess
     from neoembed.runs import OutputDirError
 
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / "meta.json").is_file())):
@@ -64,11 +62,7 @@ def _preprocess(source, out: Path, tokenizer, column, max_docs, shard_tokens, le
             f"{out} is not empty and holds no shards of an earlier preprocess run (no meta.json): choose a new "
             "output folder (rerunning the same command on its own folder resumes it)"
         )
-    try:
-        tok = AutoTokenizer.from_pretrained(tokenizer)
-    except OSError as e:
-        typer.echo(f"error: could not load tokenizer {tokenizer!r}: {e}", err=True)
-        raise typer.Exit(2) from None
+    tok = load_tokenizer(tokenizer)
     fresh = not out.exists()
     try:
         stats = preprocess(

@@ -41,11 +41,27 @@ __all__ = [
     "iter_documents",
     "length_stats",
     "load_corpus_card",
+    "load_tokenizer",
     "preprocess",
 ]
 
 TEXT_SUFFIXES = (".txt", ".md", ".rst")
 JSON_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz")
+
+
+def load_tokenizer(name: str):
+    """``AutoTokenizer.from_pretrained(name)``; a name that is neither a local tokenizer folder nor reachable on
+    the Hugging Face Hub is an ``OSError`` (exit 2) that says which and what to pass instead."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(name)
+    except OSError as e:
+        where = "" if Path(name).is_dir() else ": not a local folder, and the Hugging Face Hub could not serve it"
+        raise OSError(
+            f"could not load tokenizer {name!r}{where} ({str(e).splitlines()[0]}); pass a local tokenizer folder "
+            "(a model folder holds one), or check the hub id and your network"
+        ) from None
 
 
 # ------------------------------------------------------------------------------------------- corpus cards

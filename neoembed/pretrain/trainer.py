@@ -217,9 +217,9 @@ def _open_sources(recipe: PretrainRecipe):
 
 def _load_tokenizer(recipe: PretrainRecipe, corpora):
     """The recipe's tokenizer, checked against the shards' vocabulary, and the ids masking leaves alone."""
-    from transformers import AutoTokenizer
+    from neoembed.pretrain.data import load_tokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(recipe.tokenizer)
+    tokenizer = load_tokenizer(recipe.tokenizer)
     if tokenizer.mask_token_id is None or tokenizer.pad_token_id is None:
         raise ValueError(f"tokenizer {recipe.tokenizer!r} has no [MASK] or [PAD] token; MLM needs both")
     for c in corpora:
