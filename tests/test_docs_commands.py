@@ -1,12 +1,37 @@
-"""Every ``neoembed ...`` command line in the README and docs/ parses: the subcommand exists and so does every
-option it names (so a renamed or removed command cannot survive in the documentation)."""
+"""Every command line of the README and docs/ runs as written.
+
+Each line of a ``bash`` block is listed in ``HOW`` with the way it is proven, so that a new or changed documented
+command fails here until someone says how it runs:
+
+- ``run``: executed as written, in the page's order, in a scratch copy of the repository (with ``../shared``
+  beside it, as in CI), exit 0; placeholders (``MODEL``, ``my-model``, ...) are swapped for the fixtures in
+  ``PLACEHOLDERS``, and a line that consumes what a hub-only line above it would have written gets that output
+  from a local stand-in (``STAND_INS``). Afterwards the copy holds nothing that git would show as untracked.
+- ``slow``: the same, under ``-m slow`` (minutes).
+- ``hub``: needs the Hugging Face Hub. Run offline, it must end with exit 1 or 2 and a message that names the hub,
+  without a traceback; ``accelerate launch ... -m neoembed X`` lines run their inner command.
+- ``install``: a ``pip install`` line: every extra it names is in ``pyproject.toml``.
+- ``ci``: the README's test line, which is what ``.ci/run`` runs (checked to be the same text).
+- ``own-data``: docs/own-data.md's page, run in order by ``tests/test_own_data.py``.
+- ``shape``: needs what cannot exist here (a stage-2 pre-trained NeoBERT, a literal ``...``); parsed only.
+
+Every ``neoembed ...`` line, in blocks and inline code, must also parse: the subcommand and every option exist.
+"""
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import shlex
+import shutil
+import subprocess
+import sys
+import tomllib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
 import typer
 
 from neoembed.cli import app
@@ -14,23 +39,190 @@ from neoembed.cli import app
 REPO = Path(__file__).resolve().parents[1]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 
+HOW = {
+    "README.md": {
+        'python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 && pip install -e ".[quickstart]"'
+        " && neoembed quickstart": "slow",
+        'python3 -m venv .venv && . .venv/bin/activate && pip install -q torch==2.13.0 && pip install -q -e ".[dev]"'
+        " && pytest": "ci",
+        "neoembed convert chandar-lab/NeoBERT runs/neobert": "hub",
+        "neoembed mteb --model my-model --tasks STS13,SciFact --precision bf16": "hub",
+        "neoembed mteb --model my-model --data-dir ../shared/data/mteb": "run",
+        "neoembed train neobert-unified steps=500 optimizer.lr=2e-5 loss=cached_infonce": "hub",
+        'neoembed train neobert-unified "matryoshka.dims=[768,256,64]" false_negatives.margin=0.1': "hub",
+        "neoembed train neobert-unified --dry-run": "run",
+        "neoembed train tiny": "run",
+        "neoembed train tiny --resume": "run",
+        "neoembed mine tests/data_cards/msrp_pairs.yaml --model MODEL --out runs/mined/": "run",
+        "neoembed train cde": "hub",
+        "neoembed pretrain pretrain-tiny": "run",
+        "neoembed preprocess docs/ runs/shards-mydomain --tokenizer chandar-lab/NeoBERT": "hub",
+        "neoembed pretrain pretrain-tiny tokenizer=chandar-lab/NeoBERT data.sources='[{path: runs/shards-mydomain}]'"
+        " output_dir=runs/pretrain-mydomain": "hub",
+        "neoembed glue RTE --model chandar-lab/NeoBERT --from runs/glue/mnli": "hub",
+        "neoembed data check msmarco": "run",
+    },
+    "backbone.md": {
+        "neoembed convert chandar-lab/NeoBERT runs/neobert": "hub",
+        "neoembed convert runs/neobert runs/neobert-official --to official": "run",
+    },
+    "cde.md": {
+        'pip install -e ".[faiss,quickstart]"': "install",
+        "neoembed train cde": "hub",
+        "neoembed train cde-tiny": "run",
+        "ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 -m neoembed train cde-tiny"
+        " output_dir=runs/cde-tiny-ddp": "slow",
+        "neoembed mteb --model runs/cde --tasks SciFact": "hub",
+        "neoembed mteb --model runs/cde --tasks SciFact --cde-context null": "hub",
+    },
+    "evaluation.md": {
+        "neoembed mteb --model my-model": "hub",
+        "neoembed mteb --model my-model --tasks STS13,SciFact --precision bf16 --instructions none": "hub",
+        "neoembed mteb --model my-model --data-dir ../shared/data/mteb": "run",
+        "neoembed mteb --model my-model --data-dir ../shared/data/eval": "run",
+        "neoembed mteb --model my-model --data-dir ../shared/data": "slow",
+        "neoembed mteb compare results/model-a results/model-b": "run",
+    },
+    "export.md": {
+        "pip install 'neoembed[onnx]'": "install",
+        "neoembed export runs/my-model runs/exported/ --format onnx --quantize int8": "run",
+        "neoembed mteb --model runs/my-model --data-dir ../shared/data/eval --embedding-precision binary": "run",
+    },
+    "glue.md": {
+        "neoembed glue MNLI --model chandar-lab/NeoBERT --out runs/glue/mnli": "hub",
+        "neoembed glue RTE --model chandar-lab/NeoBERT --from runs/glue/mnli": "hub",
+        "neoembed glue CoLA --model chandar-lab/NeoBERT --grid --out runs/glue/cola-grid": "hub",
+        "neoembed glue MRPC --model all-MiniLM-L6-v2 --data-dir ../shared/data/eval/MSRP --carve test epochs=3": "slow",
+    },
+    "mine.md": {
+        'pip install -e ".[faiss]"': "install",
+        "neoembed mine tests/data_cards/msrp_pairs.yaml --model MODEL --out runs/mined/": "run",
+        "neoembed mine CARD --model MODEL --out runs/mined-hnsw/ --corpus OTHER_CARD --index hnsw"
+        " --cross-encoder CROSS_ENCODER": "slow",
+        "neoembed mine CARD --model MODEL --out runs/mined/ --resume": "run",
+        "neoembed train my.yaml 'datasets=[{card: runs/mined/msrp_pairs_mined.yaml}]'": "run",
+    },
+    "own-data.md": {
+        "neoembed init pairs.jsonl --out mydata --model packaged:all-MiniLM-L6-v2": "own-data",
+        "neoembed data check mydata/pairs.yaml": "own-data",
+        "neoembed train mydata/pairs-recipe.yaml --dry-run": "own-data",
+        "neoembed train mydata/pairs-recipe.yaml": "own-data",
+        "neoembed mteb --model runs/pairs --tasks mydata/heldout-task.yaml --output results/pairs": "own-data",
+    },
+    "pretraining.md": {
+        "neoembed preprocess refinedweb data/refinedweb --tokenizer chandar-lab/NeoBERT --min-lengths 1024,2048": "hub",
+        "accelerate launch --num_processes 8 -m neoembed pretrain pretrain-stage1"
+        " data.sources='[{path: data/refinedweb}]'": "hub",
+        "accelerate launch --num_processes 8 -m neoembed pretrain pretrain-stage2": "hub",
+        "neoembed pretrain pretrain-tiny": "run",
+        "neoembed preprocess docs/ runs/shards-mydomain --tokenizer chandar-lab/NeoBERT": "hub",
+        "neoembed pretrain pretrain-tiny tokenizer=chandar-lab/NeoBERT data.sources='[{path: runs/shards-mydomain}]'"
+        " output_dir=runs/pretrain-mydomain": "hub",
+        "neoembed pretrain pretrain-stage1 ... --resume": "shape",
+        "neoembed ppl --model runs/neobert-stage2 --data data/refinedweb --lengths 512,1024,2048,4096"
+        " --out runs/ppl/": "shape",
+    },
+    "training.md": {
+        "neoembed train neobert-unified": "hub",
+        "neoembed train my.yaml steps=500 optimizer.lr=2e-5": "slow",
+        "neoembed train my.yaml --resume": "slow",
+        "neoembed train my.yaml --overwrite": "slow",
+        "neoembed train neobert-unified --dry-run": "run",
+        "accelerate launch --num_processes 8 -m neoembed train neobert-unified gather_across_devices=true": "hub",
+        'neoembed train tiny output_dir=runs/tiny-mrl "matryoshka.dims=[32,16,8]" loss=cached_infonce': "run",
+        "neoembed train tiny output_dir=runs/tiny-fn false_negatives.margin=0.1 improved_contrastive=true": "run",
+        "neoembed mine recipes/tiny/cards/pydoc_names.yaml --model recipes/tiny/model --out runs/pydoc-mined -k 2"
+        " --max-length 64": "run",
+        'neoembed train tiny output_dir=runs/tiny-kd "datasets=[{card: runs/pydoc-mined/pydoc_names_mined.yaml}]"'
+        " distillation.loss=kl distillation.weight=0.5": "run",
+    },
+}
 
-def _command_lines(text: str) -> list[str]:
-    """``neoembed ...`` lines of fenced blocks (comments dropped, ``&&`` chains split, ``-m neoembed`` after a
-    launcher) and inline code spans that start with ``neoembed ``."""
+# Placeholders of the pages, and the fixture each stands for when the line runs here.
+PLACEHOLDERS = {
+    "my-model": "recipes/tiny/model",
+    "runs/my-model": "recipes/tiny/model",
+    "MODEL": "recipes/tiny/model",
+    "CARD": "tests/data_cards/msrp_pairs.yaml",
+    "OTHER_CARD": "tests/data_cards/sts2012_pairs.yaml",
+    "CROSS_ENCODER": "{tiny_official}",
+    "my.yaml": "recipes/tiny.yaml",
+}
+
+# What a hub-only line above would have written, made locally before the line that reads it.
+STAND_INS = {
+    # a local tokenizer's shards where the hub tokenizer's would be: the line still needs the hub tokenizer
+    "neoembed pretrain pretrain-tiny tokenizer=chandar-lab/NeoBERT data.sources='[{path: runs/shards-mydomain}]'"
+    " output_dir=runs/pretrain-mydomain": ["neoembed preprocess docs/ runs/shards-mydomain --tokenizer recipes/tiny/model"],
+    "accelerate launch --num_processes 8 -m neoembed pretrain pretrain-stage1 data.sources='[{path: data/refinedweb}]'": [
+        "neoembed preprocess docs/ data/refinedweb --tokenizer recipes/tiny/model --min-lengths 1024,2048"
+    ],
+    "neoembed glue RTE --model chandar-lab/NeoBERT --from runs/glue/mnli": [
+        "neoembed convert {tiny_official} runs/glue/mnli"  # the MNLI run's model; RTE's data still needs the hub
+    ],
+    "neoembed convert runs/neobert runs/neobert-official --to official": [
+        "neoembed convert {tiny_official} runs/neobert"
+    ],
+    "neoembed mteb compare results/model-a results/model-b": [
+        "neoembed mteb --model recipes/tiny/model --data-dir ../shared/data/eval --output results/model-a",
+        "neoembed mteb --model {tiny_official} --data-dir ../shared/data/eval --output results/model-b",
+    ],
+}
+
+
+# ------------------------------------------------------------------------------------------------ reading pages
+def fenced_blocks(text: str) -> list[tuple[str, list[str]]]:
+    """``(language, lines)`` of each fenced block, fences paired in order (a closing fence never opens one)."""
+    blocks, language, lines = [], None, []
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            if language is None:
+                language, lines = line.strip()[3:].strip() or "text", []
+            else:
+                blocks.append((language, lines))
+                language = None
+        elif language is not None:
+            lines.append(line)
+    return blocks
+
+
+def shell_lines(text: str) -> list[str]:
+    """The command lines of a page's ``bash``/``sh``/``console`` blocks, comments and blank lines dropped."""
     found = []
-    for block in re.findall(r"```(?:bash|sh|console)?\n(.*?)```", text, flags=re.S):
-        for line in block.splitlines():
-            for part in line.split("&&"):
-                part = re.sub(r"\s+#.*$", "", part).strip()
-                if "-m neoembed " in part:
-                    part = "neoembed " + part.split("-m neoembed ", 1)[1]
-                if part.startswith("neoembed "):
-                    found.append(part)
-    found += re.findall(r"`(neoembed [^`]+)`", re.sub(r"```.*?```", "", text, flags=re.S))
+    for language, lines in fenced_blocks(text):
+        if language in ("bash", "sh", "console"):
+            found += [s for line in lines if (s := re.sub(r"(^|\s+)#.*$", "", line).strip())]
     return found
 
 
+def _command_lines(text: str) -> list[str]:
+    """``neoembed ...`` commands of the fenced shell blocks (``&&`` chains split, ``-m neoembed`` after a
+    launcher) and of inline code spans that start with ``neoembed ``."""
+    found = []
+    for line in shell_lines(text):
+        for part in line.split("&&"):
+            part = part.strip()
+            if "-m neoembed " in part:
+                part = "neoembed " + part.split("-m neoembed ", 1)[1]
+            if part.startswith("neoembed "):
+                found.append(part)
+    prose = "\n".join(
+        line for line in _without_blocks(text).splitlines() if not line.lstrip().startswith("```")
+    )
+    return found + re.findall(r"`(neoembed [^`]+)`", prose)
+
+
+def _without_blocks(text: str) -> str:
+    out, inside = [], False
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            inside = not inside
+        elif not inside:
+            out.append(line)
+    return "\n".join(out)
+
+
+# ------------------------------------------------------------------------------------------------ parsing
 def _check(line: str, root) -> str | None:
     """None if ``line`` parses, else why not."""
     try:
@@ -60,7 +252,7 @@ def test_every_documented_command_line_parses():
             checked += 1
             if (why := _check(line, root)) is not None:
                 wrong.append(f"{page.relative_to(REPO)}: {line}\n    {why}")
-    assert checked > 20, checked  # the pages do hold commands: the reader found them
+    assert checked > 60, checked  # the pages do hold commands: the reader found them
     assert not wrong, "stale command lines:\n" + "\n".join(wrong)
 
 
@@ -69,7 +261,161 @@ def test_the_checker_catches_stale_commands():
     assert _check("neoembed mteb --model m --tasks STS13", root) is None
     assert "no option --taks" in _check("neoembed mteb --model m --taks STS13", root)
     assert "no subcommand 'evaluate'" in _check("neoembed evaluate --model m", root)
-    assert _command_lines("```bash\nx && neoembed quickstart  # go\n```\nsee `neoembed train tiny`") == [
-        "neoembed quickstart",
-        "neoembed train tiny",
-    ]
+    page = "```python\nx = 1\n```\ntext\n```bash\nx && neoembed quickstart  # go\n```\nsee `neoembed train tiny`"
+    assert _command_lines(page) == ["neoembed quickstart", "neoembed train tiny"]  # the block after python too
+    assert shell_lines(page) == ["x && neoembed quickstart"]
+
+
+def test_every_documented_shell_line_says_how_it_runs():
+    documented = {page.name: shell_lines(page.read_text(encoding="utf8")) for page in PAGES}
+    documented = {name: lines for name, lines in documented.items() if lines}
+    assert documented == {name: list(how) for name, how in HOW.items()}, (
+        "a documented command changed: say in HOW how the new line is proven"
+    )
+
+
+# ------------------------------------------------------------------------------------------------ install, ci
+def test_install_lines_name_extras_that_exist():
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    lines = [line for how in HOW.values() for line, mode in how.items() if "pip install" in line]
+    named = {e.strip() for line in lines for group in re.findall(r"\[([^\]]+)\]", line) for e in group.split(",")}
+    assert named and named <= set(extras), sorted(named - set(extras))
+    assert {"faiss", "onnx", "quickstart", "dev"} <= named
+    assert any(d.startswith("faiss") for d in extras["faiss"])  # the page that mines installs the index
+    assert any(d.startswith("tensorboard") for d in extras["dev"])  # curves: the documented tracker is there
+
+
+def test_the_readme_test_line_is_what_ci_runs():
+    (line,) = [line for line, mode in HOW["README.md"].items() if mode == "ci"]
+    assert line in (REPO / ".ci" / "run").read_text()
+
+
+# ------------------------------------------------------------------------------------------------ running
+def _scratch_copy(tmp_path: Path, shared: Path) -> Path:
+    """The repository's files as a fresh clone has them, in a git repository of its own (nothing committed:
+    ``git status`` then shows what the commands left that is not ignored), with ``../shared`` beside it."""
+    root = tmp_path / "neoembed"
+    files = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO, capture_output=True, check=True,
+    ).stdout.decode().split("\0")
+    for name in filter(None, files):
+        if (REPO / name).is_file():
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, root / name)
+    (tmp_path / "shared").symlink_to(shared)
+    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    subprocess.run(["git", "add", "-A"], cwd=root, check=True)
+    return root
+
+
+def _as_run_here(line: str, tiny_official: Path) -> str:
+    for name, value in sorted(PLACEHOLDERS.items(), key=lambda kv: -len(kv[0])):
+        line = re.sub(rf"(?<![\w/.-]){re.escape(name)}(?![\w/.-])", value, line)
+    return line.replace("{tiny_official}", str(tiny_official))
+
+
+def _environment() -> dict:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", NEOEMBED_DEBUG="")
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    return env
+
+
+def _run_page(page: str, modes: set[str], tmp_path: Path, shared: Path, tiny_official: Path) -> list[str]:
+    """Runs the page's lines of ``modes`` in order in a scratch copy; returns what went wrong."""
+    root = _scratch_copy(tmp_path / page, shared)
+    wrong = []
+    for line, mode in HOW[page].items():
+        if mode not in modes:
+            continue
+        for command in [*STAND_INS.get(line, []), line]:
+            command = _as_run_here(command, tiny_official)
+            r = subprocess.run(["bash", "-c", command], cwd=root, env=_environment(), capture_output=True, text=True)
+            if r.returncode != 0:
+                wrong.append(f"{page}: {command}\n  exit {r.returncode}\n{r.stdout[-1500:]}\n{r.stderr[-3000:]}")
+                return wrong
+    left = [s for s in subprocess.run(
+        ["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True, check=True
+    ).stdout.splitlines() if s.startswith("??")]
+    if left:
+        wrong.append(f"{page}: left files that git would show as untracked: {left}")
+    return wrong
+
+
+def _run_pages(modes: set[str], tmp_path, shared_dir, tiny_official) -> None:
+    pages = [page for page, how in HOW.items() if modes & set(how.values())]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = pool.map(lambda p: _run_page(p, modes, tmp_path, shared_dir, tiny_official), pages)
+        wrong = [w for result in results for w in result]
+    assert not wrong, "\n\n".join(wrong)
+
+
+def test_documented_commands_run_as_written(tmp_path, shared_dir, tiny_official):
+    pytest.importorskip("faiss")  # the pages that mine install it (test_install_lines_name_extras_that_exist)
+    _run_pages({"run"}, tmp_path, shared_dir, tiny_official)
+
+
+@pytest.mark.slow
+def test_documented_slow_commands_run_as_written(tmp_path, shared_dir, tiny_official):
+    pytest.importorskip("faiss")
+    _run_pages({"run", "slow"}, tmp_path, shared_dir, tiny_official)
+
+
+HUB_RUNNER = """
+import contextlib, io, json, shlex, sys
+from neoembed.cli import main
+out = []
+for line in json.loads(sys.argv[1]):
+    sys.argv = ["neoembed", *shlex.split(line)[1:]]
+    buffer, code = io.StringIO(), None
+    with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(buffer):
+        try:
+            main()
+            code = 0
+        except SystemExit as e:
+            code = e.code
+    out.append({"line": line, "code": code, "output": buffer.getvalue()})
+    if "accelerate" in sys.modules:  # a fresh process per command, as a user runs them
+        from accelerate.state import AcceleratorState
+        AcceleratorState._reset_state(reset_partial_state=True)
+print(json.dumps(out))
+"""
+
+
+def _hub_lines_offline(page: str, tmp_path: Path, shared: Path, tiny_official: Path) -> list[str]:
+    """The page's hub-only lines in one process (a launcher's inner command), offline; returns what went wrong.
+    A stand-in a line needs runs first and must succeed."""
+    lines, expect = [], []
+    for line, mode in HOW[page].items():
+        if mode == "hub":
+            for command in [*STAND_INS.get(line, []), re.sub(r"^.*-m neoembed ", "neoembed ", line)]:
+                lines.append(_as_run_here(command, tiny_official))
+                expect.append("hub" if command in line else "ok")
+    if not lines:
+        return []
+    r = subprocess.run(
+        [sys.executable, "-c", HUB_RUNNER, json.dumps(lines)],
+        cwd=_scratch_copy(tmp_path / page, shared), env=_environment(), capture_output=True, text=True,
+    )
+    if r.returncode != 0:
+        return [f"{page}: {r.stderr[-3000:]}"]
+    wrong = []
+    for x, wanted in zip(json.loads(r.stdout.splitlines()[-1]), expect, strict=True):
+        said = x["output"]
+        ok = x["code"] == 0 if wanted == "ok" else (
+            x["code"] in (1, 2) and "hub" in said.lower() and "Traceback" not in said
+        )
+        if not ok:
+            wrong.append(f"{page}: {x['line']}: exit {x['code']}\n{said[-1500:]}")
+    return wrong
+
+
+def test_hub_only_commands_say_so_offline(tmp_path, shared_dir, tiny_official):
+    """Each page's hub-only lines, offline (the hub is unreachable here): each must stop with exit 1 or 2 and a
+    message that names the hub, not a traceback."""
+    pages = [page for page, how in HOW.items() if "hub" in how.values()]
+    assert sum(list(how.values()).count("hub") for how in HOW.values()) >= 20
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = pool.map(lambda p: _hub_lines_offline(p, tmp_path, shared_dir, tiny_official), pages)
+        wrong = [w for result in results for w in result]
+    assert not wrong, "\n\n".join(wrong)
