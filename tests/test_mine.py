@@ -451,3 +451,20 @@ def test_corpus_from_another_card(card, tiny_official, tmp_path, shared_dir):
     assert prov["corpus"]["card"] == "trecqa_pairs" and prov["counts"]["documents"] == len(own | trec_docs)
     negatives = {r[f"negative_{j + 1}"] for r in _rows(result.data) for j in range(cfg.num_negatives)}
     assert negatives <= own | trec_docs and negatives & trec_docs  # the other card's documents are candidates
+
+
+def test_embedding_progress_counts_texts_batch_by_batch(shared_dir, tiny_official):
+    """The mining bar moves per batch, not per shard (a single shard holds every text of a small card): the lean
+    encoder and its forked workers report each batch's texts, and the embeddings are those of a silent run."""
+    from neoembed.loading import load
+    from neoembed.mine.encode import ForkedWorkers, fast_encode
+
+    texts = [r[k] for r in _msrp(shared_dir, 40) for k in ("query", "positive")]
+    model = load(str(tiny_official), max_seq_length=24)
+    seen: list[int] = []
+    emb = fast_encode(model, texts, 16, on_batch=seen.append)
+    assert seen == [16] * 5 and np.array_equal(emb, fast_encode(model, texts, 16))
+    if ForkedWorkers.available():
+        seen.clear()
+        forked = ForkedWorkers(model, 2).encode(texts, 16, on_batch=seen.append)
+        assert sum(seen) == len(texts) and np.allclose(forked, emb, atol=1e-6)

@@ -13,7 +13,7 @@ first) and with its padding, so that the embeddings are the same. Any other mode
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -58,10 +58,12 @@ def _backend(model):
     return backend
 
 
-def fast_encode(model, texts: Sequence[str], batch_size: int, normalize: bool = True) -> np.ndarray:
+def fast_encode(
+    model, texts: Sequence[str], batch_size: int, normalize: bool = True, on_batch: Callable[[int], None] | None = None
+) -> np.ndarray:
     """Embeddings of ``texts`` (float32, one row per text, input order), as ``model.encode(texts, prompt="",
     batch_size=batch_size, normalize_embeddings=normalize)`` computes them; ``model`` must satisfy
-    :func:`fast_encode_supported`."""
+    :func:`fast_encode_supported`. ``on_batch(n)`` is called after each batch with its number of texts (progress)."""
     import torch
 
     hf, backend = model.tokenizer, _backend(model)
@@ -81,6 +83,8 @@ def fast_encode(model, texts: Sequence[str], batch_size: int, normalize: bool = 
             if normalize:
                 emb = torch.nn.functional.normalize(emb, p=2, dim=1)
             out[rows] = emb.cpu().numpy()
+            if on_batch is not None:
+                on_batch(len(rows))
     if truncated:
         warnings.warn(
             f"{truncated} text(s) exceed max_seq_length={model.max_seq_length} tokens and are truncated "
@@ -125,17 +129,30 @@ class ForkedWorkers:
 
         return "fork" in multiprocessing.get_all_start_methods()
 
-    def encode(self, texts: Sequence[str], batch_size: int) -> np.ndarray:
+    def encode(
+        self, texts: Sequence[str], batch_size: int, on_batch: Callable[[int], None] | None = None
+    ) -> np.ndarray:
+        """The embeddings of ``texts`` in order; ``on_batch(n)`` reports the texts the children finished, about
+        twice a second."""
         import multiprocessing
 
         global _FORKED  # read by the forked children: what they inherit is the parent's memory at the fork
+        context = multiprocessing.get_context("fork")
         bounds = np.linspace(0, len(texts), min(self.workers, max(1, len(texts))) + 1).astype(int)
-        _FORKED = (self.model, texts, batch_size)
+        done = context.Value("q", 0)  # texts embedded so far, shared with the children
+        _FORKED = (self.model, texts, batch_size, done)
         try:
-            with multiprocessing.get_context("fork").Pool(len(bounds) - 1) as pool:
-                parts = pool.map(
+            with context.Pool(len(bounds) - 1) as pool:
+                result = pool.map_async(
                     _encode_part, list(zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True))
                 )
+                reported = 0
+                while not result.ready() or reported < done.value:
+                    result.wait(0.5)
+                    if on_batch is not None and done.value > reported:
+                        on_batch(done.value - reported)
+                    reported = done.value
+                parts = result.get()
         finally:
             _FORKED = None
         return (
@@ -153,5 +170,10 @@ def _encode_part(bounds: tuple[int, int]) -> np.ndarray:
 
     # one thread per process; and an OpenMP thread pool started by the parent does not survive the fork
     torch.set_num_threads(1)
-    model, texts, batch_size = _FORKED
-    return fast_encode(model, texts[bounds[0] : bounds[1]], batch_size)
+    model, texts, batch_size, done = _FORKED
+
+    def count(n: int) -> None:
+        with done.get_lock():
+            done.value += n
+
+    return fast_encode(model, texts[bounds[0] : bounds[1]], batch_size, on_batch=count)

@@ -391,11 +391,20 @@ def _encode_pool(model, workers: int):
         model.stop_multi_process_pool(pool)
 
 
-def _encode(model, texts: list[str], cfg: MineConfig, pool) -> np.ndarray:
+def _encode(model, texts: list[str], cfg: MineConfig, pool, on_batch=None) -> np.ndarray:
+    """The texts' embeddings; ``on_batch(n)`` after each batch where the encoder can tell (the lean encoder, its
+    forked workers), else once for all ``texts``."""
     if isinstance(pool, ForkedWorkers):
-        return pool.encode(texts, cfg.batch_size)
+        return pool.encode(texts, cfg.batch_size, on_batch=on_batch)
     if pool is None and fast_encode_supported(model):
-        return fast_encode(model, texts, cfg.batch_size)
+        return fast_encode(model, texts, cfg.batch_size, on_batch=on_batch)
+    emb = _encode_plain(model, texts, cfg, pool)
+    if on_batch is not None:
+        on_batch(len(texts))
+    return emb
+
+
+def _encode_plain(model, texts: list[str], cfg: MineConfig, pool) -> np.ndarray:
     # prompt="": the texts already carry their instruction; a saved model's default prompt must not be added
     return model.encode(
         texts,
@@ -409,21 +418,16 @@ def _encode(model, texts: list[str], cfg: MineConfig, pool) -> np.ndarray:
 
 
 def _embed_sharded(model, texts, state: Path, kind: str, cfg: MineConfig, pool, progress) -> EmbeddingShards:
-    """Embed ``texts`` shard by shard into ``state/<kind>-NNNNN.npy``; shards already on disk are kept."""
+    """Embed ``texts`` shard by shard into ``state/<kind>-NNNNN.npy``; shards already on disk are kept. The bar
+    counts texts, batch by batch (a single shard holds up to ``shard_size`` texts: a whole pass on small data)."""
     n_shards = max(1, math.ceil(len(texts) / cfg.shard_size))
     paths = [state / f"{kind}-{s:05d}.npy" for s in range(n_shards)]
     todo = [s for s in range(n_shards) if not paths[s].is_file()]
-    bar = tqdm(
-        total=n_shards,
-        initial=n_shards - len(todo),
-        desc=f"embedding {kind}",
-        unit="shard",
-        disable=not progress,
-    )
+    kept = sum(len(texts[s * cfg.shard_size : (s + 1) * cfg.shard_size]) for s in range(n_shards) if s not in todo)
+    bar = tqdm(total=len(texts), initial=kept, desc=f"embedding {kind}", unit="text", disable=not progress)
     for s in todo:
         part = texts[s * cfg.shard_size : (s + 1) * cfg.shard_size]
-        write_shard(paths[s], _encode(model, part, cfg, pool))
-        bar.update(1)
+        write_shard(paths[s], _encode(model, part, cfg, pool, on_batch=bar.update))
     bar.close()
     return EmbeddingShards(paths, cfg.shard_size)
 
