@@ -232,9 +232,10 @@ def test_cli_train_tiny(tmp_path, tiny_official):
     )
     assert r.returncode == 0, r.stderr[-2000:]
     assert (tmp_path / "o" / "model.safetensors").is_file()
-    # the console says what each card gave and how it is batched (these were logged where nothing showed them)
+    # one console line per card: what it gave, how it is batched, how often it is drawn (pi_i of the full sizes)
     assert "card pydoc_names: 64 of 64 rows kept (dropped: none" in r.stderr
-    assert "card pydoc_signatures: 8 queries per step (24 texts)" in r.stderr
+    (line,) = [x for x in r.stderr.splitlines() if x.startswith("card pydoc_signatures: ")]
+    assert line.endswith("1 hard negatives per query; 8 queries per step (24 texts); pi 0.3333"), line  # each card: 200 rows
     assert "step 2/2 (100%)" in r.stderr
 
 

@@ -33,7 +33,12 @@ from transformers import TrainerCallback
 from neoembed.adapters import add_lora, count_parameters, merge_lora, require_peft, save_adapter
 from neoembed.data.cards import DataCardError, explain_data_errors, find_card, load_card, prepare_card
 from neoembed.data.check import require_hub
-from neoembed.data.sampler import NoDuplicatesBatchSampler, PowerLawDatasetBatchSampler, plan_no_duplicates
+from neoembed.data.sampler import (
+    NoDuplicatesBatchSampler,
+    PowerLawDatasetBatchSampler,
+    dataset_probabilities,
+    plan_no_duplicates,
+)
 from neoembed.instructions import format_with_instruction
 from neoembed.losses import build_loss
 from neoembed.recipe import RecipeError, resolve_recipe_path
@@ -82,7 +87,7 @@ def prepare_datasets(recipe: UnifiedRecipe, recipe_dir: Path | None = None, repo
         raise DataCardError(
             f"instruction_overrides names card(s) {unknown} that the recipe does not train on; valid: {names}"
         )
-    out, cards, sizes = {}, [], {}
+    out, cards, sizes, lines = {}, [], {}, {}
     for entry, (card, folder) in zip(recipe.datasets, loaded, strict=True):
         if card.name in recipe.instruction_overrides:
             card = card.model_copy(update={"instruction": recipe.instruction_overrides[card.name]})
@@ -96,8 +101,6 @@ def prepare_datasets(recipe: UnifiedRecipe, recipe_dir: Path | None = None, repo
                 recipe.instructions,
                 recipe.seed,
             )
-        # the training log says what each card gave; losses (all counted and allowed by the card) are warnings
-        (logger.warning if report.dropped else logger.info)("card %s: %s", card.name, report.line())
         if reports is not None:
             reports[card.name] = report
         instruction = card.instruction if recipe.instructions else None
@@ -108,13 +111,22 @@ def prepare_datasets(recipe: UnifiedRecipe, recipe_dir: Path | None = None, repo
             lambda text, i=instruction: format_with_instruction(i, text, recipe.template),
         )
         bs = recipe.dataset_batch_size(entry, report.negatives_per_query)
-        logger.info(
-            "card %s: %d queries per step (%d texts)", card.name, bs, bs * (2 + report.negatives_per_query)
-        )
         _check_batch(card.name, bs, len(pairs), report.negatives_per_query)
-        out[card.name], sizes[card.name] = pairs, bs
+        out[card.name], sizes[card.name], lines[card.name] = pairs, bs, report
         cards.append((card, folder))
+    _log_cards(lines, sizes, recipe.alpha, {name: len(rows) for name, rows in out.items()})
     return DatasetDict(out), cards, sizes
+
+
+def _log_cards(reports: dict, sizes: dict[str, int], alpha: float, loaded: dict[str, int]) -> None:
+    """One line per card: rows kept and dropped by reason, batch, pi_i (of the full sizes, as the sampler
+    draws). A card that lost rows (all counted, and allowed by the card) is a warning."""
+    probabilities = dataset_probabilities([reports[n].full_size or loaded[n] for n in reports], alpha)
+    for (name, report), pi in zip(reports.items(), probabilities, strict=True):
+        bs, texts = sizes[name], sizes[name] * (2 + reports[name].negatives_per_query)
+        (logger.warning if report.dropped else logger.info)(
+            "card %s: %s; %d queries per step (%d texts); pi %.4f", name, report.line(), bs, texts, pi
+        )
 
 
 def _check_batch(name: str, bs: int, rows: int, negatives: int) -> None:
