@@ -15,6 +15,10 @@ command fails here until someone says how it runs:
 - ``own-data``: docs/own-data.md's page, run in order by ``tests/test_own_data.py``.
 - ``shape``: needs what cannot exist here (a stage-2 pre-trained NeoBERT, a literal ``...``); parsed only.
 
+Each page's ``python`` blocks run too, after its ``run`` lines, in one interpreter per page, with the hub's NeoBERT
+swapped for the tiny checkpoint in the official layout (``PYTHON_STAND_INS``) and the names a fragment leaves to
+the reader defined first (``PYTHON_PRELUDES``).
+
 Every ``neoembed ...`` line, in blocks and inline code, must also parse: the subcommand and every option exist.
 """
 
@@ -167,6 +171,13 @@ STAND_INS = {
         "neoembed mteb --model recipes/tiny/model --data-dir ../shared/data/eval --output results/model-a",
         "neoembed mteb --model {tiny_official} --data-dir ../shared/data/eval --output results/model-b",
     ],
+}
+
+PYTHON_STAND_INS = {'"chandar-lab/NeoBERT"': '"{tiny_official}"'}
+PYTHON_SETUP = {"cde.md": ["neoembed train cde-tiny output_dir=runs/cde"]}
+PYTHON_PRELUDES = {
+    "cde.md": "corpus_sample = [f'document {i} of the corpus' for i in range(8)]  # cde-tiny: N = 8\n"
+    "queries, documents = ['what is a list?'], ['A list is a mutable sequence.']\n",
 }
 
 
@@ -325,7 +336,7 @@ def _run_page(page: str, modes: set[str], tmp_path: Path, shared: Path, tiny_off
     """Runs the page's lines of ``modes`` in order in a scratch copy; returns what went wrong."""
     root = _scratch_copy(tmp_path / page, shared)
     wrong = []
-    for line, mode in HOW[page].items():
+    for line, mode in HOW.get(page, {}).items():
         if mode not in modes:
             continue
         for command in [*STAND_INS.get(line, []), line]:
@@ -334,6 +345,8 @@ def _run_page(page: str, modes: set[str], tmp_path: Path, shared: Path, tiny_off
             if r.returncode != 0:
                 wrong.append(f"{page}: {command}\n  exit {r.returncode}\n{r.stdout[-1500:]}\n{r.stderr[-3000:]}")
                 return wrong
+    if modes & {"run"} and (why := _run_python_blocks(page, root, tiny_official)) is not None:
+        return [why]
     left = [s for s in subprocess.run(
         ["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True, check=True
     ).stdout.splitlines() if s.startswith("??")]
@@ -342,8 +355,33 @@ def _run_page(page: str, modes: set[str], tmp_path: Path, shared: Path, tiny_off
     return wrong
 
 
+def python_blocks(page: str) -> list[str]:
+    """The page's python blocks (own-data.md's runs in ``tests/test_own_data.py``, after the page's commands)."""
+    if page == "own-data.md":
+        return []
+    path = REPO / page if page == "README.md" else REPO / "docs" / page
+    return ["\n".join(lines) for language, lines in fenced_blocks(path.read_text(encoding="utf8")) if language == "python"]
+
+
+def _run_python_blocks(page: str, root: Path, tiny_official: Path) -> str | None:
+    """The page's python blocks in order in one interpreter; None if they ran, else what failed."""
+    blocks = python_blocks(page)
+    if not blocks:
+        return None
+    for command in PYTHON_SETUP.get(page, []):
+        r = subprocess.run(["bash", "-c", command], cwd=root, env=_environment(), capture_output=True, text=True)
+        if r.returncode != 0:
+            return f"{page}: {command}\n  exit {r.returncode}\n{r.stderr[-3000:]}"
+    code = PYTHON_PRELUDES.get(page, "") + "\n".join(blocks)
+    for name, value in PYTHON_STAND_INS.items():
+        code = code.replace(name, value.replace("{tiny_official}", str(tiny_official)))
+    r = subprocess.run([sys.executable, "-c", code], cwd=root, env=_environment(), capture_output=True, text=True)
+    return None if r.returncode == 0 else f"{page}: python blocks\n{code}\n{r.stderr[-3000:]}"
+
+
 def _run_pages(modes: set[str], tmp_path, shared_dir, tiny_official) -> None:
-    pages = [page for page, how in HOW.items() if modes & set(how.values())]
+    pages = [page for page, how in HOW.items() if modes & set(how.values()) or python_blocks(page)]
+    pages += [page.name for page in PAGES if page.name not in HOW and python_blocks(page.name)]
     with ThreadPoolExecutor(max_workers=2) as pool:
         results = pool.map(lambda p: _run_page(p, modes, tmp_path, shared_dir, tiny_official), pages)
         wrong = [w for result in results for w in result]
