@@ -7,6 +7,10 @@ Arms (same data, batch, steps, learning rate and seed; only the objective differ
   matryoshka   + ``matryoshka: {dims: [384, 256, 128, 64]}``; both scored at 384/256/128/64 dims
   distill      + ``distillation: {loss: kl, ...}`` from the mined scores, added to InfoNCE
   fn_mask      + ``false_negatives: {margin: 0.1}`` (candidates within 0.1 cosine of the positive dropped)
+  lora         a LoRA adapter (r 16, alpha 32) instead of every weight, same learning rate (5e-5)
+  lora_lr10    the same adapter at 5e-4
+
+    python benchmarks/objectives.py --arms infonce,lora,lora_lr10 --stem lora_quality_cpu   # LoRA's record
 
     python benchmarks/objectives.py                       # 3 seeds, the record's settings
     python benchmarks/objectives.py --seeds 0 --steps 4   # a smoke run (writes objectives_smoke.*)
@@ -42,6 +46,10 @@ ARMS: dict[str, list[str]] = {
         "distillation.weight=400",
     ],
     "fn_mask": ["false_negatives.margin=0.1"],
+    # LoRA (#26): r 16, alpha 32 on PEFT's default BERT targets (query, value), the full model's learning rate and
+    # ten times it (adapters are usually trained with a larger one); the merged model is what neoembed mteb scores
+    "lora": ["adapter.type=lora", "adapter.r=16", "adapter.alpha=32"],
+    "lora_lr10": ["adapter.type=lora", "adapter.r=16", "adapter.alpha=32", "optimizer.lr=5e-4"],
 }
 
 
