@@ -716,3 +716,19 @@ def test_one_card_schema_module_for_training_corpus_and_dataset_cards():
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     assert imported <= {"__future__", "re", "typing", "pydantic", "yaml"}, imported  # the lowest floor
+
+
+def test_join_reads_the_corpus_only_until_every_named_document_is_found():
+    """A hub corpus is millions of rows: the join stops reading once the pairs' documents and queries are all
+    found; a repeated id keeps its first row."""
+    from neoembed.data.qrels import join_pairs
+
+    def rows(items):
+        for _id, text in items:
+            yield {"_id": _id, "text": text}
+        raise AssertionError("read past the last needed row")
+
+    corpus = rows([("d1", "one"), ("d2", "two"), ("d1", "one again")])
+    queries = rows([("q1", "first?"), ("q2", "second?")])
+    joined, full, dropped = join_pairs([("q1", "d2"), ("q2", "d1")], corpus, queries)
+    assert joined == {"query": ["first?", "second?"], "positive": ["two", "one"]} and full == 2 and not dropped

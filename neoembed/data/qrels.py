@@ -33,18 +33,27 @@ def join_pairs(
     queries: Iterable[dict],
     max_rows: int | None = None,
     seed: int = 0,
+    name: str = "join",
 ) -> Joined:
-    """Sample ``pairs`` (query-id, corpus-id), then keep from ``corpus`` / ``queries`` only what they name."""
+    """Sample ``pairs`` (query-id, corpus-id), then keep from ``corpus`` / ``queries`` only what they name (a
+    progress bar on a terminal, named ``name``: a hub corpus is millions of rows)."""
     full = len(pairs)
     if max_rows is not None and full > max_rows:
         pairs = [pairs[i] for i in sorted(random.Random(seed).sample(range(full), max_rows))]
     need_docs, need_queries = {d for _, d in pairs}, {q for q, _ in pairs}
     docs = {}
-    for r in corpus:
-        if (i := str(r["_id"])) in need_docs:
+    for r in _scan(corpus, f"{name}: corpus"):
+        if (i := str(r["_id"])) in need_docs and i not in docs:  # a repeated id: its first row, as a scan ends
             title = r.get("title") or ""
             docs[i] = f"{title} {r['text']}" if title else r["text"]
-    texts = {str(r["_id"]): r["text"] for r in queries if str(r["_id"]) in need_queries}
+            if len(docs) == len(need_docs):  # every document the pairs name is found: the rest is not read
+                break
+    texts = {}
+    for r in _scan(queries, f"{name}: queries"):
+        if (i := str(r["_id"])) in need_queries and i not in texts:
+            texts[i] = r["text"]
+            if len(texts) == len(need_queries):
+                break
     rows: dict[str, list[str]] = {"query": [], "positive": []}
     dropped: Counter = Counter()
     for q, d in pairs:
@@ -56,6 +65,12 @@ def join_pairs(
             rows["query"].append(texts[q])
             rows["positive"].append(docs[d])
     return rows, full, dict(dropped)
+
+
+def _scan(rows: Iterable[dict], desc: str) -> Iterable[dict]:
+    from tqdm.auto import tqdm
+
+    return tqdm(rows, desc=desc, unit=" rows", unit_scale=True, leave=False, mininterval=1.0, disable=None)
 
 
 def _positive(rows: Iterable[dict]) -> list[tuple[str, str]]:
@@ -73,7 +88,7 @@ def join_hub(hub, max_rows: int | None = None, seed: int = 0) -> Joined:
     queries = datasets.load_dataset(
         hub.id, hub.join.queries, split="queries", revision=hub.revision, streaming=True
     )
-    return join_pairs(_positive(qrels), corpus, queries, max_rows, seed)
+    return join_pairs(_positive(qrels), corpus, queries, max_rows, seed, name=hub.id)
 
 
 def join_local(
@@ -89,7 +104,7 @@ def join_local(
         )
     pairs = _positive(r for f in qrels for r in _read_table(f))
     corpus, queries = _named(folder, corpus_name), _named(folder, queries_name)
-    return join_pairs(pairs, _stream(corpus), _stream(queries), max_rows, seed)
+    return join_pairs(pairs, _stream(corpus), _stream(queries), max_rows, seed, name=folder.name)
 
 
 _SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz", ".tsv", ".tsv.gz", ".csv", ".csv.gz")
