@@ -13,7 +13,11 @@ What the loop owns (so that the two trainers cannot disagree on it):
   :class:`~neoembed.runs.TrainingInterrupted` (exit 143 / 130); the flag travels with the step's loss so that every
   process stops at the same step;
 - **metrics**: the logging window, ``metrics.jsonl`` / TensorBoard / ``training_curves.png`` (trimmed on resume),
-  the zero-loss watch.
+  the zero-loss watch;
+- **evaluation** (a recipe's ``eval:``): the caller's ``evaluate(step)`` every ``eval.steps`` steps and at the end,
+  on the main process (its scores are broadcast), logged as ``eval_<name>`` rows; with ``keep_best``, the best
+  saved step is kept out of the checkpoint rotation, survives a resume in ``trainer_state.json``, and its weights
+  become the final model (``best.json`` says which).
 
 A step function ``step_fn(step, stop_requested) -> StepOutput`` runs the forward and backward passes of one
 optimizer step on every process and returns the loss averaged over processes, whether any process was asked to
@@ -134,6 +138,7 @@ class RunLoop:
         desc: str = "train",
         progress: bool = True,
         nan_advice: str = "",
+        evaluate: Callable[[int], dict[str, float]] | None = None,
     ):
         self.acc, self.recipe, self.output = accelerator, recipe, Path(output)
         self.optimizer, self.scheduler, self.parameters, self.grad_clip = (
@@ -143,7 +148,8 @@ class RunLoop:
             grad_clip,
         )
         self.settings, self.trainer_state, self.desc, self.progress = settings, trainer_state, desc, progress
-        self.nan_advice = nan_advice
+        self.nan_advice, self.evaluate = nan_advice, evaluate
+        self.best: dict | None = None  # keep_best: {"step", "metric", "value"} of the best saved step so far
         self.metrics = MetricsLog(self.output, recipe.report_to, accelerator.is_main_process)
         check_trackers(recipe.report_to)
         self.trackers: list = []
@@ -158,6 +164,7 @@ class RunLoop:
         load_state(state)  # the caller's checks first (an exact resume needs the same global batch)
         self.acc.load_state(str(checkpoint / "state"))
         self.step = int(state["step"])
+        self.best = state.get("best")
         self.metrics.truncate(self.step)
         self.acc.print(f"resumed from {checkpoint} at step {self.step}")
         return self.step
@@ -181,11 +188,49 @@ class RunLoop:
             write_run_record(self.output, command, recipe=self.recipe, data_files=data_files, extra=extra)
 
     def finish(self, save_final: Callable[[], None]) -> None:
-        """After :meth:`run`: ``save_final()`` on the main process while every other process waits for it."""
+        """After :meth:`run`: ``save_final()`` on the main process while every other process waits for it; with
+        ``keep_best``, the best checkpoint's state is loaded first (every process) and ``best.json`` written."""
         self.acc.wait_for_everyone()
+        if self.best is not None and self.best["step"] != self.step:
+            self.acc.load_state(str(self.output / f"checkpoint-{self.best['step']}" / "state"))
         if self.acc.is_main_process:
             save_final()
+            if self.best is not None:
+                best = {**self.best, "mode": self.recipe.keep_best.mode, "last_step": self.step}
+                atomic_write_text(self.output / "best.json", json.dumps(best, indent=1) + "\n")
+                print(
+                    f"keep_best: the final model is step {best['step']} of {self.step}, the best by "
+                    f"eval_{best['metric']} ({best['mode']}): {best['value']:.6g}",
+                    file=sys.stderr,
+                )
         self.acc.wait_for_everyone()
+
+    def _evaluate(self, saved: bool) -> None:
+        """Score the model now (main process), log the scores, and track the best ``saved`` step."""
+        scores = self.evaluate(self.step) if self.acc.is_main_process else None
+        if self.acc.num_processes > 1:
+            from accelerate.utils import broadcast_object_list
+
+            scores = broadcast_object_list([scores])[0]
+        row = {"step": self.step, **{f"eval_{k}": v for k, v in scores.items()}}
+        self.metrics.write(row)
+        for tracker in self.trackers:
+            tracker.log({k: v for k, v in row.items() if k != "step"}, step=self.step)
+        if self.acc.is_main_process:
+            shown = "  ".join(f"{k} {v:.4g}" for k, v in row.items() if k != "step")
+            print(f"eval at step {self.step}: {shown}", file=sys.stderr, flush=True)
+        keep = getattr(self.recipe, "keep_best", None)
+        if keep is None or not saved:
+            return
+        if keep.metric not in scores:
+            raise ValueError(
+                f"keep_best.metric {keep.metric!r} is not an evaluation score; they are: {sorted(scores)}"
+            )
+        value = scores[keep.metric]
+        if self.best is None or (
+            value > self.best["value"] if keep.mode == "max" else value < self.best["value"]
+        ):
+            self.best = {"step": self.step, "metric": keep.metric, "value": value}
 
     def save(self) -> Path:
         step, main = self.step, self.acc.is_main_process
@@ -196,13 +241,14 @@ class RunLoop:
         try:
             self.acc.save_state(str(staged / "state"))
             if main:
-                state = {"step": step, **self.trainer_state()}
+                state = {"step": step, **self.trainer_state(), "best": self.best}
                 atomic_write_text(staged / "trainer_state.json", json.dumps(state, indent=2) + "\n")
         except Exception as e:  # a full disk, say: the staging folder goes, the last checkpoint stays
             raise write_failed(staged, step, e) from e
         self.acc.wait_for_everyone()
         if main:
-            commit_checkpoint(staged, step, self.recipe.save_total_limit, self.settings)
+            best = self.best["step"] if self.best else None
+            commit_checkpoint(staged, step, self.recipe.save_total_limit, self.settings, protect=best)
         self.acc.wait_for_everyone()
         return self.output / f"checkpoint-{step}"
 
@@ -261,10 +307,15 @@ class RunLoop:
                         values = {k: row[k] for k in ("loss", "learning_rate", "lr") if k in row}
                         print(progress_line(self.step, r.steps, values, rate), file=sys.stderr, flush=True)
                     sums, t0 = {}, time.perf_counter()
+                saving = self.step % r.save_steps == 0 and self.step < r.steps
+                evaluation = getattr(r, "eval", None)
+                if self.evaluate is not None and evaluation is not None:
+                    if self.step % evaluation.steps == 0 or self.step == r.steps:
+                        self._evaluate(saved=saving or self.step == r.steps)
                 if out.stop:
                     stopped = self.save()
                     break
-                if self.step % r.save_steps == 0 and self.step < r.steps:
+                if saving:
                     self.save()
         bar.close()
         self.metrics.close(title=self.output.name)

@@ -36,15 +36,20 @@ from pydantic import (
     ValidationError,
 )
 
+from neoembed.instructions import DEFAULT_INSTRUCTION_SET
+
 __all__ = [
     "DatasetEntry",
     "DatasetList",
+    "EvalSettings",
+    "KeepBest",
     "Fraction",
     "OptimizerConfig",
     "Recipe",
     "RecipeError",
     "StrictModel",
     "apply_overrides",
+    "check_keep_best",
     "kind_union",
     "load_recipe",
     "resolve_recipe_path",
@@ -288,3 +293,42 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+# ------------------------------------------------------------------------------------------ evaluation
+class EvalSettings(StrictModel):
+    """Evaluation during training (``eval:``): every ``steps`` steps the model is scored on ``tasks`` (task folders,
+    task cards or mteb task names, as ``neoembed mteb --tasks`` takes them; paths relative to the recipe) by the
+    code of ``neoembed mteb``; ``metric`` (``main_score`` or any score mteb reports, e.g. ``ndcg_at_10``) is logged
+    per task and averaged as ``eval_<metric>``."""
+
+    steps: PositiveInt
+    tasks: list[str] = Field(min_length=1)
+    metric: str = "main_score"
+    instructions: str = DEFAULT_INSTRUCTION_SET
+    batch_size: PositiveInt = 32
+
+
+class KeepBest(StrictModel):
+    """``keep_best:``: the checkpoint with the best logged ``metric`` (an evaluation score such as ``ndcg_at_10``,
+    logged by ``eval:``, or one task's ``<task>_<metric>``) stays out of ``save_total_limit``'s rotation and becomes the final model."""
+
+    metric: str
+    mode: Literal["max", "min"] = "max"
+
+
+def check_keep_best(recipe: Any, example: str = "eval: {steps: N, tasks: [...], metric: ...}") -> None:
+    """``keep_best`` needs an ``eval:`` block, and checkpoints at the steps it evaluates (a save_steps multiple of
+    eval.steps): the best one is chosen among saved checkpoints."""
+    if recipe.keep_best is None:
+        return
+    if recipe.eval is None:
+        raise ValueError(
+            f"keep_best: {{metric: {recipe.keep_best.metric}}} compares evaluation scores: add an eval: block that "
+            f"logs it ({example}), or remove keep_best"
+        )
+    if recipe.save_steps % recipe.eval.steps:
+        raise ValueError(
+            f"keep_best compares checkpoints by their evaluation: save_steps {recipe.save_steps} must be a multiple "
+            f"of eval.steps {recipe.eval.steps}"
+        )

@@ -544,11 +544,12 @@ def commit_checkpoint(
     keep: int | None,
     settings: dict[str, Any] | None = None,
     output: Path | None = None,
+    protect: int | None = None,
 ) -> Path:
     """Seal a fully written staging folder: the completion marker (every file's size and SHA-256) written last,
     then renamed to ``checkpoint-N`` (replacing an older one of that step); the ``keep`` newest complete
-    checkpoints are kept. A kill at any point leaves either the previous checkpoints or the new one complete.
-    ``output``: the run folder (default: the staging folder's parent)."""
+    checkpoints are kept, and the one of step ``protect``. A kill at any point leaves either the previous
+    checkpoints or the new one complete. ``output``: the run folder (default: the staging folder's parent)."""
     output = Path(output) if output is not None else staged.parent
     files = {
         p.relative_to(staged).as_posix(): {"size": p.stat().st_size, "sha256": file_sha256(p)}
@@ -567,7 +568,7 @@ def commit_checkpoint(
         staged.rename(target)
     for stale in output.glob(".checkpoint-*.partial"):  # left by a killed run: no write is under way now
         shutil.rmtree(stale, ignore_errors=True)
-    prune_checkpoints(output, keep)
+    prune_checkpoints(output, keep, protect)
     return target
 
 
@@ -583,11 +584,13 @@ def write_failed(staged: Path, step: int, error: BaseException) -> CheckpointWri
     )
 
 
-def prune_checkpoints(output: Path, keep: int | None) -> None:
-    """Delete all but the ``keep`` newest checkpoints (``None`` or 0 keeps all)."""
+def prune_checkpoints(output: Path, keep: int | None, protect: int | None = None) -> None:
+    """Delete all but the ``keep`` newest checkpoints (``None`` or 0 keeps all) and the one of step ``protect``
+    (the best so far, ``keep_best``)."""
     if keep:
         for old in list_checkpoints(output)[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
+            if old.name != f"checkpoint-{protect}":
+                shutil.rmtree(old, ignore_errors=True)
 
 
 # ------------------------------------------------------------------------------------------------ weights

@@ -510,3 +510,32 @@ def test_shipped_cde_recipes_validate_and_name_shipped_cards():
         512,
     )
     assert paper.precision == "bf16"
+
+
+def test_cde_evaluation_during_training_scores_what_neoembed_mteb_scores(tmp_path, tiny_official, shared_dir):
+    """eval: in a CDE recipe: each evaluation is neoembed mteb's (a seeded corpus sample as the context); the one
+    at the last step equals `neoembed mteb` on the final model, and evaluating changes no training loss."""
+    from neoembed.eval.runner import EvalConfig, run_mteb
+    from neoembed.eval.training import MtebEvaluator
+
+    task = shared_dir / "data" / "mteb" / "STS16"
+    common = ("steps=4", "save_steps=2", "datasets=[{card: pydoc_names, max_rows: 32}]")
+    train_cde(_recipe(tmp_path / "plain", tiny_official, *common), recipe_dir=CDE_TINY.parent, progress=False)
+    recipe = _recipe(tmp_path / "run", tiny_official, *common, f"eval={{steps: 2, tasks: [{task}]}}")
+    out = train_cde(
+        recipe,
+        recipe_dir=CDE_TINY.parent,
+        progress=False,
+        evaluator=MtebEvaluator(recipe.eval, CDE_TINY.parent),
+    )
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in rows if "eval_main_score" in r]
+    assert [r["step"] for r in evals] == [2, 4] and set(evals[0]) == {
+        "step",
+        "eval_main_score",
+        "eval_STS16_main_score",
+    }
+    assert [r["loss"] for r in rows if "loss" in r] == _losses(tmp_path / "plain")
+    report = run_mteb(EvalConfig(model=str(out), output=tmp_path / "scores", tasks=[str(task)]))
+    assert report.scores["STS16"]["main_score"] == pytest.approx(evals[-1]["eval_main_score"], abs=1e-6)
+    assert (out / "eval" / "step-4" / "STS16.json").is_file()

@@ -19,7 +19,7 @@ FLOORS = {
     "neoembed.modeling": 1,
     "neoembed.recipe": 1,
     "neoembed.losses": 1,
-    "neoembed.instructions": 1,
+    "neoembed.instructions": 0,
     "neoembed.record": 1,
     "neoembed.plots": 1,
     "neoembed.registry": 1,

@@ -8,7 +8,17 @@ from pydantic import NonNegativeInt, PositiveInt, model_validator
 
 from neoembed.instructions import DEFAULT_TEMPLATE
 from neoembed.losses import MatryoshkaConfig
-from neoembed.recipe import DatasetList, Fraction, OptimizerConfig, Recipe, StrictModel, Temperature
+from neoembed.recipe import (
+    DatasetList,
+    EvalSettings,
+    Fraction,
+    KeepBest,
+    OptimizerConfig,
+    Recipe,
+    StrictModel,
+    Temperature,
+    check_keep_best,
+)
 
 __all__ = ["CDERecipe", "ClusteringConfig", "ContextConfig", "FilteringConfig"]
 
@@ -65,6 +75,10 @@ class CDERecipe(Recipe):
         Literal["tensorboard", "wandb", "mlflow", "trackio"]
     ] = []  # trackers: see neoembed.runs.TRACKERS
     output_dir: str = "runs/cde"
+    eval: EvalSettings | None = (
+        None  # scored as `neoembed mteb` scores a CDE model (a corpus sample as context)
+    )
+    keep_best: KeepBest | None = None
     template: str = DEFAULT_TEMPLATE
     instructions: bool = True  # the card's instruction before every query
     prompts: dict[str, str] = {"query": "", "document": ""}  # stored with the model; "document" prefixes
@@ -82,4 +96,5 @@ class CDERecipe(Recipe):
             raise ValueError("context.dropout must lie in [0, 1)")
         if self.temperature <= 0:
             raise ValueError("temperature must be > 0")
+        check_keep_best(self)
         return self

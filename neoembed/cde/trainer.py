@@ -329,10 +329,13 @@ def train_cde(
     resume: bool = False,
     progress: bool = True,
     overwrite: bool = False,
+    evaluator=None,
 ) -> Path:
     """Run a CDE recipe; returns the output folder (the final model, metrics.jsonl, run record, checkpoints).
     The folder must be new or empty unless ``resume`` or ``overwrite`` (:func:`neoembed.runs.prepare_output_dir`);
-    SIGTERM / Ctrl-C raise :class:`~neoembed.runs.TrainingInterrupted` after the checkpoint."""
+    SIGTERM / Ctrl-C raise :class:`~neoembed.runs.TrainingInterrupted` after the checkpoint. ``evaluator``
+    (``neoembed.eval.training.MtebEvaluator`` for the recipe's ``eval:``, passed in by ``neoembed train``) scores
+    the model as ``neoembed mteb`` scores a CDE model, with a seeded corpus sample as each task's context."""
     from neoembed.recipe import seed_everything
     from neoembed.record import atomic_write_text
     from neoembed.runs import check_trackers
@@ -379,6 +382,7 @@ def train_cde(
         desc="cde",
         progress=progress,
         nan_advice="Lower optimizer.lr or use precision bf16/fp32",
+        evaluate=_evaluation(evaluator, model, module, output),
     )
     data_files, extra = _run_record(recipe, cards, sources, module, per_epoch)
     loop.start(checkpoint, "train-cde", data_files=data_files, extra=extra)
@@ -397,6 +401,22 @@ def train_cde(
 
     loop.finish(save_final)
     return output
+
+
+def _evaluation(evaluator, model, module, output: Path):
+    """``evaluate(step)`` for the loop: the evaluator on the model being trained, its training mode put back
+    (the evaluator restores the wrapper's flag, and the wrapper is not the module being trained)."""
+    if evaluator is None:
+        return None
+
+    def evaluate(step: int) -> dict[str, float]:
+        was_training = module.training
+        try:
+            return evaluator(model, output_path=str(output / "eval"), steps=step)
+        finally:
+            module.train(was_training)
+
+    return evaluate
 
 
 def _cde_step(recipe: CDERecipe, acc, module, sources: list[Source], batches: ContextualBatches, offsets):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import NonNegativeInt, PositiveInt, field_validator, model_validator
+from pydantic import Field, NonNegativeInt, PositiveInt, field_validator, model_validator
 
-from neoembed.recipe import Fraction, OptimizerConfig, Recipe, StrictModel
+from neoembed.recipe import Fraction, KeepBest, OptimizerConfig, Recipe, StrictModel, check_keep_best
 
 __all__ = [
     "BatchConfig",
@@ -14,6 +14,7 @@ __all__ = [
     "DataSource",
     "MaskingConfig",
     "ModelConfig",
+    "PretrainEval",
     "OptimizerConfig",
     "PretrainRecipe",
     "ScheduleConfig",
@@ -95,6 +96,17 @@ class ScheduleConfig(StrictModel):
     final_ratio: Fraction = 0.1
 
 
+class PretrainEval(StrictModel):
+    """``eval:``: every ``steps`` steps, the masked-LM loss, accuracy and perplexity (exp of the loss) on
+    ``sequences`` sequences of held-out shards (``sources``, never trained on), packed and masked once with the
+    recipe's settings and a fixed seed, so that every evaluation sees the same tokens; logged as ``eval_mlm_loss``,
+    ``eval_mlm_accuracy``, ``eval_mlm_perplexity``."""
+
+    steps: PositiveInt
+    sources: list[DataSource] = Field(min_length=1)
+    sequences: PositiveInt = 64
+
+
 class PretrainRecipe(Recipe):
     kind: Literal["pretrain"] = "pretrain"
     model: ModelConfig = ModelConfig()
@@ -116,6 +128,8 @@ class PretrainRecipe(Recipe):
         Literal["tensorboard", "wandb", "mlflow", "trackio"]
     ] = []  # trackers: see neoembed.runs.TRACKERS
     output_dir: str = "runs/pretrain"
+    eval: PretrainEval | None = None
+    keep_best: KeepBest | None = None  # metric: mlm_loss (mode: min) or mlm_accuracy
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -131,4 +145,12 @@ class PretrainRecipe(Recipe):
                 f"schedule.decay_fraction * steps = {end:g} must exceed schedule.warmup_steps = "
                 f"{self.schedule.warmup_steps}: lower the warm-up or raise steps"
             )
+        if self.eval is not None:
+            trained = {s.path for s in self.data.sources} & {s.path for s in self.eval.sources}
+            if trained:
+                raise ValueError(
+                    f"eval.sources {sorted(trained)} are also in data.sources: evaluation needs held-out shards "
+                    "(preprocess a separate set of documents)"
+                )
+        check_keep_best(self, "eval: {steps: N, sources: [{path: HELD_OUT_SHARDS}]}")
         return self

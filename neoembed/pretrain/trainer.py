@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from pathlib import Path
 
 import numpy as np
@@ -55,6 +56,8 @@ from neoembed.runs import (
 __all__ = ["MLMObjective", "TrainingStopped", "choose_source", "pretrain"]
 
 logger = logging.getLogger(__name__)
+
+EVAL_SEED = 1_000_000_007  # the held-out sequences' order and masks: apart from every training step's seed
 
 
 class MLMObjective(nn.Module):
@@ -222,6 +225,11 @@ def _load_tokenizer(recipe: PretrainRecipe, corpora):
     tokenizer = load_tokenizer(recipe.tokenizer)
     if tokenizer.mask_token_id is None or tokenizer.pad_token_id is None:
         raise ValueError(f"tokenizer {recipe.tokenizer!r} has no [MASK] or [PAD] token; MLM needs both")
+    _check_shard_vocab(corpora, recipe, tokenizer)
+    return tokenizer, sorted(set(tokenizer.all_special_ids) | {tokenizer.pad_token_id})
+
+
+def _check_shard_vocab(corpora, recipe: PretrainRecipe, tokenizer) -> None:
     for c in corpora:
         vocab = c.meta.get("vocab_size")
         if vocab is not None and vocab != len(tokenizer):
@@ -229,7 +237,6 @@ def _load_tokenizer(recipe: PretrainRecipe, corpora):
                 f"shards {c.path} were tokenized with a vocabulary of {vocab} tokens, the recipe's tokenizer "
                 f"{recipe.tokenizer!r} has {len(tokenizer)}: set 'tokenizer' to the one used by preprocess"
             )
-    return tokenizer, sorted(set(tokenizer.all_special_ids) | {tokenizer.pad_token_id})
 
 
 def _global_sequences(recipe: PretrainRecipe, accelerator) -> int:
@@ -327,6 +334,7 @@ def pretrain(
         desc="pretrain",
         progress=progress,
         nan_advice="Lower optimizer.lr, raise schedule.warmup_steps, or use precision bf16/fp32 instead of fp16",
+        evaluate=_mlm_evaluator(recipe, accelerator, objective, tokenizer, special_ids),
     )
     data_files, extra = _run_record(corpora, model, n_global, L)
     loop.start(checkpoint, "pretrain", data_files=data_files, extra=extra, load_state=load_state)
@@ -342,6 +350,55 @@ def pretrain(
     loop.finish(save_final)
     accelerator.end_training()
     return output
+
+
+def _mlm_evaluator(recipe: PretrainRecipe, accelerator, objective, tokenizer, special_ids):
+    """``evaluate(step)`` for the loop: masked-LM loss, accuracy and perplexity on ``eval.sequences`` sequences of
+    the held-out shards, packed and masked once (a fixed seed, the recipe's masking), so that every evaluation
+    scores the same tokens; None without ``eval:``."""
+    if recipe.eval is None:
+        return None
+    from neoembed.pretrain.data import ShardedCorpus
+
+    corpora = [ShardedCorpus(s.path) for s in recipe.eval.sources]
+    _check_shard_vocab(corpora, recipe, tokenizer)
+    shares = np.array_split(np.arange(recipe.eval.sequences), len(corpora))
+    sequences = [
+        seq
+        for i, (c, share) in enumerate(zip(corpora, shares, strict=True))
+        for seq in _global_batch(recipe, DocumentStream(c, seed=EVAL_SEED + i, shuffle=False), len(share))
+    ]
+    vocab_size = accelerator.unwrap_model(objective).mlm.config.vocab_size
+    corrupted, labels, _ = _mask_global(
+        recipe, sequences, special_ids, tokenizer.mask_token_id, vocab_size, EVAL_SEED
+    )
+    b = recipe.batch.micro_batch_size
+
+    def evaluate(step: int) -> dict[str, float]:
+        model = accelerator.unwrap_model(objective)
+        was_training, sums = model.training, np.zeros(3)  # loss sum, masked tokens, correct
+        model.eval()
+        try:
+            with torch.no_grad(), accelerator.autocast():
+                for first in range(0, len(corrupted), b):
+                    inputs, lab, _ = _micro_batch(
+                        recipe,
+                        corrupted[first : first + b],
+                        labels[first : first + b],
+                        tokenizer.pad_token_id,
+                        accelerator.device,
+                    )
+                    sums += [float(x) for x in model(lab, **inputs)]
+        finally:
+            model.train(was_training)
+        loss = sums[0] / max(sums[1], 1)
+        return {
+            "mlm_loss": loss,
+            "mlm_accuracy": sums[2] / max(sums[1], 1),
+            "mlm_perplexity": math.exp(min(loss, 80)),
+        }
+
+    return evaluate
 
 
 def _mlm_step(recipe: PretrainRecipe, accelerator, objective, streams, weights, tokenizer, special_ids):

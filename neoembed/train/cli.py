@@ -56,18 +56,20 @@ def train_command(
     from neoembed.runs import output_lock
 
     with output_lock(parsed.output_dir):  # a second run into this folder is refused before it touches it
+        evaluator = None
+        if parsed.eval is not None:  # evaluation sits above the trainers: it is handed to them
+            from neoembed.eval.training import MtebEvaluator
+
+            evaluator = MtebEvaluator(parsed.eval, path.parent)
         if isinstance(parsed, CDERecipe):
             from neoembed.cde.trainer import train_cde
 
-            out = train_cde(parsed, recipe_dir=path.parent, resume=resume, overwrite=overwrite)
+            out = train_cde(
+                parsed, recipe_dir=path.parent, resume=resume, overwrite=overwrite, evaluator=evaluator
+            )
         else:
             from neoembed.train.trainer import train
 
-            evaluator = None
-            if parsed.eval is not None:
-                from neoembed.eval.training import MtebEvaluator
-
-                evaluator = MtebEvaluator(parsed.eval, path.parent)
             out = train(
                 parsed, recipe_dir=path.parent, resume=resume, overwrite=overwrite, evaluator=evaluator
             )

@@ -6,33 +6,23 @@ from typing import Literal
 
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
 
-from neoembed.instructions import DEFAULT_INSTRUCTION_SET, DEFAULT_TEMPLATE
+from neoembed.instructions import DEFAULT_TEMPLATE
 from neoembed.losses import DistillationConfig, FalseNegativeConfig, MatryoshkaConfig
 from neoembed.recipe import (
     DatasetEntry,
     DatasetList,
+    EvalSettings,
     Fraction,
+    KeepBest,
     OptimizerConfig,
     Recipe,
     RecipeError,
     StrictModel,
     Temperature,
+    check_keep_best,
 )
 
 __all__ = ["AdapterConfig", "DatasetEntry", "EvalSettings", "KeepBest", "OptimizerConfig", "UnifiedRecipe"]
-
-
-class EvalSettings(StrictModel):
-    """Evaluation during training (``eval:``): every ``steps`` steps the model is scored on ``tasks`` (task folders,
-    task cards or mteb task names, as ``neoembed mteb --tasks`` takes them; paths relative to the recipe) by the
-    code of ``neoembed mteb``; ``metric`` (``main_score`` or any score mteb reports, e.g. ``ndcg_at_10``) is logged
-    per task and averaged as ``eval_<metric>``."""
-
-    steps: PositiveInt
-    tasks: list[str] = Field(min_length=1)
-    metric: str = "main_score"
-    instructions: str = DEFAULT_INSTRUCTION_SET
-    batch_size: PositiveInt = 32
 
 
 class AdapterConfig(StrictModel):
@@ -45,14 +35,6 @@ class AdapterConfig(StrictModel):
     alpha: PositiveFloat = 32
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
     target_modules: list[str] | None = None
-
-
-class KeepBest(StrictModel):
-    """``keep_best:``: the checkpoint with the best logged ``metric`` (an evaluation score such as ``ndcg_at_10``,
-    logged by ``eval:``, or one task's ``<task>_<metric>``) stays out of ``save_total_limit``'s rotation and becomes the final model."""
-
-    metric: str
-    mode: Literal["max", "min"] = "max"
 
 
 class UnifiedRecipe(Recipe):
@@ -135,18 +117,7 @@ class UnifiedRecipe(Recipe):
 
     @model_validator(mode="after")
     def _keep_best_needs_eval(self):
-        if self.keep_best is None:
-            return self
-        if self.eval is None:
-            raise ValueError(
-                f"keep_best: {{metric: {self.keep_best.metric}}} compares evaluation scores: add an eval: block that "
-                "logs it (eval: {steps: N, tasks: [...], metric: ...}), or remove keep_best"
-            )
-        if self.save_steps % self.eval.steps:
-            raise ValueError(
-                f"keep_best compares checkpoints by their evaluation: save_steps {self.save_steps} must be a multiple "
-                f"of eval.steps {self.eval.steps}"
-            )
+        check_keep_best(self)
         return self
 
     def dataset_batch_size(self, entry: DatasetEntry, negatives: int | None) -> int | None:
