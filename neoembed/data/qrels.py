@@ -42,8 +42,8 @@ def join_pairs(
         pairs = [pairs[i] for i in sorted(random.Random(seed).sample(range(full), max_rows))]
     need_docs, need_queries = {d for _, d in pairs}, {q for q, _ in pairs}
     docs = {}
-    for r in _scan(corpus, f"{name}: corpus"):
-        if (i := str(r["_id"])) in need_docs and i not in docs:  # a repeated id: its first row, as a scan ends
+    for r in _scan(corpus, f"{name}: corpus"):  # a repeated id keeps its first row, as the scan may end early
+        if (i := str(r["_id"])) in need_docs and i not in docs:
             title = r.get("title") or ""
             docs[i] = f"{title} {r['text']}" if title else r["text"]
             if len(docs) == len(need_docs):  # every document the pairs name is found: the rest is not read
