@@ -112,6 +112,21 @@ def _start_trackers(report_to, output: Path, resumed: bool, main: bool) -> list:
     return trackers
 
 
+def _hyperparameters(recipe) -> dict[str, Any]:
+    """The whole validated recipe as ``a.b`` keys (lists as text), as trackers take hyperparameters."""
+    flat: dict[str, Any] = {}
+
+    def walk(node: dict, prefix: str) -> None:
+        for key, value in node.items():
+            if isinstance(value, dict):
+                walk(value, f"{prefix}{key}.")
+            else:
+                flat[f"{prefix}{key}"] = value if isinstance(value, int | float | str | bool) else json.dumps(value)
+
+    walk(recipe.model_dump(mode="json"), "")
+    return flat
+
+
 @dataclass
 class StepOutput:
     loss: float  # the step's loss, averaged over processes (a host number: one sync per step)
@@ -279,6 +294,9 @@ class RunLoop:
         self.trackers = _start_trackers(
             self.recipe.report_to, self.output, self.step > 0, self.acc.is_main_process
         )
+        if self.step == 0:  # a resumed run has them already (MLflow refuses a parameter logged twice)
+            for tracker in self.trackers:
+                tracker.store_init_configuration(_hyperparameters(self.recipe))
         shown = self.progress and self.acc.is_main_process
         plain = (
             shown and not sys.stderr.isatty()

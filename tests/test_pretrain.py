@@ -505,6 +505,8 @@ def test_mlflow_tracks_the_run_loop_and_a_resume_continues_the_same_run(tmp_path
     client = MlflowClient(uri)
     runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
     assert len(runs) == 1 and runs[0].info.run_name == "tracked"
+    params = runs[0].data.params  # the recipe as hyperparameters, from the first start (the resume adds none)
+    assert params["steps"] == "4" and params["optimizer.lr"] == "0.002" and params["masking.rate"] == "0.2"
     history = client.get_metric_history(runs[0].info.run_id, "loss")
     by_step: dict[int, list[float]] = {}
     for m in history:
