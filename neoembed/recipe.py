@@ -34,6 +34,7 @@ from pydantic import (
     Tag,
     TypeAdapter,
     ValidationError,
+    model_validator,
 )
 
 from neoembed.instructions import DEFAULT_INSTRUCTION_SET
@@ -42,6 +43,7 @@ __all__ = [
     "DatasetEntry",
     "DatasetList",
     "EvalSettings",
+    "Holdout",
     "KeepBest",
     "Fraction",
     "OptimizerConfig",
@@ -296,6 +298,16 @@ def seed_everything(seed: int) -> None:
 
 
 # ------------------------------------------------------------------------------------------ evaluation
+class Holdout(StrictModel):
+    """``eval.holdout``: ``rows`` rows of each of ``cards`` (default: every training card), drawn with ``seed``, are
+    taken out of training (with every training row that shares a text with them) and scored as a reranking task:
+    each held-out query against its positive, its own hard negatives and the other held-out positives."""
+
+    rows: PositiveInt = 200
+    seed: int = 0
+    cards: list[str] | None = None
+
+
 class EvalSettings(StrictModel):
     """Evaluation during training (``eval:``): every ``steps`` steps the model is scored on ``tasks`` (task folders,
     task cards or mteb task names, as ``neoembed mteb --tasks`` takes them; paths relative to the recipe) by the
@@ -303,10 +315,17 @@ class EvalSettings(StrictModel):
     per task and averaged as ``eval_<metric>``."""
 
     steps: PositiveInt
-    tasks: list[str] = Field(min_length=1)
+    tasks: list[str] = []
     metric: str = "main_score"
     instructions: str = DEFAULT_INSTRUCTION_SET
     batch_size: PositiveInt = 32
+    holdout: Holdout | None = None  # the unified recipe: a held-out slice of its training cards, also scored
+
+    @model_validator(mode="after")
+    def _something_to_score(self):
+        if not self.tasks and self.holdout is None:
+            raise ValueError("eval: needs tasks (task folders, cards or mteb names), a holdout, or both")
+        return self
 
 
 class KeepBest(StrictModel):

@@ -292,6 +292,8 @@ def resume_settings(recipe: Any) -> dict[str, Any]:
     def walk(node, prefix):
         for key, value in node.items():
             name = f"{prefix}{key}"
+            if name == "eval" and isinstance(value, dict) and value.get("holdout") is not None:
+                flat["eval.holdout"] = value["holdout"]  # the held-out rows are taken out of training
             if name in NON_TRAJECTORY_KEYS:
                 continue
             if isinstance(value, dict) and value:

@@ -154,3 +154,41 @@ def test_adding_or_changing_eval_does_not_block_a_resume(tmp_path, tiny_official
     without = with_eval.model_copy(update={"eval": None})
     assert resume_settings(with_eval) == resume_settings(other) == resume_settings(without)
     assert resume_settings(with_eval)["steps"] == 6  # the trajectory keys are still compared
+
+
+def test_a_held_out_slice_of_the_training_cards_is_never_trained_on_and_scores_as_neoembed_mteb(
+    tmp_path, tiny_official
+):
+    """eval.holdout: rows of a card drawn with a seed, out of training with every row sharing a text with them,
+    recorded in the run record, written as a reranking task card that `neoembed mteb` scores on a checkpoint
+    exactly as the evaluation during training did."""
+    from neoembed.train.holdout import holdout_task_paths, split_holdout
+    from neoembed.train.trainer import prepare_datasets
+
+    settings = (
+        f"model={tiny_official}", f"output_dir={tmp_path / 'run'}", "steps=4", "save_steps=2",
+        "save_total_limit=5", "datasets=[{card: pydoc_names, max_rows: 64}, {card: pydoc_details, max_rows: 64}]",
+        "eval={steps: 2, holdout: {rows: 16, seed: 3, cards: [pydoc_names]}, metric: ndcg_at_10}",
+    )  # fmt: skip
+    recipe = load_recipe(TINY, UnifiedRecipe, list(settings))
+    datasets, _, sizes = prepare_datasets(recipe, TINY.parent)
+    trained, held = split_holdout(recipe, datasets, sizes)
+    assert len(held["pydoc_names"]) == 16 and len(trained["pydoc_names"]) <= 48
+    held_texts = set(held["pydoc_names"]["query"]) | set(held["pydoc_names"]["positive"])
+    for rows in trained.values():
+        assert not held_texts & (set(rows["query"]) | set(rows["positive"]))
+    again = split_holdout(recipe, prepare_datasets(recipe, TINY.parent)[0], sizes)[1]
+    assert again["pydoc_names"]["query"] == held["pydoc_names"]["query"]  # seeded: the same slice every run
+    (task,) = holdout_task_paths(recipe)
+    out = train(recipe, recipe_dir=TINY.parent, evaluator=MtebEvaluator(recipe.eval, TINY.parent, [task]))
+    record = json.loads((out / "run_record.json").read_text())
+    assert record["holdout"]["pydoc_names"]["rows"] == 16 and record["holdout"]["pydoc_names"]["seed"] == 3
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    logged = {r["step"]: r["eval_Holdout-pydoc_names_ndcg_at_10"] for r in rows if "eval_ndcg_at_10" in r}
+    assert sorted(logged) == [2, 4]
+    report = run_mteb(EvalConfig(model=str(out / "checkpoint-2"), output=tmp_path / "mteb", tasks=[task]))
+    scores = report.scores["Holdout-pydoc_names"]["mteb"]["scores"]["test"]
+    assert scores[0]["ndcg_at_10"] == pytest.approx(logged[2], abs=1e-9)
+    with pytest.raises(Exception, match="eval.holdout.rows=60"):
+        bad = load_recipe(TINY, UnifiedRecipe, [*settings[:-1], "eval={steps: 2, holdout: {rows: 60}}"])
+        split_holdout(bad, prepare_datasets(bad, TINY.parent)[0], sizes)

@@ -96,5 +96,7 @@ class CDERecipe(Recipe):
             raise ValueError("context.dropout must lie in [0, 1)")
         if self.temperature <= 0:
             raise ValueError("temperature must be > 0")
+        if self.eval is not None and self.eval.holdout is not None:
+            raise ValueError("eval.holdout is the unified recipe's; a CDE recipe evaluates on eval.tasks")
         check_keep_best(self)
         return self

@@ -41,10 +41,10 @@ class MtebEvaluator(SentenceEvaluator):
     ``recipe_dir``) with :func:`~neoembed.eval.runner.run_mteb`. Returns ``{metric: mean over tasks,
     "<task>_<metric>": per task}``; the trainer prefixes each key with ``eval_``."""
 
-    def __init__(self, settings, recipe_dir: Path | None = None):
+    def __init__(self, settings, recipe_dir: Path | None = None, extra_tasks: list[str] | tuple = ()):
         super().__init__()
         self.settings = settings
-        self.tasks = [_task_path(t, recipe_dir) for t in settings.tasks]
+        self.tasks = [_task_path(t, recipe_dir) for t in settings.tasks] + list(extra_tasks)  # + the holdout's
         self.primary_metric = settings.metric
 
     def __call__(self, model, output_path: str | None = None, epoch: float = -1, steps: int = -1) -> dict:

@@ -59,8 +59,9 @@ def train_command(
         evaluator = None
         if parsed.eval is not None:  # evaluation sits above the trainers: it is handed to them
             from neoembed.eval.training import MtebEvaluator
+            from neoembed.train.holdout import holdout_task_paths
 
-            evaluator = MtebEvaluator(parsed.eval, path.parent)
+            evaluator = MtebEvaluator(parsed.eval, path.parent, extra_tasks=holdout_task_paths(parsed))
         if isinstance(parsed, CDERecipe):
             from neoembed.cde.trainer import train_cde
 

@@ -64,6 +64,7 @@ from neoembed.runs import (
     write_failed,
 )
 from neoembed.sentence import record_matryoshka_dims, training_prompts
+from neoembed.train.holdout import split_holdout, write_holdout_tasks
 from neoembed.train.recipe import UnifiedRecipe
 
 __all__ = ["TrainingStopped", "prepare_datasets", "train"]
@@ -511,7 +512,14 @@ def _resume_logs(trainer, checkpoint: Path, output: Path, main: bool) -> None:
 
 
 def _write_run_record(
-    recipe: UnifiedRecipe, output: Path, cards, reports: dict, datasets, settings: dict, batch_sizes: dict
+    recipe: UnifiedRecipe,
+    output: Path,
+    cards,
+    reports: dict,
+    datasets,
+    settings: dict,
+    batch_sizes: dict,
+    holdout: dict,
 ) -> None:
     write_run_record(
         output,
@@ -525,6 +533,7 @@ def _write_run_record(
             },
             "negatives_per_query": {n: d.num_columns - 2 for n, d in datasets.items()},
             "batch_size": batch_sizes,  # queries per step of each dataset
+            "holdout": holdout,  # eval.holdout: rows held out of each card, and a hash of their queries
             **run_identity(settings),
         },
     )
@@ -569,8 +578,7 @@ def train(
     output = Path(recipe.output_dir)
     main = int(os.environ.get("RANK", "0")) == 0
     # bad data, a used output folder and truncated weights fail before the model loads
-    reports: dict = {}
-    datasets, cards, batch_sizes = prepare_datasets(recipe, recipe_dir, reports)
+    datasets, cards, batch_sizes, reports, held = _training_data(recipe, recipe_dir)
     full_sizes = [reports[name].full_size or len(datasets[name]) for name in datasets]
     no_duplicates = {
         n: plan_no_duplicates(recipe.no_duplicates, d, batch_sizes[n], n) for n, d in datasets.items()
@@ -613,7 +621,8 @@ def train(
     if checkpoint is not None:
         _resume_logs(trainer, checkpoint, output, main)
     if main:
-        _write_run_record(recipe, output, cards, reports, datasets, settings, batch_sizes)
+        holdout = write_holdout_tasks(output, held, cards, recipe)
+        _write_run_record(recipe, output, cards, reports, datasets, settings, batch_sizes, holdout)
     with _tracker_env(output, checkpoint is not None):
         _fit(trainer, checkpoint, stop, recipe, output, main)
     if metrics.nan_step is not None:
@@ -627,6 +636,14 @@ def train(
     if main:
         _save_final(recipe, model, cards, output, trainer.state, base_max_length)
     return output
+
+
+def _training_data(recipe: UnifiedRecipe, recipe_dir: Path | None):
+    """Every card loaded and checked, with its report and batch size, and the holdout's rows taken out."""
+    reports: dict = {}
+    datasets, cards, batch_sizes = prepare_datasets(recipe, recipe_dir, reports)
+    datasets, held = split_holdout(recipe, datasets, batch_sizes)
+    return datasets, cards, batch_sizes, reports, held
 
 
 def _add_callbacks(trainer, metrics: _MetricsCallback, stop: StopSignal, output: Path, main: bool) -> None:
