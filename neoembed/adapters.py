@@ -39,13 +39,37 @@ def _backbone(model):
     return model[0].auto_model
 
 
-def add_lora(model, r: int, alpha: float, dropout: float = 0.0, target_modules: list[str] | None = None):
-    """Inject LoRA layers (rank ``r``, scale ``alpha / r``) into ``model``'s backbone and freeze everything else;
-    returns the PEFT config. ``target_modules`` None: NeoBERT's four linear layers, or PEFT's defaults for the
-    backbone's model type."""
+def _backbones(model) -> list:
+    """The pre-trained encoders of ``model``: a bi-encoder's one, or a CDE model's two stages."""
+    first = model[0]
+    if hasattr(first, "auto_model"):
+        return [first.auto_model]
+    return [first.first_stage, first.second_stage]
+
+
+def add_lora(
+    model,
+    r: int,
+    alpha: float,
+    dropout: float = 0.0,
+    target_modules: list[str] | None = None,
+    train_heads: bool = False,
+):
+    """Inject LoRA layers (rank ``r``, scale ``alpha / r``) into ``model``'s backbone (a CDE model: both stages)
+    and freeze the rest of it; returns the PEFT config. ``target_modules`` None: NeoBERT's four linear layers, or
+    PEFT's defaults for the backbone's model type. ``train_heads``: modules outside the backbones keep training
+    (CDE's head, new and randomly initialised); otherwise only the adapter trains."""
+    configs = [_inject(backbone, r, alpha, dropout, target_modules) for backbone in _backbones(model)]
+    adapted = {id(p) for backbone in _backbones(model) for p in backbone.parameters()}
+    for name, param in model.named_parameters():
+        param.requires_grad = "lora_" in name or (train_heads and id(param) not in adapted)
+    model.neoembed_lora_config = configs[0]
+    return configs[0]
+
+
+def _inject(backbone, r: int, alpha: float, dropout: float, target_modules: list[str] | None):
     from peft import LoraConfig, inject_adapter_in_model
 
-    backbone = _backbone(model)
     if target_modules is None and backbone.config.model_type == "neobert":
         target_modules = NEOBERT_LORA_TARGETS
     config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_modules)
@@ -60,9 +84,6 @@ def add_lora(model, r: int, alpha: float, dropout: float = 0.0, target_modules: 
         config.target_modules = set(defaults[backbone.config.model_type])
     config.base_model_name_or_path = getattr(backbone, "name_or_path", None)
     inject_adapter_in_model(config, backbone)
-    for name, param in model.named_parameters():
-        param.requires_grad = "lora_" in name
-    model.neoembed_lora_config = config
     return config
 
 
@@ -77,12 +98,12 @@ def merge_lora(model) -> None:
     in a loaded model): ``model`` becomes an ordinary checkpoint with the adapted weights."""
     from peft.tuners.tuners_utils import BaseTunerLayer
 
-    backbone = _backbone(model)
-    for name, module in list(backbone.named_modules()):
-        if isinstance(module, BaseTunerLayer):
-            module.merge()
-            parent, _, child = name.rpartition(".")
-            setattr(backbone.get_submodule(parent) if parent else backbone, child, module.get_base_layer())
+    for backbone in _backbones(model):
+        for name, module in list(backbone.named_modules()):
+            if isinstance(module, BaseTunerLayer):
+                module.merge()
+                parent, _, child = name.rpartition(".")
+                setattr(backbone.get_submodule(parent) if parent else backbone, child, module.get_base_layer())
     for param in model.parameters():
         param.requires_grad = True
     model.__dict__.pop("neoembed_lora_config", None)

@@ -40,6 +40,7 @@ from pydantic import (
 from neoembed.instructions import DEFAULT_INSTRUCTION_SET
 
 __all__ = [
+    "AdapterConfig",
     "DatasetEntry",
     "DatasetList",
     "EvalSettings",
@@ -351,3 +352,15 @@ def check_keep_best(recipe: Any, example: str = "eval: {steps: N, tasks: [...], 
             f"keep_best compares checkpoints by their evaluation: save_steps {recipe.save_steps} must be a multiple "
             f"of eval.steps {recipe.eval.steps}"
         )
+
+
+class AdapterConfig(StrictModel):
+    """``adapter:``: train a LoRA adapter (PEFT) instead of every weight. The final model is saved merged (an
+    ordinary checkpoint) and the adapter alone in ``OUTPUT/adapter/`` (PEFT's layout). ``target_modules`` null:
+    NeoBERT's qkv, wo, w12, w3, or PEFT's defaults for other encoders."""
+
+    type: Literal["lora"] = "lora"
+    r: PositiveInt = 16
+    alpha: PositiveFloat = 32
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    target_modules: list[str] | None = None

@@ -539,3 +539,46 @@ def test_cde_evaluation_during_training_scores_what_neoembed_mteb_scores(tmp_pat
     report = run_mteb(EvalConfig(model=str(out), output=tmp_path / "scores", tasks=[str(task)]))
     assert report.scores["STS16"]["main_score"] == pytest.approx(evals[-1]["eval_main_score"], abs=1e-6)
     assert (out / "eval" / "step-4" / "STS16.json").is_file()
+
+
+def test_lora_on_both_stages_merged_equals_unmerged_and_trains_from_a_recipe(tmp_path, tiny_official):
+    """adapter: in a CDE recipe: LoRA in both stages' encoders (the head trains fully); the merged model's
+    embeddings equal the unmerged one's, and the run saves an ordinary (merged) CDE model."""
+    import neoembed
+    from neoembed.adapters import add_lora, count_parameters, merge_lora
+
+    torch.manual_seed(0)
+    model = ContextualSentenceTransformer.from_backbone(str(tiny_official), n_context=4, n_soft_prompt=2).eval()
+    add_lora(model, r=4, alpha=8, train_heads=True)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert any("first_stage" in n and "lora_" in n for n in trainable)
+    assert any("second_stage" in n and "lora_" in n for n in trainable)
+    assert not any("stage" in n and "lora_" not in n for n in trainable)  # the encoders' own weights are frozen
+    assert any("stage" not in n for n in trainable)  # the head trains
+    assert count_parameters(model)[0] < count_parameters(model)[1] / 2
+    with torch.no_grad():  # a non-trivial adapter (B starts at zero)
+        for name, p in model.named_parameters():
+            if "lora_B" in name or "output_mlp" in name:
+                p.normal_(0, 0.05)
+    context = model.encode_context(DOCS[:4])
+    before = model.encode(DOCS, dataset_embeddings=context)
+    merge_lora(model)
+    assert not any("lora_" in n for n, _ in model.named_parameters())
+    after = model.encode(DOCS, dataset_embeddings=model.encode_context(DOCS[:4]))
+    assert np.abs(before - after).max() <= 1e-5
+    out = train_cde(
+        _recipe(tmp_path / "run", tiny_official, "steps=2", "adapter={r: 4, alpha: 8}"),
+        recipe_dir=CDE_TINY.parent,
+        progress=False,
+    )
+    trained = neoembed.load(out)
+    assert not any("lora_" in n for n, _ in trained.named_parameters())
+    base = ContextualSentenceTransformer.from_backbone(str(tiny_official), n_context=8)
+    moved = [
+        n
+        for (n, p), (_, q) in zip(
+            trained.cde.first_stage.named_parameters(), base.cde.first_stage.named_parameters(), strict=True
+        )
+        if not torch.equal(p.cpu(), q.cpu())
+    ]
+    assert moved and all(any(k in n for k in ("qkv", "wo", "w12", "w3")) for n in moved)  # only adapted layers

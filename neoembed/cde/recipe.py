@@ -9,6 +9,7 @@ from pydantic import NonNegativeInt, PositiveInt, model_validator
 from neoembed.instructions import DEFAULT_TEMPLATE
 from neoembed.losses import MatryoshkaConfig
 from neoembed.recipe import (
+    AdapterConfig,
     DatasetList,
     EvalSettings,
     Fraction,
@@ -79,6 +80,8 @@ class CDERecipe(Recipe):
         None  # scored as `neoembed mteb` scores a CDE model (a corpus sample as context)
     )
     keep_best: KeepBest | None = None
+    # LoRA on both stages' encoders; the head (MLP, soft prompt, null context) trains fully; saved merged
+    adapter: AdapterConfig | None = None
     template: str = DEFAULT_TEMPLATE
     instructions: bool = True  # the card's instruction before every query
     prompts: dict[str, str] = {"query": "", "document": ""}  # stored with the model; "document" prefixes

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from neoembed.adapters import add_lora, count_parameters, merge_lora, require_peft
 from neoembed.cde.batching import (
     ContextualBatches,
     cached_clustering,
@@ -279,6 +280,10 @@ def _build_model(recipe: CDERecipe, device):
         prompts=dict(recipe.prompts),
         device=str(device),
     )
+    if recipe.adapter is not None:  # before compiling: the adapter's layers are part of the compiled graph
+        a = recipe.adapter
+        add_lora(model, a.r, a.alpha, a.dropout, a.target_modules, train_heads=True)
+        logger.info("LoRA adapter on both stages: %d of %d parameters train", *count_parameters(model))
     compile_layers(model, recipe.compile)  # both stages' layers; no-op when recipe.compile is false
     return model
 
@@ -311,6 +316,8 @@ def _run_record(
 
 
 def _save_model(model, recipe: CDERecipe, folder: Path) -> None:
+    if recipe.adapter is not None:  # an ordinary CDE model: loads anywhere, without PEFT
+        merge_lora(model)
     model.save(str(folder))
     if recipe.matryoshka is not None:
         record_matryoshka_dims(folder, recipe.matryoshka.dims)
@@ -342,6 +349,8 @@ def train_cde(
 
     check_trackers(recipe.report_to)  # a missing tracker fails before data or the model load
     _require_faiss(recipe)
+    if recipe.adapter is not None:
+        require_peft()
     acc = _accelerator(recipe)
     seed_everything(recipe.seed)
     output = Path(recipe.output_dir)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
+from pydantic import Field, NonNegativeInt, PositiveInt, field_validator, model_validator
 
 from neoembed.instructions import DEFAULT_TEMPLATE
 from neoembed.losses import DistillationConfig, FalseNegativeConfig, MatryoshkaConfig
 from neoembed.recipe import (
+    AdapterConfig,
     DatasetEntry,
     DatasetList,
     EvalSettings,
@@ -17,24 +18,11 @@ from neoembed.recipe import (
     OptimizerConfig,
     Recipe,
     RecipeError,
-    StrictModel,
     Temperature,
     check_keep_best,
 )
 
 __all__ = ["AdapterConfig", "DatasetEntry", "EvalSettings", "KeepBest", "OptimizerConfig", "UnifiedRecipe"]
-
-
-class AdapterConfig(StrictModel):
-    """``adapter:``: train a LoRA adapter (PEFT) instead of every weight. The final model is saved merged (an
-    ordinary checkpoint) and the adapter alone in ``OUTPUT/adapter/`` (PEFT's layout). ``target_modules`` null:
-    NeoBERT's qkv, wo, w12, w3, or PEFT's defaults for other encoders."""
-
-    type: Literal["lora"] = "lora"
-    r: PositiveInt = 16
-    alpha: PositiveFloat = 32
-    dropout: float = Field(0.0, ge=0.0, lt=1.0)
-    target_modules: list[str] | None = None
 
 
 class UnifiedRecipe(Recipe):
