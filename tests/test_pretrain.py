@@ -539,7 +539,7 @@ def _weights_equal(final: Path, checkpoint: Path) -> None:
 
 
 def test_evaluation_on_held_out_shards_and_the_best_checkpoint_kept_across_a_resume(
-    tmp_path, shards, held_out
+    tmp_path, shards, held_out, tokenizer
 ):
     """eval: masked-LM loss, accuracy and perplexity on held-out shards every eval.steps, without changing a
     training loss; keep_best: the best saved step survives save_total_limit, comes back after a resume, and its
@@ -564,6 +564,15 @@ def test_evaluation_on_held_out_shards_and_the_best_checkpoint_kept_across_a_res
     assert (best["step"], best["value"], best["last_step"]) == (worst["step"], worst["eval_mlm_loss"], 6)
     assert best["step"] < 6 and (full / f"checkpoint-{best['step']}").is_dir()  # kept out of the rotation
     _weights_equal(full, full / f"checkpoint-{best['step']}")
+    # the logged pseudo-perplexity is neoembed ppl's, on the model of that step (the final one)
+    from neoembed.pretrain.data import ShardedCorpus
+    from neoembed.pretrain.ppl import pseudo_perplexity
+
+    corpus, special = ShardedCorpus(held_out), sorted(set(tokenizer.all_special_ids) | {tokenizer.pad_token_id})
+    docs = (corpus[i] for i in range(len(corpus)))
+    mlm = NeoBERTForMaskedLM.from_pretrained(str(full))
+    ppl = pseudo_perplexity(mlm, docs, [128], special, tokenizer.mask_token_id, max_docs=8, progress=False)
+    assert worst["eval_pseudo_perplexity"] == pytest.approx(ppl["lengths"][0]["pseudo_perplexity"], rel=1e-5)
     resumed = tmp_path / "resumed"  # a run interrupted after step 4: its folder as it was left
     resumed.mkdir()
     for name in ("checkpoint-2", "checkpoint-4"):

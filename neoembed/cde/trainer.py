@@ -209,8 +209,14 @@ def _tokenize(tokenizer, texts: list[str], max_length: int, device) -> dict[str,
     return {"input_ids": f["input_ids"].to(device), "attention_mask": f["attention_mask"].to(device)}
 
 
-def _model_card(recipe: CDERecipe, cards, steps: int) -> str:
+def _model_card(recipe: CDERecipe, cards, steps: int, best: dict | None = None) -> str:
     base = base_model_name(recipe.model)
+    chosen = (
+        f" The weights are those of step {best['step']}, the best by eval_{best['metric']} "
+        f"({recipe.keep_best.mode}): {best['value']:.6g}."
+        if best is not None and best["step"] != steps
+        else ""
+    )
     lines = [
         "---",
         "library_name: sentence-transformers",
@@ -223,7 +229,8 @@ def _model_card(recipe: CDERecipe, cards, steps: int) -> str:
         f"Two-stage contextual document embedding model (Morris & Rush, 2024) built on `{base}`: "
         f"{recipe.context.n_context} context vectors, {recipe.context.n_soft_prompt} soft-prompt vectors, "
         f"{steps} steps, batch {recipe.batch_size}, temperature {recipe.temperature}"
-        + (f", Matryoshka dimensions {recipe.matryoshka.dims}." if recipe.matryoshka else "."),
+        + (f", Matryoshka dimensions {recipe.matryoshka.dims}." if recipe.matryoshka else ".")
+        + chosen,
         "",
         "## Usage",
         "",
@@ -406,7 +413,7 @@ def train_cde(
     def save_final() -> None:
         module.eval()
         save_final_model(output, functools.partial(_save_model, model, recipe))
-        atomic_write_text(output / "README.md", _model_card(recipe, cards, loop.step))
+        atomic_write_text(output / "README.md", _model_card(recipe, cards, loop.step, loop.best))
 
     loop.finish(save_final)
     return output

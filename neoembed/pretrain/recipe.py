@@ -100,11 +100,16 @@ class PretrainEval(StrictModel):
     """``eval:``: every ``steps`` steps, the masked-LM loss, accuracy and perplexity (exp of the loss) on
     ``sequences`` sequences of held-out shards (``sources``, never trained on), packed and masked once with the
     recipe's settings and a fixed seed, so that every evaluation sees the same tokens; logged as ``eval_mlm_loss``,
-    ``eval_mlm_accuracy``, ``eval_mlm_perplexity``."""
+    ``eval_mlm_accuracy``, ``eval_mlm_perplexity``; and the pseudo-perplexity of ``ppl_documents`` held-out
+    documents at ``ppl_length`` tokens, ``eval_pseudo_perplexity``."""
 
     steps: PositiveInt
     sources: list[DataSource] = Field(min_length=1)
     sequences: PositiveInt = 64
+    # pseudo-perplexity (each token masked in turn, as `neoembed ppl`) of the first documents of at least
+    # ppl_length tokens, cut to ppl_length: eval_pseudo_perplexity; 0 documents turns it off
+    ppl_documents: NonNegativeInt = 8
+    ppl_length: PositiveInt = 128
 
 
 class PretrainRecipe(Recipe):

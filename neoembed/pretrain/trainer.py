@@ -389,6 +389,7 @@ def _mlm_evaluator(recipe: PretrainRecipe, accelerator, objective, tokenizer, sp
                         accelerator.device,
                     )
                     sums += [float(x) for x in model(lab, **inputs)]
+            ppl = _pseudo_perplexity(recipe, model.mlm, corpora, tokenizer, special_ids)
         finally:
             model.train(was_training)
         loss = sums[0] / max(sums[1], 1)
@@ -396,9 +397,25 @@ def _mlm_evaluator(recipe: PretrainRecipe, accelerator, objective, tokenizer, sp
             "mlm_loss": loss,
             "mlm_accuracy": sums[2] / max(sums[1], 1),
             "mlm_perplexity": math.exp(min(loss, 80)),
+            **ppl,
         }
 
     return evaluate
+
+
+def _pseudo_perplexity(recipe: PretrainRecipe, mlm, corpora, tokenizer, special_ids) -> dict[str, float]:
+    """``neoembed ppl``'s pseudo-perplexity of the held-out shards' first ``eval.ppl_documents`` documents of at
+    least ``eval.ppl_length`` tokens, at that length (empty when turned off)."""
+    from neoembed.pretrain.ppl import pseudo_perplexity
+
+    if recipe.eval.ppl_documents == 0:
+        return {}
+    documents = (c[i] for c in corpora for i in range(len(c)))
+    result = pseudo_perplexity(
+        mlm, documents, [recipe.eval.ppl_length], special_ids, tokenizer.mask_token_id,
+        max_docs=recipe.eval.ppl_documents, progress=False,
+    )  # fmt: skip
+    return {"pseudo_perplexity": result["lengths"][0]["pseudo_perplexity"]}
 
 
 def _mlm_step(recipe: PretrainRecipe, accelerator, objective, streams, weights, tokenizer, special_ids):
