@@ -124,7 +124,25 @@ def save_adapter(model, folder: str | Path) -> Path:
         str(folder / "adapter_model.safetensors"),
     )
     config.save_pretrained(str(folder))
+    _write_pipeline(model, folder)
     return folder
+
+
+def _write_pipeline(model, folder: Path) -> None:
+    """sentence-transformers' files around the encoder (``modules.json``, the later modules, the tokenizer, the
+    settings and prompts), without the encoder's weights or config: plain ``SentenceTransformer(folder)`` then loads
+    the base model named in ``adapter_config.json`` and applies the adapter (its PEFT integration), as
+    ``neoembed.load`` does."""
+    import shutil
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save(tmp, create_model_card=False)
+        for path in Path(tmp).iterdir():
+            weights = path.suffix in (".safetensors", ".bin") or path.name.endswith(".index.json")
+            if weights or path.name == "config.json":
+                continue
+            (shutil.copytree if path.is_dir() else shutil.copy2)(path, folder / path.name)
 
 
 def is_adapter_folder(path: str | Path) -> bool:

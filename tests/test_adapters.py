@@ -67,6 +67,16 @@ def test_lora_run_saves_merged_and_adapter_and_loads_without_neoembed(
     assert sorted(config["target_modules"]) == ["qkv", "w12", "w3", "wo"] and config["r"] == 4
     assert config["base_model_name_or_path"] == str(tiny_official)
     assert neoembed.load(out / "adapter").encode(TEXTS) == pytest.approx(emb, abs=1e-5)
+    # ... and plain sentence-transformers loads the adapter folder too (base model + adapter, its pipeline)
+    code = (
+        "import neoembed  # registers NeoBERT with transformers' Auto classes\n"
+        "from sentence_transformers import SentenceTransformer\n"
+        f"print(SentenceTransformer({str(out / 'adapter')!r}).encode({TEXTS!r}).tolist())\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    from_adapter = json.loads(r.stdout.strip().splitlines()[-1])
+    torch.testing.assert_close(torch.tensor(from_adapter), torch.tensor(emb), atol=1e-5, rtol=0)
     # a fresh process, neoembed not importable: plain sentence-transformers loads the merged model
     code = block_neoembed + (
         "from sentence_transformers import SentenceTransformer\n"
