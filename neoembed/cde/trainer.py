@@ -208,7 +208,7 @@ def _tokenize(tokenizer, texts: list[str], max_length: int, device) -> dict[str,
     return {"input_ids": f["input_ids"].to(device), "attention_mask": f["attention_mask"].to(device)}
 
 
-def _model_card(recipe: CDERecipe, cards, steps: int) -> str:
+def _model_card(recipe: CDERecipe, cards, steps: int, best: dict | None = None) -> str:
     base = base_model_name(recipe.model)
     lines = [
         "---",
@@ -222,7 +222,8 @@ def _model_card(recipe: CDERecipe, cards, steps: int) -> str:
         f"Two-stage contextual document embedding model (Morris & Rush, 2024) built on `{base}`: "
         f"{recipe.context.n_context} context vectors, {recipe.context.n_soft_prompt} soft-prompt vectors, "
         f"{steps} steps, batch {recipe.batch_size}, temperature {recipe.temperature}"
-        + (f", Matryoshka dimensions {recipe.matryoshka.dims}." if recipe.matryoshka else "."),
+        + (f", Matryoshka dimensions {recipe.matryoshka.dims}." if recipe.matryoshka else ".")
+        + _best_sentence(best),
         "",
         "## Usage",
         "",
@@ -245,6 +246,16 @@ def _model_card(recipe: CDERecipe, cards, steps: int) -> str:
         flag = " — research use only" if card.research_only else ""
         lines.append(f"- {card.name}: licence {card.license}{flag}")
     return "\n".join(lines) + "\n"
+
+
+def _best_sentence(best: dict | None) -> str:
+    """The model card's sentence on which checkpoint the final model is (``keep_best``)."""
+    if best is None:
+        return ""
+    return (
+        f" The final model is the checkpoint of step {best['step']} of {best['last_step']}, the best by "
+        f"eval_{best['metric']} ({best['mode']}): {best['value']:.6g}."
+    )
 
 
 def _accelerator(recipe: CDERecipe):
@@ -383,6 +394,7 @@ def train_cde(
         progress=progress,
         nan_advice="Lower optimizer.lr or use precision bf16/fp32",
         evaluate=_evaluation(evaluator, model, module, output),
+        save_model=functools.partial(_save_model, model, recipe),  # checkpoint-N loads as a model
     )
     data_files, extra = _run_record(recipe, cards, sources, module, per_epoch)
     loop.start(checkpoint, "train-cde", data_files=data_files, extra=extra)
@@ -397,7 +409,7 @@ def train_cde(
     def save_final() -> None:
         module.eval()
         save_final_model(output, functools.partial(_save_model, model, recipe))
-        atomic_write_text(output / "README.md", _model_card(recipe, cards, loop.step))
+        atomic_write_text(output / "README.md", _model_card(recipe, cards, loop.step, loop.best_record()))
 
     loop.finish(save_final)
     return output
