@@ -679,3 +679,19 @@ def test_too_few_long_held_out_documents_fail_before_the_model_loads(tmp_path, s
     )
     with pytest.raises(ValueError, match="eval.ppl_texts 100000: the held-out shards have only"):
         pretrain(recipe, progress=False)
+
+
+def test_held_out_paths_resolve_like_the_training_shards(tmp_path, monkeypatch):
+    """`neoembed pretrain RECIPE`: eval.sources, like data.sources, are found beside the recipe when the working
+    directory lacks them (the shipped tiny recipe names tiny/shards, which is beside it)."""
+    from neoembed.pretrain.cli import resolve_recipe_paths
+
+    monkeypatch.chdir(tmp_path)
+    recipe = load_recipe(
+        REPO / "recipes" / "pretrain-tiny.yaml",
+        PretrainRecipe,
+        ["eval={steps: 2, sources: [{path: tiny/model}]}"],
+    )
+    resolved = resolve_recipe_paths(recipe, REPO / "recipes")
+    assert Path(resolved.eval.sources[0].path) == REPO / "recipes" / "tiny" / "model"
+    assert Path(resolved.data.sources[0].path) == REPO / "recipes" / "tiny" / "shards"
