@@ -6,7 +6,8 @@ What the loop owns (so that the two trainers cannot disagree on it):
   process) plus ``trainer_state.json`` (the step and the caller's own state, such as data positions);
 - **one checkpoint format**: ``checkpoint-N/state`` (``accelerator.save_state``) and ``trainer_state.json``,
   written to ``.checkpoint-N.partial``, sealed with a checksum marker and renamed (:mod:`neoembed.runs`); a full
-  disk ends in :class:`~neoembed.runs.CheckpointWriteError` with the previous checkpoint intact;
+  disk ends in :class:`~neoembed.runs.CheckpointWriteError` with the previous checkpoint intact; a caller's
+  ``save_model(folder)`` adds a loadable model at the checkpoint's root (CDE: ``neoembed mteb --model RUN/checkpoint-N``);
 - **the update**: gradient clipping, optimizer and scheduler step, after a NaN/inf check that stops before the
   weights change (:class:`~neoembed.runs.TrainingStopped`);
 - **stop signals**: SIGTERM / Ctrl-C finish the step, checkpoint, and raise
@@ -17,7 +18,9 @@ What the loop owns (so that the two trainers cannot disagree on it):
 - **evaluation** (a recipe's ``eval:``): the caller's ``evaluate(step)`` every ``eval.steps`` steps and at the end,
   on the main process (its scores are broadcast), logged as ``eval_<name>`` rows; with ``keep_best``, the best
   saved step is kept out of the checkpoint rotation, survives a resume in ``trainer_state.json``, and its weights
-  become the final model (``best.json`` says which).
+  become the final model (``best.json`` and ``run_record.json`` say which);
+- **trackers**: the recipe as hyperparameters (``a.b`` keys) when a run starts, to TensorBoard and accelerate's
+  trackers alike.
 
 A step function ``step_fn(step, stop_requested) -> StepOutput`` runs the forward and backward passes of one
 optimizer step on every process and returns the loss averaged over processes, whether any process was asked to
@@ -121,10 +124,20 @@ def _hyperparameters(recipe) -> dict[str, Any]:
             if isinstance(value, dict):
                 walk(value, f"{prefix}{key}.")
             else:
-                flat[f"{prefix}{key}"] = value if isinstance(value, int | float | str | bool) else json.dumps(value)
+                flat[f"{prefix}{key}"] = (
+                    value if isinstance(value, int | float | str | bool) else json.dumps(value)
+                )
 
     walk(recipe.model_dump(mode="json"), "")
     return flat
+
+
+def _add_to_run_record(output: Path, entries: dict) -> None:
+    """Add ``entries`` to ``OUTPUT/run_record.json`` (written at the start) once the run has them."""
+    path = output / "run_record.json"
+    if path.is_file():
+        record = json.loads(path.read_text())
+        atomic_write_text(path, json.dumps({**record, **entries}, indent=2, default=str) + "\n")
 
 
 @dataclass
@@ -154,6 +167,7 @@ class RunLoop:
         progress: bool = True,
         nan_advice: str = "",
         evaluate: Callable[[int], dict[str, float]] | None = None,
+        save_model: Callable[[Path], None] | None = None,
     ):
         self.acc, self.recipe, self.output = accelerator, recipe, Path(output)
         self.optimizer, self.scheduler, self.parameters, self.grad_clip = (
@@ -163,7 +177,7 @@ class RunLoop:
             grad_clip,
         )
         self.settings, self.trainer_state, self.desc, self.progress = settings, trainer_state, desc, progress
-        self.nan_advice, self.evaluate = nan_advice, evaluate
+        self.nan_advice, self.evaluate, self.save_model = nan_advice, evaluate, save_model
         self.best: dict | None = None  # keep_best: {"step", "metric", "value"} of the best saved step so far
         self.metrics = MetricsLog(self.output, recipe.report_to, accelerator.is_main_process)
         check_trackers(recipe.report_to)
@@ -211,14 +225,21 @@ class RunLoop:
         if self.acc.is_main_process:
             save_final()
             if self.best is not None:
-                best = {**self.best, "mode": self.recipe.keep_best.mode, "last_step": self.step}
+                best = self.best_record()
                 atomic_write_text(self.output / "best.json", json.dumps(best, indent=1) + "\n")
+                _add_to_run_record(self.output, {"keep_best": best})
                 print(
                     f"keep_best: the final model is step {best['step']} of {self.step}, the best by "
                     f"eval_{best['metric']} ({best['mode']}): {best['value']:.6g}",
                     file=sys.stderr,
                 )
         self.acc.wait_for_everyone()
+
+    def best_record(self) -> dict | None:
+        """With ``keep_best``, after :meth:`run`: the final model's step, metric, score and mode, and the last step."""
+        if self.best is None:
+            return None
+        return {**self.best, "mode": self.recipe.keep_best.mode, "last_step": self.step}
 
     def _evaluate(self, saved: bool) -> None:
         """Score the model now (main process), log the scores, and track the best ``saved`` step."""
@@ -256,6 +277,8 @@ class RunLoop:
         try:
             self.acc.save_state(str(staged / "state"))
             if main:
+                if self.save_model is not None:  # a loadable model beside the state (neoembed mteb reads it)
+                    self.save_model(staged)
                 state = {"step": step, **self.trainer_state(), "best": self.best}
                 atomic_write_text(staged / "trainer_state.json", json.dumps(state, indent=2) + "\n")
         except Exception as e:  # a full disk, say: the staging folder goes, the last checkpoint stays
@@ -295,8 +318,10 @@ class RunLoop:
             self.recipe.report_to, self.output, self.step > 0, self.acc.is_main_process
         )
         if self.step == 0:  # a resumed run has them already (MLflow refuses a parameter logged twice)
+            hyperparameters = _hyperparameters(self.recipe)
+            self.metrics.hyperparameters(hyperparameters)
             for tracker in self.trackers:
-                tracker.store_init_configuration(_hyperparameters(self.recipe))
+                tracker.store_init_configuration(hyperparameters)
         shown = self.progress and self.acc.is_main_process
         plain = (
             shown and not sys.stderr.isatty()

@@ -813,14 +813,27 @@ class MetricsLog:
             return
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
-        if self._tensorboard is not None and self.writer is None:
-            self.writer = self._tensorboard(
-                str(self.path.parent / "tensorboard"), purge_step=self._purge_step
-            )
+        self._open()
         if self.writer is not None:
             for key, value in row.items():
                 if isinstance(value, int | float) and key != "step":
                     self.writer.add_scalar(f"train/{key}", value, row["step"])
+
+    def _open(self) -> None:
+        if self._tensorboard is not None and self.writer is None and self.main:
+            self.writer = self._tensorboard(
+                str(self.path.parent / "tensorboard"), purge_step=self._purge_step
+            )
+
+    def hyperparameters(self, values: dict) -> None:
+        """TensorBoard's HPARAMS tab for this run: ``values`` (flat ``a.b`` keys; a new run, not a resume)."""
+        self._open()
+        if self.writer is None:
+            return
+        from torch.utils.tensorboard.summary import hparams
+
+        for summary in hparams(values, {}):  # in the run's own event file, not a sub-run as add_hparams does
+            self.writer.file_writer.add_summary(summary)
 
     def watch(self, row: dict) -> None:
         zero = row.get("loss") == 0 and not row.get("grad_norm")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -320,7 +322,8 @@ def _recipe(tmp_path, tiny_official, *overrides):
 
 
 def _losses(out: Path):
-    return [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in rows if "loss" in r]  # not the eval_ rows
 
 
 def test_tiny_cde_recipe_trains_saves_reloads(tmp_path, tiny_official, fake_hub):
@@ -512,10 +515,24 @@ def test_shipped_cde_recipes_validate_and_name_shipped_cards():
     assert paper.precision == "bf16"
 
 
-def test_cde_evaluation_during_training_scores_what_neoembed_mteb_scores(tmp_path, tiny_official, shared_dir):
-    """eval: in a CDE recipe: each evaluation is neoembed mteb's (a seeded corpus sample as the context); the one
-    at the last step equals `neoembed mteb` on the final model, and evaluating changes no training loss."""
-    from neoembed.eval.runner import EvalConfig, run_mteb
+def _mteb_cli(model: Path, task: Path, out: Path, monkeypatch) -> float:
+    """`neoembed mteb --model MODEL --tasks TASK` in this process: the task's main score."""
+    from neoembed.cli import main
+
+    argv = ["neoembed", "mteb", "--model", str(model), "--tasks", str(task), "--output", str(out)]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as e:
+        main()
+    assert e.value.code in (0, None)
+    return json.loads((out / f"{task.name}.json").read_text())["main_score"]
+
+
+def test_cde_evaluation_during_training_scores_what_neoembed_mteb_scores(
+    tmp_path, tiny_official, shared_dir, monkeypatch
+):
+    """eval: in a CDE recipe: the score logged at step N equals `neoembed mteb --model RUN/checkpoint-N` (a
+    seeded corpus sample as the context), and at the last step `neoembed mteb` on the final model; evaluating
+    changes no training loss (the evaluator puts every RNG stream back)."""
     from neoembed.eval.training import MtebEvaluator
 
     task = shared_dir / "data" / "mteb" / "STS16"
@@ -536,8 +553,11 @@ def test_cde_evaluation_during_training_scores_what_neoembed_mteb_scores(tmp_pat
         "eval_STS16_main_score",
     }
     assert [r["loss"] for r in rows if "loss" in r] == _losses(tmp_path / "plain")
-    report = run_mteb(EvalConfig(model=str(out), output=tmp_path / "scores", tasks=[str(task)]))
-    assert report.scores["STS16"]["main_score"] == pytest.approx(evals[-1]["eval_main_score"], abs=1e-6)
+    at_2 = _mteb_cli(out / "checkpoint-2", task, tmp_path / "scores-2", monkeypatch)
+    assert at_2 == pytest.approx(evals[0]["eval_main_score"], abs=1e-6)
+    final = _mteb_cli(out, task, tmp_path / "scores", monkeypatch)
+    assert final == pytest.approx(evals[-1]["eval_main_score"], abs=1e-6)
+    assert at_2 != pytest.approx(final, abs=1e-6)  # two steps of training moved the score
     assert (out / "eval" / "step-4" / "STS16.json").is_file()
 
 
@@ -567,12 +587,14 @@ def test_lora_on_both_stages_merged_equals_unmerged_and_trains_from_a_recipe(tmp
     after = model.encode(DOCS, dataset_embeddings=model.encode_context(DOCS[:4]))
     assert np.abs(before - after).max() <= 1e-5
     out = train_cde(
-        _recipe(tmp_path / "run", tiny_official, "steps=2", "adapter={r: 4, alpha: 8}"),
+        _recipe(tmp_path / "run", tiny_official, "steps=2", "save_steps=1", "adapter={r: 4, alpha: 8}"),
         recipe_dir=CDE_TINY.parent,
         progress=False,
     )
     trained = neoembed.load(out)
     assert not any("lora_" in n for n, _ in trained.named_parameters())
+    # checkpoint-1 is a merged copy: the model being trained kept its adapter (only adapted layers moved below)
+    assert not any("lora_" in n for n, _ in neoembed.load(out / "checkpoint-1").named_parameters())
     base = ContextualSentenceTransformer.from_backbone(str(tiny_official), n_context=8)
     moved = [
         n
@@ -582,3 +604,77 @@ def test_lora_on_both_stages_merged_equals_unmerged_and_trains_from_a_recipe(tmp
         if not torch.equal(p.cpu(), q.cpu())
     ]
     assert moved and all(any(k in n for k in ("qkv", "wo", "w12", "w3")) for n in moved)  # only adapted layers
+
+
+def _interrupt_at(monkeypatch, module, name: str, step: int) -> None:
+    """SIGTERM during optimizer step ``step`` (1-based): the loop finishes the next step, checkpoints, stops."""
+    real = getattr(module, name)
+
+    def patched(*args, **kwargs):
+        step_fn, row_fn = real(*args, **kwargs)
+
+        def interrupting(i, stop):
+            if i + 1 == step:
+                os.kill(os.getpid(), signal.SIGTERM)
+            return step_fn(i, stop)
+
+        return interrupting, row_fn
+
+    monkeypatch.setattr(module, name, patched)
+
+
+def test_cde_keep_best_survives_an_interruption_and_becomes_the_final_model(
+    tmp_path, tiny_official, shared_dir, monkeypatch
+):
+    """keep_best in a CDE recipe: the best evaluated checkpoint stays through save_total_limit 1, a SIGTERM at
+    step 4 and --resume keep it (trainer_state.json), and its model is the final one; best.json, the run record
+    and the model card state its step and score. (mode min: the tiny run's STS16 score rises, 0.435 / 0.438 /
+    0.442 at steps 2 / 4 / 6, so the best is step 2 and the final model must come from its checkpoint.)"""
+    from neoembed.cde import trainer as cde_trainer
+    from neoembed.eval.training import MtebEvaluator
+    from neoembed.runs import TrainingInterrupted
+
+    task = shared_dir / "data" / "mteb" / "STS16"
+    settings = (
+        "steps=6", "save_steps=2", "save_total_limit=1", "datasets=[{card: pydoc_names, max_rows: 32}]",
+        f"eval={{steps: 2, tasks: [{task}]}}", "keep_best={metric: main_score, mode: min}",
+    )  # fmt: skip
+
+    def run(out: Path, resume: bool = False) -> Path:
+        recipe = _recipe(out, tiny_official, *settings)
+        evaluator = MtebEvaluator(recipe.eval, CDE_TINY.parent)
+        return train_cde(
+            recipe, recipe_dir=CDE_TINY.parent, resume=resume, progress=False, evaluator=evaluator
+        )
+
+    full = run(tmp_path / "full")
+    evals = [json.loads(line) for line in (full / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in evals if "eval_main_score" in r]
+    top = min(evals, key=lambda r: r["eval_main_score"])  # the first of equals, as the loop keeps it
+    best = json.loads((full / "best.json").read_text())
+    assert (best["step"], best["value"], best["last_step"]) == (top["step"], top["eval_main_score"], 6)
+    assert json.loads((full / "run_record.json").read_text())["keep_best"] == best
+    assert f"step {best['step']} of 6" in (full / "README.md").read_text()
+    assert best["step"] < 6 and (full / f"checkpoint-{best['step']}").is_dir()  # out of the rotation
+    reference = neoembed.load(full / f"checkpoint-{best['step']}")
+    _interrupt_at(monkeypatch, cde_trainer, "_cde_step", 4)
+    with pytest.raises(TrainingInterrupted):
+        run(tmp_path / "part")
+    monkeypatch.undo()
+    part = run(tmp_path / "part", resume=True)
+    assert json.loads((part / "best.json").read_text()) == best
+    assert _losses(part) == _losses(full)
+    e = neoembed.load(part).encode_context(DOCS + DOCS[:2])
+    assert np.abs(e - neoembed.load(full).encode_context(DOCS + DOCS[:2])).max() <= 1e-6
+    assert np.abs(e - reference.encode_context(DOCS + DOCS[:2])).max() <= 1e-6  # the best step's model
+
+
+def test_cde_eval_settings_are_checked_before_anything_loads(tmp_path, tiny_official):
+    with pytest.raises(ValueError, match="add an eval: block"):
+        _recipe(tmp_path, tiny_official, "keep_best={metric: main_score}")
+    with pytest.raises(ValueError, match="save_steps 3 must be a multiple of eval.steps 2"):
+        _recipe(
+            tmp_path, tiny_official, "save_steps=3", "eval={steps: 2, tasks: [x]}", "keep_best={metric: m}"
+        )
+    with pytest.raises(ValueError, match="eval.steps"):
+        _recipe(tmp_path, tiny_official, "eval={steps: 0, tasks: [x]}")

@@ -27,7 +27,7 @@ from neoembed.pretrain.recipe import PretrainRecipe
 from neoembed.pretrain.schedule import lr_at, lr_lambda
 from neoembed.pretrain.trainer import MLMObjective, TrainingStopped, choose_source, pretrain
 from neoembed.recipe import RecipeError, load_recipe
-from neoembed.runs import OutputDirError
+from neoembed.runs import OutputDirError, TrainingInterrupted
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -489,19 +489,25 @@ def test_progress_is_a_plain_line_per_logging_step_when_not_a_terminal(tmp_path,
     assert all(" loss " in line and " left " in line for line in lines)
 
 
-def test_mlflow_tracks_the_run_loop_and_a_resume_continues_the_same_run(tmp_path, shards, monkeypatch):
+def test_mlflow_tracks_the_run_loop_and_a_resume_continues_the_same_run(
+    tmp_path, shards, held_out, monkeypatch
+):
     """accelerate's MLflow tracker against a local file store: a run of 4 steps (checkpoint at 2), resumed from
-    checkpoint-2 to 6 steps: one MLflow run, continued, whose latest value per step equals metrics.jsonl."""
+    checkpoint-2 to 6 steps: one MLflow run, continued, whose latest value per step equals metrics.jsonl (the
+    eval_ scores too)."""
     from mlflow.tracking import MlflowClient
 
     uri = (tmp_path / "mlruns").as_uri()
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # mlflow >= 3.10 asks for it to use a file store
     out = tmp_path / "tracked"
-    common = ("save_steps=2", "logging_steps=1", "schedule.warmup_steps=0", "report_to=[mlflow]")
+    common = (
+        "save_steps=2", "logging_steps=1", "schedule.warmup_steps=0", "report_to=[mlflow]",
+        f"eval={{steps: 2, sources: [{{path: {held_out}}}], sequences: 4}}",
+    )  # fmt: skip
     pretrain(_recipe(out, shards, "steps=4", *common), progress=False)
     pretrain(_recipe(out, shards, "steps=6", *common), resume=True, progress=False)
-    losses = {r["step"]: r["loss"] for r in _rows(out)}
+    losses = {r["step"]: r["loss"] for r in _rows(out) if "loss" in r}
     client = MlflowClient(uri)
     runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
     assert len(runs) == 1 and runs[0].info.run_name == "tracked"
@@ -517,6 +523,12 @@ def test_mlflow_tracks_the_run_loop_and_a_resume_continues_the_same_run(tmp_path
     # checkpoint, so a resume after it logs every step once.
     assert {s: len(v) for s, v in by_step.items()} == {1: 1, 2: 1, 3: 2, 4: 2, 5: 1, 6: 1}
     assert {s: v[-1] for s, v in by_step.items()} == pytest.approx(losses, rel=1e-6)
+    evals = {r["step"]: r["eval_mlm_loss"] for r in _rows(out) if "eval_mlm_loss" in r}
+    tracked = {m.step: m.value for m in client.get_metric_history(runs[0].info.run_id, "eval_mlm_loss")}
+    assert sorted(evals) == [2, 4, 6]
+    assert tracked == pytest.approx(
+        evals, rel=1e-6
+    )  # step 4 twice (as the losses): the latest is the resumed run's
 
 
 @pytest.fixture(scope="module")
@@ -538,16 +550,47 @@ def _weights_equal(final: Path, checkpoint: Path) -> None:
         assert torch.equal(value, state[f"mlm.{key}"]), key
 
 
+def _interrupt_at(monkeypatch, step: int) -> None:
+    """SIGTERM during optimizer step ``step`` (1-based): the loop finishes the next step, checkpoints, stops."""
+    from neoembed.pretrain import trainer as pretrain_trainer
+
+    real = pretrain_trainer._mlm_step
+
+    def patched(*args, **kwargs):
+        step_fn, row_fn = real(*args, **kwargs)
+
+        def interrupting(i, stop):
+            if i + 1 == step:
+                os.kill(os.getpid(), signal.SIGTERM)
+            return step_fn(i, stop)
+
+        return interrupting, row_fn
+
+    monkeypatch.setattr(pretrain_trainer, "_mlm_step", patched)
+
+
+def _final_pseudo_perplexity(final: Path, held_out: Path, tokenizer) -> float:
+    """`neoembed ppl --model FINAL --data HELD_OUT --lengths 32 --max-docs 2`'s number, in this process."""
+    model = NeoBERTForMaskedLM.from_pretrained(str(final))
+    docs = ShardedCorpus(held_out)
+    result = pseudo_perplexity(
+        model, (docs[i] for i in range(len(docs))), [32], sorted(set(tokenizer.all_special_ids)),
+        tokenizer.mask_token_id, max_docs=2, progress=False,
+    )  # fmt: skip
+    return result["lengths"][0]["pseudo_perplexity"]
+
+
 def test_evaluation_on_held_out_shards_and_the_best_checkpoint_kept_across_a_resume(
-    tmp_path, shards, held_out, tokenizer
+    tmp_path, shards, held_out, tokenizer, monkeypatch
 ):
-    """eval: masked-LM loss, accuracy and perplexity on held-out shards every eval.steps, without changing a
-    training loss; keep_best: the best saved step survives save_total_limit, comes back after a resume, and its
-    weights are the final model. (mode max on the loss picks an early step, so that the final model must be
-    loaded from a checkpoint; the machinery is the same for min.)"""
+    """eval: masked-LM loss, accuracy and perplexity on held-out shards and the pseudo-perplexity of held-out
+    documents every eval.steps, without changing a training loss; the held-out shards are in the run record.
+    keep_best: the best saved step survives save_total_limit and a SIGTERM + --resume, and its weights are the
+    final model (its pseudo-perplexity is neoembed ppl's on that model). (mode max on the loss picks an early
+    step, so that the final model must be loaded from a checkpoint; the machinery is the same for min.)"""
     settings = (
         "steps=6", "save_steps=2", "save_total_limit=1",
-        f"eval={{steps: 2, sources: [{{path: {held_out}}}], sequences: 8}}",
+        f"eval={{steps: 2, sources: [{{path: {held_out}}}], sequences: 8, ppl_texts: 2, ppl_length: 32}}",
         "keep_best={metric: mlm_loss, mode: max}",
     )  # fmt: skip
     plain = pretrain(_recipe(tmp_path / "plain", shards, "steps=6", "save_steps=2"), progress=False)
@@ -557,34 +600,52 @@ def test_evaluation_on_held_out_shards_and_the_best_checkpoint_kept_across_a_res
     assert [r["loss"] for r in rows if "loss" in r] == [r["loss"] for r in _rows(plain)]
     assert [r["step"] for r in evals] == [2, 4, 6]
     for r in evals:
-        assert 0 <= r["eval_mlm_accuracy"] <= 1
+        assert 0 <= r["eval_mlm_accuracy"] <= 1 and r["eval_pseudo_perplexity"] > 1
         assert r["eval_mlm_perplexity"] == pytest.approx(math.exp(r["eval_mlm_loss"]))
     worst = max(evals, key=lambda r: r["eval_mlm_loss"])
     best = json.loads((full / "best.json").read_text())
     assert (best["step"], best["value"], best["last_step"]) == (worst["step"], worst["eval_mlm_loss"], 6)
     assert best["step"] < 6 and (full / f"checkpoint-{best['step']}").is_dir()  # kept out of the rotation
     _weights_equal(full, full / f"checkpoint-{best['step']}")
-    # the logged pseudo-perplexity is neoembed ppl's, on the model of that step (the final one)
-    from neoembed.pretrain.data import ShardedCorpus
-    from neoembed.pretrain.ppl import pseudo_perplexity
-
-    corpus, special = ShardedCorpus(held_out), sorted(set(tokenizer.all_special_ids) | {tokenizer.pad_token_id})
-    docs = (corpus[i] for i in range(len(corpus)))
-    mlm = NeoBERTForMaskedLM.from_pretrained(str(full))
-    ppl = pseudo_perplexity(mlm, docs, [128], special, tokenizer.mask_token_id, max_docs=8, progress=False)
-    assert worst["eval_pseudo_perplexity"] == pytest.approx(ppl["lengths"][0]["pseudo_perplexity"], rel=1e-5)
-    resumed = tmp_path / "resumed"  # a run interrupted after step 4: its folder as it was left
-    resumed.mkdir()
-    for name in ("checkpoint-2", "checkpoint-4"):
-        if (full / name).is_dir():
-            shutil.copytree(full / name, resumed / name)
-    (resumed / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows if r["step"] <= 4))
-    pretrain(_recipe(resumed, shards, *settings), resume=True, progress=False)
-    assert json.loads((resumed / "best.json").read_text()) == best
-    assert _rows(resumed) == [
-        {**r, **{k: r2[k] for k in ("tokens_per_s",) if k in r2}} for r, r2 in zip(rows, _rows(resumed), strict=True)
+    assert _final_pseudo_perplexity(full, held_out, tokenizer) == pytest.approx(
+        worst["eval_pseudo_perplexity"], rel=1e-5
+    )
+    record = json.loads((full / "run_record.json").read_text())
+    assert record["keep_best"] == best and list(record["eval_data_fingerprints"]) == [held_out.as_posix()]
+    assert any(k.startswith(str(held_out)) for k in record["data"])  # its index files hashed
+    _interrupt_at(monkeypatch, 4)  # a SIGTERM in step 4: checkpoint-5 is written, and the run stops
+    with pytest.raises(TrainingInterrupted):
+        pretrain(_recipe(tmp_path / "part", shards, *settings), progress=False)
+    monkeypatch.undo()
+    assert (tmp_path / "part" / "checkpoint-5").is_dir() and not (tmp_path / "part" / "best.json").exists()
+    part = pretrain(_recipe(tmp_path / "part", shards, *settings), resume=True, progress=False)
+    assert json.loads((part / "best.json").read_text()) == best
+    assert [{k: v for k, v in r.items() if k != "tokens_per_s"} for r in _rows(part)] == [
+        {k: v for k, v in r.items() if k != "tokens_per_s"} for r in rows
     ]
-    _weights_equal(resumed, full / f"checkpoint-{best['step']}")
+    _weights_equal(part, full / f"checkpoint-{best['step']}")
+
+
+def test_tensorboard_receives_the_recipe_as_hyperparameters_and_the_eval_scores(tmp_path, shards, held_out):
+    """report_to: [tensorboard] in the run loop: the validated recipe (a.b keys) in the HPARAMS tab of the
+    run's own event file, and the eval_ scores as scalars beside the loss."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    out = pretrain(
+        _recipe(
+            tmp_path / "tb", shards, "steps=2", "save_steps=2", "schedule.warmup_steps=0", "report_to=[tensorboard]",
+            f"eval={{steps: 2, sources: [{{path: {held_out}}}], sequences: 4}}",
+        ),
+        progress=False,
+    )  # fmt: skip
+    acc = EventAccumulator(str(out / "tensorboard"))
+    acc.Reload()
+    assert {"train/loss", "train/eval_mlm_loss", "train/eval_mlm_accuracy"} <= set(acc.Tags()["scalars"])
+    content = acc.PluginTagToContent("hparams")["_hparams_/session_start_info"]
+    hparams = plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info.hparams
+    assert hparams["steps"].number_value == 2 and hparams["masking.scheme"].string_value == "mask"
+    assert json.loads(hparams["eval.sources"].string_value) == [{"path": str(held_out), "weight": 1.0}]
 
 
 def test_eval_settings_are_checked_before_anything_loads(tmp_path, shards):
@@ -600,3 +661,37 @@ def test_eval_settings_are_checked_before_anything_loads(tmp_path, shards):
         )
     with pytest.raises(ValueError, match="add an eval: block"):
         _recipe(tmp_path, shards, "keep_best={metric: mlm_loss}")
+    with pytest.raises(ValueError, match="eval.ppl_length 128 exceeds data.seq_length 64"):
+        _recipe(tmp_path, shards, "eval={steps: 2, sources: [{path: x}], ppl_texts: 2}")
+
+
+def test_too_few_long_held_out_documents_fail_before_the_model_loads(tmp_path, shards, held_out, monkeypatch):
+    from neoembed.pretrain import trainer as pretrain_trainer
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was built before the eval settings were checked")
+
+    monkeypatch.setattr(pretrain_trainer, "_build_model", no_model)
+    recipe = _recipe(
+        tmp_path / "o",
+        shards,
+        f"eval={{steps: 2, sources: [{{path: {held_out}}}], ppl_texts: 100000, ppl_length: 8}}",
+    )
+    with pytest.raises(ValueError, match="eval.ppl_texts 100000: the held-out shards have only"):
+        pretrain(recipe, progress=False)
+
+
+def test_held_out_paths_resolve_like_the_training_shards(tmp_path, monkeypatch):
+    """`neoembed pretrain RECIPE`: eval.sources, like data.sources, are found beside the recipe when the working
+    directory lacks them (the shipped tiny recipe names tiny/shards, which is beside it)."""
+    from neoembed.pretrain.cli import resolve_recipe_paths
+
+    monkeypatch.chdir(tmp_path)
+    recipe = load_recipe(
+        REPO / "recipes" / "pretrain-tiny.yaml",
+        PretrainRecipe,
+        ["eval={steps: 2, sources: [{path: tiny/model}]}"],
+    )
+    resolved = resolve_recipe_paths(recipe, REPO / "recipes")
+    assert Path(resolved.eval.sources[0].path) == REPO / "recipes" / "tiny" / "model"
+    assert Path(resolved.data.sources[0].path) == REPO / "recipes" / "tiny" / "shards"

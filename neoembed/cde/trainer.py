@@ -23,6 +23,7 @@ checkpoint after the current step and exit 143 / 130; a NaN/inf loss stops befor
 
 from __future__ import annotations
 
+import copy
 import functools
 import logging
 import os
@@ -211,12 +212,6 @@ def _tokenize(tokenizer, texts: list[str], max_length: int, device) -> dict[str,
 
 def _model_card(recipe: CDERecipe, cards, steps: int, best: dict | None = None) -> str:
     base = base_model_name(recipe.model)
-    chosen = (
-        f" The weights are those of step {best['step']}, the best by eval_{best['metric']} "
-        f"({recipe.keep_best.mode}): {best['value']:.6g}."
-        if best is not None and best["step"] != steps
-        else ""
-    )
     lines = [
         "---",
         "library_name: sentence-transformers",
@@ -230,7 +225,7 @@ def _model_card(recipe: CDERecipe, cards, steps: int, best: dict | None = None) 
         f"{recipe.context.n_context} context vectors, {recipe.context.n_soft_prompt} soft-prompt vectors, "
         f"{steps} steps, batch {recipe.batch_size}, temperature {recipe.temperature}"
         + (f", Matryoshka dimensions {recipe.matryoshka.dims}." if recipe.matryoshka else ".")
-        + chosen,
+        + _best_sentence(best),
         "",
         "## Usage",
         "",
@@ -253,6 +248,16 @@ def _model_card(recipe: CDERecipe, cards, steps: int, best: dict | None = None) 
         flag = " — research use only" if card.research_only else ""
         lines.append(f"- {card.name}: licence {card.license}{flag}")
     return "\n".join(lines) + "\n"
+
+
+def _best_sentence(best: dict | None) -> str:
+    """The model card's sentence on which checkpoint the final model is (``keep_best``)."""
+    if best is None:
+        return ""
+    return (
+        f" The final model is the checkpoint of step {best['step']} of {best['last_step']}, the best by "
+        f"eval_{best['metric']} ({best['mode']}): {best['value']:.6g}."
+    )
 
 
 def _accelerator(recipe: CDERecipe):
@@ -322,12 +327,26 @@ def _run_record(
     return data_files, extra
 
 
-def _save_model(model, recipe: CDERecipe, folder: Path) -> None:
-    if recipe.adapter is not None:  # an ordinary CDE model: loads anywhere, without PEFT
+def _save_model(model, recipe: CDERecipe, folder: Path, training: bool = False) -> None:
+    """The model as an ordinary CDE folder. With an adapter it is saved merged (loads anywhere, without PEFT);
+    during training (a checkpoint) a merged copy is saved, so that the model being trained keeps its adapter."""
+    if recipe.adapter is not None:
+        if training:
+            model = copy.deepcopy(model)
         merge_lora(model)
     model.save(str(folder))
     if recipe.matryoshka is not None:
         record_matryoshka_dims(folder, recipe.matryoshka.dims)
+
+
+def _check_extras(recipe: CDERecipe) -> None:
+    """Trackers, faiss and PEFT the recipe needs: checked before data or the model load."""
+    from neoembed.runs import check_trackers
+
+    check_trackers(recipe.report_to)
+    _require_faiss(recipe)
+    if recipe.adapter is not None:
+        require_peft()
 
 
 def _require_faiss(recipe: CDERecipe) -> None:
@@ -352,12 +371,8 @@ def train_cde(
     the model as ``neoembed mteb`` scores a CDE model, with a seeded corpus sample as each task's context."""
     from neoembed.recipe import seed_everything
     from neoembed.record import atomic_write_text
-    from neoembed.runs import check_trackers
 
-    check_trackers(recipe.report_to)  # a missing tracker fails before data or the model load
-    _require_faiss(recipe)
-    if recipe.adapter is not None:
-        require_peft()
+    _check_extras(recipe)
     acc = _accelerator(recipe)
     seed_everything(recipe.seed)
     output = Path(recipe.output_dir)
@@ -399,6 +414,7 @@ def train_cde(
         progress=progress,
         nan_advice="Lower optimizer.lr or use precision bf16/fp32",
         evaluate=_evaluation(evaluator, model, module, output),
+        save_model=functools.partial(_save_model, model, recipe, training=True),  # checkpoint-N loads as a model
     )
     data_files, extra = _run_record(recipe, cards, sources, module, per_epoch)
     loop.start(checkpoint, "train-cde", data_files=data_files, extra=extra)
@@ -413,7 +429,7 @@ def train_cde(
     def save_final() -> None:
         module.eval()
         save_final_model(output, functools.partial(_save_model, model, recipe))
-        atomic_write_text(output / "README.md", _model_card(recipe, cards, loop.step, loop.best))
+        atomic_write_text(output / "README.md", _model_card(recipe, cards, loop.step, loop.best_record()))
 
     loop.finish(save_final)
     return output

@@ -120,7 +120,7 @@ def pretrain_command(
 
 
 def resolve_recipe_paths(recipe, recipe_dir: Path):
-    """Tokenizer, init_from and data paths: the working directory first, then the recipe's folder."""
+    """Tokenizer, init_from, data and eval paths: the working directory first, then the recipe's folder."""
     from neoembed.recipe import resolve_recipe_path as _near_recipe
 
     data = recipe.data.model_copy(
@@ -131,9 +131,13 @@ def resolve_recipe_paths(recipe, recipe_dir: Path):
         }
     )
     model = recipe.model.model_copy(update={"init_from": _near_recipe(recipe.model.init_from, recipe_dir)})
-    return recipe.model_copy(
-        update={"tokenizer": _near_recipe(recipe.tokenizer, recipe_dir), "data": data, "model": model}
-    )
+    update = {"tokenizer": _near_recipe(recipe.tokenizer, recipe_dir), "data": data, "model": model}
+    if recipe.eval is not None:  # the held-out shards too
+        sources = [
+            s.model_copy(update={"path": _near_recipe(s.path, recipe_dir)}) for s in recipe.eval.sources
+        ]
+        update["eval"] = recipe.eval.model_copy(update={"sources": sources})
+    return recipe.model_copy(update=update)
 
 
 def ppl_command(

@@ -100,16 +100,15 @@ class PretrainEval(StrictModel):
     """``eval:``: every ``steps`` steps, the masked-LM loss, accuracy and perplexity (exp of the loss) on
     ``sequences`` sequences of held-out shards (``sources``, never trained on), packed and masked once with the
     recipe's settings and a fixed seed, so that every evaluation sees the same tokens; logged as ``eval_mlm_loss``,
-    ``eval_mlm_accuracy``, ``eval_mlm_perplexity``; and the pseudo-perplexity of ``ppl_documents`` held-out
-    documents at ``ppl_length`` tokens, ``eval_pseudo_perplexity``."""
+    ``eval_mlm_accuracy``, ``eval_mlm_perplexity``. With ``ppl_texts``, also the pseudo-perplexity of the first
+    ``ppl_texts`` held-out documents of at least ``ppl_length`` tokens (each token masked in turn, as ``neoembed
+    ppl --lengths ppl_length --max-docs ppl_texts`` scores them), ``eval_pseudo_perplexity``."""
 
     steps: PositiveInt
     sources: list[DataSource] = Field(min_length=1)
     sequences: PositiveInt = 64
-    # pseudo-perplexity (each token masked in turn, as `neoembed ppl`) of the first documents of at least
-    # ppl_length tokens, cut to ppl_length: eval_pseudo_perplexity; 0 documents turns it off
-    ppl_documents: NonNegativeInt = 8
-    ppl_length: PositiveInt = 128
+    ppl_texts: NonNegativeInt = 0  # held-out documents scored by pseudo-perplexity (0: none)
+    ppl_length: PositiveInt = 128  # their first ppl_length tokens (at most data.seq_length)
 
 
 class PretrainRecipe(Recipe):
@@ -156,6 +155,11 @@ class PretrainRecipe(Recipe):
                 raise ValueError(
                     f"eval.sources {sorted(trained)} are also in data.sources: evaluation needs held-out shards "
                     "(preprocess a separate set of documents)"
+                )
+            if self.eval.ppl_texts and self.eval.ppl_length > self.data.seq_length:
+                raise ValueError(
+                    f"eval.ppl_length {self.eval.ppl_length} exceeds data.seq_length {self.data.seq_length}: lower it "
+                    "(pseudo-perplexity at longer lengths: neoembed ppl --lengths)"
                 )
         check_keep_best(self, "eval: {steps: N, sources: [{path: HELD_OUT_SHARDS}]}")
         return self

@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -270,16 +271,20 @@ def _stream_state(checkpoint: Path | None, streams, n_global: int, L: int):
     return trainer_state, load_state
 
 
-def _run_record(corpora, model, n_global: int, L: int) -> tuple[list[Path], dict]:
-    """The files the run record hashes (every shard folder's index files) and what it adds to the loop's record."""
+def _run_record(corpora, model, n_global: int, L: int, held_out: HeldOut | None) -> tuple[list[Path], dict]:
+    """The files the run record hashes (every shard folder's index files, the held-out ones too) and what it adds
+    to the loop's record."""
     files = ("meta.json", "stats.json", "subset.json", "docs.npy")
+    held = held_out.corpora if held_out is not None else []
     extra = {
         "global_batch_sequences": n_global,
         "global_batch_tokens": n_global * L,
         "data_fingerprints": {c.path.as_posix(): c.fingerprint for c in corpora},
         "parameters": sum(p.numel() for p in model.parameters()),
     }
-    return [c.path / name for c in corpora for name in files], extra
+    if held:
+        extra["eval_data_fingerprints"] = {c.path.as_posix(): c.fingerprint for c in held}
+    return [c.path / name for c in [*corpora, *held] for name in files], extra
 
 
 # ------------------------------------------------------------------------------------------------- train
@@ -311,6 +316,8 @@ def pretrain(
     )
     if recipe.model.init_from is not None:
         check_weight_files(recipe.model.init_from)
+    vocab_size = _planned_vocab(recipe) or len(tokenizer)
+    held_out = _held_out(recipe, tokenizer, special_ids, vocab_size)  # its errors before the model loads
 
     model = _build_model(recipe, tokenizer)
     optimizer = adamw(model, recipe.optimizer)
@@ -334,9 +341,9 @@ def pretrain(
         desc="pretrain",
         progress=progress,
         nan_advice="Lower optimizer.lr, raise schedule.warmup_steps, or use precision bf16/fp32 instead of fp16",
-        evaluate=_mlm_evaluator(recipe, accelerator, objective, tokenizer, special_ids),
+        evaluate=_mlm_evaluator(recipe, accelerator, objective, held_out, tokenizer, special_ids),
     )
-    data_files, extra = _run_record(corpora, model, n_global, L)
+    data_files, extra = _run_record(corpora, model, n_global, L, held_out)
     loop.start(checkpoint, "pretrain", data_files=data_files, extra=extra, load_state=load_state)
     loop.run(*_mlm_step(recipe, accelerator, objective, streams, weights, tokenizer, special_ids))
 
@@ -352,10 +359,21 @@ def pretrain(
     return output
 
 
-def _mlm_evaluator(recipe: PretrainRecipe, accelerator, objective, tokenizer, special_ids):
-    """``evaluate(step)`` for the loop: masked-LM loss, accuracy and perplexity on ``eval.sequences`` sequences of
-    the held-out shards, packed and masked once (a fixed seed, the recipe's masking), so that every evaluation
-    scores the same tokens; None without ``eval:``."""
+@dataclass
+class HeldOut:
+    """What ``eval:`` scores, prepared once before the model loads: the held-out shards, their masked sequences,
+    and the documents that pseudo-perplexity scores."""
+
+    corpora: list
+    corrupted: list
+    labels: list
+    ppl_documents: list
+
+
+def _held_out(recipe: PretrainRecipe, tokenizer, special_ids, vocab_size: int) -> HeldOut | None:
+    """``eval.sequences`` sequences of the held-out shards, packed and masked with a fixed seed (the recipe's
+    masking), and the first ``eval.ppl_texts`` documents of at least ``eval.ppl_length`` tokens; None without
+    ``eval:``."""
     if recipe.eval is None:
         return None
     from neoembed.pretrain.data import ShardedCorpus
@@ -368,28 +386,55 @@ def _mlm_evaluator(recipe: PretrainRecipe, accelerator, objective, tokenizer, sp
         for i, (c, share) in enumerate(zip(corpora, shares, strict=True))
         for seq in _global_batch(recipe, DocumentStream(c, seed=EVAL_SEED + i, shuffle=False), len(share))
     ]
-    vocab_size = accelerator.unwrap_model(objective).mlm.config.vocab_size
     corrupted, labels, _ = _mask_global(
         recipe, sequences, special_ids, tokenizer.mask_token_id, vocab_size, EVAL_SEED
     )
+    return HeldOut(corpora, corrupted, labels, _ppl_documents(recipe, corpora))
+
+
+def _ppl_documents(recipe: PretrainRecipe, corpora) -> list:
+    """The held-out documents pseudo-perplexity scores (their first ``ppl_length`` tokens), in shard order, as
+    ``neoembed ppl --data SHARDS --lengths ppl_length --max-docs ppl_texts`` picks them."""
+    n, L = recipe.eval.ppl_texts, recipe.eval.ppl_length
+    chosen = [torch.as_tensor(c[i][:L]) for c in corpora for i in np.flatnonzero(c.lengths >= L)[:n]][:n]
+    if len(chosen) < n:
+        raise ValueError(
+            f"eval.ppl_texts {n}: the held-out shards have only {len(chosen)} documents of eval.ppl_length {L} "
+            "tokens or more; lower either, or add held-out documents"
+        )
+    return chosen
+
+
+def _mlm_evaluator(
+    recipe: PretrainRecipe, accelerator, objective, held_out: HeldOut | None, tokenizer, special_ids
+):
+    """``evaluate(step)`` for the loop: masked-LM loss, accuracy and perplexity on the held-out sequences (the same
+    tokens and masks every time), and the pseudo-perplexity of the held-out documents; None without ``eval:``."""
+    if held_out is None:
+        return None
     b = recipe.batch.micro_batch_size
+
+    def mlm_sums(model) -> np.ndarray:
+        sums = np.zeros(3)  # loss sum, masked tokens, correct
+        for first in range(0, len(held_out.corrupted), b):
+            inputs, lab, _ = _micro_batch(
+                recipe,
+                held_out.corrupted[first : first + b],
+                held_out.labels[first : first + b],
+                tokenizer.pad_token_id,
+                accelerator.device,
+            )
+            sums += [float(x) for x in model(lab, **inputs)]
+        return sums
 
     def evaluate(step: int) -> dict[str, float]:
         model = accelerator.unwrap_model(objective)
-        was_training, sums = model.training, np.zeros(3)  # loss sum, masked tokens, correct
+        was_training = model.training
         model.eval()
         try:
             with torch.no_grad(), accelerator.autocast():
-                for first in range(0, len(corrupted), b):
-                    inputs, lab, _ = _micro_batch(
-                        recipe,
-                        corrupted[first : first + b],
-                        labels[first : first + b],
-                        tokenizer.pad_token_id,
-                        accelerator.device,
-                    )
-                    sums += [float(x) for x in model(lab, **inputs)]
-            ppl = _pseudo_perplexity(recipe, model.mlm, corpora, tokenizer, special_ids)
+                sums = mlm_sums(model)
+                scores = _pseudo_perplexity(model.mlm, held_out.ppl_documents, special_ids, tokenizer)
         finally:
             model.train(was_training)
         loss = sums[0] / max(sums[1], 1)
@@ -397,25 +442,23 @@ def _mlm_evaluator(recipe: PretrainRecipe, accelerator, objective, tokenizer, sp
             "mlm_loss": loss,
             "mlm_accuracy": sums[2] / max(sums[1], 1),
             "mlm_perplexity": math.exp(min(loss, 80)),
-            **ppl,
+            **scores,
         }
 
     return evaluate
 
 
-def _pseudo_perplexity(recipe: PretrainRecipe, mlm, corpora, tokenizer, special_ids) -> dict[str, float]:
-    """``neoembed ppl``'s pseudo-perplexity of the held-out shards' first ``eval.ppl_documents`` documents of at
-    least ``eval.ppl_length`` tokens, at that length (empty when turned off)."""
-    from neoembed.pretrain.ppl import pseudo_perplexity
-
-    if recipe.eval.ppl_documents == 0:
+def _pseudo_perplexity(mlm, documents: list, special_ids, tokenizer) -> dict[str, float]:
+    """``pseudo_perplexity``: each non-special token of each document masked in turn (neoembed ppl's measure)."""
+    if not documents:
         return {}
-    documents = (c[i] for c in corpora for i in range(len(c)))
-    result = pseudo_perplexity(
-        mlm, documents, [recipe.eval.ppl_length], special_ids, tokenizer.mask_token_id,
-        max_docs=recipe.eval.ppl_documents, progress=False,
-    )  # fmt: skip
-    return {"pseudo_perplexity": result["lengths"][0]["pseudo_perplexity"]}
+    from neoembed.pretrain.ppl import pseudo_nll
+
+    nll, count = 0.0, 0
+    for doc in documents:
+        s, n = pseudo_nll(mlm, doc, special_ids, tokenizer.mask_token_id)
+        nll, count = nll + s, count + n
+    return {"pseudo_perplexity": math.exp(min(nll / max(count, 1), 80))}
 
 
 def _mlm_step(recipe: PretrainRecipe, accelerator, objective, streams, weights, tokenizer, special_ids):
