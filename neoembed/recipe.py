@@ -301,8 +301,8 @@ def seed_everything(seed: int) -> None:
 # ------------------------------------------------------------------------------------------ evaluation
 class Holdout(StrictModel):
     """``eval.holdout``: ``rows`` rows of each of ``cards`` (default: every training card), drawn with ``seed``, are
-    taken out of training (with every training row that shares a text with them) and scored as a reranking task:
-    each held-out query against its positive, its own hard negatives and the other held-out positives."""
+    taken out of training (with every training row that shares a query or positive with them) and scored as a local
+    retrieval task, ``OUTPUT/eval/holdout-<card>/`` (see :mod:`neoembed.train.holdout`)."""
 
     rows: PositiveInt = 200
     seed: int = 0

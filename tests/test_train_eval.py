@@ -156,39 +156,127 @@ def test_adding_or_changing_eval_does_not_block_a_resume(tmp_path, tiny_official
     assert resume_settings(with_eval)["steps"] == 6  # the trajectory keys are still compared
 
 
-def test_a_held_out_slice_of_the_training_cards_is_never_trained_on_and_scores_as_neoembed_mteb(
-    tmp_path, tiny_official
-):
-    """eval.holdout: rows of a card drawn with a seed, out of training with every row sharing a text with them,
-    recorded in the run record, written as a reranking task card that `neoembed mteb` scores on a checkpoint
-    exactly as the evaluation during training did."""
-    from neoembed.train.holdout import holdout_task_paths, split_holdout
-    from neoembed.train.trainer import prepare_datasets
+HOLDOUT = (
+    "datasets=[{card: pydoc_names, max_rows: 64}, {card: pydoc_details, max_rows: 64}]",
+    "steps=4", "save_steps=2", "save_total_limit=null",
+    "eval={steps: 2, holdout: {rows: 16, seed: 3, cards: [pydoc_names]}, metric: ndcg_at_10}",
+    "keep_best={metric: Holdout-pydoc_names_ndcg_at_10, mode: max}",
+)  # fmt: skip
 
-    settings = (
-        f"model={tiny_official}", f"output_dir={tmp_path / 'run'}", "steps=4", "save_steps=2",
-        "save_total_limit=5", "datasets=[{card: pydoc_names, max_rows: 64}, {card: pydoc_details, max_rows: 64}]",
-        "eval={steps: 2, holdout: {rows: 16, seed: 3, cards: [pydoc_names]}, metric: ndcg_at_10}",
-    )  # fmt: skip
-    recipe = load_recipe(TINY, UnifiedRecipe, list(settings))
-    datasets, _, sizes = prepare_datasets(recipe, TINY.parent)
-    trained, held = split_holdout(recipe, datasets, sizes)
-    assert len(held["pydoc_names"]) == 16 and len(trained["pydoc_names"]) <= 48
-    held_texts = set(held["pydoc_names"]["query"]) | set(held["pydoc_names"]["positive"])
-    for rows in trained.values():
-        assert not held_texts & (set(rows["query"]) | set(rows["positive"]))
-    again = split_holdout(recipe, prepare_datasets(recipe, TINY.parent)[0], sizes)[1]
-    assert again["pydoc_names"]["query"] == held["pydoc_names"]["query"]  # seeded: the same slice every run
-    (task,) = holdout_task_paths(recipe)
-    out = train(recipe, recipe_dir=TINY.parent, evaluator=MtebEvaluator(recipe.eval, TINY.parent, [task]))
-    record = json.loads((out / "run_record.json").read_text())
-    assert record["holdout"]["pydoc_names"]["rows"] == 16 and record["holdout"]["pydoc_names"]["seed"] == 3
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    logged = {r["step"]: r["eval_Holdout-pydoc_names_ndcg_at_10"] for r in rows if "eval_ndcg_at_10" in r}
-    assert sorted(logged) == [2, 4]
-    report = run_mteb(EvalConfig(model=str(out / "checkpoint-2"), output=tmp_path / "mteb", tasks=[task]))
-    scores = report.scores["Holdout-pydoc_names"]["mteb"]["scores"]["test"]
-    assert scores[0]["ndcg_at_10"] == pytest.approx(logged[2], abs=1e-9)
-    with pytest.raises(Exception, match="eval.holdout.rows=60"):
-        bad = load_recipe(TINY, UnifiedRecipe, [*settings[:-1], "eval={steps: 2, holdout: {rows: 60}}"])
-        split_holdout(bad, prepare_datasets(bad, TINY.parent)[0], sizes)
+
+def _holdout_recipe(out, tiny_official, *overrides):
+    return load_recipe(
+        TINY, UnifiedRecipe, [f"model={tiny_official}", f"output_dir={out}", *HOLDOUT, *overrides]
+    )
+
+
+def _train_holdout(recipe, **kw):
+    from neoembed.train.holdout import holdout_task_paths
+
+    tasks = holdout_task_paths(recipe, TINY.parent)  # what neoembed train hands the evaluator
+    return train(
+        recipe, recipe_dir=TINY.parent, evaluator=MtebEvaluator(recipe.eval, TINY.parent, tasks), **kw
+    )
+
+
+def _batches_seen(monkeypatch) -> list[str]:
+    """Every text of every training batch, as the collator receives it."""
+    from sentence_transformers.sentence_transformer.data_collator import SentenceTransformerDataCollator as C
+
+    seen, call = [], C.__call__
+
+    def recording(self, features):
+        seen.extend(v for f in features for k, v in f.items() if k != "dataset_name" and isinstance(v, str))
+        return call(self, features)
+
+    monkeypatch.setattr(C, "__call__", recording)
+    return seen
+
+
+def test_a_held_out_slice_is_never_trained_on_and_scores_as_neoembed_mteb_and_keep_best(
+    tmp_path, tiny_official, monkeypatch
+):
+    """eval.holdout: 16 rows of pydoc_names drawn with seed 3; none of their queries or positives in any training
+    batch (pydoc_details' queries are pydoc_names' positives: those rows go too); identity in the run record; a
+    retrieval task folder that `neoembed mteb --tasks FOLDER` scores on a checkpoint exactly as logged; keep_best
+    on the holdout's metric keeps that checkpoint as the final model."""
+    from typer.testing import CliRunner
+
+    from neoembed.cli import app
+
+    seen = _batches_seen(monkeypatch)
+    out = _train_holdout(_holdout_recipe(tmp_path / "run", tiny_official))
+    assert len(seen) == 4 * 16 * 2  # 4 steps of 16 (query, positive) pairs
+    folder = out / "eval" / "holdout-pydoc_names"
+    queries = [json.loads(line)["text"] for line in (folder / "queries.jsonl").read_text().splitlines()]
+    corpus = [json.loads(line)["text"] for line in (folder / "corpus.jsonl").read_text().splitlines()]
+    assert len(queries) == 16 and len(corpus) == 16
+    task = yaml.safe_load((folder / "task.yaml").read_text())
+    assert task["type"] == "Retrieval" and task["instruction"].startswith("Given the name of a Python")
+    assert not any(q.startswith("Given") for q in queries)  # the instruction once: the task card's
+    trained = " ".join(seen)
+    assert all(text not in seen and f". {text}" not in trained for text in queries + corpus)
+    record = json.loads((out / "run_record.json").read_text())["holdout"]
+    held = record["cards"]["pydoc_names"]
+    assert held["rows"] == 16 and held["seed"] == 3 and len(held["indices"]) == 16
+    assert (
+        record["rows_out_of_training"]["pydoc_names"] >= 16
+        and record["rows_out_of_training"]["pydoc_details"] > 0
+    )
+
+    logged = _rows(out, "eval_Holdout-pydoc_names_ndcg_at_10")
+    assert sorted(logged) == [2, 4] and logged[2] != logged[4]
+    best = max(logged, key=logged.get)
+    assert best == 2 and _same_weights(
+        out, out / "checkpoint-2"
+    )  # keep_best: min here, for the earlier step to win
+    for step in logged:  # neoembed mteb --model RUN/checkpoint-N --tasks RUN/eval/holdout-pydoc_names
+        args = ["mteb", "--model", str(out / f"checkpoint-{step}"), "--tasks", str(folder)]
+        result = CliRunner().invoke(app, [*args, "--output", str(tmp_path / f"mteb-{step}")])
+        assert result.exit_code == 0, result.output
+        entry = json.loads((tmp_path / f"mteb-{step}" / "Holdout-pydoc_names.json").read_text())
+        assert entry["mteb"]["scores"]["test"][0]["ndcg_at_10"] == logged[step]  # exactly
+
+    # a resume draws the same slice and scores the same; another holdout is another run
+    again = _holdout_recipe(tmp_path / "run2", tiny_official, "steps=2")
+    _train_holdout(again)
+    with pytest.raises(Exception, match="eval.holdout"):
+        _train_holdout(_holdout_recipe(tmp_path / "run2", tiny_official, "eval.holdout.seed=4"), resume=True)
+    with pytest.raises(Exception, match="eval.holdout"):
+        _train_holdout(_holdout_recipe(tmp_path / "run2", tiny_official, "eval.holdout.rows=8"), resume=True)
+    _train_holdout(_holdout_recipe(tmp_path / "run2", tiny_official), resume=True)
+    assert json.loads((tmp_path / "run2" / "run_record.json").read_text())["holdout"] == record
+    assert _rows(tmp_path / "run2", "eval_Holdout-pydoc_names_ndcg_at_10") == logged
+
+
+def test_a_bad_holdout_is_refused_before_the_model_loads(tmp_path, tiny_official):
+    """rows > 0, cards of the recipe, and a card left with a batch to train on: each refused naming the fix."""
+    from neoembed.data.cards import DataCardError
+    from neoembed.recipe import RecipeError
+    from neoembed.train.holdout import check_same_holdout
+
+    missing_model = str(tmp_path / "no-model")  # reaching the model would be another error
+    with pytest.raises(RecipeError, match="eval.holdout.rows"):
+        _holdout_recipe(tmp_path / "a", missing_model, "eval.holdout.rows=0")
+    with pytest.raises(RecipeError, match=r"eval.holdout.cards names \['msmarco'\].*valid: \['pydoc_names'"):
+        _train_holdout(_holdout_recipe(tmp_path / "b", missing_model, "eval.holdout.cards=[msmarco]"))
+    with pytest.raises(DataCardError, match="card pydoc_names: 64 rows cannot give eval.holdout.rows=60"):
+        _train_holdout(_holdout_recipe(tmp_path / "c", missing_model, "eval.holdout.rows=60"))
+    # the card that loses rows to another's holdout is named too (pydoc_details' queries are pydoc_names' positives)
+    with pytest.raises(DataCardError, match="card pydoc_details: .* rows are left for training"):
+        _train_holdout(
+            _holdout_recipe(
+                tmp_path / "d",
+                missing_model,
+                "datasets=[{card: pydoc_names}, {card: pydoc_details, max_rows: 24}]",
+                "eval.holdout.rows=184",
+            )
+        )
+    assert not (tmp_path / "b").exists() and not (tmp_path / "c").exists()
+    # a resume whose data would draw another slice (the run record's hash differs) is refused
+    (tmp_path / "e").mkdir()
+    (tmp_path / "e" / "run_record.json").write_text(
+        json.dumps({"holdout": {"cards": {"x": {"texts_sha256": "0"}}}})
+    )
+    with pytest.raises(DataCardError, match="card x: the held-out rows differ"):
+        check_same_holdout(tmp_path / "e", {"cards": {"x": {"texts_sha256": "1"}}})

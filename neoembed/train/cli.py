@@ -61,7 +61,9 @@ def train_command(
             from neoembed.eval.training import MtebEvaluator
             from neoembed.train.holdout import holdout_task_paths
 
-            evaluator = MtebEvaluator(parsed.eval, path.parent, extra_tasks=holdout_task_paths(parsed))
+            evaluator = MtebEvaluator(
+                parsed.eval, path.parent, extra_tasks=holdout_task_paths(parsed, path.parent)
+            )
         if isinstance(parsed, CDERecipe):
             from neoembed.cde.trainer import train_cde
 

@@ -64,7 +64,13 @@ from neoembed.runs import (
     write_failed,
 )
 from neoembed.sentence import record_matryoshka_dims, training_prompts
-from neoembed.train.holdout import split_holdout, write_holdout_tasks
+from neoembed.train.holdout import (
+    check_same_holdout,
+    held_card_names,
+    holdout_record,
+    split_holdout,
+    write_holdout_tasks,
+)
 from neoembed.train.recipe import UnifiedRecipe
 
 __all__ = ["TrainingStopped", "prepare_datasets", "train"]
@@ -519,8 +525,11 @@ def _write_run_record(
     datasets,
     settings: dict,
     batch_sizes: dict,
-    holdout: dict,
+    holdout: tuple[dict, dict],
 ) -> None:
+    """``run_record.json``, and the holdout's task folders (``eval/holdout-<card>/``) that it describes."""
+    held, holdout_identity = holdout
+    write_holdout_tasks(output, held, cards, recipe)
     write_run_record(
         output,
         "train",
@@ -533,7 +542,7 @@ def _write_run_record(
             },
             "negatives_per_query": {n: d.num_columns - 2 for n, d in datasets.items()},
             "batch_size": batch_sizes,  # queries per step of each dataset
-            "holdout": holdout,  # eval.holdout: rows held out of each card, and a hash of their queries
+            "holdout": holdout_identity,  # eval.holdout: each card's held-out rows (indices, seed, hash of texts)
             **run_identity(settings),
         },
     )
@@ -567,8 +576,8 @@ def train(
 
     The output folder must be new or empty, unless ``resume`` (continue the run it holds, from its newest
     complete checkpoint) or ``overwrite`` (clear it); see :func:`neoembed.runs.prepare_output_dir`. A recipe with
-    ``eval:`` needs ``evaluator``: ``neoembed.eval.training.MtebEvaluator(recipe.eval, recipe_dir)``
-    (``neoembed train`` passes it; evaluation sits above training in the package's layers). Raises
+    ``eval:`` needs ``evaluator``: ``MtebEvaluator(recipe.eval, recipe_dir, holdout_task_paths(recipe, recipe_dir))``
+    (eval.training's, train.holdout's; ``neoembed train`` passes it: evaluation sits above training). Raises
     :class:`~neoembed.runs.TrainingInterrupted` after checkpointing on SIGTERM / Ctrl-C."""
     from neoembed.recipe import seed_everything
     from neoembed.sentence import load
@@ -578,7 +587,7 @@ def train(
     output = Path(recipe.output_dir)
     main = int(os.environ.get("RANK", "0")) == 0
     # bad data, a used output folder and truncated weights fail before the model loads
-    datasets, cards, batch_sizes, reports, held = _training_data(recipe, recipe_dir)
+    datasets, cards, batch_sizes, reports, held, holdout = _training_data(recipe, recipe_dir)
     full_sizes = [reports[name].full_size or len(datasets[name]) for name in datasets]
     no_duplicates = {
         n: plan_no_duplicates(recipe.no_duplicates, d, batch_sizes[n], n) for n, d in datasets.items()
@@ -592,6 +601,7 @@ def train(
         defaults=resume_defaults(recipe),
         main_process=main,
     )
+    check_same_holdout(output, holdout, resuming=checkpoint is not None)
     check_weight_files(recipe.model)
     model = load(recipe.model, pooling=recipe.pooling, compile=recipe.compile)
     base_max_length = model.max_seq_length
@@ -621,8 +631,7 @@ def train(
     if checkpoint is not None:
         _resume_logs(trainer, checkpoint, output, main)
     if main:
-        holdout = write_holdout_tasks(output, held, cards, recipe)
-        _write_run_record(recipe, output, cards, reports, datasets, settings, batch_sizes, holdout)
+        _write_run_record(recipe, output, cards, reports, datasets, settings, batch_sizes, (held, holdout))
     with _tracker_env(output, checkpoint is not None):
         _fit(trainer, checkpoint, stop, recipe, output, main)
     if metrics.nan_step is not None:
@@ -639,11 +648,14 @@ def train(
 
 
 def _training_data(recipe: UnifiedRecipe, recipe_dir: Path | None):
-    """Every card loaded and checked, with its report and batch size, and the holdout's rows taken out."""
+    """Every card loaded and checked, with its report and batch size, and the holdout's rows taken out (with
+    what the run record keeps of them)."""
+    held_card_names(recipe, recipe_dir)  # an unknown eval.holdout card fails before any data loads
     reports: dict = {}
     datasets, cards, batch_sizes = prepare_datasets(recipe, recipe_dir, reports)
-    datasets, held = split_holdout(recipe, datasets, batch_sizes)
-    return datasets, cards, batch_sizes, reports, held
+    sizes = {name: len(d) for name, d in datasets.items()}
+    datasets, held = split_holdout(recipe, datasets, cards, batch_sizes)
+    return datasets, cards, batch_sizes, reports, held, holdout_record(recipe, held, sizes, datasets)
 
 
 def _add_callbacks(trainer, metrics: _MetricsCallback, stop: StopSignal, output: Path, main: bool) -> None:
