@@ -4,6 +4,12 @@ the target is every task's main score within +-0.002 of its fp32 score.
     python benchmarks/mteb_precision.py --device cuda --model MINILM --model runs/demo-pretrain/pretrained
     python benchmarks/mteb_precision.py --compare-only OUT     # the table from the runs already in OUT
 
+``--embeddings``: quantized embeddings instead (fp32, int8, binary, and both with ``--rescore``), on the local
+retrieval tasks derived from ../shared/data (benchmarks/_retrieval_tasks.py); the issue's target is binary with
+rescoring within 0.5 nDCG@10 of fp32 on each. Results: benchmarks/results/embedding_precision_retrieval_<device>.{json,md}.
+
+    OMP_NUM_THREADS=1 python benchmarks/mteb_precision.py --embeddings --device cpu --model MINILM --rescore 4
+
 Each (model, precision) run is its own ``neoembed mteb`` process writing to OUT/<model name>-<precision>/.
 Results: benchmarks/results/mteb_precision_<device>.{json,md}.
 """
@@ -69,13 +75,89 @@ def run(model: str, precision: str, out: Path, device: str) -> int:
     return subprocess.run(cmd).returncode
 
 
+EMBEDDING_ARMS = {  # name -> extra neoembed mteb options ({n}: the --rescore multiplier)
+    "fp32": [],
+    "int8": ["--embedding-precision", "int8"],
+    "binary": ["--embedding-precision", "binary"],
+    "int8+rescore": ["--embedding-precision", "int8", "--rescore", "{n}"],
+    "binary+rescore": ["--embedding-precision", "binary", "--rescore", "{n}"],
+    "binary+rescore(float docs)": [
+        "--embedding-precision",
+        "binary",
+        "--rescore",
+        "{n}",
+        "--rescore-docs",
+        "float",
+    ],
+}
+TARGET = 0.005  # binary + rescoring within 0.5 nDCG@10 points of fp32
+
+
+def _embedding_arm(model: str, data: Path, out: Path, options: list[str], device: str) -> int:
+    cmd = [sys.executable, "-m", "neoembed", "mteb", "--model", model, "--data-dir", str(data),
+           "--instructions", "none", "--device", device, "--output", str(out), "--overwrite", *options]  # fmt: skip
+    print("+", " ".join(cmd), flush=True)
+    return subprocess.run(cmd).returncode
+
+
+def embeddings_main(args) -> None:
+    """Every arm of EMBEDDING_ARMS on the derived retrieval tasks; one table of nDCG@10 per task and arm."""
+    import _retrieval_tasks
+
+    out = Path(args.out)
+    data = out / "data"
+    if not args.compare_only:
+        _retrieval_tasks.write_all(data)
+    model = args.model[0] if args.model else None
+    runs, failed = {}, []
+    for arm, options in EMBEDDING_ARMS.items():
+        folder = out / arm.replace("+", "_").replace("(", "_").replace(")", "").replace(" ", "_")
+        options = [o.format(n=args.rescore) for o in options]
+        if not args.compare_only and _embedding_arm(model, data, folder, options, args.device) != 0:
+            failed.append(arm)
+        runs[arm] = {t: {"main_score": e["main_score"], "wall_time_s": e["wall_time_s"],
+                         "rescore": e.get("rescore", "none")} for t, e in load_run(folder).items()}  # fmt: skip
+    tasks = sorted({t for r in runs.values() for t in r})
+    arms = list(EMBEDDING_ARMS)
+    md = [
+        f"| task (nDCG@10) | {' | '.join(arms)} | binary+rescore - fp32 | within 0.5 |",
+        "|---" * (len(arms) + 3) + "|",
+    ]
+    rows = []
+    for t in tasks:
+        cell = {a: runs[a].get(t, {}).get("main_score") for a in arms}
+        delta = (
+            None if None in (cell["fp32"], cell["binary+rescore"]) else cell["binary+rescore"] - cell["fp32"]
+        )
+        ok = delta is not None and delta >= -TARGET
+        rows.append({"task": t, **cell, "delta": delta, "ok": ok})
+        md.append(f"| {t} | " + " | ".join("–" if cell[a] is None else f"{100 * cell[a]:.2f}" for a in arms)
+                  + f" | {'–' if delta is None else f'{100 * delta:+.2f}'} | {'yes' if ok else '**no**'} |")  # fmt: skip
+    md += ["", f"- rescore multiplier: {args.rescore} (candidates = {args.rescore} x 10 per query)",
+           f"- failed runs: {', '.join(failed) or 'none'}"]  # fmt: skip
+    name = f"embedding_precision_retrieval_{args.device.split(':')[0]}"
+    write_results(
+        name, {"header": header(), "rescore": args.rescore, "rows": rows, "runs": runs}, "\n".join(md) + "\n"
+    )
+    print("\n".join(md))
+    sys.exit(1 if failed else 0)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", action="append", default=[], help="a model folder (repeat for several)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--out", default="runs/mteb-precision", help="folder of the runs")
     p.add_argument("--compare-only", action="store_true", help="no new runs: the table from OUT's runs")
+    p.add_argument(
+        "--embeddings", action="store_true", help="quantized embeddings (+ rescoring), retrieval tasks"
+    )
+    p.add_argument("--rescore", type=int, default=4, help="--embeddings: the rescore multiplier")
     args = p.parse_args()
+    if args.embeddings:
+        if not args.model and not args.compare_only:
+            p.error("name one --model (or --compare-only)")
+        return embeddings_main(args)
     out = Path(args.out)
     if not args.model and not args.compare_only:
         p.error("name at least one --model (or --compare-only)")

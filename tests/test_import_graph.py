@@ -25,6 +25,7 @@ FLOORS = {
     "neoembed.registry": 1,
     "neoembed.card_schema": 1,
     "neoembed.compile": 1,
+    "neoembed.quantization": 1,
     # floor 2: the bi-encoder, data, run plumbing (output folders, checkpoints, signals, metrics)
     "neoembed.sentence": 2,
     "neoembed.data": 2,

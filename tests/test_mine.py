@@ -468,3 +468,31 @@ def test_embedding_progress_counts_texts_batch_by_batch(shared_dir, tiny_officia
         seen.clear()
         forked = ForkedWorkers(model, 2).encode(texts, 16, on_batch=seen.append)
         assert sum(seen) == len(texts) and np.allclose(forked, emb, atol=1e-6)
+
+
+@pytest.mark.parametrize(("precision", "multiplier"), [("binary", 8), ("int8", 4)])
+def test_quantized_index_with_rescoring_mines_the_flat_index_negatives(
+    mined, card, tiny_official, tmp_path, precision, multiplier
+):
+    """--index binary / int8: the rescore x range_max nearest codes, rescored with the float embeddings. A
+    multiplier covering the corpus returns the exact search's top-k (scores within float rounding); binary x8 and
+    int8 x4 (128 and 64 of 154 documents) mine the same negatives, row for row, as the flat index. Measured on
+    this card with the tiny model (not asserted): binary x4 keeps 125 of 128 rows identical (99.2% of
+    negatives), x2 89 rows (88.0%); int8 x2 127 rows (99.7%)."""
+    result, cfg = mined
+    state = result.card.parent / ".mine"
+    corpus, queries = _shards(state, "corpus", cfg.shard_size), _shards(state, "queries", cfg.shard_size)
+    k = cfg.range_max
+    flat_s, flat_i, _ = search(corpus, queries, k, "flat", gpu="off", progress=False)
+    cover = -(-len(corpus) // k)
+    q_s, q_i, info = search(corpus, queries, k, precision, rescore=cover, batch=37, progress=False)
+    assert info["kind"] == precision and info["rescore"] == cover
+    np.testing.assert_allclose(q_s, flat_s, atol=1e-5)
+    assert (q_i == flat_i).mean() > 0.99  # ids differ only where scores tie within float error
+    settings = {**SETTINGS, "index": precision, "rescore": multiplier}
+    quantized = mine_negatives(
+        card, tiny_official, tmp_path / "q", config=MineConfig(**settings), progress=False
+    )
+    assert _rows(quantized.data) == _rows(result.data)
+    card_info = yaml.safe_load(quantized.card.read_text())["provenance"]
+    assert card_info["index"]["kind"] == precision and card_info["settings"]["rescore"] == multiplier

@@ -548,3 +548,129 @@ def test_quantized_embedding_precisions_score_close_to_fp32(minilm, small, tmp_p
     assert scores["binary"] != scores["fp32"] and abs(scores["binary"] - scores["fp32"]) < 0.1, scores
     with pytest.raises(ValueError, match="embedding_precision 'int4'"):
         _run(minilm, tmp_path / "bad", data_dir=data, embedding_precision="int4")
+
+
+@pytest.fixture(scope="module")
+def trecqa_retrieval(tmp_path_factory) -> Path:
+    """TrecQA's first 12 test questions searching their pooled candidate answers (benchmarks/_retrieval_tasks.py)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import _retrieval_tasks
+
+    root = tmp_path_factory.mktemp("retrieval")
+    _retrieval_tasks.trecqa(root, rows=12)
+    return root
+
+
+def _texts(folder: Path, name: str) -> list[str]:
+    return [r["text"] for r in _read_jsonl_gz(folder / name)]
+
+
+def _task_scores(entry: dict) -> dict:
+    return entry["mteb"]["scores"]["test"][0]
+
+
+def test_rescore_covering_the_corpus_gives_the_float_ranking(minilm, trecqa_retrieval, tmp_path):
+    """binary / int8 codes with a multiplier whose N x 10 candidates cover the corpus, rescored against the float
+    documents: every retrieval metric equals the fp32 run's (the same ranking), and the rescored scores are the
+    float inner products; without rescoring (and rescoring against the codes) binary scores differ."""
+    import numpy as np
+
+    from neoembed.quantization import QuantizedIndex, rescored_search
+
+    corpus = _texts(trecqa_retrieval / "TrecQARetrieval", "corpus.jsonl.gz")
+    cover = -(-len(corpus) // 10)
+    runs = {
+        "fp32": {},
+        "binary": {"embedding_precision": "binary"},
+        "binary+float": {"embedding_precision": "binary", "rescore": cover, "rescore_docs": "float"},
+        "int8+float": {"embedding_precision": "int8", "rescore": cover, "rescore_docs": "float"},
+    }
+    scores = {}
+    for name, kw in runs.items():
+        report = _run(minilm, tmp_path / name.replace("+", "_"), data_dir=trecqa_retrieval, **kw)
+        assert not report.failed, report.failed
+        scores[name] = _task_scores(report.scores["TrecQARetrieval"])
+    fp32 = {k: v for k, v in scores["fp32"].items() if k.startswith(("ndcg", "map", "recall", "mrr"))}
+    for name in ("binary+float", "int8+float"):
+        assert {k: scores[name][k] for k in fp32} == fp32, name
+    assert scores["binary"]["ndcg_at_10"] != fp32["ndcg_at_10"]
+    # the scores themselves: a brute-force float ranking, within float32 rounding
+    docs = minilm.encode(corpus, convert_to_numpy=True)
+    queries = minilm.encode(
+        _texts(trecqa_retrieval / "TrecQARetrieval", "queries.jsonl.gz"), convert_to_numpy=True
+    )
+    got_s, got_i = rescored_search(
+        QuantizedIndex.build(docs, "binary"), queries, 10, cover, lambda i: docs[i]
+    )
+    full = queries @ docs.T
+    want_i = np.argsort(-full, axis=1, kind="stable")[:, :10]
+    np.testing.assert_allclose(got_s, np.take_along_axis(full, want_i, 1), rtol=0, atol=1e-6)
+    np.testing.assert_allclose(np.take_along_axis(full, got_i, 1), got_s, rtol=0, atol=1e-6)
+
+
+def test_binary_rescore_matches_sentence_transformers_semantic_search_faiss(minilm, trecqa_retrieval):
+    """neoembed's binary search with rescoring against the codes returns sentence-transformers'
+    ``semantic_search_faiss(corpus_precision="ubinary", rescore_multiplier=N)`` top-k: same scores rank by rank,
+    same ids wherever the score is not tied (tied codes may come in either order)."""
+    import numpy as np
+    from sentence_transformers.util.quantization import quantize_embeddings, semantic_search_faiss
+
+    from neoembed.eval.rescore import RescoringIndex
+    from neoembed.quantization import QuantizedIndex, rescored_search
+
+    folder = trecqa_retrieval / "TrecQARetrieval"
+    docs = minilm.encode(_texts(folder, "corpus.jsonl.gz"), convert_to_numpy=True)
+    queries = minilm.encode(_texts(folder, "queries.jsonl.gz"), convert_to_numpy=True)
+    for multiplier in (1, 2, 4):
+        hits, _ = semantic_search_faiss(
+            queries, quantize_embeddings(docs, "ubinary"), corpus_precision="ubinary", top_k=10,
+            rescore_multiplier=multiplier,
+        )  # fmt: skip
+        st_s = np.array([[h["score"] for h in q] for q in hits])
+        st_i = np.array([[h["corpus_id"] for h in q] for q in hits])
+        ours_s, ours_i = rescored_search(QuantizedIndex.build(docs, "binary"), queries, 10, multiplier)
+        np.testing.assert_allclose(ours_s, st_s, rtol=0, atol=1e-5)
+        tied = np.isclose(st_s[:, :, None], st_s[:, None, :], atol=1e-6).sum(-1) > 1
+        assert (ours_i == st_i)[~tied].all(), multiplier
+        # the mteb backend returns all N x 10 rescored candidates: its first 10 are the same
+        index = RescoringIndex("binary", multiplier, "quantized", normalize=True)
+        index.add_documents(docs, [f"d{i}" for i in range(len(docs))])
+        backend_s, backend_i = index.search(queries, top_k=1000)
+        assert all(len(s) == min(10 * multiplier, len(docs)) for s in backend_s)
+        np.testing.assert_allclose(np.array([s[:10] for s in backend_s]), st_s, rtol=0, atol=1e-5)
+        assert (np.array([i[:10] for i in backend_i]) == st_i)[~tied].all()
+
+
+def test_rescore_is_recorded_ignored_outside_search_tasks_and_never_compared_with_other_settings(
+    minilm, trecqa_retrieval, small, tmp_path
+):
+    """--rescore is written in every task's JSON, the run record and the summary header; an STS task in the run is
+    scored as without it (``rescore_applied: false``, named in the header); compare refuses runs that differ in
+    it; rescoring fp32 embeddings or by a multiplier below 1 is refused."""
+    data = tmp_path / "data"
+    shutil.copytree(trecqa_retrieval / "TrecQARetrieval", data / "TrecQARetrieval")
+    shutil.copytree(small / "mteb" / "STS16", data / "STS16")
+    kw = {"data_dir": data, "embedding_precision": "binary"}
+    _run(minilm, tmp_path / "plain", **kw)
+    report = _run(minilm, tmp_path / "rescored", rescore=2, **kw)
+    assert not report.failed, report.failed
+    retrieval, sts = report.scores["TrecQARetrieval"], report.scores["STS16"]
+    assert retrieval["rescore"] == "2x vs quantized docs" and retrieval["rescore_applied"] is True
+    assert sts["rescore"] == "2x vs quantized docs" and sts["rescore_applied"] is False
+    plain = load_json(tmp_path / "plain" / "STS16.json")
+    assert plain["rescore"] == "none" and plain["main_score"] == sts["main_score"]
+    record = load_json(tmp_path / "rescored" / "run_record.json")
+    assert record["rescore"] == 2 and record["rescore_docs"] == "quantized"
+    write_summary(tmp_path / "rescored", "m")
+    head = (tmp_path / "rescored" / "summary.md").read_text().splitlines()[0]
+    assert "embeddings: binary · rescore: 2x vs quantized docs" in head and "not applied to STS16" in head
+    with pytest.raises(ValueError, match=r"different rescore .*plain: none.*rescored: 2x.*--rescore"):
+        compare_runs([tmp_path / "plain", tmp_path / "rescored"])
+    with pytest.raises(ValueError, match="add --embedding-precision int8 or binary"):
+        _run(minilm, tmp_path / "bad", data_dir=data, rescore=2)
+    with pytest.raises(ValueError, match="multiplier is 1 or more"):
+        _run(minilm, tmp_path / "bad0", rescore=0, **kw)
+
+
+def load_json(path: Path) -> dict:
+    return json.loads(path.read_text())

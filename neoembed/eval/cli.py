@@ -64,6 +64,22 @@ EmbeddingPrecision = Annotated[
         help="fp32 | int8 | binary: score quantized embeddings (mteb's CompressionWrapper).",
     ),
 ]
+Rescore = Annotated[
+    int | None,
+    typer.Option(
+        "--rescore",
+        min=1,
+        help="With int8|binary: retrieval/reranking take the N x 10 nearest quantized documents and rescore them "
+        "with the float query (other task types: not applied, said in the summary).",
+    ),
+]
+RescoreDocs = Annotated[
+    str,
+    typer.Option(
+        "--rescore-docs",
+        help="quantized (the codes, as sentence-transformers' semantic_search_faiss) | float (float documents).",
+    ),
+]
 
 
 @app.callback()
@@ -94,6 +110,8 @@ def mteb_command(
     device: Annotated[str | None, typer.Option("--device")] = None,
     cde_context: CdeContext = "corpus",
     embedding_precision: EmbeddingPrecision = "fp32",
+    rescore: Rescore = None,
+    rescore_docs: RescoreDocs = "quantized",
 ) -> None:
     """Evaluate MODEL on MTEB tasks and write per-task JSON plus a Table-4 style summary."""
     if ctx.invoked_subcommand is not None:
@@ -101,7 +119,7 @@ def mteb_command(
     if model is None:
         typer.echo(ctx.get_help())
         raise typer.Exit(2)
-    from neoembed.eval.runner import PRECISIONS, EvalConfig
+    from neoembed.eval.runner import EvalConfig
     from neoembed.runs import (
         check_device,
         check_weight_files,
@@ -110,14 +128,7 @@ def mteb_command(
         output_lock,
     )
 
-    if precision is not None and precision not in PRECISIONS:
-        raise typer.BadParameter(
-            f"{precision!r} is not one of {', '.join(PRECISIONS)}", param_hint="--precision"
-        )
-    if embedding_precision not in ("fp32", "int8", "binary"):
-        raise typer.BadParameter(
-            f"{embedding_precision!r}: choose fp32, int8 or binary", param_hint="--embedding-precision"
-        )
+    _check_precisions(precision, embedding_precision, rescore, rescore_docs)
     out = output or default_results_dir(model)
     check_device(device)
     check_weight_files(model)
@@ -144,8 +155,30 @@ def mteb_command(
             cde_context=cde_context,
             device=device,
             embedding_precision=embedding_precision,
+            rescore=rescore,
+            rescore_docs=rescore_docs,
         )
         _run(cfg, out, model)
+
+
+def _check_precisions(precision, embedding_precision: str, rescore: int | None, rescore_docs: str) -> None:
+    from neoembed.eval.runner import PRECISIONS
+
+    if precision is not None and precision not in PRECISIONS:
+        raise typer.BadParameter(
+            f"{precision!r} is not one of {', '.join(PRECISIONS)}", param_hint="--precision"
+        )
+    if embedding_precision not in ("fp32", "int8", "binary"):
+        raise typer.BadParameter(
+            f"{embedding_precision!r}: choose fp32, int8 or binary", param_hint="--embedding-precision"
+        )
+    if rescore_docs not in ("quantized", "float"):
+        raise typer.BadParameter(f"{rescore_docs!r}: choose quantized or float", param_hint="--rescore-docs")
+    if rescore is not None and embedding_precision == "fp32":
+        raise typer.BadParameter(
+            "rescoring needs quantized documents: add --embedding-precision int8 or binary",
+            param_hint="--rescore",
+        )
 
 
 def _run(cfg, out: Path, model: str) -> None:

@@ -63,6 +63,8 @@ class EvalConfig:
     cde_context: str = "corpus"  # CDE models: "corpus" (a seeded sample of each task's texts) or "null"
     truncate_dim: int | None = None  # evaluate the first truncate_dim dimensions (a Matryoshka model)
     embedding_precision: str = "fp32"  # "int8" / "binary": scores on quantized embeddings (mteb's wrapper)
+    rescore: int | None = None  # retrieval / reranking: N x 10 nearest codes rescored (neoembed.eval.rescore)
+    rescore_docs: str = "quantized"  # rescore against the "quantized" documents or the "float" ones
 
 
 @dataclass
@@ -305,6 +307,27 @@ def _compressed(wrapper, embedding_precision: str):
     return CompressionWrapper(wrapper, dtype)
 
 
+def _rescores(cfg: EvalConfig, task) -> bool:
+    """Whether ``task`` runs with rescoring: asked for, and a task type with a search to rescore."""
+    from neoembed.eval.rescore import RESCORE_TYPES
+
+    return bool(cfg.rescore) and task.metadata.type in RESCORE_TYPES
+
+
+def _rescore_fields(cfg: EvalConfig, task) -> dict:
+    """What a task's result says of rescoring (``rescore``: the run's setting, the same for every task)."""
+    from neoembed.eval.rescore import rescore_label
+
+    fields = {"rescore": rescore_label(cfg.rescore, cfg.rescore_docs)}
+    if cfg.rescore:
+        fields |= {
+            "rescore_multiplier": cfg.rescore,
+            "rescore_docs": cfg.rescore_docs,
+            "rescore_applied": _rescores(cfg, task),
+        }
+    return fields
+
+
 def _evaluate_task(cfg: EvalConfig, model, task, prompts: dict, precision: str, output: Path):
     """(mteb's task result, main score) of one task; raises when the task cannot run or scores NaN."""
     import mteb
@@ -313,7 +336,12 @@ def _evaluate_task(cfg: EvalConfig, model, task, prompts: dict, precision: str, 
     if isinstance(task, _Unresolvable):
         raise task.error
     wrapper = _mteb_wrapper(model, prompts, _task_context(cfg, model, task, output), precision)
-    wrapper = _compressed(wrapper, cfg.embedding_precision)
+    if _rescores(cfg, task):
+        from neoembed.eval.rescore import rescoring_search_model
+
+        wrapper = rescoring_search_model(wrapper, cfg.embedding_precision, cfg.rescore, cfg.rescore_docs)
+    else:
+        wrapper = _compressed(wrapper, cfg.embedding_precision)
     with torch.inference_mode():
         result = mteb.evaluate(
             wrapper,
@@ -330,16 +358,34 @@ def _evaluate_task(cfg: EvalConfig, model, task, prompts: dict, precision: str, 
     return task_result, score
 
 
+def _check_rescore(cfg: EvalConfig) -> None:
+    from neoembed.quantization import RESCORE_DOCS
+
+    if cfg.rescore is None:
+        return
+    if cfg.rescore < 1:
+        raise ValueError(f"rescore {cfg.rescore}: the multiplier is 1 or more (candidates = N x 10)")
+    if cfg.embedding_precision == "fp32":
+        raise ValueError(
+            "rescore needs quantized documents: add --embedding-precision int8 or binary (fp32 has nothing to rescore)"
+        )
+    if cfg.rescore_docs not in RESCORE_DOCS:
+        raise ValueError(f"rescore_docs {cfg.rescore_docs!r}: choose one of {', '.join(RESCORE_DOCS)}")
+
+
 def _record_extra(cfg: EvalConfig, label: str, precision: str, device: str) -> dict:
     """The run record's own fields; a bad ``embedding_precision`` fails here, before any task runs."""
     if cfg.embedding_precision not in EMBEDDING_PRECISIONS:
         raise ValueError(
             f"embedding_precision {cfg.embedding_precision!r}: choose one of {', '.join(EMBEDDING_PRECISIONS)}"
         )
+    _check_rescore(cfg)
     return {
         "instructions": label,
         "precision": precision,
         "embedding_precision": cfg.embedding_precision,
+        "rescore": cfg.rescore,
+        "rescore_docs": cfg.rescore_docs if cfg.rescore else None,
         "device": device,
         "tasks": [],
     }
@@ -401,6 +447,7 @@ def run_mteb(cfg: EvalConfig, model=None) -> EvalReport:
             "wall_time_s": round(time.perf_counter() - t0, 3),
             "precision": precision,
             "embedding_precision": cfg.embedding_precision,
+            **_rescore_fields(cfg, task),
             "instructions": label,
             "instruction": instruction,
             "model": cfg.model,

@@ -43,6 +43,8 @@ def summarize(results: dict[str, dict], model: str, full_suite: dict[str, int] |
     return {
         "model": model,
         **{key: _setting(results, key) for key in COMPARED_SETTINGS},
+        # tasks of a --rescore run that had no search to rescore (scored on the quantized embeddings alone)
+        "rescore_not_applied": sorted(n for n, e in results.items() if e.get("rescore_applied") is False),
         "per_type": {t: sum(by_type[t]) / len(by_type[t]) for t in types},
         "tasks_per_type": {t: len(by_type[t]) for t in types},
         "mean": sum(scores) / len(scores) if scores else None,  # None: no task scored (JSON has no NaN)
@@ -52,9 +54,9 @@ def summarize(results: dict[str, dict], model: str, full_suite: dict[str, int] |
 
 
 #: Result settings that change scores: two runs are comparable only when each is the same in both.
-COMPARED_SETTINGS = ("instructions", "precision", "embedding_precision")
+COMPARED_SETTINGS = ("instructions", "precision", "embedding_precision", "rescore")
 #: what a result file written before a setting was recorded ran with
-SETTING_DEFAULTS = {"embedding_precision": "fp32"}
+SETTING_DEFAULTS = {"embedding_precision": "fp32", "rescore": "none"}
 
 
 def _setting(results: dict[str, dict], key: str) -> str:
@@ -68,9 +70,15 @@ def _setting(results: dict[str, dict], key: str) -> str:
 def _settings_line(rows: list[dict]) -> str:
     """The header line every table carries: which instruction set and precision produced its scores."""
     said = {key: sorted({r.get(key, "unrecorded") for r in rows}) for key in COMPARED_SETTINGS}
+    skipped = sorted({t for r in rows for t in r.get("rescore_not_applied", [])})
+    note = (
+        f" (rescoring applies to Retrieval and Reranking; not applied to {', '.join(skipped)})"
+        if skipped
+        else ""
+    )
     return (
         f"Instructions: {', '.join(said['instructions'])} · precision: {', '.join(said['precision'])} · "
-        f"embeddings: {', '.join(said['embedding_precision'])} "
+        f"embeddings: {', '.join(said['embedding_precision'])} · rescore: {', '.join(said['rescore'])}{note} "
         "(`--instructions none` scores a model without task instructions)\n\n"
     )
 

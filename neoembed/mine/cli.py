@@ -37,7 +37,10 @@ DupThreshold = Annotated[
 CrossEncoderPath = Annotated[
     str | None, _opt("--cross-encoder", "Rescore candidates with this cross-encoder.", "Filters")
 ]
-Index = Annotated[str, _opt("--index", "flat (exact), ivf, hnsw or ivfpq.", "Index")]
+Index = Annotated[str, _opt("--index", "flat (exact), ivf, hnsw, ivfpq, binary or int8.", "Index")]
+Rescore = Annotated[
+    int, _opt("--rescore", "binary/int8: rescore N x range-max nearest codes with float embeddings.", "Index")
+]
 NList = Annotated[int | None, _opt("--nlist", "ivf/ivfpq lists (default ~4 sqrt(N)).", "Index")]
 NProbe = Annotated[int, _opt("--nprobe", "ivf/ivfpq lists searched.", "Index")]
 PqM = Annotated[int, _opt("--pq-m", "ivfpq: bytes per document.", "Index")]
@@ -74,6 +77,7 @@ def mine_command(
     pq_m: PqM = 16,
     hnsw_m: HnswM = 32,
     ef_search: EfSearch = 128,
+    rescore: Rescore = 4,
     gpu: Gpu = "auto",
     shard_size: ShardSize = 50_000,
     batch_size: BatchSize = 64,
@@ -94,8 +98,8 @@ def mine_command(
         num_negatives=num_negatives, range_min=range_min, range_max=range_max,
         max_fraction=None if max_fraction in (None, 1.0) else max_fraction, margin=margin, max_score=max_score,
         duplicate_threshold=duplicate_threshold, cross_encoder=cross_encoder, index=index, nlist=nlist,
-        nprobe=nprobe, pq_m=pq_m, hnsw_m=hnsw_m, ef_search=ef_search, gpu=gpu, shard_size=shard_size,
-        batch_size=batch_size, max_length=max_length, max_rows=max_rows, workers=workers, name=name,
+        nprobe=nprobe, pq_m=pq_m, hnsw_m=hnsw_m, ef_search=ef_search, rescore=rescore, gpu=gpu,
+        shard_size=shard_size, batch_size=batch_size, max_length=max_length, max_rows=max_rows, workers=workers, name=name,
     )  # fmt: skip
     try:
         config = MineConfig(**settings)

@@ -66,7 +66,8 @@ class MineConfig(StrictModel):
     margin: float | None = Field(None, ge=0)  # keep: score <= positive score - margin
     max_fraction: float | None = Field(0.95, gt=0, le=1)  # keep: score <= positive - (1 - f) * |positive|
     duplicate_threshold: float = Field(0.98, gt=0, le=1)  # cosine to a positive at or above: a near-duplicate
-    index: Literal["flat", "ivf", "hnsw", "ivfpq"] = "flat"
+    index: Literal["flat", "ivf", "hnsw", "ivfpq", "binary", "int8"] = "flat"
+    rescore: int = Field(4, ge=1)  # binary / int8: the rescore x range_max nearest codes rescored exactly
     nlist: int | None = Field(None, ge=1)
     nprobe: int = Field(16, ge=1)
     hnsw_m: int = Field(32, ge=2)
@@ -448,6 +449,7 @@ def _candidates(state: Path, corpus_emb, query_emb, cfg: MineConfig, progress):
         hnsw_m=cfg.hnsw_m,
         ef_search=cfg.ef_search,
         pq_m=cfg.pq_m,
+        rescore=cfg.rescore,
         gpu=cfg.gpu,
         batch=cfg.search_batch,
         progress=progress,

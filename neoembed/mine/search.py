@@ -30,7 +30,7 @@ __all__ = ["INDEX_KINDS", "EmbeddingShards", "merge_topk", "search", "write_shar
 
 logger = logging.getLogger(__name__)
 
-INDEX_KINDS = ("flat", "ivf", "hnsw", "ivfpq")
+INDEX_KINDS = ("flat", "ivf", "hnsw", "ivfpq", "binary", "int8")
 GPU_MAX_K = 2048  # faiss GPU indexes return at most 2048 neighbours per query
 
 
@@ -144,6 +144,7 @@ def search(
     hnsw_m: int = 32,
     ef_search: int = 128,
     pq_m: int = 16,
+    rescore: int = 4,
     gpu: str = "auto",
     batch: int = 4096,
     progress: bool = True,
@@ -160,6 +161,8 @@ def search(
     k = int(min(k, len(corpus)))
     if index == "flat":
         return _search_flat(corpus, queries, k, gpu, batch, progress, faiss)
+    if index in ("binary", "int8"):
+        return _search_quantized(corpus, queries, k, index, rescore, batch, progress)
     return _search_approximate(
         corpus, queries, k, index, nlist, nprobe, hnsw_m, ef_search, pq_m, gpu, batch, progress, faiss
     )
@@ -188,6 +191,42 @@ def _search_flat(corpus, queries, k, gpu, batch, progress, faiss):
         bar.update(1)
     bar.close()
     return top_s, top_i, {"kind": "flat", "metric": "inner_product", "exact": True, "device": device}
+
+
+def _search_quantized(corpus, queries, k, precision, rescore, batch, progress):
+    """Codes of every shard in one exact quantized index (CPU); the ``rescore x k`` nearest codes of each query
+    rescored with the float embeddings; int8 ranges from one pass over the corpus."""
+    from neoembed.quantization import QuantizedIndex, rescored_search
+
+    shards = [(int(corpus.offsets[s]), int(corpus.offsets[s + 1])) for s in range(len(corpus.arrays))]
+    ranges = None
+    if precision == "int8":
+        parts = [corpus.rows(a, b) for a, b in shards[:1]]
+        lo, hi = parts[0].min(axis=0), parts[0].max(axis=0)
+        for a, b in shards[1:]:
+            rows = corpus.rows(a, b)
+            lo, hi = np.minimum(lo, rows.min(axis=0)), np.maximum(hi, rows.max(axis=0))
+        ranges = np.vstack([lo, hi])
+    index = QuantizedIndex.build(corpus.rows(*shards[0]), precision, ranges=ranges)
+    for a, b in tqdm(shards[1:], desc=f"indexing ({precision})", unit="shard", disable=not progress):
+        index.add(corpus.rows(a, b))
+    nq = len(queries)
+    top_s = np.full((nq, k), -np.inf, dtype=np.float32)
+    top_i = np.full((nq, k), -1, dtype=np.int64)
+    for a in tqdm(range(0, nq, batch), desc="searching", unit="batch", disable=not progress):
+        b = min(a + batch, nq)
+        scores, ids = rescored_search(index, queries.rows(a, b), k, rescore, corpus.gather)
+        top_s[a:b], top_i[a:b] = scores[:, :k], ids[:, :k]
+    info = {
+        "kind": precision,
+        "faiss": "IndexBinaryFlat" if precision == "binary" else "IndexFlatIP (int8 codes)",
+        "metric": "hamming" if precision == "binary" else "inner_product of int8 codes",
+        "exact": False,
+        "device": "cpu",
+        "rescore": rescore,
+        "rescored": f"the {rescore} x k nearest codes, exact cosine from the stored embeddings",
+    }
+    return top_s, top_i, info
 
 
 def _factory(index: str, n: int, nlist: int | None, hnsw_m: int, pq_m: int, dim: int) -> tuple[str, int]:
