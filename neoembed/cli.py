@@ -65,6 +65,33 @@ def _console_logging(verbose: bool) -> None:
         logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     else:
         warnings.filterwarnings("once")
+        if not sys.stderr.isatty():
+            _quiet_other_bars()
+
+
+def _quiet_other_bars() -> None:
+    """Where stderr is not a terminal (CI, a scheduler's log), other libraries' bars (loading weights, generating
+    dataset splits, downloads) write carriage-return redraws that pile into one line; neoembed's own long stages
+    print whole lines there instead (``neoembed.progress``). A variable the user set is left as it is."""
+    import os
+    import sys
+
+    for var in ("HF_HUB_DISABLE_PROGRESS_BARS", "HF_DATASETS_DISABLE_PROGRESS_BARS"):
+        os.environ.setdefault(var, "1")
+    # the variables are read at import: libraries already imported (a notebook, a test) are told directly
+    if os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1":
+        if "huggingface_hub" in sys.modules:
+            from huggingface_hub.utils import disable_progress_bars
+
+            disable_progress_bars()
+        if "transformers" in sys.modules:
+            from transformers.utils import logging as transformers_logging
+
+            transformers_logging.disable_progress_bar()
+    if os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] == "1" and "datasets" in sys.modules:
+        import datasets
+
+        datasets.disable_progress_bars()
 
 
 @app.command()

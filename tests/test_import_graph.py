@@ -26,6 +26,7 @@ FLOORS = {
     "neoembed.card_schema": 1,
     "neoembed.compile": 1,
     "neoembed.quantization": 1,
+    "neoembed.progress": 1,
     # floor 2: the bi-encoder, data, run plumbing (output folders, checkpoints, signals, metrics)
     "neoembed.sentence": 2,
     "neoembed.data": 2,

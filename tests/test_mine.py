@@ -417,10 +417,16 @@ def test_cli_mine_writes_a_card_and_refuses_a_non_empty_folder(
     out = tmp_path / "out"
     argv = ["neoembed", "mine", str(card), "--model", str(tiny_official), "--out", str(out), "-k", "2"]
     monkeypatch.setattr(sys, "argv", [*argv, "--range-max", "8", "--max-rows", "60"])
+    monkeypatch.setattr("neoembed.progress.PLAIN_DELAY", 0.0)  # every stage prints, however quick
+    for var in ("HF_HUB_DISABLE_PROGRESS_BARS", "HF_DATASETS_DISABLE_PROGRESS_BARS"):
+        monkeypatch.setenv(var, "1")  # what the command sets for a log; restored after the test
     with pytest.raises(SystemExit) as e:
         main()
     assert e.value.code in (0, None)
-    assert "wrote" in capsys.readouterr().out and (out / "msrp_small_mined.yaml").is_file()
+    captured = capsys.readouterr()
+    assert "wrote" in captured.out and (out / "msrp_small_mined.yaml").is_file()
+    # stderr is not a terminal here: whole progress lines, no bar redraws
+    assert "\r" not in captured.err and "embedding corpus: " in captured.err and "searching" in captured.err
     with pytest.raises(SystemExit) as e:  # the same command again: the folder is not empty
         main()
     assert e.value.code == 2 and "pass --resume" in capsys.readouterr().err

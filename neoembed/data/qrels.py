@@ -68,9 +68,9 @@ def join_pairs(
 
 
 def _scan(rows: Iterable[dict], desc: str) -> Iterable[dict]:
-    from tqdm.auto import tqdm
+    from neoembed.progress import bar as progress_bar
 
-    return tqdm(rows, desc=desc, unit=" rows", unit_scale=True, leave=False, mininterval=1.0, disable=None)
+    return progress_bar(rows, desc=desc, unit=" rows", unit_scale=True, leave=False, mininterval=1.0)
 
 
 def _positive(rows: Iterable[dict]) -> list[tuple[str, str]]:

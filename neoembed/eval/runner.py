@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import sys
 import time
 import traceback
 import warnings
@@ -349,7 +350,7 @@ def _evaluate_task(cfg: EvalConfig, model, task, prompts: dict, precision: str, 
             cache=ResultCache(output / "mteb"),
             overwrite_strategy="always",
             encode_kwargs={"batch_size": cfg.batch_size},
-            show_progress_bar=True,
+            show_progress_bar=sys.stderr.isatty(),  # encoding bars' redraws are noise in a log
         )
     task_result = result.task_results[0]
     score = float(task_result.get_score())
@@ -393,8 +394,7 @@ def _record_extra(cfg: EvalConfig, label: str, precision: str, device: str) -> d
 
 def run_mteb(cfg: EvalConfig, model=None) -> EvalReport:
     """Evaluate ``cfg.model`` (or an already loaded ``model``) on the configured tasks."""
-    from tqdm.auto import tqdm
-
+    from neoembed.progress import bar as progress_bar
     from neoembed.recipe import seed_everything
 
     seed_everything(cfg.seed)
@@ -420,7 +420,7 @@ def run_mteb(cfg: EvalConfig, model=None) -> EvalReport:
     if _is_cde(model):
         record_extra["cde_context"] = cfg.cde_context
         record_extra["cde_n_context"] = model.n_context
-    for task, card_instruction in tqdm(tasks, desc="mteb tasks", unit="task"):
+    for task, card_instruction in progress_bar(tasks, desc="mteb tasks", unit="task"):
         name, ttype = task.metadata.name, task.metadata.type
         target = output / f"{name}.json"
         if target.is_file() and not cfg.overwrite:

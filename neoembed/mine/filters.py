@@ -11,7 +11,8 @@ from collections import Counter
 from collections.abc import Callable
 
 import numpy as np
-from tqdm.auto import tqdm
+
+from neoembed.progress import bar as progress_bar
 
 __all__ = ["OUTCOMES", "REASONS", "select_negatives", "text_key"]
 
@@ -60,7 +61,7 @@ def select_negatives(
     negatives (the ones that chose them: the cross-encoder's when ``rescore`` is given)."""
     negatives: list[np.ndarray] = []
     counts: Counter = Counter({name: 0 for name in OUTCOMES})
-    for a in tqdm(range(0, len(ids), batch), desc="filtering", unit="batch", disable=not progress):
+    for a in progress_bar(range(0, len(ids), batch), desc="filtering", unit="batch", disable=not progress):
         b = min(a + batch, len(ids))
         code, sc, valid = _identity_codes(
             positives[a:b], ids[a:b], scores[a:b], corpus_emb, doc_keys, query_keys[a:b], cfg

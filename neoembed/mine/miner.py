@@ -40,13 +40,13 @@ from typing import Literal
 import numpy as np
 import yaml
 from pydantic import Field, ValidationError, model_validator
-from tqdm.auto import tqdm
 
 from neoembed.data.cards import DataCard, DataCardError, build_pairs, find_card, load_card, load_rows
 from neoembed.instructions import DEFAULT_TEMPLATE, format_with_instruction
 from neoembed.mine.encode import ForkedWorkers, fast_encode, fast_encode_supported
 from neoembed.mine.filters import select_negatives, text_key
 from neoembed.mine.search import EmbeddingShards, search, write_shard
+from neoembed.progress import bar as progress_bar
 from neoembed.recipe import StrictModel, format_validation_error
 from neoembed.record import atomic_write_text, file_sha256
 from neoembed.runs import OutputDirError, prepare_output_dir, require_module
@@ -424,8 +424,12 @@ def _embed_sharded(model, texts, state: Path, kind: str, cfg: MineConfig, pool, 
     n_shards = max(1, math.ceil(len(texts) / cfg.shard_size))
     paths = [state / f"{kind}-{s:05d}.npy" for s in range(n_shards)]
     todo = [s for s in range(n_shards) if not paths[s].is_file()]
-    kept = sum(len(texts[s * cfg.shard_size : (s + 1) * cfg.shard_size]) for s in range(n_shards) if s not in todo)
-    bar = tqdm(total=len(texts), initial=kept, desc=f"embedding {kind}", unit="text", disable=not progress)
+    kept = sum(
+        len(texts[s * cfg.shard_size : (s + 1) * cfg.shard_size]) for s in range(n_shards) if s not in todo
+    )
+    bar = progress_bar(
+        total=len(texts), initial=kept, desc=f"embedding {kind}", unit="text", disable=not progress
+    )
     for s in todo:
         part = texts[s * cfg.shard_size : (s + 1) * cfg.shard_size]
         write_shard(paths[s], _encode(model, part, cfg, pool, on_batch=bar.update))

@@ -24,10 +24,10 @@ from typing import Literal
 import numpy as np
 import yaml
 from pydantic import Field
-from tqdm.auto import tqdm
 
 from neoembed.data.cards import DataCard, DataCardError, build_pairs, find_card, load_card, load_rows
 from neoembed.mine.miner import _prepare_output_dir
+from neoembed.progress import bar as progress_bar
 from neoembed.recipe import StrictModel
 from neoembed.record import atomic_write_text, file_sha256
 
@@ -155,7 +155,7 @@ def _score_shards(pairs, k: int, state: Path, teacher: str, kind: str, cfg: Scor
     paths = [state / f"scores-{s:05d}.npy" for s in range(n_shards)]
     todo = [s for s in range(n_shards) if not paths[s].is_file()]
     score = _scorer(teacher, kind, cfg) if todo else None
-    for s in tqdm(todo, desc="scoring", unit="shard", disable=not progress):
+    for s in progress_bar(todo, desc="scoring", unit="shard", disable=not progress):
         rows = pairs[s * cfg.shard_size : (s + 1) * cfg.shard_size]
         tmp = state / f".scores-{s:05d}.tmp{os.getpid()}.npy"
         np.save(tmp, _score_shard(score, rows, k))

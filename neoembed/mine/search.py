@@ -24,7 +24,8 @@ import warnings
 from pathlib import Path
 
 import numpy as np
-from tqdm.auto import tqdm
+
+from neoembed.progress import bar as progress_bar
 
 __all__ = ["INDEX_KINDS", "EmbeddingShards", "merge_topk", "search", "write_shard"]
 
@@ -173,7 +174,7 @@ def _search_flat(corpus, queries, k, gpu, batch, progress, faiss):
     top_s = np.full((nq, k), -np.inf, dtype=np.float32)
     top_i = np.full((nq, k), -1, dtype=np.int64)
     device = "cpu"
-    bar = tqdm(
+    bar = progress_bar(
         total=len(corpus.arrays), desc="searching (exact, by shard)", unit="shard", disable=not progress
     )
     for s in range(len(corpus.arrays)):
@@ -208,12 +209,12 @@ def _search_quantized(corpus, queries, k, precision, rescore, batch, progress):
             lo, hi = np.minimum(lo, rows.min(axis=0)), np.maximum(hi, rows.max(axis=0))
         ranges = np.vstack([lo, hi])
     index = QuantizedIndex.build(corpus.rows(*shards[0]), precision, ranges=ranges)
-    for a, b in tqdm(shards[1:], desc=f"indexing ({precision})", unit="shard", disable=not progress):
+    for a, b in progress_bar(shards[1:], desc=f"indexing ({precision})", unit="shard", disable=not progress):
         index.add(corpus.rows(a, b))
     nq = len(queries)
     top_s = np.full((nq, k), -np.inf, dtype=np.float32)
     top_i = np.full((nq, k), -1, dtype=np.int64)
-    for a in tqdm(range(0, nq, batch), desc="searching", unit="batch", disable=not progress):
+    for a in progress_bar(range(0, nq, batch), desc="searching", unit="batch", disable=not progress):
         b = min(a + batch, nq)
         scores, ids = rescored_search(index, queries.rows(a, b), k, rescore, corpus.gather)
         top_s[a:b], top_i[a:b] = scores[:, :k], ids[:, :k]
@@ -258,7 +259,9 @@ def _search_approximate(
         n_train = min(len(corpus), max(64 * max(nlist, 1), 256 * 39 if index == "ivfpq" else 0, 10_000))
         sample = np.unique(np.linspace(0, len(corpus) - 1, n_train).astype(np.int64))
         idx.train(corpus.gather(sample))
-    for s in tqdm(range(len(corpus.arrays)), desc=f"indexing ({spec})", unit="shard", disable=not progress):
+    for s in progress_bar(
+        range(len(corpus.arrays)), desc=f"indexing ({spec})", unit="shard", disable=not progress
+    ):
         idx.add(corpus.rows(int(corpus.offsets[s]), int(corpus.offsets[s + 1])))
     params = faiss.GpuParameterSpace() if device != "cpu" else faiss.ParameterSpace()
     if nlist:
@@ -268,7 +271,7 @@ def _search_approximate(
     nq = len(queries)
     top_s = np.full((nq, k), -np.inf, dtype=np.float32)
     top_i = np.full((nq, k), -1, dtype=np.int64)
-    for a in tqdm(range(0, nq, batch), desc="searching", unit="batch", disable=not progress):
+    for a in progress_bar(range(0, nq, batch), desc="searching", unit="batch", disable=not progress):
         b = min(a + batch, nq)
         q = queries.rows(a, b)
         _, ids = idx.search(q, k)

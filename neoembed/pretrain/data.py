@@ -57,7 +57,9 @@ def load_tokenizer(name: str):
     try:
         return AutoTokenizer.from_pretrained(name)
     except OSError as e:
-        where = "" if Path(name).is_dir() else ": not a local folder, and the Hugging Face Hub could not serve it"
+        where = (
+            "" if Path(name).is_dir() else ": not a local folder, and the Hugging Face Hub could not serve it"
+        )
         raise OSError(
             f"could not load tokenizer {name!r}{where} ({str(e).splitlines()[0]}); pass a local tokenizer folder "
             "(a model folder holds one), or check the hub id and your network"
@@ -269,12 +271,14 @@ def _write_shards(
     docs: Iterator[str], writer: _ShardWriter, tokenizer, max_docs, batch_size: int, progress: bool
 ):
     """Tokenize ``docs`` in batches into ``writer``, skipping the documents of finished shards first."""
-    from tqdm.auto import tqdm
+    from neoembed.progress import bar as progress_bar
 
     skipped = 0
     while skipped < writer.consumed and next(docs, None) is not None:  # resume: skip finished documents
         skipped += 1
-    bar = tqdm(total=max_docs, initial=writer.consumed, unit="doc", desc="tokenizing", disable=not progress)
+    bar = progress_bar(
+        total=max_docs, initial=writer.consumed, unit="doc", desc="tokenizing", disable=not progress
+    )
 
     def encode(texts):
         enc = tokenizer(texts, add_special_tokens=True, return_attention_mask=False, verbose=False)

@@ -70,7 +70,7 @@ def pseudo_perplexity(
     progress: bool = True,
 ) -> dict:
     """Pseudo-perplexity per length over the first ``max_docs`` documents with at least ``max(lengths)`` tokens."""
-    from tqdm.auto import tqdm
+    from neoembed.progress import bar as progress_bar
 
     lengths = sorted(set(lengths))
     longest = lengths[-1]
@@ -90,7 +90,7 @@ def pseudo_perplexity(
     model.eval()
     results = []
     work = sum(L for L in lengths) * len(chosen)
-    with tqdm(total=work, unit="tok", desc="pseudo-perplexity", disable=not progress) as bar:
+    with progress_bar(total=work, unit="tok", desc="pseudo-perplexity", disable=not progress) as bar:
         for L in lengths:
             nll, count = 0.0, 0
             for doc in chosen:

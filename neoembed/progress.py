@@ -1,0 +1,147 @@
+"""Progress of long stages (mining, preprocessing, evaluation, joining data): tqdm's bar on a terminal; where
+stderr is not one (CI, a scheduler's log) a bar's carriage-return redraws pile into one unreadable line, so there
+it prints plain lines instead — the first once the stage has run ``delay`` seconds (a stage quicker than that stays
+silent), then one every ``interval`` seconds and one when it ends: count, rate, time elapsed and time left."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+# Seconds between two plain lines: a scheduler's log stays short, and a stalled stage shows within a minute.
+PLAIN_INTERVAL = 30.0
+PLAIN_DELAY = 2.0
+
+
+def bar(
+    iterable=None,
+    *,
+    desc: str,
+    unit: str = "it",
+    total=None,
+    initial: int = 0,
+    disable: bool = False,
+    interval: float | None = None,
+    delay: float | None = None,
+    stream=None,
+    **tqdm_kwargs,
+):
+    """A progress bar for ``iterable`` (or for ``update`` calls against ``total``): tqdm's on a terminal,
+    :class:`PlainProgress` elsewhere (``interval`` and ``delay`` default to :data:`PLAIN_INTERVAL` and
+    :data:`PLAIN_DELAY`), nothing with ``disable``. ``tqdm_kwargs`` are the terminal bar's only."""
+    stream = stream if stream is not None else sys.stderr
+    if disable or _is_terminal(stream):
+        from tqdm.auto import tqdm
+
+        return tqdm(
+            iterable,
+            desc=desc,
+            unit=unit,
+            total=total,
+            initial=initial,
+            disable=disable,
+            file=stream,
+            **tqdm_kwargs,
+        )
+    return PlainProgress(
+        iterable,
+        desc=desc,
+        unit=unit,
+        total=total,
+        initial=initial,
+        interval=PLAIN_INTERVAL if interval is None else interval,
+        delay=PLAIN_DELAY if delay is None else delay,
+        stream=stream,
+    )
+
+
+def _is_terminal(stream) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())
+
+
+class PlainProgress:
+    """The part of tqdm's interface neoembed uses (iteration, ``update``, ``set_postfix``, ``close``, ``with``),
+    written as whole lines."""
+
+    def __init__(
+        self,
+        iterable=None,
+        *,
+        desc: str,
+        unit: str = "it",
+        total=None,
+        initial: int = 0,
+        interval: float = PLAIN_INTERVAL,
+        delay: float = PLAIN_DELAY,
+        stream=None,
+    ):
+        if total is None and iterable is not None and hasattr(iterable, "__len__"):
+            total = len(iterable)
+        self.iterable, self.desc, self.unit, self.total = iterable, desc, unit.strip(), total
+        self.n, self.initial, self.interval, self.delay = initial, initial, interval, delay
+        self.stream = stream if stream is not None else sys.stderr
+        self.postfix: dict = {}
+        self.closed = self.shown = False
+        self.start = time.perf_counter()
+        self.last = self.start
+
+    def __iter__(self):
+        try:
+            for item in self.iterable:
+                yield item
+                self.update(1)
+        finally:
+            self.close()
+
+    def __len__(self):
+        return self.total or 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        now = time.perf_counter()
+        if now - (self.last if self.shown else self.start) >= (self.interval if self.shown else self.delay):
+            self.last = now
+            self._line()
+
+    def set_postfix(self, ordered_dict=None, refresh: bool = True, **kwargs) -> None:
+        self.postfix = {**(ordered_dict or {}), **kwargs}
+
+    def set_description(self, desc: str, refresh: bool = True) -> None:
+        self.desc = desc
+
+    def refresh(self) -> None:
+        self._line()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            if self.shown or time.perf_counter() - self.start >= self.delay:
+                self._line()
+
+    def _line(self) -> None:
+        from tqdm import tqdm
+
+        elapsed = time.perf_counter() - self.start
+        done = self.n - self.initial
+        rate = done / elapsed if elapsed > 0 else 0.0
+        parts = [f"{self.desc}: {self.n:,}"]
+        if self.total:
+            parts[0] += f"/{self.total:,} {self.unit} ({100 * self.n / self.total:.0f}%)"
+        else:
+            parts[0] += f" {self.unit}"
+        parts.append(
+            f"{rate:,.1f} {self.unit}/s" if rate >= 1 or rate == 0 else f"{1 / rate:,.1f} s/{self.unit}"
+        )
+        parts.append(f"elapsed {tqdm.format_interval(elapsed)}")
+        if self.total and rate > 0:
+            parts.append(f"left {tqdm.format_interval(max(self.total - self.n, 0) / rate)}")
+        parts += [f"{k} {v}" for k, v in self.postfix.items()]
+        print("  ".join(parts), file=self.stream, flush=True)
+        self.shown = True

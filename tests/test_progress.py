@@ -1,0 +1,77 @@
+"""Progress of long stages: tqdm's bar on a terminal, whole lines elsewhere (a scheduler's log, CI)."""
+
+from __future__ import annotations
+
+import io
+import time
+
+from neoembed import progress
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_plain_lines_where_output_is_not_a_terminal():
+    out = io.StringIO()
+    b = progress.bar(total=1000, desc="embedding corpus", unit="text", stream=out, delay=0, interval=0)
+    for _ in range(4):
+        time.sleep(0.01)
+        b.update(250)
+    b.close()
+    b.close()  # a second close writes nothing
+    text = out.getvalue()
+    lines = text.splitlines()
+    assert "\r" not in text and text.endswith("\n")
+    assert [line.split()[2] for line in lines] == [
+        "250/1,000",
+        "500/1,000",
+        "750/1,000",
+        "1,000/1,000",
+        "1,000/1,000",
+    ]
+    assert all(
+        line.startswith("embedding corpus: ") and " text/s" in line and "left " in line for line in lines
+    )
+    assert "(100%)" in lines[-1]
+
+
+def test_a_quick_stage_stays_silent_and_a_long_one_is_throttled():
+    out = io.StringIO()
+    for _ in progress.bar(range(50), desc="quick", unit="batch", stream=out):  # the default delay
+        pass
+    assert out.getvalue() == ""
+    out = io.StringIO()
+    with progress.bar(total=None, desc="rows", unit="row", stream=out, delay=0, interval=3600) as b:
+        for _ in range(100):
+            b.update(1)
+    lines = out.getvalue().splitlines()  # the first update past the delay, then only the end
+    assert [line.split()[1] for line in lines] == ["1", "100"] and "left" not in lines[-1]
+
+
+def test_iterating_counts_every_item_and_resumed_counts_start_at_initial():
+    out = io.StringIO()
+    seen = list(progress.bar(iter(range(7)), desc="scan", unit="row", stream=out, delay=0, interval=3600))
+    assert seen == list(range(7)) and out.getvalue().splitlines()[-1].split()[1] == "7"
+    out = io.StringIO()
+    b = progress.bar(total=10, initial=6, desc="tokenizing", unit="doc", stream=out, delay=0, interval=0)
+    b.update(4)
+    b.close()
+    assert out.getvalue().splitlines()[0].split()[1] == "10/10"
+
+
+def test_a_terminal_gets_tqdm_and_disable_gets_nothing():
+    from tqdm.auto import tqdm
+
+    term = _Terminal()
+    b = progress.bar(total=3, desc="bar", unit="it", stream=term)
+    assert isinstance(b, tqdm)
+    b.update(3)
+    b.close()
+    assert "\r" in term.getvalue()  # a redrawn bar
+    out = io.StringIO()
+    b = progress.bar(total=3, desc="off", stream=out, disable=True, delay=0, interval=0)
+    b.update(3)
+    b.close()
+    assert out.getvalue() == ""
