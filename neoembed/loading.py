@@ -1,7 +1,7 @@
 """``neoembed.load``: one entry point for every kind of model neoembed reads.
 
-A saved CDE folder (its ``modules.json`` names the contextual module) loads as a
-:class:`~neoembed.cde.model.ContextualSentenceTransformer`; anything else goes to :func:`neoembed.sentence.load`
+A saved CDE folder (its ``modules.json`` names the contextual module; one holding LoRA adapters alone names their
+base encoder in ``cde_adapter.json``) loads as a :class:`~neoembed.cde.model.ContextualSentenceTransformer`; anything else goes to :func:`neoembed.sentence.load`
 (bi-encoders, official NeoBERT checkpoints, any Hugging Face encoder); a LoRA adapter saved alone
 (``adapter_config.json``, no ``modules.json``) loads its base model and applies the adapter. This module sits above both
 ``sentence.py`` and ``cde/``, so that neither imports the other's floor upward (``docs/architecture.md``).

@@ -86,3 +86,54 @@ def test_lora_run_saves_merged_and_adapter_and_loads_without_neoembed(
     assert r.returncode == 0, r.stderr[-2000:]
     plain = json.loads(r.stdout.strip().splitlines()[-1])
     torch.testing.assert_close(torch.tensor(plain), torch.tensor(emb), atol=1e-6, rtol=0)
+
+
+def test_cde_adapters_alone_load_with_neoembed_and_plain_sentence_transformers(
+    tmp_path, minilm_path, block_neoembed
+):
+    """A CDE model's adapters saved alone (both stages in PEFT's layout, the head, cde_adapter.json naming the
+    base): neoembed.load and plain sentence-transformers without neoembed rebuild the model whose embeddings
+    equal the merged model's."""
+    import copy
+
+    from neoembed.cde.model import ContextualSentenceTransformer, save_cde_adapter
+
+    docs = [
+        *TEXTS,
+        "Split the pathname path into a pair (head, tail).",
+        "Return True if path is a directory.",
+    ]
+    model = ContextualSentenceTransformer.from_backbone(
+        str(minilm_path), n_context=4, n_soft_prompt=2, prompts={"query": "query: ", "document": ""}
+    ).eval()
+    add_lora(model, r=4, alpha=8, train_heads=True)
+    _randomise_lora(model)
+    with torch.no_grad():  # the head trains in full: it must travel with the adapters
+        for name, param in model.named_parameters():
+            if "output_mlp" in name:
+                param.normal_(0, 0.05)
+    adapter = save_cde_adapter(model, tmp_path / "adapter")
+    for stage in ("first_stage", "second_stage"):
+        assert sorted(p.name for p in (adapter / stage).iterdir()) == [
+            "adapter_config.json",
+            "adapter_model.safetensors",
+        ]  # no copy of the base encoder
+    merged = copy.deepcopy(model)
+    merge_lora(merged)
+    context = merged.encode_context(docs)
+    expected = merged.encode(TEXTS, prompt_name="query", dataset_embeddings=context)
+    loaded = neoembed.load(adapter)
+    assert loaded.prompts["query"] == "query: "
+    torch.testing.assert_close(loaded.encode_context(docs), context, atol=1e-5, rtol=0)
+    got = loaded.encode(TEXTS, prompt_name="query", dataset_embeddings=loaded.encode_context(docs))
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(expected), atol=1e-5, rtol=0)
+    code = block_neoembed + (
+        "from sentence_transformers import SentenceTransformer\n"
+        f"m = SentenceTransformer({str(adapter)!r}, trust_remote_code=True)\n"
+        f"E = m[0].encode_context({docs!r}, prompt=m.prompts.get('document'))\n"
+        f"print(m.encode({TEXTS!r}, prompt_name='query', dataset_embeddings=E).tolist())\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    plain = json.loads(r.stdout.strip().splitlines()[-1])
+    torch.testing.assert_close(torch.tensor(plain), torch.tensor(expected), atol=1e-5, rtol=0)

@@ -593,6 +593,12 @@ def test_lora_on_both_stages_merged_equals_unmerged_and_trains_from_a_recipe(tmp
     )
     trained = neoembed.load(out)
     assert not any("lora_" in n for n, _ in trained.named_parameters())
+    alone = neoembed.load(out / "adapter")  # the adapters alone, on the base encoder: the same model
+    sample = (DOCS * 2)[:8]  # N = 8 in the recipe
+    context = trained.encode_context(sample)
+    torch.testing.assert_close(alone.encode_context(sample), context, atol=1e-5, rtol=0)
+    expected = trained.encode(DOCS, dataset_embeddings=context)
+    assert np.abs(alone.encode(DOCS, dataset_embeddings=context) - expected).max() <= 1e-5
     # checkpoint-1 is a merged copy: the model being trained kept its adapter (only adapted layers moved below)
     assert not any("lora_" in n for n, _ in neoembed.load(out / "checkpoint-1").named_parameters())
     base = ContextualSentenceTransformer.from_backbone(str(tiny_official), n_context=8)

@@ -23,7 +23,14 @@ import neoembed.modeling  # noqa: F401  (NeoBERT registered with the Auto classe
 from neoembed.cde.modeling_cde import ContextMissingError, ContextualDocumentEmbedder
 from neoembed.sentence import EmbeddingModel
 
-__all__ = ["CLASS_REF", "ContextMissingError", "ContextualSentenceTransformer", "is_cde_folder", "load_cde"]
+__all__ = [
+    "CLASS_REF",
+    "ContextMissingError",
+    "ContextualSentenceTransformer",
+    "is_cde_folder",
+    "load_cde",
+    "save_cde_adapter",
+]
 
 CLASS_REF = "modeling_cde.ContextualDocumentEmbedder"
 
@@ -118,6 +125,20 @@ class ContextualSentenceTransformer(EmbeddingModel):
             if m["type"].endswith(".ContextualDocumentEmbedder"):
                 m["type"] = CLASS_REF
         modules_file.write_text(json.dumps(modules, indent=2))
+
+
+def save_cde_adapter(model: ContextualSentenceTransformer, path: str | Path) -> Path:
+    """The model's LoRA adapters alone (both stages, PEFT's layout) with the head, which trains in full
+    (``cde_head.safetensors``), the tokenizer, the prompts and the construction settings; ``cde_adapter.json`` names
+    the base encoder the stages started from. It loads like a CDE folder — ``neoembed.load(path)`` or
+    ``SentenceTransformer(path, trust_remote_code=True)`` — which loads the base encoder and applies the adapters."""
+    cde = model.cde
+    cde.adapter_base = cde.first_stage.name_or_path  # the encoder both stages were built from
+    try:
+        model.save(str(path), create_model_card=False)
+    finally:
+        cde.adapter_base = None
+    return Path(path)
 
 
 def load_cde(path: str | Path, device: str | None = None, **kwargs) -> ContextualSentenceTransformer:

@@ -40,6 +40,8 @@ logger = logging.getLogger(__name__)
 
 HEAD_WEIGHTS = "cde_head.safetensors"
 FIRST, SECOND = "first_stage", "second_stage"
+# a folder holding LoRA adapters alone: each stage folder is PEFT's layout, and this file names their base encoder
+ADAPTER_BASE = "cde_adapter.json"
 
 
 class ContextMissingError(ValueError):
@@ -124,6 +126,8 @@ class ContextualDocumentEmbedder(InputModule):
         if self._rope_prefix:
             register_positionless_prefix(second_stage)
         self._warned_truncation = False
+        # set while neoembed.cde.model.save_cde_adapter saves: the stages' adapters alone over this base
+        self.adapter_base: str | None = None
 
     # ------------------------------------------------------------------------------------------- building
     @classmethod
@@ -286,10 +290,26 @@ class ContextualDocumentEmbedder(InputModule):
         skip = (f"{FIRST}.", f"{SECOND}.")
         return {k: v.detach().contiguous() for k, v in self.state_dict().items() if not k.startswith(skip)}
 
-    def save(self, output_path: str, *args, safe_serialization: bool = True, **kwargs) -> None:
+    def save(
+        self,
+        output_path: str,
+        *args,
+        safe_serialization: bool = True,
+        adapter_base: str | None = None,
+        **kwargs,
+    ) -> None:
+        """The module's folder; ``adapter_base``: the stages' LoRA adapters alone (PEFT's layout, PEFT's LoRA
+        layers must be in the stages) over that base encoder instead of the stages' full weights."""
         os.makedirs(output_path, exist_ok=True)
-        self.first_stage.save_pretrained(os.path.join(output_path, FIRST))
-        self.second_stage.save_pretrained(os.path.join(output_path, SECOND))
+        adapter_base = adapter_base or self.adapter_base
+        if adapter_base is None:
+            self.first_stage.save_pretrained(os.path.join(output_path, FIRST))
+            self.second_stage.save_pretrained(os.path.join(output_path, SECOND))
+        else:
+            for part, stage in ((FIRST, self.first_stage), (SECOND, self.second_stage)):
+                _save_stage_adapter(stage, os.path.join(output_path, part))
+            with open(os.path.join(output_path, ADAPTER_BASE), "w") as f:
+                json.dump({"base_model": adapter_base}, f, indent=2)
         self.save_tokenizer(output_path)
         save_file(self.head_state_dict(), os.path.join(output_path, HEAD_WEIGHTS))
         with open(os.path.join(output_path, "cde_config.json"), "w") as f:
@@ -322,12 +342,21 @@ class ContextualDocumentEmbedder(InputModule):
         with open(os.path.join(root, "cde_config.json")) as f:
             config = json.load(f)
         model_kwargs = dict(model_kwargs or {})
+        base = None
+        if os.path.isfile(
+            os.path.join(root, ADAPTER_BASE)
+        ):  # adapters alone: the base encoder, then each adapter
+            with open(os.path.join(root, ADAPTER_BASE)) as f:
+                base = json.load(f)["base_model"]
         stages = [
             AutoModel.from_pretrained(
-                os.path.join(root, part), trust_remote_code=trust_remote_code, **model_kwargs
+                base or os.path.join(root, part), trust_remote_code=trust_remote_code, **model_kwargs
             )
             for part in (FIRST, SECOND)
         ]
+        if base is not None:
+            for part, stage in zip((FIRST, SECOND), stages, strict=True):
+                _load_stage_adapter(stage, os.path.join(root, part))
         tokenizer = AutoTokenizer.from_pretrained(root)
         module = cls(*stages, tokenizer, **config)
         head = load_file(os.path.join(root, HEAD_WEIGHTS))
@@ -338,3 +367,34 @@ class ContextualDocumentEmbedder(InputModule):
         dtype = stages[1].get_input_embeddings().weight.dtype
         module.to(dtype)
         return module
+
+
+def _save_stage_adapter(stage: nn.Module, folder: str) -> None:
+    """One stage's LoRA adapter in PEFT's layout (``adapter_config.json``, ``adapter_model.safetensors``)."""
+    from peft import get_peft_model_state_dict
+    from peft.tuners.lora import LoraLayer
+
+    configs = getattr(stage, "peft_config", {})
+    if "default" not in configs or not any(isinstance(m, LoraLayer) for m in stage.modules()):
+        raise ValueError("adapter_base: the stages hold no LoRA adapter to save alone")
+    os.makedirs(folder, exist_ok=True)
+    state = get_peft_model_state_dict(stage, adapter_name="default")
+    save_file(
+        {k: v.detach().contiguous().cpu() for k, v in state.items()},
+        os.path.join(folder, "adapter_model.safetensors"),
+    )
+    configs["default"].save_pretrained(folder)
+
+
+def _load_stage_adapter(stage: nn.Module, folder: str) -> None:
+    """Put a stage's saved LoRA adapter into ``stage`` (the base encoder), not merged."""
+    try:
+        from peft import LoraConfig, inject_adapter_in_model, set_peft_model_state_dict
+    except ImportError as e:
+        raise ImportError(f"{folder} holds a LoRA adapter: loading it needs PEFT (pip install peft)") from e
+    config = LoraConfig.from_pretrained(folder)
+    inject_adapter_in_model(config, stage)
+    result = set_peft_model_state_dict(stage, load_file(os.path.join(folder, "adapter_model.safetensors")))
+    missing = [k for k in getattr(result, "missing_keys", []) if "lora_" in k]
+    if missing:
+        raise ValueError(f"{folder}: the adapter lacks {len(missing)} LoRA weights, e.g. {missing[0]}")

@@ -43,6 +43,7 @@ from neoembed.cde.batching import (
     teacher_embeddings,
 )
 from neoembed.cde.gradcache import full_backprop_step, two_stage_gradcache_step
+from neoembed.cde.model import save_cde_adapter
 from neoembed.cde.recipe import CDERecipe
 from neoembed.compile import compile_layers
 from neoembed.data.cards import DataCardError, explain_data_errors, find_card, load_card, prepare_card
@@ -328,11 +329,14 @@ def _run_record(
 
 
 def _save_model(model, recipe: CDERecipe, folder: Path, training: bool = False) -> None:
-    """The model as an ordinary CDE folder. With an adapter it is saved merged (loads anywhere, without PEFT);
-    during training (a checkpoint) a merged copy is saved, so that the model being trained keeps its adapter."""
+    """The model as an ordinary CDE folder. With an adapter it is saved merged (loads anywhere, without PEFT),
+    the final model also with the adapters alone in ``adapter/``; during training (a checkpoint) a merged copy is
+    saved, so that the model being trained keeps its adapter."""
     if recipe.adapter is not None:
         if training:
             model = copy.deepcopy(model)
+        else:
+            save_cde_adapter(model, folder / "adapter")
         merge_lora(model)
     model.save(str(folder))
     if recipe.matryoshka is not None:
@@ -414,7 +418,9 @@ def train_cde(
         progress=progress,
         nan_advice="Lower optimizer.lr or use precision bf16/fp32",
         evaluate=_evaluation(evaluator, model, module, output),
-        save_model=functools.partial(_save_model, model, recipe, training=True),  # checkpoint-N loads as a model
+        save_model=functools.partial(
+            _save_model, model, recipe, training=True
+        ),  # checkpoint-N loads as a model
     )
     data_files, extra = _run_record(recipe, cards, sources, module, per_epoch)
     loop.start(checkpoint, "train-cde", data_files=data_files, extra=extra)
