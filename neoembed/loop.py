@@ -19,7 +19,7 @@ What the loop owns (so that the two trainers cannot disagree on it):
   on the main process (its scores are broadcast), logged as ``eval_<name>`` rows; with ``keep_best``, the best
   saved step is kept out of the checkpoint rotation, survives a resume in ``trainer_state.json``, and its weights
   become the final model (``best.json`` and ``run_record.json`` say which);
-- **trackers**: the recipe as hyperparameters (``a.b`` keys) when a run starts, to TensorBoard and accelerate's
+- **trackers**: the recipe as hyperparameters (``recipe.a.b`` keys) when a run starts, to TensorBoard and accelerate's
   trackers alike.
 
 A step function ``step_fn(step, stop_requested) -> StepOutput`` runs the forward and backward passes of one
@@ -44,6 +44,7 @@ from typing import Any
 
 from neoembed.record import atomic_write_text, write_run_record
 from neoembed.runs import (
+    TRACKER_PROJECT,
     MetricsLog,
     StopSignal,
     TrainingInterrupted,
@@ -53,6 +54,7 @@ from neoembed.runs import (
     list_checkpoints,
     param_groups,
     progress_line,
+    recipe_hyperparameters,
     run_identity,
     stage_checkpoint,
     write_failed,
@@ -84,7 +86,8 @@ TRACKER_IDS = "trackers.json"
 
 def _start_trackers(report_to, output: Path, resumed: bool, main: bool) -> list:
     """accelerate's trackers for ``report_to`` (TensorBoard is MetricsLog's own), each run named after the output
-    folder; a resumed run continues the MLflow / W&B run recorded in ``OUTPUT/trackers.json``."""
+    folder, in the project :data:`~neoembed.runs.TRACKER_PROJECT` (``WANDB_PROJECT`` / ``TRACKIO_PROJECT`` /
+    ``MLFLOW_EXPERIMENT_NAME`` choose another, as in the unified trainer); a resumed run continues the MLflow / W&B run recorded in ``OUTPUT/trackers.json``."""
     names = [n for n in report_to if n != "tensorboard"]
     if not names or not main:
         return []
@@ -98,8 +101,15 @@ def _start_trackers(report_to, output: Path, resumed: bool, main: bool) -> list:
             run_id=ids.get("mlflow"),
             run_name=output.name,
         ),
-        "wandb": lambda: WandBTracker(output.name, name=output.name, id=ids.get("wandb"), resume="allow"),
-        "trackio": lambda: TrackioTracker(output.name, name=output.name),
+        "wandb": lambda: WandBTracker(
+            os.environ.get("WANDB_PROJECT", TRACKER_PROJECT),
+            name=output.name,
+            id=ids.get("wandb"),
+            resume="allow",
+        ),
+        "trackio": lambda: TrackioTracker(
+            os.environ.get("TRACKIO_PROJECT", TRACKER_PROJECT), name=output.name
+        ),
     }
     trackers = [make[n]() for n in names]
     for tracker in trackers:
@@ -113,23 +123,6 @@ def _start_trackers(report_to, output: Path, resumed: bool, main: bool) -> list:
     output.mkdir(parents=True, exist_ok=True)
     atomic_write_text(saved, json.dumps(run_ids, indent=1) + "\n")
     return trackers
-
-
-def _hyperparameters(recipe) -> dict[str, Any]:
-    """The whole validated recipe as ``a.b`` keys (lists as text), as trackers take hyperparameters."""
-    flat: dict[str, Any] = {}
-
-    def walk(node: dict, prefix: str) -> None:
-        for key, value in node.items():
-            if isinstance(value, dict):
-                walk(value, f"{prefix}{key}.")
-            else:
-                flat[f"{prefix}{key}"] = (
-                    value if isinstance(value, int | float | str | bool) else json.dumps(value)
-                )
-
-    walk(recipe.model_dump(mode="json"), "")
-    return flat
 
 
 def _add_to_run_record(output: Path, entries: dict) -> None:
@@ -318,7 +311,7 @@ class RunLoop:
             self.recipe.report_to, self.output, self.step > 0, self.acc.is_main_process
         )
         if self.step == 0:  # a resumed run has them already (MLflow refuses a parameter logged twice)
-            hyperparameters = _hyperparameters(self.recipe)
+            hyperparameters = recipe_hyperparameters(self.recipe)
             self.metrics.hyperparameters(hyperparameters)
             for tracker in self.trackers:
                 tracker.store_init_configuration(hyperparameters)

@@ -44,7 +44,10 @@ from neoembed.record import atomic_write_text, file_sha256
 __all__ = [
     "CHECKPOINT_MARKER",
     "TRACKERS",
+    "TRACKER_PROJECT",
     "check_trackers",
+    "recipe_hyperparameters",
+    "tensorboard_hparams",
     "progress_line",
     "CheckpointWriteError",
     "FinalSaveInterrupted",
@@ -750,6 +753,39 @@ TRACKERS = {
 }
 
 
+# the W&B / Trackio project of every neoembed run (WANDB_PROJECT / TRACKIO_PROJECT choose another); a run is named
+# after its output folder
+TRACKER_PROJECT = "neoembed"
+
+
+def recipe_hyperparameters(recipe) -> dict[str, Any]:
+    """The whole validated recipe as ``recipe.a.b`` keys (lists as JSON text), as trackers take hyperparameters;
+    every trainer sends these same keys. The prefix keeps them apart from what transformers' integrations log
+    under bare names (TrainingArguments, the model config: its ``max_length`` is not the recipe's)."""
+    flat: dict[str, Any] = {}
+
+    def walk(node: dict, prefix: str) -> None:
+        for key, value in node.items():
+            if isinstance(value, dict):
+                walk(value, f"{prefix}{key}.")
+            else:
+                flat[f"{prefix}{key}"] = (
+                    value if isinstance(value, int | float | str | bool) else json.dumps(value)
+                )
+
+    walk(recipe.model_dump(mode="json"), "recipe.")
+    return flat
+
+
+def tensorboard_hparams(writer, values: dict) -> None:
+    """``values`` in TensorBoard's HPARAMS tab, in the writer's own event file (``add_hparams`` would open a
+    sub-run beside it)."""
+    from torch.utils.tensorboard.summary import hparams
+
+    for summary in hparams(values, {}):
+        writer._get_file_writer().add_summary(summary)
+
+
 def check_trackers(report_to) -> None:
     """Every tracker named in ``report_to`` is known and installed: checked before any data or model loads, so a
     missing package costs seconds, not a run."""
@@ -828,12 +864,8 @@ class MetricsLog:
     def hyperparameters(self, values: dict) -> None:
         """TensorBoard's HPARAMS tab for this run: ``values`` (flat ``a.b`` keys; a new run, not a resume)."""
         self._open()
-        if self.writer is None:
-            return
-        from torch.utils.tensorboard.summary import hparams
-
-        for summary in hparams(values, {}):  # in the run's own event file, not a sub-run as add_hparams does
-            self.writer.file_writer.add_summary(summary)
+        if self.writer is not None:
+            tensorboard_hparams(self.writer, values)
 
     def watch(self, row: dict) -> None:
         zero = row.get("loss") == 0 and not row.get("grad_norm")

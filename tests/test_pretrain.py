@@ -512,7 +512,8 @@ def test_mlflow_tracks_the_run_loop_and_a_resume_continues_the_same_run(
     runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
     assert len(runs) == 1 and runs[0].info.run_name == "tracked"
     params = runs[0].data.params  # the recipe as hyperparameters, from the first start (the resume adds none)
-    assert params["steps"] == "4" and params["optimizer.lr"] == "0.002" and params["masking.rate"] == "0.2"
+    assert params["recipe.steps"] == "4" and params["recipe.optimizer.lr"] == "0.002"
+    assert params["recipe.masking.rate"] == "0.2"
     history = client.get_metric_history(runs[0].info.run_id, "loss")
     by_step: dict[int, list[float]] = {}
     for m in history:
@@ -627,7 +628,7 @@ def test_evaluation_on_held_out_shards_and_the_best_checkpoint_kept_across_a_res
 
 
 def test_tensorboard_receives_the_recipe_as_hyperparameters_and_the_eval_scores(tmp_path, shards, held_out):
-    """report_to: [tensorboard] in the run loop: the validated recipe (a.b keys) in the HPARAMS tab of the
+    """report_to: [tensorboard] in the run loop: the validated recipe (recipe.a.b keys) in the HPARAMS tab of the
     run's own event file, and the eval_ scores as scalars beside the loss."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.plugins.hparams import plugin_data_pb2
@@ -644,8 +645,8 @@ def test_tensorboard_receives_the_recipe_as_hyperparameters_and_the_eval_scores(
     assert {"train/loss", "train/eval_mlm_loss", "train/eval_mlm_accuracy"} <= set(acc.Tags()["scalars"])
     content = acc.PluginTagToContent("hparams")["_hparams_/session_start_info"]
     hparams = plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info.hparams
-    assert hparams["steps"].number_value == 2 and hparams["masking.scheme"].string_value == "mask"
-    assert json.loads(hparams["eval.sources"].string_value) == [{"path": str(held_out), "weight": 1.0}]
+    assert hparams["recipe.steps"].number_value == 2 and hparams["recipe.masking.scheme"].string_value == "mask"
+    assert json.loads(hparams["recipe.eval.sources"].string_value) == [{"path": str(held_out), "weight": 1.0}]
 
 
 def test_eval_settings_are_checked_before_anything_loads(tmp_path, shards):

@@ -80,6 +80,32 @@ def test_mlflow_file_store_and_tensorboard_read_back_across_a_resume(tmp_path, t
     assert sorted(steps) == list(range(1, 9)), steps  # every step once
     assert {m.step: m.value for m in history} == pytest.approx(losses, rel=1e-6)
     assert _tensorboard_scalars(out, "train/loss") == pytest.approx(losses, rel=1e-6)
+    # the recipe as hyperparameters, the run loop's keys, once (the resume adds none: MLflow would refuse)
+    params = runs[0].data.params
+    assert params["recipe.optimizer.lr"] == str(recipe.optimizer.lr) and params["recipe.temperature"] == "0.07"
+    assert json.loads(params["recipe.datasets"])[0]["card"] == "pydoc_names"
+    assert params["recipe.max_length"] == str(recipe.max_length)  # apart from the model config's max_length
+    assert params["learning_rate"] == str(recipe.optimizer.lr)  # transformers' own arguments beside them
+    hparams = _tensorboard_hparams(out)
+    assert hparams["recipe.optimizer.lr"].number_value == pytest.approx(recipe.optimizer.lr)
+    assert json.loads(hparams["recipe.report_to"].string_value) == ["mlflow", "tensorboard"]
+
+
+def _tensorboard_hparams(folder: Path) -> dict:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    found = []
+    for events in sorted(folder.rglob("events.out.tfevents.*")):
+        acc = EventAccumulator(str(events.parent))
+        acc.Reload()
+        try:
+            content = acc.PluginTagToContent("hparams")["_hparams_/session_start_info"]
+        except KeyError:  # an event file without hyperparameters (a resumed run's)
+            continue
+        found.append(plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info.hparams)
+    assert len(found) == 1, f"{len(found)} hyperparameter records"
+    return found[0]
 
 
 def test_a_named_tracker_that_is_not_installed_fails_before_anything_loads(monkeypatch, tmp_path):

@@ -44,6 +44,7 @@ from neoembed.losses import build_loss
 from neoembed.recipe import RecipeError, resolve_recipe_path
 from neoembed.record import write_run_record
 from neoembed.runs import (
+    TRACKER_PROJECT,
     MetricsLog,
     StopSignal,
     TrainingInterrupted,
@@ -55,11 +56,13 @@ from neoembed.runs import (
     list_checkpoints,
     prepare_output_dir,
     progress_line,
+    recipe_hyperparameters,
     resume_defaults,
     resume_settings,
     run_identity,
     save_final_model,
     stage_checkpoint,
+    tensorboard_hparams,
     verify_checkpoint,
     write_failed,
 )
@@ -232,13 +235,52 @@ class _TrackerIdsCallback(TrainerCallback):
             atomic_write_text(self.output / TRACKER_IDS, json.dumps(ids, indent=1) + "\n")
 
 
+class _RecipeHyperparameters(TrainerCallback):
+    """The recipe as ``a.b`` hyperparameters (:func:`~neoembed.runs.recipe_hyperparameters`: the run loop's keys)
+    to each tracker transformers started, at a run's first start (a resumed run has them; MLflow refuses a
+    parameter logged twice), beside the TrainingArguments and model config transformers sends itself."""
+
+    def __init__(self, callbacks: list, recipe: UnifiedRecipe, main: bool):
+        self.callbacks, self.recipe, self.main = callbacks, recipe, main
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if state.global_step > 0 or not self.main:
+            return
+        values = recipe_hyperparameters(self.recipe)
+        for cb in self.callbacks:
+            name = type(cb).__name__
+            if name == "TensorBoardCallback" and cb.tb_writer is not None:
+                tensorboard_hparams(cb.tb_writer, values)
+            elif name == "MLflowCallback" and getattr(cb, "_initialized", False):
+                _mlflow_params(cb, values)
+            elif name == "WandbCallback" and getattr(getattr(cb, "_wandb", None), "run", None) is not None:
+                cb._wandb.config.update(values, allow_val_change=True)
+            elif name == "TrackioCallback" and getattr(cb, "_initialized", False):
+                cb._trackio.config.update(values, allow_val_change=True)
+
+
+def _mlflow_params(cb, values: dict) -> None:
+    """MLflow parameters in its batches; a value over its length limit (a long datasets list) is left out, said once."""
+    limit = cb._MAX_PARAM_VAL_LENGTH
+    long = [k for k, v in values.items() if len(str(v)) > limit]
+    if long:
+        logger.warning(
+            "MLflow: %s longer than %d characters, not logged (run_record.json has them)", long, limit
+        )
+    items = [(k, v) for k, v in values.items() if k not in long]
+    for i in range(0, len(items), cb._MAX_PARAMS_TAGS_PER_BATCH):
+        cb._ml_flow.log_params(dict(items[i : i + cb._MAX_PARAMS_TAGS_PER_BATCH]))
+
+
 @contextlib.contextmanager
 def _tracker_env(output: Path, resume: bool):
-    """On resume: the environment that makes transformers' MLflow / W&B integrations continue the recorded runs (a
-    variable the user set wins); restored afterwards."""
+    """The W&B / Trackio project (:data:`~neoembed.runs.TRACKER_PROJECT`, as in the run loop) and, on resume, the
+    environment that makes transformers' MLflow / W&B integrations continue the recorded runs (a variable the user
+    set wins); restored afterwards."""
     saved = output / TRACKER_IDS
     ids = json.loads(saved.read_text()) if resume and saved.is_file() else {}
     env = {k: v.format(id=ids[t]) for t, kv in RESUME_ENV.items() if t in ids for k, v in kv.items()}
+    env |= {"WANDB_PROJECT": TRACKER_PROJECT, "TRACKIO_PROJECT": TRACKER_PROJECT}
     env = {k: v for k, v in env.items() if k not in os.environ}
     os.environ.update(env)
     try:
@@ -627,7 +669,7 @@ def train(
     metrics = _MetricsCallback(output, samplers, list(datasets.keys()), batch_sizes, main)
     stop = StopSignal()
     metrics.loss_counts = getattr(trainer.loss, "pop_counts", dict)
-    _add_callbacks(trainer, metrics, stop, output, main)
+    _add_callbacks(trainer, recipe, metrics, stop, output, main)
     if checkpoint is not None:
         _resume_logs(trainer, checkpoint, output, main)
     if main:
@@ -658,7 +700,9 @@ def _training_data(recipe: UnifiedRecipe, recipe_dir: Path | None):
     return datasets, cards, batch_sizes, reports, held, holdout_record(recipe, held, sizes, datasets)
 
 
-def _add_callbacks(trainer, metrics: _MetricsCallback, stop: StopSignal, output: Path, main: bool) -> None:
+def _add_callbacks(
+    trainer, recipe: UnifiedRecipe, metrics: _MetricsCallback, stop: StopSignal, output: Path, main: bool
+) -> None:
     trainer.add_callback(metrics)
     trainer.add_callback(_SignalCallback(stop))
     if not _is_terminal():  # transformers' own printer would add a raw dict per log beside our line
@@ -667,6 +711,7 @@ def _add_callbacks(trainer, metrics: _MetricsCallback, stop: StopSignal, output:
         trainer.remove_callback(PrinterCallback)
         trainer.add_callback(_PlainProgress())
     trainer.add_callback(_TrackerIdsCallback(trainer.callback_handler.callbacks, output, main))
+    trainer.add_callback(_RecipeHyperparameters(trainer.callback_handler.callbacks, recipe, main))
 
 
 def _is_terminal() -> bool:
