@@ -108,7 +108,9 @@ def _start_trackers(report_to, output: Path, resumed: bool, main: bool) -> list:
             resume="allow",
         ),
         "trackio": lambda: TrackioTracker(
-            os.environ.get("TRACKIO_PROJECT", TRACKER_PROJECT), name=output.name
+            os.environ.get("TRACKIO_PROJECT", TRACKER_PROJECT),
+            name=output.name,
+            resume="allow" if resumed else "never",  # Trackio continues a run by its name
         ),
     }
     trackers = [make[n]() for n in names]
@@ -310,10 +312,11 @@ class RunLoop:
         self.trackers = _start_trackers(
             self.recipe.report_to, self.output, self.step > 0, self.acc.is_main_process
         )
-        if self.step == 0:  # a resumed run has them already (MLflow refuses a parameter logged twice)
-            hyperparameters = recipe_hyperparameters(self.recipe)
+        hyperparameters = recipe_hyperparameters(self.recipe)
+        if self.step == 0:  # a resumed run has them already (MLflow refuses a changed parameter)...
             self.metrics.hyperparameters(hyperparameters)
-            for tracker in self.trackers:
+        for tracker in self.trackers:  # ... except Trackio's, whose resumed run starts a new config
+            if self.step == 0 or tracker.name == "trackio":
                 tracker.store_init_configuration(hyperparameters)
         shown = self.progress and self.acc.is_main_process
         plain = (

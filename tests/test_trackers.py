@@ -82,7 +82,9 @@ def test_mlflow_file_store_and_tensorboard_read_back_across_a_resume(tmp_path, t
     assert _tensorboard_scalars(out, "train/loss") == pytest.approx(losses, rel=1e-6)
     # the recipe as hyperparameters, the run loop's keys, once (the resume adds none: MLflow would refuse)
     params = runs[0].data.params
-    assert params["recipe.optimizer.lr"] == str(recipe.optimizer.lr) and params["recipe.temperature"] == "0.07"
+    assert (
+        params["recipe.optimizer.lr"] == str(recipe.optimizer.lr) and params["recipe.temperature"] == "0.07"
+    )
     assert json.loads(params["recipe.datasets"])[0]["card"] == "pydoc_names"
     assert params["recipe.max_length"] == str(recipe.max_length)  # apart from the model config's max_length
     assert params["learning_rate"] == str(recipe.optimizer.lr)  # transformers' own arguments beside them
@@ -122,3 +124,28 @@ def test_a_named_tracker_that_is_not_installed_fails_before_anything_loads(monke
         train(recipe, recipe_dir=TINY.parent)
     with pytest.raises(Exception, match="trackio"):
         load_recipe(TINY, UnifiedRecipe, ["report_to=[neptune]"])
+
+
+def test_recipe_hyperparameters_reach_wandb_once_and_trackio_on_every_start():
+    """W&B keeps a resumed run's config, Trackio starts it anew: the recipe goes to W&B at the first start and to
+    Trackio at every start (the offline runs themselves: benchmarks/trackers_offline.py)."""
+    from types import SimpleNamespace
+
+    class _Config(dict):
+        def update(self, values, allow_val_change=False):
+            assert allow_val_change
+            super().update(values)
+
+    WandbCallback = type("WandbCallback", (), {})  # matched by name, as transformers' integrations are
+    TrackioCallback = type("TrackioCallback", (), {})
+    wandb, trackio = WandbCallback(), TrackioCallback()
+    wandb._wandb = SimpleNamespace(run=object(), config=_Config())
+    trackio._trackio, trackio._initialized = SimpleNamespace(config=_Config()), True
+    recipe = load_recipe(TINY, UnifiedRecipe, [])
+    callback = trainer_mod._RecipeHyperparameters([wandb, trackio], recipe, main=True)
+    for step in (0, 4):  # a first start, then a resume
+        wandb._wandb.config.clear()
+        trackio._trackio.config.clear()
+        callback.on_train_begin(None, SimpleNamespace(global_step=step), None)
+        assert trackio._trackio.config["recipe.temperature"] == recipe.temperature
+        assert ("recipe.temperature" in wandb._wandb.config) == (step == 0)

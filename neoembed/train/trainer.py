@@ -238,25 +238,28 @@ class _TrackerIdsCallback(TrainerCallback):
 class _RecipeHyperparameters(TrainerCallback):
     """The recipe as ``a.b`` hyperparameters (:func:`~neoembed.runs.recipe_hyperparameters`: the run loop's keys)
     to each tracker transformers started, at a run's first start (a resumed run has them; MLflow refuses a
-    parameter logged twice), beside the TrainingArguments and model config transformers sends itself."""
+    changed parameter; Trackio gets them again), beside the TrainingArguments and model config transformers sends
+    itself."""
 
     def __init__(self, callbacks: list, recipe: UnifiedRecipe, main: bool):
         self.callbacks, self.recipe, self.main = callbacks, recipe, main
 
     def on_train_begin(self, args, state, control, **kwargs):
-        if state.global_step > 0 or not self.main:
+        if not self.main:
             return
         values = recipe_hyperparameters(self.recipe)
         for cb in self.callbacks:
             name = type(cb).__name__
-            if name == "TensorBoardCallback" and cb.tb_writer is not None:
+            if name == "TrackioCallback" and getattr(cb, "_initialized", False):  # a resumed run too: it
+                cb._trackio.config.update(values, allow_val_change=True)  # starts with a new config
+            elif state.global_step > 0:
+                continue
+            elif name == "TensorBoardCallback" and cb.tb_writer is not None:
                 tensorboard_hparams(cb.tb_writer, values)
             elif name == "MLflowCallback" and getattr(cb, "_initialized", False):
                 _mlflow_params(cb, values)
             elif name == "WandbCallback" and getattr(getattr(cb, "_wandb", None), "run", None) is not None:
                 cb._wandb.config.update(values, allow_val_change=True)
-            elif name == "TrackioCallback" and getattr(cb, "_initialized", False):
-                cb._trackio.config.update(values, allow_val_change=True)
 
 
 def _mlflow_params(cb, values: dict) -> None:
@@ -511,6 +514,7 @@ def _training_args(recipe: UnifiedRecipe, output: Path, full_sizes: list[int]):
         logging_nan_inf_filter=False,  # a NaN loss must reach the callback that stops the run
         report_to=list(recipe.report_to) or "none",
         run_name=output.name,  # the tracked run's name, as the run loop names it
+        project=os.environ.get("TRACKIO_PROJECT", TRACKER_PROJECT),  # Trackio's project, as the run loop's
         **_eval_args(recipe),
         seed=recipe.seed,
         data_seed=recipe.seed,
@@ -652,29 +656,30 @@ def train(
         a = recipe.adapter
         add_lora(model, a.r, a.alpha, a.dropout, a.target_modules)
         logger.info("LoRA adapter: %d of %d parameters train", *count_parameters(model))
-    samplers: list = []
-    trainer = _trainer_class()(
-        model=model,
-        args=_training_args(recipe, output, full_sizes),
-        train_dataset=datasets,
-        loss=build_loss(recipe.loss, model, recipe),
-        batch_sizes=batch_sizes,
-        samplers=samplers,
-        settings=settings,
-        keep=recipe.save_total_limit,
-        evaluator=evaluator,
-        no_duplicates=no_duplicates,
-    )
-    output.mkdir(parents=True, exist_ok=True)
-    metrics = _MetricsCallback(output, samplers, list(datasets.keys()), batch_sizes, main)
-    stop = StopSignal()
-    metrics.loss_counts = getattr(trainer.loss, "pop_counts", dict)
-    _add_callbacks(trainer, recipe, metrics, stop, output, main)
-    if checkpoint is not None:
-        _resume_logs(trainer, checkpoint, output, main)
-    if main:
-        _write_run_record(recipe, output, cards, reports, datasets, settings, batch_sizes, (held, holdout))
+    # entered before the trainer exists: sentence-transformers' trainer sets its own W&B / Trackio project
     with _tracker_env(output, checkpoint is not None):
+        samplers: list = []
+        trainer = _trainer_class()(
+            model=model,
+            args=_training_args(recipe, output, full_sizes),
+            train_dataset=datasets,
+            loss=build_loss(recipe.loss, model, recipe),
+            batch_sizes=batch_sizes,
+            samplers=samplers,
+            settings=settings,
+            keep=recipe.save_total_limit,
+            evaluator=evaluator,
+            no_duplicates=no_duplicates,
+        )
+        output.mkdir(parents=True, exist_ok=True)
+        metrics = _MetricsCallback(output, samplers, list(datasets.keys()), batch_sizes, main)
+        stop = StopSignal()
+        metrics.loss_counts = getattr(trainer.loss, "pop_counts", dict)
+        _add_callbacks(trainer, recipe, metrics, stop, output, main)
+        if checkpoint is not None:
+            _resume_logs(trainer, checkpoint, output, main)
+        if main:
+            _write_run_record(recipe, output, cards, reports, datasets, settings, batch_sizes, (held, holdout))
         _fit(trainer, checkpoint, stop, recipe, output, main)
     if metrics.nan_step is not None:
         raise TrainingStopped(
