@@ -6,7 +6,8 @@ the target is every task's main score within +-0.002 of its fp32 score.
 
 ``--embeddings``: quantized embeddings instead (fp32, int8, binary, and both with ``--rescore``), on the local
 retrieval tasks derived from ../shared/data (benchmarks/_retrieval_tasks.py); the issue's target is binary with
-rescoring within 0.5 nDCG@10 of fp32 on each. Results: benchmarks/results/embedding_precision_retrieval_<device>.{json,md}.
+rescoring within 0.5 nDCG@10 of fp32 on each. Results: benchmarks/results/embedding_precision_retrieval_<device>.{json,md}
+(``_x<N>`` added for a multiplier other than 4).
 
     OMP_NUM_THREADS=1 python benchmarks/mteb_precision.py --embeddings --device cpu --model MINILM --rescore 4
 
@@ -136,6 +137,8 @@ def embeddings_main(args) -> None:
     md += ["", f"- rescore multiplier: {args.rescore} (candidates = {args.rescore} x 10 per query)",
            f"- failed runs: {', '.join(failed) or 'none'}"]  # fmt: skip
     name = f"embedding_precision_retrieval_{args.device.split(':')[0]}"
+    if args.rescore != 4:  # sentence-transformers' default multiplier keeps the plain name; others a record each
+        name += f"_x{args.rescore}"
     write_results(
         name, {"header": header(), "rescore": args.rescore, "rows": rows, "runs": runs}, "\n".join(md) + "\n"
     )
