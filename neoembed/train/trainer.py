@@ -656,8 +656,7 @@ def train(
         a = recipe.adapter
         add_lora(model, a.r, a.alpha, a.dropout, a.target_modules)
         logger.info("LoRA adapter: %d of %d parameters train", *count_parameters(model))
-    # entered before the trainer exists: sentence-transformers' trainer sets its own W&B / Trackio project
-    with _tracker_env(output, checkpoint is not None):
+    with _tracker_env(output, checkpoint is not None):  # before sentence-transformers' trainer sets a project
         samplers: list = []
         trainer = _trainer_class()(
             model=model,
