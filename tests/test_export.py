@@ -152,3 +152,37 @@ def test_missing_graph_names_the_folder_files(tiny_export):
     out, _ = tiny_export
     with pytest.raises(FileNotFoundError, match="model_qint8"):
         neoembed.load(out, backend="onnx", file_name="model_O4.onnx")
+
+
+def test_neoembed_mteb_scores_the_onnx_graphs(
+    tiny_export, tiny_official, shared_dir, tmp_path, monkeypatch, capsys
+):
+    """`neoembed mteb --backend onnx [--onnx-file]`: the fp32 graph scores what torch scores; each result names
+    the graph it ran, and compare refuses to set an int8 graph beside the torch model."""
+    from neoembed.eval.summary import compare_runs
+
+    out, _ = tiny_export
+    task = shared_dir / "data" / "mteb" / "STS16"
+    int8 = f"model_qint8_{isa_suffix()}.onnx"
+    runs = {
+        "torch": ["--model", str(tiny_official)],
+        "onnx": ["--model", str(out), "--backend", "onnx"],
+        "int8": ["--model", str(out), "--backend", "onnx", "--onnx-file", int8],
+    }
+    scores = {}
+    for name, args in runs.items():
+        assert _cli(monkeypatch, "mteb", *args, "--tasks", str(task), "--output", str(tmp_path / name)) in (
+            0,
+            None,
+        )
+        entry = json.loads((tmp_path / name / "STS16.json").read_text())
+        scores[name] = entry["main_score"]
+        assert entry["backend"] == {"torch": "torch", "onnx": "onnx:model.onnx", "int8": f"onnx:{int8}"}[name]
+    assert f"backend: onnx:{int8}" in (tmp_path / "int8" / "summary.md").read_text()
+    assert scores["onnx"] == pytest.approx(scores["torch"], abs=1e-5)
+    assert scores["int8"] != scores["onnx"] and abs(scores["int8"] - scores["onnx"]) < 0.05
+    with pytest.raises(ValueError, match="backend"):
+        compare_runs([tmp_path / "torch", tmp_path / "int8"])
+    capsys.readouterr()
+    assert _cli(monkeypatch, "mteb", *runs["int8"], "--precision", "fp16", "--tasks", str(task)) == 2
+    assert "drop --precision" in capsys.readouterr().err

@@ -81,6 +81,21 @@ RescoreDocs = Annotated[
     ),
 ]
 
+Backend = Annotated[
+    str,
+    typer.Option(
+        "--backend",
+        help="torch | onnx: a folder written by `neoembed export`, served by ONNX Runtime (CPU).",
+    ),
+]
+OnnxFile = Annotated[
+    str | None,
+    typer.Option(
+        "--onnx-file",
+        help="With --backend onnx: the graph in the folder's onnx/ (default model.onnx), e.g. model_qint8_avx512_vnni.onnx.",
+    ),
+]
+
 
 @app.callback()
 def mteb_command(
@@ -112,6 +127,8 @@ def mteb_command(
     embedding_precision: EmbeddingPrecision = "fp32",
     rescore: Rescore = None,
     rescore_docs: RescoreDocs = "quantized",
+    backend: Backend = "torch",
+    onnx_file: OnnxFile = None,
 ) -> None:
     """Evaluate MODEL on MTEB tasks and write per-task JSON plus a Table-4 style summary."""
     if ctx.invoked_subcommand is not None:
@@ -128,7 +145,7 @@ def mteb_command(
         output_lock,
     )
 
-    _check_precisions(precision, embedding_precision, rescore, rescore_docs)
+    _check_precisions(precision, embedding_precision, rescore, rescore_docs, backend, onnx_file)
     out = output or default_results_dir(model)
     check_device(device)
     check_weight_files(model)
@@ -157,12 +174,30 @@ def mteb_command(
             embedding_precision=embedding_precision,
             rescore=rescore,
             rescore_docs=rescore_docs,
+            backend=backend,
+            onnx_file=onnx_file,
         )
         _run(cfg, out, model)
 
 
-def _check_precisions(precision, embedding_precision: str, rescore: int | None, rescore_docs: str) -> None:
+def _check_backend(backend: str, onnx_file: str | None, precision: str | None) -> None:
+    if backend not in ("torch", "onnx"):
+        raise typer.BadParameter(f"{backend!r}: choose torch or onnx", param_hint="--backend")
+    if onnx_file is not None and backend != "onnx":
+        raise typer.BadParameter("a graph file is for --backend onnx", param_hint="--onnx-file")
+    if backend == "onnx" and precision not in (None, "fp32"):
+        raise typer.BadParameter(
+            "ONNX Runtime runs the exported graph as it is (fp32 or its int8 file): drop --precision",
+            param_hint="--precision",
+        )
+
+
+def _check_precisions(
+    precision, embedding_precision: str, rescore: int | None, rescore_docs: str, backend: str, onnx_file
+) -> None:
     from neoembed.eval.runner import PRECISIONS
+
+    _check_backend(backend, onnx_file, precision)
 
     if precision is not None and precision not in PRECISIONS:
         raise typer.BadParameter(

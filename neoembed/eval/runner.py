@@ -66,6 +66,8 @@ class EvalConfig:
     embedding_precision: str = "fp32"  # "int8" / "binary": scores on quantized embeddings (mteb's wrapper)
     rescore: int | None = None  # retrieval / reranking: N x 10 nearest codes rescored (neoembed.eval.rescore)
     rescore_docs: str = "quantized"  # rescore against the "quantized" documents or the "float" ones
+    backend: str = "torch"  # "onnx": a folder written by neoembed export, served by ONNX Runtime
+    onnx_file: str | None = None  # the graph in its onnx/ folder (default model.onnx), e.g. an int8 one
 
 
 @dataclass
@@ -238,7 +240,10 @@ def _is_cde(model) -> bool:
 def _load_model(cfg: EvalConfig):
     from neoembed.loading import load
 
-    model = load(cfg.model, device=cfg.device, truncate_dim=cfg.truncate_dim)
+    if cfg.backend == "onnx":
+        model = load(cfg.model, truncate_dim=cfg.truncate_dim, backend="onnx", file_name=cfg.onnx_file)
+    else:
+        model = load(cfg.model, device=cfg.device, truncate_dim=cfg.truncate_dim)
     if cfg.max_length:
         model.max_seq_length = cfg.max_length
     return model
@@ -374,6 +379,13 @@ def _check_rescore(cfg: EvalConfig) -> None:
         raise ValueError(f"rescore_docs {cfg.rescore_docs!r}: choose one of {', '.join(RESCORE_DOCS)}")
 
 
+def backend_label(cfg: EvalConfig) -> str:
+    """How the model ran: ``torch``, or ``onnx:<graph file>`` (an int8 graph scores differently from fp32)."""
+    if cfg.backend == "torch":
+        return "torch"
+    return f"onnx:{cfg.onnx_file or 'model.onnx'}"
+
+
 def _record_extra(cfg: EvalConfig, label: str, precision: str, device: str) -> dict:
     """The run record's own fields; a bad ``embedding_precision`` fails here, before any task runs."""
     if cfg.embedding_precision not in EMBEDDING_PRECISIONS:
@@ -384,6 +396,7 @@ def _record_extra(cfg: EvalConfig, label: str, precision: str, device: str) -> d
     return {
         "instructions": label,
         "precision": precision,
+        "backend": backend_label(cfg),
         "embedding_precision": cfg.embedding_precision,
         "rescore": cfg.rescore,
         "rescore_docs": cfg.rescore_docs if cfg.rescore else None,
@@ -446,6 +459,7 @@ def run_mteb(cfg: EvalConfig, model=None) -> EvalReport:
             "main_score": score,
             "wall_time_s": round(time.perf_counter() - t0, 3),
             "precision": precision,
+            "backend": backend_label(cfg),
             "embedding_precision": cfg.embedding_precision,
             **_rescore_fields(cfg, task),
             "instructions": label,

@@ -54,9 +54,9 @@ def summarize(results: dict[str, dict], model: str, full_suite: dict[str, int] |
 
 
 #: Result settings that change scores: two runs are comparable only when each is the same in both.
-COMPARED_SETTINGS = ("instructions", "precision", "embedding_precision", "rescore")
+COMPARED_SETTINGS = ("instructions", "precision", "backend", "embedding_precision", "rescore")
 #: what a result file written before a setting was recorded ran with
-SETTING_DEFAULTS = {"embedding_precision": "fp32", "rescore": "none"}
+SETTING_DEFAULTS = {"embedding_precision": "fp32", "rescore": "none", "backend": "torch"}
 
 
 def _setting(results: dict[str, dict], key: str) -> str:
@@ -78,6 +78,7 @@ def _settings_line(rows: list[dict]) -> str:
     )
     return (
         f"Instructions: {', '.join(said['instructions'])} · precision: {', '.join(said['precision'])} · "
+        f"backend: {', '.join(said['backend'])} · "
         f"embeddings: {', '.join(said['embedding_precision'])} · rescore: {', '.join(said['rescore'])}{note} "
         "(`--instructions none` scores a model without task instructions)\n\n"
     )
