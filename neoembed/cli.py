@@ -65,8 +65,29 @@ def _console_logging(verbose: bool) -> None:
         logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     else:
         warnings.filterwarnings("once")
+        _once_per_message(logging.lastResort)  # other libraries' log warnings (no handler of their own)
         if not sys.stderr.isatty():
             _quiet_other_bars()
+
+
+def _once_per_message(handler) -> None:
+    """``handler`` shows each (logger, message) once: sentence-transformers repeats the same prompt warning at every
+    evaluation of a run."""
+    import logging
+
+    class _Once(logging.Filter):
+        def __init__(self):
+            super().__init__()
+            self.seen: set[tuple[str, str]] = set()
+
+        def filter(self, record):
+            key = (record.name, record.getMessage())
+            fresh = key not in self.seen
+            self.seen.add(key)
+            return fresh
+
+    if handler is not None and not any(type(f).__name__ == "_Once" for f in handler.filters):
+        handler.addFilter(_Once())
 
 
 def _quiet_other_bars() -> None:

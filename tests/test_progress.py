@@ -1,4 +1,5 @@
-"""Progress of long stages: tqdm's bar on a terminal, whole lines elsewhere (a scheduler's log, CI)."""
+"""The console: progress of long stages (tqdm's bar on a terminal, whole lines elsewhere: a scheduler's log, CI), and
+another library's repeated warning shown once."""
 
 from __future__ import annotations
 
@@ -75,3 +76,20 @@ def test_a_terminal_gets_tqdm_and_disable_gets_nothing():
     b.update(3)
     b.close()
     assert out.getvalue() == ""
+
+
+def test_another_librarys_repeated_warning_shows_once():
+    import subprocess
+    import sys
+
+    code = (
+        "import logging\n"
+        "from neoembed.cli import _console_logging\n"
+        "_console_logging(verbose=False)\n"
+        "log = logging.getLogger('sentence_transformers.prompts')\n"  # no handler of its own: the last resort
+        "for _ in range(3):\n"  # sentence-transformers says this at every evaluation of a quickstart
+        "    log.warning('Model prompts specified, these will overwrite the default model prompts.')\n"
+        "log.warning('a different warning')\n"
+    )
+    err = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stderr
+    assert err.count("Model prompts specified") == 1 and "a different warning" in err
