@@ -316,9 +316,11 @@ class NeoBERTSwiGLU(nn.Module):
         self.w3 = nn.Linear(hidden, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type == "cpu" and type(self.w12) is nn.Linear:  # a wrapped w12 (a LoRA adapter) is called
+        eager_cpu = x.device.type == "cpu" and not torch.compiler.is_exporting()
+        if eager_cpu and type(self.w12) is nn.Linear:  # a wrapped w12 (a LoRA adapter) is called
             # Two GEMMs on the two contiguous row blocks of the fused weight: faster than the fused one on
-            # CPU (measured, benchmarks/throughput.py), and silu then runs on a contiguous tensor.
+            # CPU (measured, benchmarks/throughput.py), and silu then runs on a contiguous tensor. Not in an
+            # exported graph: there the split weight is a runtime op, which int8 quantization leaves in fp32.
             gate_w, value_w = self.w12.weight.chunk(2, dim=0)
             gate, value = F.linear(x, gate_w), F.linear(x, value_w)
             if torch.is_grad_enabled():
