@@ -85,6 +85,39 @@ def test_neobert_onnx_long_input_4096_tokens(tiny_export, shared_dir):
     assert np.abs(got - expected).max() <= 1e-5
 
 
+@pytest.mark.slow
+def test_full_size_neobert_onnx_matches_torch(tiny_official, shared_dir, tmp_path):
+    """Full-size NeoBERT (random weights: 28 x 768, the paper's shape): the fp32 graph against torch's padding-free
+    model on a mixed-length batch of real sentences and a 4,096-token input; int8's cosine to fp32."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from neoembed.modeling import NeoBERTConfig, NeoBERTModel
+
+    torch.manual_seed(0)
+    folder = tmp_path / "neobert"
+    NeoBERTModel(NeoBERTConfig()).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(str(tiny_official)).save_pretrained(folder)
+    record = export(str(folder), tmp_path / "export", quantize="int8")
+    texts, long_doc = _sentences(shared_dir), " ".join(_sentences(shared_dir, 48)) * 6
+    torch_model = neoembed.load(folder)
+    fp32 = neoembed.load(tmp_path / "export", backend="onnx")
+    assert len(torch_model.tokenize([long_doc])["input_ids"][0]) == 4096
+
+    def encode(
+        model, batch
+    ):  # the 4,096-token text alone: a padded batch of it needs (B, 12, 4096, 4096) scores
+        return np.concatenate([model.encode(texts, batch_size=batch), model.encode([long_doc])])
+
+    expected, got = encode(torch_model, len(texts)), encode(fp32, len(texts))
+    assert _cosines(got, expected).min() >= 0.99999
+    assert np.abs(got - expected).max() <= 1e-5 * np.abs(expected).max()
+    int8 = neoembed.load(tmp_path / "export", backend="onnx", file_name=record["files"][1].split("/")[1])
+    cos = _cosines(encode(int8, len(texts)), got)
+    print(f"full-size int8 vs fp32 cosine: min {cos.min():.5f} mean {cos.mean():.5f}")
+    assert cos.min() >= 0.99
+
+
 def test_neobert_int8_close_to_fp32(tiny_export, shared_dir):
     out, record = tiny_export
     texts = _sentences(shared_dir)
