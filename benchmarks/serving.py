@@ -10,7 +10,8 @@ rates in ONNX Runtime (MatMul vs MatMulInteger, the op dynamic int8 graphs run) 
 (avx512_vnni / avx512_bf16 / avx2) and ``uptime`` (the machine is shared).
 
 sentence-transformers' ONNX backends go through Optimum (``optimum-onnx``), which requires transformers<4.58:
-where it does not import, those rows say why instead of a number.
+where it does not import, those rows say why instead of a number. ``--st-python PY`` times them in the same run
+with another environment's Python, one where Optimum imports (its ONNX export and ``export_dynamic_quantized_onnx_model``).
 Results: benchmarks/results/serving_cpu.{json,md}.
 """
 
@@ -104,6 +105,53 @@ def full_neobert(folder: Path) -> Path:
     return folder
 
 
+ST_ONNX = r"""
+import json, shutil, sys, tempfile, time
+from sentence_transformers import SentenceTransformer, export_dynamic_quantized_onnx_model
+cfg = json.loads(open(sys.argv[1]).read())
+folder = tempfile.mkdtemp()
+shutil.copytree(cfg["model"], folder, dirs_exist_ok=True)  # sentence-transformers writes its graphs beside the model
+
+def timed(model, texts, bs):
+    model.encode(texts[: max(bs, 2)], batch_size=bs)
+    t0 = time.perf_counter()
+    model.encode(texts, batch_size=bs)
+    dt = time.perf_counter() - t0
+    return {"texts_per_s": len(texts) / dt, "ms_per_text": 1000 * dt / len(texts), "n": len(texts)}
+
+fp32 = SentenceTransformer(folder, backend="onnx")
+export_dynamic_quantized_onnx_model(fp32, cfg["isa"], folder)
+int8 = SentenceTransformer(folder, backend="onnx", model_kwargs={"file_name": f"onnx/model_qint8_{cfg['isa']}.onnx"})
+out = {}
+for name, model in (("st onnx", fp32), ("st onnx int8", int8)):
+    model.max_seq_length = min(model.max_seq_length, cfg["max_len"])
+    out[name] = {f"{label} b{bs}": timed(model, texts, bs) for label, texts, bs in cfg["sets"]}
+print(json.dumps(out))
+"""
+
+
+def st_onnx_elsewhere(python: str, path: str, sets: dict, sets_b1: dict, max_len: int) -> dict:
+    """sentence-transformers' ONNX backend and its dynamic int8 export, timed by ``python``: an environment where
+    Optimum imports (it needs transformers < 4.58, neoembed's environment has 5), on the same texts and batches."""
+    import json
+    import sys
+
+    cfg = {
+        "model": path,
+        "isa": isa_suffix(),
+        "max_len": max_len,
+        "sets": [["sentences", sets["sentences"][0], 32]]
+        + [[label, texts, bs] for label, (texts, sizes) in sets_b1.items() for bs in sizes],
+    }
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(cfg, f)
+    r = subprocess.run([python, "-c", ST_ONNX, f.name], capture_output=True, text=True)
+    if r.returncode != 0:
+        print(r.stderr[-2000:], file=sys.stderr)
+        return {"st onnx": {"error": r.stderr.strip().splitlines()[-1][:300]}}
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 def st_onnx_forms(path: str) -> dict:
     """sentence-transformers' own ONNX backend (fp32; int8 by its export_dynamic_quantized_onnx_model)."""
     from sentence_transformers import SentenceTransformer
@@ -169,6 +217,11 @@ def main() -> None:
     parser.add_argument("--batch1", type=int, default=32)
     parser.add_argument("--long", type=int, default=4)
     parser.add_argument("--long-max", type=int, default=1024)
+    parser.add_argument(
+        "--st-python",
+        help="a Python whose environment runs sentence-transformers' ONNX backend (Optimum: transformers < 4.58); "
+        "its ONNX and ONNX-int8 rows are timed there, in this run",
+    )
     args = parser.parse_args()
     torch.set_num_threads(torch.get_num_threads())
     head, facts = header(), cpu_facts()
@@ -186,6 +239,10 @@ def main() -> None:
         results["all-MiniLM-L6-v2"] = measure_split(
             forms_for("minilm", minilm, work, args.long_max), sets, sets_b1
         )
+        if args.st_python:
+            st_rows = st_onnx_elsewhere(args.st_python, minilm, sets, sets_b1, args.long_max)
+            results["all-MiniLM-L6-v2"].pop("st onnx", None)
+            results["all-MiniLM-L6-v2"].update(st_rows)
         neobert = str(full_neobert(work / "neobert-random"))
         results["NeoBERT full size (random)"] = measure_split(
             forms_for("neobert", neobert, work, args.long_max), sets, sets_b1
