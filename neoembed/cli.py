@@ -6,6 +6,7 @@ commands, so ``neoembed --help`` stays fast.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Annotated
 
@@ -45,49 +46,71 @@ def _root(
 def _console_logging(verbose: bool) -> None:
     """neoembed's own progress lines (rows kept per card, batch sizes, what a run decided) on stderr, plainly;
     other libraries at their warnings, each repeated warning shown once; ``--verbose`` shows everything."""
-    import logging
     import sys
     import warnings
 
-    class _Stderr(logging.StreamHandler):
-        def emit(self, record):
-            self.stream = sys.stderr  # the current stderr (tests and notebooks swap it)
-            super().emit(record)
-
     log = logging.getLogger("neoembed")
-    if not any(isinstance(h, logging.StreamHandler) and h.get_name() == "neoembed" for h in log.handlers):
-        handler = _Stderr()
-        handler.set_name("neoembed")
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        log.addHandler(handler)
+    _stderr_handler(log)
     log.setLevel(logging.DEBUG if verbose else logging.INFO)
     if verbose:
         logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     else:
         warnings.filterwarnings("once")
-        _once_per_message(logging.lastResort)  # other libraries' log warnings (no handler of their own)
+        # warnings become log records, so that one filter shows each once: the warnings module's "once" forgets
+        # what it showed whenever a library enters warnings.catch_warnings (mteb does, at every task)
+        logging.captureWarnings(True)
+        _once_per_message(_stderr_handler(logging.getLogger("py.warnings")))
+        _once_per_message(logging.lastResort)  # where other libraries' records go (no handler of their own)
         if not sys.stderr.isatty():
             _quiet_other_bars()
 
 
+class _Stderr(logging.StreamHandler):
+    """Writes the bare message (a captured warning's own trailing newline dropped) to the current stderr (tests
+    and notebooks swap it)."""
+
+    def emit(self, record):
+        import sys
+
+        self.stream = sys.stderr
+        super().emit(record)
+
+    def format(self, record) -> str:
+        return super().format(record).rstrip("\n")
+
+
+def _stderr_handler(logger: logging.Logger) -> logging.Handler:
+    """``logger``'s plain stderr handler, added once."""
+    name = f"neoembed:{logger.name}"
+    for handler in logger.handlers:
+        if handler.get_name() == name:
+            return handler
+    handler = _Stderr()
+    handler.set_name(name)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger.addHandler(handler)
+    return handler
+
+
+class _OncePerMessage(logging.Filter):
+    """Passes each (logger, first line of the message) once: libraries repeat the same notice at every task or
+    evaluation of a run (mteb's deprecations, sentence-transformers' "Model prompts specified"), the first line
+    being the same and the rest naming that task."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: set[tuple[str, str]] = set()
+
+    def filter(self, record) -> bool:
+        key = (record.name, record.getMessage().split("\n", 1)[0])
+        fresh = key not in self.seen
+        self.seen.add(key)
+        return fresh
+
+
 def _once_per_message(handler) -> None:
-    """``handler`` shows each (logger, message) once: sentence-transformers repeats the same prompt warning at every
-    evaluation of a run."""
-    import logging
-
-    class _Once(logging.Filter):
-        def __init__(self):
-            super().__init__()
-            self.seen: set[tuple[str, str]] = set()
-
-        def filter(self, record):
-            key = (record.name, record.getMessage())
-            fresh = key not in self.seen
-            self.seen.add(key)
-            return fresh
-
-    if handler is not None and not any(type(f).__name__ == "_Once" for f in handler.filters):
-        handler.addFilter(_Once())
+    if handler is not None and not any(isinstance(f, _OncePerMessage) for f in handler.filters):
+        handler.addFilter(_OncePerMessage())
 
 
 def _quiet_other_bars() -> None:

@@ -79,17 +79,26 @@ def test_a_terminal_gets_tqdm_and_disable_gets_nothing():
 
 
 def test_another_librarys_repeated_warning_shows_once():
+    """As a neoembed mteb run over eight tasks printed them eight times each: sentence-transformers' prompt notice
+    (its first line the same, the rest naming the task) and mteb's deprecation warning, issued after a
+    warnings.catch_warnings that makes the warnings module's own "once" forget it."""
     import subprocess
     import sys
 
     code = (
-        "import logging\n"
+        "import logging, warnings\n"
         "from neoembed.cli import _console_logging\n"
         "_console_logging(verbose=False)\n"
         "log = logging.getLogger('sentence_transformers.prompts')\n"  # no handler of its own: the last resort
-        "for _ in range(3):\n"  # sentence-transformers says this at every evaluation of a quickstart
+        "for task in ('STS12', 'STS13', 'STS14'):\n"
         "    log.warning('Model prompts specified, these will overwrite the default model prompts.')\n"
+        "    log.warning(f'Current prompts will be:\\n {{{task!r}: \"\"}}')\n"
+        "    with warnings.catch_warnings():\n"
+        "        pass\n"
+        "    warnings.warn('The fill_missing parameter is deprecated', DeprecationWarning)\n"
         "log.warning('a different warning')\n"
     )
     err = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stderr
     assert err.count("Model prompts specified") == 1 and "a different warning" in err
+    assert err.count("Current prompts will be") == 1 and "STS12" in err and "STS13" not in err
+    assert err.count("fill_missing parameter is deprecated") == 1
