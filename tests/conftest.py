@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -68,6 +69,30 @@ def minilm_path() -> Path:
 @pytest.fixture(scope="session")
 def block_neoembed() -> str:
     return BLOCK_NEOEMBED
+
+
+@pytest.fixture
+def sigterm_at(monkeypatch):
+    """``sigterm_at(module, name, step)``: ``module.name`` builds a run loop's ``(step_fn, row_fn)`` (CDE's
+    ``_cde_step``, pre-training's ``_mlm_step``); a SIGTERM arrives during optimizer step ``step`` (1-based), so the
+    loop finishes the next step, checkpoints and stops."""
+
+    def patch(module, name: str, step: int) -> None:
+        real = getattr(module, name)
+
+        def patched(*args, **kwargs):
+            step_fn, row_fn = real(*args, **kwargs)
+
+            def interrupting(i, stop):
+                if i + 1 == step:
+                    os.kill(os.getpid(), signal.SIGTERM)
+                return step_fn(i, stop)
+
+            return interrupting, row_fn
+
+        monkeypatch.setattr(module, name, patched)
+
+    return patch
 
 
 @pytest.fixture

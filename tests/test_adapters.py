@@ -21,6 +21,13 @@ TINY = Path(__file__).resolve().parents[1] / "recipes" / "tiny.yaml"
 TEXTS = ["a sentence", "Return the absolute value of a number.", "os.path.join(a, *p)"]
 
 
+def _printed(code: str) -> list:
+    """The JSON list a fresh Python process running ``code`` prints last."""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 def _randomise_lora(model) -> None:
     """A fresh LoRA adapter adds zero (B = 0): give B weights so that merging has something to fold in."""
     torch.manual_seed(0)
@@ -73,18 +80,14 @@ def test_lora_run_saves_merged_and_adapter_and_loads_without_neoembed(
         "from sentence_transformers import SentenceTransformer\n"
         f"print(SentenceTransformer({str(out / 'adapter')!r}).encode({TEXTS!r}).tolist())\n"
     )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-2000:]
-    from_adapter = json.loads(r.stdout.strip().splitlines()[-1])
+    from_adapter = _printed(code)
     torch.testing.assert_close(torch.tensor(from_adapter), torch.tensor(emb), atol=1e-5, rtol=0)
     # a fresh process, neoembed not importable: plain sentence-transformers loads the merged model
     code = block_neoembed + (
         "from sentence_transformers import SentenceTransformer\n"
         f"print(SentenceTransformer({str(out)!r}, trust_remote_code=True).encode({TEXTS!r}).tolist())\n"
     )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-2000:]
-    plain = json.loads(r.stdout.strip().splitlines()[-1])
+    plain = _printed(code)
     torch.testing.assert_close(torch.tensor(plain), torch.tensor(emb), atol=1e-6, rtol=0)
 
 
@@ -133,7 +136,5 @@ def test_cde_adapters_alone_load_with_neoembed_and_plain_sentence_transformers(
         f"E = m[0].encode_context({docs!r}, prompt=m.prompts.get('document'))\n"
         f"print(m.encode({TEXTS!r}, prompt_name='query', dataset_embeddings=E).tolist())\n"
     )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-2000:]
-    plain = json.loads(r.stdout.strip().splitlines()[-1])
+    plain = _printed(code)
     torch.testing.assert_close(torch.tensor(plain), torch.tensor(expected), atol=1e-5, rtol=0)

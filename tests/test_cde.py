@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -612,25 +610,8 @@ def test_lora_on_both_stages_merged_equals_unmerged_and_trains_from_a_recipe(tmp
     assert moved and all(any(k in n for k in ("qkv", "wo", "w12", "w3")) for n in moved)  # only adapted layers
 
 
-def _interrupt_at(monkeypatch, module, name: str, step: int) -> None:
-    """SIGTERM during optimizer step ``step`` (1-based): the loop finishes the next step, checkpoints, stops."""
-    real = getattr(module, name)
-
-    def patched(*args, **kwargs):
-        step_fn, row_fn = real(*args, **kwargs)
-
-        def interrupting(i, stop):
-            if i + 1 == step:
-                os.kill(os.getpid(), signal.SIGTERM)
-            return step_fn(i, stop)
-
-        return interrupting, row_fn
-
-    monkeypatch.setattr(module, name, patched)
-
-
 def test_cde_keep_best_survives_an_interruption_and_becomes_the_final_model(
-    tmp_path, tiny_official, shared_dir, monkeypatch
+    tmp_path, tiny_official, shared_dir, monkeypatch, sigterm_at
 ):
     """keep_best in a CDE recipe: the best evaluated checkpoint stays through save_total_limit 1, a SIGTERM at
     step 4 and --resume keep it (trainer_state.json), and its model is the final one; best.json, the run record
@@ -663,7 +644,7 @@ def test_cde_keep_best_survives_an_interruption_and_becomes_the_final_model(
     assert f"step {best['step']} of 6" in (full / "README.md").read_text()
     assert best["step"] < 6 and (full / f"checkpoint-{best['step']}").is_dir()  # out of the rotation
     reference = neoembed.load(full / f"checkpoint-{best['step']}")
-    _interrupt_at(monkeypatch, cde_trainer, "_cde_step", 4)
+    sigterm_at(cde_trainer, "_cde_step", 4)
     with pytest.raises(TrainingInterrupted):
         run(tmp_path / "part")
     monkeypatch.undo()

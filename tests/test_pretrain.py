@@ -551,25 +551,6 @@ def _weights_equal(final: Path, checkpoint: Path) -> None:
         assert torch.equal(value, state[f"mlm.{key}"]), key
 
 
-def _interrupt_at(monkeypatch, step: int) -> None:
-    """SIGTERM during optimizer step ``step`` (1-based): the loop finishes the next step, checkpoints, stops."""
-    from neoembed.pretrain import trainer as pretrain_trainer
-
-    real = pretrain_trainer._mlm_step
-
-    def patched(*args, **kwargs):
-        step_fn, row_fn = real(*args, **kwargs)
-
-        def interrupting(i, stop):
-            if i + 1 == step:
-                os.kill(os.getpid(), signal.SIGTERM)
-            return step_fn(i, stop)
-
-        return interrupting, row_fn
-
-    monkeypatch.setattr(pretrain_trainer, "_mlm_step", patched)
-
-
 def _final_pseudo_perplexity(final: Path, held_out: Path, tokenizer) -> float:
     """`neoembed ppl --model FINAL --data HELD_OUT --lengths 32 --max-docs 2`'s number, in this process."""
     model = NeoBERTForMaskedLM.from_pretrained(str(final))
@@ -582,7 +563,7 @@ def _final_pseudo_perplexity(final: Path, held_out: Path, tokenizer) -> float:
 
 
 def test_evaluation_on_held_out_shards_and_the_best_checkpoint_kept_across_a_resume(
-    tmp_path, shards, held_out, tokenizer, monkeypatch
+    tmp_path, shards, held_out, tokenizer, monkeypatch, sigterm_at
 ):
     """eval: masked-LM loss, accuracy and perplexity on held-out shards and the pseudo-perplexity of held-out
     documents every eval.steps, without changing a training loss; the held-out shards are in the run record.
@@ -614,7 +595,10 @@ def test_evaluation_on_held_out_shards_and_the_best_checkpoint_kept_across_a_res
     record = json.loads((full / "run_record.json").read_text())
     assert record["keep_best"] == best and list(record["eval_data_fingerprints"]) == [held_out.as_posix()]
     assert any(k.startswith(str(held_out)) for k in record["data"])  # its index files hashed
-    _interrupt_at(monkeypatch, 4)  # a SIGTERM in step 4: checkpoint-5 is written, and the run stops
+    from neoembed.pretrain import trainer as pretrain_trainer
+
+    # a SIGTERM in step 4: checkpoint-5 is written, and the run stops
+    sigterm_at(pretrain_trainer, "_mlm_step", 4)
     with pytest.raises(TrainingInterrupted):
         pretrain(_recipe(tmp_path / "part", shards, *settings), progress=False)
     monkeypatch.undo()
@@ -645,7 +629,8 @@ def test_tensorboard_receives_the_recipe_as_hyperparameters_and_the_eval_scores(
     assert {"train/loss", "train/eval_mlm_loss", "train/eval_mlm_accuracy"} <= set(acc.Tags()["scalars"])
     content = acc.PluginTagToContent("hparams")["_hparams_/session_start_info"]
     hparams = plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info.hparams
-    assert hparams["recipe.steps"].number_value == 2 and hparams["recipe.masking.scheme"].string_value == "mask"
+    assert hparams["recipe.steps"].number_value == 2
+    assert hparams["recipe.masking.scheme"].string_value == "mask"
     assert json.loads(hparams["recipe.eval.sources"].string_value) == [{"path": str(held_out), "weight": 1.0}]
 
 
