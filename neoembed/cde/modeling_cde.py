@@ -290,18 +290,11 @@ class ContextualDocumentEmbedder(InputModule):
         skip = (f"{FIRST}.", f"{SECOND}.")
         return {k: v.detach().contiguous() for k, v in self.state_dict().items() if not k.startswith(skip)}
 
-    def save(
-        self,
-        output_path: str,
-        *args,
-        safe_serialization: bool = True,
-        adapter_base: str | None = None,
-        **kwargs,
-    ) -> None:
-        """The module's folder; ``adapter_base``: the stages' LoRA adapters alone (PEFT's layout, PEFT's LoRA
-        layers must be in the stages) over that base encoder instead of the stages' full weights."""
+    def save(self, output_path: str, *args, safe_serialization: bool = True, **kwargs) -> None:
+        """The module's folder; with ``self.adapter_base`` set, the stages' LoRA adapters alone (PEFT's layout)
+        over that base encoder instead of the stages' full weights."""
         os.makedirs(output_path, exist_ok=True)
-        adapter_base = adapter_base or self.adapter_base
+        adapter_base = self.adapter_base
         if adapter_base is None:
             self.first_stage.save_pretrained(os.path.join(output_path, FIRST))
             self.second_stage.save_pretrained(os.path.join(output_path, SECOND))
@@ -342,11 +335,9 @@ class ContextualDocumentEmbedder(InputModule):
         with open(os.path.join(root, "cde_config.json")) as f:
             config = json.load(f)
         model_kwargs = dict(model_kwargs or {})
-        base = None
-        if os.path.isfile(
-            os.path.join(root, ADAPTER_BASE)
-        ):  # adapters alone: the base encoder, then each adapter
-            with open(os.path.join(root, ADAPTER_BASE)) as f:
+        base, adapters = None, os.path.join(root, ADAPTER_BASE)
+        if os.path.isfile(adapters):  # adapters alone: the base encoder, then each stage's adapter
+            with open(adapters) as f:
                 base = json.load(f)["base_model"]
         stages = [
             AutoModel.from_pretrained(
