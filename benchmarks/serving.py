@@ -106,11 +106,11 @@ def full_neobert(folder: Path) -> Path:
 
 
 ST_ONNX = r"""
-import json, shutil, sys, tempfile, time
+import json, shutil, sys, time
 from sentence_transformers import SentenceTransformer, export_dynamic_quantized_onnx_model
 cfg = json.loads(open(sys.argv[1]).read())
-folder = tempfile.mkdtemp()
-shutil.copytree(cfg["model"], folder, dirs_exist_ok=True)  # sentence-transformers writes its graphs beside the model
+folder = cfg["work"]
+shutil.copytree(cfg["model"], folder)  # sentence-transformers writes its graphs beside the model
 
 def timed(model, texts, bs):
     model.encode(texts[: max(bs, 2)], batch_size=bs)
@@ -130,7 +130,7 @@ print(json.dumps(out))
 """
 
 
-def st_onnx_elsewhere(python: str, path: str, sets: dict, sets_b1: dict, max_len: int) -> dict:
+def st_onnx_elsewhere(python: str, path: str, sets: dict, sets_b1: dict, max_len: int, work: Path) -> dict:
     """sentence-transformers' ONNX backend and its dynamic int8 export, timed by ``python``: an environment where
     Optimum imports (it needs transformers < 4.58, neoembed's environment has 5), on the same texts and batches."""
     import json
@@ -143,9 +143,9 @@ def st_onnx_elsewhere(python: str, path: str, sets: dict, sets_b1: dict, max_len
         "sets": [["sentences", sets["sentences"][0], 32]]
         + [[label, texts, bs] for label, (texts, sizes) in sets_b1.items() for bs in sizes],
     }
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump(cfg, f)
-    r = subprocess.run([python, "-c", ST_ONNX, f.name], capture_output=True, text=True)
+    config = work / "st-onnx.json"
+    config.write_text(json.dumps({**cfg, "work": str(work / "st-onnx-model")}))
+    r = subprocess.run([python, "-c", ST_ONNX, str(config)], capture_output=True, text=True)
     if r.returncode != 0:
         print(r.stderr[-2000:], file=sys.stderr)
         return {"st onnx": {"error": r.stderr.strip().splitlines()[-1][:300]}}
@@ -240,7 +240,7 @@ def main() -> None:
             forms_for("minilm", minilm, work, args.long_max), sets, sets_b1
         )
         if args.st_python:
-            st_rows = st_onnx_elsewhere(args.st_python, minilm, sets, sets_b1, args.long_max)
+            st_rows = st_onnx_elsewhere(args.st_python, minilm, sets, sets_b1, args.long_max, work)
             results["all-MiniLM-L6-v2"].pop("st onnx", None)
             results["all-MiniLM-L6-v2"].update(st_rows)
         neobert = str(full_neobert(work / "neobert-random"))
