@@ -61,8 +61,8 @@ def _is_terminal(stream) -> bool:
 
 
 class PlainProgress:
-    """The part of tqdm's interface neoembed uses (iteration, ``update``, ``set_postfix``, ``close``, ``with``),
-    written as whole lines."""
+    """The part of tqdm's interface neoembed's stages use (iteration, ``update``, ``close``, ``with``), written as
+    whole lines."""
 
     def __init__(
         self,
@@ -81,7 +81,6 @@ class PlainProgress:
         self.iterable, self.desc, self.unit, self.total = iterable, desc, unit.strip(), total
         self.n, self.initial, self.interval, self.delay = initial, initial, interval, delay
         self.stream = stream if stream is not None else sys.stderr
-        self.postfix: dict = {}
         self.closed = self.shown = False
         self.start = time.perf_counter()
         self.last = self.start
@@ -93,9 +92,6 @@ class PlainProgress:
                 self.update(1)
         finally:
             self.close()
-
-    def __len__(self):
-        return self.total or 0
 
     def __enter__(self):
         return self
@@ -109,15 +105,6 @@ class PlainProgress:
         if now - (self.last if self.shown else self.start) >= (self.interval if self.shown else self.delay):
             self.last = now
             self._line()
-
-    def set_postfix(self, ordered_dict=None, refresh: bool = True, **kwargs) -> None:
-        self.postfix = {**(ordered_dict or {}), **kwargs}
-
-    def set_description(self, desc: str, refresh: bool = True) -> None:
-        self.desc = desc
-
-    def refresh(self) -> None:
-        self._line()
 
     def close(self) -> None:
         if not self.closed:
@@ -142,6 +129,5 @@ class PlainProgress:
         parts.append(f"elapsed {tqdm.format_interval(elapsed)}")
         if self.total and rate > 0:
             parts.append(f"left {tqdm.format_interval(max(self.total - self.n, 0) / rate)}")
-        parts += [f"{k} {v}" for k, v in self.postfix.items()]
         print("  ".join(parts), file=self.stream, flush=True)
         self.shown = True
