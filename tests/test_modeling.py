@@ -171,6 +171,27 @@ def test_flattened_input_equals_padded():
     assert (out_pos - out).abs().max() <= EQ
 
 
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_block_diagonal_4d_mask_equals_padded(attn):
+    """A bool (B, 1, L, L) mask, as transformers passes a prepared one: sequences packed into one row with a
+    block-diagonal mask and positions restarting at each give the padded batch's hidden states (the packed
+    ONNX graph runs this way, neoembed.export)."""
+    torch.manual_seed(0)
+    model = NeoBERTModel(tiny_config(attn_implementation=attn)).eval()
+    lengths = [5, 1, 17, 9]
+    ids, mask = random_batch(lengths)
+    row = ids[mask.bool()][None]
+    doc = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+    block = (doc[:, None] == doc[None, :])[None, None]
+    positions = torch.cat([torch.arange(n) for n in lengths])[None]
+    with torch.no_grad():
+        padded = model(input_ids=ids, attention_mask=mask).last_hidden_state
+        packed = model(input_ids=row, attention_mask=block, position_ids=positions).last_hidden_state
+    assert (packed[0] - padded[mask.bool()]).abs().max() <= EQ
+    with pytest.raises(TypeError, match="must be bool"):
+        model(input_ids=row, attention_mask=block.long(), position_ids=positions)
+
+
 def test_gradient_checkpointing_same_gradients():
     torch.manual_seed(0)
     cfg = tiny_config()
@@ -482,6 +503,8 @@ def test_bad_attention_mask(small_model):
     ids = torch.ones(2, 5, dtype=torch.long)
     with pytest.raises(ValueError, match="does not match"):
         small_model(input_ids=ids, attention_mask=torch.ones(2, 4, dtype=torch.long))
+    with pytest.raises(ValueError, match="does not match"):
+        small_model(input_ids=ids, attention_mask=torch.ones(2, 1, 5, 4, dtype=torch.bool))
     with pytest.raises(ValueError, match="only 0 and 1"):
         small_model(input_ids=ids, attention_mask=torch.full((2, 5), 2))
     with pytest.raises(ValueError, match="additive"):

@@ -468,10 +468,14 @@ def _check_inputs(config: NeoBERTConfig, input_ids, attention_mask, inputs_embed
         raise ValueError(
             f"inputs_embeds must be (batch, length, {config.hidden_size}), got {tuple(inputs_embeds.shape)}"
         )
-    if attention_mask is not None and attention_mask.shape != ref.shape[:2]:
+    B, L = ref.shape[:2]
+    if attention_mask is not None and attention_mask.shape not in ((B, L), (B, 1, L, L)):
         raise ValueError(
-            f"attention_mask shape {tuple(attention_mask.shape)} does not match input shape {tuple(ref.shape[:2])}"
+            f"attention_mask shape {tuple(attention_mask.shape)} does not match input shape {(B, L)}: pass "
+            f"{(B, L)} (1 = token, 0 = padding) or a bool {(B, 1, L, L)} mask (True = attend)"
         )
+    if attention_mask is not None and attention_mask.dim() == 4 and attention_mask.dtype != torch.bool:
+        raise TypeError(f"a 4-D attention_mask must be bool (True = attend), got {attention_mask.dtype}")
     if torch.compiler.is_compiling() or ref.device.type != "cpu":
         return
     if input_ids is not None and input_ids.numel():
@@ -493,6 +497,8 @@ def _key_padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | Non
     ignore) instead of to nothing (NaN). Built without asking the host whether there is padding."""
     if attention_mask is None:
         return None
+    if attention_mask.dim() == 4:  # already (B, 1, L, L), e.g. packed rows' block-diagonal mask: as given
+        return attention_mask
     mask = attention_mask.bool()
     return (mask | ~mask.any(dim=1, keepdim=True))[:, None, None, :]
 
@@ -571,7 +577,8 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
 
         Args:
             input_ids: (B, L) token ids, or (1, T) packed ids with ``cu_seq_lens_q`` / ``position_ids``.
-            attention_mask: (B, L) with 1 for tokens and 0 for padding.
+            attention_mask: (B, L) with 1 for tokens and 0 for padding, or a bool (B, 1, L, L) mask, True where a
+                query attends to a key (transformers' prepared 4-D mask; padded layout, output not zeroed).
             position_ids: RoPE positions (default: 0, 1, … per sequence).
             inputs_embeds: (B, L, D) instead of ``input_ids``.
             positionless_prefix: the first P positions of every row are a position-less set (CDE's context
@@ -620,6 +627,8 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
             return "packed_input", cu_q
         if position_ids is not None and attention_mask is None and B == 1 and L > 1:
             return "maybe_packed", position_ids[0]  # positions restarting at 0 mark packed sequences
+        if attention_mask is not None and attention_mask.dim() == 4:
+            return "padded", None  # the caller's own (B, 1, L, L) mask: only the padded layout applies it
         implementation = self.config._attn_implementation or "sdpa"
         want_packed = implementation == "flash_attention_2" or (
             self.config.padding_free and implementation != "eager" and not output_attentions
@@ -656,7 +665,9 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
         backend = attention_backend(self.config, x, False, output_attentions)
         inputs = AttentionInputs(backend, *self._rope(pos), key_mask=_key_padding_mask(attention_mask))
         inputs.output_attentions = output_attentions
-        padding = None if attention_mask is None else (attention_mask == 0)[..., None]
+        padding = (
+            None if attention_mask is None or attention_mask.dim() == 4 else (attention_mask == 0)[..., None]
+        )
         return x, Layout(B, L, padding=padding), inputs
 
     def _padding_free_layout(self, x, attention_mask, position_ids, lengths: list[int]):
