@@ -55,9 +55,10 @@ def minilm_export(minilm_path, tmp_path_factory):
 
 def test_export_writes_where_sentence_transformers_looks(tiny_export):
     out, record = tiny_export
-    int8 = f"model_qint8_{isa_suffix()}.onnx"
-    assert record["files"] == ["onnx/model.onnx", f"onnx/{int8}"]
-    assert (out / "onnx" / "model.onnx").is_file() and (out / "onnx" / int8).is_file()
+    isa = isa_suffix()
+    graphs = ["model.onnx", "model_packed.onnx", f"model_qint8_{isa}.onnx", f"model_packed_qint8_{isa}.onnx"]
+    assert record["files"] == [f"onnx/{g}" for g in graphs] and record["packed"]
+    assert all((out / "onnx" / g).is_file() for g in graphs)
     assert {"modules.json", "config.json", "tokenizer.json", "1_Pooling"} <= {p.name for p in out.iterdir()}
 
 
@@ -98,7 +99,7 @@ def test_full_size_neobert_onnx_matches_torch(tiny_official, shared_dir, tmp_pat
     folder = tmp_path / "neobert"
     NeoBERTModel(NeoBERTConfig()).save_pretrained(folder)
     AutoTokenizer.from_pretrained(str(tiny_official)).save_pretrained(folder)
-    record = export(str(folder), tmp_path / "export", quantize="int8")
+    export(str(folder), tmp_path / "export", quantize="int8")
     texts, long_doc = _sentences(shared_dir), " ".join(_sentences(shared_dir, 48)) * 6
     torch_model = neoembed.load(folder)
     fp32 = neoembed.load(tmp_path / "export", backend="onnx")
@@ -112,7 +113,7 @@ def test_full_size_neobert_onnx_matches_torch(tiny_official, shared_dir, tmp_pat
     expected, got = encode(torch_model, len(texts)), encode(fp32, len(texts))
     assert _cosines(got, expected).min() >= 0.99999
     assert np.abs(got - expected).max() <= 1e-5 * np.abs(expected).max()
-    int8 = neoembed.load(tmp_path / "export", backend="onnx", file_name=record["files"][1].split("/")[1])
+    int8 = neoembed.load(tmp_path / "export", backend="onnx", file_name=f"model_qint8_{isa_suffix()}.onnx")
     cos = _cosines(encode(int8, len(texts)), got)
     print(f"full-size int8 vs fp32 cosine: min {cos.min():.5f} mean {cos.mean():.5f}")
     assert cos.min() >= 0.99
@@ -122,7 +123,7 @@ def test_neobert_int8_close_to_fp32(tiny_export, shared_dir):
     out, record = tiny_export
     texts = _sentences(shared_dir)
     fp32 = neoembed.load(out, backend="onnx").encode(texts)
-    int8 = neoembed.load(out, backend="onnx", file_name=record["files"][1].split("/")[1]).encode(texts)
+    int8 = neoembed.load(out, backend="onnx", file_name=f"model_qint8_{isa_suffix()}.onnx").encode(texts)
     cos = _cosines(int8, fp32)
     print(f"int8 vs fp32 cosine on {len(texts)} sentences: min {cos.min():.5f} mean {cos.mean():.5f}")
     assert cos.min() >= 0.99 and not np.allclose(int8, fp32, atol=1e-6)  # quantized, and close
@@ -136,7 +137,7 @@ def test_int8_graph_quantizes_every_linear_layer(tiny_export, tiny_official):
     import torch
 
     out, record = tiny_export
-    graph = onnx.load(str(out / record["files"][1])).graph
+    graph = onnx.load(str(out / "onnx" / f"model_qint8_{isa_suffix()}.onnx")).graph
     weights = {i.name for i in graph.initializer}
     quantized = [n for n in graph.node if n.op_type in ("MatMulInteger", "DynamicQuantizeMatMul")]
     fp32_on_weights = [n.name for n in graph.node if n.op_type == "MatMul" and n.input[1] in weights]
@@ -146,11 +147,72 @@ def test_int8_graph_quantizes_every_linear_layer(tiny_export, tiny_official):
     assert len(quantized) == len(linears) and not fp32_on_weights
 
 
-def test_minilm_onnx_matches_torch_on_real_sentences(minilm_export, shared_dir):
+@pytest.mark.parametrize("graph", ["model.onnx", "model_packed.onnx"])
+def test_minilm_onnx_matches_torch_on_real_sentences(minilm_export, shared_dir, graph):
     texts = _sentences(shared_dir)
     expected = neoembed.load(minilm_export).encode(texts, batch_size=len(texts))
-    got = neoembed.load(minilm_export, backend="onnx").encode(texts, batch_size=len(texts))
+    got = neoembed.load(minilm_export, backend="onnx", file_name=graph).encode(texts, batch_size=len(texts))
     assert np.abs(got - expected).max() <= 1e-5 and _cosines(got, expected).min() >= 0.99999
+
+
+def test_neobert_packed_graph_matches_torch(tiny_export, shared_dir):
+    """The packed graph (several sequences per row, block-diagonal attention) against torch's padding-free model:
+    a mixed-length batch whose short sentences share rows, one by one, and a 4,096-token input with short texts
+    packed beside nothing (it fills its row)."""
+    out, _ = tiny_export
+    texts, long_doc = _sentences(shared_dir), " ".join(_sentences(shared_dir, 48)) * 6
+    torch_model = neoembed.load(out)
+    packed = neoembed.load(out, backend="onnx", file_name="model_packed.onnx")
+    assert packed[0].auto_model.packed
+    for batch, size in ((texts, len(texts)), (texts[:3], 1), ([long_doc, *texts[:3]], 4)):
+        expected, got = torch_model.encode(batch, batch_size=size), packed.encode(batch, batch_size=size)
+        assert np.abs(got - expected).max() <= 1e-5 and _cosines(got, expected).min() >= 0.99999
+
+
+def test_pack_rows_lays_every_token_once():
+    """First-fit decreasing into rows of the batch's length: every real token once, in order, positions from 0,
+    a segment of its own within its row, no row over length, and the grid read back from the rows."""
+    from neoembed.export.runtime import pack_rows
+
+    rng = np.random.default_rng(0)
+    lengths = np.array([16, 3, 9, 16, 1, 7, 5, 12, 2, 4])
+    mask = (np.arange(16)[None] < lengths[:, None]).astype(np.int64)
+    mask[1] = mask[1][::-1]  # a left-padded row too
+    ids = rng.integers(5, 1000, mask.shape) * mask
+    feed, src, dst = pack_rows(ids, mask)
+    rows, positions, segments = feed["input_ids"], feed["position_ids"], feed["segment_ids"]
+    assert rows.shape[1] == 16 and rows.shape[0] < len(lengths) and (segments > 0).sum() == lengths.sum()
+    np.testing.assert_array_equal(rows.flat[dst], ids.flat[src])
+    grid_rows = src // 16
+    for i, n in enumerate(lengths):
+        at = dst[grid_rows == i]
+        assert len(at) == n and len(set(at // 16)) == 1 and np.all(np.diff(at) == 1)  # one row, contiguous
+        np.testing.assert_array_equal(positions.flat[at], np.arange(n))
+        assert len(set(segments.flat[at])) == 1
+        others = dst[(grid_rows != i) & (dst // 16 == at[0] // 16)]
+        assert segments.flat[at[0]] not in set(segments.flat[others])
+    assert sum(1 for r in range(rows.shape[0]) if (segments[r] > 0).sum() == 16) >= 2  # the two full rows
+
+
+def test_packed_graph_needs_a_model_that_takes_positions(minilm_path, tmp_path):
+    """A model that ignores position_ids would give packed sequences the wrong positions: no packed graph, and
+    the reason, instead of a graph that looks right and is not."""
+    import torch
+
+    from neoembed.export.onnx import export_packed_graph
+
+    class IgnoresPositions(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner, self.config = inner, inner.config
+
+        def forward(self, position_ids=None, **kwargs):
+            return self.inner(**kwargs)
+
+    model = neoembed.load(minilm_path)
+    model[0].model = IgnoresPositions(model[0].model)  # (auto_model reads it)
+    reason = export_packed_graph(model, tmp_path / "model_packed.onnx")
+    assert "differ" in reason and not (tmp_path / "model_packed.onnx").exists()
 
 
 def test_exported_graph_serves_without_neoembed(tiny_export, shared_dir, tmp_path, block_neoembed):

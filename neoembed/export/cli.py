@@ -31,3 +31,5 @@ def export_command(
     with output_lock(out, what="OUT"):  # a second export into this folder is refused before it touches it
         record = export(model, out, fmt=format, quantize=quantize)
     typer.echo(f"wrote {', '.join(record['files'])} in {out}")
+    if not record["packed"]:
+        typer.echo(f"no packed graph for this model: {record['packed_not_written']}")

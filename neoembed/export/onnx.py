@@ -6,6 +6,14 @@ backend looks. The graph maps ``input_ids`` / ``attention_mask`` (and ``token_ty
 makes them) to ``last_hidden_state`` with dynamic batch and length; Pooling and Normalize run as the saved
 modules, as in sentence-transformers' own ONNX export.
 
+Beside it, ``onnx/model_packed.onnx`` (and its int8 twin) is the padding-free form neoembed serves: a padded
+batch's real tokens packed into rows, several sequences per row, attention kept within each sequence by a
+block-diagonal mask (``neoembed.load(path, backend="onnx", file_name="model_packed.onnx")``). On the real MTEB
+sentences of ``benchmarks/serving.py`` half the positions of a length-sorted batch of 32 are padding; packed, the
+matrix products see the real tokens. It is written where the model takes ``position_ids`` and a 4-D mask
+(checked on a probe batch), which sentence-transformers' ONNX backend never feeds: that backend loads
+``model.onnx`` and ``model_qint8_<isa>.onnx``.
+
 NeoBERT is traced in its padded layout (``padding_free=False``): the padding-free layout reads the lengths on
 the host, which a static graph cannot do. The exporter is torch's ``torch.export``-based one (``dynamo=True``):
 the TorchScript exporter has no ONNX op for the rotary embedding's ``view_as_complex``.
@@ -20,12 +28,13 @@ from typing import Any
 
 import torch
 
-from neoembed.export.runtime import DEFAULT_FILE, ONNX_SUBFOLDER, OUTPUT_NAME
+from neoembed.export.runtime import DEFAULT_FILE, ONNX_SUBFOLDER, OUTPUT_NAME, PACKED_INPUTS
 from neoembed.loading import load
 
 FORMATS = ("onnx",)
 QUANTIZATIONS = ("int8",)
 EXPORT_RECORD = "export.json"
+PACKED_FILE = "model_packed.onnx"
 
 
 class ExportFolderError(ValueError):
@@ -92,30 +101,110 @@ def _example(names: tuple[str, ...]) -> tuple[torch.Tensor, ...]:
 def export_graph(model, path: Path) -> tuple[str, ...]:
     """Write the model's Transformer module as an ONNX graph (dynamic batch and length); returns its inputs."""
     auto = model[0].auto_model.eval()
-    config = auto.config
-    padding_free = getattr(config, "padding_free", None)
-    if padding_free is not None:
-        config.padding_free = False
     names = _input_names(model)
-    batch, length = torch.export.Dim("batch"), torch.export.Dim("length")
+    with _padded_layout(auto):
+        _save(_Backbone(auto), _example(names), names, path)
+    return names
+
+
+def export_packed_graph(model, path: Path) -> str | None:
+    """Write the padding-free twin of :func:`export_graph`: rows of several sequences each (inputs
+    ``PACKED_INPUTS``, see :func:`neoembed.export.runtime.pack_rows`), attention kept within each sequence. Written
+    only where the model honours ``position_ids`` and a 4-D attention mask, checked on a probe batch against the
+    padded model; returns why not otherwise (None when written)."""
+    auto = model[0].auto_model.eval()
+    packed = _Packed(auto, "token_type_ids" in _input_names(model))
+    with _padded_layout(auto):
+        reason = _packed_mismatch(auto, packed, _input_names(model))
+        if reason is None:
+            _save(packed, _packed_example(), PACKED_INPUTS, path)
+    return reason
+
+
+class _Packed(torch.nn.Module):
+    """The model on packed rows: a block-diagonal mask from ``segment_ids`` (the unused tail, segment 0, attends
+    to itself: no row of the mask is empty) and positions restarting at each sequence. Models whose positions
+    start after the padding index (RoBERTa and its kin) get that offset."""
+
+    def __init__(self, model: torch.nn.Module, token_types: bool) -> None:
+        super().__init__()
+        self.model, self.token_types = model, token_types
+        padding_idx = getattr(getattr(model, "embeddings", None), "padding_idx", None)
+        self.position_offset = 0 if padding_idx is None else padding_idx + 1
+
+    def forward(self, input_ids, position_ids, segment_ids) -> torch.Tensor:
+        mask = (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None]
+        extra = {"token_type_ids": torch.zeros_like(input_ids)} if self.token_types else {}
+        positions = position_ids + self.position_offset
+        return self.model(
+            input_ids=input_ids, attention_mask=mask, position_ids=positions, **extra
+        ).last_hidden_state
+
+
+def _packed_example() -> tuple[torch.Tensor, ...]:
+    """Two rows of 16: one sequence of 16; sequences of 9 and 5 and a tail of 2."""
+    ids = torch.randint(1000, 2000, (2, 16))
+    positions = torch.cat(
+        [torch.arange(16), torch.arange(9), torch.arange(5), torch.zeros(2, dtype=torch.long)]
+    )
+    segments = torch.tensor([1] * 16 + [1] * 9 + [2] * 5 + [0] * 2)
+    return ids, positions.view(2, 16), segments.view(2, 16)
+
+
+def _packed_mismatch(auto, packed: _Packed, names: tuple[str, ...]) -> str | None:
+    """None where the packed model gives the padded model's hidden states on the example, else why not."""
+    ids, positions, segments = _packed_example()
+    lengths = [16, 9, 5]
+    padded = torch.zeros(3, 16, dtype=torch.long)
+    mask = torch.zeros(3, 16, dtype=torch.long)
+    pieces = [ids[0], ids[1, :9], ids[1, 9:14]]
+    for i, (piece, n) in enumerate(zip(pieces, lengths, strict=True)):
+        padded[i, :n], mask[i, :n] = piece, 1
     try:
         with torch.no_grad():
-            program = torch.onnx.export(
-                _Backbone(auto),
-                _example(names),
-                dynamo=True,
-                input_names=list(names),
-                output_names=[OUTPUT_NAME],
-                dynamic_shapes={name: {0: batch, 1: length} for name in names},
-                optimize=True,
-                verbose=False,
-            )
-    finally:
-        if padding_free is not None:
-            config.padding_free = padding_free
+            extra = {"token_type_ids": torch.zeros_like(padded)} if "token_type_ids" in names else {}
+            expected = auto(input_ids=padded, attention_mask=mask, **extra).last_hidden_state
+            got = packed(ids, positions, segments)
+    except Exception as e:  # a model without position_ids or 4-D masks
+        return f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    want = torch.cat([expected[i, :n] for i, n in enumerate(lengths)])
+    have = torch.cat([got[0], got[1, :14]])
+    error = float((want - have).abs().max())
+    scale = max(1.0, float(want.abs().max()))
+    return None if error <= 1e-4 * scale else f"packed rows differ from the padded batch by {error:.2e}"
+
+
+class _padded_layout:
+    """NeoBERT traced in its padded layout (``padding_free=False``) for the duration of an export."""
+
+    def __init__(self, auto) -> None:
+        self.config = auto.config
+        self.padding_free = getattr(self.config, "padding_free", None)
+
+    def __enter__(self) -> None:
+        if self.padding_free is not None:
+            self.config.padding_free = False
+
+    def __exit__(self, *exc) -> None:
+        if self.padding_free is not None:
+            self.config.padding_free = self.padding_free
+
+
+def _save(module: torch.nn.Module, example: tuple, names: tuple[str, ...], path: Path) -> None:
+    batch, length = torch.export.Dim("batch"), torch.export.Dim("length")
+    with torch.no_grad():
+        program = torch.onnx.export(
+            module.eval(),
+            example,
+            dynamo=True,
+            input_names=list(names),
+            output_names=[OUTPUT_NAME],
+            dynamic_shapes={name: {0: batch, 1: length} for name in names},
+            optimize=True,
+            verbose=False,
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     program.save(str(path), external_data=False)
-    return names
 
 
 def quantize_int8(src: Path, dst: Path) -> None:
@@ -151,11 +240,23 @@ def _write(model, model_path: str, out: Path, fmt: str, quantize: str | None) ->
     model.save(str(out))
     graph = out / ONNX_SUBFOLDER / DEFAULT_FILE
     names = export_graph(model, graph)
-    files = [f"{ONNX_SUBFOLDER}/{DEFAULT_FILE}"]
+    packed = graph.with_name(PACKED_FILE)
+    not_packed = export_packed_graph(model, packed)
+    graphs = [graph] if not_packed else [graph, packed]
     if quantize == "int8":
-        name = f"model_qint8_{isa_suffix()}.onnx"
-        quantize_int8(graph, graph.with_name(name))
-        files.append(f"{ONNX_SUBFOLDER}/{name}")
-    record = {"model": model_path, "format": fmt, "quantize": quantize, "inputs": names, "files": files}
+        for src in list(graphs):
+            dst = src.with_name(f"{src.stem}_qint8_{isa_suffix()}.onnx")
+            quantize_int8(src, dst)
+            graphs.append(dst)
+    record = {
+        "model": model_path,
+        "format": fmt,
+        "quantize": quantize,
+        "inputs": names,
+        "files": [f"{ONNX_SUBFOLDER}/{g.name}" for g in graphs],
+        "packed": not_packed is None,
+    }
+    if not_packed:
+        record["packed_not_written"] = not_packed
     (out / EXPORT_RECORD).write_text(json.dumps(record, indent=2) + "\n")
     return record

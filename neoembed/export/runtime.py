@@ -23,6 +23,9 @@ from neoembed.sentence import EmbeddingModel
 ONNX_SUBFOLDER = "onnx"
 DEFAULT_FILE = "model.onnx"
 OUTPUT_NAME = "last_hidden_state"
+# the inputs of a packed graph (``neoembed export`` writes ``onnx/model_packed*.onnx``): rows holding several
+# sequences each, ``segment_ids`` 1, 2, … per sequence of a row and 0 on the row's unused tail
+PACKED_INPUTS = ("input_ids", "position_ids", "segment_ids")
 # the ``type`` strings sentence-transformers writes (or has written) in ``modules.json`` for its Transformer
 TRANSFORMER_TYPES = (
     "sentence_transformers.models.Transformer",
@@ -60,9 +63,42 @@ def session_options(threads: int | None = None):
     return options
 
 
+def pack_rows(
+    input_ids: np.ndarray, attention_mask: np.ndarray
+) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+    """A padded batch's real tokens laid into rows of the batch's own length, longest sequence first, each into the
+    first row with room (first-fit decreasing): the packed graph's feed, and for every real token its flat index
+    in the ``(B, L)`` grid and in the ``(R, L)`` rows. A sequence keeps its tokens in order, positions 0, 1, …"""
+    batch, length = input_ids.shape
+    mask = attention_mask.astype(bool)
+    lengths = mask.sum(1)
+    row_of, start_of, segment_of = (np.empty(batch, np.int64) for _ in range(3))
+    free: list[int] = []  # room left in each row
+    count: list[int] = []  # sequences in each row: a sequence's segment id is its rank in its row, from 1
+    for i in np.argsort(-lengths, kind="stable"):
+        row = next((r for r, room in enumerate(free) if room >= lengths[i]), len(free))
+        if row == len(free):
+            free.append(length)
+            count.append(0)
+        row_of[i], start_of[i] = row, length - free[row]
+        free[row] -= lengths[i]
+        count[row] += 1
+        segment_of[i] = count[row]
+    within = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    src = np.flatnonzero(mask)  # row-major: sequence by sequence, each in order
+    dst = np.repeat(row_of * length + start_of, lengths) + within
+    feed = {name: np.zeros((len(free), length), np.int64) for name in PACKED_INPUTS}
+    feed["input_ids"].flat[dst] = input_ids.flat[src]
+    feed["position_ids"].flat[dst] = within
+    feed["segment_ids"].flat[dst] = np.repeat(segment_of, lengths)
+    return feed, src, dst
+
+
 class OrtEncoder(torch.nn.Module):
     """An ONNX Runtime session behind the interface sentence-transformers' Transformer calls: ``forward`` takes
-    the tokenizer's tensors and returns ``{"last_hidden_state": (B, L, D)}``."""
+    the tokenizer's tensors and returns ``{"last_hidden_state": (B, L, D)}``. A packed graph (inputs
+    :data:`PACKED_INPUTS`) gets the batch's real tokens packed into rows (:func:`pack_rows`), and its output is laid
+    back into the padded grid, zeros at padding."""
 
     def __init__(self, path: Path, config: Any, provider: str | None = None) -> None:
         super().__init__()
@@ -71,6 +107,7 @@ class OrtEncoder(torch.nn.Module):
         providers = [provider] if provider else ["CPUExecutionProvider"]
         self.session = ort.InferenceSession(str(path), session_options(), providers=providers)
         self.input_names = [i.name for i in self.session.get_inputs()]
+        self.packed = set(self.input_names) == set(PACKED_INPUTS)
         self.config = config
         self.path = path
 
@@ -81,6 +118,8 @@ class OrtEncoder(torch.nn.Module):
         token_type_ids: torch.Tensor | None = None,
         return_dict: bool = True,
     ) -> dict[str, torch.Tensor]:
+        if self.packed:
+            return {OUTPUT_NAME: self._run_packed(input_ids.cpu().numpy(), attention_mask.cpu().numpy())}
         given = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
         feed = {}
         for name in self.input_names:
@@ -90,6 +129,13 @@ class OrtEncoder(torch.nn.Module):
             feed[name] = np.ascontiguousarray(value.detach().cpu().numpy().astype(np.int64))
         hidden = self.session.run([OUTPUT_NAME], feed)[0]
         return {OUTPUT_NAME: torch.from_numpy(hidden)}
+
+    def _run_packed(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> torch.Tensor:
+        feed, src, dst = pack_rows(input_ids, attention_mask)
+        hidden = self.session.run([OUTPUT_NAME], feed)[0]
+        out = np.zeros((input_ids.size, hidden.shape[-1]), hidden.dtype)
+        out[src] = hidden.reshape(-1, hidden.shape[-1])[dst]
+        return torch.from_numpy(out.reshape(*input_ids.shape, -1))
 
 
 class OnnxTransformer(Transformer):
