@@ -145,6 +145,15 @@ def test_int8_graph_quantizes_every_linear_layer(tiny_export, tiny_official):
         m for m in neoembed.load(tiny_official)[0].auto_model.modules() if isinstance(m, torch.nn.Linear)
     ]
     assert len(quantized) == len(linears) and not fp32_on_weights
+    # 7-bit weights where uint8 x int8 products saturate (x86 without VNNI), the full 8 bits elsewhere
+    from onnx.numpy_helper import to_array
+
+    from neoembed.export.onnx import int8_saturates
+
+    int8 = [to_array(i) for i in graph.initializer if i.data_type == onnx.TensorProto.INT8 and i.dims]
+    top = max(int(np.abs(w.astype(np.int32)).max()) for w in int8)
+    assert record["int8_weight_bits"] == (7 if int8_saturates() else 8)
+    assert top <= 64 if int8_saturates() else top == 127
 
 
 @pytest.mark.parametrize("graph", ["model.onnx", "model_packed.onnx"])
