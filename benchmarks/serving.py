@@ -2,7 +2,9 @@
 
     python benchmarks/serving.py            # one run, ~10 minutes on 2 shared cores
 
-Texts: real MTEB sentences (../shared/data/mteb/*) and long documents made of them (truncated at
+Forms: neoembed's torch model (NeoBERT padding-free), its ONNX graphs padded (``model.onnx``, as
+sentence-transformers' backend runs them) and packed (``model_packed.onnx``: a batch's real tokens in rows of
+several sequences), each fp32 and dynamic int8. Texts: real MTEB sentences (../shared/data/mteb/*) and long documents made of them (truncated at
 ``--long-max`` tokens), texts/s and ms per text at batch 1 and 32 through ``encode``. Models: all-MiniLM-L6-v2
 (packaged) and a full-size NeoBERT with random weights (speed does not depend on the weights), each exported
 with ``neoembed export`` (fp32 and dynamic int8). The same run measures this CPU's fp32 and int8 matrix-multiply
@@ -171,6 +173,10 @@ def forms_for(name: str, path: str, work: Path, max_len: int) -> dict:
         "neoembed torch (padding-free)" if name == "neobert" else "neoembed torch": neoembed.load(path),
         "neoembed onnx fp32": neoembed.load(out, backend="onnx"),
         "neoembed onnx int8": neoembed.load(out, backend="onnx", file_name=int8),
+        "neoembed onnx fp32 packed": neoembed.load(out, backend="onnx", file_name="model_packed.onnx"),
+        "neoembed onnx int8 packed": neoembed.load(
+            out, backend="onnx", file_name=f"model_packed_qint8_{isa_suffix()}.onnx"
+        ),
     }
     if name == "minilm":
         from sentence_transformers import SentenceTransformer
@@ -257,7 +263,34 @@ def main() -> None:
     ]
     for model, rows in results.items():
         md += table(model, rows)
+    md += speedups(results)
     write_results("serving_cpu", payload, "\n".join(md))
+
+
+def _fastest(rows: dict, prefix: str, column: str) -> tuple[str, float] | None:
+    timed = {f: r[column]["texts_per_s"] for f, r in rows.items() if f.startswith(prefix) and column in r}
+    return max(timed.items(), key=lambda kv: kv[1]) if timed else None
+
+
+def speedups(results: dict) -> list[str]:
+    """The issue's two ratios per column: neoembed's fastest form over sentence-transformers' fastest backend
+    (all-MiniLM-L6-v2), and NeoBERT's fastest int8 form over its padding-free torch model."""
+    lines = ["### Ratios (same run)", ""]
+    minilm, neobert = results.get("all-MiniLM-L6-v2", {}), results.get("NeoBERT full size (random)", {})
+    for column in sorted({c for r in minilm.values() for c in r if c != "error"}):
+        ours, theirs = _fastest(minilm, "neoembed", column), _fastest(minilm, "st ", column)
+        if ours and theirs:
+            lines.append(
+                f"- all-MiniLM-L6-v2, {column}: {ours[0]} {ours[1]:.1f} / {theirs[0]} {theirs[1]:.1f} texts/s = "
+                f"**{ours[1] / theirs[1]:.2f}x**"
+            )
+    base = neobert.get("neoembed torch (padding-free)", {})
+    for column in sorted(c for c in base if c != "error"):
+        best = _fastest(neobert, "neoembed onnx int8", column)
+        if best:
+            ratio = best[1] / base[column]["texts_per_s"]
+            lines.append(f"- NeoBERT, {column}: {best[0]} / torch padding-free = **{ratio:.2f}x**")
+    return [*lines, ""]
 
 
 def measure_split(forms: dict, sets: dict, sets_b1: dict) -> dict:
