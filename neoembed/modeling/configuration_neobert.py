@@ -8,6 +8,7 @@ neoembed is not installed.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -21,6 +22,8 @@ except ImportError:  # pragma: no cover - older transformers
 try:  # transformers >= 5 builds configs as strict dataclasses
     from huggingface_hub.dataclasses import strict
 except ImportError:  # pragma: no cover - older huggingface_hub
+    strict = None
+if strict is None or not dataclasses.is_dataclass(PretrainedConfig):  # transformers < 5: a plain class
 
     def strict(cls):  # type: ignore[no-redef]
         return cls
