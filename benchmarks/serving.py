@@ -90,12 +90,26 @@ def matmul_rates(n: int = 1024, reps: int = 10) -> dict:
     return out
 
 
-def time_encode(model, texts: list[str], batch_size: int) -> dict:
+#: timed passes per set (median): set from --repeats / --long-repeats
+REPEATS = {"sentences": 3, "long docs": 2}
+
+
+def time_encode(model, texts: list[str], batch_size: int, repeats: int) -> dict:
+    """The median of ``repeats`` timed passes over ``texts`` (the machine is shared: single passes scattered by
+    15% between identical forms), after a warm-up."""
     model.encode(texts[: max(batch_size, 2)], batch_size=batch_size)  # warm-up
-    t0 = time.perf_counter()
-    model.encode(texts, batch_size=batch_size)
-    dt = time.perf_counter() - t0
-    return {"texts_per_s": len(texts) / dt, "ms_per_text": 1000 * dt / len(texts), "n": len(texts)}
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        model.encode(texts, batch_size=batch_size)
+        times.append(time.perf_counter() - t0)
+    dt = sorted(times)[len(times) // 2]
+    return {
+        "texts_per_s": len(texts) / dt,
+        "ms_per_text": 1000 * dt / len(texts),
+        "n": len(texts),
+        "repeats": repeats,
+    }
 
 
 def full_neobert(folder: Path) -> Path:
@@ -109,25 +123,31 @@ def full_neobert(folder: Path) -> Path:
 
 ST_ONNX = r"""
 import json, shutil, sys, time
+from pathlib import Path
 from sentence_transformers import SentenceTransformer, export_dynamic_quantized_onnx_model
 cfg = json.loads(open(sys.argv[1]).read())
 folder = cfg["work"]
 shutil.copytree(cfg["model"], folder)  # sentence-transformers writes its graphs beside the model
 
-def timed(model, texts, bs):
+def timed(model, texts, bs, repeats):
     model.encode(texts[: max(bs, 2)], batch_size=bs)
-    t0 = time.perf_counter()
-    model.encode(texts, batch_size=bs)
-    dt = time.perf_counter() - t0
-    return {"texts_per_s": len(texts) / dt, "ms_per_text": 1000 * dt / len(texts), "n": len(texts)}
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        model.encode(texts, batch_size=bs)
+        times.append(time.perf_counter() - t0)
+    dt = sorted(times)[len(times) // 2]
+    return {"texts_per_s": len(texts) / dt, "ms_per_text": 1000 * dt / len(texts), "n": len(texts), "repeats": repeats}
 
 fp32 = SentenceTransformer(folder, backend="onnx")
 export_dynamic_quantized_onnx_model(fp32, cfg["isa"], folder)
-int8 = SentenceTransformer(folder, backend="onnx", model_kwargs={"file_name": f"onnx/model_qint8_{cfg['isa']}.onnx"})
+# its file name follows the weight type of the CPU's config: model_qint8_avx512_vnni.onnx, model_quint8_avx2.onnx
+written = sorted(Path(folder, "onnx").glob(f"model_*int8_{cfg['isa']}.onnx"))
+int8 = SentenceTransformer(folder, backend="onnx", model_kwargs={"file_name": f"onnx/{written[0].name}"})
 out = {}
-for name, model in (("st onnx", fp32), ("st onnx int8", int8)):
+for name, model in (("st onnx", fp32), (f"st onnx int8 ({written[0].name})", int8)):
     model.max_seq_length = min(model.max_seq_length, cfg["max_len"])
-    out[name] = {f"{label} b{bs}": timed(model, texts, bs) for label, texts, bs in cfg["sets"]}
+    out[name] = {f"{label} b{bs}": timed(model, texts, bs, r) for label, texts, bs, r in cfg["sets"]}
 print(json.dumps(out))
 """
 
@@ -142,8 +162,8 @@ def st_onnx_elsewhere(python: str, path: str, sets: dict, sets_b1: dict, max_len
         "model": path,
         "isa": isa_suffix(),
         "max_len": max_len,
-        "sets": [["sentences", sets["sentences"][0], 32]]
-        + [[label, texts, bs] for label, (texts, sizes) in sets_b1.items() for bs in sizes],
+        "sets": [["sentences", sets["sentences"][0], 32, REPEATS["sentences"]]]
+        + [[label, texts, bs, REPEATS[label]] for label, (texts, sizes) in sets_b1.items() for bs in sizes],
     }
     config = work / "st-onnx.json"
     config.write_text(json.dumps({**cfg, "work": str(work / "st-onnx-model")}))
@@ -199,7 +219,7 @@ def measure(forms: dict, sets: dict) -> dict:
         rows[form] = {}
         for set_name, (texts, batch_sizes) in sets.items():
             for bs in batch_sizes:
-                rows[form][f"{set_name} b{bs}"] = time_encode(model, texts, bs)
+                rows[form][f"{set_name} b{bs}"] = time_encode(model, texts, bs, REPEATS[set_name])
                 print(form, set_name, bs, rows[form][f"{set_name} b{bs}"], flush=True)
     return rows
 
@@ -228,7 +248,10 @@ def main() -> None:
         help="a Python whose environment runs sentence-transformers' ONNX backend (Optimum: transformers < 4.58); "
         "its ONNX and ONNX-int8 rows are timed there, in this run",
     )
+    parser.add_argument("--repeats", type=int, default=3, help="timed passes over the sentences (median)")
+    parser.add_argument("--long-repeats", type=int, default=2, help="timed passes over the long documents")
     args = parser.parse_args()
+    REPEATS.update({"sentences": args.repeats, "long docs": args.long_repeats})
     torch.set_num_threads(torch.get_num_threads())
     head, facts = header(), cpu_facts()
     rates = matmul_rates()
