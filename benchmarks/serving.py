@@ -14,7 +14,8 @@ rates in ONNX Runtime (MatMul vs MatMulInteger, the op dynamic int8 graphs run) 
 sentence-transformers' ONNX backends go through Optimum (``optimum-onnx``), which requires transformers<4.58:
 where it does not import, those rows say why instead of a number. ``--st-python PY`` times them in the same run
 with another environment's Python, one where Optimum imports (its ONNX export and ``export_dynamic_quantized_onnx_model``).
-Results: benchmarks/results/serving_cpu.{json,md}.
+Results: benchmarks/results/serving_cpu.{json,md} on a CPU with AVX-512 VNNI, serving_cpu_<isa>.{json,md} elsewhere
+(``avx2``: int8's matrix products have no VNNI there, and the weights keep 7 bits).
 """
 
 from __future__ import annotations
@@ -287,7 +288,9 @@ def main() -> None:
     for model, rows in results.items():
         md += table(model, rows)
     md += speedups(results)
-    write_results("serving_cpu", payload, "\n".join(md))
+    # one record per instruction set: int8's speed-up is the CPU's (VNNI or not), so each keeps its own
+    stem = "serving_cpu" if isa_suffix() == "avx512_vnni" else f"serving_cpu_{isa_suffix()}"
+    write_results(stem, payload, "\n".join(md))
 
 
 def _fastest(rows: dict, prefix: str, column: str) -> tuple[str, float] | None:
