@@ -60,6 +60,9 @@ def test_export_writes_where_sentence_transformers_looks(tiny_export):
     assert record["files"] == [f"onnx/{g}" for g in graphs] and record["packed"]
     assert all((out / "onnx" / g).is_file() for g in graphs)
     assert {"modules.json", "config.json", "tokenizer.json", "1_Pooling"} <= {p.name for p in out.iterdir()}
+    # module paths every sentence-transformers release imports (5.x, whose ONNX backend runs, and 6.x)
+    types = [m["type"] for m in json.loads((out / "modules.json").read_text())]
+    assert types == ["sentence_transformers.models.Transformer", "sentence_transformers.models.Pooling"]
 
 
 def test_neobert_onnx_matches_torch_on_real_sentences(tiny_export, shared_dir):

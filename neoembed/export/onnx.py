@@ -233,6 +233,23 @@ def int8_saturates() -> bool:
     return not ({"avx512_vnni", "avx_vnni"} & _cpu_flags())
 
 
+#: modules whose ``sentence_transformers.models.<Name>`` path every sentence-transformers release resolves: 2 to 5
+#: define them there, 6 maps the old paths to its new modules (without a warning, for paths read from a model)
+PORTABLE_MODULES = ("Transformer", "Pooling", "Normalize", "Dense")
+
+
+def portable_module_types(modules_json: Path) -> None:
+    """Rewrite ``modules.json`` with the ``sentence_transformers.models.*`` paths: sentence-transformers 6 writes
+    paths of its own layout (``sentence_transformers.base.modules.normalize.Normalize``) that 5.x cannot import,
+    and its ONNX backend runs only under 5.x (Optimum's ONNX package needs transformers < 4.58)."""
+    modules = json.loads(modules_json.read_text())
+    for module in modules:
+        name = module["type"].rsplit(".", 1)[-1]
+        if module["type"].startswith("sentence_transformers.") and name in PORTABLE_MODULES:
+            module["type"] = f"sentence_transformers.models.{name}"
+    modules_json.write_text(json.dumps(modules, indent=2) + "\n")
+
+
 def export(
     model_path: str, out: str | Path, fmt: str = "onnx", quantize: str | None = None
 ) -> dict[str, Any]:
@@ -254,6 +271,7 @@ def export(
 
 def _write(model, model_path: str, out: Path, fmt: str, quantize: str | None) -> dict[str, Any]:
     model.save(str(out))
+    portable_module_types(out / "modules.json")
     graph = out / ONNX_SUBFOLDER / DEFAULT_FILE
     names = export_graph(model, graph)
     packed = graph.with_name(PACKED_FILE)
