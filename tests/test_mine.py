@@ -493,6 +493,7 @@ def test_quantized_index_with_rescoring_mines_the_flat_index_negatives(
     cover = -(-len(corpus) // k)
     q_s, q_i, info = search(corpus, queries, k, precision, rescore=cover, batch=37, progress=False)
     assert info["kind"] == precision and info["rescore"] == cover
+    assert info["bytes_per_vector"] == (corpus.dim // 8 if precision == "binary" else corpus.dim)  # codes only
     np.testing.assert_allclose(q_s, flat_s, atol=1e-5)
     assert (q_i == flat_i).mean() > 0.99  # ids differ only where scores tie within float error
     settings = {**SETTINGS, "index": precision, "rescore": multiplier}

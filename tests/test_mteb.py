@@ -608,6 +608,30 @@ def test_rescore_covering_the_corpus_gives_the_float_ranking(minilm, trecqa_retr
     np.testing.assert_allclose(np.take_along_axis(full, got_i, 1), got_s, rtol=0, atol=1e-6)
 
 
+def test_int8_index_stores_one_byte_a_dimension_and_scores_as_a_flat_index(minilm, trecqa_retrieval):
+    """int8 codes in faiss' direct signed 8-bit scalar quantizer: one byte a dimension (a float index of the same
+    codes takes four), the inner products of a flat index over the codes, and the codes read back as stored."""
+    import faiss
+    import numpy as np
+
+    from neoembed.quantization import QuantizedIndex
+
+    folder = trecqa_retrieval / "TrecQARetrieval"
+    docs = minilm.encode(_texts(folder, "corpus.jsonl.gz"), convert_to_numpy=True)
+    queries = minilm.encode(_texts(folder, "queries.jsonl.gz"), convert_to_numpy=True)
+    index = QuantizedIndex.build(docs, "int8")
+    assert index.index.sa_code_size() == docs.shape[1]
+    flat = faiss.IndexFlatIP(docs.shape[1])
+    flat.add(index.codes(docs))
+    want_s, want_i = flat.search(index.codes(queries), 20)
+    got_s, got_i = index.index.search(index.codes(queries), 20)
+    np.testing.assert_array_equal(got_s, want_s)  # products of integers below 2^24: exact in float32
+    tied = (want_s[:, :, None] == want_s[:, None, :]).sum(-1) > 1
+    assert (got_i == want_i)[~tied].all()
+    stored = np.stack([index.index.reconstruct(i) for i in range(len(docs))])
+    np.testing.assert_array_equal(stored, index.codes(docs))
+
+
 def test_binary_rescore_matches_sentence_transformers_semantic_search_faiss(minilm, trecqa_retrieval):
     """neoembed's binary search with rescoring against the codes returns sentence-transformers'
     ``semantic_search_faiss(corpus_precision="ubinary", rescore_multiplier=N)`` top-k: same scores rank by rank,

@@ -220,7 +220,10 @@ def _search_quantized(corpus, queries, k, precision, rescore, batch, progress):
         top_s[a:b], top_i[a:b] = scores[:, :k], ids[:, :k]
     info = {
         "kind": precision,
-        "faiss": "IndexBinaryFlat" if precision == "binary" else "IndexFlatIP (int8 codes)",
+        "faiss": type(index.index).__name__,
+        "bytes_per_vector": int(
+            index.index.code_size if precision == "binary" else index.index.sa_code_size()
+        ),
         "metric": "hamming" if precision == "binary" else "inner_product of int8 codes",
         "exact": False,
         "device": "cpu",
