@@ -2,6 +2,7 @@
 
     python benchmarks/onnx_profile.py          # full-size NeoBERT (random weights), batch 32 real sentences
     python benchmarks/onnx_profile.py --model packaged:all-MiniLM-L6-v2
+    python benchmarks/onnx_profile.py --packed  # the packed graphs, fed the rows serving feeds them
 
 It answers what bounds the int8 speed-up: only the matrix products become int8 (MatMulInteger, with a dynamic
 quantization of each activation before it); everything else (attention's softmax, RMSNorm, RoPE, SwiGLU's
@@ -9,7 +10,7 @@ elementwise work, the quantization itself) runs as in fp32. With ``M`` the fp32 
 ``T`` its total and ``r`` this CPU's int8/fp32 GEMM rate ratio (measured in the same run), the speed-up the GEMM
 rates allow is ``T / (T - M + M / r)`` (Amdahl); the record sets the measured speed-up beside it, and each graph's
 time beside ``encode``'s on the same batch (what serving spends outside the graph).
-Results: benchmarks/results/onnx_profile_cpu.{json,md}.
+Results: benchmarks/results/onnx_profile_cpu[_<model>][_packed][_<isa>].{json,md} (no ``_<isa>`` on AVX-512 VNNI).
 """
 
 from __future__ import annotations
@@ -52,7 +53,11 @@ def _session(path: Path, profile: str | None):
 
 
 def _inputs(session, tokenizer, texts: list[str], max_length: int) -> dict:
+    from neoembed.export.runtime import PACKED_INPUTS, pack_rows
+
     enc = tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="np")
+    if {i.name for i in session.get_inputs()} == set(PACKED_INPUTS):  # a packed graph: the rows serving feeds
+        return pack_rows(enc["input_ids"], enc["attention_mask"])[0]
     return {i.name: enc[i.name].astype(np.int64) for i in session.get_inputs() if i.name in enc}
 
 
@@ -106,6 +111,7 @@ def main() -> None:
     parser.add_argument(
         "--model", help="a model neoembed.load opens (default: full-size NeoBERT, random weights)"
     )
+    parser.add_argument("--packed", action="store_true", help="the packed graphs (model_packed*.onnx)")
     args = parser.parse_args()
     head, facts, rates = header(), cpu_facts(), matmul_rates()
     from transformers import AutoTokenizer
@@ -122,9 +128,10 @@ def main() -> None:
             model = resolve_packaged(str(model))
         export(str(model), work / "export", quantize="int8")
         tokenizer = AutoTokenizer.from_pretrained(str(model))
+        stem = "model_packed" if args.packed else "model"
         graphs = {
-            "fp32": work / "export/onnx/model.onnx",
-            "int8": work / f"export/onnx/model_qint8_{isa_suffix()}.onnx",
+            "fp32": work / f"export/onnx/{stem}.onnx",
+            "int8": work / f"export/onnx/{stem}_qint8_{isa_suffix()}.onnx",
         }
         prof = {k: _profile(p, texts, tokenizer, args.max_length, args.reps, work) for k, p in graphs.items()}
         for k, p in graphs.items():
@@ -169,6 +176,8 @@ def main() -> None:
         if args.model is None
         else f"onnx_profile_cpu_{Path(args.model.split(':')[-1]).name}"
     )
+    stem += "_packed" if args.packed else ""
+    stem += "" if isa_suffix() == "avx512_vnni" else f"_{isa_suffix()}"  # one record per instruction set
     write_results(stem, payload, "\n".join(md) + "\n")
     print("\n".join(md))
 
