@@ -206,6 +206,19 @@ def test_pack_rows_lays_every_token_once():
     assert sum(1 for r in range(rows.shape[0]) if (segments[r] > 0).sum() == 16) >= 2  # the two full rows
 
 
+def test_packed_graph_for_a_small_vocabulary(tmp_path):
+    """The probe batch draws its ids inside the model's vocabulary: the tiny recipe's NeoBERT (1,500 tokens) gets
+    its packed graph."""
+    from pathlib import Path
+
+    from neoembed.export.onnx import export_packed_graph
+
+    model = neoembed.load(Path(__file__).resolve().parents[1] / "recipes" / "tiny" / "model")
+    assert model[0].auto_model.config.vocab_size < 2000
+    assert export_packed_graph(model, tmp_path / "model_packed.onnx") is None
+    assert (tmp_path / "model_packed.onnx").is_file()
+
+
 def test_packed_graph_needs_a_model_that_takes_positions(minilm_path, tmp_path):
     """A model that ignores position_ids would give packed sequences the wrong positions: no packed graph, and
     the reason, instead of a graph that looks right and is not."""

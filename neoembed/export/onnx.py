@@ -117,7 +117,7 @@ def export_packed_graph(model, path: Path) -> str | None:
     with _padded_layout(auto):
         reason = _packed_mismatch(auto, packed, _input_names(model))
         if reason is None:
-            _save(packed, _packed_example(), PACKED_INPUTS, path)
+            _save(packed, _packed_example(auto.config.vocab_size), PACKED_INPUTS, path)
     return reason
 
 
@@ -141,9 +141,10 @@ class _Packed(torch.nn.Module):
         ).last_hidden_state
 
 
-def _packed_example() -> tuple[torch.Tensor, ...]:
-    """Two rows of 16: one sequence of 16; sequences of 9 and 5 and a tail of 2."""
-    ids = torch.randint(1000, 2000, (2, 16))
+def _packed_example(vocab_size: int) -> tuple[torch.Tensor, ...]:
+    """Two rows of 16: one sequence of 16; sequences of 9 and 5 and a tail of 2 (ids within the vocabulary: the
+    probe runs the model)."""
+    ids = torch.randint(1, vocab_size, (2, 16))
     positions = torch.cat(
         [torch.arange(16), torch.arange(9), torch.arange(5), torch.zeros(2, dtype=torch.long)]
     )
@@ -153,7 +154,7 @@ def _packed_example() -> tuple[torch.Tensor, ...]:
 
 def _packed_mismatch(auto, packed: _Packed, names: tuple[str, ...]) -> str | None:
     """None where the packed model gives the padded model's hidden states on the example, else why not."""
-    ids, positions, segments = _packed_example()
+    ids, positions, segments = _packed_example(auto.config.vocab_size)
     lengths = [16, 9, 5]
     padded = torch.zeros(3, 16, dtype=torch.long)
     mask = torch.zeros(3, 16, dtype=torch.long)
