@@ -146,7 +146,9 @@ def main() -> None:
     md = [
         f"uptime at start: `{facts['uptime']}`  ",
         f"CPU flags: {facts['flags']}  ",
-        f"Batch {args.batch} real MTEB sentences, padded to the batch's longest; median of {args.reps} runs.",
+        f"Batch {args.batch} real MTEB sentences, "
+        + ("packed into rows of the batch's longest" if args.packed else "padded to the batch's longest")
+        + f"; median of {args.reps} runs.",
         "",
         f"- ONNX Runtime GEMM (1024^3): fp32 {rates['fp32']:.1f}, int8 {rates['int8']:.1f} GOP/s: r = {r:.2f}",
         f"- model: {args.model or 'full-size NeoBERT (random weights)'}",
