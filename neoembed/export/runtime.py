@@ -52,9 +52,9 @@ def onnx_file(folder: str | Path, file_name: str | None = None) -> Path:
 def session_options(threads: int | None = None):
     """ONNX Runtime options: as many intra-op threads as torch uses (the caller's setting), all graph
     optimizations on, and threads that spin-wait between the ops of a run but stop when the run returns
-    (``session.force_spinning_stop``): spinning within a run is what small batches need (all-MiniLM-L6-v2 int8 at
-    batch 1, 2 cores: 178 vs 137 texts/s without it), and idle threads left spinning after it took the cores
-    from torch in the same process (torch NeoBERT at batch 1 beside loaded sessions: 5 s per text)."""
+    (``session.force_spinning_stop``): small batches are short runs of many small ops, where waking sleeping
+    threads for each op costs, and threads left spinning after a run take the cores from torch (or another
+    session) in the same process."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
