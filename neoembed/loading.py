@@ -16,6 +16,7 @@ from neoembed.adapters import is_adapter_folder, load_adapter
 from neoembed.cde.model import ContextualSentenceTransformer, is_cde_folder, load_cde
 from neoembed.compile import resolve_compile_mode
 from neoembed.export.runtime import load_onnx
+from neoembed.export.torch_int8 import QUANTIZE, quantize_int8
 from neoembed.sentence import (
     EmbeddingModel,
     apply_speedups,
@@ -36,6 +37,7 @@ def load(
     truncate_dim: int | None = None,
     backend: str = "torch",
     file_name: str | None = None,
+    quantize: str | None = None,
     **kwargs: Any,
 ) -> EmbeddingModel | ContextualSentenceTransformer:
     """Load an embedding model as a SentenceTransformer; the arguments are :func:`neoembed.sentence.load`'s, and
@@ -44,7 +46,8 @@ def load(
 
     ``backend="onnx"`` serves a folder written by ``neoembed export`` with ONNX Runtime (``file_name``: the
     graph in its ``onnx/`` folder, e.g. ``model_qint8_avx512_vnni.onnx``; default ``model.onnx``); see
-    :mod:`neoembed.export.runtime`.
+    :mod:`neoembed.export.runtime`. ``quantize="int8"`` (torch backend, CPU) serves the encoder's linear layers in
+    dynamic int8 (:mod:`neoembed.export.torch_int8`), NeoBERT still padding-free.
 
     For a CDE folder, ``max_seq_length``, ``dtype``, ``device``, ``prompts``, ``compile``, ``bucketing`` and
     ``truncate_dim`` apply
@@ -52,6 +55,13 @@ def load(
     """
     if backend not in ("torch", "onnx"):
         raise ValueError(f"unknown backend {backend!r}: choose 'torch' or 'onnx'")
+    if quantize is not None and quantize not in QUANTIZE:
+        raise ValueError(f"quantize={quantize!r}: choose one of {', '.join(QUANTIZE)} (or None)")
+    if quantize is not None and backend != "torch":
+        raise ValueError(
+            "quantize is for the torch backend; an ONNX export chooses its int8 graph with file_name="
+            "'model_qint8_<isa>.onnx'"
+        )
     if str(name_or_path).startswith("packaged:"):  # the packaged all-MiniLM-L6-v2 (neoembed[quickstart])
         name_or_path = resolve_packaged(str(name_or_path))
     if backend == "onnx":
@@ -60,11 +70,14 @@ def load(
         return model
     path = Path(name_or_path)
     if is_adapter_folder(path):  # a LoRA adapter saved alone: its base model, then the adapter on it
-        return load_adapter(path, lambda base: load(base, *args, prompts=prompts, **kwargs))
+        model = load_adapter(path, lambda base: load(base, *args, prompts=prompts, **kwargs))
+        return quantize_int8(model) if quantize else model
     if not (path.exists() and is_cde_folder(path)):
         model = load_bi_encoder(name_or_path, *args, prompts=prompts, **kwargs)
         set_truncate_dim(model, truncate_dim)
-        return model
+        return quantize_int8(model) if quantize else model
+    if quantize:
+        raise ValueError(f"quantize='int8' serves bi-encoders; {path} is a CDE model")
     names = ("pooling", "max_seq_length", "dtype", "device")
     options = {**dict(zip(names, args, strict=False)), **kwargs}
     dtype = resolve_dtype(options.get("dtype"))

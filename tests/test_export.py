@@ -49,7 +49,7 @@ def tiny_export(tiny_official, tmp_path_factory):
 @pytest.fixture(scope="module")
 def minilm_export(minilm_path, tmp_path_factory):
     out = tmp_path_factory.mktemp("export") / "minilm"
-    export(str(minilm_path), out)
+    export(str(minilm_path), out, quantize="int8")
     return out
 
 
@@ -295,8 +295,9 @@ def test_missing_graph_names_the_folder_files(tiny_export):
 def test_neoembed_mteb_scores_the_onnx_graphs(
     tiny_export, tiny_official, shared_dir, tmp_path, monkeypatch, capsys
 ):
-    """`neoembed mteb --backend onnx [--onnx-file]`: the fp32 graph scores what torch scores; each result names
-    the graph it ran, and compare refuses to set an int8 graph beside the torch model."""
+    """`neoembed mteb --backend onnx [--onnx-file]` and `--quantize int8`: the fp32 graph scores what torch scores,
+    int8 (graph or torch layers) close to it; each result names how it ran, and compare refuses to set an int8
+    graph beside the torch model."""
     from neoembed.eval.summary import compare_runs
 
     out, _ = tiny_export
@@ -306,6 +307,7 @@ def test_neoembed_mteb_scores_the_onnx_graphs(
         "torch": ["--model", str(tiny_official)],
         "onnx": ["--model", str(out), "--backend", "onnx"],
         "int8": ["--model", str(out), "--backend", "onnx", "--onnx-file", int8],
+        "torch int8": ["--model", str(tiny_official), "--quantize", "int8"],
     }
     scores = {}
     for name, args in runs.items():
@@ -315,12 +317,91 @@ def test_neoembed_mteb_scores_the_onnx_graphs(
         )
         entry = json.loads((tmp_path / name / "STS16.json").read_text())
         scores[name] = entry["main_score"]
-        assert entry["backend"] == {"torch": "torch", "onnx": "onnx:model.onnx", "int8": f"onnx:{int8}"}[name]
+        labels = {
+            "torch": "torch",
+            "onnx": "onnx:model.onnx",
+            "int8": f"onnx:{int8}",
+            "torch int8": "torch:int8",
+        }
+        assert entry["backend"] == labels[name]
     assert f"backend: onnx:{int8}" in (tmp_path / "int8" / "summary.md").read_text()
     assert scores["onnx"] == pytest.approx(scores["torch"], abs=1e-5)
     assert scores["int8"] != scores["onnx"] and abs(scores["int8"] - scores["onnx"]) < 0.05
+    assert scores["torch int8"] != scores["torch"] and abs(scores["torch int8"] - scores["torch"]) < 0.05
     with pytest.raises(ValueError, match="backend"):
         compare_runs([tmp_path / "torch", tmp_path / "int8"])
     capsys.readouterr()
     assert _cli(monkeypatch, "mteb", *runs["int8"], "--precision", "fp16", "--tasks", str(task)) == 2
     assert "drop --precision" in capsys.readouterr().err
+    assert _cli(monkeypatch, "mteb", *runs["onnx"], "--quantize", "int8", "--tasks", str(task)) == 2
+    assert "--onnx-file" in capsys.readouterr().err
+    assert _cli(monkeypatch, "mteb", *runs["torch int8"], "--precision", "bf16", "--tasks", str(task)) == 2
+    assert "drop --precision" in capsys.readouterr().err
+
+
+def _torch_int8_error(path, texts, expected, **qconfig) -> float:
+    """Mean cosine distance to ``expected`` of ``path`` with dynamic int8 linear layers: neoembed's scheme, or
+    PyTorch's own layer (``own=True``: 7-bit activations, 8-bit weights)."""
+    import torch
+
+    if qconfig.get("own"):
+        from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+        model = neoembed.load(path)
+        quantize_dynamic(model[0].model, {torch.nn.Linear: per_channel_dynamic_qconfig}, inplace=True)
+    else:
+        model = neoembed.load(path, quantize="int8")
+    return float((1 - _cosines(model.encode(texts), expected)).mean())
+
+
+@pytest.mark.parametrize("which", ["neobert", "minilm"])
+def test_torch_int8_as_close_to_fp32_as_the_onnx_int8_graph(
+    which, tiny_export, tiny_official, minilm_export, minilm_path, shared_dir
+):
+    """``quantize="int8"`` (torch, padding-free) quantizes as the ONNX int8 graph does (8-bit activations, 7-bit
+    weights where products saturate): its distance to fp32 is the graph's, within 25%; PyTorch's own dynamic layer
+    (7-bit activations) is at least 1.5x further."""
+    import torch
+
+    from neoembed.export.torch_int8 import Int8Linear
+
+    path, graphs = (tiny_official, tiny_export[0]) if which == "neobert" else (minilm_path, minilm_export)
+    texts = _sentences(shared_dir)
+    fp32 = neoembed.load(path).encode(texts)
+    onnx_int8 = neoembed.load(graphs, backend="onnx", file_name=f"model_qint8_{isa_suffix()}.onnx").encode(
+        texts
+    )
+    reference = float((1 - _cosines(onnx_int8, fp32)).mean())
+    ours = _torch_int8_error(path, texts, fp32)
+    own = _torch_int8_error(path, texts, fp32, own=True)
+    print(f"{which}: mean cosine distance to fp32: onnx int8 {reference:.5f}, torch int8 {ours:.5f}, "
+          f"PyTorch's own layer {own:.5f}")  # fmt: skip
+    assert 0 < ours <= 1.25 * reference and own >= 1.5 * ours
+    model = neoembed.load(path, quantize="int8")
+    layers = [type(m) for m in model[0].model.modules() if isinstance(m, (torch.nn.Linear, Int8Linear))]
+    assert layers and set(layers) == {Int8Linear}  # every linear layer of the encoder
+
+
+def test_torch_int8_merges_lora_and_refuses_what_it_cannot_serve(tiny_official, tiny_export, shared_dir):
+    import torch
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    from neoembed.adapters import add_lora
+    from neoembed.export.torch_int8 import quantize_int8
+
+    texts = _sentences(shared_dir, n=8)
+    model = neoembed.load(tiny_official)
+    add_lora(model, r=4, alpha=8)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.05)  # an adapter that changes the embeddings
+    adapted = model.encode(texts)
+    assert _cosines(adapted, neoembed.load(tiny_official).encode(texts)).min() < 0.999
+    quantize_int8(model)
+    assert not any(isinstance(m, BaseTunerLayer) for m in model.modules())
+    assert _cosines(model.encode(texts), adapted).min() > 0.99  # the adapter merged, then quantized
+    with pytest.raises(ValueError, match="choose one of int8"):
+        neoembed.load(tiny_official, quantize="int4")
+    with pytest.raises(ValueError, match="torch backend"):
+        neoembed.load(tiny_export[0], backend="onnx", quantize="int8")

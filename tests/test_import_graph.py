@@ -27,6 +27,7 @@ FLOORS = {
     "neoembed.compile": 1,
     "neoembed.quantization": 1,
     "neoembed.progress": 1,
+    "neoembed.export.cpu": 1,
     # floor 2: the bi-encoder, data, run plumbing (output folders, checkpoints, signals, metrics)
     "neoembed.sentence": 2,
     "neoembed.data": 2,
@@ -36,6 +37,7 @@ FLOORS = {
     "neoembed.loop": 3,
     # floor 3: ONNX Runtime serving of an exported folder (builds on the bi-encoder; neoembed.load uses it)
     "neoembed.export.runtime": 3,
+    "neoembed.export.torch_int8": 3,
     # floor 4: model kinds and their trainers
     "neoembed.train": 4,
     "neoembed.cde": 4,

@@ -95,6 +95,13 @@ OnnxFile = Annotated[
         help="With --backend onnx: the graph in the folder's onnx/ (default model.onnx), e.g. model_qint8_avx512_vnni.onnx.",
     ),
 ]
+Quantize = Annotated[
+    str | None,
+    typer.Option(
+        "--quantize",
+        help="int8: the torch model's linear layers in dynamic int8 (CPU; see neoembed.export.torch_int8).",
+    ),
+]
 
 
 @app.callback()
@@ -129,6 +136,7 @@ def mteb_command(
     rescore_docs: RescoreDocs = "quantized",
     backend: Backend = "torch",
     onnx_file: OnnxFile = None,
+    quantize: Quantize = None,
 ) -> None:
     """Evaluate MODEL on MTEB tasks and write per-task JSON plus a Table-4 style summary."""
     if ctx.invoked_subcommand is not None:
@@ -146,6 +154,7 @@ def mteb_command(
     )
 
     _check_precisions(precision, embedding_precision, rescore, rescore_docs, backend, onnx_file)
+    _check_quantize(quantize, backend, precision, device)
     out = output or default_results_dir(model)
     check_device(device)
     check_weight_files(model)
@@ -176,6 +185,7 @@ def mteb_command(
             rescore_docs=rescore_docs,
             backend=backend,
             onnx_file=onnx_file,
+            quantize=quantize,
         )
         _run(cfg, out, model)
 
@@ -190,6 +200,26 @@ def _check_backend(backend: str, onnx_file: str | None, precision: str | None) -
             "ONNX Runtime runs the exported graph as it is (fp32 or its int8 file): drop --precision",
             param_hint="--precision",
         )
+
+
+def _check_quantize(quantize: str | None, backend: str, precision: str | None, device: str | None) -> None:
+    from neoembed.export.torch_int8 import QUANTIZE
+
+    if quantize is None:
+        return
+    if quantize not in QUANTIZE:
+        raise typer.BadParameter(f"{quantize!r}: choose {', '.join(QUANTIZE)}", param_hint="--quantize")
+    if backend != "torch":
+        raise typer.BadParameter(
+            "an ONNX export chooses its int8 graph with --onnx-file model_qint8_<isa>.onnx",
+            param_hint="--quantize",
+        )
+    if precision not in (None, "fp32"):
+        raise typer.BadParameter(
+            "int8 layers take fp32 activations: drop --precision", param_hint="--precision"
+        )
+    if device is not None and not device.startswith("cpu"):
+        raise typer.BadParameter(f"int8 layers run on CPU, not {device}", param_hint="--device")
 
 
 def _check_precisions(

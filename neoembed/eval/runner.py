@@ -68,6 +68,7 @@ class EvalConfig:
     rescore_docs: str = "quantized"  # rescore against the "quantized" documents or the "float" ones
     backend: str = "torch"  # "onnx": a folder written by neoembed export, served by ONNX Runtime
     onnx_file: str | None = None  # the graph in its onnx/ folder (default model.onnx), e.g. an int8 one
+    quantize: str | None = None  # "int8": the torch model's linear layers in dynamic int8 (CPU)
 
 
 @dataclass
@@ -243,7 +244,8 @@ def _load_model(cfg: EvalConfig):
     if cfg.backend == "onnx":
         model = load(cfg.model, truncate_dim=cfg.truncate_dim, backend="onnx", file_name=cfg.onnx_file)
     else:
-        model = load(cfg.model, device=cfg.device, truncate_dim=cfg.truncate_dim)
+        device = cfg.device or ("cpu" if cfg.quantize else None)  # int8 kernels are CPU ones
+        model = load(cfg.model, device=device, truncate_dim=cfg.truncate_dim, quantize=cfg.quantize)
     if cfg.max_length:
         model.max_seq_length = cfg.max_length
     return model
@@ -380,9 +382,10 @@ def _check_rescore(cfg: EvalConfig) -> None:
 
 
 def backend_label(cfg: EvalConfig) -> str:
-    """How the model ran: ``torch``, or ``onnx:<graph file>`` (an int8 graph scores differently from fp32)."""
+    """How the model ran: ``torch`` (``torch:int8`` quantized), or ``onnx:<graph file>`` (an int8 graph scores
+    differently from fp32)."""
     if cfg.backend == "torch":
-        return "torch"
+        return f"torch:{cfg.quantize}" if cfg.quantize else "torch"
     return f"onnx:{cfg.onnx_file or 'model.onnx'}"
 
 

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from neoembed.export.cpu import int8_saturates, isa_suffix
 from neoembed.export.runtime import DEFAULT_FILE, ONNX_SUBFOLDER, OUTPUT_NAME, PACKED_INPUTS
 from neoembed.loading import load
 
@@ -48,29 +49,6 @@ def check_output(out: Path) -> None:
     if out.exists() and any(out.iterdir()):
         other = "another export" if (out / ONNX_SUBFOLDER).exists() else "files"
         raise ExportFolderError(f"OUT {out} already holds {other}: choose a new or empty folder")
-
-
-def isa_suffix() -> str:
-    """sentence-transformers' int8 file suffix for this CPU (``avx512_vnni``, ``avx512``, ``avx2``, ``arm64``)."""
-    import platform
-
-    flags = _cpu_flags()
-    if platform.machine().lower() in ("arm64", "aarch64"):
-        return "arm64"
-    for isa in ("avx512_vnni", "avx512f", "avx2"):
-        if isa in flags:
-            return isa.removesuffix("f")
-    return "avx2"
-
-
-def _cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    return {
-        flag for line in text.splitlines() if line.startswith("flags") for flag in line.split(":")[1].split()
-    }
 
 
 class _Backbone(torch.nn.Module):
@@ -219,19 +197,6 @@ def quantize_int8(src: Path, dst: Path) -> None:
     quantize_dynamic(
         str(src), str(dst), weight_type=QuantType.QInt8, per_channel=True, reduce_range=int8_saturates()
     )
-
-
-def int8_saturates() -> bool:
-    """Whether this CPU's uint8 x int8 products can overflow: x86 without VNNI (AVX2, AVX-512F) multiplies with
-    ``vpmaddubsw``, whose pairwise int16 sums saturate for weights outside [-64, 63] (ONNX Runtime's
-    ``session.x64quantprecision`` note; oneDNN's "Nuances of int8 computations"). On such a CPU the weights are
-    quantized to 7 bits (``reduce_range``): with full 8-bit weights the tiny NeoBERT's int8 graph fails
-    ``tests/test_export.py::test_neobert_int8_close_to_fp32`` (cosine to fp32 ≥ 0.99) on an AVX2-only CPU."""
-    import platform
-
-    if platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686"):
-        return False
-    return not ({"avx512_vnni", "avx_vnni"} & _cpu_flags())
 
 
 #: modules whose ``sentence_transformers.models.<Name>`` path every sentence-transformers release resolves: 2 to 5
