@@ -1,0 +1,237 @@
+"""How much of what int8 allows on this CPU neoembed's torch int8 gets: full-size NeoBERT, padding-free.
+
+    python benchmarks/int8_bound.py      # ~5 minutes on 2 cores
+
+One run measures, on batches of 32 real MTEB sentences (NeoBERT's padding-free forward, so the products see
+real tokens only):
+
+1. this CPU's int8 and fp32 matrix-product rates on the model's own products (the batch's T real tokens through
+   q/k/v, the output projection, SwiGLU's w12 and w3) and on 1024^3, in both libraries that
+   serve int8 here: torch (fp32 ``F.linear``; int8 ``Int8Linear``, FBGEMM, activation quantization included) and
+   ONNX Runtime (``MatMul``; ``MatMulInteger``). ``r`` is the best int8 rate over the best fp32 rate, summed over
+   the model's products as one forward weighs them;
+2. the share ``f`` of the fp32 forward's time spent in its matrix products (their time by torch's profiler,
+   ``aten::mm`` and ``aten::addmm``, over the batch's median ``encode`` time without the profiler: what int8 can
+   speed up), and the speed-up that ``r`` allows, ``1 / (1 - f + f / r)``;
+3. ``encode`` with ``quantize="int8"`` against fp32 (median of ``--repeats`` passes, alternated), and the
+   fraction of the allowed gain it gets, ``(measured - 1) / (allowed - 1)`` (the issue asks for 80%).
+
+Results: benchmarks/results/int8_bound_cpu.{json,md} on a CPU with AVX-512 VNNI, int8_bound_cpu_<isa> elsewhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from _common import header, write_results
+from encode import mteb_sentences
+from serving import cpu_facts, full_neobert, matmul_rates
+
+import neoembed
+from neoembed.export.cpu import int8_saturates, isa_suffix
+from neoembed.export.torch_int8 import Int8Linear, _qconfig
+
+
+def _timed(fn, reps: int) -> float:
+    fn()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return (time.perf_counter() - t0) / reps
+
+
+def torch_rates(m: int, k: int, n: int, reps: int = 5) -> dict:
+    """GOP/s of an (m x k) by (k x n) product in torch: fp32 ``F.linear`` and neoembed's ``Int8Linear``."""
+    x = torch.randn(m, k)
+    linear = torch.nn.Linear(k, n, bias=False)
+    linear.qconfig = _qconfig()
+    int8 = Int8Linear.from_float(linear)
+    flops = 2 * m * k * n
+    with torch.inference_mode():
+        fp32 = flops / _timed(lambda: F.linear(x, linear.weight), reps) / 1e9
+        q = flops / _timed(lambda: int8(x), reps) / 1e9
+    return {"fp32": fp32, "int8": q}
+
+
+def ort_rates(m: int, k: int, n: int, reps: int = 5) -> dict:
+    """GOP/s of the same product in ONNX Runtime: ``MatMul`` on fp32, ``MatMulInteger`` on uint8 x int8."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from neoembed.export.runtime import session_options
+
+    out = {}
+    rng = np.random.default_rng(0)
+    for integer in (False, True):
+        a_type, out_type = (TensorProto.UINT8, TensorProto.INT32) if integer else (TensorProto.FLOAT,) * 2
+        weight = (
+            rng.integers(-64, 63, (k, n), dtype=np.int8)
+            if integer
+            else rng.standard_normal((k, n), np.float32)
+        )
+        graph = helper.make_graph(
+            [helper.make_node("MatMulInteger" if integer else "MatMul", ["a", "b"], ["c"])],
+            "mm",
+            [helper.make_tensor_value_info("a", a_type, [m, k])],
+            [helper.make_tensor_value_info("c", out_type, [m, n])],
+            [onnx.numpy_helper.from_array(weight, "b")],
+        )
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        session = ort.InferenceSession(
+            model.SerializeToString(), session_options(), providers=["CPUExecutionProvider"]
+        )
+        a = (
+            rng.integers(0, 255, (m, k), dtype=np.uint8)
+            if integer
+            else rng.standard_normal((m, k), np.float32)
+        )
+        out["int8" if integer else "fp32"] = (
+            2 * m * k * n / _timed(lambda s=session, a=a: s.run(None, {"a": a}), reps) / 1e9
+        )
+    return out
+
+
+def gemm_share(model, texts: list[str]) -> dict:
+    """The fp32 forward's time on one batch (median of 3, no profiler: its per-op overhead would inflate it) and
+    the part of it in matrix products (torch's profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    wall = float(np.median([_timed(lambda: model.encode(texts, batch_size=len(texts)), 1) for _ in range(3)]))
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        model.encode(texts, batch_size=len(texts))
+    events = prof.key_averages()
+    gemm = sum(e.self_cpu_time_total for e in events if e.key in ("aten::mm", "aten::addmm")) / 1e6
+    top = sorted(events, key=lambda e: -e.self_cpu_time_total)[:12]
+    return {
+        "wall_s": wall,
+        "gemm_s": gemm,
+        "share": min(gemm / wall, 1.0),
+        "top_ops": {e.key: e.self_cpu_time_total / 1e6 for e in top},
+    }
+
+
+def encode_times(models: dict, texts: list[str], batch_size: int, repeats: int) -> dict:
+    """Median seconds per pass over ``texts`` for each model, passes alternated between the models (the machine is
+    shared: alternation spreads its noise over both)."""
+    for m in models.values():
+        m.encode(texts[:batch_size], batch_size=batch_size)
+    times = {name: [] for name in models}
+    for _ in range(repeats):
+        for name, m in models.items():
+            t0 = time.perf_counter()
+            m.encode(texts, batch_size=batch_size)
+            times[name].append(time.perf_counter() - t0)
+    return {name: float(np.median(t)) for name, t in times.items()}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sentences", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--repeats", type=int, default=5)
+    args = p.parse_args()
+    head, facts = header(), cpu_facts()
+    sentences = mteb_sentences()
+    rng = np.random.default_rng(0)
+    texts = [sentences[i] for i in rng.choice(len(sentences), args.sentences, replace=False)]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = str(full_neobert(Path(tmp) / "neobert-random"))
+        fp32, int8 = neoembed.load(path), neoembed.load(path, quantize="int8")
+        cfg = fp32[0].model.config
+        batch = texts[: args.batch_size]
+        tokens = int(fp32.tokenize(batch)["attention_mask"].sum())
+        share = gemm_share(fp32, batch)
+        timings = encode_times({"fp32": fp32, "int8": int8}, texts, args.batch_size, args.repeats)
+    d, ffn, layers = cfg.hidden_size, cfg.ffn_hidden_size, cfg.num_hidden_layers
+    shapes = {
+        "qkv": (tokens, d, 3 * d),
+        "wo": (tokens, d, d),
+        "w12": (tokens, d, 2 * ffn),
+        "w3": (tokens, ffn, d),
+    }
+    rates = {
+        name: {"torch": torch_rates(*shape), "onnxruntime": ort_rates(*shape)}
+        for name, shape in shapes.items()
+    }
+    square = {"torch": torch_rates(1024, 1024, 1024), "onnxruntime": matmul_rates()}
+    # one forward's products at each library's best rate: r is their time ratio, fp32 over int8
+    flops = {name: 2 * m * k * n for name, (m, k, n) in shapes.items()}
+    best = {
+        prec: sum(flops[s] / max(rates[s][lib][prec] for lib in rates[s]) for s in shapes)
+        for prec in ("fp32", "int8")
+    }
+    per_lib = {
+        lib: sum(flops[s] / rates[s][lib]["fp32"] for s in shapes)
+        / sum(flops[s] / rates[s][lib]["int8"] for s in shapes)
+        for lib in ("torch", "onnxruntime")
+    }
+    r = best["fp32"] / best["int8"]
+    f = share["share"]
+    allowed = 1 / (1 - f + f / r)
+    measured = timings["fp32"] / timings["int8"]
+    gain = (measured - 1) / (allowed - 1)
+    payload = {
+        "header": head,
+        "cpu": facts,
+        "isa": isa_suffix(),
+        "int8_weight_bits": 7 if int8_saturates() else 8,
+        "args": vars(args),
+        "tokens_per_batch": tokens,
+        "layers": layers,
+        "rates_gops": rates,
+        "square_1024_gops": square,
+        "r": r,
+        "r_per_library": per_lib,
+        "gemm_share": share,
+        "encode_s": timings,
+        "allowed": allowed,
+        "measured": measured,
+        "gain_fraction": gain,
+    }
+    md = [
+        f"uptime at start: `{facts['uptime']}`  ",
+        f"CPU flags: {facts['flags']}; int8 weights {payload['int8_weight_bits']} bits  ",
+        f"Model: full-size NeoBERT (random weights), padding-free; {args.sentences} real MTEB sentences, batch "
+        f"{args.batch_size} ({tokens} real tokens in the profiled batch); median of {args.repeats} alternated passes",
+        "",
+        "| product (m x k x n) | torch fp32 | torch int8 | ORT fp32 | ORT int8 | best int8 / best fp32 |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, (m, k, n) in {**shapes, "1024^3": (1024, 1024, 1024)}.items():
+        cell = rates.get(name) or square
+        b8 = max(cell[lib]["int8"] for lib in cell)
+        b32 = max(cell[lib]["fp32"] for lib in cell)
+        md.append(
+            f"| {name} ({m} x {k} x {n}) | {cell['torch']['fp32']:.1f} | {cell['torch']['int8']:.1f} | "
+            f"{cell['onnxruntime']['fp32']:.1f} | {cell['onnxruntime']['int8']:.1f} | {b8 / b32:.2f}x |"
+        )
+    md += [
+        "",
+        "GOP/s; torch int8 is neoembed's `Int8Linear` (FBGEMM, the activations' quantization included).",
+        "",
+        f"- r (the model's products, each at its best library): **{r:.2f}x** (torch alone {per_lib['torch']:.2f}x, "
+        f"ONNX Runtime alone {per_lib['onnxruntime']:.2f}x)",
+        f"- fp32 forward: {1000 * share['wall_s']:.0f} ms per batch, matrix products {100 * f:.1f}% of it",
+        f"- speed-up the rates allow: 1 / (1 - f + f / r) = **{allowed:.2f}x**",
+        f"- measured, encode fp32 {1000 * timings['fp32'] / args.sentences:.1f} ms/text, int8 "
+        f"{1000 * timings['int8'] / args.sentences:.1f} ms/text: **{measured:.2f}x**, "
+        f"{100 * gain:.0f}% of the allowed gain ((measured - 1) / (allowed - 1))",
+        "",
+        "fp32 forward's top ops (self time, s): "
+        + ", ".join(f"{k} {v:.3f}" for k, v in share["top_ops"].items()),
+        "",
+    ]
+    stem = "int8_bound_cpu" if isa_suffix() == "avx512_vnni" else f"int8_bound_cpu_{isa_suffix()}"
+    write_results(stem, payload, "\n".join(md))
+    print("\n".join(md))
+
+
+if __name__ == "__main__":
+    main()
