@@ -70,7 +70,9 @@ def load(
         return model
     path = Path(name_or_path)
     if is_adapter_folder(path):  # a LoRA adapter saved alone: its base model, then the adapter on it
-        model = load_adapter(path, lambda base: load(base, *args, prompts=prompts, **kwargs))
+        model = load_adapter(
+            path, lambda base: load(base, *args, prompts=prompts, truncate_dim=truncate_dim, **kwargs)
+        )
         return quantize_int8(model) if quantize else model
     if not (path.exists() and is_cde_folder(path)):
         model = load_bi_encoder(name_or_path, *args, prompts=prompts, **kwargs)
