@@ -339,18 +339,8 @@ def test_neoembed_mteb_scores_the_onnx_graphs(
     assert "drop --precision" in capsys.readouterr().err
 
 
-def _torch_int8_error(path, texts, expected, **qconfig) -> float:
-    """Mean cosine distance to ``expected`` of ``path`` with dynamic int8 linear layers: neoembed's scheme, or
-    PyTorch's own layer (``own=True``: 7-bit activations, 8-bit weights)."""
-    import torch
-
-    if qconfig.get("own"):
-        from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
-
-        model = neoembed.load(path)
-        quantize_dynamic(model[0].model, {torch.nn.Linear: per_channel_dynamic_qconfig}, inplace=True)
-    else:
-        model = neoembed.load(path, quantize="int8")
+def _distance(model, texts, expected) -> float:
+    """Mean cosine distance of ``model``'s embeddings of ``texts`` to ``expected``."""
     return float((1 - _cosines(model.encode(texts), expected)).mean())
 
 
@@ -362,6 +352,7 @@ def test_torch_int8_as_close_to_fp32_as_the_onnx_int8_graph(
     weights where products saturate): its distance to fp32 is the graph's, within 25%; PyTorch's own dynamic layer
     (7-bit activations) is at least 1.5x further."""
     import torch
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
     from neoembed.export.torch_int8 import Int8Linear
 
@@ -372,12 +363,14 @@ def test_torch_int8_as_close_to_fp32_as_the_onnx_int8_graph(
         texts
     )
     reference = float((1 - _cosines(onnx_int8, fp32)).mean())
-    ours = _torch_int8_error(path, texts, fp32)
-    own = _torch_int8_error(path, texts, fp32, own=True)
+    model = neoembed.load(path, quantize="int8")
+    ours = _distance(model, texts, fp32)
+    pytorch_own = neoembed.load(path)  # PyTorch's own dynamic layer: 7-bit activations, 8-bit weights
+    quantize_dynamic(pytorch_own[0].model, {torch.nn.Linear: per_channel_dynamic_qconfig}, inplace=True)
+    own = _distance(pytorch_own, texts, fp32)
     print(f"{which}: mean cosine distance to fp32: onnx int8 {reference:.5f}, torch int8 {ours:.5f}, "
           f"PyTorch's own layer {own:.5f}")  # fmt: skip
     assert 0 < ours <= 1.25 * reference and own >= 1.5 * ours
-    model = neoembed.load(path, quantize="int8")
     layers = [type(m) for m in model[0].model.modules() if isinstance(m, (torch.nn.Linear, Int8Linear))]
     assert layers and set(layers) == {Int8Linear}  # every linear layer of the encoder
 

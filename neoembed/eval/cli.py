@@ -145,19 +145,12 @@ def mteb_command(
         typer.echo(ctx.get_help())
         raise typer.Exit(2)
     from neoembed.eval.runner import EvalConfig
-    from neoembed.runs import (
-        check_device,
-        check_weight_files,
-        claim_results_dir,
-        default_results_dir,
-        output_lock,
-    )
+    from neoembed.runs import claim_results_dir, default_results_dir, output_lock
 
-    _check_precisions(precision, embedding_precision, rescore, rescore_docs, backend, onnx_file)
-    _check_quantize(quantize, backend, precision, device)
+    _check_options(
+        model, device, precision, embedding_precision, rescore, rescore_docs, backend, onnx_file, quantize
+    )
     out = output or default_results_dir(model)
-    check_device(device)
-    check_weight_files(model)
     task_list = _split(tasks, "--tasks")
     with output_lock(out, what="--output"):
         # another model's folder: refused before any import
@@ -200,6 +193,18 @@ def _check_backend(backend: str, onnx_file: str | None, precision: str | None) -
             "ONNX Runtime runs the exported graph as it is (fp32 or its int8 file): drop --precision",
             param_hint="--precision",
         )
+
+
+def _check_options(
+    model, device, precision, embedding_precision, rescore, rescore_docs, backend, onnx_file, quantize
+) -> None:
+    """Every option, checked before anything loads (a bad one exits 2)."""
+    from neoembed.runs import check_device, check_weight_files
+
+    _check_precisions(precision, embedding_precision, rescore, rescore_docs, backend, onnx_file)
+    _check_quantize(quantize, backend, precision, device)
+    check_device(device)
+    check_weight_files(model)
 
 
 def _check_quantize(quantize: str | None, backend: str, precision: str | None, device: str | None) -> None:
