@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from _common import header, write_results
 from encode import mteb_sentences
-from serving import cpu_facts, full_neobert, matmul_rates
+from serving import cpu_facts, full_neobert, matmul_graph, matmul_rates
 
 import neoembed
 from neoembed.export.cpu import int8_saturates, isa_suffix
@@ -66,40 +66,21 @@ def torch_rates(m: int, k: int, n: int, reps: int = 5) -> dict:
 
 def ort_rates(m: int, k: int, n: int, reps: int = 5) -> dict:
     """GOP/s of the same product in ONNX Runtime: ``MatMul`` on fp32, ``MatMulInteger`` on uint8 x int8."""
-    import onnx
     import onnxruntime as ort
-    from onnx import TensorProto, helper
 
     from neoembed.export.runtime import session_options
 
-    out = {}
-    rng = np.random.default_rng(0)
+    out, rng = {}, np.random.default_rng(0)
     for integer in (False, True):
-        a_type, out_type = (TensorProto.UINT8, TensorProto.INT32) if integer else (TensorProto.FLOAT,) * 2
-        weight = (
-            rng.integers(-64, 63, (k, n), dtype=np.int8)
-            if integer
-            else rng.standard_normal((k, n), np.float32)
-        )
-        graph = helper.make_graph(
-            [helper.make_node("MatMulInteger" if integer else "MatMul", ["a", "b"], ["c"])],
-            "mm",
-            [helper.make_tensor_value_info("a", a_type, [m, k])],
-            [helper.make_tensor_value_info("c", out_type, [m, n])],
-            [onnx.numpy_helper.from_array(weight, "b")],
-        )
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-        session = ort.InferenceSession(
-            model.SerializeToString(), session_options(), providers=["CPUExecutionProvider"]
-        )
+        graph = matmul_graph(m, k, n, integer)
+        session = ort.InferenceSession(graph, session_options(), providers=["CPUExecutionProvider"])
         a = (
             rng.integers(0, 255, (m, k), dtype=np.uint8)
             if integer
             else rng.standard_normal((m, k), np.float32)
         )
-        out["int8" if integer else "fp32"] = (
-            2 * m * k * n / _timed(lambda s=session, a=a: s.run(None, {"a": a}), reps) / 1e9
-        )
+        seconds = _timed(lambda s=session, a=a: s.run(None, {"a": a}), reps)
+        out["int8" if integer else "fp32"] = 2 * m * k * n / seconds / 1e9
     return out
 
 

@@ -47,21 +47,23 @@ def cpu_facts() -> dict:
     }
 
 
-def _matmul_graph(n: int, integer: bool):
+def matmul_graph(m: int, k: int, n: int, integer: bool) -> bytes:
+    """A one-node ONNX graph multiplying an (m x k) input by a stored (k x n) weight: fp32 ``MatMul``, or
+    ``MatMulInteger`` on uint8 x int8 (the op dynamic int8 graphs run)."""
     import onnx
     from onnx import TensorProto, helper
 
     a_type, out_type = (TensorProto.UINT8, TensorProto.INT32) if integer else (TensorProto.FLOAT,) * 2
     rng = np.random.default_rng(0)
     weight = (
-        rng.integers(-127, 127, (n, n), dtype=np.int8) if integer else rng.standard_normal((n, n), np.float32)
+        rng.integers(-64, 63, (k, n), dtype=np.int8) if integer else rng.standard_normal((k, n), np.float32)
     )
     node = helper.make_node("MatMulInteger" if integer else "MatMul", ["a", "b"], ["c"])
     graph = helper.make_graph(
         [node],
         "mm",
-        [helper.make_tensor_value_info("a", a_type, [n, n])],
-        [helper.make_tensor_value_info("c", out_type, [n, n])],
+        [helper.make_tensor_value_info("a", a_type, [m, k])],
+        [helper.make_tensor_value_info("c", out_type, [m, n])],
         [onnx.numpy_helper.from_array(weight, "b")],
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
@@ -76,7 +78,7 @@ def matmul_rates(n: int = 1024, reps: int = 10) -> dict:
     out = {}
     for integer in (False, True):
         session = ort.InferenceSession(
-            _matmul_graph(n, integer), session_options(), providers=["CPUExecutionProvider"]
+            matmul_graph(n, n, n, integer), session_options(), providers=["CPUExecutionProvider"]
         )
         a = (
             np.random.default_rng(1).integers(0, 255, (n, n), dtype=np.uint8)
