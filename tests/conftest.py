@@ -19,6 +19,20 @@ DATA = SHARED / "data"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+
+def _share_the_cores_between_workers() -> None:
+    """Under pytest-xdist (the default ``-n auto``), each worker gets its share of the cores for torch and for the
+    processes its tests start: one OpenMP pool per worker, all as large as the machine, would oversubscribe it."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        threads = max(1, cores // workers)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        torch.set_num_threads(threads)
+
+
+_share_the_cores_between_workers()
+
 # Python source that makes `import neoembed` fail, prepended to the code of a subprocess that must behave as on a
 # machine where neoembed is not installed.
 BLOCK_NEOEMBED = """

@@ -472,11 +472,11 @@ def test_run_mteb_leaves_no_context_on_the_model(saved_cde, shared_dir, tmp_path
 def test_two_processes_run_the_cde_recipe(tmp_path, tiny_official):
     import os
 
+    from test_train import _launch
+
     out = tmp_path / "ddp"
     r = subprocess.run(
-        [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_machines", "1",
-         "--num_processes", "2", "--mixed_precision", "no", "--dynamo_backend", "no",
-         "-m", "neoembed", "train", "cde-tiny", f"model={tiny_official}", f"output_dir={out}",
+        [*_launch(2), "-m", "neoembed", "train", "cde-tiny", f"model={tiny_official}", f"output_dir={out}",
          "steps=3", "save_steps=2"],
         capture_output=True, text=True, cwd=REPO, timeout=600,
         env={**_env(), "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"},

@@ -392,21 +392,12 @@ def test_sigterm_checkpoints_then_resume_finishes(tmp_path, shards):
 
 
 def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path, shards):
+    from test_train import _launch
+
     one = pretrain(_recipe(tmp_path / "one", shards, "steps=4", "save_steps=100"), progress=False)
     r = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "accelerate.commands.launch",
-            "--multi_gpu",  # with ACCELERATE_USE_CPU=1: two gloo processes (`--cpu` would start only one)
-            "--num_machines",
-            "1",
-            "--num_processes",
-            "2",
-            "--mixed_precision",
-            "no",
-            "--dynamo_backend",
-            "no",
+            *_launch(2),
             "-m",
             "neoembed",
             "pretrain",

@@ -243,12 +243,13 @@ def _launch(processes: int) -> list[str]:
     """`accelerate launch` for N gloo processes on CPU.
 
     In accelerate 1.x, `--cpu --num_processes 2` starts a single process; `--multi_gpu` with
-    ACCELERATE_USE_CPU=1 (see _LAUNCH_KW) is what starts N CPU processes under torch.distributed.
+    ACCELERATE_USE_CPU=1 (see _LAUNCH_KW) is what starts N CPU processes under torch.distributed. Port 0:
+    accelerate picks a free port, since pytest-xdist may run another file's launch at the same time.
     """
     mode = ["--multi_gpu"] if processes > 1 else ["--cpu"]
     return [
         sys.executable, "-m", "accelerate.commands.launch", *mode,
-        "--num_machines", "1", "--num_processes", str(processes),
+        "--num_machines", "1", "--num_processes", str(processes), "--main_process_port", "0",
         "--mixed_precision", "no", "--dynamo_backend", "no",
     ]  # fmt: skip
 
