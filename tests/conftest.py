@@ -81,6 +81,16 @@ def minilm_path() -> Path:
 
 
 @pytest.fixture(scope="session")
+def neoembed_cli():
+    """``neoembed_cli.run(["neoembed", ...], cwd=, env=)``: a command line in a fresh process forked from one that
+    imported neoembed's dependencies once per test worker (``tests/warm_cli.py``)."""
+    from warm_cli import WarmNeoembed
+
+    with WarmNeoembed(dict(os.environ)) as warm:
+        yield warm
+
+
+@pytest.fixture(scope="session")
 def block_neoembed() -> str:
     return BLOCK_NEOEMBED
 

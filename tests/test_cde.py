@@ -389,17 +389,17 @@ def test_cde_resume_equals_uninterrupted(tmp_path, tiny_official):
     assert _losses(full)[:3] == _losses(part)[:3]
 
 
-def test_cli_train_dispatches_cde_and_rejects_bad_recipes(tmp_path, tiny_official):
-    r = subprocess.run(
-        [sys.executable, "-m", "neoembed", "train", "cde-tiny", f"model={tiny_official}",
-         f"output_dir={tmp_path / 'o'}", "steps=2", "context.n_context=0"],
-        capture_output=True, text=True, cwd=REPO, env=_env(),
+def test_cli_train_dispatches_cde_and_rejects_bad_recipes(tmp_path, tiny_official, neoembed_cli):
+    r = neoembed_cli.run(
+        ["neoembed", "train", "cde-tiny", f"model={tiny_official}", f"output_dir={tmp_path / 'o'}", "steps=2",
+         "context.n_context=0"],
+        cwd=REPO, env=_env(),
     )  # fmt: skip
     assert r.returncode == 2 and "n_context" in r.stderr
-    r = subprocess.run(
-        [sys.executable, "-m", "neoembed", "train", "cde-tiny", f"model={tiny_official}",
-         f"output_dir={tmp_path / 'o'}", "steps=2", "batch_size=1000"],
-        capture_output=True, text=True, cwd=REPO, env=_env(),
+    r = neoembed_cli.run(
+        ["neoembed", "train", "cde-tiny", f"model={tiny_official}", f"output_dir={tmp_path / 'o'}", "steps=2",
+         "batch_size=1000"],
+        cwd=REPO, env=_env(),
     )  # fmt: skip
     assert r.returncode == 2 and "larger than the dataset" in r.stderr
 

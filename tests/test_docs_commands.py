@@ -3,9 +3,10 @@
 Each line of a ``bash`` block is listed in ``HOW`` with the way it is proven, so that a new or changed documented
 command fails here until someone says how it runs:
 
-- ``run``: executed as written, in the page's order, in a scratch copy of the repository (with ``../shared``
-  beside it, as in CI), exit 0; placeholders (``MODEL``, ``my-model``, ...) are swapped for the fixtures in
-  ``PLACEHOLDERS``, and a line that consumes what a hub-only line above it would have written gets that output
+- ``run``: executed as written by bash, in the page's order, in a scratch copy of the repository (with
+  ``../shared`` beside it, as in CI), exit 0, each ``neoembed`` forked from one pre-imported process
+  (``tests/warm_cli.py``: the imports were most of each command's time); placeholders (``MODEL``,
+  ``my-model``, ...) are swapped for the fixtures in ``PLACEHOLDERS``, and a line that consumes what a hub-only line above it would have written gets that output
   from a local stand-in (``STAND_INS``). Afterwards the copy holds nothing that git would show as untracked.
 - ``slow``: the same, under ``-m slow`` (minutes).
 - ``hub``: needs the Hugging Face Hub. Run offline, it must end with exit 1 or 2 and a message that names the hub,
@@ -25,7 +26,6 @@ Every ``neoembed ...`` line, in blocks and inline code, must also parse: the sub
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
@@ -38,6 +38,7 @@ from pathlib import Path
 
 import pytest
 import typer
+from warm_cli import WarmNeoembed
 
 from neoembed.cli import app
 
@@ -332,8 +333,11 @@ def _environment() -> dict:
     return env
 
 
-def _run_page(page: str, modes: set[str], tmp_path: Path, shared: Path, tiny_official: Path) -> list[str]:
-    """Runs the page's lines of ``modes`` in order in a scratch copy; returns what went wrong."""
+def _run_page(
+    page: str, modes: set[str], tmp_path: Path, shared: Path, tiny_official: Path, env: dict
+) -> list[str]:
+    """Runs the page's lines of ``modes`` in order in a scratch copy, ``neoembed`` pre-imported (``env`` from
+    ``WarmNeoembed``); returns what went wrong."""
     root = _scratch_copy(tmp_path / page, shared)
     wrong = []
     for line, mode in HOW.get(page, {}).items():
@@ -341,11 +345,11 @@ def _run_page(page: str, modes: set[str], tmp_path: Path, shared: Path, tiny_off
             continue
         for command in [*STAND_INS.get(line, []), line]:
             command = _as_run_here(command, tiny_official)
-            r = subprocess.run(["bash", "-c", command], cwd=root, env=_environment(), capture_output=True, text=True)
+            r = subprocess.run(["bash", "-c", command], cwd=root, env=env, capture_output=True, text=True)
             if r.returncode != 0:
                 wrong.append(f"{page}: {command}\n  exit {r.returncode}\n{r.stdout[-1500:]}\n{r.stderr[-3000:]}")
                 return wrong
-    if modes & {"run"} and (why := _run_python_blocks(page, root, tiny_official)) is not None:
+    if modes & {"run"} and (why := _run_python_blocks(page, root, tiny_official, env)) is not None:
         return [why]
     left = [s for s in subprocess.run(
         ["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True, check=True
@@ -363,13 +367,13 @@ def python_blocks(page: str) -> list[str]:
     return ["\n".join(lines) for language, lines in fenced_blocks(path.read_text(encoding="utf8")) if language == "python"]
 
 
-def _run_python_blocks(page: str, root: Path, tiny_official: Path) -> str | None:
+def _run_python_blocks(page: str, root: Path, tiny_official: Path, env: dict) -> str | None:
     """The page's python blocks in order in one interpreter; None if they ran, else what failed."""
     blocks = python_blocks(page)
     if not blocks:
         return None
     for command in PYTHON_SETUP.get(page, []):
-        r = subprocess.run(["bash", "-c", command], cwd=root, env=_environment(), capture_output=True, text=True)
+        r = subprocess.run(["bash", "-c", command], cwd=root, env=env, capture_output=True, text=True)
         if r.returncode != 0:
             return f"{page}: {command}\n  exit {r.returncode}\n{r.stderr[-3000:]}"
     code = PYTHON_PRELUDES.get(page, "") + "\n".join(blocks)
@@ -382,8 +386,8 @@ def _run_python_blocks(page: str, root: Path, tiny_official: Path) -> str | None
 def _run_pages(modes: set[str], tmp_path, shared_dir, tiny_official) -> None:
     pages = [page for page, how in HOW.items() if modes & set(how.values()) or python_blocks(page)]
     pages += [page.name for page in PAGES if page.name not in HOW and python_blocks(page.name)]
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        results = pool.map(lambda p: _run_page(p, modes, tmp_path, shared_dir, tiny_official), pages)
+    with WarmNeoembed(_environment()) as warm, ThreadPoolExecutor(max_workers=2) as pool:
+        results = pool.map(lambda p: _run_page(p, modes, tmp_path, shared_dir, tiny_official, warm.env), pages)
         wrong = [w for result in results for w in result]
     assert not wrong, "\n\n".join(wrong)
 
@@ -399,52 +403,26 @@ def test_documented_slow_commands_run_as_written(tmp_path, shared_dir, tiny_offi
     _run_pages({"run", "slow"}, tmp_path, shared_dir, tiny_official)
 
 
-HUB_RUNNER = """
-import contextlib, io, json, shlex, sys
-from neoembed.cli import main
-out = []
-for line in json.loads(sys.argv[1]):
-    sys.argv = ["neoembed", *shlex.split(line)[1:]]
-    buffer, code = io.StringIO(), None
-    with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(buffer):
-        try:
-            main()
-            code = 0
-        except SystemExit as e:
-            code = e.code
-    out.append({"line": line, "code": code, "output": buffer.getvalue()})
-    if "accelerate" in sys.modules:  # a fresh process per command, as a user runs them
-        from accelerate.state import AcceleratorState
-        AcceleratorState._reset_state(reset_partial_state=True)
-print(json.dumps(out))
-"""
-
-
-def _hub_lines_offline(page: str, tmp_path: Path, shared: Path, tiny_official: Path) -> list[str]:
-    """The page's hub-only lines in one process (a launcher's inner command), offline; returns what went wrong.
-    A stand-in a line needs runs first and must succeed."""
-    lines, expect = [], []
+def _hub_lines_offline(page: str, tmp_path: Path, shared: Path, tiny_official: Path, env: dict) -> list[str]:
+    """The page's hub-only lines (a launcher's inner command) by bash, offline; returns what went wrong. A
+    stand-in a line needs runs first and must succeed."""
+    root, wrong = None, []
     for line, mode in HOW[page].items():
-        if mode == "hub":
-            for command in [*STAND_INS.get(line, []), re.sub(r"^.*-m neoembed ", "neoembed ", line)]:
-                lines.append(_as_run_here(command, tiny_official))
-                expect.append("hub" if command in line else "ok")
-    if not lines:
-        return []
-    r = subprocess.run(
-        [sys.executable, "-c", HUB_RUNNER, json.dumps(lines)],
-        cwd=_scratch_copy(tmp_path / page, shared), env=_environment(), capture_output=True, text=True,
-    )
-    if r.returncode != 0:
-        return [f"{page}: {r.stderr[-3000:]}"]
-    wrong = []
-    for x, wanted in zip(json.loads(r.stdout.splitlines()[-1]), expect, strict=True):
-        said = x["output"]
-        ok = x["code"] == 0 if wanted == "ok" else (
-            x["code"] in (1, 2) and "hub" in said.lower() and "Traceback" not in said
-        )
-        if not ok:
-            wrong.append(f"{page}: {x['line']}: exit {x['code']}\n{said[-1500:]}")
+        if mode != "hub":
+            continue
+        root = root or _scratch_copy(tmp_path / page, shared)
+        for command in [*STAND_INS.get(line, []), re.sub(r"^.*-m neoembed ", "neoembed ", line)]:
+            r = subprocess.run(
+                ["bash", "-c", _as_run_here(command, tiny_official)], cwd=root, env=env, capture_output=True,
+                text=True,
+            )  # fmt: skip
+            said = r.stdout + r.stderr
+            if command not in line:  # a stand-in
+                ok = r.returncode == 0
+            else:
+                ok = r.returncode in (1, 2) and "hub" in said.lower() and "Traceback" not in said
+            if not ok:
+                wrong.append(f"{page}: {command}: exit {r.returncode}\n{said[-1500:]}")
     return wrong
 
 
@@ -453,7 +431,7 @@ def test_hub_only_commands_say_so_offline(tmp_path, shared_dir, tiny_official):
     message that names the hub, not a traceback."""
     pages = [page for page, how in HOW.items() if "hub" in how.values()]
     assert sum(list(how.values()).count("hub") for how in HOW.values()) >= 20
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        results = pool.map(lambda p: _hub_lines_offline(p, tmp_path, shared_dir, tiny_official), pages)
+    with WarmNeoembed(_environment()) as warm, ThreadPoolExecutor(max_workers=2) as pool:
+        results = pool.map(lambda p: _hub_lines_offline(p, tmp_path, shared_dir, tiny_official, warm.env), pages)
         wrong = [w for result in results for w in result]
     assert not wrong, "\n\n".join(wrong)

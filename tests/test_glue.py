@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
@@ -160,10 +158,6 @@ def test_run_transfer_and_resumable_grid(tmp_path, msrp_rows, tiny_official):
     assert len(kept) == 1  # only the best run keeps its model
 
 
-def test_bad_input_exits_2(tmp_path):
-    run = subprocess.run(
-        [sys.executable, "-m", "neoembed", "glue", "WNLI", "--model", "x", "--out", str(tmp_path / "o")],
-        capture_output=True,
-        text=True,
-    )
+def test_bad_input_exits_2(tmp_path, neoembed_cli):
+    run = neoembed_cli.run(["neoembed", "glue", "WNLI", "--model", "x", "--out", str(tmp_path / "o")])
     assert run.returncode == 2 and "WNLI is excluded" in run.stderr

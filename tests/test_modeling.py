@@ -410,14 +410,11 @@ def test_save_pretrained_round_trip_without_prefix(tiny_official, tiny_expected,
         AutoModelForMaskedLM.from_pretrained(tmp_path)
 
 
-def test_cli_convert_round_trip(tiny_official, tmp_path):
-    run = [sys.executable, "-m", "neoembed", "convert"]
-    r = subprocess.run([*run, str(tiny_official), str(tmp_path / "a")], capture_output=True, text=True)
+def test_cli_convert_round_trip(tiny_official, tmp_path, neoembed_cli):
+    r = neoembed_cli.run(["neoembed", "convert", str(tiny_official), str(tmp_path / "a")])
     assert r.returncode == 0, r.stderr
     assert "decoder.weight" in r.stdout
-    r = subprocess.run(
-        [*run, str(tmp_path / "a"), str(tmp_path / "b"), "--to", "official"], capture_output=True, text=True
-    )
+    r = neoembed_cli.run(["neoembed", "convert", str(tmp_path / "a"), str(tmp_path / "b"), "--to", "official"])
     assert r.returncode == 0, r.stderr
     a, b = (
         load_file(str(tiny_official / "model.safetensors")),

@@ -6,7 +6,6 @@ from __future__ import annotations
 import gzip
 import json
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -294,14 +293,12 @@ def test_resume_skips_and_broken_task_does_not_stop_others(minilm, small, tmp_pa
     assert again.skipped == ["STS16"] and not again.scores
 
 
-def test_cli_exit_code_and_summary(minilm_path, small, tmp_path):
+def test_cli_exit_code_and_summary(minilm_path, small, tmp_path, neoembed_cli):
     data = tmp_path / "data"
     shutil.copytree(small / "mteb" / "STS16", data / "STS16")
     (data / "Broken").mkdir()
-    r = subprocess.run(
+    r = neoembed_cli.run(
         [
-            sys.executable,
-            "-m",
             "neoembed",
             "mteb",
             "--model",
@@ -313,17 +310,13 @@ def test_cli_exit_code_and_summary(minilm_path, small, tmp_path):
             "--output",
             str(tmp_path / "out"),
         ],
-        capture_output=True,
-        text=True,
     )
     assert r.returncode == 1, r.stdout + r.stderr
     assert "Broken" in r.stderr and "STS (1)" in r.stdout
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["n_tasks"] == 1 and summary["partial"]
-    r = subprocess.run(
+    r = neoembed_cli.run(
         [
-            sys.executable,
-            "-m",
             "neoembed",
             "mteb",
             "compare",
@@ -332,8 +325,6 @@ def test_cli_exit_code_and_summary(minilm_path, small, tmp_path):
             "--out",
             str(tmp_path / "cmp"),
         ],
-        capture_output=True,
-        text=True,
     )
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "cmp" / "compare.png").stat().st_size > 1000

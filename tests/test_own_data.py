@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from warm_cli import WarmNeoembed
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "own-data.md"
 
@@ -40,12 +40,13 @@ def test_the_own_data_page_runs_as_written(tmp_path, shared_dir, tiny_official):
     commands = _page_commands()
     assert [c.split()[1] for c in commands] == ["init", "data", "train", "train", "mteb"]
     _write_data(tmp_path, shared_dir)
-    for command in commands:
-        argv = command.replace("packaged:all-MiniLM-L6-v2", str(tiny_official)).split()
-        if argv[1] == "train" and "--dry-run" not in argv:
-            argv += ["steps=3"]
-        r = subprocess.run([sys.executable, "-m", *argv], cwd=tmp_path, capture_output=True, text=True)
-        assert r.returncode == 0, f"{command}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+    with WarmNeoembed(dict(os.environ)) as warm:
+        for command in commands:
+            argv = command.replace("packaged:all-MiniLM-L6-v2", str(tiny_official)).split()
+            if argv[1] == "train" and "--dry-run" not in argv:
+                argv += ["steps=3"]
+            r = warm.run(argv, cwd=tmp_path)
+            assert r.returncode == 0, f"{command}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
     card = (tmp_path / "mydata" / "pairs.yaml").read_text()
     assert "query: query" in card and "positive: positive" in card and "size: 64" in card
     scores = json.loads((tmp_path / "results" / "pairs" / "MyHeldout.json").read_text())
