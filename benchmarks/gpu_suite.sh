@@ -66,7 +66,7 @@ add() {  # add NAME LIMIT_SECONDS COMMAND...: one step (COMMAND runs from the re
   CMDS+=("$(printf '%q ' "$@")")
 }
 
-add gpu-tests 120 "$PY" -m pytest -q -m gpu tests
+add gpu-tests 120 "$PY" -m pytest -q -n 0 -m gpu tests  # one process: the tests share one GPU
 add throughput 150 "$PY" benchmarks/throughput.py --device cuda --compile
 add encode 60 "$PY" benchmarks/encode.py --device cuda --compile
 add train-step 45 "$PY" benchmarks/train_step_cuda.py --device cuda
