@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 SERVER = r"""
-import atexit, gc, json, os, socket, sys
+import atexit, gc, json, os, socket, sys, threading
 
 import accelerate, mteb, sentence_transformers  # noqa: F401  what the commands import, paid once
 from neoembed.cli import main
@@ -73,7 +73,9 @@ except SystemExit as e:  # as the interpreter reads it
 except BaseException:
     sys.excepthook(*sys.exc_info())
     code = 1
-# exit as the interpreter does, less the module teardown: in a fork it touches every inherited page (seconds)
+# exit as the interpreter does (threads joined, exit functions run, streams flushed), less the module teardown:
+# in a fork it touches every inherited page (seconds)
+threading._shutdown()
 atexit._run_exitfuncs()
 sys.stdout.flush()
 sys.stderr.flush()
