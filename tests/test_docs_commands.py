@@ -6,8 +6,9 @@ command fails here until someone says how it runs:
 - ``run``: executed as written by bash, in the page's order, in a scratch copy of the repository (with
   ``../shared`` beside it, as in CI), exit 0, each ``neoembed`` forked from one pre-imported process
   (``tests/warm_cli.py``: the imports were most of each command's time); placeholders (``MODEL``,
-  ``my-model``, ...) are swapped for the fixtures in ``PLACEHOLDERS``, and a line that consumes what a hub-only line above it would have written gets that output
-  from a local stand-in (``STAND_INS``). Afterwards the copy holds nothing that git would show as untracked.
+  ``my-model``, ...) are swapped for the fixtures in ``PLACEHOLDERS``, and a line that consumes what a hub-only
+  line above it would have written gets that output from a local stand-in (``STAND_INS``). Afterwards the copy
+  holds nothing that git would show as untracked.
 - ``slow``: the same, under ``-m slow`` (minutes).
 - ``hub``: needs the Hugging Face Hub. Run offline, it must end with exit 1 or 2 and a message that names the hub,
   without a traceback; ``accelerate launch ... -m neoembed X`` lines run their inner command.
