@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import re
 from pathlib import Path
 
 import pytest
-from warm_cli import WarmNeoembed
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "own-data.md"
 
@@ -36,17 +34,16 @@ def _write_data(folder: Path, shared_dir: Path) -> None:
     (folder / "mydata" / "heldout-task.yaml").write_text("name: MyHeldout\ntype: Reranking\ndata: heldout\n")
 
 
-def test_the_own_data_page_runs_as_written(tmp_path, shared_dir, tiny_official):
+def test_the_own_data_page_runs_as_written(tmp_path, shared_dir, tiny_official, neoembed_cli):
     commands = _page_commands()
     assert [c.split()[1] for c in commands] == ["init", "data", "train", "train", "mteb"]
     _write_data(tmp_path, shared_dir)
-    with WarmNeoembed(dict(os.environ)) as warm:
-        for command in commands:
-            argv = command.replace("packaged:all-MiniLM-L6-v2", str(tiny_official)).split()
-            if argv[1] == "train" and "--dry-run" not in argv:
-                argv += ["steps=3"]
-            r = warm.run(argv, cwd=tmp_path)
-            assert r.returncode == 0, f"{command}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+    for command in commands:
+        argv = command.replace("packaged:all-MiniLM-L6-v2", str(tiny_official)).split()
+        if argv[1] == "train" and "--dry-run" not in argv:
+            argv += ["steps=3"]
+        r = neoembed_cli.run(argv, cwd=tmp_path)
+        assert r.returncode == 0, f"{command}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
     card = (tmp_path / "mydata" / "pairs.yaml").read_text()
     assert "query: query" in card and "positive: positive" in card and "size: 64" in card
     scores = json.loads((tmp_path / "results" / "pairs" / "MyHeldout.json").read_text())
