@@ -472,14 +472,13 @@ def test_run_mteb_leaves_no_context_on_the_model(saved_cde, shared_dir, tmp_path
 def test_two_processes_run_the_cde_recipe(tmp_path, tiny_official):
     import os
 
-    from test_train import _launch
+    from test_train import _LAUNCH_KW, _launch
 
     out = tmp_path / "ddp"
     r = subprocess.run(
         [*_launch(2), "-m", "neoembed", "train", "cde-tiny", f"model={tiny_official}", f"output_dir={out}",
          "steps=3", "save_steps=2"],
-        capture_output=True, text=True, cwd=REPO, timeout=600,
-        env={**_env(), "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"},
+        cwd=REPO, **_LAUNCH_KW,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import gzip
 import json
 import math
-import os
 import shutil
 import signal
 import subprocess
@@ -392,7 +391,7 @@ def test_sigterm_checkpoints_then_resume_finishes(tmp_path, shards):
 
 
 def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path, shards):
-    from test_train import _launch
+    from test_train import _LAUNCH_KW, _launch
 
     one = pretrain(_recipe(tmp_path / "one", shards, "steps=4", "save_steps=100"), progress=False)
     r = subprocess.run(
@@ -410,10 +409,7 @@ def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path, sh
             "batch.micro_batch_size=2",
         ],
         cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"},
+        **_LAUNCH_KW,
     )
     assert r.returncode == 0, r.stderr[-3000:]
     assert (
