@@ -69,14 +69,18 @@ def small(shared_dir, tmp_path_factory) -> Path:
     of plumbing (card layouts, instructions, the CLI) need real text, not the full test split's encoding time."""
     root = tmp_path_factory.mktemp("small")
     for group, name in (("eval", "MSRP"), ("eval", "TrecQA"), ("mteb", "STS16")):
-        src, dst = shared_dir / "data" / group / name, root / group / name
-        dst.mkdir(parents=True)
-        rows = _read_jsonl_gz(src / "test.jsonl.gz")[: SMALL_ROWS[name]]
-        _write_jsonl_gz(dst / "test.jsonl.gz", rows)
-        card = yaml.safe_load((src / "card.yaml").read_text())
-        card["splits"] = {"test": len(rows)}
-        (dst / "card.yaml").write_text(yaml.safe_dump(card))
+        _first_rows(shared_dir / "data" / group / name, root / group / name, SMALL_ROWS[name])
     return root
+
+
+def _first_rows(src: Path, dst: Path, n: int) -> None:
+    """The card folder ``src`` as ``dst``, its test split cut to the first ``n`` rows."""
+    dst.mkdir(parents=True)
+    rows = _read_jsonl_gz(src / "test.jsonl.gz")[:n]
+    _write_jsonl_gz(dst / "test.jsonl.gz", rows)
+    card = yaml.safe_load((src / "card.yaml").read_text())
+    card["splits"] = {"test": len(rows)}
+    (dst / "card.yaml").write_text(yaml.safe_dump(card))
 
 
 def _card_dir(tmp_path, eval_dir, name, type_, **extra):
@@ -482,10 +486,7 @@ def test_low_precision_encodes_under_autocast_but_scores_in_float32(minilm, smal
     monkeypatch.setattr(minilm, "similarity", spy_similarity)
     monkeypatch.setattr(minilm, "forward", spy_forward)
     task = tmp_path / "TrecQA"  # 3 questions, 58 candidates: bf16 on a CPU without bf16 units is slow
-    shutil.copytree(small / "eval" / "TrecQA", task)
-    _write_jsonl_gz(task / "test.jsonl.gz", _read_jsonl_gz(task / "test.jsonl.gz")[:3])
-    card = yaml.safe_load((task / "card.yaml").read_text())
-    (task / "card.yaml").write_text(yaml.safe_dump(card | {"splits": {"test": 3}}))
+    _first_rows(small / "eval" / "TrecQA", task, 3)
     report = _run(minilm, tmp_path / "out", tasks=[str(task)], precision="bf16")
     assert not report.failed
     assert seen["encode_autocast"] and all(seen["encode_autocast"])
