@@ -37,6 +37,8 @@ from sentence_transformers.sentence_transformer.losses import (
 )
 from torch import Tensor
 
+from neoembed.scoring import Block, MaskFn, Matrix, contrastive_loss
+
 __all__ = [
     "LOSSES",
     "DISTILLATION_LOSSES",
@@ -48,8 +50,10 @@ __all__ = [
     "build_loss",
     "check_loss_name",
     "duplicate_mask",
+    "duplicate_masker",
     "embed_by_length",
     "false_negative_mask",
+    "false_negative_masker",
     "improved_info_nce",
     "info_nce",
     "kl_distillation",
@@ -84,6 +88,87 @@ def text_keys(features: dict[str, Tensor]) -> Tensor:
     return ((ids + 1) * powers[pos] * mask).sum(dim=1)
 
 
+def _rows(x: Matrix) -> int:
+    return len(x) if isinstance(x, Tensor) else sum(len(t) for t in x)
+
+
+def _cat(x: Matrix) -> Tensor:
+    """A matrix given as segments, as one tensor (the segment itself when there is one)."""
+    if isinstance(x, Tensor):
+        return x
+    return x[0] if len(x) == 1 else torch.cat(list(x))
+
+
+def _segments(x: Matrix) -> list[Tensor]:
+    return [x] if isinstance(x, Tensor) else list(x)
+
+
+def _take(x: Matrix, lo: int, hi: int) -> Tensor:
+    """Rows ``lo:hi`` of a matrix given as segments, copying only those rows."""
+    parts, start = [], 0
+    for seg in _segments(x):
+        a, b = max(lo, start), min(hi, start + len(seg))
+        if a < b:
+            parts.append(seg[a - start : b - start])
+        start += len(seg)
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def _as_mask_fn(mask: Tensor | MaskFn | None) -> MaskFn | None:
+    if mask is None or callable(mask):
+        return mask
+    return lambda rows, cos: mask[rows]
+
+
+def duplicate_masker(
+    positive_keys: Tensor,
+    candidate_keys: Tensor,
+    offset: int = 0,
+    query_keys: Tensor | None = None,
+    candidate_query_keys: Tensor | None = None,
+) -> MaskFn:
+    """:func:`duplicate_mask` one chunk of rows at a time: ``mask(rows, cos)`` is its rows ``rows``."""
+    shared = None
+    if query_keys is not None:
+        others = query_keys if candidate_query_keys is None else candidate_query_keys
+        shared = _shared_query_pairs(query_keys, others, candidate_keys, offset)
+
+    def mask(rows: slice, cos: Tensor | None = None) -> Tensor:
+        out = positive_keys[rows, None] == candidate_keys[None, :]
+        if shared is not None:
+            out |= shared(rows)
+        own = torch.arange(rows.stop - rows.start, device=out.device)
+        out[own, own + rows.start + offset] = False
+        return out
+
+    return mask
+
+
+def _shared_query_pairs(query_keys: Tensor, others: Tensor, candidate_keys: Tensor, offset: int):
+    """For rows whose query another row also asks: ``rows -> (len(rows), N)`` True where the candidate is the
+    positive of a row asking the same query; None when no query is asked twice (the common case)."""
+    m = len(others)
+    vocab, inverse = torch.unique(torch.cat([others, query_keys, candidate_keys]), return_inverse=True)
+    other_id, query_id, cand_id = inverse.split([m, len(query_keys), len(candidate_keys)])
+    asked = torch.bincount(other_id, minlength=len(vocab))[query_id]
+    own = torch.arange(len(query_keys), device=query_keys.device) + offset
+    own_row = (own < m) & (others[own.clamp(max=m - 1)] == query_keys)  # the row's own ask is term one
+    shared = asked > own_row.long()
+    if not bool(shared.any()):
+        return None
+    size = len(vocab)  # dense ids, so (query, positive) pairs compare exactly
+    pairs = torch.unique(other_id * size + cand_id[:m])
+
+    def extra(rows: slice) -> Tensor:
+        out = torch.zeros(rows.stop - rows.start, len(candidate_keys), dtype=torch.bool, device=pairs.device)
+        sub = shared[rows].nonzero().squeeze(1)
+        if len(sub):
+            out[sub] = torch.isin(query_id[rows][sub, None] * size + cand_id[None, :], pairs)
+        return out
+
+    return extra
+
+
 def duplicate_mask(
     positive_keys: Tensor,
     candidate_keys: Tensor,
@@ -95,34 +180,25 @@ def duplicate_mask(
     column ``offset + i``. Without ``query_keys`` the positives of query i are its own; with them, also those of
     every row asking the same query (one question, several answers: each answer is not a negative of the
     other row). ``candidate_keys`` begin with the positives of the rows whose queries are
-    ``candidate_query_keys`` (default ``query_keys``: the same rows, as when nothing is gathered)."""
-    mask = positive_keys[:, None] == candidate_keys[None, :]
-    if query_keys is not None:
-        others = query_keys if candidate_query_keys is None else candidate_query_keys
-        same_query = (query_keys[:, None] == others[None, :]).float()  # (B, M), rows asking the same query
-        is_their_positive = (candidate_keys[: len(others), None] == candidate_keys[None, :]).float()  # (M, N)
-        mask |= (same_query @ is_their_positive) > 0
-    rows = torch.arange(len(positive_keys), device=mask.device)
-    mask[rows, rows + offset] = False
-    return mask
+    ``candidate_query_keys`` (default ``query_keys``: the same rows, as when nothing is gathered). The losses
+    build it per chunk of rows (:func:`duplicate_masker`)."""
+    masker = duplicate_masker(positive_keys, candidate_keys, offset, query_keys, candidate_query_keys)
+    return masker(slice(0, len(positive_keys)))
 
 
 def info_nce(
-    queries: Tensor,
-    candidates: Tensor,
+    queries: Matrix,
+    candidates: Matrix,
     temperature: float,
-    mask: Tensor | None = None,
+    mask: Tensor | MaskFn | None = None,
     reduction: str = "mean",
     offset: int = 0,
 ) -> Tensor:
-    """InfoNCE of queries (B, d) against candidates (N, d) whose column ``offset + i`` is query i's positive."""
-    logits = (
-        F.cosine_similarity(queries[:, None, :].float(), candidates[None, :, :].float(), dim=-1) / temperature
-    )
-    if mask is not None:
-        logits = logits.masked_fill(mask, float("-inf"))
-    target = torch.arange(len(queries), device=queries.device) + offset
-    return F.cross_entropy(logits, target, reduction=reduction)
+    """InfoNCE of queries (B, d) against candidates (N, d) whose column ``offset + i`` is query i's positive;
+    ``mask`` (B, N), or a :data:`~neoembed.scoring.MaskFn` building it per chunk, drops entries. Either
+    matrix may be a list of segments (see :mod:`neoembed.scoring`): memory O(B + N), never B x N."""
+    block = Block(0, 0, _as_mask_fn(mask))
+    return contrastive_loss([queries], [candidates], [block], temperature, offset, reduction)
 
 
 def _cos(a: Tensor, b: Tensor) -> Tensor:
@@ -145,6 +221,27 @@ class FalseNegativeConfig(BaseModel):
     scope: Literal["all", "in_batch", "hard"] = "all"
 
 
+def false_negative_masker(
+    n_candidates: int, n_columns: int, config: FalseNegativeConfig, offset: int = 0
+) -> MaskFn:
+    """:func:`false_negative_mask` one chunk of rows at a time, from the chunk's cosines."""
+    block = n_candidates // n_columns
+
+    def mask(rows: slice, cos: Tensor) -> Tensor:
+        local = torch.arange(rows.stop - rows.start, device=cos.device)
+        own = local + rows.start + offset
+        positive = cos[local, own][:, None]
+        margin = config.margin if config.mode == "absolute" else positive.abs() * config.margin
+        out = cos > positive - margin
+        if config.scope != "all":
+            mine = (torch.arange(n_candidates, device=cos.device) % block)[None, :] == own[:, None]
+            out &= ~mine if config.scope == "in_batch" else mine
+        out[local, own] = False
+        return out
+
+    return mask
+
+
 def false_negative_mask(
     queries: Tensor, candidates: Tensor, n_columns: int, config: FalseNegativeConfig, offset: int = 0
 ) -> Tensor:
@@ -152,31 +249,16 @@ def false_negative_mask(
     ``candidates`` holds ``n_columns`` blocks of equal size (positives, then each hard-negative column); column
     ``offset + i`` is query i's positive and the ``offset + i``-th row of every block is one of its documents."""
     with torch.no_grad():
-        scores = _cos(queries, candidates)
-        rows = torch.arange(len(queries), device=scores.device)
-        own = rows + offset
-        positive = scores[rows, own][:, None]
-        if config.mode == "absolute":
-            threshold = positive - config.margin
-        else:
-            threshold = positive - positive.abs() * config.margin
-        mask = scores > threshold
-        block = len(candidates) // n_columns
-        mine = (torch.arange(len(candidates), device=scores.device) % block)[None, :] == own[:, None]
-        if config.scope == "in_batch":
-            mask &= ~mine
-        elif config.scope == "hard":
-            mask &= mine
-        mask[rows, own] = False
-    return mask
+        masker = false_negative_masker(len(candidates), n_columns, config, offset)
+        return masker(slice(0, len(queries)), _cos(queries, candidates))
 
 
 def improved_info_nce(
     queries: Tensor,
-    candidates: Tensor,
+    candidates: Matrix,
     all_queries: Tensor,
     temperature: float,
-    mask: Tensor | None = None,
+    mask: Tensor | MaskFn | None = None,
     reduction: str = "mean",
     offset: int = 0,
 ) -> Tensor:
@@ -185,21 +267,22 @@ def improved_info_nce(
     queries of every process (the local ones at ``offset``); ``mask`` applies to the query-document terms.
     Equals sentence-transformers' ``MultipleNegativesRankingLoss(directions=("query_to_doc", "query_to_query",
     "doc_to_query", "doc_to_doc"), partition_mode="joint")``."""
-    rows = torch.arange(len(queries), device=queries.device)
-    own = rows + offset
     world = len(all_queries)
-    qd = _cos(queries, candidates) / temperature
-    if mask is not None:
-        qd = qd.masked_fill(mask, float("-inf"))
-    qq = _cos(queries, all_queries) / temperature
-    qq[rows, own] = float("-inf")
-    positives = candidates[own]
-    dq = _cos(all_queries, positives).T / temperature
-    mine = (torch.arange(len(candidates), device=queries.device) % world)[None, :] == own[:, None]
-    dd = (_cos(positives, candidates) / temperature).masked_fill(mine, float("-inf"))
-    log_z = torch.logsumexp(torch.cat([qd, qq, dq, dd], dim=1), dim=1)
-    loss = log_z - qd[rows, own]
-    return loss.mean() if reduction == "mean" else loss.sum()
+    positives = _take(candidates, offset, offset + len(queries))
+    n_candidates = _rows(candidates)
+
+    def own_query(rows: slice, cos: Tensor) -> Tensor:
+        local = torch.arange(rows.stop - rows.start, device=cos.device)
+        return local[:, None] + rows.start + offset == torch.arange(world, device=cos.device)[None, :]
+
+    def own_documents(rows: slice, cos: Tensor) -> Tensor:
+        own = torch.arange(rows.start, rows.stop, device=cos.device) + offset
+        return (torch.arange(n_candidates, device=cos.device) % world)[None, :] == own[:, None]
+
+    blocks = [Block(0, 0, _as_mask_fn(mask)), Block(0, 1, own_query), Block(1, 1), Block(1, 0, own_documents)]
+    return contrastive_loss(
+        [queries, positives], [candidates, all_queries], blocks, temperature, offset, reduction
+    )
 
 
 def _own_scores(queries: Tensor, docs: list[Tensor], temperature: float) -> Tensor:
@@ -297,13 +380,19 @@ class MatryoshkaConfig(BaseModel):
                 f"matryoshka.dims {self.dims} exceed the model's embedding dimension {width}; keep dims <= {width}"
             )
 
-    def loss(self, fn: Callable[..., Tensor], queries: Tensor, docs, *args, **kwargs) -> Tensor:
-        """``fn(queries, docs, ...)`` at every dimension, weighted and summed; ``docs`` a tensor or a list."""
+    def loss(self, fn: Callable[..., Tensor], queries: Matrix, docs, *args, **kwargs) -> Tensor:
+        """``fn(queries, docs, ...)`` at every dimension, weighted and summed; ``docs`` a tensor or a list of
+        matrices, each matrix a tensor or a list of segments."""
         total = 0.0
         for dim, weight in self.pairs():
-            cut = [d[..., :dim] for d in docs] if isinstance(docs, list) else docs[..., :dim]
-            total = total + weight * fn(queries[..., :dim], cut, *args, **kwargs)
+            cut = [_cut(d, dim) for d in docs] if isinstance(docs, list) else _cut(docs, dim)
+            total = total + weight * fn(_cut(queries, dim), cut, *args, **kwargs)
         return total
+
+
+def _cut(x: Matrix, dim: int) -> Matrix:
+    """The first ``dim`` dimensions of a matrix or of each of its segments (views, no copy)."""
+    return x[..., :dim] if isinstance(x, Tensor) else [t[..., :dim] for t in x]
 
 
 #: the cost of one more forward call, in padded tokens: a group is split off only where it saves more than this
@@ -428,40 +517,50 @@ class _InfoNCEMixin:
             self, "_counts", {"false_negatives_masked": 0.0, "pairs_scored": 0.0, "calls": 0.0}
         )
 
-    def _loss(self, queries: Tensor, docs: list[Tensor], labels: Tensor | None = None) -> Tensor:
+    def _loss(self, queries: Matrix, docs: list[Matrix], labels: Tensor | None = None) -> Tensor:
         """The loss of full-width embeddings: :meth:`_objective`, or its Matryoshka sum over nested dimensions.
-        ``labels``: the rows' teacher scores, read only when distilling."""
+        ``labels``: the rows' teacher scores, read only when distilling. Each matrix a tensor or a list of
+        segments (GradCache's mini-batches), which the contrastive scoring reads in place."""
         teacher = labels if self.distillation is not None else None
         if self.matryoshka is None:
             return self._objective(queries, docs, teacher)
         return self.matryoshka.loss(self._objective, queries, docs, teacher)
 
-    def _objective(self, queries: Tensor, docs: list[Tensor], teacher: Tensor | None) -> Tensor:
+    def _objective(self, queries: Matrix, docs: list[Matrix], teacher: Tensor | None) -> Tensor:
         """InfoNCE (:meth:`_score`), plus or instead of the weighted distillation loss."""
         if self.distillation is None:
             return self._score(queries, docs)
-        loss = self.distillation.term(queries, docs, teacher)
+        loss = self.distillation.term(_cat(queries), [_cat(d) for d in docs], teacher)
         if self.distillation.infonce_weight > 0:
             loss = loss + self.distillation.infonce_weight * self._score(queries, docs)
         return loss
 
     def _mask_false_negatives(
-        self, queries: Tensor, candidates: Tensor, n_columns: int, mask: Tensor | None, offset: int
-    ) -> Tensor | None:
+        self, n_candidates: int, n_columns: int, mask: MaskFn | None, offset: int
+    ) -> MaskFn | None:
         """``mask`` joined with the suspected false negatives (when configured), which are counted."""
         if self.false_negatives is None:
             return mask
-        found = false_negative_mask(queries, candidates, n_columns, self.false_negatives, offset)
-        new = found if mask is None else found & ~mask
-        self._counts["false_negatives_masked"] += float(new.sum())
-        self._counts["pairs_scored"] += float(found.numel() - len(queries))
-        self._counts["calls"] += 1.0
-        return found if mask is None else mask | found
+        found_in = false_negative_masker(n_candidates, n_columns, self.false_negatives, offset)
+        counts = self._counts
 
-    def _contrast(self, queries: Tensor, candidates: Tensor, mask: Tensor | None, offset: int) -> Tensor:
+        def joined(rows: slice, cos: Tensor) -> Tensor:
+            found = found_in(rows, cos)
+            known = mask(rows, cos) if mask is not None else None
+            new = found if known is None else found & ~known
+            counts["false_negatives_masked"] += new.sum()
+            counts["pairs_scored"] += found.numel() - len(found)
+            return found if known is None else known | found
+
+        counts["calls"] += 1.0
+        return joined
+
+    def _contrast(self, queries: Matrix, docs: list[Matrix], mask: MaskFn | None, offset: int) -> Tensor:
         """InfoNCE over the candidates, or GTE's improved contrastive loss."""
+        candidates = [seg for d in docs for seg in _segments(d)]
         if not self.improved_contrastive:
             return info_nce(queries, candidates, self.tau, mask, self.reduction, offset)
+        queries = _cat(queries)
         all_queries = _gather(queries, True) if self.gather_across_devices else queries
         return improved_info_nce(queries, candidates, all_queries, self.tau, mask, self.reduction, offset)
 
@@ -469,13 +568,11 @@ class _InfoNCEMixin:
         """What the loss masked since the last call (the trainer logs it): false negatives per query-step and
         their fraction of the scored negatives."""
         counts = self._counts or {}
-        calls, pairs = counts.get("calls", 0.0), counts.get("pairs_scored", 0.0)
+        calls, pairs = counts.get("calls", 0.0), float(counts.get("pairs_scored", 0.0))
         if not calls:
             return {}
-        out = {
-            "false_negatives_masked": counts["false_negatives_masked"],
-            "false_negative_fraction": counts["false_negatives_masked"] / max(pairs, 1.0),
-        }
+        masked = float(counts["false_negatives_masked"])  # a tensor: summed on the device, read here once
+        out = {"false_negatives_masked": masked, "false_negative_fraction": masked / max(pairs, 1.0)}
         object.__setattr__(
             self, "_counts", {"false_negatives_masked": 0.0, "pairs_scored": 0.0, "calls": 0.0}
         )
@@ -504,14 +601,13 @@ class _InfoNCEMixin:
         cands = torch.cat([text_keys(f) for f in sentence_features[1:]])
         self._keys = (pos, cands, text_keys(sentence_features[0]))
 
-    def _score(self, queries: Tensor, docs: list[Tensor]) -> Tensor:
-        batch = len(queries)
+    def _score(self, queries: Matrix, docs: list[Matrix]) -> Tensor:
+        batch = _rows(queries)
         offset = 0
         if self.gather_across_devices:
             # every process scores its own queries against the candidates of all processes (with gradient)
-            docs = [_gather(d, True) for d in docs]
+            docs = [_gather(_cat(d), True) for d in docs]
             offset = _rank() * batch
-        candidates = torch.cat(docs)
         mask = None
         if self._keys is not None:
             pos, cands, query_keys = self._keys
@@ -522,9 +618,10 @@ class _InfoNCEMixin:
                 per_col = cands.view(n_cols, -1)
                 cands = torch.cat([_gather(per_col[c], False) for c in range(n_cols)])
                 all_queries = _gather(query_keys, False)
-            mask = duplicate_mask(pos, cands, offset, query_keys, all_queries)
-        mask = self._mask_false_negatives(queries, candidates, len(docs), mask, offset)  # objectives (#25)
-        return self._contrast(queries, candidates, mask, offset)
+            mask = duplicate_masker(pos, cands, offset, query_keys, all_queries)
+        n_candidates = sum(_rows(d) for d in docs)
+        mask = self._mask_false_negatives(n_candidates, len(docs), mask, offset)  # objectives (#25)
+        return self._contrast(queries, docs, mask, offset)
 
 
 def _recipe_settings(recipe) -> dict:
@@ -639,9 +736,8 @@ class CachedInfoNCELoss(_InfoNCEMixin, CachedMultipleNegativesRankingLoss):
     def calculate_loss(
         self, reps: list[list[Tensor]], labels: Tensor | None = None, *, with_backward: bool = False
     ):
-        queries = torch.cat(reps[0])
-        docs = [torch.cat(r) for r in reps[1:]]
-        loss = self._loss(queries, docs, labels)
+        # the mini-batches are read in place: no copy of the batch's embeddings besides their gradients
+        loss = self._loss(reps[0], list(reps[1:]), labels)
         if with_backward:
             loss.backward()
             loss = loss.detach()

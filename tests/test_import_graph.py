@@ -20,6 +20,7 @@ FLOORS = {
     "neoembed.recipe": 1,
     "neoembed.losses": 1,
     "neoembed.instructions": 0,
+    "neoembed.scoring": 0,
     "neoembed.record": 1,
     "neoembed.plots": 1,
     "neoembed.registry": 1,
