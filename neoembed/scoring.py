@@ -109,11 +109,42 @@ class _Side:
     def __len__(self) -> int:
         return self.bounds[-1]
 
+    def pieces(self, lo: int, hi: int):
+        """(segment, rows of the segment, rows of the range) for the rows ``lo:hi`` of the matrix."""
+        for j, (a, b) in enumerate(pairwise(self.bounds)):
+            if a < hi and lo < b:
+                yield j, slice(max(lo, a) - a, min(hi, b) - a), slice(max(lo, a) - lo, min(hi, b) - lo)
+
+    def units(self, lo: int, hi: int) -> Tensor:
+        """Rows ``lo:hi`` divided by their norms (a copy of one chunk)."""
+        parts = [self.segs[j][r] * self.inv[j][r, None] for j, r, _ in self.pieces(lo, hi)]
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
     def cos(self, units: Tensor) -> Tensor:
-        """(len(units), len(self)) cosines of unit rows with this side's vectors."""
-        parts = [units @ s.T for s in self.segs]
-        out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+        """(len(units), len(self)) cosines of unit rows with this side's vectors, in one buffer."""
+        if len(self.segs) == 1:
+            out = units @ self.segs[0].T
+        else:
+            out = units.new_empty(len(units), len(self))
+            for seg, (a, b) in zip(self.segs, pairwise(self.bounds), strict=True):
+                torch.mm(units, seg.T, out=out[:, a:b])
         return out.mul_(self.inv_all[None, :])
+
+    def add_row_grads(self, lo: int, hi: int, grad: Tensor) -> None:
+        for j, r, g in self.pieces(lo, hi):
+            self.grads[j][r] += grad[g]
+
+    def add_col_grads(self, p: Tensor, units: Tensor) -> None:
+        """Column gradients ``p^T units`` into each segment's buffer."""
+        for grad, (a, b) in zip(self.grads, pairwise(self.bounds), strict=True):
+            grad.addmm_(p[:, a:b].T, units)
+
+    def times(self, p: Tensor) -> Tensor:
+        """``p`` (rows x len(self)) times this side's vectors."""
+        out = None
+        for seg, (a, b) in zip(self.segs, pairwise(self.bounds), strict=True):
+            out = p[:, a:b] @ seg if out is None else out.addmm_(p[:, a:b], seg)
+        return out
 
     def backward(self, weight: float) -> list[Tensor]:
         return [
@@ -140,10 +171,8 @@ class _ChunkedSoftmaxCE(torch.autograd.Function):
         weight = (1.0 / n if reduction == "mean" else 1.0) / tau
         step = chunk or chunk_rows(n, sum(len(cols[b.col]) for b in blocks))
         total = torch.zeros((), dtype=torch.float64, device=tensors[0].device)
-        for seg, (lo, hi) in enumerate(pairwise(rows[0].bounds)):
-            for start in range(lo, hi, step):
-                sl = slice(start, min(hi, start + step))
-                total += _chunk(blocks, rows, cols, seg, sl, lo, tau, offset, want)
+        for start in range(0, n, step):
+            total += _chunk(blocks, rows, cols, slice(start, min(n, start + step)), tau, offset, want)
         out = total.to(rows[0].segs[0].dtype) * (weight * tau)
         if want:
             grads = [g for side in rows + cols for g in side.backward(weight)]
@@ -158,10 +187,9 @@ class _ChunkedSoftmaxCE(torch.autograd.Function):
         return (None, *grads)
 
 
-def _chunk(blocks, rows, cols, seg, sl, seg_start, tau, offset, want) -> Tensor:
+def _chunk(blocks, rows, cols, sl, tau, offset, want) -> Tensor:
     """The summed loss of rows ``sl``, accumulating their gradients into the sides' buffers when ``want``."""
-    local = slice(sl.start - seg_start, sl.stop - seg_start)
-    units = [side.segs[seg][local] * side.inv[seg][local, None] for side in rows]
+    units = [side.units(sl.start, sl.stop) for side in rows]
     logits = []
     for block in blocks:
         cos = cols[block.col].cos(units[block.row])
@@ -175,15 +203,17 @@ def _chunk(blocks, rows, cols, seg, sl, seg_start, tau, offset, want) -> Tensor:
     target = own + sl.start + offset
     loss = (lse - logits[0][own, target]).sum(dtype=torch.float64)
     if want:
+        grad_units = [None] * len(rows)
         for k, (block, p) in enumerate(zip(blocks, logits, strict=True)):
             p.sub_(lse[:, None]).exp_()  # this block's share of the softmax, in place of its logits
             if k == 0:
                 p[own, target] -= 1.0
             side = cols[block.col]
-            for j, (a, b) in enumerate(pairwise(side.bounds)):
-                side.grads[j].addmm_(p[:, a:b].T, units[block.row])
+            side.add_col_grads(p, units[block.row])
             p.mul_(side.inv_all[None, :])  # d cos_ij / d u_i = c_j / |c_j|
-            grad_rows = rows[block.row].grads[seg][local]
-            for j, (a, b) in enumerate(pairwise(side.bounds)):
-                grad_rows.addmm_(p[:, a:b], side.segs[j])
+            g = side.times(p)
+            grad_units[block.row] = g if grad_units[block.row] is None else grad_units[block.row].add_(g)
+        for side, g in zip(rows, grad_units, strict=True):
+            if g is not None:
+                side.add_row_grads(sl.start, sl.stop, g)
     return loss

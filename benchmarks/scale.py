@@ -1,0 +1,201 @@
+"""Scale: the contrastive loss at the batch sizes people train with, against sentence-transformers (#39).
+
+    python benchmarks/scale.py loss                 # every cell of the issue (hours of 2-core CPU at 16k-65k)
+    python benchmarks/scale.py loss --max-batch 4096 --reps 3
+    python benchmarks/scale.py loss --before        # adds the pre-#39 broadcast cosine at B = 256, N = 1024
+
+Each cell runs in a fresh process on random fp32 embeddings (d = 768): loss + backward of neoembed's
+``InfoNCELoss`` / ``CachedInfoNCELoss`` against sentence-transformers' ``MultipleNegativesRankingLoss`` /
+``CachedMultipleNegativesRankingLoss`` on the same tensors (the cached forms through ``calculate_loss`` with
+``with_backward=True``, the scoring stage GradCache runs, on mini-batches of 256). Peak memory is the rise of
+the process's resident set above the embeddings (the kernel's high-water mark, reset before the call:
+``/proc/self/clear_refs``); time the median of ``--reps`` calls. A cell whose fp32 logits need more memory
+than the machine has is recorded as skipped with the size it needs. Results: benchmarks/results/scale_loss_cpu.*
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+DIM = 768
+MINI_BATCH = 256
+#: (loss, batch, hard negatives) of the issue: plain at 1k and 4k with 1 and 7 negatives and 16k with 1;
+#: cached at 1k, 4k, 16k with 1 and 7 and 65k with 1
+CELLS = [
+    *[("plain", b, k) for b in (1024, 4096) for k in (1, 7)],
+    ("plain", 16384, 1),
+    *[("cached", b, k) for b in (1024, 4096, 16384) for k in (1, 7)],
+    ("cached", 65536, 1),
+]
+
+
+def _status(key: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(key)
+
+
+def _embeddings(batch: int, negatives: int, cached: bool):
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    columns = [torch.randn(batch, DIM, generator=g) for _ in range(negatives + 2)]
+    if not cached:
+        return [c.requires_grad_() for c in columns]
+    return [[m.requires_grad_() for m in c.split(MINI_BATCH)] for c in columns]
+
+
+def _loss_call(impl: str, kind: str, reps):
+    import torch
+    from sentence_transformers.sentence_transformer import losses as st
+
+    from neoembed import losses as ne
+
+    stand_in = torch.nn.Sequential(torch.nn.Identity())  # the losses hold a model; scoring never calls it
+    if impl == "broadcast":  # the scoring before #39: F.cosine_similarity over (B, N, d)
+        q, *docs = reps
+
+        def broadcast():
+            c = torch.cat(docs)
+            logits = torch.nn.functional.cosine_similarity(q[:, None, :], c[None, :, :], dim=-1) / 0.07
+            torch.nn.functional.cross_entropy(logits, torch.arange(len(q))).backward()
+
+        return broadcast
+    if kind == "plain":
+        loss = (
+            ne.InfoNCELoss(stand_in, mask_duplicates=False)
+            if impl == "neoembed"
+            else st.MultipleNegativesRankingLoss(stand_in, scale=1 / 0.07)
+        )
+        return lambda: loss.compute_loss_from_embeddings(reps, None).backward()
+    loss = (
+        ne.CachedInfoNCELoss(stand_in, mask_duplicates=False, mini_batch_size=MINI_BATCH)
+        if impl == "neoembed"
+        else st.CachedMultipleNegativesRankingLoss(stand_in, scale=1 / 0.07, mini_batch_size=MINI_BATCH)
+    )
+    return lambda: loss.calculate_loss(reps, with_backward=True)
+
+
+def run_cell(impl: str, kind: str, batch: int, negatives: int, reps: int) -> dict:
+    """One cell in this process: peak memory above the embeddings, and the median time of ``reps`` calls."""
+    import gc
+
+    import torch
+
+    torch.manual_seed(0)
+    embeddings = _embeddings(batch, negatives, kind == "cached")
+    call = _loss_call(impl, kind, embeddings)
+    times, peak = [], 0
+    for _ in range(reps):
+        for t in embeddings if kind == "plain" else [m for c in embeddings for m in c]:
+            t.grad = None
+        gc.collect()
+        base = _status("VmRSS")
+        Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM, the peak resident set
+        t0 = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t0)
+        peak = max(peak, _status("VmHWM") - base)
+    times.sort()
+    return {"peak_bytes": peak, "seconds": times[len(times) // 2], "times": times}
+
+
+def _logit_bytes(kind: str, batch: int, negatives: int) -> int:
+    rows = batch if kind == "plain" else MINI_BATCH
+    return 4 * rows * batch * (negatives + 1)
+
+
+def _cell_in_child(impl, kind, batch, negatives, reps) -> dict:
+    cmd = [sys.executable, __file__, "_cell", impl, kind, str(batch), str(negatives), str(reps)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        return {"error": (out.stderr or out.stdout).strip().splitlines()[-1:]}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def loss_table(max_batch: int, reps: int, before: bool, memory_limit: int) -> list[dict]:
+    rows = []
+    cells = [c for c in CELLS if c[1] <= max_batch]
+    if before:
+        cells = [("plain", 256, 3), *cells]
+    for kind, batch, negatives in cells:
+        row = {"loss": kind, "batch": batch, "negatives": negatives, "candidates": batch * (negatives + 1)}
+        impls = ["neoembed", "sentence-transformers"] + (["broadcast"] if batch == 256 else [])
+        for impl in impls:
+            # the plain losses keep about four B x N fp32 matrices for the backward pass
+            need = _logit_bytes(kind, batch, negatives) * (4 if kind == "plain" else 1)
+            if need > memory_limit:
+                row[impl] = {"skipped": f"needs {need / 2**30:.0f} GB"}
+            else:
+                row[impl] = _cell_in_child(impl, kind, batch, negatives, reps)
+            print(json.dumps({**row, impl: row[impl]}), flush=True)
+        rows.append(row)
+    return rows
+
+
+def _fmt(cell: dict) -> tuple[str, str]:
+    if "skipped" in cell:
+        return "skipped: " + cell["skipped"], "—"
+    if "error" in cell:
+        return "error: " + " ".join(cell["error"]), "—"
+    return f"{cell['peak_bytes'] / 2**20:,.0f} MB", f"{cell['seconds']:.3f} s"
+
+
+def loss_markdown(rows: list[dict]) -> str:
+    out = [
+        "# Contrastive loss at scale: neoembed against sentence-transformers (CPU)",
+        "",
+        "Loss + backward on random fp32 embeddings, d = 768; peak = resident-set rise above the embeddings;",
+        "time = median of the calls. `broadcast`: the scoring before #39 (F.cosine_similarity over B x N x d).",
+        "",
+        "| loss | B | negatives | N | neoembed peak | ST peak | peak ratio | neoembed time | ST time | time ratio |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        ne, st = r["neoembed"], r["sentence-transformers"]
+        (nm, nt), (sm, stt) = _fmt(ne), _fmt(st)
+        both = "peak_bytes" in ne and "peak_bytes" in st
+        pr = f"{ne['peak_bytes'] / max(st['peak_bytes'], 1):.2f}" if both else "—"
+        tr = f"{ne['seconds'] / st['seconds']:.2f}" if both else "—"
+        size = f"{r['batch']} | {r['negatives']} | {r['candidates']}"
+        out.append(f"| {r['loss']} | {size} | {nm} | {sm} | {pr} | {nt} | {stt} | {tr} |")
+        if "broadcast" in r:
+            bm, bt = _fmt(r["broadcast"])
+            out.append(f"| broadcast (before) | {size} | {bm} | | | {bt} | | |")
+    return "\n".join(out) + "\n"
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "_cell":
+        impl, kind, batch, negatives, reps = sys.argv[2:7]
+        print(json.dumps(run_cell(impl, kind, int(batch), int(negatives), int(reps))))
+        return
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="part", required=True)
+    loss = sub.add_parser("loss", help="(a) loss + backward against sentence-transformers' MNRL / CachedMNRL")
+    loss.add_argument("--max-batch", type=int, default=65536)
+    loss.add_argument("--reps", type=int, default=3)
+    loss.add_argument("--before", action="store_true", help="add the pre-#39 broadcast cosine at B = 256")
+    loss.add_argument("--memory-gb", type=float, default=20.0, help="skip cells whose logits need more")
+    args = parser.parse_args()
+    from _common import header, write_results
+
+    rows = loss_table(args.max_batch, args.reps, args.before, int(args.memory_gb * 2**30))
+    paths = write_results("scale_loss_cpu", {"header": header(), "rows": rows}, loss_markdown(rows))
+    print("wrote", *paths)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    main()
