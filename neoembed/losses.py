@@ -216,9 +216,26 @@ class FalseNegativeConfig(BaseModel):
     queries' documents) or ``hard`` (the query's own hard negatives)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    margin: float = Field(0.0, ge=0.0)
+    margin: float = Field(0.0, ge=0.0, allow_inf_nan=False)
     mode: Literal["absolute", "relative"] = "absolute"
     scope: Literal["all", "in_batch", "hard"] = "all"
+
+    @model_validator(mode="after")
+    def _check(self):
+        # cosines lie in [-1, 1]: an absolute margin of 2 drops every candidate (s > s_pos - 2 always), and a
+        # relative one of 1 every candidate scoring above 0 when the positive does; the loss would be 0
+        limit = 2.0 if self.mode == "absolute" else 1.0
+        if self.margin >= limit:
+            what = (
+                "every negative (cosine scores lie in [-1, 1])"
+                if self.mode == "absolute"
+                else "every negative scoring above 0 whenever the positive does"
+            )
+            raise ValueError(
+                f"false_negatives.margin={self.margin:g} with mode {self.mode} masks {what}, so the loss is 0 "
+                f"and nothing trains: use a margin below {limit:g} (0.05-0.1 is usual)"
+            )
+        return self
 
 
 def false_negative_masker(

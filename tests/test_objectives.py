@@ -84,11 +84,11 @@ def test_false_negative_mask_by_hand_and_robust_to_negative_scores():
 def test_false_negative_scope_separates_in_batch_from_own_hard_negatives():
     torch.manual_seed(0)
     q, docs = torch.randn(3, 8), torch.randn(6, 8)  # 3 positives, then each query's hard negative
-    everything = FalseNegativeConfig(margin=10.0)  # every candidate but the positive
+    everything = FalseNegativeConfig(margin=1.99)  # all but the positive (a margin of 2 is refused)
     assert false_negative_mask(q, docs, 2, everything).sum() == 3 * 5
-    hard = false_negative_mask(q, docs, 2, FalseNegativeConfig(margin=10.0, scope="hard"))
+    hard = false_negative_mask(q, docs, 2, FalseNegativeConfig(margin=1.99, scope="hard"))
     assert hard.nonzero().tolist() == [[0, 3], [1, 4], [2, 5]]
-    in_batch = false_negative_mask(q, docs, 2, FalseNegativeConfig(margin=10.0, scope="in_batch"))
+    in_batch = false_negative_mask(q, docs, 2, FalseNegativeConfig(margin=1.99, scope="in_batch"))
     assert (in_batch | hard).sum() == 15 and not (in_batch & hard).any()
 
 
@@ -653,3 +653,34 @@ def test_the_objective_recipes_of_the_training_docs_run_as_written(tmp_path, mon
     assert all("false_negative_fraction" in r for r in logged)
     kd = json.loads((tmp_path / "tiny-kd" / "run_record.json").read_text())
     assert kd["recipe"]["distillation"]["loss"] == "kl"
+
+
+@pytest.mark.parametrize("margin,mode", [(5.0, "absolute"), (2.0, "absolute"), (1.0, "relative")])
+def test_case2_false_negative_margin_that_masks_every_negative_refused(margin, mode):
+    """#43 case 2: false_negatives.margin=5 masked every negative (loss 0 at every step, exit 0, the saved
+    model equal to the base): refused by the recipe, before any model loads, naming the key and the fix."""
+    from neoembed.recipe import RecipeError, load_recipe
+    from neoembed.train.recipe import UnifiedRecipe
+
+    overrides = [f"false_negatives.margin={margin}", f"false_negatives.mode={mode}"]
+    with pytest.raises(RecipeError, match=r"false_negatives.margin=.* masks every negative.*below"):
+        load_recipe("tiny", UnifiedRecipe, overrides)
+    with pytest.raises(ValueError, match="nothing trains"):
+        FalseNegativeConfig(margin=margin, mode=mode)
+    FalseNegativeConfig(margin=0.1, mode=mode)  # the usual margins pass
+
+
+def test_case2_training_warns_when_masking_drops_nearly_every_negative(tmp_path, caplog):
+    """A margin below the refusal can still mask almost everything on a given model: the metrics callback
+    names the fraction it saw."""
+    from types import SimpleNamespace
+
+    from neoembed.train.trainer import _MetricsCallback
+
+    callback = _MetricsCallback(tmp_path, [], [], {}, main=True)
+    callback.loss_counts = lambda: {"false_negatives_masked": 60.0, "false_negative_fraction": 1.0}
+    args = SimpleNamespace(per_device_train_batch_size=4, world_size=1)
+    with caplog.at_level("WARNING", logger="neoembed.train.trainer"):
+        callback.on_log(args, SimpleNamespace(global_step=3), SimpleNamespace(), logs={"loss": 0.0})
+    assert "dropped 100.0% of the scored negatives up to step 3" in caplog.text
+    assert "false_negatives.margin" in caplog.text

@@ -202,7 +202,15 @@ class _MetricsCallback(TrainerCallback):
             "peak_memory_mib": round(peak, 1),
             "world_size": args.world_size,
         }
-        row.update(self.loss_counts())  # what the loss masked (false negatives), when it masks anything
+        counts = self.loss_counts()  # what the loss masked (false negatives), when it masks anything
+        row.update(counts)
+        if counts.get("false_negative_fraction", 0.0) >= 0.99:
+            logger.warning(
+                "false-negative masking dropped %.1f%% of the scored negatives up to step %d: the loss has almost "
+                "nothing to contrast; lower false_negatives.margin",
+                100 * counts["false_negative_fraction"],
+                step,
+            )
         self.log.write(row)
         self.last_time, self.last_step = now, step
 
