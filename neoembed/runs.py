@@ -35,11 +35,12 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
-
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from neoembed.record import atomic_write_text, file_sha256
+
+if TYPE_CHECKING:
+    from torch import nn
 
 __all__ = [
     "CHECKPOINT_MARKER",

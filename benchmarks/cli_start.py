@@ -1,0 +1,69 @@
+"""How long the command line takes to start (#41): medians of 5 after a warm-up, each a fresh process.
+
+    python benchmarks/cli_start.py
+
+Rows: ``neoembed --help``; ``neoembed train tiny --dry-run`` (a real command: recipe, cards, tokenizer, no
+step), and ``python -c 'import sentence_transformers'``, the floor of any command that builds a model; the
+record gives the dry run's time above that floor. Results: benchmarks/results/cli_start_cpu.*
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import header, write_results  # noqa: E402
+
+BIN = Path(sys.executable).parent
+
+
+def _time(argv: list[str], cwd: str, reps: int = 5) -> list[float]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    subprocess.run(argv, cwd=cwd, env=env, capture_output=True, check=True)  # warm-up: file caches, .pyc
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        subprocess.run(argv, cwd=cwd, env=env, capture_output=True, check=True)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as cwd:
+        rows = {
+            "neoembed --help": _time([str(BIN / "neoembed"), "--help"], cwd),
+            "neoembed train tiny --dry-run": _time(
+                [str(BIN / "neoembed"), "train", "tiny", f"output_dir={cwd}/run", "--dry-run"], cwd
+            ),
+            "python -c 'import sentence_transformers'": _time(
+                [sys.executable, "-c", "import sentence_transformers"], cwd
+            ),
+        }
+    medians = {k: statistics.median(v) for k, v in rows.items()}
+    above = medians["neoembed train tiny --dry-run"] - medians["python -c 'import sentence_transformers'"]
+    lines = ["| command | median (s) | runs (s) |", "|---|---|---|"]
+    lines += [f"| `{k}` | {medians[k]:.2f} | {', '.join(f'{t:.2f}' for t in v)} |" for k, v in rows.items()]
+    lines.append(
+        f"\nThe dry run above `import sentence_transformers`: {above:.2f} s (target <= 2 s; `--help` <= 1.0 s)."
+    )
+    md = (
+        "# Command-line start-up (CPU)\n\nMedians of 5 fresh processes after a warm-up.\n\n"
+        + "\n".join(lines)
+        + "\n"
+    )
+    paths = write_results(
+        "cli_start_cpu", {"header": header(), "seconds": rows, "dry_run_above_floor": above}, md
+    )
+    print(md)
+    print("wrote", *paths)
+
+
+if __name__ == "__main__":
+    main()

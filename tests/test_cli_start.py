@@ -1,0 +1,55 @@
+"""The command line starts at once: ``neoembed --help`` and every ``neoembed CMD --help`` import neither torch,
+transformers, sentence-transformers, datasets, mteb nor numpy (#41); a command imports what it needs when it
+runs. Checked in a fresh interpreter (this one has torch loaded), on ``sys.modules``.
+
+``import neoembed`` stays light too, and transformers' Auto classes still know NeoBERT in either order of
+imports: the package registers it when transformers' Auto module loads."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+HEAVY = ("torch", "transformers", "sentence_transformers", "datasets", "mteb", "numpy")
+
+_HELP = f"""
+import json, sys
+from typer.testing import CliRunner
+from neoembed.cli import app
+
+runner = CliRunner()
+names = [c.name or c.callback.__name__ for c in app.registered_commands] + [g.name for g in app.registered_groups]
+seen = {{}}
+for argv in [["--help"], *[[n, "--help"] for n in names], ["data", "check", "--help"], ["mteb", "compare", "--help"]]:
+    result = runner.invoke(app, argv)
+    assert result.exit_code == 0, (argv, result.output)
+    seen[" ".join(argv)] = [m for m in {HEAVY!r} if m in sys.modules]
+print(json.dumps(seen))
+"""
+
+
+def _run(code: str) -> str:
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip().splitlines()[-1]
+
+
+def test_every_help_starts_without_heavy_imports():
+    seen = json.loads(_run(_HELP))
+    assert len(seen) >= 15  # the root, twelve-odd commands and the subcommands of data and mteb
+    assert {argv: mods for argv, mods in seen.items() if mods} == {}
+
+
+def test_import_neoembed_is_light_and_auto_classes_know_neobert_in_either_order():
+    light = _run(f"import sys, neoembed; print([m for m in {HEAVY!r} if m in sys.modules])")
+    assert light == "[]"
+    after = "import neoembed\nfrom transformers import AutoConfig\nprint(type(AutoConfig.for_model('neobert')).__name__)"
+    before = (
+        "from transformers import AutoModel\nimport neoembed\nfrom transformers import AutoConfig\n"
+        + after.split("\n", 1)[1]
+    )
+    assert _run(after) == "NeoBERTConfig"
+    assert _run(before) == "NeoBERTConfig"
+    lazy = "import neoembed\nprint(neoembed.NeoBERTModel.__name__, neoembed.NeoBERTConfig().model_type)"
+    assert _run(lazy) == "NeoBERTModel neobert"
