@@ -53,3 +53,39 @@ def test_a_long_run_draws_lines_and_nothing_plots_to_none(tmp_path):
     assert fig.axes[0].get_xlim()[0] == 0 and fig.axes[0].get_xlim()[1] > 2000
     plt.close(fig)
     assert training_curves_figure([{"step": 1, "epoch": 0.5}]) is None
+
+
+def _results(folder, scores: dict[str, float]) -> None:
+    folder.mkdir(parents=True)
+    for task, score in scores.items():
+        entry = {"task": task, "type": "Reranking", "main_score": score, "model": folder.name}
+        (folder / f"{task}.json").write_text(
+            json.dumps({**entry, "instructions": "released", "precision": "fp32"})
+        )
+
+
+def test_compare_bars_start_at_zero_and_a_second_compare_overwrites_nothing(tmp_path, neoembed_cli):
+    """0.3 points look like 0.3 points: the bars' heights are in the ratio of their scores (on an axis from 75 the
+    bars of 80.15 and 81.54 were in the ratio 0.79). A second comparison into the same folder is refused, naming
+    what is there, until --overwrite, which says it replaced it."""
+    from neoembed.eval.summary import compare_runs
+
+    _results(tmp_path / "base", {"TrecQA": 0.8015})
+    _results(tmp_path / "tuned", {"TrecQA": 0.8154})
+    runs, out = [tmp_path / "base", tmp_path / "tuned"], tmp_path / "cmp"
+    compare_runs(runs, out)
+    import matplotlib.image
+
+    rgb = matplotlib.image.imread(out / "compare.png")[..., :3]
+    heights = []
+    for colour in ([0x1F, 0x77, 0xB4], [0xFF, 0x7F, 0x0E]):  # C0 and C1: the two runs' bars
+        near = np.abs(rgb - np.array(colour) / 255).max(axis=-1) < 0.05
+        heights.append(near.sum(axis=0).max())  # the tallest column of the bar's colour: its height in pixels
+    assert heights[0] / heights[1] == pytest.approx(0.8015 / 0.8154, abs=0.015), heights
+    with pytest.raises(FileExistsError, match=r"already holds a comparison .*of base, tuned.*--overwrite"):
+        compare_runs(runs[::-1], out)
+    argv = ["neoembed", "mteb", "compare", *map(str, runs), "--out", str(out)]
+    r = neoembed_cli.run(argv)
+    assert r.returncode == 2 and "--overwrite" in r.stderr, r.stderr
+    r = neoembed_cli.run([*argv, "--overwrite"])
+    assert r.returncode == 0 and f"replaced {out / 'compare.png'}" in r.stdout, r.stdout + r.stderr
