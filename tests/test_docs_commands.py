@@ -76,7 +76,7 @@ HOW = {
         "neoembed mteb compare results/model-a results/model-b": "run",
     },
     "export.md": {
-        "pip install 'neoembed[onnx]'": "install",
+        'pip install -e ".[onnx]"': "install",
         "neoembed export runs/my-model runs/exported/ --format onnx --quantize int8": "run",
         "neoembed mteb --model runs/my-model --data-dir ../shared/data/eval --embedding-precision binary": "run",
     },

@@ -6,6 +6,7 @@ user does, with the package's internals apart."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -76,3 +77,15 @@ def test_the_home_page_has_the_install_the_two_commands_and_the_tour_and_the_rea
     assert "## A short tour" in home and "## A short tour" not in readme
     assert "docs/index.md" in readme and len(readme.splitlines()) <= 45  # a one-screen start that points here
 
+
+def test_install_lines_use_the_repository_form():
+    """neoembed is not on the package index: an extra is installed as `pip install -e ".[extra]"` from the
+    repository's folder, never `pip install 'neoembed[extra]'` (which fails)."""
+    files = [REPO / "README.md", *(REPO / "docs").rglob("*.md"), *(REPO / "recipes").rglob("*.yaml")]
+    wrong = [
+        f"{f.relative_to(REPO)}: {m.group(0)}"
+        for f in files
+        for m in re.finditer(r"pip install[^`\n]*?['\"]?neoembed\[", f.read_text(encoding="utf8"))
+    ]
+    assert not wrong, wrong
+    assert 'pip install -e ".[onnx]"' in (REPO / "docs" / "export.md").read_text(encoding="utf8")
