@@ -97,6 +97,8 @@ def test_init_writes_commands_that_run_where_it_says(tmp_path, shared_dir, tiny_
     dry_run = neoembed_cli.run(written[1].split(), cwd=tmp_path).stdout
     assert "pairs  rows 64 (counted)" in dry_run  # the card was found
     assert (tmp_path / "runs" / "pairs" / "model.safetensors").is_file()
+    logged = (tmp_path / "runs" / "pairs" / "metrics.jsonl").read_text().splitlines()
+    assert len(logged) >= 5, logged  # the default run's curves are curves, not one point per panel
     for text in files:
         keys = [line for line in text.splitlines() if re.match(r"^\s*-?\s*\{?\w+:", line)]
         parents = ("source:", "columns:", "datasets:", "instruction:")  # instruction: commented above

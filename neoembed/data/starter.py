@@ -139,6 +139,7 @@ def _recipe_text(name: str, card_dir: str, rows: int, model: str, recipe_path: s
         ("temperature: 0.07", "InfoNCE's temperature"),
         (f"optimizer: {{lr: 5.0e-5, warmup_steps: {min(100, steps // 10)}, schedule: cosine}}", "learning rate and its schedule"),
         (f"save_steps: {steps}", "a checkpoint every this many steps"),
+        (f"logging_steps: {max(1, steps // 20)}", "a row of metrics.jsonl (a point of training_curves.png) every this many steps"),
         (f"output_dir: runs/{name}", "the trained model, relative to the folder you run neoembed from"),
     ])  # fmt: skip
 
