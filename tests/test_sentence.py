@@ -15,7 +15,7 @@ import torch
 from sentence_transformers import SentenceTransformer
 
 import neoembed
-from neoembed.sentence import NonFiniteEmbeddingError, build_prompts
+from neoembed.sentence import NonFiniteEmbeddingError, base_model_name, build_prompts, model_card_text
 
 TEXTS = ["NeoBERT is the most efficient model of its kind!", "a", "", "Two sentences. Of different lengths."]
 
@@ -244,7 +244,7 @@ def test_push_to_hub_writes_a_card_that_loads_the_pushed_id(tiny_official, fake_
     model.push_to_hub("someone/neobert-st")
     pushed = fake_hub / "someone" / "neobert-st"
     card = (pushed / "README.md").read_text()
-    assert f"base_model: {tiny_official.name}" in card and str(tiny_official) not in card
+    assert "base_model:" not in card and str(tiny_official) not in card  # a local model: no hub id to name
     assert 'neoembed.load("someone/neobert-st")' in card
     assert 'SentenceTransformer("someone/neobert-st", trust_remote_code=True)' in card
     assert (
@@ -321,3 +321,27 @@ def test_sentence_transformers_flattening_equals_padded(tiny_official, monkeypat
     got = model.encode(texts, batch_size=3)
     assert seen and all(s[0] == 1 for s in seen)  # every batch arrived packed
     assert np.abs(got - expected).max() <= 1e-5
+
+
+def test_base_model_is_the_models_hub_id_never_a_folder(minilm_path, tiny_official, tmp_path, monkeypatch):
+    """A model card's ``base_model``: the packaged MiniLM's hub id (by its ``packaged:`` name or its folder, which
+    is called ``model``), a hub id as given, a local folder's ``_name_or_path`` only when that is a hub id; else
+    none at all (not the folder's name, not a path of this machine)."""
+    hub = "sentence-transformers/all-MiniLM-L6-v2"
+    assert base_model_name("packaged:all-MiniLM-L6-v2") == hub
+    assert minilm_path.name == "model" and base_model_name(minilm_path) == hub
+    assert base_model_name("chandar-lab/NeoBERT") == "chandar-lab/NeoBERT"
+    assert base_model_name(tiny_official) is None
+    for named, expected in [("someone/base-v1", "someone/base-v1"), (str(tmp_path), None), ("model", None)]:
+        folder = tmp_path / "runs" / "model"
+        shutil.rmtree(folder, ignore_errors=True)
+        shutil.copytree(tiny_official, folder)
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, "_name_or_path": named}))
+        assert base_model_name(folder) == expected, named
+        monkeypatch.chdir(tmp_path / "runs")
+        assert base_model_name("model") == expected, named  # relative, as a command line gives it
+    card = model_card_text("run", base_model_name(minilm_path))
+    assert f"base_model: {hub}\n" in card and f"fine-tuned with neoembed from `{hub}`" in card
+    card = model_card_text("run", None)
+    assert "base_model" not in card and "from a local model that names no hub id" in card

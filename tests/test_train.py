@@ -459,8 +459,11 @@ def test_the_saved_model_remembers_its_training(tmp_path, tiny_official):
     assert model.encode_query(["os.path.join"]) == pytest.approx(
         model.encode([prefix + "os.path.join"]), abs=1e-6
     )
-    card = (out / "README.md").read_text()
-    assert f"base_model: {tiny_official.name}\n" in card and str(tiny_official) not in card
+    card = (out / "README.md").read_text()  # a local model without a hub id: no base_model, no folder name
+    assert "base_model:" not in card and str(tiny_official) not in card
+    assert f"`{tiny_official.name}`" not in card
+    assert "from a local model that names no hub id" in card
+    assert json.loads((out / "run_record.json").read_text())["base_model"] is None
     assert repr(prefix) in card and "encode_query" in card
 
 

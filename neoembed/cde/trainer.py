@@ -61,7 +61,7 @@ from neoembed.runs import (
     resume_settings,
     save_final_model,
 )
-from neoembed.sentence import base_model_name, record_matryoshka_dims, resolve_packaged
+from neoembed.sentence import base_model_name, based_on, record_matryoshka_dims, resolve_packaged
 
 __all__ = ["TrainingStopped", "cde_loss", "prepare_sources", "train_cde"]
 
@@ -217,12 +217,12 @@ def _model_card(recipe: CDERecipe, cards, steps: int, best: dict | None = None) 
         "---",
         "library_name: sentence-transformers",
         "tags: [sentence-transformers, contextual-document-embeddings, neoembed]",
-        f"base_model: {base}",
+        *([f"base_model: {base}"] if base else []),
         "---",
         "",
         "# CDE model trained with neoembed",
         "",
-        f"Two-stage contextual document embedding model (Morris & Rush, 2024) built on `{base}`: "
+        f"Two-stage contextual document embedding model (Morris & Rush, 2024) built on {based_on(base)}: "
         f"{recipe.context.n_context} context vectors, {recipe.context.n_soft_prompt} soft-prompt vectors, "
         f"{steps} steps, batch {recipe.batch_size}, temperature {recipe.temperature}"
         + (f", Matryoshka dimensions {recipe.matryoshka.dims}." if recipe.matryoshka else ".")
@@ -320,6 +320,7 @@ def _run_record(
     """The files the run record hashes (the cards' local data) and what it adds to the loop's record."""
     data_files = [folder / card.source.local.path for card, folder in cards if card.source.local]
     extra = {
+        "base_model": base_model_name(recipe.model),  # the model card's hub id (None: a local model)
         "steps_per_epoch": per_epoch,
         "sources": {s.name: len(s) for s in sources},
         "parameters": sum(p.numel() for p in module.parameters()),

@@ -13,6 +13,7 @@ import gzip
 import json
 import os
 import re
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,46 +90,58 @@ def guess_columns(names: list[str]) -> dict:
     return {"query": query, "positive": positive, "negatives": negatives}
 
 
-def _card_text(name: str, data: str, fmt: str, columns: dict, rows: int) -> str:
+def _commented(lines: list[tuple[str, str]], width: int = 40) -> str:
+    """YAML lines with their comments in one column (a comment-only line where the text is empty)."""
+    out = [f"# {c}" if not t else f"{t.ljust(width)}  # {c}" if c else t for t, c in lines]
+    return "\n".join(out) + "\n"
+
+
+def _card_text(name: str, data: str, fmt: str, columns: dict, rows: int, card_path: str) -> str:
     negatives = ", ".join(columns["negatives"])
-    return f"""\
-# Data card written by `neoembed init` for {Path(data).name}: where the rows are and what each column is.
-# Check it with `neoembed data check {name}.yaml`; every key is described in docs/own-data.md.
-name: {name}
-source:
-  local: {{path: {data}, format: {fmt}}}    # relative to this card's folder
-columns:
-  query: {columns["query"]}
-  positive: {columns["positive"]}
-  negatives: [{negatives}]                      # hard-negative columns; [] for pairs (in-batch negatives only)
-# Put before every query in training, and saved as the trained model's query prompt. Say what a query looks for.
-instruction: Given a query, retrieve the passage that answers it.
-license: unknown                                # your data's licence: it is written on the model card
-size: {rows}
-"""
+    return _commented([
+        ("", f"Data card written by `neoembed init` for {Path(data).name}: where the rows are and what each column is."),
+        ("", f"Check it from the folder you ran `neoembed init` in: neoembed data check {shlex.quote(card_path)}"),
+        ("", 'Each key is explained beside it; more about cards (filters, hub sources): "Data cards" in docs/training.md.'),
+        (f"name: {name}", f"how a recipe names this card: datasets: [{{card: {name}}}]"),
+        ("source:", ""),
+        (f"  local: {{path: {data}, format: {fmt}}}", "relative to this card's folder"),
+        ("columns:", ""),
+        (f"  query: {columns['query']}", "the column of queries"),
+        (f"  positive: {columns['positive']}", "the column of each query's positive"),
+        (f"  negatives: [{negatives}]", "hard-negative columns; [] for pairs (in-batch negatives only)"),
+        ("", "Put before every query in training, and saved as the trained model's query prompt. Say what a query looks for."),
+        ("instruction: Given a query, retrieve the passage that answers it.", ""),
+        ("license: unknown", "your data's licence: it is written on the model card"),
+        (f"size: {rows}", "rows in the file when init read it (a note: training counts them anew)"),
+    ])  # fmt: skip
 
 
-def _recipe_text(name: str, card_dir: str, rows: int, model: str) -> str:
+def _recipe_text(name: str, card_dir: str, rows: int, model: str, recipe_path: str) -> str:
     batch = max(2, min(32, rows // 4))
     steps = max(10, min(1000, rows // batch))
-    return f"""\
-# Training recipe written by `neoembed init` for the card {name}: the unified contrastive recipe (InfoNCE with
-# in-batch and hard negatives, the card's instruction before queries). Run: neoembed train {name}-recipe.yaml
-# Any key can be overridden on the command line (steps=500); every key: docs/training.md.
-seed: 0
-model: {model}   # a hub id or a local folder: any sentence-transformers or Hugging Face encoder
-pooling: mean
-max_length: 128               # tokens per text during training (the saved model keeps its own limit)
-card_dirs: [{card_dir}]       # where the card is, relative to the folder you run neoembed from
-datasets:
-  - {{card: {name}}}
-steps: {steps}                # about one pass over {rows} rows
-batch_size: {batch}           # queries per step: more in-batch negatives, more memory
-temperature: 0.07
-optimizer: {{lr: 5.0e-5, warmup_steps: {min(100, steps // 10)}, schedule: cosine}}
-save_steps: {steps}
-output_dir: runs/{name}
-"""
+    run = shlex.quote(recipe_path)
+    return _commented([
+        ("", f"Training recipe written by `neoembed init` for the card {name}: the unified contrastive recipe (InfoNCE"),
+        ("", "with in-batch and hard negatives, the card's instruction before queries)."),
+        ("", "Run it from the folder you ran `neoembed init` in (card_dirs and output_dir are relative to it):"),
+        ("", f"  neoembed train {run} --dry-run"),
+        ("", f"  neoembed train {run}"),
+        ("", "Any key can be overridden on the command line (steps=500); the recipe's keys: docs/training.md."),
+        ("seed: 0", "random seed: row sampling, batch order, dropout"),
+        (f"model: {model}", "a hub id or a local folder: any sentence-transformers or Hugging Face encoder"),
+        ("pooling: mean", "token embeddings -> one vector: mean or cls"),
+        ("max_length: 128", "tokens per text during training (the saved model keeps its own limit)"),
+        (f"card_dirs: [{card_dir}]", "where the card is, relative to the folder you run neoembed from"),
+        ("datasets:", ""),
+        (f"  - {{card: {name}}}", "the card's name (its file in card_dirs)"),
+        (f"steps: {steps}", f"{steps} steps x {batch} queries: about {steps * batch / rows:.1f} passes over {rows} rows"),
+        (f"batch_size: {batch}", "queries per step: more in-batch negatives, more memory"),
+        ("temperature: 0.07", "InfoNCE's temperature"),
+        (f"optimizer: {{lr: 5.0e-5, warmup_steps: {min(100, steps // 10)}, schedule: cosine}}", "learning rate and its schedule"),
+        (f"save_steps: {steps}", "a checkpoint every this many steps"),
+        (f"logging_steps: {max(1, steps // 20)}", "a row of metrics.jsonl (a point of training_curves.png) every this many steps"),
+        (f"output_dir: runs/{name}", "the trained model, relative to the folder you run neoembed from"),
+    ])  # fmt: skip
 
 
 def write_starter(
@@ -147,6 +160,6 @@ def write_starter(
             raise FileExistsError(f"{path} exists: edit it, or pass --overwrite to write a new one")
     out.mkdir(parents=True, exist_ok=True)
     rel = os.path.relpath(data.resolve(), out.resolve())
-    card.write_text(_card_text(name, rel, _format(data), columns, rows), encoding="utf8")
-    recipe.write_text(_recipe_text(name, str(out), rows, model), encoding="utf8")
+    card.write_text(_card_text(name, rel, _format(data), columns, rows, card.as_posix()), encoding="utf8")
+    recipe.write_text(_recipe_text(name, out.as_posix(), rows, model, recipe.as_posix()), encoding="utf8")
     return Starter(card, recipe, rows, columns)

@@ -333,11 +333,20 @@ def _remove_if_only_claimed(out: Path) -> None:
 @app.command("compare")
 def compare_command(
     runs: Annotated[list[Path], typer.Argument(help="Output folders of neoembed mteb runs.")],
-    out: Annotated[Path | None, typer.Option("--out", help="Where to write compare.md/csv/png.")] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", help="Where to write compare.md/csv/png (default results/compare)."),
+    ] = None,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace a comparison already in the --out folder.")
+    ] = False,
 ) -> None:
     """Print several runs side by side and draw a bar chart per task type."""
-    from neoembed.eval.summary import compare_runs
+    from neoembed.eval.summary import COMPARE_FILES, compare_runs
 
     target = out or Path("results") / "compare"
-    typer.echo(compare_runs(runs, target))
-    typer.echo(f"wrote {target / 'compare.png'}")
+    replaced = any((target / name).exists() for name in COMPARE_FILES)
+    typer.echo(compare_runs(runs, target, overwrite=overwrite))
+    typer.echo(
+        f"{'replaced' if replaced else 'wrote'} {target / 'compare.png'} (and compare.md, compare.csv)"
+    )

@@ -126,9 +126,16 @@ def write_summary(run_dir: str | Path, model: str) -> dict:
     return row
 
 
-def compare_runs(run_dirs: list[str | Path], out: str | Path | None = None) -> str:
+#: what a comparison writes into its folder
+COMPARE_FILES = ("compare.md", "compare.csv", "compare.png")
+
+
+def compare_runs(run_dirs: list[str | Path], out: str | Path | None = None, overwrite: bool = False) -> str:
     """Side-by-side table of several runs (markdown, returned) and, if ``out`` is given, a bar chart per task
-    type (PNG) and the table as markdown/CSV there."""
+    type (PNG) and the table as markdown/CSV there. A folder that holds a comparison already is refused (naming
+    the models it compared) unless ``overwrite``."""
+    if out is not None and not overwrite:
+        _refuse_an_earlier_comparison(Path(out))
     rows = []
     for d in run_dirs:
         d = Path(d)
@@ -151,6 +158,21 @@ def compare_runs(run_dirs: list[str | Path], out: str | Path | None = None) -> s
     return table
 
 
+def _refuse_an_earlier_comparison(out: Path) -> None:
+    there = [name for name in COMPARE_FILES if (out / name).exists()]
+    if not there:
+        return
+    try:
+        with (out / "compare.csv").open(encoding="utf8") as f:
+            models = ", ".join(row["model"] for row in csv.DictReader(f))
+    except (OSError, KeyError, csv.Error):
+        models = "unknown models"
+    raise FileExistsError(
+        f"{out} already holds a comparison ({', '.join(there)}; of {models}): pass --out DIR to keep it and write "
+        "this one elsewhere, or --overwrite to replace it"
+    )
+
+
 def _check_comparable(rows: list[dict]) -> None:
     """Runs scored with different instruction sets or precisions are not compared: an instruction set alone moves
     all-MiniLM-L6-v2 by 7 points on STS13, more than most fine-tunes gain."""
@@ -166,9 +188,9 @@ def _check_comparable(rows: list[dict]) -> None:
 
 
 def _plot(rows: list[dict], path: Path) -> None:
-    """One panel per task type (width by its number of tasks), one bar per run and task; the y axis starts near
-    the lowest score so that differences of a point stay visible; runs are named by their folder in a legend
-    below the panels."""
+    """One panel per task type (width by its number of tasks), one bar per run and task, each labelled with its
+    score; the y axis starts at zero (a bar's height is its score: a zoomed axis made 0.3 points look large);
+    runs are named by their folder in a legend below the panels."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -185,8 +207,7 @@ def _plot(rows: list[dict], path: Path) -> None:
     if len(set(names)) < len(names):
         names = [r["model"] for r in rows]
     scores = [100 * e["main_score"] for r in rows for e in r["tasks"].values()]
-    low = max(0.0, 5 * np.floor((min(scores) - 3) / 5)) if scores else 0.0
-    high = min(100.0, max(scores) + 2) if scores else 100.0
+    high = max(scores) * 1.15 + 1 if scores else 100.0  # room for the labels above the bars
     n_tasks = [len(tasks_of[t]) for t in types]
     fig, axes = plt.subplots(
         1,
@@ -201,9 +222,10 @@ def _plot(rows: list[dict], path: Path) -> None:
         x = np.arange(len(tasks))
         for i, r in enumerate(rows):
             ys = [100 * r["tasks"][n]["main_score"] if n in r["tasks"] else np.nan for n in tasks]
-            ax.bar(x + i * width, ys, width, label=names[i], color=f"C{i}")
+            bars = ax.bar(x + i * width, ys, width, label=names[i], color=f"C{i}")
+            ax.bar_label(bars, fmt="%.2f", fontsize=7, rotation=90, padding=2)
         ax.set_xticks(x + width * (len(rows) - 1) / 2, tasks, rotation=45, ha="right", fontsize=8)
-        ax.set_ylim(low, high)
+        ax.set_ylim(0, high)
         ax.set_title(t)
         ax.grid(axis="y", alpha=0.3)
     axes[0][0].set_ylabel("main score (x100)")

@@ -66,7 +66,7 @@ from neoembed.runs import (
     verify_checkpoint,
     write_failed,
 )
-from neoembed.sentence import record_matryoshka_dims, training_prompts
+from neoembed.sentence import base_model_name, record_matryoshka_dims, training_prompts
 from neoembed.train.holdout import (
     check_same_holdout,
     held_card_names,
@@ -464,7 +464,7 @@ def _best_line(recipe: UnifiedRecipe, state) -> str:
 
 def _model_card(recipe: UnifiedRecipe, cards, output: Path, best: str = "") -> None:
     from neoembed.record import atomic_write_text
-    from neoembed.sentence import base_model_name, model_card_text
+    from neoembed.sentence import model_card_text
 
     datasets = []
     for card, _ in cards:
@@ -590,6 +590,7 @@ def _write_run_record(
         recipe=recipe,
         data_files=[f for f in _data_files(cards) if f.is_file()],
         extra={
+            "base_model": base_model_name(recipe.model),  # the model card's hub id (None: a local model)
             "cards": {
                 c.name: {"pinned": c.pinned, "license": c.license, "data": reports[c.name].as_dict()}
                 for c, _ in cards
