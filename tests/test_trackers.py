@@ -115,7 +115,7 @@ def test_a_named_tracker_that_is_not_installed_fails_before_anything_loads(monke
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "wandb" else real(n, *a))
-    with pytest.raises(ImportError, match=r"pip install 'neoembed\[wandb\]'"):
+    with pytest.raises(ImportError, match=r"pip install -e '\.\[wandb\]'"):
         check_trackers(["mlflow", "wandb"])
     recipe = load_recipe(
         TINY, UnifiedRecipe, ["model=does-not-exist", f"output_dir={tmp_path}", "report_to=[wandb]"]

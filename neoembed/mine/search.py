@@ -102,7 +102,7 @@ def _faiss():
         import faiss
     except ImportError as e:  # pragma: no cover - faiss-cpu is a dependency
         raise ImportError(
-            "neoembed mine needs faiss: pip install 'neoembed[faiss]' (or 'neoembed[faiss-gpu]')"
+            "neoembed mine needs faiss: pip install -e '.[faiss]' (or '.[faiss-gpu]')"
         ) from e
     return faiss
 

@@ -67,7 +67,7 @@ class UnifiedRecipe(Recipe):
     save_steps: PositiveInt = 500
     save_total_limit: NonNegativeInt | None = 3
     logging_steps: PositiveInt = 10
-    # trackers (transformers' integrations), each an optional extra: pip install 'neoembed[mlflow]'. The run is named
+    # trackers (transformers' integrations), each an optional extra: pip install -e '.[mlflow]'. The run is named
     # after output_dir's folder; a resumed run continues the same tracked run (ids kept in OUTPUT/trackers.json)
     report_to: list[Literal["tensorboard", "wandb", "mlflow", "trackio"]] = []
     eval: EvalSettings | None = None
