@@ -215,8 +215,8 @@ class FalseNegativeConfig(BaseModel):
     when it is negative (sentence-transformers PR #3821). ``scope``: ``all`` candidates, ``in_batch`` (the other
     queries' documents) or ``hard`` (the query's own hard negatives)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    margin: float = Field(0.0, ge=0.0, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # NaN/inf: errors
+    margin: float = Field(0.0, ge=0.0)
     mode: Literal["absolute", "relative"] = "absolute"
     scope: Literal["all", "in_batch", "hard"] = "all"
 
@@ -340,7 +340,7 @@ class DistillationConfig(BaseModel):
     hard negative): ``loss`` is a name in :data:`DISTILLATION_LOSSES`, added with ``weight`` to InfoNCE weighted
     ``infonce_weight`` (0: distillation alone, InfoNCE not computed)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # NaN/inf: errors
     loss: str = "kl"
     weight: float = Field(1.0, ge=0.0)
     infonce_weight: float = Field(1.0, ge=0.0)
@@ -351,6 +351,11 @@ class DistillationConfig(BaseModel):
     def _check(self):
         if self.loss not in DISTILLATION_LOSSES:
             raise ValueError(f"unknown distillation loss {self.loss!r}; valid: {sorted(DISTILLATION_LOSSES)}")
+        if self.weight == 0:
+            raise ValueError(
+                "distillation.weight=0 adds nothing to the loss, so the run would distil nothing while its record "
+                "says it did: give a positive weight, or remove the distillation block"
+            )
         return self
 
     def term(self, queries: Tensor, docs: list[Tensor], teacher: Tensor | None) -> Tensor:
@@ -370,7 +375,7 @@ class MatryoshkaConfig(BaseModel):
     """Nested dimensions (Kusupati et al. 2022): the loss is ``sum_k weight_k * loss(embeddings[:, :dim_k])``,
     sentence-transformers' ``MatryoshkaLoss``. ``weights`` default to 1 each."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # NaN/inf: errors
     dims: list[PositiveInt] = Field(min_length=1)
     weights: list[float] | None = None
 
@@ -382,6 +387,11 @@ class MatryoshkaConfig(BaseModel):
             raise ValueError(
                 f"matryoshka.weights has {len(self.weights)} entries for {len(self.dims)} dims {self.dims}: "
                 "give one weight per dimension, or none (1 each)"
+            )
+        if self.weights is not None and min(self.weights) <= 0:
+            raise ValueError(
+                f"matryoshka.weights {self.weights} has a weight <= 0, so its dimension is not trained (or trained "
+                "away): give positive weights, or drop the dimension from dims"
             )
         return self
 

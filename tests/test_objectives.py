@@ -684,3 +684,24 @@ def test_case2_training_warns_when_masking_drops_nearly_every_negative(tmp_path,
         callback.on_log(args, SimpleNamespace(global_step=3), SimpleNamespace(), logs={"loss": 0.0})
     assert "dropped 100.0% of the scored negatives up to step 3" in caplog.text
     assert "false_negatives.margin" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "override,match",
+    [
+        ("distillation.weight=0", "distillation.weight=0 adds nothing"),
+        ("distillation.weight=inf", "finite number"),
+        ("distillation.student_temperature=nan", "finite number"),
+        ("false_negatives.margin=nan", "finite number"),
+        ("matryoshka.weights=[1,0]", r"matryoshka.weights \[1.0, 0.0\] has a weight <= 0"),
+    ],
+)
+def test_objective_settings_that_train_nothing_or_are_not_numbers_refused(override, match):
+    """#43 deliver 3 and 5: a zero-weight objective trains nothing while the record says it ran; NaN and inf
+    validated (distillation.weight=inf did). Refused by load_recipe, before any model loads, naming the key."""
+    from neoembed.recipe import RecipeError, load_recipe
+    from neoembed.train.recipe import UnifiedRecipe
+
+    extra = ["matryoshka.dims=[64,16]"] if override.startswith("matryoshka") else []
+    with pytest.raises(RecipeError, match=match):
+        load_recipe("tiny", UnifiedRecipe, [*extra, override])
