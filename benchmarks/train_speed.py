@@ -47,7 +47,8 @@ else:
     loss = (CachedInfoNCELoss(model, mini_batch_size=cfg["mini"]) if cfg["kind"] == "cached" else InfoNCELoss(model))
     args = SentenceTransformerTrainingArguments(
         **common, multi_dataset_batch_sampler=PowerLawDatasetBatchSampler.with_settings(0.5, cfg["steps"]))
-    trainer = _trainer_class()(model=model, args=args, train_dataset=DatasetDict({"d": ds}), loss=loss)
+    trainer = _trainer_class()(model=model, args=args, train_dataset=DatasetDict({"d": ds}), loss=loss,
+                              batch_sizes={}, samplers=[], settings=None, keep=None)
 t0 = time.perf_counter()
 trainer.train()
 dt = time.perf_counter() - t0
