@@ -398,3 +398,23 @@ def test_torch_int8_merges_lora_and_refuses_what_it_cannot_serve(tiny_official, 
         neoembed.load(tiny_official, quantize="int4")
     with pytest.raises(ValueError, match="torch backend"):
         neoembed.load(tiny_export[0], backend="onnx", quantize="int8")
+
+
+def test_adapter_folder_loads_quantized(tiny_official, tmp_path, shared_dir):
+    """#43: neoembed.load(adapter_folder, quantize="int8") crashed at encode ('function' object has no attribute
+    'dtype': the adapter's own linear layers were quantized); the adapter is merged first, as the docs say."""
+    import torch
+
+    from neoembed.adapters import add_lora, save_adapter
+
+    texts = _sentences(shared_dir, n=8)
+    model = neoembed.load(tiny_official)
+    add_lora(model, r=4, alpha=8)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.05)
+    adapted = model.encode(texts)
+    save_adapter(model, tmp_path / "adapter")
+    quantized = neoembed.load(tmp_path / "adapter", quantize="int8")
+    assert _cosines(quantized.encode(texts), adapted).min() > 0.99

@@ -71,7 +71,7 @@ def quantize_int8(model):
         raise ValueError(
             f"quantize='int8' runs on CPU (PyTorch's dynamic int8 kernels); the model is on {model.device}"
         )
-    if getattr(model, "neoembed_lora_config", None) is not None:
+    if any(type(m).__module__.startswith("peft.") for m in model.modules()):  # however it was applied
         merge_lora(model)
     encoder = _encoder(model)
     if not any(type(m) is torch.nn.Linear for m in encoder.modules()):
