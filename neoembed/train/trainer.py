@@ -398,6 +398,18 @@ def _trainer_class():
                 return str(self._neoembed_staging)
             return super()._get_output_dir(trial)
 
+        def _load_best_model(self):
+            # sentence-transformers logs a failed load and goes on with the last step's weights while the state
+            # and the model card name the best step: a best step without its checkpoint stops the run instead
+            best, folder = self.state.best_global_step, self.state.best_model_checkpoint
+            if not folder or Path(folder).name != f"checkpoint-{best}" or not Path(folder).is_dir():
+                raise TrainingStopped(
+                    f"keep_best: the best step {best} has no checkpoint ({folder}); no final model was saved. "
+                    "Evaluate only at saved steps (eval.steps a multiple of save_steps)"
+                )
+            self.model.model_card_data.set_best_model_step(best)
+            self._load_from_checkpoint(folder)
+
         def _save_checkpoint(self, model, trial):
             if _nan_at_this_step(self.state):  # a NaN step at a save step: its state is not a checkpoint
                 return
@@ -502,7 +514,7 @@ def _training_args(recipe: UnifiedRecipe, output: Path, full_sizes: list[int]):
     from sentence_transformers import SentenceTransformerTrainingArguments
 
     opt = recipe.optimizer
-    return SentenceTransformerTrainingArguments(
+    args = SentenceTransformerTrainingArguments(
         output_dir=str(output),
         max_steps=recipe.steps,
         per_device_train_batch_size=recipe.batch_size,
@@ -533,11 +545,17 @@ def _training_args(recipe: UnifiedRecipe, output: Path, full_sizes: list[int]):
         disable_tqdm=not _is_terminal(),  # a bar on a terminal; elsewhere _PlainProgress's lines
         dataloader_pin_memory=torch.cuda.is_available(),
     )
+    # keep_best: set after the arguments' own check, which asks the opposite of ours (save_steps a multiple of
+    # eval_steps, so an evaluated step may have no checkpoint); check_keep_best asks for a checkpoint at every
+    # evaluated step, and transformers then always finds the best one to load
+    args.load_best_model_at_end = recipe.keep_best is not None
+    return args
 
 
 def _eval_args(recipe: UnifiedRecipe) -> dict:
     """Evaluation every ``eval.steps`` (the evaluator is neoembed.eval.training's) and, with ``keep_best``,
-    transformers' best-model tracking, which survives a resume in trainer_state.json."""
+    transformers' best-model tracking, which survives a resume in trainer_state.json (``load_best_model_at_end``
+    is set by :func:`_training_args`)."""
     if recipe.eval is None:
         return {"eval_strategy": "no"}
     out = {"eval_strategy": "steps", "eval_steps": recipe.eval.steps}
@@ -545,7 +563,6 @@ def _eval_args(recipe: UnifiedRecipe) -> dict:
         out |= {
             "metric_for_best_model": f"eval_{recipe.keep_best.metric}",
             "greater_is_better": recipe.keep_best.mode == "max",
-            "load_best_model_at_end": True,
         }
     return out
 
