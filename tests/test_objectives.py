@@ -529,6 +529,30 @@ def test_score_with_a_bi_encoder_teacher_and_bad_input(mined, minilm_path, tmp_p
     assert bad.returncode == 2 and "kind" in bad.stderr, bad.stderr[-1500:]
 
 
+def test_case6_score_teacher_of_the_wrong_kind_refused(
+    mined, minilm_path, cross_encoder, tiny_official, tmp_path
+):
+    """--kind cross-encoder with a bi-encoder scored every pair with a random head (0.507 each) and exited 0: a
+    folder whose kind is not the one asked for is refused before it loads, naming the folder and what it is."""
+    from neoembed.mine.score import ScoreConfig, score_card
+
+    wrong = [
+        (minilm_path, "cross-encoder", "is a bi-encoder, a sentence-transformers SentenceTransformer folder"),
+        (tiny_official, "cross-encoder", "is a bi-encoder, an encoder checkpoint without a score head"),
+        (cross_encoder, "bi-encoder", "is a cross-encoder, a sentence-transformers CrossEncoder folder"),
+    ]
+    for i, (teacher, kind, why) in enumerate(wrong):
+        out = tmp_path / f"out{i}"
+        with pytest.raises(ValueError, match="--teacher") as refused:
+            score_card(mined.card, str(teacher), out, ScoreConfig(kind=kind), progress=False)
+        assert f"{teacher} {why}" in str(refused.value) and f"not a {kind}" in str(refused.value)
+        assert not out.exists()  # refused before anything was written or loaded
+    # the right kind, named or found, still scores
+    config = ScoreConfig(kind="cross-encoder", max_rows=4)
+    scored = score_card(mined.card, str(cross_encoder), tmp_path / "ok", config, progress=False)
+    assert scored.kind == "cross-encoder"
+
+
 DDP_OBJECTIVES = """
 import sys, torch, torch.distributed as dist
 from accelerate import Accelerator
