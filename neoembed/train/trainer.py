@@ -30,7 +30,14 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
-from neoembed.adapters import add_lora, count_parameters, merge_lora, require_peft, save_adapter
+from neoembed.adapters import (
+    add_lora,
+    count_parameters,
+    load_training_checkpoint,
+    merge_lora,
+    require_peft,
+    save_adapter,
+)
 from neoembed.data.cards import DataCardError, explain_data_errors, find_card, load_card, prepare_card
 from neoembed.data.check import require_hub
 from neoembed.data.sampler import (
@@ -397,6 +404,13 @@ def _trainer_class():
             if self._neoembed_staging is not None:
                 return str(self._neoembed_staging)
             return super()._get_output_dir(trial)
+
+        def _load_from_checkpoint(self, checkpoint_path: str) -> None:
+            # a LoRA run's checkpoints hold PEFT's layer names, which sentence-transformers' fresh model lacks
+            model = getattr(self.model, "_orig_mod", self.model)
+            if getattr(model, "neoembed_lora_config", None) is None:
+                return super()._load_from_checkpoint(checkpoint_path)
+            return load_training_checkpoint(model, checkpoint_path)
 
         def _load_best_model(self):
             # sentence-transformers logs a failed load and goes on with the last step's weights while the state
