@@ -212,6 +212,22 @@ def test_matryoshka_settings_fail_loudly(tiny):
         set_truncate_dim(tiny, 65)
 
 
+def test_truncate_dim_of_the_wrong_type_names_the_key(tiny_official):
+    """``truncate_dim="16"`` was a bare TypeError (a str compared with ints) and ``16.5`` was cut to 16 silently:
+    both are errors naming the key, through ``neoembed.load`` too; whole numbers of any int type pass."""
+    import numpy as np
+
+    from neoembed.sentence import set_truncate_dim
+
+    for bad in ("16", 16.5, 16.0, True):
+        with pytest.raises(ValueError, match=rf"truncate_dim must be a whole number of dimensions.*{bad!r}"):
+            neoembed.load(tiny_official, truncate_dim=bad)
+    model = neoembed.load(tiny_official, truncate_dim=np.int64(16))
+    assert model.encode(["a sentence"]).shape == (1, 16) and type(model.truncate_dim) is int
+    set_truncate_dim(model, 8)
+    assert model.encode(["a sentence"]).shape == (1, 8)
+
+
 def test_matryoshka_recipe_trains_saves_and_reloads_truncated(tmp_path, tiny_official, small_sts):
     """A Matryoshka recipe with GradCache and false-negative masking: metrics count the masked negatives, the saved
     model records its dims, and it loads truncated in neoembed, in plain sentence-transformers and in
