@@ -354,10 +354,34 @@ def _nan_at_this_step(state) -> bool:
     )
 
 
+class _CheckpointLoads:
+    """Mixed into the unified trainer (before sentence-transformers' trainer): how a checkpoint's weights come
+    back, on resume and for keep_best's final model."""
+
+    def _load_from_checkpoint(self, checkpoint_path: str) -> None:
+        # a LoRA run's checkpoints hold PEFT's layer names, which sentence-transformers' fresh model lacks
+        model = getattr(self.model, "_orig_mod", self.model)
+        if getattr(model, "neoembed_lora_config", None) is None:
+            return super()._load_from_checkpoint(checkpoint_path)
+        return load_training_checkpoint(model, checkpoint_path)
+
+    def _load_best_model(self):
+        # sentence-transformers logs a failed load and goes on with the last step's weights while the state
+        # and the model card name the best step: a best step without its checkpoint stops the run instead
+        best, folder = self.state.best_global_step, self.state.best_model_checkpoint
+        if not folder or Path(folder).name != f"checkpoint-{best}" or not Path(folder).is_dir():
+            raise TrainingStopped(
+                f"keep_best: the best step {best} has no checkpoint ({folder}); no final model was saved. "
+                "Evaluate only at saved steps (eval.steps a multiple of save_steps)"
+            )
+        self.model.model_card_data.set_best_model_step(best)
+        self._load_from_checkpoint(folder)
+
+
 def _trainer_class():
     from sentence_transformers import SentenceTransformerTrainer
 
-    class UnifiedTrainer(SentenceTransformerTrainer):
+    class UnifiedTrainer(_CheckpointLoads, SentenceTransformerTrainer):
         """Per-dataset batch sizes, the sampler handed to the metrics callback (through ``samplers``) for logging
         which dataset each step used, and checkpoints written to a staging folder, sealed with a checksum marker
         and renamed (neoembed.runs). All of it travels as constructor arguments, per trainer."""
@@ -404,25 +428,6 @@ def _trainer_class():
             if self._neoembed_staging is not None:
                 return str(self._neoembed_staging)
             return super()._get_output_dir(trial)
-
-        def _load_from_checkpoint(self, checkpoint_path: str) -> None:
-            # a LoRA run's checkpoints hold PEFT's layer names, which sentence-transformers' fresh model lacks
-            model = getattr(self.model, "_orig_mod", self.model)
-            if getattr(model, "neoembed_lora_config", None) is None:
-                return super()._load_from_checkpoint(checkpoint_path)
-            return load_training_checkpoint(model, checkpoint_path)
-
-        def _load_best_model(self):
-            # sentence-transformers logs a failed load and goes on with the last step's weights while the state
-            # and the model card name the best step: a best step without its checkpoint stops the run instead
-            best, folder = self.state.best_global_step, self.state.best_model_checkpoint
-            if not folder or Path(folder).name != f"checkpoint-{best}" or not Path(folder).is_dir():
-                raise TrainingStopped(
-                    f"keep_best: the best step {best} has no checkpoint ({folder}); no final model was saved. "
-                    "Evaluate only at saved steps (eval.steps a multiple of save_steps)"
-                )
-            self.model.model_card_data.set_best_model_step(best)
-            self._load_from_checkpoint(folder)
 
         def _save_checkpoint(self, model, trial):
             if _nan_at_this_step(self.state):  # a NaN step at a save step: its state is not a checkpoint
