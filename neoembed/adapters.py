@@ -16,6 +16,7 @@ __all__ = [
     "NEOBERT_LORA_TARGETS",
     "add_lora",
     "count_parameters",
+    "load_training_checkpoint",
     "merge_lora",
     "require_peft",
     "save_adapter",
@@ -107,6 +108,32 @@ def merge_lora(model) -> None:
     for param in model.parameters():
         param.requires_grad = True
     model.__dict__.pop("neoembed_lora_config", None)
+
+
+def load_training_checkpoint(model, folder: str | Path) -> None:
+    """Put the weights of a checkpoint written while ``model``'s adapter trained back into ``model`` itself (the
+    resume of a LoRA run, and keep_best's load of its best step). They carry PEFT's layer names
+    (``qkv.base_layer.weight``, ``qkv.lora_A.default.weight``), which the plain model that sentence-transformers
+    loads from a checkpoint folder does not have; so each module with weights loads its own files strictly, in
+    the layout of ``modules.json`` (a backbone: the safetensors files of its folder). A missing or extra key is
+    an error, never a layer left as it was."""
+    import json
+
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    entries = json.loads((folder / "modules.json").read_text())
+    for entry, module in zip(entries, model, strict=True):
+        target = getattr(module, "auto_model", module)
+        if not target.state_dict():
+            continue  # pooling, normalisation: nothing saved
+        files = sorted((folder / entry["path"]).glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"{folder / entry['path']}: no weights for module {entry['name']}")
+        state = {}
+        for file in files:
+            state.update(load_file(str(file)))
+        target.load_state_dict(state, strict=True)
 
 
 def save_adapter(model, folder: str | Path) -> Path:

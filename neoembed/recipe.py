@@ -338,8 +338,9 @@ class KeepBest(StrictModel):
 
 
 def check_keep_best(recipe: Any, example: str = "eval: {steps: N, tasks: [...], metric: ...}") -> None:
-    """``keep_best`` needs an ``eval:`` block, and checkpoints at the steps it evaluates (a save_steps multiple of
-    eval.steps): the best one is chosen among saved checkpoints."""
+    """``keep_best`` needs an ``eval:`` block, and a checkpoint at every step it evaluates (``eval.steps`` a
+    multiple of ``save_steps``; the last step is always both): the best step must be one there is a checkpoint
+    of, or the final model would be another step's while the record names the best."""
     if recipe.keep_best is None:
         return
     if recipe.eval is None:
@@ -347,10 +348,12 @@ def check_keep_best(recipe: Any, example: str = "eval: {steps: N, tasks: [...], 
             f"keep_best: {{metric: {recipe.keep_best.metric}}} compares evaluation scores: add an eval: block that "
             f"logs it ({example}), or remove keep_best"
         )
-    if recipe.save_steps % recipe.eval.steps:
+    every, save = recipe.eval.steps, recipe.save_steps
+    if every % save:
         raise ValueError(
-            f"keep_best compares checkpoints by their evaluation: save_steps {recipe.save_steps} must be a multiple "
-            f"of eval.steps {recipe.eval.steps}"
+            f"keep_best makes the best evaluated step the final model, so every evaluated step needs a checkpoint: "
+            f"eval.steps {every} must be a multiple of save_steps {save} (step {every} is evaluated, not saved). "
+            f"Set save_steps: {every}, or eval.steps: {-(-every // save) * save}"
         )
 
 

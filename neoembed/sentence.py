@@ -16,6 +16,7 @@ import contextlib
 import json
 import logging
 import math
+import numbers
 import re
 import warnings
 from collections.abc import Sequence
@@ -358,6 +359,11 @@ def set_truncate_dim(model, truncate_dim: int | None) -> None:
     """Embed with the first ``truncate_dim`` dimensions (None: all); a value beyond the width is an error."""
     if truncate_dim is None:
         return
+    if isinstance(truncate_dim, bool) or not isinstance(truncate_dim, numbers.Integral):
+        raise ValueError(
+            f"truncate_dim must be a whole number of dimensions (e.g. 16), not {truncate_dim!r} "
+            f"({type(truncate_dim).__name__}): pass an int, or None for the full width"
+        )
     model.truncate_dim = None  # the full width, not an earlier truncation's
     width = model.get_embedding_dimension()
     if width is not None and not 1 <= truncate_dim <= width:

@@ -141,3 +141,47 @@ def test_cde_adapters_alone_load_with_neoembed_and_plain_sentence_transformers(
     )
     plain = _printed(code)
     torch.testing.assert_close(torch.tensor(plain), torch.tensor(expected), atol=1e-5, rtol=0)
+
+
+def test_case4_lora_run_stopped_by_a_signal_resumes_and_finishes(tmp_path, tiny_official, monkeypatch):
+    """A LoRA run's checkpoints hold PEFT's layer names (``qkv.base_layer.weight``, ``lora_A``): ``--resume`` after a
+    SIGTERM failed with "does not match NeoBERTModel: missing keys". It resumes now, exactly: the same losses and
+    the same final model (merged, and the adapter alone) as the run that was never stopped."""
+    import os
+    import signal
+
+    from safetensors.torch import load_file
+
+    from neoembed.runs import TrainingInterrupted
+    from neoembed.train import trainer as trainer_mod
+
+    def recipe(out):
+        overrides = [f"model={tiny_official}", f"output_dir={out}", "steps=6", "save_steps=2"]
+        overrides += ["datasets=[{card: pydoc_names, max_rows: 64}]", "adapter={r: 4, alpha: 8}"]
+        return load_recipe(TINY, UnifiedRecipe, overrides)
+
+    def losses(out):
+        rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        return {r["step"]: r["loss"] for r in rows if "loss" in r}
+
+    full = train(recipe(tmp_path / "full"), recipe_dir=TINY.parent)
+    on_log = trainer_mod._MetricsCallback.on_log
+
+    def on_log_then_sigterm(self, args, state, control, logs=None, **kwargs):
+        on_log(self, args, state, control, logs=logs, **kwargs)
+        if state.global_step == 3 and logs and "loss" in logs:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    out = tmp_path / "stopped"
+    monkeypatch.setattr(trainer_mod._MetricsCallback, "on_log", on_log_then_sigterm)
+    with pytest.raises(TrainingInterrupted, match="continue with --resume"):
+        train(recipe(out), recipe_dir=TINY.parent)
+    saved = load_file(str(out / "checkpoint-4" / "model.safetensors"))
+    assert any("lora_A" in k for k in saved)  # the checkpoint is the adapter run's, not a merged copy
+    assert not (out / "model.safetensors").exists()
+    monkeypatch.setattr(trainer_mod._MetricsCallback, "on_log", on_log)
+    train(recipe(out), recipe_dir=TINY.parent, resume=True)
+    assert losses(out) == pytest.approx(losses(full), abs=1e-6) and sorted(losses(out)) == [1, 2, 3, 4, 5, 6]
+    for name in ("model.safetensors", "adapter/adapter_model.safetensors"):
+        a, b = load_file(str(out / name)), load_file(str(full / name))
+        assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a), name

@@ -654,7 +654,7 @@ def test_cde_keep_best_survives_an_interruption_and_becomes_the_final_model(
 def test_cde_eval_settings_are_checked_before_anything_loads(tmp_path, tiny_official):
     with pytest.raises(ValueError, match="add an eval: block"):
         _recipe(tmp_path, tiny_official, "keep_best={metric: main_score}")
-    with pytest.raises(ValueError, match="save_steps 3 must be a multiple of eval.steps 2"):
+    with pytest.raises(ValueError, match="eval.steps 2 must be a multiple of save_steps 3"):
         _recipe(
             tmp_path, tiny_official, "save_steps=3", "eval={steps: 2, tasks: [x]}", "keep_best={metric: m}"
         )

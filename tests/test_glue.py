@@ -161,3 +161,57 @@ def test_run_transfer_and_resumable_grid(tmp_path, msrp_rows, tiny_official):
 def test_bad_input_exits_2(tmp_path, neoembed_cli):
     run = neoembed_cli.run(["neoembed", "glue", "WNLI", "--model", "x", "--out", str(tmp_path / "o")])
     assert run.returncode == 2 and "WNLI is excluded" in run.stderr
+
+
+def test_case5_glue_stopped_by_a_signal_resumes_past_a_torn_checkpoint(
+    tmp_path, msrp_rows, tiny_official, monkeypatch, capsys
+):
+    """A GLUE run stopped by Ctrl-C ends as ``neoembed train`` does (a sealed checkpoint, the stop message, exit
+    130); a torn newer checkpoint beside it (a kill mid-write) is skipped by --resume, which continues from the
+    intact one and ends with the uninterrupted run's results."""
+    import os
+    import signal
+    import sys
+
+    import neoembed.glue.run as glue_run
+    from neoembed.cli import main
+    from neoembed.runs import CHECKPOINT_MARKER, list_checkpoints, verify_checkpoint
+
+    folder = _hub_layout(tmp_path / "data", "mrpc", {"train": msrp_rows[:40], "validation": msrp_rows[40:]})
+    args = ["MRPC", "epochs=2", "--model", str(tiny_official), "--data-dir", str(folder)]
+    _glue(*args, "--out", str(tmp_path / "full"))
+    full = json.loads((tmp_path / "full" / "results.json").read_text())
+
+    real, sent = glue_run.lr_lambda, []
+
+    def ctrl_c_at_step_4(step, total, recipe):  # the scheduler's calls (one per parameter group) after step 4
+        if step == 4 and not sent:
+            sent.append(os.kill(os.getpid(), signal.SIGINT))  # one Ctrl-C (a second one aborts at once)
+        return real(step, total, recipe)
+
+    out = tmp_path / "run"
+    monkeypatch.setattr(glue_run, "lr_lambda", ctrl_c_at_step_4)
+    monkeypatch.setattr(sys, "argv", ["neoembed", "glue", *args, "--out", str(out)])
+    with pytest.raises(SystemExit) as stopped:
+        main()
+    err = capsys.readouterr().err
+    assert stopped.value.code == 130, err
+    ckpts = list_checkpoints(out / "checkpoints")
+    assert f"stopped by SIGINT; checkpoint {ckpts[-1]} written: continue with --resume" in err
+    assert all(verify_checkpoint(c) is None for c in ckpts) and not (out / "results.json").exists()
+    # a kill while a newer checkpoint was written: a folder without its completion marker, a staging folder
+    torn = out / "checkpoints" / "checkpoint-9"
+    torn.mkdir()
+    (torn / "trainer_state.json").write_text("{")
+    (out / "checkpoints" / ".checkpoint-10.partial").mkdir()
+    monkeypatch.setattr(glue_run, "lr_lambda", real)
+    monkeypatch.setattr(sys, "argv", ["neoembed", "glue", *args, "--out", str(out), "--resume"])
+    with pytest.raises(SystemExit) as resumed:
+        main()
+    output = capsys.readouterr()
+    assert resumed.value.code == 0, output.err
+    assert f"checkpoint-9: no {CHECKPOINT_MARKER}" in output.out + output.err
+    result = json.loads((out / "results.json").read_text())
+    assert result["steps"] == full["steps"] == 10 and result["best_step"] == full["best_step"]
+    assert result["validation"]["validation"] == pytest.approx(full["validation"]["validation"], abs=1e-6)
+    assert (out / "model" / "config.json").is_file() and not (out / "checkpoints").exists()

@@ -159,3 +159,38 @@ def test_each_head_trains_saves_and_reloads(tiny_official, tmp_path, cls):
     model.eval()
     with torch.no_grad():
         assert torch.equal(model(ids, mask).logits, again(ids, mask).logits)
+
+
+def test_masked_lm_fine_tunes_through_transformers_trainer(tiny_official, tmp_path):
+    """HF's Trainer passes ``num_items_in_batch`` to a forward that takes ``**kwargs``; NeoBERTForMaskedLM handed
+    it on to the encoder, which refused it, so MLM fine-tuning through the Trainer raised. The loss with it is the
+    sum over masked tokens divided by the count (gradient accumulation's normalisation)."""
+    from datasets import Dataset
+    from transformers import (
+        AutoModelForMaskedLM,
+        AutoTokenizer,
+        DataCollatorForLanguageModeling,
+        Trainer,
+        TrainingArguments,
+    )
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_official)
+    model = AutoModelForMaskedLM.from_pretrained(tiny_official)
+    texts = [f"sentence number {i} about encoders and masked tokens" for i in range(16)]
+    data = Dataset.from_dict(dict(tokenizer(texts, truncation=True, max_length=32)))
+    collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.3, seed=0)
+    args = TrainingArguments(
+        output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=4, gradient_accumulation_steps=2,
+        learning_rate=1e-3, report_to=[], save_strategy="no", logging_steps=1, use_cpu=True,
+    )  # fmt: skip
+    before = model.decoder.weight.detach().clone()
+    Trainer(model=model, args=args, train_dataset=data, data_collator=collator).train()
+    assert not torch.equal(before, model.decoder.weight)  # it trained
+    torch.manual_seed(0)
+    b = collator([data[i] for i in range(4)])
+    masked = int((b["labels"] != -100).sum())
+    model.eval()
+    with torch.no_grad():
+        mean = model(**b).loss
+        summed = model(**b, num_items_in_batch=torch.tensor(2 * masked)).loss
+    torch.testing.assert_close(summed, mean / 2)

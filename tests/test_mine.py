@@ -409,6 +409,27 @@ def test_cross_encoder_rescoring(card, tiny_official, tmp_path):
         assert (neg_scores <= pos_score - 0.1 * abs(pos_score) + 1e-6).all()  # its threshold holds
 
 
+def test_case6_mine_models_of_the_wrong_kind_refused(card, tiny_official, minilm_path, tmp_path):
+    """``--cross-encoder`` with a bi-encoder rescored with a random head and the run ended blaming the filters; a
+    cross-encoder as the mining ``--model`` would embed with a pair scorer's backbone: both refused before any
+    model loads, naming the folder and what it is."""
+    from sentence_transformers import CrossEncoder
+    from sentence_transformers.base.modules import Dense, Transformer
+    from sentence_transformers.sentence_transformer.modules import Pooling
+
+    head = Dense(64, 1, activation_function=None, module_output_name="scores")
+    modules = [Transformer(str(tiny_official), max_seq_length=32), Pooling(64, "cls"), head]
+    CrossEncoder(modules=modules, device="cpu").save(str(tmp_path / "ce"))
+    for bi in (minilm_path, tiny_official):
+        cfg = MineConfig(**SETTINGS, cross_encoder=str(bi))
+        with pytest.raises(ValueError, match=f"--cross-encoder {bi} is a bi-encoder") as refused:
+            mine_negatives(card, tiny_official, tmp_path / "out", config=cfg, progress=False)
+        assert "random" in str(refused.value) and "ForSequenceClassification" in str(refused.value)
+    with pytest.raises(ValueError, match=f"--model {tmp_path / 'ce'} is a cross-encoder"):
+        mine_negatives(card, tmp_path / "ce", tmp_path / "out", config=MineConfig(**SETTINGS), progress=False)
+    assert not (tmp_path / "out").exists()
+
+
 def test_cli_mine_writes_a_card_and_refuses_a_non_empty_folder(
     card, tiny_official, tmp_path, monkeypatch, capsys
 ):

@@ -212,6 +212,22 @@ def test_matryoshka_settings_fail_loudly(tiny):
         set_truncate_dim(tiny, 65)
 
 
+def test_truncate_dim_of_the_wrong_type_names_the_key(tiny_official):
+    """``truncate_dim="16"`` was a bare TypeError (a str compared with ints) and ``16.5`` was cut to 16 silently:
+    both are errors naming the key, through ``neoembed.load`` too; whole numbers of any int type pass."""
+    import numpy as np
+
+    from neoembed.sentence import set_truncate_dim
+
+    for bad in ("16", 16.5, 16.0, True):
+        with pytest.raises(ValueError, match=rf"truncate_dim must be a whole number of dimensions.*{bad!r}"):
+            neoembed.load(tiny_official, truncate_dim=bad)
+    model = neoembed.load(tiny_official, truncate_dim=np.int64(16))
+    assert model.encode(["a sentence"]).shape == (1, 16) and type(model.truncate_dim) is int
+    set_truncate_dim(model, 8)
+    assert model.encode(["a sentence"]).shape == (1, 8)
+
+
 def test_matryoshka_recipe_trains_saves_and_reloads_truncated(tmp_path, tiny_official, small_sts):
     """A Matryoshka recipe with GradCache and false-negative masking: metrics count the masked negatives, the saved
     model records its dims, and it loads truncated in neoembed, in plain sentence-transformers and in
@@ -527,6 +543,30 @@ def test_score_with_a_bi_encoder_teacher_and_bad_input(mined, minilm_path, tmp_p
         [*cli, "--out", str(tmp_path / "x"), "--kind", "llm"], capture_output=True, text=True
     )
     assert bad.returncode == 2 and "kind" in bad.stderr, bad.stderr[-1500:]
+
+
+def test_case6_score_teacher_of_the_wrong_kind_refused(
+    mined, minilm_path, cross_encoder, tiny_official, tmp_path
+):
+    """--kind cross-encoder with a bi-encoder scored every pair with a random head (0.507 each) and exited 0: a
+    folder whose kind is not the one asked for is refused before it loads, naming the folder and what it is."""
+    from neoembed.mine.score import ScoreConfig, score_card
+
+    wrong = [
+        (minilm_path, "cross-encoder", "is a bi-encoder, a sentence-transformers SentenceTransformer folder"),
+        (tiny_official, "cross-encoder", "is a bi-encoder, an encoder checkpoint without a score head"),
+        (cross_encoder, "bi-encoder", "is a cross-encoder, a sentence-transformers CrossEncoder folder"),
+    ]
+    for i, (teacher, kind, why) in enumerate(wrong):
+        out = tmp_path / f"out{i}"
+        with pytest.raises(ValueError, match="--teacher") as refused:
+            score_card(mined.card, str(teacher), out, ScoreConfig(kind=kind), progress=False)
+        assert f"{teacher} {why}" in str(refused.value) and f"not a {kind}" in str(refused.value)
+        assert not out.exists()  # refused before anything was written or loaded
+    # the right kind, named or found, still scores
+    config = ScoreConfig(kind="cross-encoder", max_rows=4)
+    scored = score_card(mined.card, str(cross_encoder), tmp_path / "ok", config, progress=False)
+    assert scored.kind == "cross-encoder"
 
 
 DDP_OBJECTIVES = """

@@ -624,7 +624,7 @@ def test_tensorboard_receives_the_recipe_as_hyperparameters_and_the_eval_scores(
 def test_eval_settings_are_checked_before_anything_loads(tmp_path, shards):
     with pytest.raises(ValueError, match="also in data.sources"):
         _recipe(tmp_path, shards, f"eval={{steps: 2, sources: [{{path: {shards}}}]}}")
-    with pytest.raises(ValueError, match="save_steps 3 must be a multiple of eval.steps 2"):
+    with pytest.raises(ValueError, match="eval.steps 2 must be a multiple of save_steps 3"):
         _recipe(
             tmp_path,
             shards,

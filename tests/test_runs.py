@@ -710,6 +710,28 @@ def test_data_lost_a_second_writer_into_one_folder_is_refused_naming_the_holder(
     assert not lock_path(out).exists()
 
 
+def test_case7_score_and_glue_take_the_output_lock(tmp_path, tiny_official, capsys, monkeypatch):
+    """``neoembed score`` and ``neoembed glue`` wrote (and resumed into) their folders without the lock every other
+    writer holds: two resumes into one folder interleaved. Both are refused now while another process holds it,
+    naming the holder, and leave the folder as it was."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "run_record.json").write_text("{}\n")
+    before = _snapshot(out)
+    proc = _holder(out)
+    try:
+        for cmd in (
+            ["score", "pydoc_names", "--teacher", str(tiny_official), "--out", str(out), "--resume"],
+            ["glue", "MRPC", "--model", str(tiny_official), "--out", str(out), "--resume"],
+        ):
+            code, err = _cli(capsys, monkeypatch, *cmd)
+            assert code == 2 and f"--out {out} is in use" in err and f"pid {proc.pid}" in err, (cmd, err)
+        assert _snapshot(out) == before
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_data_lost_the_lock_is_released_on_any_exit(tmp_path, capsys, monkeypatch):
     out = tmp_path / "deep" / "o"
     with pytest.raises(KeyboardInterrupt), output_lock(out):

@@ -135,10 +135,37 @@ def test_keep_best_survives_rotation_and_an_interrupted_resumed_run(
 def test_keep_best_without_eval_is_refused_with_the_fix(tmp_path, tiny_official, trecqa):
     with pytest.raises(Exception, match="add an eval: block"):
         load_recipe(TINY, UnifiedRecipe, [f"model={tiny_official}", "keep_best={metric: ndcg_at_10}"])
-    with pytest.raises(Exception, match="multiple of eval.steps"):
+    with pytest.raises(Exception, match="eval.steps 2 must be a multiple of save_steps 3"):
         _recipe(tmp_path, tiny_official, trecqa, "save_steps=3", "keep_best={metric: ndcg_at_10}")
     with pytest.raises(ValueError, match="no evaluator was given"):
         train(_recipe(tmp_path / "x", tiny_official, trecqa), recipe_dir=TINY.parent)
+
+
+def test_case3_keep_best_unsaved_step_refused(tmp_path, tiny_official, trecqa, neoembed_cli):
+    """The issue's recipe (eval every 2 steps, checkpoints every 4) could make an unsaved step the best: refused
+    before any model loads, naming both keys and the fix. The other way round (eval every 4, save every 2) every
+    evaluated step has a checkpoint, transformers' own opposite check does not refuse it, and the final model is
+    the best step's checkpoint."""
+    with pytest.raises(ValueError) as refused:
+        _recipe(tmp_path, tiny_official, trecqa, "save_steps=4", "keep_best={metric: ndcg_at_10}")
+    message = str(refused.value)
+    assert "eval.steps 2 must be a multiple of save_steps 4" in message
+    assert "save_steps: 2" in message and "eval.steps: 4" in message
+    out = tmp_path / "cli"
+    run = neoembed_cli.run(
+        ["neoembed", "train", str(TINY), f"model={tiny_official}", f"output_dir={out}", "steps=12"]
+        + ["save_steps=4", f"eval={{steps: 2, tasks: [{trecqa}]}}", "keep_best={metric: ndcg_at_10}"]
+    )
+    assert run.returncode == 2 and "eval.steps 2 must be a multiple of save_steps 4" in run.stderr, run.stderr
+    assert not out.exists()  # refused before anything was written (or loaded)
+    keep = ("eval.steps=4", "steps=8", "save_total_limit=null", "keep_best={metric: ndcg_at_10, mode: min}")
+    full = _train(_recipe(tmp_path / "ok", tiny_official, trecqa, *keep))
+    scores = _rows(full, "eval_ndcg_at_10")
+    assert sorted(scores) == [4, 8]
+    best = min(scores, key=scores.get)
+    assert all((full / f"checkpoint-{step}").is_dir() for step in scores)
+    assert _same_weights(full, full / f"checkpoint-{best}")
+    assert f"checkpoint of step {best} of 8" in (full / "README.md").read_text()
 
 
 def _same_weights(a: Path, b: Path) -> bool:

@@ -54,11 +54,10 @@ def glue_command(
     """Fine-tune MODEL on a GLUE task (Appendix C of the NeoBERT paper: 10 epochs, evaluation every
     min(500, len(dataloader) // 10) steps, early stopping after 15 evaluations without improvement) and print
     the validation score; --grid searches Table 6's grid. Results: OUT/results.json (or grid.md / grid.json)."""
-    from neoembed.glue.run import GlueRecipe, record, resolve_from
+    from neoembed.glue.run import GlueRecipe
     from neoembed.glue.tasks import get_task
     from neoembed.recipe import load_recipe
-    from neoembed.runs import prepare_output_dir
-    from neoembed.sentence import resolve_packaged
+    from neoembed.runs import output_lock, prepare_output_dir
 
     spec = get_task(task)
     settings = load_recipe(recipe or f"glue/{spec.name}", GlueRecipe, overrides or [])
@@ -67,14 +66,24 @@ def glue_command(
             f"recipe is for task {settings.task!r}, not {spec.display}: pick the matching --recipe"
         )
     out = out or Path("runs") / "glue" / spec.name
-    prepare_output_dir(
-        out,
-        overwrite=overwrite,
-        resume=resume,
-        checkpoints=False,
-        clearable=("run_record.json",),
-        what="--out",
-    )
+    # a second run (or resume) into this folder is refused before it touches it
+    with output_lock(out, what="--out"):
+        prepare_output_dir(
+            out,
+            overwrite=overwrite,
+            resume=resume,
+            checkpoints=False,
+            clearable=("run_record.json",),
+            what="--out",
+        )
+        _start(settings, spec, model, out, data_dir, carve, from_, grid)
+
+
+def _start(settings, spec, model: str, out: Path, data_dir, carve, from_, grid: bool) -> None:
+    """The run in ``out`` (checked and locked): the transfer source, the run record, then the run(s)."""
+    from neoembed.glue.run import record, resolve_from
+    from neoembed.sentence import resolve_packaged
+
     source = resolve_from(from_) if from_ else None
     if settings.transfer_from and source is None:
         typer.echo(
@@ -90,7 +99,8 @@ def glue_command(
     try:
         _run(settings, spec, backbone, out, data, source, grid)
     except BaseException:
-        if fresh:  # failed before anything but the record was written (data or model unreachable): leave no folder
+        # failed before anything but the record was written (data or model unreachable): leave no folder
+        if fresh:
             _discard_unstarted(out)
         raise
 

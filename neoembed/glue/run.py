@@ -15,6 +15,7 @@ import itertools
 import json
 import math
 import shutil
+import sys
 from pathlib import Path
 from typing import Literal
 
@@ -23,6 +24,17 @@ from pydantic import Field, PositiveFloat, PositiveInt
 from neoembed.glue.tasks import GlueTask, check_columns, compute_metrics, load_splits, task_score
 from neoembed.recipe import Recipe, StrictModel
 from neoembed.record import atomic_write_text, write_run_record
+from neoembed.runs import (
+    StopSignal,
+    TrainingInterrupted,
+    commit_checkpoint,
+    find_resume_checkpoint,
+    list_checkpoints,
+    save_final_model,
+    stage_checkpoint,
+    verify_checkpoint,
+    write_failed,
+)
 
 RESULTS = "results.json"
 
@@ -153,7 +165,8 @@ def _arguments(recipe: GlueRecipe, task: GlueTask, out: Path, every: int):
         eval_steps=every,
         save_strategy="steps",
         save_steps=every,
-        save_total_limit=1,  # with load_best_model_at_end the best one is kept as well
+        save_total_limit=None,  # _save_sealed keeps the newest and the best (transformers' end-of-run clean-up
+        # would also delete the newest checkpoint of an interrupted run, the one --resume continues from)
         load_best_model_at_end=True,
         metric_for_best_model=_selection_key(task),
         greater_is_better=True,
@@ -165,12 +178,47 @@ def _arguments(recipe: GlueRecipe, task: GlueTask, out: Path, every: int):
     )
 
 
-def _trainer(recipe: GlueRecipe, task: GlueTask, model, tokenizer, data, out: Path):
+def _save_sealed(trainer, write) -> None:
+    """Write a checkpoint as ``neoembed train`` does (:mod:`neoembed.runs`): transformers' ``write()`` into a
+    staging folder, sealed with a checksum marker, renamed; the newest checkpoint and the best one stay. A kill
+    leaves the previous checkpoints whole, and a resume skips a torn one."""
+    step, output = trainer.state.global_step, Path(trainer.args.output_dir)
+    staged = stage_checkpoint(output, step)
+    trainer.neoembed_staging = staged
+    try:
+        write()
+    except Exception as e:  # a full disk, say: the staging folder goes, the last checkpoint stays
+        raise write_failed(staged, step, e) from e
+    finally:
+        trainer.neoembed_staging = None
+    best = trainer.state.best_global_step or None
+    if best:  # transformers named the best checkpoint under the staging folder: its final place instead
+        trainer.state.best_model_checkpoint = str(output / f"checkpoint-{best}")
+        trainer.state.save_to_json(str(staged / f"checkpoint-{step}" / "trainer_state.json"))
+    commit_checkpoint(staged / f"checkpoint-{step}", step, 1, output=output, protect=best)
+    shutil.rmtree(staged, ignore_errors=True)
+
+
+def _stop_callback(stop: StopSignal):
+    """On SIGTERM or Ctrl-C: finish the current step, write a checkpoint, stop (as ``neoembed train``)."""
+    from transformers import TrainerCallback
+
+    class StopCallback(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if stop.received is not None:
+                control.should_save, control.should_training_stop = True, True
+
+    return StopCallback()
+
+
+def _trainer(recipe: GlueRecipe, task: GlueTask, model, tokenizer, data, out: Path, stop: StopSignal):
     import torch
     from transformers import DataCollatorWithPadding, EarlyStoppingCallback, Trainer
 
     class GlueTrainer(Trainer):
-        """The official GLUE schedule instead of the Trainer's named ones."""
+        """The official GLUE schedule instead of the Trainer's named ones; sealed checkpoints."""
+
+        neoembed_staging: Path | None = None
 
         def create_scheduler(self, num_training_steps: int, optimizer=None):
             if self.lr_scheduler is None:
@@ -178,6 +226,15 @@ def _trainer(recipe: GlueRecipe, task: GlueTask, model, tokenizer, data, out: Pa
                     optimizer or self.optimizer, lambda step: lr_lambda(step, num_training_steps, recipe)
                 )
             return self.lr_scheduler
+
+        def _get_output_dir(self, trial):
+            # transformers writes a checkpoint into <this>/checkpoint-N: the staging folder while one is written
+            if self.neoembed_staging is not None:
+                return str(self.neoembed_staging)
+            return super()._get_output_dir(trial)
+
+        def _save_checkpoint(self, model, trial):
+            _save_sealed(self, lambda: super(GlueTrainer, self)._save_checkpoint(model, trial))
 
     evaluation = {s: data[s] for s in task.validation}
     return GlueTrainer(
@@ -188,8 +245,21 @@ def _trainer(recipe: GlueRecipe, task: GlueTask, model, tokenizer, data, out: Pa
         data_collator=DataCollatorWithPadding(tokenizer),
         processing_class=tokenizer,
         compute_metrics=lambda p: compute_metrics(task, p.predictions, p.label_ids),
-        callbacks=[EarlyStoppingCallback(early_stopping_patience=recipe.patience)],
+        callbacks=[EarlyStoppingCallback(early_stopping_patience=recipe.patience), _stop_callback(stop)],
     )
+
+
+def _resume_point(folder: Path) -> Path | None:
+    """The newest complete checkpoint in ``folder`` (:func:`neoembed.runs.find_resume_checkpoint`: torn ones are
+    skipped and named), or None: the run starts at its first step (also when every checkpoint there is torn)."""
+    if not folder.is_dir() or not (list_checkpoints(folder) or any(folder.glob(".checkpoint-*.partial"))):
+        return None
+    try:
+        return find_resume_checkpoint(folder)
+    except ValueError as e:  # OutputDirError: nothing complete to continue from
+        print(f"resume: {e}; this run starts again from its first step", file=sys.stderr)
+        shutil.rmtree(folder)
+        return None
 
 
 def run_one(
@@ -204,12 +274,16 @@ def run_one(
     check_columns(task, splits)
     tokenizer = AutoTokenizer.from_pretrained(model)
     data = _tokenized(task, splits, tokenizer, recipe.max_length)
-    trainer = _trainer(recipe, task, _load_model(task, model, transfer), tokenizer, data, out)
-    resume = any((out / "checkpoints").glob("checkpoint-*"))
-    trainer.train(resume_from_checkpoint=True if resume else None)
+    stop = StopSignal()
+    trainer = _trainer(recipe, task, _load_model(task, model, transfer), tokenizer, data, out, stop)
+    checkpoint = _resume_point(out / "checkpoints")
+    with stop:
+        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
+    if stop.received is not None:
+        done = [c for c in list_checkpoints(out / "checkpoints") if verify_checkpoint(c) is None]
+        raise TrainingInterrupted(stop.received, done[-1] if done else None)
     results = {split: _evaluate(trainer, task, data[split]) for split in task.validation}
-    trainer.save_model(str(out / "model"))
-    shutil.rmtree(out / "checkpoints", ignore_errors=True)  # the best one is out/model now
+    save_final_model(out, lambda staged: trainer.save_model(str(staged / "model")))  # all or nothing
     summary = {
         "task": task.display,
         "score": task_score(task, results),
@@ -221,6 +295,7 @@ def run_one(
         "model": model,
     }
     atomic_write_text(out / RESULTS, json.dumps(summary, indent=2) + "\n")
+    shutil.rmtree(out / "checkpoints", ignore_errors=True)  # the best one is out/model now
     return summary
 
 

@@ -162,9 +162,13 @@ def score_command(
         config = ScoreConfig(**settings)
     except ValidationError as e:
         raise ValueError(format_validation_error(e, ScoreConfig, "neoembed score options")) from None
-    result = score_card(
-        card, teacher, out, config=config, resume=resume, overwrite=overwrite, card_dirs=card_dir or []
-    )
+    from neoembed.runs import output_lock
+
+    # a second scoring run (or resume) into this folder is refused before it touches it
+    with output_lock(out, what="--out"):
+        result = score_card(
+            card, teacher, out, config=config, resume=resume, overwrite=overwrite, card_dirs=card_dir or []
+        )
     typer.echo(f"wrote {result.card} and {result.data.name}: {result.rows} rows scored by a {result.kind}")
     typer.echo(
         f"distil from it: neoembed train RECIPE 'datasets=[{{card: {result.card}}}]' distillation.loss=margin_mse"

@@ -51,7 +51,7 @@ from neoembed.recipe import StrictModel, format_validation_error
 from neoembed.record import atomic_write_text, file_sha256
 from neoembed.runs import OutputDirError, prepare_output_dir, require_module
 
-__all__ = ["MineConfig", "MineResult", "mine_negatives"]
+__all__ = ["MineConfig", "MineResult", "check_model_kind", "mine_negatives", "model_kind"]
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +101,49 @@ class MineConfig(StrictModel):
         return self
 
 
+def model_kind(path: str | Path) -> tuple[str, str] | None:
+    """What a local model folder is, as sentence-transformers' ``CrossEncoder`` itself tells: with
+    ``modules.json``, the ``model_type`` of ``config_sentence_transformers.json`` (``SentenceTransformer`` when
+    absent; only ``CrossEncoder`` is a cross-encoder, anything else is converted with a new, random score head);
+    without it, a Hugging Face checkpoint whose ``architectures`` is a ``...ForSequenceClassification`` (the head
+    a cross-encoder scores with) or an encoder without one. ``(kind, why)``, or None for a hub id or an
+    unrecognised folder."""
+    folder = Path(path)
+    if (folder / "modules.json").is_file():
+        st_config = folder / "config_sentence_transformers.json"
+        model_type = "SentenceTransformer"
+        if st_config.is_file():
+            with contextlib.suppress(ValueError, OSError, AttributeError):
+                model_type = json.loads(st_config.read_text()).get("model_type") or model_type
+        kind = "cross-encoder" if model_type == "CrossEncoder" else "bi-encoder"
+        return kind, f"a sentence-transformers {model_type} folder (modules.json)"
+    if (folder / "config.json").is_file():
+        with contextlib.suppress(ValueError, OSError, AttributeError):
+            architectures = json.loads((folder / "config.json").read_text()).get("architectures") or []
+            if any(str(a).endswith("ForSequenceClassification") for a in architectures):
+                return "cross-encoder", f"a sequence-classification checkpoint ({', '.join(architectures)})"
+            named = f" ({', '.join(architectures)})" if architectures else ""
+            return "bi-encoder", f"an encoder checkpoint without a score head{named}"
+    return None
+
+
+def check_model_kind(path: str | Path, wanted: str, flag: str) -> None:
+    """Refuse (ValueError, exit 2) a local model of the wrong kind for ``flag``'s role, before it loads: a
+    cross-encoder built on a bi-encoder scores with a randomly initialised head, and a bi-encoder built on a
+    cross-encoder embeds with a backbone trained for another task."""
+    found = model_kind(path)
+    if found is None or found[0] == wanted:
+        return
+    kind, why = found
+    if wanted == "cross-encoder":
+        effect = "it has no trained score head: a cross-encoder built on it would score with a random one"
+        fix = "a CrossEncoder folder or a ...ForSequenceClassification checkpoint"
+    else:
+        effect = "it reads a query and a document together and scores the pair; it embeds neither alone"
+        fix = "a bi-encoder (a SentenceTransformer folder or an encoder checkpoint)"
+    raise ValueError(f"{flag} {path} is a {kind}, {why}, not a {wanted}: {effect}. Pass {fix}")
+
+
 @dataclass(frozen=True)
 class MineResult:
     card: Path  # OUT/<name>.yaml
@@ -137,6 +180,9 @@ def mine_negatives(
     """
     cfg = config or MineConfig()
     require_module("faiss", "faiss", "neoembed mine")  # its index; checked before any model loads
+    check_model_kind(model, "bi-encoder", "--model")  # each model fits its role, before either loads
+    if cfg.cross_encoder is not None:
+        check_model_kind(cfg.cross_encoder, "cross-encoder", "--cross-encoder")
     out = Path(out)
     src_path = find_card(card, list(card_dirs))
     src, folder = load_card(src_path)

@@ -26,7 +26,7 @@ import yaml
 from pydantic import Field
 
 from neoembed.data.cards import DataCard, DataCardError, build_pairs, find_card, load_card, load_rows
-from neoembed.mine.miner import _prepare_output_dir
+from neoembed.mine.miner import _prepare_output_dir, check_model_kind, model_kind
 from neoembed.progress import bar as progress_bar
 from neoembed.recipe import StrictModel
 from neoembed.record import atomic_write_text, file_sha256
@@ -57,22 +57,17 @@ class ScoreResult:
 
 
 def teacher_kind(teacher: str, kind: str = "auto") -> str:
-    """``kind``, or for ``auto`` what the folder holds: a cross-encoder (a sentence-transformers CrossEncoder, or
-    a sequence-classification checkpoint) or a bi-encoder."""
+    """``kind``, or for ``auto`` what the folder holds (:func:`neoembed.mine.miner.model_kind`: a
+    sentence-transformers CrossEncoder or a sequence-classification checkpoint is a cross-encoder, anything else
+    a bi-encoder). A local folder of the other kind than ``kind`` names is refused, before it loads."""
+    found = model_kind(teacher)
     if kind != "auto":
+        if found is not None and found[0] != kind:
+            check_model_kind(teacher, kind, "--teacher")  # raises, naming the folder's kind and why
         return kind
-    path = Path(teacher)
-    st_config = path / "config_sentence_transformers.json"
-    if st_config.is_file():
-        model_type = json.loads(st_config.read_text()).get("model_type", "")
-        if model_type:
-            return "cross-encoder" if model_type == "CrossEncoder" else "bi-encoder"
-    config = path / "config.json"
-    if config.is_file() and not (path / "modules.json").is_file():
-        architectures = json.loads(config.read_text()).get("architectures") or []
-        if any(a.endswith("ForSequenceClassification") for a in architectures):
-            return "cross-encoder"
-    if path.exists():
+    if found is not None:
+        return found[0]
+    if Path(teacher).exists():
         return "bi-encoder"
     raise ValueError(
         f"--kind auto cannot tell what the hub model {teacher!r} is: pass --kind cross-encoder or bi-encoder"

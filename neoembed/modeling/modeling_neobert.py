@@ -780,6 +780,10 @@ class NeoBERTForMaskedLM(NeoBERTPreTrainedModel):
         return_dict: bool | None = None,
         **kwargs,
     ) -> MaskedLMOutput | tuple:
+        """Logits (B, L, vocab), or (1, T, vocab) for packed input; with ``labels`` of the same leading shape (-100
+        = not masked), the cross-entropy loss too: the mean over masked tokens, or their sum over
+        ``num_items_in_batch`` (the Trainer's count over all accumulated micro-batches)."""
+        num_items = kwargs.pop("num_items_in_batch", None)
         out = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -796,7 +800,11 @@ class NeoBERTForMaskedLM(NeoBERTPreTrainedModel):
                 raise ValueError(
                     f"labels shape {tuple(labels.shape)} does not match logits {tuple(logits.shape[:-1])}"
                 )
-            loss = F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), ignore_index=-100)
+            flat = logits.flatten(0, -2).float(), labels.flatten()
+            if num_items is None:
+                loss = F.cross_entropy(*flat, ignore_index=-100)
+            else:
+                loss = F.cross_entropy(*flat, ignore_index=-100, reduction="sum") / num_items
         result = MaskedLMOutput(
             loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions
         )

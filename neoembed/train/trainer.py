@@ -30,7 +30,14 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
-from neoembed.adapters import add_lora, count_parameters, merge_lora, require_peft, save_adapter
+from neoembed.adapters import (
+    add_lora,
+    count_parameters,
+    load_training_checkpoint,
+    merge_lora,
+    require_peft,
+    save_adapter,
+)
 from neoembed.data.cards import DataCardError, explain_data_errors, find_card, load_card, prepare_card
 from neoembed.data.check import require_hub
 from neoembed.data.sampler import (
@@ -347,10 +354,34 @@ def _nan_at_this_step(state) -> bool:
     )
 
 
+class _CheckpointLoads:
+    """Mixed into the unified trainer (before sentence-transformers' trainer): how a checkpoint's weights come
+    back, on resume and for keep_best's final model."""
+
+    def _load_from_checkpoint(self, checkpoint_path: str) -> None:
+        # a LoRA run's checkpoints hold PEFT's layer names, which sentence-transformers' fresh model lacks
+        model = getattr(self.model, "_orig_mod", self.model)
+        if getattr(model, "neoembed_lora_config", None) is None:
+            return super()._load_from_checkpoint(checkpoint_path)
+        return load_training_checkpoint(model, checkpoint_path)
+
+    def _load_best_model(self):
+        # sentence-transformers logs a failed load and goes on with the last step's weights while the state
+        # and the model card name the best step: a best step without its checkpoint stops the run instead
+        best, folder = self.state.best_global_step, self.state.best_model_checkpoint
+        if not folder or Path(folder).name != f"checkpoint-{best}" or not Path(folder).is_dir():
+            raise TrainingStopped(
+                f"keep_best: the best step {best} has no checkpoint ({folder}); no final model was saved. "
+                "Evaluate only at saved steps (eval.steps a multiple of save_steps)"
+            )
+        self.model.model_card_data.set_best_model_step(best)
+        self._load_from_checkpoint(folder)
+
+
 def _trainer_class():
     from sentence_transformers import SentenceTransformerTrainer
 
-    class UnifiedTrainer(SentenceTransformerTrainer):
+    class UnifiedTrainer(_CheckpointLoads, SentenceTransformerTrainer):
         """Per-dataset batch sizes, the sampler handed to the metrics callback (through ``samplers``) for logging
         which dataset each step used, and checkpoints written to a staging folder, sealed with a checksum marker
         and renamed (neoembed.runs). All of it travels as constructor arguments, per trainer."""
@@ -502,7 +533,7 @@ def _training_args(recipe: UnifiedRecipe, output: Path, full_sizes: list[int]):
     from sentence_transformers import SentenceTransformerTrainingArguments
 
     opt = recipe.optimizer
-    return SentenceTransformerTrainingArguments(
+    args = SentenceTransformerTrainingArguments(
         output_dir=str(output),
         max_steps=recipe.steps,
         per_device_train_batch_size=recipe.batch_size,
@@ -533,11 +564,17 @@ def _training_args(recipe: UnifiedRecipe, output: Path, full_sizes: list[int]):
         disable_tqdm=not _is_terminal(),  # a bar on a terminal; elsewhere _PlainProgress's lines
         dataloader_pin_memory=torch.cuda.is_available(),
     )
+    # keep_best: set after the arguments' own check, which asks the opposite of ours (save_steps a multiple of
+    # eval_steps, so an evaluated step may have no checkpoint); check_keep_best asks for a checkpoint at every
+    # evaluated step, and transformers then always finds the best one to load
+    args.load_best_model_at_end = recipe.keep_best is not None
+    return args
 
 
 def _eval_args(recipe: UnifiedRecipe) -> dict:
     """Evaluation every ``eval.steps`` (the evaluator is neoembed.eval.training's) and, with ``keep_best``,
-    transformers' best-model tracking, which survives a resume in trainer_state.json."""
+    transformers' best-model tracking, which survives a resume in trainer_state.json (``load_best_model_at_end``
+    is set by :func:`_training_args`)."""
     if recipe.eval is None:
         return {"eval_strategy": "no"}
     out = {"eval_strategy": "steps", "eval_steps": recipe.eval.steps}
@@ -545,7 +582,6 @@ def _eval_args(recipe: UnifiedRecipe) -> dict:
         out |= {
             "metric_for_best_model": f"eval_{recipe.keep_best.metric}",
             "greater_is_better": recipe.keep_best.mode == "max",
-            "load_best_model_at_end": True,
         }
     return out
 
