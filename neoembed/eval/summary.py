@@ -54,15 +54,29 @@ def summarize(results: dict[str, dict], model: str, full_suite: dict[str, int] |
 
 
 #: Result settings that change scores: two runs are comparable only when each is the same in both.
-COMPARED_SETTINGS = ("instructions", "precision", "backend", "embedding_precision", "rescore")
-#: what a result file written before a setting was recorded ran with
+COMPARED_SETTINGS = (
+    "instructions",
+    "precision",
+    "truncate_dim",
+    "max_length",
+    "backend",
+    "embedding_precision",
+    "rescore",
+)
+#: what a result file written before a setting was recorded ran with, where only one value existed then
 SETTING_DEFAULTS = {"embedding_precision": "fp32", "rescore": "none", "backend": "torch"}
+
+
+def _shown(key: str, value) -> str:
+    if key == "truncate_dim" and value is None:
+        return "full"
+    return str(value)
 
 
 def _setting(results: dict[str, dict], key: str) -> str:
     """One run's value of a setting over its tasks ("a + b" when its tasks were scored differently)."""
     values = sorted(
-        {str(entry.get(key, SETTING_DEFAULTS.get(key, "unrecorded"))) for entry in results.values()}
+        {_shown(key, entry.get(key, SETTING_DEFAULTS.get(key, "unrecorded"))) for entry in results.values()}
     )
     return " + ".join(values) if values else "none"
 
@@ -78,7 +92,8 @@ def _settings_line(rows: list[dict]) -> str:
     )
     return (
         f"Instructions: {', '.join(said['instructions'])} · precision: {', '.join(said['precision'])} · "
-        f"backend: {', '.join(said['backend'])} · "
+        f"dims: {', '.join(said['truncate_dim'])} · "
+        f"max length: {', '.join(said['max_length'])} · backend: {', '.join(said['backend'])} · "
         f"embeddings: {', '.join(said['embedding_precision'])} · rescore: {', '.join(said['rescore'])}{note} "
         "(`--instructions none` scores a model without task instructions)\n\n"
     )
