@@ -729,7 +729,7 @@ def _not_reused(tmp_path, task: Path, first: dict, then: dict, setting: str, mod
     assert on_disk["main_score"] == fresh["main_score"]
     # the record says what the results hold: every setting the result records, the task as scored by this run
     record = load_json(out / "run_record.json")
-    for key in ("truncate_dim", "precision", "backend", "embedding_precision", "max_length"):
+    for key in ("truncate_dim", "precision", "backend", "embedding_precision", "query_prompt", "max_length"):
         assert record[key] == on_disk[key], key
     assert record["tasks"] == [name] and record["reused"] == []
     # the same settings again: reused, and the record says so
@@ -823,3 +823,69 @@ def test_a_result_without_recorded_settings_is_not_reused(minilm, sts_slice, tmp
         _run(minilm, out, tasks=[str(other)], name=PACKAGED)
     report = _run(minilm, out, tasks=[str(other)], name=PACKAGED, overwrite=True)
     assert set(report.scores) == {"MySTS"} and not (out / "STS16.json").exists()
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Issue #44: --query-prompt saved|none|TEXT: where a task gives no instruction, its queries get the model's own
+# saved query prompt (default), none, or the text given; every result and the summary's first line say which.
+
+SAVED_PROMPT = "Represent this question for searching relevant answers: "
+
+
+def test_query_prompt_saved_none_and_text_reach_the_queries(minilm_path, small, tmp_path):
+    import neoembed
+
+    model = neoembed.load(minilm_path, prompts={"query": SAVED_PROMPT, "document": ""})
+    prompts_before = dict(model.prompts)
+    task = small / "eval" / "TrecQA"  # a reranking card without instruction
+    encoded = []
+    encode_query = model.encode_query
+
+    def spy(sentences, **kwargs):
+        encoded.append(kwargs.get("prompt"))
+        return encode_query(sentences, **kwargs)
+
+    model.encode_query = spy
+    entries = {}
+    for spec in ("saved", "none", SAVED_PROMPT, "query: "):
+        encoded.clear()
+        out = tmp_path / str(len(entries))
+        entries[spec] = _run(model, out, tasks=[str(task)], query_prompt=spec).scores["TrecQA"]
+        want = {"saved": SAVED_PROMPT, "none": ""}.get(spec, spec)
+        assert set(encoded) == {want}, spec  # what the queries were encoded with
+        assert entries[spec]["query_prompt"] == want and entries[spec]["prompts"]["Reranking-query"] == want
+        assert entries[spec]["query_prompt_source"] == {"saved": "saved", "none": "none"}.get(spec, "given")
+        write_summary(out, "m")
+        head = (out / "summary.md").read_text().splitlines()[0]
+        label = {"saved": f'saved "{SAVED_PROMPT}"', "none": "none"}.get(spec, json.dumps(spec))
+        assert f"query prompt: {label} ·" in head, head
+    assert dict(model.prompts) == prompts_before  # mteb's wrapper replaced them during the run: put back
+    scores = {spec: e["main_score"] for spec, e in entries.items()}
+    assert scores["saved"] == scores[SAVED_PROMPT] and scores["saved"] != scores["none"] != scores["query: "]
+
+
+def test_query_prompt_leaves_task_instructions_and_symmetric_tasks_alone(minilm_path, small, tmp_path):
+    """A task with an instruction keeps it; an STS task (no query side) gets no prompt, as in mteb; the prompt is
+    a reuse setting: the same folder with another prompt is refused, the same text given explicitly is reused."""
+    import neoembed
+    from neoembed.runs import OutputDirError
+
+    model = neoembed.load(minilm_path, prompts={"query": SAVED_PROMPT, "document": ""})
+    cards = tmp_path / "cards"
+    _card_dir(tmp_path, small / "eval", "TrecQA", "Reranking", instruction="Find the answer.")
+    _card_dir(tmp_path, small / "mteb", "STS16", "STS")
+    report = _run(model, tmp_path / "out", data_dir=cards, instructions="paper")
+    assert report.scores["TrecQA"]["prompts"] == {
+        "Reranking-query": "Find the answer. ",
+        "Reranking-document": "",
+    }
+    assert report.scores["STS16"]["prompts"] == {"STS16": "Retrieve semantically similar text. "}
+    plain = _run(model, tmp_path / "plain", data_dir=cards, instructions="none", tasks=["STS16"])
+    assert (
+        plain.scores["STS16"]["prompts"] == {"STS16": ""}
+        and plain.scores["STS16"]["query_prompt"] == SAVED_PROMPT
+    )
+    with pytest.raises(OutputDirError, match=r"query_prompt \(--query-prompt\)"):
+        _run(model, tmp_path / "out", data_dir=cards, instructions="paper", query_prompt="none")
+    again = _run(model, tmp_path / "out", data_dir=cards, instructions="paper", query_prompt=SAVED_PROMPT)
+    assert sorted(again.skipped) == ["STS16", "TrecQA"]

@@ -1,8 +1,8 @@
 """Whether a results folder's finished tasks may stand for a new run of ``neoembed mteb``.
 
 Every ``<task>.json`` records the settings that changed its score (:func:`neoembed.eval.runner.scoring_settings`:
-instruction set, precision, backend, embedding precision and rescoring, truncate_dim, max length; per task its
-instruction and the prompts mteb got). A folder holds one model's scores under one set of settings:
+instruction set, precision, backend, embedding precision and rescoring, truncate_dim, max length, the query prompt;
+per task its instruction and the prompts mteb got). A folder holds one model's scores under one set of settings:
 the summary averages every result in it and the run record describes them all. So a run whose settings differ
 from any result already there is refused, naming each setting, before a task runs (and, where the setting is
 known before the model loads, before it loads); with ``--overwrite`` those results are removed first and the
@@ -31,9 +31,10 @@ FLAGS = {
     "rescore": "--rescore / --rescore-docs",
     "truncate_dim": "--truncate-dim",
     "max_length": "--max-length",
+    "query_prompt": "--query-prompt",
     "cde_context": "--cde-context",
     "instruction": "the task's instruction (--instructions, or its card)",
-    "prompts": "the task's prompts (--instructions)",
+    "prompts": "the task's prompts (--instructions, --query-prompt)",
 }
 
 
@@ -83,7 +84,7 @@ def _show(key: str, value) -> str:
         return "unrecorded (written before neoembed recorded it)"
     if key == "truncate_dim" and value is None:
         return "none (every dimension)"
-    if key in ("instruction", "prompts"):
+    if key in ("query_prompt", "instruction", "prompts"):
         return json.dumps(value, ensure_ascii=False)
     return str(value)
 

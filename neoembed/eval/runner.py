@@ -43,6 +43,7 @@ __all__ = ["EvalConfig", "EvalReport", "resolve_tasks", "run_mteb", "task_folder
 logger = logging.getLogger(__name__)
 PRECISIONS = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": None}
 EMBEDDING_PRECISIONS = ("fp32", "int8", "binary")
+QUERY_PROMPT_SAVED, QUERY_PROMPT_NONE = "saved", "none"
 
 
 @dataclass
@@ -69,6 +70,9 @@ class EvalConfig:
     backend: str = "torch"  # "onnx": a folder written by neoembed export, served by ONNX Runtime
     onnx_file: str | None = None  # the graph in its onnx/ folder (default model.onnx), e.g. an int8 one
     quantize: str | None = None  # "int8": the torch model's linear layers in dynamic int8 (CPU)
+    # where a task gives no instruction, the prompt before its queries: "saved" (the model's own saved "query"
+    # prompt, sentence-transformers' model.prompts["query"]), "none" (no prompt) or the text itself
+    query_prompt: str = QUERY_PROMPT_SAVED
 
 
 @dataclass
@@ -405,10 +409,25 @@ def _check_settings(cfg: EvalConfig) -> None:
         raise ValueError(f"cde_context must be 'corpus' or 'null', got {cfg.cde_context!r}")
 
 
+def query_prompt_text(spec: str, model) -> str:
+    """The prompt before the queries of a task that gives no instruction: for ``"saved"`` the model's own saved
+    ``query`` prompt (sentence-transformers' ``model.prompts["query"]``; "" where it saved none), "" for
+    ``"none"``, else ``spec`` itself, a prefix used as written (as a sentence-transformers prompt is)."""
+    if spec == QUERY_PROMPT_NONE:
+        return ""
+    if spec == QUERY_PROMPT_SAVED:
+        return (getattr(model, "prompts", None) or {}).get("query") or ""
+    return spec
+
+
+def _query_prompt_source(spec: str) -> str:
+    return spec if spec in (QUERY_PROMPT_SAVED, QUERY_PROMPT_NONE) else "given"
+
+
 def scoring_settings(cfg: EvalConfig, label: str, model=None, precision: str | None = None) -> dict:
     """The run's settings that change a score, as every result records them: a finished result is reused only
     under the same ones (:mod:`neoembed.eval.reuse`). Before the model loads (``model`` None), those known then.
-    The width and length are read from the model itself, so a model loaded by the caller is
+    The width, length and saved prompt are read from the model itself, so a model loaded by the caller is
     described as it is."""
     from neoembed.eval.rescore import rescore_label
 
@@ -424,9 +443,12 @@ def scoring_settings(cfg: EvalConfig, label: str, model=None, precision: str | N
     if model is None:
         if cfg.max_length:
             settings["max_length"] = cfg.max_length
+        if cfg.query_prompt != QUERY_PROMPT_SAVED:
+            settings["query_prompt"] = query_prompt_text(cfg.query_prompt, None)
         return settings
     settings["truncate_dim"] = getattr(model, "truncate_dim", None)
     settings["max_length"] = getattr(model, "max_seq_length", None)
+    settings["query_prompt"] = query_prompt_text(cfg.query_prompt, model)
     if _is_cde(model):
         settings["cde_context"] = cfg.cde_context
     return settings
@@ -449,10 +471,15 @@ def _task_instruction(task, card_instruction: str | None, label: str, instructio
     return instruction if instruction is not None else paper_type_instruction(ttype, label)
 
 
-def _task_prompts(cfg: EvalConfig, task, instruction: str | None) -> dict[str, str]:
-    """The prompts mteb gets for ``task``: its instruction's (empty ones where it gives none)."""
+def _task_prompts(cfg: EvalConfig, task, instruction: str | None, query_prompt: str) -> dict[str, str]:
+    """The prompts mteb gets for ``task``: its instruction's; where it gives none, ``query_prompt`` before the
+    queries of a retrieval or reranking task. Symmetric tasks (STS, pair classification, classification,
+    clustering) encode every text alike with no prompt, as mteb and sentence-transformers' ``encode`` do."""
     name, ttype = task.metadata.name, task.metadata.type
-    return task_prompts(name, ttype, instruction, cfg.template, registered=_is_registered(name))
+    prompts = task_prompts(name, ttype, instruction, cfg.template, registered=_is_registered(name))
+    if not instruction:
+        prompts = {k: query_prompt if k.endswith("-query") else v for k, v in prompts.items()}
+    return prompts
 
 
 def _score_task(
@@ -471,6 +498,7 @@ def _score_task(
         "wall_time_s": round(time.perf_counter() - t0, 3),
         **settings,
         **_rescore_fields(cfg, task),
+        "query_prompt_source": _query_prompt_source(cfg.query_prompt),
         "instruction": instruction,
         "prompts": prompts,
         "embedding_dim": dims[0] if len(dims) == 1 else dims,  # the width of the embeddings mteb scored
@@ -484,6 +512,7 @@ def _record_extra(cfg: EvalConfig, settings: dict, device: str, model) -> dict:
     the tasks this run scored and those it reused."""
     extra = {
         **settings,
+        "query_prompt_source": _query_prompt_source(cfg.query_prompt),
         "rescore": cfg.rescore,
         "rescore_docs": cfg.rescore_docs if cfg.rescore else None,
         "rescore_label": settings["rescore"],
@@ -497,7 +526,7 @@ def _record_extra(cfg: EvalConfig, settings: dict, device: str, model) -> dict:
 
 
 def run_mteb(cfg: EvalConfig, model=None) -> EvalReport:
-    """Evaluate ``cfg.model`` (or an already loaded ``model``) on the configured tasks.
+    """Evaluate ``cfg.model`` (or an already loaded ``model``, left as it was given) on the configured tasks.
 
     A finished task's result is reused only when it was scored with this run's settings (:func:`scoring_settings`,
     its instruction and prompts); a folder that holds results of other settings is refused, or with
@@ -521,7 +550,12 @@ def run_mteb(cfg: EvalConfig, model=None) -> EvalReport:
         model = _load_model(cfg)
     else:
         _check_given_model(cfg, model)
-    return _run_plan(cfg, model, plan, label, output)
+    prompts = getattr(model, "prompts", None)
+    try:
+        return _run_plan(cfg, model, plan, label, output)
+    finally:  # mteb's wrapper replaces the model's prompts with the task's
+        if prompts is not None:
+            model.prompts = prompts
 
 
 def _run_plan(cfg: EvalConfig, model, plan: list, label: str, output: Path) -> EvalReport:
@@ -535,7 +569,7 @@ def _run_plan(cfg: EvalConfig, model, plan: list, label: str, output: Path) -> E
             "running %s autocast on CPU (slow); the paper's fp16 evaluation ran on GPUs", precision
         )
     settings = scoring_settings(cfg, label, model, precision)
-    prompts = {t.metadata.name: _task_prompts(cfg, t, i) for t, i in plan}
+    prompts = {t.metadata.name: _task_prompts(cfg, t, i, settings["query_prompt"]) for t, i in plan}
     per_task = {t.metadata.name: {"instruction": i, "prompts": prompts[t.metadata.name]} for t, i in plan}
     check_reuse(output, settings, per_task, overwrite=cfg.overwrite)
     report = EvalReport()
