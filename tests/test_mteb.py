@@ -695,3 +695,197 @@ def test_rescore_is_recorded_ignored_outside_search_tasks_and_never_compared_wit
 
 def load_json(path: Path) -> dict:
     return json.loads(path.read_text())
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Issue #43, bad case 1: a finished result is reused only under the settings that produced it. Each case scores a
+# task with one setting, then asks the same folder for another: refused naming the setting (results and record
+# untouched), and with overwrite re-scored to what a fresh run of the second setting scores.
+
+PACKAGED = "packaged:all-MiniLM-L6-v2"
+
+
+def _not_reused(tmp_path, task: Path, first: dict, then: dict, setting: str, model: str = PACKAGED) -> dict:
+    """``task`` (a card folder) scored with ``first``, then asked for with ``then``; returns the entries of
+    "first", "overwritten" and "fresh"."""
+    from neoembed.runs import OutputDirError
+
+    out = tmp_path / "out"
+    base = {"model": model, "tasks": [str(task)], "instructions": "none", "precision": "fp32"}
+    name = task.name
+    first_entry = run_mteb(EvalConfig(output=out, **base, **first)).scores[name]
+    result, record = (out / f"{name}.json").read_text(), (out / "run_record.json").read_text()
+    with pytest.raises(
+        OutputDirError, match=rf"(?s)other settings.*{setting} \(--{setting.replace('_', '-')}"
+    ):
+        run_mteb(EvalConfig(output=out, **base, **then))
+    assert (out / f"{name}.json").read_text() == result  # nothing re-written under the wrong settings
+    assert (out / "run_record.json").read_text() == record
+    overwritten = run_mteb(EvalConfig(output=out, overwrite=True, **base, **then))
+    fresh = run_mteb(EvalConfig(output=tmp_path / "fresh", **base, **then)).scores[name]
+    entry = overwritten.scores[name]
+    assert not overwritten.skipped and entry["main_score"] == fresh["main_score"]
+    on_disk = load_json(out / f"{name}.json")
+    assert on_disk["main_score"] == fresh["main_score"]
+    # the record says what the results hold: every setting the result records, the task as scored by this run
+    record = load_json(out / "run_record.json")
+    for key in ("truncate_dim", "precision", "backend", "embedding_precision", "query_prompt", "max_length"):
+        assert record[key] == on_disk[key], key
+    assert record["tasks"] == [name] and record["reused"] == []
+    # the same settings again: reused, and the record says so
+    again = run_mteb(EvalConfig(output=out, **base, **then))
+    assert again.skipped == [name] and load_json(out / "run_record.json")["reused"] == [name]
+    return {"first": first_entry, "overwritten": entry, "fresh": fresh}
+
+
+@pytest.fixture(scope="module")
+def sts_slice(small) -> Path:
+    return small / "mteb" / "STS16"
+
+
+@pytest.mark.parametrize("dim", [16, 8])
+def test_case1_truncate_dim_result_not_reused(sts_slice, tmp_path, dim):
+    entries = _not_reused(tmp_path, sts_slice, {"truncate_dim": dim}, {}, "truncate_dim")
+    assert entries["first"]["embedding_dim"] == dim and entries["first"]["truncate_dim"] == dim
+    assert entries["overwritten"]["embedding_dim"] == 384 and entries["overwritten"]["truncate_dim"] is None
+    assert entries["first"]["main_score"] != entries["overwritten"]["main_score"]
+
+
+def test_case1_binary_rescore_result_not_reused(small, tmp_path):
+    quantized = {"embedding_precision": "binary", "rescore": 2}
+    entries = _not_reused(tmp_path, small / "eval" / "TrecQA", quantized, {}, "embedding_precision")
+    assert entries["first"]["rescore"] == "2x vs quantized docs" and entries["first"]["rescore_applied"]
+    assert (
+        entries["overwritten"]["embedding_precision"] == "fp32"
+        and entries["overwritten"]["rescore"] == "none"
+    )
+    assert entries["first"]["main_score"] != entries["overwritten"]["main_score"]
+
+
+def test_case1_quantize_int8_result_not_reused(sts_slice, tmp_path):
+    entries = _not_reused(tmp_path, sts_slice, {"quantize": "int8"}, {}, "backend")
+    assert entries["first"]["backend"] == "torch:int8" and entries["overwritten"]["backend"] == "torch"
+    assert entries["first"]["main_score"] != entries["overwritten"]["main_score"]
+
+
+def test_case1_backend_onnx_result_not_reused(minilm_path, sts_slice, tmp_path):
+    from neoembed.export.onnx import export
+
+    export(str(minilm_path), tmp_path / "export")
+    entries = _not_reused(
+        tmp_path, sts_slice, {"backend": "onnx"}, {}, "backend", model=str(tmp_path / "export")
+    )
+    assert entries["first"]["backend"] == "onnx:model.onnx" and entries["overwritten"]["backend"] == "torch"
+    # the fp32 graph scores what torch scores: a reuse would not have shown here, only the record would have lied
+    assert entries["first"]["main_score"] == pytest.approx(entries["overwritten"]["main_score"], abs=1e-5)
+
+
+def test_case1_cli_refuses_then_overwrite_rescores(minilm_path, sts_slice, tmp_path, neoembed_cli):
+    """The issue's command lines: ``--truncate-dim 16``, then the same without it: exit 2 naming the setting (no
+    "skipped", no 16-d score for the full model); with --overwrite, the full model's score, and a summary whose
+    first line says the dims."""
+    out = tmp_path / "t"
+    cli = ["neoembed", "mteb", "--model", PACKAGED, "--tasks", str(sts_slice), "--instructions", "none"]
+    cli += ["--precision", "fp32", "--output", str(out)]
+    r = neoembed_cli.run([*cli, "--truncate-dim", "16"])
+    assert r.returncode == 0, r.stderr
+    short = load_json(out / "STS16.json")
+    assert "dims: 16" in (out / "summary.md").read_text().splitlines()[0]
+    r = neoembed_cli.run(cli)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "truncate_dim (--truncate-dim): the results hold 16 (STS16); this run: none" in r.stderr
+    assert "skipped" not in r.stdout and load_json(out / "STS16.json") == short
+    r = neoembed_cli.run([*cli, "--overwrite"])
+    assert r.returncode == 0, r.stderr
+    full = load_json(out / "STS16.json")
+    assert full["embedding_dim"] == 384 and full["main_score"] != short["main_score"]
+    assert "dims: full" in (out / "summary.md").read_text().splitlines()[0]
+    assert load_json(out / "run_record.json")["truncate_dim"] is None
+
+
+def test_a_result_without_recorded_settings_is_not_reused(minilm, sts_slice, tmp_path):
+    """A result of an older neoembed (no truncate_dim recorded: it may have been 16-d) is not reused under any
+    value; a task of the same folder that this run does not ask for still refuses a mix of settings."""
+    from neoembed.runs import OutputDirError
+
+    out = tmp_path / "out"
+    _run(minilm, out, tasks=[str(sts_slice)], name=PACKAGED)
+    entry = load_json(out / "STS16.json")
+    del entry["truncate_dim"]
+    (out / "STS16.json").write_text(json.dumps(entry))
+    with pytest.raises(OutputDirError, match=r"unrecorded \(written before neoembed recorded it\) \(STS16\)"):
+        _run(minilm, out, tasks=[str(sts_slice)], name=PACKAGED)
+    other = _dataset_card(
+        tmp_path / "MySTS", name="MySTS", task_type="sts", splits={"test": SMALL_ROWS["STS16"]}
+    )
+    (other / "test.jsonl.gz").symlink_to(sts_slice / "test.jsonl.gz")
+    with pytest.raises(OutputDirError, match=r"truncate_dim .*\(STS16\)"):  # a mix in one summary
+        _run(minilm, out, tasks=[str(other)], name=PACKAGED)
+    report = _run(minilm, out, tasks=[str(other)], name=PACKAGED, overwrite=True)
+    assert set(report.scores) == {"MySTS"} and not (out / "STS16.json").exists()
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Issue #44: --query-prompt saved|none|TEXT: where a task gives no instruction, its queries get the model's own
+# saved query prompt (default), none, or the text given; every result and the summary's first line say which.
+
+SAVED_PROMPT = "Represent this question for searching relevant answers: "
+
+
+def test_query_prompt_saved_none_and_text_reach_the_queries(minilm_path, small, tmp_path):
+    import neoembed
+
+    model = neoembed.load(minilm_path, prompts={"query": SAVED_PROMPT, "document": ""})
+    prompts_before = dict(model.prompts)
+    task = small / "eval" / "TrecQA"  # a reranking card without instruction
+    encoded = []
+    encode_query = model.encode_query
+
+    def spy(sentences, **kwargs):
+        encoded.append(kwargs.get("prompt"))
+        return encode_query(sentences, **kwargs)
+
+    model.encode_query = spy
+    entries = {}
+    for spec in ("saved", "none", SAVED_PROMPT, "query: "):
+        encoded.clear()
+        out = tmp_path / str(len(entries))
+        entries[spec] = _run(model, out, tasks=[str(task)], query_prompt=spec).scores["TrecQA"]
+        want = {"saved": SAVED_PROMPT, "none": ""}.get(spec, spec)
+        assert set(encoded) == {want}, spec  # what the queries were encoded with
+        assert entries[spec]["query_prompt"] == want and entries[spec]["prompts"]["Reranking-query"] == want
+        assert entries[spec]["query_prompt_source"] == {"saved": "saved", "none": "none"}.get(spec, "given")
+        write_summary(out, "m")
+        head = (out / "summary.md").read_text().splitlines()[0]
+        label = {"saved": f'saved "{SAVED_PROMPT}"', "none": "none"}.get(spec, json.dumps(spec))
+        assert f"query prompt: {label} ·" in head, head
+    assert dict(model.prompts) == prompts_before  # mteb's wrapper replaced them during the run: put back
+    scores = {spec: e["main_score"] for spec, e in entries.items()}
+    assert scores["saved"] == scores[SAVED_PROMPT] and scores["saved"] != scores["none"] != scores["query: "]
+
+
+def test_query_prompt_leaves_task_instructions_and_symmetric_tasks_alone(minilm_path, small, tmp_path):
+    """A task with an instruction keeps it; an STS task (no query side) gets no prompt, as in mteb; the prompt is
+    a reuse setting: the same folder with another prompt is refused, the same text given explicitly is reused."""
+    import neoembed
+    from neoembed.runs import OutputDirError
+
+    model = neoembed.load(minilm_path, prompts={"query": SAVED_PROMPT, "document": ""})
+    cards = tmp_path / "cards"
+    _card_dir(tmp_path, small / "eval", "TrecQA", "Reranking", instruction="Find the answer.")
+    _card_dir(tmp_path, small / "mteb", "STS16", "STS")
+    report = _run(model, tmp_path / "out", data_dir=cards, instructions="paper")
+    assert report.scores["TrecQA"]["prompts"] == {
+        "Reranking-query": "Find the answer. ",
+        "Reranking-document": "",
+    }
+    assert report.scores["STS16"]["prompts"] == {"STS16": "Retrieve semantically similar text. "}
+    plain = _run(model, tmp_path / "plain", data_dir=cards, instructions="none", tasks=["STS16"])
+    assert (
+        plain.scores["STS16"]["prompts"] == {"STS16": ""}
+        and plain.scores["STS16"]["query_prompt"] == SAVED_PROMPT
+    )
+    with pytest.raises(OutputDirError, match=r"query_prompt \(--query-prompt\)"):
+        _run(model, tmp_path / "out", data_dir=cards, instructions="paper", query_prompt="none")
+    again = _run(model, tmp_path / "out", data_dir=cards, instructions="paper", query_prompt=SAVED_PROMPT)
+    assert sorted(again.skipped) == ["STS16", "TrecQA"]

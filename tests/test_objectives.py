@@ -271,6 +271,13 @@ def test_matryoshka_recipe_trains_saves_and_reloads_truncated(tmp_path, tiny_off
     assert run.exit_code == 0, run.output
     assert json.loads((tmp_path / "mteb" / "summary.json").read_text())["n_tasks"] == 1
     assert json.loads((tmp_path / "mteb" / "run_record.json").read_text())["recipe"]["truncate_dim"] == "16"
+    # the score is the 16-d embeddings' (the lines above pass if the truncation is ignored: #43's bad case 1)
+    short = json.loads((tmp_path / "mteb" / "STS16.json").read_text())
+    assert short["embedding_dim"] == 16 and short["truncate_dim"] == 16
+    run = CliRunner().invoke(app, [*cli, "--output", str(tmp_path / "mteb-full")])
+    assert run.exit_code == 0, run.output
+    full = json.loads((tmp_path / "mteb-full" / "STS16.json").read_text())
+    assert full["embedding_dim"] == 64 and full["main_score"] != short["main_score"]
 
 
 @pytest.fixture(scope="module")

@@ -35,6 +35,14 @@ Instructions = Annotated[
         help="released (the NeoBERT evaluation config, default) | paper (Tables 8-9 as printed) | none | FILE",
     ),
 ]
+QueryPrompt = Annotated[
+    str,
+    typer.Option(
+        "--query-prompt",
+        help="Where a task gives no instruction, the prompt before its queries (retrieval, reranking): saved (the "
+        "model's own saved `query` prompt, default) | none | TEXT (that text, as written).",
+    ),
+]
 Output = Annotated[
     Path | None,
     typer.Option(
@@ -117,6 +125,7 @@ def mteb_command(
         str | None, typer.Option("--precision", help="fp16|bf16|fp32 (default fp16 on CUDA, fp32 on CPU).")
     ] = None,
     instructions: Instructions = "released",
+    query_prompt: QueryPrompt = "saved",
     batch_size: Annotated[int, typer.Option("--batch-size", min=1)] = 32,
     max_length: Annotated[int | None, typer.Option("--max-length", min=1)] = None,
     truncate_dim: Annotated[
@@ -165,6 +174,7 @@ def mteb_command(
             benchmark=benchmark,
             precision=precision,
             instructions=instructions,
+            query_prompt=query_prompt,
             batch_size=batch_size,
             max_length=max_length,
             truncate_dim=truncate_dim,

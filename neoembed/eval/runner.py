@@ -43,6 +43,7 @@ __all__ = ["EvalConfig", "EvalReport", "resolve_tasks", "run_mteb", "task_folder
 logger = logging.getLogger(__name__)
 PRECISIONS = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": None}
 EMBEDDING_PRECISIONS = ("fp32", "int8", "binary")
+QUERY_PROMPT_SAVED, QUERY_PROMPT_NONE = "saved", "none"
 
 
 @dataclass
@@ -69,6 +70,9 @@ class EvalConfig:
     backend: str = "torch"  # "onnx": a folder written by neoembed export, served by ONNX Runtime
     onnx_file: str | None = None  # the graph in its onnx/ folder (default model.onnx), e.g. an int8 one
     quantize: str | None = None  # "int8": the torch model's linear layers in dynamic int8 (CPU)
+    # where a task gives no instruction, the prompt before its queries: "saved" (the model's own saved "query"
+    # prompt, sentence-transformers' model.prompts["query"]), "none" (no prompt) or the text itself
+    query_prompt: str = QUERY_PROMPT_SAVED
 
 
 @dataclass
@@ -282,11 +286,12 @@ def _task_context(cfg: EvalConfig, model, task, output: Path):
     return task_context(model, task, cfg.seed, output / "cde_context", str(cfg.model))
 
 
-def _mteb_wrapper(model, prompts: dict[str, str], context, precision: str = "fp32"):
+def _mteb_wrapper(model, prompts: dict[str, str], context, precision: str = "fp32", seen: dict | None = None):
     """mteb's sentence-transformers wrapper for one task, encoding under ``precision``'s autocast while
     similarities and metrics stay in float32 (an autocast around the whole evaluation would also run
     ``model.similarity``'s matmul in float16, reordering near-tied neighbours). With a CDE ``context``, every
-    encode call of this task carries it as ``dataset_embeddings`` (nothing is left on the model)."""
+    encode call of this task carries it as ``dataset_embeddings`` (nothing is left on the model). ``seen``
+    collects the width of the embeddings mteb scored (``seen["dims"]``: every width met)."""
     from mteb.models import SentenceTransformerEncoderWrapper
 
     class _Wrapper(SentenceTransformerEncoderWrapper):
@@ -294,7 +299,10 @@ def _mteb_wrapper(model, prompts: dict[str, str], context, precision: str = "fp3
             if context is not None:
                 kwargs["dataset_embeddings"] = context
             with _autocast(precision, str(model.device)):
-                return super().encode(inputs, **kwargs)
+                out = super().encode(inputs, **kwargs)
+            if seen is not None:
+                seen.setdefault("dims", set()).add(int(out.shape[-1]))
+            return out
 
     with warnings.catch_warnings():  # mteb nags when a model has no generic query/document prompts
         warnings.simplefilter("ignore", UserWarning)
@@ -336,14 +344,15 @@ def _rescore_fields(cfg: EvalConfig, task) -> dict:
     return fields
 
 
-def _evaluate_task(cfg: EvalConfig, model, task, prompts: dict, precision: str, output: Path):
-    """(mteb's task result, main score) of one task; raises when the task cannot run or scores NaN."""
+def _evaluate_task(cfg: EvalConfig, model, task, prompts: dict, precision: str, output: Path, seen: dict):
+    """(mteb's task result, main score) of one task; raises when the task cannot run or scores NaN. ``seen``
+    collects what the scored embeddings were (see :func:`_mteb_wrapper`)."""
     import mteb
     from mteb.cache import ResultCache
 
     if isinstance(task, _Unresolvable):
         raise task.error
-    wrapper = _mteb_wrapper(model, prompts, _task_context(cfg, model, task, output), precision)
+    wrapper = _mteb_wrapper(model, prompts, _task_context(cfg, model, task, output), precision, seen)
     if _rescores(cfg, task):
         from neoembed.eval.rescore import rescoring_search_model
 
@@ -389,28 +398,140 @@ def backend_label(cfg: EvalConfig) -> str:
     return f"onnx:{cfg.onnx_file or 'model.onnx'}"
 
 
-def _record_extra(cfg: EvalConfig, label: str, precision: str, device: str) -> dict:
-    """The run record's own fields; a bad ``embedding_precision`` fails here, before any task runs."""
+def _check_settings(cfg: EvalConfig) -> None:
+    """The run's own settings, checked before any model loads or task runs."""
     if cfg.embedding_precision not in EMBEDDING_PRECISIONS:
         raise ValueError(
             f"embedding_precision {cfg.embedding_precision!r}: choose one of {', '.join(EMBEDDING_PRECISIONS)}"
         )
     _check_rescore(cfg)
-    return {
+    if cfg.cde_context not in ("corpus", "null"):
+        raise ValueError(f"cde_context must be 'corpus' or 'null', got {cfg.cde_context!r}")
+
+
+def query_prompt_text(spec: str, model) -> str:
+    """The prompt before the queries of a task that gives no instruction: for ``"saved"`` the model's own saved
+    ``query`` prompt (sentence-transformers' ``model.prompts["query"]``; "" where it saved none), "" for
+    ``"none"``, else ``spec`` itself, a prefix used as written (as a sentence-transformers prompt is)."""
+    if spec == QUERY_PROMPT_NONE:
+        return ""
+    if spec == QUERY_PROMPT_SAVED:
+        return (getattr(model, "prompts", None) or {}).get("query") or ""
+    return spec
+
+
+def _query_prompt_source(spec: str) -> str:
+    return spec if spec in (QUERY_PROMPT_SAVED, QUERY_PROMPT_NONE) else "given"
+
+
+def scoring_settings(cfg: EvalConfig, label: str, model=None, precision: str | None = None) -> dict:
+    """The run's settings that change a score, as every result records them: a finished result is reused only
+    under the same ones (:mod:`neoembed.eval.reuse`). Before the model loads (``model`` None), those known then.
+    The width, length and saved prompt are read from the model itself, so a model loaded by the caller is
+    described as it is."""
+    from neoembed.eval.rescore import rescore_label
+
+    settings = {
         "instructions": label,
-        "precision": precision,
         "backend": backend_label(cfg),
         "embedding_precision": cfg.embedding_precision,
-        "rescore": cfg.rescore,
-        "rescore_docs": cfg.rescore_docs if cfg.rescore else None,
-        "device": device,
-        "tasks": [],
+        "rescore": rescore_label(cfg.rescore, cfg.rescore_docs),
+        "truncate_dim": cfg.truncate_dim,
+    }
+    if precision or cfg.precision:
+        settings["precision"] = precision or cfg.precision
+    if model is None:
+        if cfg.max_length:
+            settings["max_length"] = cfg.max_length
+        if cfg.query_prompt != QUERY_PROMPT_SAVED:
+            settings["query_prompt"] = query_prompt_text(cfg.query_prompt, None)
+        return settings
+    settings["truncate_dim"] = getattr(model, "truncate_dim", None)
+    settings["max_length"] = getattr(model, "max_seq_length", None)
+    settings["query_prompt"] = query_prompt_text(cfg.query_prompt, model)
+    if _is_cde(model):
+        settings["cde_context"] = cfg.cde_context
+    return settings
+
+
+def _check_given_model(cfg: EvalConfig, model) -> None:
+    """A model loaded by the caller must be the one ``cfg`` describes where the run would record ``cfg``'s value."""
+    width = getattr(model, "truncate_dim", None)
+    if cfg.truncate_dim is not None and width != cfg.truncate_dim:
+        raise ValueError(
+            f"truncate_dim {cfg.truncate_dim}, but the model given embeds with truncate_dim {width}: load it with "
+            f"neoembed.load(..., truncate_dim={cfg.truncate_dim}), or leave truncate_dim out"
+        )
+
+
+def _task_instruction(task, card_instruction: str | None, label: str, instruction_map: dict) -> str | None:
+    """The instruction a task gets: the set's (or its card's), else the set's for its type; None for none."""
+    name, ttype = task.metadata.name, task.metadata.type
+    instruction = None if label == "none" else instruction_map.get(name, card_instruction)
+    return instruction if instruction is not None else paper_type_instruction(ttype, label)
+
+
+def _task_prompts(cfg: EvalConfig, task, instruction: str | None, query_prompt: str) -> dict[str, str]:
+    """The prompts mteb gets for ``task``: its instruction's; where it gives none, ``query_prompt`` before the
+    queries of a retrieval or reranking task. Symmetric tasks (STS, pair classification, classification,
+    clustering) encode every text alike with no prompt, as mteb and sentence-transformers' ``encode`` do."""
+    name, ttype = task.metadata.name, task.metadata.type
+    prompts = task_prompts(name, ttype, instruction, cfg.template, registered=_is_registered(name))
+    if not instruction:
+        prompts = {k: query_prompt if k.endswith("-query") else v for k, v in prompts.items()}
+    return prompts
+
+
+def _score_task(
+    cfg: EvalConfig, model, task, instruction, prompts: dict, settings: dict, output: Path
+) -> dict:
+    """One task scored: its result entry, which states every setting that produced the score."""
+    seen: dict = {}
+    t0 = time.perf_counter()
+    task_result, score = _evaluate_task(cfg, model, task, prompts, settings["precision"], output, seen)
+    dims = sorted(seen.get("dims", ()))
+    return {
+        "task": task.metadata.name,
+        "type": task.metadata.type,
+        "main_score_name": task.metadata.main_score,
+        "main_score": score,
+        "wall_time_s": round(time.perf_counter() - t0, 3),
+        **settings,
+        **_rescore_fields(cfg, task),
+        "query_prompt_source": _query_prompt_source(cfg.query_prompt),
+        "instruction": instruction,
+        "prompts": prompts,
+        "embedding_dim": dims[0] if len(dims) == 1 else dims,  # the width of the embeddings mteb scored
+        "model": cfg.model,
+        "mteb": _task_result_dict(task_result),
     }
 
 
+def _record_extra(cfg: EvalConfig, settings: dict, device: str, model) -> dict:
+    """The run record's own fields: the settings every result of the folder holds (checked before any task ran),
+    the tasks this run scored and those it reused."""
+    extra = {
+        **settings,
+        "query_prompt_source": _query_prompt_source(cfg.query_prompt),
+        "rescore": cfg.rescore,
+        "rescore_docs": cfg.rescore_docs if cfg.rescore else None,
+        "rescore_label": settings["rescore"],
+        "device": device,
+        "tasks": [],
+        "reused": [],
+    }
+    if _is_cde(model):
+        extra["cde_n_context"] = model.n_context
+    return extra
+
+
 def run_mteb(cfg: EvalConfig, model=None) -> EvalReport:
-    """Evaluate ``cfg.model`` (or an already loaded ``model``) on the configured tasks."""
-    from neoembed.progress import bar as progress_bar
+    """Evaluate ``cfg.model`` (or an already loaded ``model``, left as it was given) on the configured tasks.
+
+    A finished task's result is reused only when it was scored with this run's settings (:func:`scoring_settings`,
+    its instruction and prompts); a folder that holds results of other settings is refused, or with
+    ``cfg.overwrite`` cleared of them (:func:`neoembed.eval.reuse.check_reuse`)."""
+    from neoembed.eval.reuse import check_reuse
     from neoembed.recipe import seed_everything
 
     seed_everything(cfg.seed)
@@ -420,60 +541,62 @@ def run_mteb(cfg: EvalConfig, model=None) -> EvalReport:
     tasks = resolve_tasks(cfg)
     if tasks and all(isinstance(t, _Unresolvable) for t, _ in tasks):  # nothing to run: bad input, exit 2
         raise tasks[0][0].error
-    model = model if model is not None else _load_model(cfg)
+    _check_settings(cfg)
+    plan = [(task, _task_instruction(task, card, label, instruction_map)) for task, card in tasks]
+    if model is None:
+        if not cfg.overwrite:  # results of other settings are refused before the model loads
+            instructions = {t.metadata.name: {"instruction": i} for t, i in plan}
+            check_reuse(output, scoring_settings(cfg, label), instructions, overwrite=False)
+        model = _load_model(cfg)
+    else:
+        _check_given_model(cfg, model)
+    prompts = getattr(model, "prompts", None)
+    try:
+        return _run_plan(cfg, model, plan, label, output)
+    finally:  # mteb's wrapper replaces the model's prompts with the task's
+        if prompts is not None:
+            model.prompts = prompts
+
+
+def _run_plan(cfg: EvalConfig, model, plan: list, label: str, output: Path) -> EvalReport:
+    from neoembed.eval.reuse import check_reuse
+    from neoembed.progress import bar as progress_bar
+
     device = str(model.device)
     precision = _precision(cfg, device)
     if precision != "fp32" and not device.startswith("cuda"):
         logger.warning(
             "running %s autocast on CPU (slow); the paper's fp16 evaluation ran on GPUs", precision
         )
+    settings = scoring_settings(cfg, label, model, precision)
+    prompts = {t.metadata.name: _task_prompts(cfg, t, i, settings["query_prompt"]) for t, i in plan}
+    per_task = {t.metadata.name: {"instruction": i, "prompts": prompts[t.metadata.name]} for t, i in plan}
+    check_reuse(output, settings, per_task, overwrite=cfg.overwrite)
     report = EvalReport()
-    if cfg.cde_context not in ("corpus", "null"):
-        raise ValueError(f"cde_context must be 'corpus' or 'null', got {cfg.cde_context!r}")
-    record_extra = _record_extra(cfg, label, precision, device)
-    if cfg.truncate_dim is not None:
-        record_extra["truncate_dim"] = cfg.truncate_dim
-    if _is_cde(model):
-        record_extra["cde_context"] = cfg.cde_context
-        record_extra["cde_n_context"] = model.n_context
-    for task, card_instruction in progress_bar(tasks, desc="mteb tasks", unit="task"):
-        name, ttype = task.metadata.name, task.metadata.type
+    record_extra = _record_extra(cfg, settings, device, model)
+    for task, instruction in progress_bar(plan, desc="mteb tasks", unit="task"):
+        name = task.metadata.name
         target = output / f"{name}.json"
-        if target.is_file() and not cfg.overwrite:
+        if target.is_file() and not cfg.overwrite:  # scored with these settings: check_reuse said so
             report.skipped.append(name)
+            record_extra["reused"].append(name)
             continue
-        instruction = None if label == "none" else instruction_map.get(name, card_instruction)
-        if instruction is None:
-            instruction = paper_type_instruction(ttype, label)
-        prompts = task_prompts(name, ttype, instruction, cfg.template, registered=_is_registered(name))
-        t0 = time.perf_counter()
         try:
-            task_result, score = _evaluate_task(cfg, model, task, prompts, precision, output)
+            entry = _score_task(cfg, model, task, instruction, prompts[name], settings, output)
         except Exception as e:
             logger.error("task %s failed: %s", name, e)
             report.failed[name] = f"{type(e).__name__}: {e}"
             (output / "failures").mkdir(exist_ok=True)
             atomic_write_text(output / "failures" / f"{name}.txt", traceback.format_exc())
             continue
-        entry = {
-            "task": name,
-            "type": ttype,
-            "main_score_name": task.metadata.main_score,
-            "main_score": score,
-            "wall_time_s": round(time.perf_counter() - t0, 3),
-            "precision": precision,
-            "backend": backend_label(cfg),
-            "embedding_precision": cfg.embedding_precision,
-            **_rescore_fields(cfg, task),
-            "instructions": label,
-            "instruction": instruction,
-            "model": cfg.model,
-            **({"cde_context": cfg.cde_context} if _is_cde(model) else {}),
-            "mteb": _task_result_dict(task_result),
-        }
         atomic_write_text(target, json.dumps(entry, indent=2) + "\n")
         report.scores[name] = entry
         record_extra["tasks"].append(name)
+    _write_record(cfg, output, record_extra)
+    return report
+
+
+def _write_record(cfg: EvalConfig, output: Path, extra: dict) -> None:
     data_files = []
     if cfg.data_dir is not None:
         data_files = [
@@ -485,6 +608,5 @@ def run_mteb(cfg: EvalConfig, model=None) -> EvalReport:
         recipe={k: str(v) for k, v in vars(cfg).items()},
         seed=cfg.seed,
         data_files=data_files,
-        extra=record_extra,
+        extra=extra,
     )
-    return report

@@ -43,6 +43,7 @@ def summarize(results: dict[str, dict], model: str, full_suite: dict[str, int] |
     return {
         "model": model,
         **{key: _setting(results, key) for key in COMPARED_SETTINGS},
+        "query_prompt_label": " + ".join(sorted({_prompt_label(e) for e in results.values()})) or "none",
         # tasks of a --rescore run that had no search to rescore (scored on the quantized embeddings alone)
         "rescore_not_applied": sorted(n for n, e in results.items() if e.get("rescore_applied") is False),
         "per_type": {t: sum(by_type[t]) / len(by_type[t]) for t in types},
@@ -54,17 +55,43 @@ def summarize(results: dict[str, dict], model: str, full_suite: dict[str, int] |
 
 
 #: Result settings that change scores: two runs are comparable only when each is the same in both.
-COMPARED_SETTINGS = ("instructions", "precision", "backend", "embedding_precision", "rescore")
-#: what a result file written before a setting was recorded ran with
-SETTING_DEFAULTS = {"embedding_precision": "fp32", "rescore": "none", "backend": "torch"}
+COMPARED_SETTINGS = (
+    "instructions",
+    "precision",
+    "query_prompt",
+    "truncate_dim",
+    "max_length",
+    "backend",
+    "embedding_precision",
+    "rescore",
+)
+#: what a result file written before a setting was recorded ran with, where only one value existed then (before
+#: --query-prompt, a task without instruction was scored with an empty query prompt)
+SETTING_DEFAULTS = {"embedding_precision": "fp32", "rescore": "none", "backend": "torch", "query_prompt": ""}
+
+
+def _shown(key: str, value) -> str:
+    if key == "truncate_dim" and value is None:
+        return "full"
+    if key == "query_prompt" and value != "unrecorded":
+        return json.dumps(value, ensure_ascii=False)
+    return str(value)
 
 
 def _setting(results: dict[str, dict], key: str) -> str:
     """One run's value of a setting over its tasks ("a + b" when its tasks were scored differently)."""
     values = sorted(
-        {str(entry.get(key, SETTING_DEFAULTS.get(key, "unrecorded"))) for entry in results.values()}
+        {_shown(key, entry.get(key, SETTING_DEFAULTS.get(key, "unrecorded"))) for entry in results.values()}
     )
     return " + ".join(values) if values else "none"
+
+
+def _prompt_label(entry: dict) -> str:
+    """How a result's query prompt is named in a summary's first line: ``saved "<text>"``, ``none`` or the text."""
+    text = entry.get("query_prompt", SETTING_DEFAULTS["query_prompt"])
+    if entry.get("query_prompt_source") == "saved":
+        return f"saved {json.dumps(text, ensure_ascii=False)}"
+    return "none" if text == "" else json.dumps(text, ensure_ascii=False)
 
 
 def _settings_line(rows: list[dict]) -> str:
@@ -76,9 +103,11 @@ def _settings_line(rows: list[dict]) -> str:
         if skipped
         else ""
     )
+    prompts = sorted({r.get("query_prompt_label", "unrecorded") for r in rows})
     return (
         f"Instructions: {', '.join(said['instructions'])} · precision: {', '.join(said['precision'])} · "
-        f"backend: {', '.join(said['backend'])} · "
+        f"query prompt: {', '.join(prompts)} · dims: {', '.join(said['truncate_dim'])} · "
+        f"max length: {', '.join(said['max_length'])} · backend: {', '.join(said['backend'])} · "
         f"embeddings: {', '.join(said['embedding_precision'])} · rescore: {', '.join(said['rescore'])}{note} "
         "(`--instructions none` scores a model without task instructions)\n\n"
     )
