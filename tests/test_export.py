@@ -375,20 +375,28 @@ def test_torch_int8_as_close_to_fp32_as_the_onnx_int8_graph(
     assert layers and set(layers) == {Int8Linear}  # every linear layer of the encoder
 
 
-def test_torch_int8_merges_lora_and_refuses_what_it_cannot_serve(tiny_official, tiny_export, shared_dir):
+def _with_lora(path):
+    """The model at ``path`` with a LoRA adapter that changes its embeddings (a fresh adapter adds zero)."""
     import torch
-    from peft.tuners.tuners_utils import BaseTunerLayer
 
     from neoembed.adapters import add_lora
-    from neoembed.export.torch_int8 import quantize_int8
 
-    texts = _sentences(shared_dir, n=8)
-    model = neoembed.load(tiny_official)
+    model = neoembed.load(path)
     add_lora(model, r=4, alpha=8)
     with torch.no_grad():
         for name, param in model.named_parameters():
             if "lora_B" in name:
-                param.normal_(0, 0.05)  # an adapter that changes the embeddings
+                param.normal_(0, 0.05)
+    return model
+
+
+def test_torch_int8_merges_lora_and_refuses_what_it_cannot_serve(tiny_official, tiny_export, shared_dir):
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    from neoembed.export.torch_int8 import quantize_int8
+
+    texts = _sentences(shared_dir, n=8)
+    model = _with_lora(tiny_official)
     adapted = model.encode(texts)
     assert _cosines(adapted, neoembed.load(tiny_official).encode(texts)).min() < 0.999
     quantize_int8(model)
@@ -403,17 +411,10 @@ def test_torch_int8_merges_lora_and_refuses_what_it_cannot_serve(tiny_official, 
 def test_adapter_folder_loads_quantized(tiny_official, tmp_path, shared_dir):
     """#43: neoembed.load(adapter_folder, quantize="int8") crashed at encode ('function' object has no attribute
     'dtype': the adapter's own linear layers were quantized); the adapter is merged first, as the docs say."""
-    import torch
-
-    from neoembed.adapters import add_lora, save_adapter
+    from neoembed.adapters import save_adapter
 
     texts = _sentences(shared_dir, n=8)
-    model = neoembed.load(tiny_official)
-    add_lora(model, r=4, alpha=8)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "lora_B" in name:
-                param.normal_(0, 0.05)
+    model = _with_lora(tiny_official)
     adapted = model.encode(texts)
     save_adapter(model, tmp_path / "adapter")
     quantized = neoembed.load(tmp_path / "adapter", quantize="int8")
