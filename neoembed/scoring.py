@@ -183,7 +183,8 @@ class _ChunkedSoftmaxCE(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_output: Tensor):
-        grads = [(g * grad_output).to(dtype) for g, dtype in zip(ctx.saved_tensors, ctx.dtypes, strict=True)]
+        # in place: the buffers are this call's own (once_differentiable), and a copy would double the peak
+        grads = [g.mul_(grad_output).to(dtype) for g, dtype in zip(ctx.saved_tensors, ctx.dtypes, strict=True)]
         return (None, *grads)
 
 
