@@ -103,6 +103,15 @@ Quantize = Annotated[
     ),
 ]
 
+MaxBatchTokens = Annotated[
+    int | None,
+    typer.Option(
+        "--max-batch-tokens",
+        min=1,
+        help="Tokens per encoding batch, texts sorted by length (default 8192 on CPU, 65536 on CUDA).",
+    ),
+]
+
 
 @app.callback()
 def mteb_command(
@@ -118,6 +127,7 @@ def mteb_command(
     ] = None,
     instructions: Instructions = "released",
     batch_size: Annotated[int, typer.Option("--batch-size", min=1)] = 32,
+    max_batch_tokens: MaxBatchTokens = None,
     max_length: Annotated[int | None, typer.Option("--max-length", min=1)] = None,
     truncate_dim: Annotated[
         int | None,
@@ -166,6 +176,7 @@ def mteb_command(
             precision=precision,
             instructions=instructions,
             batch_size=batch_size,
+            max_batch_tokens=max_batch_tokens,
             max_length=max_length,
             truncate_dim=truncate_dim,
             data_dir=data_dir,
