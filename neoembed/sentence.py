@@ -151,6 +151,21 @@ class EmbeddingModel(SentenceTransformer):
         _check_finite(out)
         return out
 
+    def get_model_kwargs(self) -> list[str]:
+        # ``max_batch_tokens`` travels through sentence-transformers' ``encode`` to :meth:`_inference`
+        return [*super().get_model_kwargs(), "max_batch_tokens"]
+
+    def _inference(self, inputs, *, max_batch_tokens: int | None = None, **kwargs):
+        """sentence-transformers' loop (``batch_size`` texts a batch), or with ``max_batch_tokens=N``
+        (``encode(texts, max_batch_tokens=N)``) batches filled to ``N`` tokens, longest texts first: see
+        :mod:`neoembed.batching`. Sentence embeddings only: other outputs keep count batches."""
+        if max_batch_tokens is None or kwargs.get("output_value") != "sentence_embedding":
+            return super()._inference(inputs, **kwargs)
+        from neoembed.batching import encode_token_budget
+
+        kwargs.pop("output_value")
+        return encode_token_budget(self, inputs, max_batch_tokens, **kwargs)
+
     def _empty(self, kwargs: dict[str, Any]):
         dim = self.get_embedding_dimension() or 0
         if kwargs.get("convert_to_tensor"):

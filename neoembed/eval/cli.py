@@ -111,6 +111,15 @@ Quantize = Annotated[
     ),
 ]
 
+MaxBatchTokens = Annotated[
+    int | None,
+    typer.Option(
+        "--max-batch-tokens",
+        min=1,
+        help="Tokens per encoding batch, texts sorted by length (default 8192 on CPU, 65536 on CUDA).",
+    ),
+]
+
 
 @app.callback()
 def mteb_command(
@@ -127,6 +136,7 @@ def mteb_command(
     instructions: Instructions = "released",
     query_prompt: QueryPrompt = "saved",
     batch_size: Annotated[int, typer.Option("--batch-size", min=1)] = 32,
+    max_batch_tokens: MaxBatchTokens = None,
     max_length: Annotated[int | None, typer.Option("--max-length", min=1)] = None,
     truncate_dim: Annotated[
         int | None,
@@ -176,6 +186,7 @@ def mteb_command(
             instructions=instructions,
             query_prompt=query_prompt,
             batch_size=batch_size,
+            max_batch_tokens=max_batch_tokens,
             max_length=max_length,
             truncate_dim=truncate_dim,
             data_dir=data_dir,

@@ -57,6 +57,7 @@ class EvalConfig:
     instructions: str = DEFAULT_INSTRUCTION_SET
     template: str = DEFAULT_TEMPLATE
     batch_size: int = 32
+    max_batch_tokens: int | None = None  # tokens per encoding batch (None: the device's, neoembed.batching)
     max_length: int | None = None
     data_dir: Path | None = None
     overwrite: bool = False
@@ -286,18 +287,28 @@ def _task_context(cfg: EvalConfig, model, task, output: Path):
     return task_context(model, task, cfg.seed, output / "cde_context", str(cfg.model))
 
 
-def _mteb_wrapper(model, prompts: dict[str, str], context, precision: str = "fp32", seen: dict | None = None):
+def _mteb_wrapper(
+    model,
+    prompts: dict[str, str],
+    context,
+    precision: str = "fp32",
+    seen: dict | None = None,
+    max_batch_tokens=None,
+):
     """mteb's sentence-transformers wrapper for one task, encoding under ``precision``'s autocast while
     similarities and metrics stay in float32 (an autocast around the whole evaluation would also run
     ``model.similarity``'s matmul in float16, reordering near-tied neighbours). With a CDE ``context``, every
     encode call of this task carries it as ``dataset_embeddings`` (nothing is left on the model). ``seen``
-    collects the width of the embeddings mteb scored (``seen["dims"]``: every width met)."""
+    collects the width of the embeddings mteb scored (``seen["dims"]``: every width met). With
+    ``max_batch_tokens``, every encode call fills its batches to that many tokens (:mod:`neoembed.batching`)."""
     from mteb.models import SentenceTransformerEncoderWrapper
 
     class _Wrapper(SentenceTransformerEncoderWrapper):
         def encode(self, inputs, **kwargs):
             if context is not None:
                 kwargs["dataset_embeddings"] = context
+            if max_batch_tokens is not None:
+                kwargs["max_batch_tokens"] = max_batch_tokens
             with _autocast(precision, str(model.device)):
                 out = super().encode(inputs, **kwargs)
             if seen is not None:
@@ -352,7 +363,10 @@ def _evaluate_task(cfg: EvalConfig, model, task, prompts: dict, precision: str, 
 
     if isinstance(task, _Unresolvable):
         raise task.error
-    wrapper = _mteb_wrapper(model, prompts, _task_context(cfg, model, task, output), precision, seen)
+    from neoembed.batching import default_max_batch_tokens
+
+    tokens = cfg.max_batch_tokens or default_max_batch_tokens(model.device, model.max_seq_length)
+    wrapper = _mteb_wrapper(model, prompts, _task_context(cfg, model, task, output), precision, seen, tokens)
     if _rescores(cfg, task):
         from neoembed.eval.rescore import rescoring_search_model
 

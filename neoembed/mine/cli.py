@@ -50,6 +50,15 @@ Gpu = Annotated[str, _opt("--gpu", "auto, on or off (faiss-gpu index).", "Index"
 ShardSize = Annotated[int, _opt("--shard-size", "Documents per embedding shard on disk.", "Run")]
 BatchSize = Annotated[int, _opt("--batch-size", None, "Run")]
 MaxLength = Annotated[int, _opt("--max-length", None, "Run")]
+MaxBatchTokens = Annotated[
+    int | None,
+    typer.Option(
+        "--max-batch-tokens",
+        min=1,
+        help="Tokens per encoding batch, texts sorted by length (default 8192 on CPU, 65536 on CUDA).",
+        rich_help_panel="Run",
+    ),
+]
 MaxRows = Annotated[int | None, _opt("--max-rows", None, "Run")]
 Workers = Annotated[int, _opt("--workers", "Encoding processes (CPU) or GPUs.", "Run")]
 Name = Annotated[str | None, _opt("--name", "Name of the written card.", "Run")]
@@ -81,6 +90,7 @@ def mine_command(
     gpu: Gpu = "auto",
     shard_size: ShardSize = 50_000,
     batch_size: BatchSize = 64,
+    max_batch_tokens: MaxBatchTokens = None,
     max_length: MaxLength = 256,
     max_rows: MaxRows = None,
     workers: Workers = 1,
@@ -99,7 +109,8 @@ def mine_command(
         max_fraction=None if max_fraction in (None, 1.0) else max_fraction, margin=margin, max_score=max_score,
         duplicate_threshold=duplicate_threshold, cross_encoder=cross_encoder, index=index, nlist=nlist,
         nprobe=nprobe, pq_m=pq_m, hnsw_m=hnsw_m, ef_search=ef_search, rescore=rescore, gpu=gpu,
-        shard_size=shard_size, batch_size=batch_size, max_length=max_length, max_rows=max_rows, workers=workers, name=name,
+        shard_size=shard_size, batch_size=batch_size, max_batch_tokens=max_batch_tokens, max_length=max_length,
+        max_rows=max_rows, workers=workers, name=name,
     )  # fmt: skip
     try:
         config = MineConfig(**settings)
@@ -140,6 +151,7 @@ def score_command(
     kind: Kind = "auto",
     card_dir: CardDir = None,
     batch_size: BatchSize = 64,
+    max_batch_tokens: MaxBatchTokens = None,
     max_length: MaxLength = 512,
     max_rows: MaxRows = None,
     max_negatives: MaxNegatives = None,
@@ -155,7 +167,7 @@ def score_command(
     from neoembed.recipe import format_validation_error
 
     settings = dict(
-        kind=kind, batch_size=batch_size, max_length=max_length, max_rows=max_rows, max_negatives=max_negatives,
+        kind=kind, batch_size=batch_size, max_batch_tokens=max_batch_tokens, max_length=max_length, max_rows=max_rows, max_negatives=max_negatives,
         shard_size=shard_size, name=name,
     )  # fmt: skip
     try:

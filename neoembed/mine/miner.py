@@ -76,6 +76,8 @@ class MineConfig(StrictModel):
     gpu: Literal["auto", "on", "off"] = "auto"
     shard_size: int = Field(50_000, ge=1)
     batch_size: int = Field(64, ge=1)
+    # tokens per encoding batch (None: the device's default, neoembed.batching); embeddings do not depend on it
+    max_batch_tokens: int | None = Field(None, ge=1)
     search_batch: int = Field(4096, ge=1)
     pooling: Literal["mean", "cls"] = "mean"
     max_length: int | None = Field(256, ge=8)
@@ -285,7 +287,7 @@ def _fingerprint(src_path: Path, model, cfg: MineConfig, corpus, corpus_card) ->
         "card_sha256": file_sha256(src_path),
         "corpus": corpus_id,
         "model": str(model),
-        "settings": cfg.model_dump(exclude={"workers", "keep_embeddings"}),
+        "settings": cfg.model_dump(exclude={"workers", "keep_embeddings", "max_batch_tokens"}),
     }
 
 
@@ -440,23 +442,28 @@ def _encode_pool(model, workers: int):
 
 def _encode(model, texts: list[str], cfg: MineConfig, pool, on_batch=None) -> np.ndarray:
     """The texts' embeddings; ``on_batch(n)`` after each batch where the encoder can tell (the lean encoder, its
-    forked workers), else once for all ``texts``."""
+    forked workers), else once for all ``texts``. Batches are filled to ``cfg.max_batch_tokens`` tokens (the
+    device's default when unset): :mod:`neoembed.batching`."""
+    from neoembed.batching import default_max_batch_tokens
+
+    tokens = cfg.max_batch_tokens or default_max_batch_tokens(model.device, model.max_seq_length)
     if isinstance(pool, ForkedWorkers):
-        return pool.encode(texts, cfg.batch_size, on_batch=on_batch)
+        return pool.encode(texts, cfg.batch_size, on_batch=on_batch, max_batch_tokens=tokens)
     if pool is None and fast_encode_supported(model):
-        return fast_encode(model, texts, cfg.batch_size, on_batch=on_batch)
-    emb = _encode_plain(model, texts, cfg, pool)
+        return fast_encode(model, texts, cfg.batch_size, on_batch=on_batch, max_batch_tokens=tokens)
+    emb = _encode_plain(model, texts, cfg, pool, tokens)
     if on_batch is not None:
         on_batch(len(texts))
     return emb
 
 
-def _encode_plain(model, texts: list[str], cfg: MineConfig, pool) -> np.ndarray:
+def _encode_plain(model, texts: list[str], cfg: MineConfig, pool, max_batch_tokens: int) -> np.ndarray:
     # prompt="": the texts already carry their instruction; a saved model's default prompt must not be added
     return model.encode(
         texts,
         prompt="",
         batch_size=cfg.batch_size,
+        max_batch_tokens=max_batch_tokens,
         normalize_embeddings=True,
         convert_to_numpy=True,
         show_progress_bar=False,

@@ -40,7 +40,9 @@ class ScoreConfig(StrictModel):
     """Settings of a scoring run (``neoembed score --help`` gives the same as options)."""
 
     kind: Literal["auto", "cross-encoder", "bi-encoder"] = "auto"
-    batch_size: int = Field(64, ge=1)
+    batch_size: int = Field(64, ge=1)  # pairs per cross-encoder batch
+    # tokens per bi-encoder batch (None: the device's default, neoembed.batching); scores do not depend on it
+    max_batch_tokens: int | None = Field(None, ge=1)
     max_length: int | None = Field(512, ge=8)
     shard_size: int = Field(10_000, ge=1)  # rows per shard on disk (the unit a resumed run skips)
     max_rows: int | None = Field(None, ge=1)
@@ -86,10 +88,12 @@ def _scorer(teacher: str, kind: str, cfg: ScoreConfig):
             model.predict(list(zip(q, d, strict=True)), batch_size=cfg.batch_size, show_progress_bar=False),
             dtype=np.float32,
         ).reshape(-1)
+    from neoembed.batching import default_max_batch_tokens
     from neoembed.loading import load
 
     model = load(teacher, max_seq_length=cfg.max_length)
-    options = dict(batch_size=cfg.batch_size, normalize_embeddings=True, convert_to_numpy=True)
+    tokens = cfg.max_batch_tokens or default_max_batch_tokens(model.device, model.max_seq_length)
+    options = dict(max_batch_tokens=tokens, normalize_embeddings=True, convert_to_numpy=True)
 
     def score(q: list[str], d: list[str]) -> np.ndarray:
         eq = model.encode_query(q, show_progress_bar=False, **options)
@@ -125,7 +129,7 @@ def score_card(
     name = cfg.name or f"{src.name}_scored"
     kind = teacher_kind(teacher, cfg.kind)
     fingerprint = {"card_sha256": file_sha256(src_path), "teacher": str(teacher), "kind": kind}
-    fingerprint["settings"] = cfg.model_dump(exclude={"batch_size"})
+    fingerprint["settings"] = cfg.model_dump(exclude={"batch_size", "max_batch_tokens"})
     state = out / ".score"
     if _prepare_output_dir(out, state, name, fingerprint, resume, overwrite):
         logger.warning("%s already holds a finished run (%s.yaml); nothing to do", out, name)
