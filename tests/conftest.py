@@ -1,4 +1,6 @@
-"""Shared test fixtures. Data and checkpoints come from ../shared beside the repository (never copied in)."""
+"""Shared test fixtures. Data and checkpoints come from the repository's own copy of the shared folder,
+``tests/shared/`` (``SHARED``), so that a clone runs the suite without ``../shared`` beside it; ``../shared`` is only
+the source that ``python tests/refresh_shared.py`` refreshes the copy from, and is never read by a test."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
+SHARED = REPO / "tests" / "shared"  # the copy of ../shared's data and fixtures (tests/shared/README.md)
 TINY_OFFICIAL = SHARED / "fixtures" / "neobert-tiny-official"
 DATA = SHARED / "data"
 
@@ -56,8 +58,8 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def shared_dir() -> Path:
-    if not SHARED.is_dir():
-        pytest.fail(f"../shared not found beside the repository (looked in {SHARED})")
+    if not (SHARED / "data").is_dir():
+        pytest.fail(f"the test data is missing ({SHARED / 'data'}): restore tests/shared/ from git")
     return SHARED
 
 

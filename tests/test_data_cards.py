@@ -1,7 +1,7 @@
 """The paper's recipe on its real data: Table 7 verbatim, every card against its declared schema, rows shaped like
 each dataset through the real loader, nothing dropped silently, `data check`, the dry run, sampling and qrels joins.
 
-Tables 7-9 are parsed from ../shared/paper/neobert-paper.md (never copied here)."""
+Tables 7-9 are parsed from the paper's text, quoted in tests/shared/paper/ from ../shared (tests/refresh_shared.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from neoembed.card_schema import TrainingCard
 from neoembed.data.cards import DataCardError, build_pairs_report, load_card, load_card_rows, prepare_card
 
 REPO = Path(__file__).resolve().parents[1]
-PAPER = REPO.parent / "shared" / "paper" / "neobert-paper.md"
+PAPER = REPO / "tests" / "shared" / "paper" / "neobert-paper-tables-7-9.md"
 SHIPPED = sorted((REPO / "data_cards").glob("*.yaml"))
 
 
@@ -710,7 +710,7 @@ def test_one_card_schema_module_for_training_corpus_and_dataset_cards():
     assert (
         isinstance(corpus.source, card_schema.Source) and corpus.source.hub.id == "tiiuae/falcon-refinedweb"
     )
-    name, task = dataset_card_task(REPO.parent / "shared" / "data" / "mteb" / "STS12")
+    name, task = dataset_card_task(REPO / "tests" / "shared" / "data" / "mteb" / "STS12")
     assert name == "STS12" and task.type == "STS"
     tree = ast.parse((REPO / "neoembed" / "card_schema.py").read_text())
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}

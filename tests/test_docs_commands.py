@@ -4,9 +4,9 @@ Each line of a ``bash`` block is listed in ``HOW`` with the way it is proven, so
 command fails here until someone says how it runs:
 
 - ``run``: executed as written by bash, in the page's order, in a scratch copy of the repository (with
-  ``../shared`` beside it, as in CI), exit 0, each ``neoembed`` forked from one pre-imported process
-  (``tests/warm_cli.py``: the imports were most of each command's time); placeholders (``MODEL``,
-  ``my-model``, ...) are swapped for the fixtures in ``PLACEHOLDERS``, and a line that consumes what a hub-only
+  ``../shared`` beside it: a link to the repository's copy, ``tests/shared``), exit 0, each ``neoembed`` forked
+  from one pre-imported process (``tests/warm_cli.py``: the imports were most of each command's time);
+  placeholders (``MODEL``, ``my-model``, ...) are swapped for the fixtures in ``PLACEHOLDERS``, and a line that consumes what a hub-only
   line above it would have written gets that output from a local stand-in (``STAND_INS``). Afterwards the copy
   holds nothing that git would show as untracked.
 - ``slow``: the same, under ``-m slow`` (minutes).
@@ -315,16 +315,22 @@ def test_the_readme_test_line_is_what_ci_runs():
 # ------------------------------------------------------------------------------------------------ running
 def _scratch_copy(tmp_path: Path, shared: Path) -> Path:
     """The repository's files as a fresh clone has them, in a git repository of its own (nothing committed:
-    ``git status`` then shows what the commands left that is not ignored), with ``../shared`` beside it."""
+    ``git status`` then shows what the commands left that is not ignored), with ``../shared`` beside it.
+
+    ``shared`` is the repository's copy of the shared folder (``tests/shared``). The pages name ``../shared/...``,
+    the folder beside a checkout; rather than rewrite their lines, ``../shared`` of the scratch copy is a plain
+    link to that copy, so each line runs as written. The copy's own ``tests/shared`` is the same link (21 MB not
+    copied once per page)."""
     root = tmp_path / "neoembed"
     files = subprocess.run(
         ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
         cwd=REPO, capture_output=True, check=True,
     ).stdout.decode().split("\0")
     for name in filter(None, files):
-        if (REPO / name).is_file():
+        if (REPO / name).is_file() and not name.startswith("tests/shared/"):
             (root / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / name, root / name)
+    (root / "tests" / "shared").symlink_to(shared)
     (tmp_path / "shared").symlink_to(shared)
     subprocess.run(["git", "init", "-q"], cwd=root, check=True)
     subprocess.run(["git", "add", "-A"], cwd=root, check=True)

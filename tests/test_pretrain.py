@@ -29,7 +29,7 @@ from neoembed.recipe import RecipeError, load_recipe
 from neoembed.runs import OutputDirError, TrainingInterrupted
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
+SHARED = REPO / "tests" / "shared"  # the copy of ../shared (tests/shared/README.md)
 TOKENIZER = SHARED / "fixtures" / "neobert-tiny-official"
 MSRP = SHARED / "data" / "train" / "msrp_pairs" / "train.jsonl.gz"
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-TOKENIZER = REPO.parent / "shared" / "fixtures" / "neobert-tiny-official"
-MSRP = REPO.parent / "shared" / "data" / "train" / "msrp_pairs" / "train.jsonl.gz"
+TOKENIZER = REPO / "tests" / "shared" / "fixtures" / "neobert-tiny-official"
+MSRP = REPO / "tests" / "shared" / "data" / "train" / "msrp_pairs" / "train.jsonl.gz"
 
 pytestmark = pytest.mark.gpu
 

@@ -174,7 +174,7 @@ def test_bad_input_fails_before_training(tmp_path, tiny_official):
     bad = tmp_path / "bad.yaml"
     bad.write_text(
         "name: bad\nsource: {local: {path: "
-        + str(REPO.parent / "shared/data/train/msrp_pairs/train.jsonl.gz")
+        + str(REPO / "tests/shared/data/train/msrp_pairs/train.jsonl.gz")
         + "}}\ncolumns: {query: question, positive: positive}\n"
     )
     with pytest.raises(DataCardError, match="column 'question'"):
