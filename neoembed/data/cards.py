@@ -51,6 +51,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import xxhash
 import yaml
 from pydantic import ValidationError
 
@@ -73,6 +74,7 @@ __all__ = [
     "load_card",
     "load_card_rows",
     "load_rows",
+    "text_hash",
 ]
 
 DataCard = TrainingCard  # the training card's schema lives in neoembed.card_schema (shared with other cards)
@@ -526,7 +528,7 @@ class _RowReader:
             out["positive"].append(positive)
             out["negatives"].append(negatives)
             out["_drop"].append(code)
-            out["_hashes"].append([_hash(t) for t in (query, positive, *negatives)] if not code else [])
+            out["_hashes"].append([text_hash(t) for t in (query, positive, *negatives)] if not code else [])
             if self.score_spec is not None:
                 out["label"].append(scores)
         return out
@@ -558,11 +560,9 @@ class _RowReader:
         return query, texts["positive"], [row_negs[j] for j in keep], scores, 0
 
 
-def _hash(text: str) -> int:
+def text_hash(text: str) -> int:
     """A text's signed 64-bit xxh3 hash (the duplicate checks compare these; equal hashes are confirmed on the
     texts themselves)."""
-    import xxhash
-
     h = xxhash.xxh3_64_intdigest(text.encode("utf8"))
     return h - (1 << 64) if h >= 1 << 63 else h
 
