@@ -66,7 +66,9 @@ def _row_loop(card, rows, max_negatives=None, with_instruction=True):
         if reason:
             dropped[reason] = dropped.get(reason, 0) + 1
             continue
-        scores = cards_module._row_scores(card, score, row[score.steps[0]], i, len(row_negs)) if score else None
+        scores = (
+            cards_module._row_scores(card, score, row[score.steps[0]], i, len(row_negs)) if score else None
+        )
         keep = [j for j, n in enumerate(row_negs) if n.strip()]
         scores = [scores[0]] + [scores[1 + j] for j in keep] if scores else None
         kept.append((texts["query"], texts["positive"], [row_negs[j] for j in keep], scores))
@@ -90,6 +92,11 @@ def _same_as_loop(card, rows, **kw):
     assert pairs.to_dict() == columns
     assert report.dropped == dropped and list(report.dropped) == list(dropped)  # the order of the reasons too
     assert (report.negatives_per_query, report.rows_kept, report.rows_read) == (k, len(pairs), len(rows))
+    # what neoembed.runs.check_pairs counted over Python lists, counted in the map
+    instruction = card.instruction if kw.get("with_instruction", True) else None
+    as_query = [format_with_instruction(instruction, p, DEFAULT_TEMPLATE) for p in columns["positive"]]
+    assert report.same_as_query == sum(q == p for q, p in zip(columns["query"], as_query, strict=True))
+    assert report.distinct_pairs == len(set(zip(columns["query"], columns["positive"], strict=True)))
     return pairs, report
 
 
@@ -291,7 +298,9 @@ def _table7_sizes() -> list[int]:
 def _samplers(sizes, batch, seed=0):
     g = torch.Generator().manual_seed(seed)
     return [
-        DefaultBatchSampler(RandomSampler(_Rows(n), generator=g), batch_size=batch, drop_last=True, generator=g)
+        DefaultBatchSampler(
+            RandomSampler(_Rows(n), generator=g), batch_size=batch, drop_last=True, generator=g
+        )
         for n in sizes
     ]
 
@@ -300,7 +309,9 @@ def test_power_law_sampler_at_table7_sizes_holds_no_python_int_per_row():
     sizes = _table7_sizes()
     assert len(sizes) >= 23 and sum(sizes) > 16_000_000
     rows = [_Rows(n) for n in sizes]
-    sampler = PowerLawDatasetBatchSampler(ConcatDataset(rows), _samplers(sizes, 64), alpha=0.5, num_steps=2000)
+    sampler = PowerLawDatasetBatchSampler(
+        ConcatDataset(rows), _samplers(sizes, 64), alpha=0.5, num_steps=2000
+    )
     tracemalloc.start()
     batches = list(sampler)
     peak = tracemalloc.get_traced_memory()[1]
@@ -315,11 +326,14 @@ def test_compact_batches_are_the_batch_samplers_own():
     for drop_last in (True, False):
         for n, batch in ((10, 3), (12, 3), (5, 8), (1000, 7)):
             g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
-            plain = DefaultBatchSampler(RandomSampler(_Rows(n), generator=g1), batch_size=batch, drop_last=drop_last)
-            compact = DefaultBatchSampler(RandomSampler(_Rows(n), generator=g2), batch_size=batch, drop_last=drop_last)
+            plain = DefaultBatchSampler(
+                RandomSampler(_Rows(n), generator=g1), batch_size=batch, drop_last=drop_last
+            )
+            compact = DefaultBatchSampler(
+                RandomSampler(_Rows(n), generator=g2), batch_size=batch, drop_last=drop_last
+            )
             assert [list(plain) for _ in range(3)] == [list(compact_batches(compact)) for _ in range(3)]
             assert torch.equal(g1.get_state(), g2.get_state())
-
 
 
 def test_power_law_batches_are_those_of_the_batch_samplers_iterators(monkeypatch):

@@ -379,6 +379,10 @@ class DropReport:
     full_size: int | None = None
     sampled: bool = False
     expected_loss: float | str = 0.0  # or UNKNOWN
+    # of the kept pairs: how many have the query equal to its positive (formatted as a query), how many differ
+    # (by the texts' hashes); what ``neoembed.runs.check_pair_counts`` warns about, counted in the build's map
+    same_as_query: int = 0
+    distinct_pairs: int = 0
 
     @property
     def loss(self) -> float:
@@ -467,14 +471,30 @@ def build_pairs_report(
         reason = _REASONS[code - 1]
         report.dropped[reason] = report.dropped.get(reason, 0) + int((drop == code).sum())
     counts = _negative_counts(read)[drop == 0]
-    del drop
     k = _negatives_per_query(counts, max_negatives) if reader.negs else 0
     short = int((counts < k).sum())
     if short:
         report.dropped[f"fewer than {k} hard negatives"] = short
     report.rows_kept, report.negatives_per_query = int(len(counts) - short), k
     _check_loss(card, report, max_negatives, warn)
-    return _keep_rows(read, k, reader.score_spec is not None, workdir), report
+    pairs = _keep_rows(read, k, reader.score_spec is not None, workdir)
+    report.same_as_query, report.distinct_pairs = _pair_counts(pairs, workdir)
+    # the hidden columns stay in the file, out of the dataset: the trainer reads every column it has
+    return pairs.remove_columns(["_same", "_hashes"]), report
+
+
+def _pair_counts(pairs, workdir: Path | None) -> tuple[int, int]:
+    """(pairs whose query equals its positive, distinct (query, positive) pairs), from the hidden columns; with
+    ``workdir``, the texts' hashes are written there too (:data:`HASHES`)."""
+    import numpy as np
+
+    same = int(np.count_nonzero(pairs.data.column("_same").to_numpy(zero_copy_only=False)))
+    width = 2 + sum(c.startswith("negative_") for c in pairs.column_names)
+    path = workdir / HASHES if workdir is not None else None
+    hashes = _write_hashes(pairs, width, path)
+    pair = hashes[:, 0].astype(np.uint64) ^ (hashes[:, 1].astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15))
+    distinct = len(np.unique(pair))
+    return same, distinct
 
 
 _REASONS = ("query missing", "query empty", "positive missing", "positive empty")
@@ -496,7 +516,7 @@ class _RowReader:
     """The first pass's batch function: every row read in order, to ``query`` (instruction before it),
     ``positive``, ``negatives`` (the non-empty ones), ``label`` (scores) and ``_drop`` (0: kept, else 1 + the
     index of its reason in ``_REASONS``), with the 64-bit hashes of the texts (``_hashes``: query, positive,
-    then one per negative). Errors are raised at the first row that has one, as the row-by-row loop did."""
+    then one per negative) and whether the query equals its positive as a query (``_same``). Errors are raised at the first row that has one, as the row-by-row loop did."""
 
     def __init__(self, card: DataCard, rows, template: str, with_instruction: bool):
         cols, feats = rows.column_names, getattr(rows, "features", None)
@@ -516,6 +536,7 @@ class _RowReader:
 
         text, hashes = datasets.Value("string"), datasets.List(datasets.Value("int64"))
         out = {"query": text, "positive": text, "negatives": datasets.List(text), "_hashes": hashes}
+        out["_same"] = datasets.Value("bool")
         if self.score_spec is not None:
             out["label"] = datasets.List(datasets.Value("float64"))
         return datasets.Features({**out, "_drop": datasets.Value("int8")})
@@ -529,6 +550,8 @@ class _RowReader:
             out["negatives"].append(negatives)
             out["_drop"].append(code)
             out["_hashes"].append([text_hash(t) for t in (query, positive, *negatives)] if not code else [])
+            same = not code and query == format_with_instruction(self.instruction, positive, self.template)
+            out["_same"].append(same)
             if self.score_spec is not None:
                 out["label"].append(scores)
         return out
@@ -575,7 +598,9 @@ def _map_rows(rows, reader: _RowReader, workdir: Path | None):
     import uuid
 
     fingerprint = uuid.uuid4().hex  # the reader (card, specs) is not hashable by datasets; never reused
-    where = {"cache_file_name": str(workdir / "read.arrow")} if workdir is not None else {"keep_in_memory": True}
+    where = (
+        {"cache_file_name": str(workdir / "read.arrow")} if workdir is not None else {"keep_in_memory": True}
+    )
     return rows.map(
         reader,
         batched=True,
@@ -601,11 +626,10 @@ def _keep_rows(read, k: int, scores: bool, workdir: Path | None):
     feats = {"query": text, "positive": text} | {f"negative_{j + 1}": text for j in range(k)}
     if scores:
         feats["label"] = datasets.List(datasets.Value("float64"))
-    if workdir is not None:
-        feats["_hashes"] = datasets.List(datasets.Value("int64"))
+    feats |= {"_hashes": datasets.List(datasets.Value("int64")), "_same": datasets.Value("bool")}
     where = {"cache_file_name": str(workdir / PAIRS)} if workdir is not None else {"keep_in_memory": True}
     kept = read.with_format("arrow").map(
-        _KeepRows(k, scores, workdir is not None),
+        _KeepRows(k, scores),
         batched=True,
         batch_size=_MAP_BATCH * 10,
         remove_columns=read.column_names,
@@ -615,23 +639,19 @@ def _keep_rows(read, k: int, scores: bool, workdir: Path | None):
         desc="keeping rows",
         **where,
     )
-    kept = kept.with_format(None)
-    if workdir is None:
-        return kept
-    _write_hashes(kept, 2 + k, workdir / HASHES)
-    return kept.remove_columns("_hashes")  # still in the file, for nobody: the trainer reads every column
+    return kept.with_format(None)
 
 
 PAIRS = "pairs.arrow"  # a card's cached pairs (see neoembed.data.card_cache)
-HASHES = "text_hashes.npy"  # beside a card's cached pairs: (rows, 2 + k) int64, the hashes of each row's texts
+HASHES = "text_hashes.npy"  # beside a card's pairs: (rows, 2 + k) int64, the hashes of each row's texts
 
 
 class _KeepRows:
     """The second pass's batch function (Arrow table in, Arrow table out): rows read without a drop reason and
     with at least k negatives, their first k negatives as columns, their scores and hashes cut to match."""
 
-    def __init__(self, k: int, scores: bool, hashes: bool):
-        self.k, self.scores, self.hashes = k, scores, hashes
+    def __init__(self, k: int, scores: bool):
+        self.k, self.scores = k, scores
 
     def __call__(self, table):
         import pyarrow as pa
@@ -644,24 +664,24 @@ class _KeepRows:
             out[f"negative_{j + 1}"] = pc.list_element(t["negatives"], j)
         if self.scores:
             out["label"] = pc.list_slice(t["label"], 0, 1 + self.k)
-        if self.hashes:
-            out["_hashes"] = pc.list_slice(t["_hashes"], 0, 2 + self.k)
+        out["_hashes"] = pc.list_slice(t["_hashes"], 0, 2 + self.k)
+        out["_same"] = t["_same"]
         return pa.table(out)
 
 
-def _write_hashes(kept, width: int, path: Path) -> None:
-    """The ``_hashes`` column as a (rows, width) int64 array in ``path``, written chunk by chunk."""
+def _write_hashes(kept, width: int, path: Path | None):
+    """The ``_hashes`` column as a (rows, width) int64 array, filled chunk by chunk: in memory, or in ``path``."""
     import numpy as np
     import pyarrow.compute as pc
 
-    out = np.lib.format.open_memmap(path, mode="w+", dtype=np.int64, shape=(len(kept), width))
+    shape = (len(kept), width)
+    out = np.lib.format.open_memmap(path, "w+", np.int64, shape) if path else np.empty(shape, np.int64)
     start = 0
     for chunk in kept.data.column("_hashes").chunks:
         values = pc.list_flatten(chunk).to_numpy(zero_copy_only=False).reshape(-1, width)
         out[start : start + len(values)] = values
         start += len(values)
-    out.flush()
-    del out
+    return out
 
 
 def _row_scores(card: DataCard, spec: _Spec, v, i: int, n_negatives: int) -> list[float]:
@@ -782,7 +802,14 @@ def _prepare(card: DataCard, folder: Path, settings: list, warn: bool, workdir: 
     if len(loaded.rows) == 0 and not loaded.dropped:
         raise DataCardError(f"card {card.name}: the dataset is empty")
     return build_pairs_report(
-        card, loaded.rows, max_negatives, template, with_instruction, loaded=loaded, warn=warn, workdir=workdir
+        card,
+        loaded.rows,
+        max_negatives,
+        template,
+        with_instruction,
+        loaded=loaded,
+        warn=warn,
+        workdir=workdir,
     )
 
 

@@ -81,7 +81,9 @@ def text_hashes(dataset, columns: list[str]):
     for start in range(0, len(dataset), _HASH_BATCH):
         batch = view[start : start + _HASH_BATCH]
         for j, c in enumerate(columns):
-            out[start : start + len(batch[c]), j] = [text_hash(t if isinstance(t, str) else repr(t)) for t in batch[c]]
+            out[start : start + len(batch[c]), j] = [
+                text_hash(t if isinstance(t, str) else repr(t)) for t in batch[c]
+            ]
     return out
 
 
