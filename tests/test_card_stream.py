@@ -172,6 +172,20 @@ def test_a_bad_row_is_named_as_the_row_loop_names_it(tmp_path):
             build(card, datasets.Dataset.from_dict(rows))
 
 
+def test_the_batched_filter_keeps_the_rows_the_row_filter_kept(tmp_path):
+    rng = random.Random(2)
+    rows = [
+        {"q": f"q{i}", "p": f"p{i}", "score": rng.choice([None, 1, 3.5, 4, 4.5, 9])} for i in range(25_000)
+    ]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    card, folder = _card(tmp_path, columns={"query": "q", "positive": "p"}, filter="score >= 4")
+    loaded = load_card_rows(card, folder, max_rows=5000, seed=3)
+    kept = [r for r in rows if r["score"] is not None and r["score"] >= 4]
+    assert loaded.full_size == len(kept)
+    sample = sorted(random.Random(3).sample(range(len(kept)), 5000))  # --max-rows: the same seeded sample
+    assert loaded.rows["q"][:] == [kept[i]["q"] for i in sample]
+
+
 # --------------------------------------------------------------------------------------------- the cache
 def _write_rows(path: Path, n: int) -> None:
     rows = _synthetic(n).to_list()

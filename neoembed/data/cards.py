@@ -269,7 +269,9 @@ def _apply_filter(card: DataCard, ds):
     if col not in ds.column_names:
         raise DataCardError(f"card {card.name}: filter column {col!r} not in {ds.column_names}")
     fn, v = _OPS[op], float(value)
-    return ds.filter(lambda row: row[col] is not None and fn(float(row[col]), v))
+    # batched, one column: Python sees a block of that column's values at a time, not every row as a dict
+    keep = lambda values: [x is not None and fn(float(x), v) for x in values]  # noqa: E731
+    return ds.filter(keep, batched=True, batch_size=10_000, input_columns=[col])
 
 
 # ----------------------------------------------------------------------------------------- reading columns
