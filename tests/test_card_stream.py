@@ -275,7 +275,12 @@ def test_duplicate_checks_on_hashes_equal_the_set_based_ones(path, tmp_path, mon
     in_memory = datasets.Dataset.from_dict(pairs.to_dict())
     columns = [c for c in pairs.column_names if c != "label"]
     assert (text_hashes(in_memory, columns) == text_hashes(pairs, columns)).all()
-    monkeypatch.setattr(cards_module, "text_hash", None)  # a prepared card's hashes are read, not computed
+    assert cards_module.hashed_repeats(text_hashes(pairs, columns), pairs, columns) == _old_text_repeats(
+        pairs
+    )
+    # a prepared card's hashes, and its answer to "does a text repeat", are read back, not computed
+    monkeypatch.setattr(cards_module, "text_hash", None)
+    monkeypatch.setattr(cards_module, "hashed_repeats", None)
     assert text_repeats(pairs) == _old_text_repeats(pairs)
     for limit in (8, 64, 10_000):
         assert duplicate_free_rows(pairs, limit) == _old_duplicate_free_rows(pairs, limit)

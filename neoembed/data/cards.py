@@ -496,7 +496,27 @@ def _pair_counts(pairs, workdir: Path | None) -> tuple[int, int]:
     hashes = _write_hashes(pairs, width, path)
     pair = hashes[:, 0].astype(np.uint64) ^ (hashes[:, 1].astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15))
     distinct = len(np.unique(pair))
+    if path is not None:  # no_duplicates: auto's question, answered once here for every later run
+        columns = ["query", "positive"] + [f"negative_{j + 1}" for j in range(width - 2)]
+        (workdir / REPEATS).write_text(json.dumps({"repeats": hashed_repeats(hashes, pairs, columns)}))
     return same, distinct
+
+
+def hashed_repeats(hashes, dataset, columns: list[str]) -> bool:
+    """Whether a text occurs twice among ``hashes`` ((rows, columns) int64: the hashes of ``dataset``'s
+    ``columns``), sorted in numpy; a repeated hash is confirmed on the two texts, so a collision is no repeat."""
+    import numpy as np
+
+    flat = np.asarray(hashes).reshape(-1)
+    ordered = np.sort(flat)
+    repeated = np.unique(ordered[1:][ordered[1:] == ordered[:-1]])
+    del ordered
+    for value in repeated:
+        first, second = np.flatnonzero(flat == value)[:2]
+        (r1, c1), (r2, c2) = divmod(int(first), len(columns)), divmod(int(second), len(columns))
+        if dataset[r1][columns[c1]] == dataset[r2][columns[c2]]:
+            return True
+    return False
 
 
 _REASONS = ("query missing", "query empty", "positive missing", "positive empty")
@@ -645,6 +665,7 @@ def _keep_rows(read, k: int, scores: bool, workdir: Path | None):
 
 
 PAIRS = "pairs.arrow"  # a card's cached pairs (see neoembed.data.card_cache)
+REPEATS = "text_repeats.json"  # beside them: whether a text repeats (no_duplicates: auto)
 HASHES = "text_hashes.npy"  # beside a card's pairs: (rows, 2 + k) int64, the hashes of each row's texts
 
 
@@ -788,7 +809,7 @@ def prepare_card(
         if (hit := card_cache.read_entry(entry, PAIRS)) is None:
             with card_cache.building(entry) as work:  # removed if the build fails
                 _, report = _prepare(card, folder, settings, warn, work)
-                card_cache.seal_entry(work, entry, asdict(report), [PAIRS, HASHES])
+                card_cache.seal_entry(work, entry, asdict(report), [PAIRS, HASHES, REPEATS])
             logger.info("card %s: prepared pairs kept in %s", card.name, entry)
             hit = card_cache.read_entry(entry, PAIRS)
         else:

@@ -9,6 +9,7 @@ dataset for every step, so that the global batch of a step is single-dataset on 
 from __future__ import annotations
 
 import functools
+import json
 import logging
 from collections.abc import Iterator
 from itertools import accumulate
@@ -43,19 +44,32 @@ def text_repeats(dataset, label_columns: list[str] | tuple[str, ...] = ("label",
     """Whether some text occurs in more than one row (the same query with several positives, or one row's
     negative that is another row's positive): then two rows of one batch can be each other's false negatives.
 
-    Decided on the texts' 64-bit hashes (:func:`text_hashes`: read back for a prepared card), sorted in numpy;
-    a repeated hash is confirmed on the texts themselves, so a hash collision never reads as a repeat."""
+    A card prepared by :func:`neoembed.data.cards.prepare_card` has the answer on disk, found when it was built;
+    any other dataset is decided on its texts' 64-bit hashes (:func:`text_hashes`), sorted in numpy, a repeated
+    hash confirmed on the texts themselves (a hash collision never reads as a repeat)."""
+    from neoembed.data.cards import REPEATS, hashed_repeats
+
     columns = [c for c in dataset.column_names if c not in label_columns]
-    hashes = np.asarray(text_hashes(dataset, columns)).reshape(-1)
-    ordered = np.sort(hashes)
-    repeated = ordered[1:][ordered[1:] == ordered[:-1]]
-    del ordered
-    for value in np.unique(repeated):
-        first, second = np.flatnonzero(hashes == value)[:2]
-        (r1, c1), (r2, c2) = divmod(int(first), len(columns)), divmod(int(second), len(columns))
-        if dataset[r1][columns[c1]] == dataset[r2][columns[c2]]:
-            return True
-    return False
+    side = _hashes_file(dataset, columns)
+    if side is not None and side.with_name(REPEATS).is_file():
+        return bool(json.loads(side.with_name(REPEATS).read_text())["repeats"])
+    return hashed_repeats(text_hashes(dataset, columns), dataset, columns)
+
+
+def _hashes_file(dataset, columns: list[str]) -> Path | None:
+    """The hashes file of a prepared card's pairs when ``dataset`` is all of them (not a selection) and
+    ``columns`` are its text columns; else None."""
+    from neoembed.data.cards import HASHES
+
+    files = getattr(dataset, "cache_files", None) or []
+    whole = getattr(dataset, "_indices", None) is None  # not a selection of the file's rows
+    negatives = [f"negative_{j + 1}" for j in range(len(columns) - 2)]
+    if len(files) != 1 or not whole or columns != ["query", "positive", *negatives]:
+        return None
+    side = Path(files[0]["filename"]).with_name(HASHES)
+    if not side.is_file() or np.load(side, mmap_mode="r").shape != (len(dataset), len(columns)):
+        return None
+    return side
 
 
 _HASH_BATCH = 10_000
@@ -65,17 +79,11 @@ def text_hashes(dataset, columns: list[str]):
     """The 64-bit hashes of every row's texts in ``columns``, as a (rows, columns) int64 array. A card prepared
     by :func:`neoembed.data.cards.prepare_card` has them on disk beside its pairs, computed in the batched map
     that read its rows (memory-mapped here, no pass over the texts); any other dataset is hashed batch by batch."""
-    from neoembed.data.cards import HASHES, text_hash
+    from neoembed.data.cards import text_hash
 
-    files = getattr(dataset, "cache_files", None) or []
-    whole = getattr(dataset, "_indices", None) is None  # not a selection of the file's rows
-    if len(files) == 1 and whole and columns[:2] == ["query", "positive"]:
-        side = Path(files[0]["filename"]).with_name(HASHES)
-        negatives = [f"negative_{j + 1}" for j in range(len(columns) - 2)]
-        if side.is_file() and columns[2:] == negatives:
-            hashes = np.load(side, mmap_mode="r")
-            if hashes.shape == (len(dataset), len(columns)):
-                return hashes
+    side = _hashes_file(dataset, columns)
+    if side is not None:
+        return np.load(side, mmap_mode="r")
     out = np.empty((len(dataset), len(columns)), dtype=np.int64)
     view = dataset.select_columns(columns)
     for start in range(0, len(dataset), _HASH_BATCH):
