@@ -137,13 +137,13 @@ def _status_kib(pid: int, field: str) -> int:
     return 0
 
 
-def measure(cmd: list[str], env: dict) -> dict:
+def measure(cmd: list[str], env: dict, cwd: str | None = None) -> dict:
     """Run ``cmd``; its wall and CPU time, peak RssAnon and VmHWM (MiB, sampled every 20 ms), exit code, output."""
     load = os.getloadavg()[0]
     # files, not pipes: a pipe could fill and block the child
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=err, text=True)
+        proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=out, stderr=err, text=True)
         anon = hwm = 0
         while True:
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
@@ -182,8 +182,12 @@ def run_size(rows: int, work: Path, tree: str | None, only: list[str] | None = N
         "data check": [sys.executable, "-m", "neoembed", "data", "check", str(card), "--sample", "0"],
         "first step": [sys.executable, str(HERE), "--first-step", str(card)],
     }
-    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=tree or str(HERE.parents[1]))
-    startup = measure([sys.executable, "-m", "neoembed", "data", "check", "--help"], env)  # imports, no data
+    # run in the measured checkout: `python -m` puts the working directory first on the path
+    where = str(Path(tree).resolve()) if tree else str(HERE.parents[1])
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=where)
+    startup = measure(
+        [sys.executable, "-m", "neoembed", "data", "check", "--help"], env, where
+    )  # imports, no data
     out = [
         {
             "rows": rows,
@@ -200,7 +204,7 @@ def run_size(rows: int, work: Path, tree: str | None, only: list[str] | None = N
         shutil.rmtree(caches, ignore_errors=True)
         env |= {"HF_DATASETS_CACHE": str(caches / "datasets"), "NEOEMBED_CARD_CACHE": str(caches / "cards")}
         for state in ("cold", "cached"):
-            m = measure(cmd, env)
+            m = measure(cmd, env, where)
             out.append({"rows": rows, "jsonl_mb": round(size_mb, 1), "what": what, "state": state, **m})
             print(json.dumps(out[-1]), flush=True)
         shutil.rmtree(caches, ignore_errors=True)
