@@ -59,6 +59,7 @@ __all__ = [
     "TrainingInterrupted",
     "TrainingStopped",
     "check_device",
+    "check_pair_counts",
     "check_pairs",
     "check_weight_files",
     "claim_results_dir",
@@ -912,9 +913,15 @@ def check_pairs(name: str, queries: list[str], positives: list[str], as_query=la
     positive (``as_query`` formats a positive the way queries were, instruction included), or over half are
     repeats of another pair (masked as false negatives, they leave no negative: the loss is 0). Each warning is
     logged and returned."""
-    n = max(len(queries), 1)
     same = sum(q == as_query(p) for q, p in zip(queries, positives, strict=True))
     distinct = len(set(zip(queries, positives, strict=True)))
+    return check_pair_counts(name, len(queries), same, distinct)
+
+
+def check_pair_counts(name: str, pairs: int, same: int, distinct: int) -> list[str]:
+    """:func:`check_pairs` on counts made elsewhere (a data card's build counts them in its batched map):
+    ``pairs`` pairs, ``same`` of them with the query equal to its positive, ``distinct`` different ones."""
+    n = max(pairs, 1)
     found = []
     if same > n / 2:
         found.append(

@@ -48,10 +48,10 @@ import operator
 import os
 import random
 import re
-from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import xxhash
 import yaml
 from pydantic import ValidationError
 
@@ -74,6 +74,7 @@ __all__ = [
     "load_card",
     "load_card_rows",
     "load_rows",
+    "text_hash",
 ]
 
 DataCard = TrainingCard  # the training card's schema lives in neoembed.card_schema (shared with other cards)
@@ -268,7 +269,9 @@ def _apply_filter(card: DataCard, ds):
     if col not in ds.column_names:
         raise DataCardError(f"card {card.name}: filter column {col!r} not in {ds.column_names}")
     fn, v = _OPS[op], float(value)
-    return ds.filter(lambda row: row[col] is not None and fn(float(row[col]), v))
+    # batched, one column: Python sees a block of that column's values at a time, not every row as a dict
+    keep = lambda values: [x is not None and fn(float(x), v) for x in values]  # noqa: E731
+    return ds.filter(keep, batched=True, batch_size=10_000, input_columns=[col])
 
 
 # ----------------------------------------------------------------------------------------- reading columns
@@ -290,8 +293,12 @@ class _Spec:
         self.hits = 0
 
     def read(self, row: dict, i: int):
-        v = row
-        for st in self.steps:
+        """The spec's value in ``row`` (a dict of every column)."""
+        return self.read_value(row[self.steps[0]], i)
+
+    def read_value(self, v, i: int):
+        """The spec's value, starting from its column's value ``v`` in row ``i`` (steps after the column)."""
+        for st in self.steps[1:]:
             if v is None:
                 return _MISSING
             if isinstance(st, int):
@@ -313,9 +320,9 @@ class _Spec:
         self.hits += 1
         return v
 
-    def text(self, row: dict, i: int):
-        """A query or positive: text, or an integer class label read as its name."""
-        v = self.read(row, i)
+    def text(self, v, i: int):
+        """A query or positive, from its column's value ``v``: text, or an integer class label read as its name."""
+        v = self.read_value(v, i)
         if v is _MISSING or isinstance(v, str):
             return v
         if isinstance(v, int) and not isinstance(v, bool) and self.names:
@@ -324,9 +331,10 @@ class _Spec:
             return self.names[v]
         raise self._error(i, v, "expected text")
 
-    def texts(self, row: dict, i: int) -> tuple[list[str], int]:
-        """Negatives: (texts, missing items). A list expands; nulls inside it are counted, not errors."""
-        v = self.read(row, i)
+    def texts(self, v, i: int) -> tuple[list[str], int]:
+        """Negatives, from their column's value ``v``: (texts, missing items). A list expands; nulls inside it are
+        counted, not errors."""
+        v = self.read_value(v, i)
         if v is _MISSING:
             return [], 0
         items = v if isinstance(v, list) else [v]
@@ -373,6 +381,10 @@ class DropReport:
     full_size: int | None = None
     sampled: bool = False
     expected_loss: float | str = 0.0  # or UNKNOWN
+    # of the kept pairs: how many have the query equal to its positive (formatted as a query), how many differ
+    # (by the texts' hashes); what ``neoembed.runs.check_pair_counts`` warns about, counted in the build's map
+    same_as_query: int = 0
+    distinct_pairs: int = 0
 
     @property
     def loss(self) -> float:
@@ -438,29 +450,138 @@ def build_pairs_report(
     with_instruction: bool = True,
     loaded: LoadedRows | None = None,
     warn: bool = True,
+    workdir: Path | None = None,
 ):
     """Rows -> (Dataset with ``query, positive, negative_1..k``, :class:`DropReport`). The card's instruction goes
     before every query (documents stay plain); every dropped row is counted (see the module docstring).
-    ``warn=False``: the caller reports an ``expected_loss: unknown`` card's share itself (``report.pin_hint()``)."""
-    import datasets
+    ``warn=False``: the caller reports an ``expected_loss: unknown`` card's share itself (``report.pin_hint()``).
 
-    cols, feats = rows.column_names, getattr(rows, "features", None)
-    readers = {
-        role: [_Spec(card, role, s, cols, feats) for s in ([v] if isinstance(v, str) else v)]
-        for role, v in (("query", card.columns.query), ("positive", card.columns.positive))
-    }
-    negs = [_Spec(card, "negatives", s, cols, feats) for s in card.columns.negatives]
-    score_spec = _Spec(card, "scores", card.columns.scores, cols, feats) if card.columns.scores else None
+    The rows stream through two batched ``datasets.map`` passes, never into Python lists: the first reads every
+    row (errors name the row, in row order), the second keeps the rows with k negatives, in Arrow. ``workdir``:
+    where their Arrow files go (then also ``text_hashes.npy``, see :func:`neoembed.data.sampler.text_hashes`);
+    without it they stay in memory for in-memory rows, or go to the datasets cache beside the rows' files."""
+    reader = _RowReader(card, rows, template, with_instruction)
     report = DropReport(card.name, len(rows), expected_loss=card.expected_loss)
     if loaded is not None:
         report.full_size, report.sampled = loaded.full_size, loaded.sampled
         report.rows_read += sum(loaded.dropped.values())
         report.dropped.update(loaded.dropped)
-    kept: list[tuple[str, str, list[str], list[float] | None]] = []
-    for i, row in enumerate(rows):
+    read = _map_rows(rows, reader, workdir)
+    _check_hits(card, reader.hit_specs, rows)
+    drop = read.data.column("_drop").to_numpy()
+    for code in sorted(set(_codes(drop)), key=lambda c: int((drop == c).argmax())):  # first row first
+        reason = _REASONS[code - 1]
+        report.dropped[reason] = report.dropped.get(reason, 0) + int((drop == code).sum())
+    counts = _negative_counts(read)[drop == 0]
+    k = _negatives_per_query(counts, max_negatives) if reader.negs else 0
+    short = int((counts < k).sum())
+    if short:
+        report.dropped[f"fewer than {k} hard negatives"] = short
+    report.rows_kept, report.negatives_per_query = int(len(counts) - short), k
+    _check_loss(card, report, max_negatives, warn)
+    pairs = _keep_rows(read, k, reader.score_spec is not None, workdir)
+    report.same_as_query, report.distinct_pairs = _pair_counts(pairs, workdir)
+    # the hidden columns stay in the file, out of the dataset: the trainer reads every column it has
+    return pairs.remove_columns(["_same", "_hashes"]), report
+
+
+def _pair_counts(pairs, workdir: Path | None) -> tuple[int, int]:
+    """(pairs whose query equals its positive, distinct (query, positive) pairs), from the hidden columns; with
+    ``workdir``, the texts' hashes are written there too (:data:`HASHES`)."""
+    import numpy as np
+
+    same = int(np.count_nonzero(pairs.data.column("_same").to_numpy(zero_copy_only=False)))
+    width = 2 + sum(c.startswith("negative_") for c in pairs.column_names)
+    path = workdir / HASHES if workdir is not None else None
+    hashes = _write_hashes(pairs, width, path)
+    pair = hashes[:, 0].astype(np.uint64) ^ (hashes[:, 1].astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15))
+    distinct = len(np.unique(pair))
+    if path is not None:  # no_duplicates: auto's question, answered once here for every later run
+        columns = ["query", "positive"] + [f"negative_{j + 1}" for j in range(width - 2)]
+        (workdir / REPEATS).write_text(json.dumps({"repeats": hashed_repeats(hashes, pairs, columns)}))
+    return same, distinct
+
+
+def hashed_repeats(hashes, dataset, columns: list[str]) -> bool:
+    """Whether a text occurs twice among ``hashes`` ((rows, columns) int64: the hashes of ``dataset``'s
+    ``columns``), sorted in numpy; a repeated hash is confirmed on the two texts, so a collision is no repeat."""
+    import numpy as np
+
+    flat = np.asarray(hashes).reshape(-1)
+    ordered = np.sort(flat)
+    repeated = np.unique(ordered[1:][ordered[1:] == ordered[:-1]])
+    del ordered
+    for value in repeated:
+        first, second = np.flatnonzero(flat == value)[:2]
+        (r1, c1), (r2, c2) = divmod(int(first), len(columns)), divmod(int(second), len(columns))
+        if dataset[r1][columns[c1]] == dataset[r2][columns[c2]]:
+            return True
+    return False
+
+
+_REASONS = ("query missing", "query empty", "positive missing", "positive empty")
+
+
+def _codes(drop) -> list[int]:
+    import numpy as np
+
+    return [int(c) for c in np.flatnonzero(np.bincount(drop, minlength=len(_REASONS) + 1)) if c]
+
+
+def _negative_counts(read):
+    import pyarrow.compute as pc
+
+    return pc.list_value_length(read.data.column("negatives")).to_numpy(zero_copy_only=False)
+
+
+class _RowReader:
+    """The first pass's batch function: every row read in order, to ``query`` (instruction before it),
+    ``positive``, ``negatives`` (the non-empty ones), ``label`` (scores) and ``_drop`` (0: kept, else 1 + the
+    index of its reason in ``_REASONS``), with the 64-bit hashes of the texts (``_hashes``: query, positive,
+    then one per negative) and whether the query equals its positive as a query (``_same``). Errors are raised at the first row that has one, as the row-by-row loop did."""
+
+    def __init__(self, card: DataCard, rows, template: str, with_instruction: bool):
+        cols, feats = rows.column_names, getattr(rows, "features", None)
+        self.card, self.template = card, template
+        self.instruction = card.instruction if with_instruction else None
+        self.readers = {
+            role: [_Spec(card, role, s, cols, feats) for s in ([v] if isinstance(v, str) else v)]
+            for role, v in (("query", card.columns.query), ("positive", card.columns.positive))
+        }
+        self.negs = [_Spec(card, "negatives", s, cols, feats) for s in card.columns.negatives]
+        spec = card.columns.scores
+        self.score_spec = _Spec(card, "scores", spec, cols, feats) if spec else None
+        self.hit_specs = [s for specs in self.readers.values() for s in specs] + self.negs
+
+    def features(self):
+        import datasets
+
+        text, hashes = datasets.Value("string"), datasets.List(datasets.Value("int64"))
+        out = {"query": text, "positive": text, "negatives": datasets.List(text), "_hashes": hashes}
+        out["_same"] = datasets.Value("bool")
+        if self.score_spec is not None:
+            out["label"] = datasets.List(datasets.Value("float64"))
+        return datasets.Features({**out, "_drop": datasets.Value("int8")})
+
+    def __call__(self, batch: dict, indices: list[int]) -> dict:
+        out = {name: [] for name in self.features()}
+        for r, i in enumerate(indices):
+            query, positive, negatives, scores, code = self._row(batch, r, i)
+            out["query"].append(query)
+            out["positive"].append(positive)
+            out["negatives"].append(negatives)
+            out["_drop"].append(code)
+            out["_hashes"].append([text_hash(t) for t in (query, positive, *negatives)] if not code else [])
+            same = not code and query == format_with_instruction(self.instruction, positive, self.template)
+            out["_same"].append(same)
+            if self.score_spec is not None:
+                out["label"].append(scores)
+        return out
+
+    def _row(self, batch: dict, r: int, i: int):
         texts, reason = {}, None
-        for role, specs in readers.items():
-            parts = [s.text(row, i) for s in specs]
+        for role, specs in self.readers.items():
+            parts = [s.text(batch[s.steps[0]][r], i) for s in specs]
             if any(p is _MISSING for p in parts):
                 reason = reason or f"{role} missing"
                 continue
@@ -468,40 +589,128 @@ def build_pairs_report(
             if not texts[role].strip():
                 reason = reason or f"{role} empty"
         row_negs: list[str] = []
-        for s in negs:
-            got, _ = s.texts(row, i)
+        for s in self.negs:
+            got, _ = s.texts(batch[s.steps[0]][r], i)
             row_negs += got
         if reason:
-            report.dropped[reason] = report.dropped.get(reason, 0) + 1
-            continue
-        scores = _row_scores(card, score_spec, row, i, len(row_negs)) if score_spec else None
+            return None, None, [], None, 1 + _REASONS.index(reason)
+        scores = None
+        if self.score_spec is not None:
+            s = self.score_spec
+            scores = _row_scores(self.card, s, batch[s.steps[0]][r], i, len(row_negs))
         keep = [j for j, n in enumerate(row_negs) if n.strip()]
         if scores is not None:  # each negative keeps its own score
             scores = [scores[0]] + [scores[1 + j] for j in keep]
-        kept.append((texts["query"], texts["positive"], [row_negs[j] for j in keep], scores))
-    _check_hits(card, [s for specs in readers.values() for s in specs] + negs, rows)
-    k = _negatives_per_query([len(r[2]) for r in kept], max_negatives) if negs else 0
-    short = sum(len(r[2]) < k for r in kept)
-    if short:
-        report.dropped[f"fewer than {k} hard negatives"] = short
-    kept = [r for r in kept if len(r[2]) >= k]
-    report.rows_kept, report.negatives_per_query = len(kept), k
-    _check_loss(card, report, max_negatives, warn)
-    instruction = card.instruction if with_instruction else None
-    out: dict[str, list] = {
-        "query": [format_with_instruction(instruction, r[0], template) for r in kept],
-        "positive": [r[1] for r in kept],
-    }
-    for j in range(k):
-        out[f"negative_{j + 1}"] = [r[2][j] for r in kept]
-    if score_spec is not None:  # sentence-transformers hands the "label" column to the loss as its labels
-        out["label"] = [r[3][: 1 + k] for r in kept]
-    return datasets.Dataset.from_dict(out), report
+        query = format_with_instruction(self.instruction, texts["query"], self.template)
+        return query, texts["positive"], [row_negs[j] for j in keep], scores, 0
 
 
-def _row_scores(card: DataCard, spec: _Spec, row: dict, i: int, n_negatives: int) -> list[float]:
-    """Row ``i``'s teacher scores: one number for the positive and one per negative, else an error."""
-    value = spec.read(row, i)
+def text_hash(text: str) -> int:
+    """A text's signed 64-bit xxh3 hash (the duplicate checks compare these; equal hashes are confirmed on the
+    texts themselves)."""
+    h = xxhash.xxh3_64_intdigest(text.encode("utf8"))
+    return h - (1 << 64) if h >= 1 << 63 else h
+
+
+_MAP_BATCH = 1000  # rows per batch of both passes: Python holds one batch of texts at a time
+
+
+def _map_rows(rows, reader: _RowReader, workdir: Path | None):
+    """The first pass (see :class:`_RowReader`)."""
+    import uuid
+
+    fingerprint = uuid.uuid4().hex  # the reader (card, specs) is not hashable by datasets; never reused
+    where = (
+        {"cache_file_name": str(workdir / "read.arrow")} if workdir is not None else {"keep_in_memory": True}
+    )
+    return rows.map(
+        reader,
+        batched=True,
+        batch_size=_MAP_BATCH,
+        with_indices=True,
+        remove_columns=rows.column_names,
+        features=reader.features(),
+        load_from_cache_file=False,
+        new_fingerprint=fingerprint,
+        desc=f"reading {reader.card.name}",
+        **where,
+    )
+
+
+def _keep_rows(read, k: int, scores: bool, workdir: Path | None):
+    """The second pass, in Arrow: the kept rows with k negatives, as ``query, positive, negative_1..k[, label]``;
+    with ``workdir``, the texts' hashes of those rows are written beside them (``text_hashes.npy``)."""
+    import uuid
+
+    import datasets
+
+    text = datasets.Value("string")
+    feats = {"query": text, "positive": text} | {f"negative_{j + 1}": text for j in range(k)}
+    if scores:
+        feats["label"] = datasets.List(datasets.Value("float64"))
+    feats |= {"_hashes": datasets.List(datasets.Value("int64")), "_same": datasets.Value("bool")}
+    where = {"cache_file_name": str(workdir / PAIRS)} if workdir is not None else {"keep_in_memory": True}
+    kept = read.with_format("arrow").map(
+        _KeepRows(k, scores),
+        batched=True,
+        batch_size=_MAP_BATCH * 10,
+        remove_columns=read.column_names,
+        features=datasets.Features(feats),
+        load_from_cache_file=False,
+        new_fingerprint=uuid.uuid4().hex,
+        desc="keeping rows",
+        **where,
+    )
+    return kept.with_format(None)
+
+
+PAIRS = "pairs.arrow"  # a card's cached pairs (see neoembed.data.card_cache)
+REPEATS = "text_repeats.json"  # beside them: whether a text repeats (no_duplicates: auto)
+HASHES = "text_hashes.npy"  # beside a card's pairs: (rows, 2 + k) int64, the hashes of each row's texts
+
+
+class _KeepRows:
+    """The second pass's batch function (Arrow table in, Arrow table out): rows read without a drop reason and
+    with at least k negatives, their first k negatives as columns, their scores and hashes cut to match."""
+
+    def __init__(self, k: int, scores: bool):
+        self.k, self.scores = k, scores
+
+    def __call__(self, table):
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        enough = pc.greater_equal(pc.list_value_length(table["negatives"]), self.k)
+        t = table.filter(pc.and_(pc.equal(table["_drop"], 0), enough))
+        out = {"query": t["query"], "positive": t["positive"]}
+        for j in range(self.k):
+            out[f"negative_{j + 1}"] = pc.list_element(t["negatives"], j)
+        if self.scores:
+            out["label"] = pc.list_slice(t["label"], 0, 1 + self.k)
+        out["_hashes"] = pc.list_slice(t["_hashes"], 0, 2 + self.k)
+        out["_same"] = t["_same"]
+        return pa.table(out)
+
+
+def _write_hashes(kept, width: int, path: Path | None):
+    """The ``_hashes`` column as a (rows, width) int64 array, filled chunk by chunk: in memory, or in ``path``."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    shape = (len(kept), width)
+    out = np.lib.format.open_memmap(path, "w+", np.int64, shape) if path else np.empty(shape, np.int64)
+    start = 0
+    for chunk in kept.data.column("_hashes").chunks:
+        values = pc.list_flatten(chunk).to_numpy(zero_copy_only=False).reshape(-1, width)
+        out[start : start + len(values)] = values
+        start += len(values)
+    return out
+
+
+def _row_scores(card: DataCard, spec: _Spec, v, i: int, n_negatives: int) -> list[float]:
+    """Row ``i``'s teacher scores (``v``: its scores column's value): one number for the positive and one per
+    negative, else an error."""
+    value = spec.read_value(v, i)
     ok = isinstance(value, list) and all(
         isinstance(x, int | float) and not isinstance(x, bool) for x in value
     )
@@ -515,10 +724,14 @@ def _row_scores(card: DataCard, spec: _Spec, row: dict, i: int, n_negatives: int
     return [float(x) for x in value]
 
 
-def _negatives_per_query(counts: list[int], cap: int | None) -> int:
-    """The count most rows carry (ties: the larger), capped by ``cap``."""
-    capped = Counter(min(c, cap) if cap is not None else c for c in counts)
-    return max(capped, key=lambda c: (capped[c], c)) if capped else 0
+def _negatives_per_query(counts, cap: int | None) -> int:
+    """The count most rows carry (ties: the larger), capped by ``cap`` (``counts``: an integer numpy array)."""
+    import numpy as np
+
+    if len(counts) == 0:
+        return 0
+    tally = np.bincount(np.minimum(counts, cap) if cap is not None else counts)
+    return int(len(tally) - 1 - np.argmax(tally[::-1]))  # the last of the most frequent: the larger count
 
 
 def _check_hits(card: DataCard, specs: list[_Spec], rows) -> None:
@@ -580,12 +793,46 @@ def prepare_card(
 ):
     """Load a card's rows and build its pairs: ``(Dataset, DropReport)``; the report's ``full_size`` is the
     dataset's full row count (pi_i), its ``dropped`` every row lost on the way, per reason (``warn``: see
-    :func:`build_pairs_report`)."""
+    :func:`build_pairs_report`). A local card's result is kept on disk (:mod:`neoembed.data.card_cache`): the
+    next run with the same card, files and settings memory-maps it instead of reading the data again."""
+    from neoembed.data import card_cache
+
+    settings = [max_rows, max_negatives, template, with_instruction, seed]
+    root = card_cache.cache_root()
+    if root is None or card.source.local is None:  # hub data: the datasets cache keeps its Arrow files
+        return _prepare(card, folder, settings, warn, None)
+    files = card_cache.data_files((folder / card.source.local.path).resolve())
+    if not files:  # the loader's own error names the fix
+        return _prepare(card, folder, settings, warn, None)
+    key = card_cache.entry_key(card.model_dump_json(), files, settings)
+    with card_cache.locked_entry(root, key) as entry:
+        if (hit := card_cache.read_entry(entry, PAIRS)) is None:
+            with card_cache.building(entry) as work:  # removed if the build fails
+                _, report = _prepare(card, folder, settings, warn, work)
+                card_cache.seal_entry(work, entry, asdict(report), [PAIRS, HASHES, REPEATS])
+            logger.info("card %s: prepared pairs kept in %s", card.name, entry)
+            hit = card_cache.read_entry(entry, PAIRS)
+        else:
+            _check_loss(card, DropReport(**hit[1]), max_negatives, warn)  # the same warning as the first run
+            logger.info("card %s: prepared pairs read back from %s", card.name, entry)
+    pairs, report = hit
+    return pairs, DropReport(**report)
+
+
+def _prepare(card: DataCard, folder: Path, settings: list, warn: bool, workdir: Path | None):
+    max_rows, max_negatives, template, with_instruction, seed = settings
     loaded = load_card_rows(card, folder, max_rows, seed)
     if len(loaded.rows) == 0 and not loaded.dropped:
         raise DataCardError(f"card {card.name}: the dataset is empty")
     return build_pairs_report(
-        card, loaded.rows, max_negatives, template, with_instruction, loaded=loaded, warn=warn
+        card,
+        loaded.rows,
+        max_negatives,
+        template,
+        with_instruction,
+        loaded=loaded,
+        warn=warn,
+        workdir=workdir,
     )
 
 

@@ -9,10 +9,13 @@ dataset for every step, so that the global batch of a step is single-dataset on 
 from __future__ import annotations
 
 import functools
+import json
 import logging
 from collections.abc import Iterator
 from itertools import accumulate
+from pathlib import Path
 
+import numpy as np
 import torch
 from sentence_transformers.base.sampler import MultiDatasetDefaultBatchSampler, NoDuplicatesBatchSampler
 
@@ -20,9 +23,11 @@ __all__ = [
     "NoDuplicatesBatchSampler",
     "PowerLawDatasetBatchSampler",
     "dataset_probabilities",
+    "compact_batches",
     "duplicate_free_rows",
     "no_duplicate_batches",
     "plan_no_duplicates",
+    "text_hashes",
     "text_repeats",
 ]
 
@@ -37,16 +42,57 @@ def dataset_probabilities(sizes: list[int], alpha: float) -> list[float]:
 
 def text_repeats(dataset, label_columns: list[str] | tuple[str, ...] = ("label",)) -> bool:
     """Whether some text occurs in more than one row (the same query with several positives, or one row's
-    negative that is another row's positive): then two rows of one batch can be each other's false negatives."""
-    seen: set[str] = set()
-    for column in dataset.column_names:
-        if column in label_columns:
-            continue
-        for text in dataset[column]:
-            if text in seen:
-                return True
-            seen.add(text)
-    return False
+    negative that is another row's positive): then two rows of one batch can be each other's false negatives.
+
+    A card prepared by :func:`neoembed.data.cards.prepare_card` has the answer on disk, found when it was built;
+    any other dataset is decided on its texts' 64-bit hashes (:func:`text_hashes`), sorted in numpy, a repeated
+    hash confirmed on the texts themselves (a hash collision never reads as a repeat)."""
+    from neoembed.data.cards import REPEATS, hashed_repeats
+
+    columns = [c for c in dataset.column_names if c not in label_columns]
+    side = _hashes_file(dataset, columns)
+    if side is not None and side.with_name(REPEATS).is_file():
+        return bool(json.loads(side.with_name(REPEATS).read_text())["repeats"])
+    return hashed_repeats(text_hashes(dataset, columns), dataset, columns)
+
+
+def _hashes_file(dataset, columns: list[str]) -> Path | None:
+    """The hashes file of a prepared card's pairs when ``dataset`` is all of them (not a selection) and
+    ``columns`` are its text columns; else None."""
+    from neoembed.data.cards import HASHES
+
+    files = getattr(dataset, "cache_files", None) or []
+    whole = getattr(dataset, "_indices", None) is None  # not a selection of the file's rows
+    negatives = [f"negative_{j + 1}" for j in range(len(columns) - 2)]
+    if len(files) != 1 or not whole or columns != ["query", "positive", *negatives]:
+        return None
+    side = Path(files[0]["filename"]).with_name(HASHES)
+    if not side.is_file() or np.load(side, mmap_mode="r").shape != (len(dataset), len(columns)):
+        return None
+    return side
+
+
+_HASH_BATCH = 10_000
+
+
+def text_hashes(dataset, columns: list[str]):
+    """The 64-bit hashes of every row's texts in ``columns``, as a (rows, columns) int64 array. A card prepared
+    by :func:`neoembed.data.cards.prepare_card` has them on disk beside its pairs, computed in the batched map
+    that read its rows (memory-mapped here, no pass over the texts); any other dataset is hashed batch by batch."""
+    from neoembed.data.cards import text_hash
+
+    side = _hashes_file(dataset, columns)
+    if side is not None:
+        return np.load(side, mmap_mode="r")
+    out = np.empty((len(dataset), len(columns)), dtype=np.int64)
+    view = dataset.select_columns(columns)
+    for start in range(0, len(dataset), _HASH_BATCH):
+        batch = view[start : start + _HASH_BATCH]
+        for j, c in enumerate(columns):
+            out[start : start + len(batch[c]), j] = [
+                text_hash(t if isinstance(t, str) else repr(t)) for t in batch[c]
+            ]
+    return out
 
 
 def no_duplicate_batches(mode: bool | str, dataset, **sampler_kwargs) -> NoDuplicatesBatchSampler | None:
@@ -60,16 +106,18 @@ def no_duplicate_batches(mode: bool | str, dataset, **sampler_kwargs) -> NoDupli
 def duplicate_free_rows(dataset, limit: int, label_columns: tuple[str, ...] = ("label",)) -> int:
     """How many rows, taken in order, share no text with the rows taken before them (counting stops at
     ``limit``). ``NoDuplicatesBatchSampler`` fills a batch the same greedy way, so below the batch size it can
-    form no batch at all."""
+    form no batch at all. Compared on the texts' hashes (:func:`text_hashes`), a block of rows at a time."""
     columns = [c for c in dataset.column_names if c not in label_columns]
-    seen: set[str] = set()
+    hashes = text_hashes(dataset, columns)
+    seen: set[int] = set()
     count = 0
-    for row in zip(*(dataset[c] for c in columns), strict=True):
-        if seen.isdisjoint(row):
-            seen.update(row)
-            count += 1
-            if count >= limit:
-                break
+    for start in range(0, len(hashes), _HASH_BATCH):
+        for row in np.asarray(hashes[start : start + _HASH_BATCH]).tolist():
+            if seen.isdisjoint(row):
+                seen.update(row)
+                count += 1
+                if count >= limit:
+                    return count
     return count
 
 
@@ -94,6 +142,34 @@ def plan_no_duplicates(mode: bool | str, dataset, batch_size: int, name: str) ->
     raise DataCardError(
         f"{problem}: no_duplicates: true cannot fill a batch; lower batch_size or set no_duplicates: false"
     )
+
+
+def compact_batches(batch_sampler) -> Iterator[list[int]]:
+    """The batches of ``batch_sampler``, the same ones in the same order; for a plain batch sampler over a
+    ``RandomSampler`` (sentence-transformers' default) drawn from one permutation tensor instead of torch's
+    ``randperm(n).tolist()``, a Python int per row (16.4M rows: about 0.6 GB for Table 7's cards)."""
+    from torch.utils.data import BatchSampler, RandomSampler
+
+    inner = getattr(batch_sampler, "sampler", None)
+    plain = type(batch_sampler).__iter__ is BatchSampler.__iter__ and type(inner) is RandomSampler
+    if not plain or inner.replacement or inner.num_samples != len(inner.data_source):
+        yield from batch_sampler
+        return
+    n, size = len(inner.data_source), batch_sampler.batch_size
+    generator = inner.generator
+    if generator is None:  # as RandomSampler does: a seed drawn from torch's global generator
+        seed = int(torch.empty((), dtype=torch.int64).random_().item())
+        generator = torch.Generator().manual_seed(seed)
+    order = torch.randperm(n, generator=generator)
+    order = order.to(torch.int32) if n < 2**31 else order
+    full = n - n % size
+    for start in range(0, full, size):
+        yield order[start : start + size].tolist()
+    # RandomSampler's trailing draw (of num_samples % n = 0 rows) comes when the n-th row is passed: before a
+    # last short batch, after the last full one; the generator may be shared with other datasets' samplers
+    torch.randperm(n, generator=generator)
+    if full < n and not batch_sampler.drop_last:
+        yield order[full:].tolist()
 
 
 def _restarted_batch(batches: Iterator[list[int]], i: int, sampler) -> list[int]:
@@ -151,7 +227,7 @@ class PowerLawDatasetBatchSampler(MultiDatasetDefaultBatchSampler):
     def __iter__(self) -> Iterator[list[int]]:
         g = torch.Generator().manual_seed(self.seed + 1_000_003 * self.epoch)
         offsets = [0, *accumulate(self.sizes)]
-        iters = [iter(s) for s in self.batch_samplers]
+        iters = [compact_batches(s) for s in self.batch_samplers]
         probs = torch.tensor(self.probabilities)
         self.history = []
         for _ in range(len(self) // self.world_size):
@@ -163,7 +239,7 @@ class PowerLawDatasetBatchSampler(MultiDatasetDefaultBatchSampler):
                 except StopIteration:
                     if hasattr(self.batch_samplers[i], "set_epoch"):
                         self.batch_samplers[i].set_epoch(getattr(self.batch_samplers[i], "epoch", 0) + 1)
-                    iters[i] = iter(self.batch_samplers[i])
+                    iters[i] = compact_batches(self.batch_samplers[i])
                     batch = _restarted_batch(iters[i], i, self.batch_samplers[i])
                 yield [j + offsets[i] for j in batch]
 

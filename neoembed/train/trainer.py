@@ -46,7 +46,6 @@ from neoembed.data.sampler import (
     dataset_probabilities,
     plan_no_duplicates,
 )
-from neoembed.instructions import format_with_instruction
 from neoembed.losses import build_loss
 from neoembed.recipe import RecipeError, resolve_recipe_path
 from neoembed.record import write_run_record
@@ -56,7 +55,7 @@ from neoembed.runs import (
     StopSignal,
     TrainingInterrupted,
     TrainingStopped,
-    check_pairs,
+    check_pair_counts,
     check_trackers,
     check_weight_files,
     commit_checkpoint,
@@ -120,13 +119,8 @@ def prepare_datasets(recipe: UnifiedRecipe, recipe_dir: Path | None = None, repo
             )
         if reports is not None:
             reports[card.name] = report
-        instruction = card.instruction if recipe.instructions else None
-        check_pairs(
-            card.name,
-            pairs["query"],
-            pairs["positive"],
-            lambda text, i=instruction: format_with_instruction(i, text, recipe.template),
-        )
+        # counted in the card's batched map (pairs["query"] would walk every row in Python)
+        check_pair_counts(card.name, len(pairs), report.same_as_query, report.distinct_pairs)
         bs = recipe.dataset_batch_size(entry, report.negatives_per_query)
         _check_batch(card.name, bs, len(pairs), report.negatives_per_query)
         out[card.name], sizes[card.name], lines[card.name] = pairs, bs, report
