@@ -814,7 +814,7 @@ def prepare_card(
             hit = card_cache.read_entry(entry, PAIRS)
         else:
             _check_loss(card, DropReport(**hit[1]), max_negatives, warn)  # the same warning as the first run
-            logger.info("card %s: prepared pairs read back from %s", card.name, entry)
+            logger.debug("card %s: prepared pairs read back from %s", card.name, entry)
     pairs, report = hit
     return pairs, DropReport(**report)
 
