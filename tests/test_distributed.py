@@ -107,14 +107,17 @@ LOSS_SCRIPT = textwrap.dedent('''
 ''')
 
 
-def _mismatches(one: dict[str, torch.Tensor], two: dict[str, torch.Tensor]) -> list[str]:
-    """Each parameter whose gradients differ beyond RELATIVE x its scale, with the numbers."""
+def _mismatches(one: dict[str, torch.Tensor], two: dict[str, torch.Tensor], label: str = "") -> list[str]:
+    """Each parameter whose gradients differ beyond RELATIVE x its scale, with the numbers (the worst ratio of
+    all is printed: ``pytest -s`` shows how far inside the tolerance the gradients are)."""
     assert sorted(one) == sorted(two), (sorted(set(one) ^ set(two)), "have a gradient on one side only")
-    bad = []
+    bad, worst = [], (0.0, "")
     for name, g1 in one.items():
         diff, scale = (two[name] - g1).abs().max().item(), g1.abs().max().item()
+        worst = max(worst, (diff / scale if scale else float(diff > 0), name))
         if diff > RELATIVE * scale:
             bad.append(f"{name}: max|g2-g1| {diff:.3e} > {RELATIVE:g} x max|g1| {scale:.3e}")
+    print(f"{label}: worst max|g2-g1| / max|g1| = {worst[0]:.2e} ({worst[1]}) over {len(one)} tensors")
     return bad
 
 
@@ -141,7 +144,7 @@ def test_two_processes_give_every_gradient_of_one_process_for_each_loss(tmp_path
         # every parameter of the model gets a gradient (the losses reach the whole encoder), not all zero
         assert len(ref["grads"]) == ref["parameters"], name
         assert any(g.abs().max() > 0 for g in ref["grads"].values()), name
-        bad = _mismatches(ref["grads"], two[name]["grads"])
+        bad = _mismatches(ref["grads"], two[name]["grads"], name)
         if bad:
             failures[name] = bad
     assert not failures, json.dumps(failures, indent=1)
@@ -212,7 +215,9 @@ def test_pretraining_gradients_equal_on_one_and_two_processes(tmp_path, one, two
     records, folder2 = _probed_run(tmp_path, 2, [*PRETRAIN, *two], grads=True)
     g1, g2 = torch.load(folder1 / "grads-rank0.pt"), torch.load(folder2 / "grads-rank0.pt")
     assert len(g1) == len(g2) == records[0]["params"]["tensors"]
-    bad = _mismatches({str(i): g for i, g in enumerate(g1)}, {str(i): g for i, g in enumerate(g2)})
+    bad = _mismatches(
+        {str(i): g for i, g in enumerate(g1)}, {str(i): g for i, g in enumerate(g2)}, f"pretraining {one}"
+    )
     assert not bad, bad
     buckets = [e for e in records[0]["events"] if e["op"] == "ddp_hook"]
     assert len(buckets) == 1 and buckets[0]["bytes"] == records[0]["params"]["bytes"]
