@@ -121,7 +121,6 @@ def _mismatches(one: dict[str, torch.Tensor], two: dict[str, torch.Tensor], labe
     return bad
 
 
-@pytest.mark.slow  # ~80 s on 2 shared cores: one launch of 2 processes, 7 losses in this process
 def test_two_processes_give_every_gradient_of_one_process_for_each_loss(tmp_path):
     """Plain and cached InfoNCE, with Matryoshka, false-negative masking and the improved contrastive loss."""
     script = tmp_path / "losses.py"
