@@ -58,6 +58,8 @@ LOSS_SCRIPT = textwrap.dedent('''
         "plain_false_negatives": ("InfoNCELoss", {"false_negatives": {"margin": 0.05}}),
         "cached_false_negatives": ("CachedInfoNCELoss", {"mini_batch_size": 3, "false_negatives": {"margin": 0.05}}),
         "plain_improved_contrastive": ("InfoNCELoss", {"improved_contrastive": True}),
+        # the control: without gathering, 2 processes score fewer negatives, so the comparison must fail
+        "plain_not_gathered": ("InfoNCELoss", {"gather_across_devices": False}),
     }
     TOPICS = ["parse a date", "open a file", "sort a list", "join paths", "read json", "spawn a process",
               "format a float", "hash bytes"]
@@ -82,7 +84,7 @@ LOSS_SCRIPT = textwrap.dedent('''
         out = {}
         for name, (cls, options) in CONFIGS.items():
             model.zero_grad(set_to_none=True)
-            loss = getattr(losses, cls)(model, gather_across_devices=world > 1, **options)
+            loss = getattr(losses, cls)(model, **{"gather_across_devices": world > 1, **options})
             features = [model.tokenize(c[rows]) for c in columns]
             value = loss(features, torch.zeros(len(columns[0][rows])))
             value.backward()
@@ -122,7 +124,8 @@ def _mismatches(one: dict[str, torch.Tensor], two: dict[str, torch.Tensor], labe
 
 
 def test_two_processes_give_every_gradient_of_one_process_for_each_loss(tmp_path):
-    """Plain and cached InfoNCE, with Matryoshka, false-negative masking and the improved contrastive loss."""
+    """Plain and cached InfoNCE, with Matryoshka, false-negative masking and the improved contrastive loss; and a
+    control that must differ (2 processes without gathering)."""
     script = tmp_path / "losses.py"
     script.write_text(LOSS_SCRIPT)
     scope: dict = {"__name__": "losses_reference"}
@@ -137,6 +140,11 @@ def test_two_processes_give_every_gradient_of_one_process_for_each_loss(tmp_path
     assert saved["world"] == 2  # really two processes
     two = saved["result"]
     assert sorted(two) == sorted(one) == sorted(scope["CONFIGS"])
+    control = two.pop("plain_not_gathered")
+    assert control["loss"] != pytest.approx(one.pop("plain_not_gathered")["loss"], rel=1e-3)
+    assert _mismatches(
+        one["plain"]["grads"], control["grads"], "control (not gathered)"
+    )  # the check can fail
     failures = {}
     for name, ref in one.items():
         assert two[name]["loss"] == pytest.approx(ref["loss"], rel=1e-5), name
