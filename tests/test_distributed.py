@@ -1,0 +1,230 @@
+"""Two gloo processes against one (issue #40): every parameter's gradient equal, and the gradient collectives of a
+step counted.
+
+Gradients: 1 process with a batch of 2B against 2 processes with B each and ``gather_across_devices`` (every
+process scores its queries against the candidates of both), each gradient averaged over the processes as DDP
+averages it; for every parameter tensor, max|g2 - g1| <= 1e-5 * max|g1| in fp32. The losses of the unified trainer
+(plain, cached) and its objectives run in one launch; pre-training runs its real trainer, with and without gradient
+accumulation, its gradients read at the first optimizer step by benchmarks/_probe (which also counts collectives:
+benchmarks/collectives.py). The unified trainer has no gradient accumulation (its recipe has no such key).
+
+Each launch imports torch in two processes (tens of seconds on 2 cores); the one-process reference of the losses is
+computed in this process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+TINY_MODEL = REPO / "recipes" / "tiny" / "model"
+PROBE = REPO / "benchmarks" / "_probe"
+RELATIVE = 1e-5  # max|g2 - g1| <= RELATIVE * max|g1| for every parameter tensor (fp32)
+
+
+def _launch(processes: int) -> list[str]:
+    """`accelerate launch` for N gloo processes on CPU, as tests/test_train.py launches (see its _launch)."""
+    mode = ["--multi_gpu"] if processes > 1 else ["--cpu"]
+    return [
+        sys.executable, "-m", "accelerate.commands.launch", *mode,
+        "--num_machines", "1", "--num_processes", str(processes), "--main_process_port", "0",
+        "--mixed_precision", "no", "--dynamo_backend", "no",
+    ]  # fmt: skip
+
+
+def _env(**extra: str) -> dict[str, str]:
+    path = os.pathsep.join(p for p in [str(REPO), os.environ.get("PYTHONPATH", "")] if p)
+    return {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": path, **extra}
+
+
+# The losses of the unified trainer on one process's share of a fixed batch; run as a script under accelerate
+# (2 processes) and imported here (1 process). Each config: loss class, its options.
+LOSS_SCRIPT = textwrap.dedent('''
+    import sys, torch
+
+    CONFIGS = {
+        "plain": ("InfoNCELoss", {}),
+        "cached": ("CachedInfoNCELoss", {"mini_batch_size": 2}),
+        "plain_matryoshka": ("InfoNCELoss", {"matryoshka": {"dims": [32, 16, 8]}}),
+        "cached_matryoshka": ("CachedInfoNCELoss", {"mini_batch_size": 2, "matryoshka": {"dims": [32, 8]}}),
+        "plain_false_negatives": ("InfoNCELoss", {"false_negatives": {"margin": 0.05}}),
+        "cached_false_negatives": ("CachedInfoNCELoss", {"mini_batch_size": 3, "false_negatives": {"margin": 0.05}}),
+        "plain_improved_contrastive": ("InfoNCELoss", {"improved_contrastive": True}),
+        # the control: without gathering, 2 processes score fewer negatives, so the comparison must fail
+        "plain_not_gathered": ("InfoNCELoss", {"gather_across_devices": False}),
+    }
+    TOPICS = ["parse a date", "open a file", "sort a list", "join paths", "read json", "spawn a process",
+              "format a float", "hash bytes"]
+
+    def batch():
+        """8 rows: query, positive, hard negative (distinct texts, of different lengths)."""
+        q = [f"how do I {t}" + " quickly" * (i % 3) for i, t in enumerate(TOPICS)]
+        p = [f"the function to {t} is in the standard library" for t in TOPICS]
+        n = [f"a module that cannot {t}" + " at all" * (i % 2) for i, t in enumerate(TOPICS)]
+        return q, p, n
+
+    def gradients(model_path, world, rank):
+        """config -> {"loss": mean over processes, "grads": {name: gradient averaged over processes}}."""
+        import torch.distributed as dist
+        import neoembed
+        from neoembed import losses
+
+        model = neoembed.load(model_path)
+        columns = batch()
+        n = len(columns[0])
+        rows = slice(rank * n // world, (rank + 1) * n // world)
+        out = {}
+        for name, (cls, options) in CONFIGS.items():
+            model.zero_grad(set_to_none=True)
+            loss = getattr(losses, cls)(model, **{"gather_across_devices": world > 1, **options})
+            features = [model.tokenize(c[rows]) for c in columns]
+            value = loss(features, torch.zeros(len(columns[0][rows])))
+            value.backward()
+            value = value.detach().clone()
+            grads = {k: p.grad.detach().clone() for k, p in model.named_parameters() if p.grad is not None}
+            if world > 1:
+                for g in [value, *grads.values()]:
+                    dist.all_reduce(g)
+                    g /= world
+            out[name] = {"loss": float(value), "grads": grads, "parameters": len(list(model.parameters()))}
+        return out
+
+    if __name__ == "__main__":
+        from accelerate import Accelerator
+
+        acc = Accelerator(cpu=True)
+        result = gradients(sys.argv[1], acc.num_processes, acc.process_index)
+        if acc.is_main_process:
+            torch.save({"world": acc.num_processes, "result": result}, sys.argv[2])
+        acc.wait_for_everyone()
+        acc.end_training()  # destroys the process group: gloo left to interpreter shutdown can abort the process
+''')
+
+
+def _mismatches(one: dict[str, torch.Tensor], two: dict[str, torch.Tensor], label: str = "") -> list[str]:
+    """Each parameter whose gradients differ beyond RELATIVE x its scale, with the numbers (the worst ratio of
+    all is printed: ``pytest -s`` shows how far inside the tolerance the gradients are)."""
+    assert sorted(one) == sorted(two), (sorted(set(one) ^ set(two)), "have a gradient on one side only")
+    bad, worst = [], (0.0, "")
+    for name, g1 in one.items():
+        diff, scale = (two[name] - g1).abs().max().item(), g1.abs().max().item()
+        worst = max(worst, (diff / scale if scale else float(diff > 0), name))
+        if diff > RELATIVE * scale:
+            bad.append(f"{name}: max|g2-g1| {diff:.3e} > {RELATIVE:g} x max|g1| {scale:.3e}")
+    print(f"{label}: worst max|g2-g1| / max|g1| = {worst[0]:.2e} ({worst[1]}) over {len(one)} tensors")
+    return bad
+
+
+def test_two_processes_give_every_gradient_of_one_process_for_each_loss(tmp_path):
+    """Plain and cached InfoNCE, with Matryoshka, false-negative masking and the improved contrastive loss; and a
+    control that must differ (2 processes without gathering)."""
+    script = tmp_path / "losses.py"
+    script.write_text(LOSS_SCRIPT)
+    scope: dict = {"__name__": "losses_reference"}
+    exec(compile(LOSS_SCRIPT, str(script), "exec"), scope)
+    one = scope["gradients"](str(TINY_MODEL), 1, 0)
+    r = subprocess.run(
+        [*_launch(2), str(script), str(TINY_MODEL), str(tmp_path / "two.pt")],
+        capture_output=True, text=True, timeout=600, env=_env(),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    saved = torch.load(tmp_path / "two.pt")
+    assert saved["world"] == 2  # really two processes
+    two = saved["result"]
+    assert sorted(two) == sorted(one) == sorted(scope["CONFIGS"])
+    control = two.pop("plain_not_gathered")
+    assert control["loss"] != pytest.approx(one.pop("plain_not_gathered")["loss"], rel=1e-3)
+    assert _mismatches(
+        one["plain"]["grads"], control["grads"], "control (not gathered)"
+    )  # the check can fail
+    failures = {}
+    for name, ref in one.items():
+        assert two[name]["loss"] == pytest.approx(ref["loss"], rel=1e-5), name
+        # every parameter of the model gets a gradient (the losses reach the whole encoder), not all zero
+        assert len(ref["grads"]) == ref["parameters"], name
+        assert any(g.abs().max() > 0 for g in ref["grads"].values()), name
+        bad = _mismatches(ref["grads"], two[name]["grads"], name)
+        if bad:
+            failures[name] = bad
+    assert not failures, json.dumps(failures, indent=1)
+
+
+def _probed_run(
+    tmp_path: Path, processes: int, args: list[str], grads: bool = False
+) -> tuple[list[dict], Path]:
+    """A real training run under benchmarks/_probe; returns each process's record (rank order) and its folder."""
+    folder = tmp_path / f"probe-{processes}-{len(list(tmp_path.iterdir()))}"
+    folder.mkdir()
+    env = _env(NEOEMBED_PROBE_DIR=str(folder), NEOEMBED_PROBE_GRADS="1" if grads else "0")
+    env["PYTHONPATH"] = os.pathsep.join([str(PROBE), env["PYTHONPATH"]])
+    r = subprocess.run(
+        [*_launch(processes), "-m", "neoembed", *args, f"output_dir={folder / 'run'}", "save_steps=1000"],
+        capture_output=True, text=True, timeout=600, env=env, cwd=REPO,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    records = sorted((json.loads(p.read_text()) for p in folder.glob("rank*.json")), key=lambda d: d["rank"])
+    assert [d["rank"] for d in records] == list(range(processes)), "a process wrote no probe record"
+    assert all(d["world_size"] == processes for d in records)
+    return records, folder
+
+
+@pytest.mark.parametrize(
+    "loss", [["loss=infonce"], ["loss=cached_infonce", "cache_mini_batch_size=4"]], ids=["plain", "cached"]
+)
+def test_unified_trainer_reduces_gradients_once_per_step_in_ddp_buckets(tmp_path, loss):
+    """3 optimizer steps of `neoembed train tiny` on 2 processes: each step one DDP bucket reduction holding every
+    parameter's bytes once, and no other all-reduce of a gradient (the cached loss: 4 GradCache mini-batches a
+    step, replayed under no_sync but the last). The ranks' reduced gradients agree."""
+    records, folder = _probed_run(tmp_path, 2, ["train", "tiny", "steps=3", *loss], grads=True)
+    for record in records:
+        assert record["steps"] == 3
+        param_bytes = record["params"]["bytes"]
+        for step in (1, 2, 3):
+            events = [e for e in record["events"] if e["step"] == step]
+            buckets = [e for e in events if e["op"] == "ddp_hook"]
+            reduces = [e for e in events if e["op"] == "all_reduce"]
+            assert len(buckets) == 1 and buckets[0]["bytes"] == param_bytes, (step, buckets, param_bytes)
+            # the one all-reduce of the step is the bucket's (the loss for logging travels by all_gather)
+            reduced = [(e["kind"], e["bytes"]) for e in reduces]
+            assert reduced == [("ddp_bucket", param_bytes)], (step, reduced)
+    g0, g1 = (torch.load(folder / f"grads-rank{r}.pt") for r in (0, 1))
+    assert len(g0) == records[0]["params"]["tensors"]
+    for a, b in zip(g0, g1, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)  # DDP hands every rank the same averaged gradient
+
+
+PRETRAIN = ["pretrain", "pretrain-tiny", "steps=1", "schedule.warmup_steps=0", "optimizer.grad_clip=1.0e+9"]
+
+
+@pytest.mark.parametrize(
+    "one,two",
+    [
+        (["batch.micro_batch_size=8"], ["batch.micro_batch_size=4"]),
+        (
+            ["batch.micro_batch_size=4", "batch.grad_accumulation=2"],
+            ["batch.micro_batch_size=2", "batch.grad_accumulation=2"],
+        ),
+    ],
+    ids=["no_accumulation", "accumulation_2"],
+)
+def test_pretraining_gradients_equal_on_one_and_two_processes(tmp_path, one, two):
+    """Pre-training's real trainer at a global batch of 8 sequences: every gradient at the first optimizer step
+    (DDP-averaged, clipping off) equal on 1 and 2 processes, and one bucket reduction per step."""
+    _, folder1 = _probed_run(tmp_path, 1, [*PRETRAIN, *one], grads=True)
+    records, folder2 = _probed_run(tmp_path, 2, [*PRETRAIN, *two], grads=True)
+    g1, g2 = torch.load(folder1 / "grads-rank0.pt"), torch.load(folder2 / "grads-rank0.pt")
+    assert len(g1) == len(g2) == records[0]["params"]["tensors"]
+    bad = _mismatches(
+        {str(i): g for i, g in enumerate(g1)}, {str(i): g for i, g in enumerate(g2)}, f"pretraining {one}"
+    )
+    assert not bad, bad
+    buckets = [e for e in records[0]["events"] if e["op"] == "ddp_hook"]
+    assert len(buckets) == 1 and buckets[0]["bytes"] == records[0]["params"]["bytes"]
