@@ -1,4 +1,4 @@
-"""``neoembed score`` resumes only the run its folder holds.
+"""``neoembed score`` resumes only the run its folder holds, and stops on SIGINT / SIGTERM with the resume line.
 
 A 40-row card with two hard negatives per row, scored by the tiny NeoBERT fixture as a bi-encoder in shards of
 10 rows: every run here takes about a second on CPU."""
@@ -6,7 +6,9 @@ A 40-row card with two hard negatives per row, scored by the tiny NeoBERT fixtur
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import sys
 
 import pytest
@@ -118,3 +120,51 @@ def test_score_resume_with_another_teacher_refused(card, teacher, minilm_path, t
     )  # fmt: skip
     assert code == 2 and f"teacher {minilm_path}" in err and f"--teacher {teacher}" in err, err
     assert resumed.data.read_bytes() == whole.data.read_bytes()
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_score_stopped_by_a_signal_keeps_its_shards_and_says_resume(
+    card, teacher, tmp_path, monkeypatch, capsys, sig, code
+):
+    """SIGTERM killed ``neoembed score`` without a word (and SIGINT said only "interrupted"): both end now with
+    exit 130 / 143 and the ``--resume`` line; the shards written before the signal stay, and the resumed run
+    equals an uninterrupted one."""
+    whole = score_card(card, str(teacher), tmp_path / "whole", config=CONFIG, progress=False)
+    out = tmp_path / "out"
+    real, calls = score_module._score_shard, []
+
+    def signalled(*args):  # the signal arrives while the third shard is scored
+        calls.append(1)
+        if len(calls) == 3:
+            os.kill(os.getpid(), sig)
+        return real(*args)
+
+    class Unhandled(Exception):
+        pass
+
+    def unhandled(signum, frame):  # what the old code left: the process ended without a message
+        raise Unhandled(signal.Signals(signum).name)
+
+    monkeypatch.setattr(score_module, "_score_shard", signalled)
+    previous = signal.signal(sig, unhandled)
+    try:
+        status, err = _cli(
+            monkeypatch, capsys, "score", str(card), "--teacher", str(teacher), "--out", str(out),
+            "--shard-size", "10", "--max-length", "32", "--batch-size", "16",
+        )  # fmt: skip
+    finally:
+        signal.signal(sig, previous)
+    name = sig.name
+    assert status == code, err
+    assert (
+        f"scoring stopped: stopped by {name}: 2 of 4 shard(s) scored" in err
+        and "continue with --resume" in err
+    )
+    kept = sorted(p.name for p in (out / ".score").iterdir())  # no half-written shard, no card
+    assert (
+        kept == ["scores-00000.npy", "scores-00001.npy", "settings.json"]
+        and not (out / "toy_scored.yaml").exists()
+    )
+    monkeypatch.setattr(score_module, "_score_shard", real)
+    resumed = score_card(card, str(teacher), out, config=CONFIG, resume=True, progress=False)
+    assert resumed.data.read_bytes() == whole.data.read_bytes() and not (out / ".score").exists()

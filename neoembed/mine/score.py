@@ -8,7 +8,8 @@ and a card declaring ``columns.scores``, which recipes with ``distillation`` tra
 Rows are scored in shards written to ``OUT/.score/`` as they finish, so an interrupted run continues with
 ``--resume`` from the first missing shard (the card, teacher and settings must be the interrupted run's: the
 teacher is known by its resolved path and a hash of its weights, so another teacher is refused before it loads,
-naming both); the card is written last, so its presence marks a finished run.
+naming both); the card is written last, so its presence marks a finished run. SIGINT / SIGTERM stop the run at
+once (the shards written so far are kept) with exit 130 / 143 and the ``--resume`` line.
 """
 
 from __future__ import annotations
@@ -32,9 +33,9 @@ from neoembed.mine.miner import _prepare_output_dir, check_model_kind, model_kin
 from neoembed.progress import bar as progress_bar
 from neoembed.recipe import StrictModel
 from neoembed.record import atomic_write_text, file_sha256
-from neoembed.runs import OutputDirError, model_identity
+from neoembed.runs import OutputDirError, TrainingInterrupted, _FinalSaveSignals, _Signalled, model_identity
 
-__all__ = ["ScoreConfig", "ScoreResult", "score_card", "teacher_kind"]
+__all__ = ["ScoreConfig", "ScoreResult", "ScoringInterrupted", "score_card", "teacher_kind"]
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +60,20 @@ class ScoreResult:
     data: Path  # OUT/<name>.jsonl
     rows: int
     kind: str
+
+
+class ScoringInterrupted(TrainingInterrupted):
+    """SIGINT / SIGTERM during ``neoembed score``: the finished shards are kept, ``--resume`` continues (exit 130 /
+    143)."""
+
+    label = "scoring stopped"
+
+    def __init__(self, signal_name: str, out: Path, done: int, total: int):
+        super().__init__(signal_name, out / ".score")
+        self.args = (
+            f"stopped by {signal_name}: {done} of {total} shard(s) scored and kept in {out / '.score'}; continue "
+            "with --resume (the same card, --teacher and options)",
+        )
 
 
 def teacher_kind(teacher: str, kind: str = "auto") -> str:
@@ -150,8 +165,15 @@ def score_card(
             f"card {src.name} has no hard negatives to score against: mine some first "
             f"(neoembed mine {src_path} --model MODEL --out DIR), then score the mined card"
         )
-    scores = _score_shards(pairs, k, state, teacher, kind, cfg, progress)
-    result = _write(out, name, src, src_path, pairs, scores, k, fingerprint)
+    with _FinalSaveSignals():  # SIGINT / SIGTERM raise _Signalled at once: the shards on disk are kept
+        try:
+            scores = _score_shards(pairs, k, state, teacher, kind, cfg, progress)
+            result = _write(out, name, src, src_path, pairs, scores, k, fingerprint)
+        except _Signalled as e:
+            for partial in (*state.glob(".scores-*.tmp*"), *out.glob(f".{name}.jsonl.tmp*")):
+                partial.unlink(missing_ok=True)
+            total = max(1, math.ceil(len(pairs) / cfg.shard_size))
+            raise ScoringInterrupted(e.name, out, len(list(state.glob("scores-*.npy"))), total) from None
     shutil.rmtree(state, ignore_errors=True)
     return result
 
