@@ -281,7 +281,7 @@ def main() -> None:
     except TrainingStopped as e:
         if debug:
             raise
-        typer.echo(f"training stopped: {e}", err=True)
+        typer.echo(f"{e.label}: {e}", err=True)
         raise SystemExit(e.exit_code) from None
     except _bad_input_types() as e:
         if debug:

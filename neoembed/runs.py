@@ -106,9 +106,10 @@ SIGNAL_EXIT = {"SIGINT": 130, "SIGTERM": 143}
 
 class TrainingStopped(RuntimeError):
     """A run stopped before its end (NaN/inf loss, out of memory, a checkpoint that could not be written); the
-    message says why and what to do. The command line exits with status 1."""
+    message says why and what to do. The command line exits with status 1, printing ``label: message``."""
 
     exit_code = 1
+    label = "training stopped"
 
 
 class TrainingInterrupted(TrainingStopped):

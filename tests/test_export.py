@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -284,6 +285,100 @@ def test_cli_refuses_an_output_folder_that_holds_an_export(tiny_export, tiny_off
     assert "already holds another export" in capsys.readouterr().err
     assert _cli(monkeypatch, "export", str(tiny_official), str(out / "new"), "--format", "tflite") == 2
     assert "--format" in capsys.readouterr().err and not (out / "new").exists()
+
+
+KILLED_EXPORT = """
+import os, signal, sys
+import neoembed.export.onnx as onnx
+
+def killed(model, path):  # SIGKILL once the sentence-transformers folder is written, before any graph
+    os.kill(os.getpid(), signal.SIGKILL)
+
+onnx.export_graph = killed
+onnx.export(sys.argv[1], sys.argv[2])
+"""
+
+
+def test_killed_export_leaves_no_folder_that_loads(tiny_official, tmp_path, monkeypatch, capsys):
+    """A killed export left OUT holding a saved model without its graphs: it loaded and scored without a warning,
+    and the rerun was refused ("already holds another export") with no way to replace it. The export is written
+    into a hidden sibling and renamed to OUT when complete: after a kill OUT does not exist, the rerun writes it
+    (removing the leftover), and ``--overwrite`` replaces a finished export, nothing else."""
+    out = tmp_path / "exported"
+    staged = tmp_path / ".exported.export-partial"
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_EXPORT, str(tiny_official), str(out)], capture_output=True, text=True
+    )
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    assert (staged / "modules.json").is_file()  # killed after the model was saved ...
+    assert not out.exists()  # ... and nothing at OUT to load
+
+    assert _cli(monkeypatch, "export", str(tiny_official), str(out)) == 0
+    assert not staged.exists() and (out / "export.json").is_file()
+    neoembed.load(out, backend="onnx").encode(["a sentence"])
+    first = (out / "export.json").read_bytes()
+
+    assert _cli(monkeypatch, "export", str(tiny_official), str(out)) == 2
+    err = capsys.readouterr().err
+    assert "already holds another export" in err and "pass --overwrite to replace it" in err, err
+    import neoembed.export.onnx as onnx
+
+    def stub_graph(model, path):  # the second export's graphs are not what is tested here: keep it short
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"stub")
+        return ("input_ids", "attention_mask")
+
+    monkeypatch.setattr(onnx, "export_graph", stub_graph)
+    monkeypatch.setattr(onnx, "export_packed_graph", lambda model, path: "stubbed")
+    assert _cli(monkeypatch, "export", str(tiny_official), str(out), "--overwrite") == 0
+    record = (out / "export.json").read_bytes()
+    assert json.loads(record)["packed_not_written"] == "stubbed" and record != first
+    assert (out / "onnx" / "model.onnx").read_bytes() == b"stub"
+    assert not (out / "onnx" / "model_packed.onnx").exists()  # the first export's files went with it
+    assert not list(tmp_path.glob(".exported.export-*"))
+
+    # --overwrite replaces only a finished export: a folder without export.json is refused and left as it was
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "keep.txt").write_text("mine")
+    capsys.readouterr()
+    assert _cli(monkeypatch, "export", str(tiny_official), str(other), "--overwrite") == 2
+    assert "no export.json" in capsys.readouterr().err and (other / "keep.txt").read_text() == "mine"
+    assert sorted(p.name for p in other.iterdir()) == ["keep.txt"]
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_export_stopped_by_a_signal_leaves_out_as_it_was(
+    tiny_export, tiny_official, monkeypatch, capsys, sig, code
+):
+    """SIGTERM killed an export without a word and SIGINT said only "interrupted": both end now with the documented
+    exit status and message, and OUT (here a finished export being replaced with --overwrite) is left as it was."""
+    import neoembed.export.onnx as onnx
+
+    out, _ = tiny_export
+    before = {p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+    def signalled(model, path):
+        os.kill(os.getpid(), sig)
+        raise AssertionError("the signal did not stop the export")
+
+    class Unhandled(Exception):
+        pass
+
+    def unhandled(signum, frame):  # the old code installed nothing: the process ended without a message
+        raise Unhandled(signal.Signals(signum).name)
+
+    monkeypatch.setattr(onnx, "export_graph", signalled)
+    previous = signal.signal(sig, unhandled)
+    try:
+        status = _cli(monkeypatch, "export", str(tiny_official), str(out), "--overwrite")
+    finally:
+        signal.signal(sig, previous)
+    err = capsys.readouterr().err
+    assert status == code, err
+    assert f"export stopped: stopped by {sig.name}: no export was written to {out}" in err
+    assert {p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()} == before
+    assert not list(out.parent.glob(f".{out.name}.export-*"))
 
 
 def test_missing_graph_names_the_folder_files(tiny_export):

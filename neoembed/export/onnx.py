@@ -22,6 +22,8 @@ the TorchScript exporter has no ONNX op for the rotary embedding's ``view_as_com
 from __future__ import annotations
 
 import json
+import logging
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,9 @@ import torch
 from neoembed.export.cpu import int8_saturates, isa_suffix
 from neoembed.export.runtime import DEFAULT_FILE, ONNX_SUBFOLDER, OUTPUT_NAME, PACKED_INPUTS
 from neoembed.loading import load
+from neoembed.runs import TrainingInterrupted, _FinalSaveSignals, _Signalled
+
+logger = logging.getLogger(__name__)
 
 FORMATS = ("onnx",)
 QUANTIZATIONS = ("int8",)
@@ -39,16 +44,50 @@ PACKED_FILE = "model_packed.onnx"
 
 
 class ExportFolderError(ValueError):
-    """OUT already holds something: an export is written into a new or empty folder only."""
+    """OUT already holds something: an export is written into a new or empty folder, or with ``--overwrite`` over
+    a finished export."""
 
 
-def check_output(out: Path) -> None:
-    """Refuse an OUT that holds anything (another export, a model, a run): exports never overwrite."""
+class ExportInterrupted(TrainingInterrupted):
+    """SIGINT / SIGTERM during ``neoembed export``: nothing was written to OUT (exit 130 / 143)."""
+
+    label = "export stopped"
+
+    def __init__(self, signal_name: str, out: Path):
+        super().__init__(signal_name, None)
+        self.args = (
+            f"stopped by {signal_name}: no export was written to {out} (it is moved in only when complete); run "
+            "the command again",
+        )
+
+
+def staging_folder(out: Path) -> Path:
+    """Where an export is written before it is renamed to OUT: a hidden sibling, so a killed export leaves no
+    folder at OUT (the next export into OUT removes it)."""
+    out = Path(os.path.abspath(out))
+    return out.parent / f".{out.name}.export-partial"
+
+
+def check_output(out: Path, overwrite: bool = False) -> None:
+    """Refuse an OUT that holds anything (another export, a model, a run); ``overwrite`` replaces a finished
+    export (a folder with ``export.json``, which is written last) and nothing else."""
     if out.exists() and not out.is_dir():
         raise ExportFolderError(f"OUT {out} is a file: choose a new folder")
-    if out.exists() and any(out.iterdir()):
-        other = "another export" if (out / ONNX_SUBFOLDER).exists() else "files"
-        raise ExportFolderError(f"OUT {out} already holds {other}: choose a new or empty folder")
+    if not (out.exists() and any(out.iterdir())):
+        return
+    finished = (out / EXPORT_RECORD).is_file()
+    if overwrite and finished:
+        return
+    if overwrite:
+        raise ExportFolderError(
+            f"--overwrite: OUT {out} holds files but no {EXPORT_RECORD}, so it is not a finished neoembed export; "
+            "neoembed replaces only its own exports: choose a new folder, or empty this one yourself"
+        )
+    other = "another export" if finished or (out / ONNX_SUBFOLDER).exists() else "files"
+    raise ExportFolderError(
+        f"OUT {out} already holds {other}: choose a new or empty folder"
+        + (", or pass --overwrite to replace it" if finished else "")
+    )
 
 
 class _Backbone(torch.nn.Module):
@@ -217,22 +256,50 @@ def portable_module_types(modules_json: Path) -> None:
 
 
 def export(
-    model_path: str, out: str | Path, fmt: str = "onnx", quantize: str | None = None
+    model_path: str, out: str | Path, fmt: str = "onnx", quantize: str | None = None, overwrite: bool = False
 ) -> dict[str, Any]:
     """Export MODEL (anything :func:`neoembed.load` opens) to OUT; returns what was written (also in
-    ``OUT/export.json``)."""
+    ``OUT/export.json``). All or nothing: the export is written into :func:`staging_folder` and renamed to OUT
+    when complete (``overwrite``: replacing the finished export there), so an error, a signal or a kill leaves
+    OUT as it was. SIGINT / SIGTERM stop it with :class:`ExportInterrupted` (exit 130 / 143)."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown --format {fmt!r}: choose one of {', '.join(FORMATS)}")
     if quantize is not None and quantize not in QUANTIZATIONS:
         raise ValueError(f"unknown --quantize {quantize!r}: choose one of {', '.join(QUANTIZATIONS)}")
     out = Path(out)
-    check_output(out)
-    model = load(model_path, device="cpu")
-    try:
-        return _write(model, str(model_path), out, fmt, quantize)
-    except BaseException:
-        shutil.rmtree(out, ignore_errors=True)  # OUT was new or empty: leave no half export behind
-        raise
+    check_output(out, overwrite)
+    staged = staging_folder(out)
+    with _FinalSaveSignals() as signals:
+        try:
+            shutil.rmtree(staged, ignore_errors=True)  # left by a killed export
+            record = _write(load(model_path, device="cpu"), str(model_path), staged, fmt, quantize)
+            signals.deferring = True  # a signal now waits until OUT is in place
+            _move_in(staged, out)
+        except _Signalled as e:
+            shutil.rmtree(staged, ignore_errors=True)
+            raise ExportInterrupted(e.name, out) from None
+        except BaseException:
+            shutil.rmtree(staged, ignore_errors=True)
+            raise
+    if signals.received is not None:
+        logger.warning(
+            "%s received while the export was moved in: it is complete in %s", signals.received, out
+        )
+    return record
+
+
+def _move_in(staged: Path, out: Path) -> None:
+    """Rename the finished export to OUT; a previous export there (``--overwrite``) is moved aside first."""
+    if out.is_dir() and any(out.iterdir()):
+        aside = out.parent / f".{out.name}.export-old"
+        shutil.rmtree(aside, ignore_errors=True)
+        out.rename(aside)
+        staged.rename(out)
+        shutil.rmtree(aside, ignore_errors=True)
+        return
+    if out.is_dir():
+        out.rmdir()
+    staged.rename(out)
 
 
 def _write(model, model_path: str, out: Path, fmt: str, quantize: str | None) -> dict[str, Any]:

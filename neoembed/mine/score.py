@@ -6,12 +6,15 @@ prompts when it has them). The result is a copy of the card's rows (``query, pos
 and a card declaring ``columns.scores``, which recipes with ``distillation`` train on.
 
 Rows are scored in shards written to ``OUT/.score/`` as they finish, so an interrupted run continues with
-``--resume`` from the first missing shard (the settings must be the interrupted run's); the card is written
-last, so its presence marks a finished run.
+``--resume`` from the first missing shard (the card, teacher and settings must be the interrupted run's: the
+teacher is known by its resolved path and a hash of its weights, so another teacher is refused before it loads,
+naming both); the card is written last, so its presence marks a finished run. SIGINT / SIGTERM stop the run at
+once (the shards written so far are kept) with exit 130 / 143 and the ``--resume`` line.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -30,8 +33,9 @@ from neoembed.mine.miner import _prepare_output_dir, check_model_kind, model_kin
 from neoembed.progress import bar as progress_bar
 from neoembed.recipe import StrictModel
 from neoembed.record import atomic_write_text, file_sha256
+from neoembed.runs import OutputDirError, TrainingInterrupted, _FinalSaveSignals, _Signalled, model_identity
 
-__all__ = ["ScoreConfig", "ScoreResult", "score_card", "teacher_kind"]
+__all__ = ["ScoreConfig", "ScoreResult", "ScoringInterrupted", "score_card", "teacher_kind"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +60,20 @@ class ScoreResult:
     data: Path  # OUT/<name>.jsonl
     rows: int
     kind: str
+
+
+class ScoringInterrupted(TrainingInterrupted):
+    """SIGINT / SIGTERM during ``neoembed score``: the finished shards are kept, ``--resume`` continues (exit 130 /
+    143)."""
+
+    label = "scoring stopped"
+
+    def __init__(self, signal_name: str, out: Path, done: int, total: int):
+        super().__init__(signal_name, out / ".score")
+        self.args = (
+            f"stopped by {signal_name}: {done} of {total} shard(s) scored and kept in {out / '.score'}; continue "
+            "with --resume (the same card, --teacher and options)",
+        )
 
 
 def teacher_kind(teacher: str, kind: str = "auto") -> str:
@@ -128,9 +146,14 @@ def score_card(
     src, folder = load_card(src_path)
     name = cfg.name or f"{src.name}_scored"
     kind = teacher_kind(teacher, cfg.kind)
-    fingerprint = {"card_sha256": file_sha256(src_path), "teacher": str(teacher), "kind": kind}
-    fingerprint["settings"] = cfg.model_dump(exclude={"batch_size", "max_batch_tokens"})
+    identity = model_identity(teacher)  # the resolved path and a hash of the weights: not the string typed
+    fingerprint = {"card_sha256": file_sha256(src_path), "teacher": identity["model"], "kind": kind}
+    fingerprint["teacher_weights_sha256"] = identity["weights_sha256"]
+    # the kind found is in the fingerprint: --kind auto and the kind spelled out are one run
+    fingerprint["settings"] = cfg.model_dump(exclude={"batch_size", "max_batch_tokens", "kind"})
     state = out / ".score"
+    if resume:
+        _check_same_run(out, state, name, fingerprint)
     if _prepare_output_dir(out, state, name, fingerprint, resume, overwrite):
         logger.warning("%s already holds a finished run (%s.yaml); nothing to do", out, name)
         rows = len((out / f"{name}.jsonl").read_text().splitlines())
@@ -142,10 +165,50 @@ def score_card(
             f"card {src.name} has no hard negatives to score against: mine some first "
             f"(neoembed mine {src_path} --model MODEL --out DIR), then score the mined card"
         )
-    scores = _score_shards(pairs, k, state, teacher, kind, cfg, progress)
-    result = _write(out, name, src, src_path, pairs, scores, k, fingerprint)
+    with _FinalSaveSignals():  # SIGINT / SIGTERM raise _Signalled at once: the shards on disk are kept
+        try:
+            scores = _score_shards(pairs, k, state, teacher, kind, cfg, progress)
+            result = _write(out, name, src, src_path, pairs, scores, k, fingerprint)
+        except _Signalled as e:
+            for partial in (*state.glob(".scores-*.tmp*"), *out.glob(f".{name}.jsonl.tmp*")):
+                partial.unlink(missing_ok=True)
+            total = max(1, math.ceil(len(pairs) / cfg.shard_size))
+            raise ScoringInterrupted(e.name, out, len(list(state.glob("scores-*.npy"))), total) from None
     shutil.rmtree(state, ignore_errors=True)
     return result
+
+
+def _check_same_run(out: Path, state: Path, name: str, fingerprint: dict) -> None:
+    """``--resume`` continues only the run that ``out`` holds (interrupted: ``state/settings.json``; finished: the
+    card's provenance): another teacher would mix two teachers' scores in one card (or report one teacher's
+    scores as another's), so it is refused, naming both teachers and the fix; other settings likewise."""
+    saved, card = None, out / f"{name}.yaml"
+    with contextlib.suppress(OSError, ValueError, AttributeError, yaml.YAMLError):
+        if (state / "settings.json").is_file():
+            saved = json.loads((state / "settings.json").read_text())
+        elif card.is_file():
+            saved = yaml.safe_load(card.read_text()).get("provenance")
+    if not isinstance(saved, dict):
+        return  # nothing to compare with: _prepare_output_dir says what the folder lacks
+    was = (saved.get("teacher"), saved.get("teacher_weights_sha256"))
+    if was != (fingerprint["teacher"], fingerprint["teacher_weights_sha256"]):
+        raise OutputDirError(
+            f"--resume: the scores in {out} are by teacher {_teacher(*was)}; this run names teacher "
+            f"{_teacher(fingerprint['teacher'], fingerprint['teacher_weights_sha256'])}: one card holds one "
+            f"teacher's scores. Resume with --teacher {was[0]}, or pass --overwrite (instead of --resume) to "
+            "score again with this teacher, or choose a new --out"
+        )
+    changed = sorted(k for k in ("card_sha256", "kind", "settings") if saved.get(k) != fingerprint[k])
+    if changed:
+        raise OutputDirError(
+            f"--resume: the run in {out} was made with other settings ({', '.join(changed)} differ: "
+            f"{ {k: saved.get(k) for k in changed} }); resume with the original card and options, or pass "
+            "--overwrite to score again"
+        )
+
+
+def _teacher(path, weights) -> str:
+    return f"{path} (weights {str(weights)[:12]})" if weights else str(path)
 
 
 def _score_shards(pairs, k: int, state: Path, teacher: str, kind: str, cfg: ScoreConfig, progress: bool):

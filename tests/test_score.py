@@ -1,0 +1,170 @@
+"""``neoembed score`` resumes only the run its folder holds, and stops on SIGINT / SIGTERM with the resume line.
+
+A 40-row card with two hard negatives per row, scored by the tiny NeoBERT fixture as a bi-encoder in shards of
+10 rows: every run here takes about a second on CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sys
+
+import pytest
+import yaml
+
+import neoembed.mine.score as score_module
+from neoembed.mine.score import ScoreConfig, score_card
+from neoembed.runs import OutputDirError
+
+CONFIG = ScoreConfig(shard_size=10, max_length=32, batch_size=16)
+
+
+@pytest.fixture
+def card(tmp_path):
+    rows = [
+        {"query": f"what do cats eat, case {i}", "positive": f"cats eat fish and mice ({i})",
+         "n1": f"dogs bark at night ({i})", "n2": f"the train leaves at {i} o'clock"}
+        for i in range(40)
+    ]  # fmt: skip
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    raw = {"name": "toy", "source": {"local": {"path": "rows.jsonl", "format": "json"}}, "license": "none"}
+    raw["columns"] = {"query": "query", "positive": "positive", "negatives": ["n1", "n2"]}
+    (src / "toy.yaml").write_text(yaml.safe_dump(raw))
+    return src / "toy.yaml"
+
+
+@pytest.fixture
+def teacher(tiny_official, tmp_path):
+    """A copy of the tiny fixture: a bi-encoder whose weights the tests may change in place."""
+    return shutil.copytree(tiny_official, tmp_path / "teacher")
+
+
+def _interrupted(card, teacher, out, monkeypatch, after: int = 1):
+    """A run killed while scoring its shard ``after + 1``: ``after`` shards stay on disk."""
+    real, calls = score_module._score_shard, []
+
+    def dies(*args):
+        calls.append(1)
+        if len(calls) > after:
+            raise KeyboardInterrupt
+        return real(*args)
+
+    monkeypatch.setattr(score_module, "_score_shard", dies)
+    with pytest.raises(KeyboardInterrupt):
+        score_card(card, str(teacher), out, config=CONFIG, progress=False)
+    monkeypatch.setattr(score_module, "_score_shard", real)
+
+
+def _no_model_loads(monkeypatch):
+    def loads(*args):
+        raise AssertionError("a teacher was loaded")
+
+    monkeypatch.setattr(score_module, "_scorer", loads)
+
+
+def _cli(monkeypatch, capsys, *args) -> tuple[int, str]:
+    from neoembed.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["neoembed", *args])
+    with pytest.raises(SystemExit) as stop:
+        main()
+    return stop.value.code, capsys.readouterr().err
+
+
+def _snapshot(folder):
+    return {
+        p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()
+    }
+
+
+def test_score_resume_with_another_teacher_refused(card, teacher, minilm_path, tmp_path, monkeypatch, capsys):
+    """``--resume`` with another teacher than the run being resumed exited 0: with a finished run it reported the
+    first teacher's scores as the second's ("nothing to do"), and a teacher known only by the string typed (a
+    relative path from another folder, a checkpoint retrained in place) mixed two teachers' shards in one card.
+    Refused now before any model loads, naming both teachers and the fix."""
+    whole = score_card(card, str(teacher), tmp_path / "whole", config=CONFIG, progress=False)
+    out = tmp_path / "out"
+    _interrupted(card, teacher, out, monkeypatch)
+    kept = _snapshot(out)
+    _no_model_loads(monkeypatch)
+    with pytest.raises(OutputDirError) as refused:
+        score_card(card, str(minilm_path), out, config=CONFIG, resume=True, progress=False)
+    message = str(refused.value)
+    assert f"teacher {teacher}" in message and f"teacher {minilm_path}" in message
+    assert f"--teacher {teacher}" in message and "--overwrite" in message
+
+    # the same path, other weights (retrained in place): the string typed is the same, the teacher is not
+    weights = teacher / "model.safetensors"
+    original = weights.read_bytes()
+    weights.write_bytes(original[:-4] + b"\x00\x00\x80\x3f")
+    with pytest.raises(OutputDirError, match=r"weights [0-9a-f]{12}\).*this run names teacher .*weights"):
+        score_card(card, str(teacher), out, config=CONFIG, resume=True, progress=False)
+    weights.write_bytes(original)
+    assert _snapshot(out) == kept  # the refused resumes left the shards as they were
+
+    # the original teacher, named another way (a relative path, the kind spelled out), continues the run
+    monkeypatch.undo()
+    monkeypatch.chdir(teacher.parent)
+    config = CONFIG.model_copy(update={"kind": "bi-encoder"})
+    resumed = score_card(card, teacher.name, out, config=config, resume=True, progress=False)
+    assert resumed.data.read_bytes() == whole.data.read_bytes()
+
+    # a finished run resumed with another teacher: refused (exit 2), not "nothing to do" with exit 0
+    code, err = _cli(
+        monkeypatch, capsys, "score", str(card), "--teacher", str(minilm_path), "--out", str(out),
+        "--shard-size", "10", "--max-length", "32", "--resume",
+    )  # fmt: skip
+    assert code == 2 and f"teacher {minilm_path}" in err and f"--teacher {teacher}" in err, err
+    assert resumed.data.read_bytes() == whole.data.read_bytes()
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_score_stopped_by_a_signal_keeps_its_shards_and_says_resume(
+    card, teacher, tmp_path, monkeypatch, capsys, sig, code
+):
+    """SIGTERM killed ``neoembed score`` without a word (and SIGINT said only "interrupted"): both end now with
+    exit 130 / 143 and the ``--resume`` line; the shards written before the signal stay, and the resumed run
+    equals an uninterrupted one."""
+    whole = score_card(card, str(teacher), tmp_path / "whole", config=CONFIG, progress=False)
+    out = tmp_path / "out"
+    real, calls = score_module._score_shard, []
+
+    def signalled(*args):  # the signal arrives while the third shard is scored
+        calls.append(1)
+        if len(calls) == 3:
+            os.kill(os.getpid(), sig)
+        return real(*args)
+
+    class Unhandled(Exception):
+        pass
+
+    def unhandled(signum, frame):  # what the old code left: the process ended without a message
+        raise Unhandled(signal.Signals(signum).name)
+
+    monkeypatch.setattr(score_module, "_score_shard", signalled)
+    previous = signal.signal(sig, unhandled)
+    try:
+        status, err = _cli(
+            monkeypatch, capsys, "score", str(card), "--teacher", str(teacher), "--out", str(out),
+            "--shard-size", "10", "--max-length", "32", "--batch-size", "16",
+        )  # fmt: skip
+    finally:
+        signal.signal(sig, previous)
+    name = sig.name
+    assert status == code, err
+    assert (
+        f"scoring stopped: stopped by {name}: 2 of 4 shard(s) scored" in err
+        and "continue with --resume" in err
+    )
+    kept = sorted(p.name for p in (out / ".score").iterdir())  # no half-written shard, no card
+    assert (
+        kept == ["scores-00000.npy", "scores-00001.npy", "settings.json"]
+        and not (out / "toy_scored.yaml").exists()
+    )
+    monkeypatch.setattr(score_module, "_score_shard", real)
+    resumed = score_card(card, str(teacher), out, config=CONFIG, resume=True, progress=False)
+    assert resumed.data.read_bytes() == whole.data.read_bytes() and not (out / ".score").exists()
