@@ -18,7 +18,8 @@ import torch
 from neoembed.record import atomic_write_text, git_sha, hardware, package_versions
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
+# ../shared beside the checkout (what benchmarks are run with), else the copy the tests carry (a lone clone)
+SHARED = REPO.parent / "shared" if (REPO.parent / "shared").is_dir() else REPO / "tests" / "shared"
 RESULTS = REPO / "benchmarks" / "results"
 
 

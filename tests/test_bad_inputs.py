@@ -357,7 +357,7 @@ def test_a_missing_optional_package_is_named_before_any_model_loads(tmp_path, mo
     with pytest.raises(ValueError, match=r"neoembed mine needs faiss.*pip install -e '\.\[faiss\]'"):
         mine_negatives("no-such-card", "no-such-model", tmp_path / "mined")
     recipe = load_recipe("cde-tiny", CDERecipe, [f"output_dir={tmp_path / 'cde'}"])
-    with pytest.raises(ValueError, match=r"CDE training with clustering.*needs faiss.*neoembed\[faiss\]"):
+    with pytest.raises(ValueError, match=r"CDE training with clustering.*needs faiss.*pip install -e '\.\[faiss\]'"):
         train_cde(recipe)
     assert not (tmp_path / "mined").exists() and not (tmp_path / "cde").exists()
 

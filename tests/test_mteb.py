@@ -514,6 +514,30 @@ def test_summaries_state_their_settings_and_comparisons_refuse_mixes(tmp_path):
         compare_runs([a, _write_results(tmp_path / "d", "released", "fp16")])
 
 
+def test_compare_sets_a_base_model_beside_its_fine_tune(tmp_path):
+    """A model's own max length and the text of its own saved query prompt are the model's: a base model (no
+    saved prompt, 512 tokens) and its fine-tune (a saved instruction, 4096) compare under --query-prompt saved;
+    a run given another prompt text does not."""
+
+    def run(name: str, **fields) -> Path:
+        folder = _write_results(tmp_path / name, "released")
+        for f in folder.glob("*.json"):
+            f.write_text(json.dumps(json.loads(f.read_text()) | fields))
+        return folder
+
+    base = run("base", query_prompt="", query_prompt_source="saved", max_length=512)
+    tuned = run(
+        "tuned",
+        query_prompt="Given a question, retrieve answers: ",
+        query_prompt_source="saved",
+        max_length=4096,
+    )
+    assert "| 80.00 |" in compare_runs([base, tuned])
+    given = run("given", query_prompt="query: ", query_prompt_source="given", max_length=512)
+    with pytest.raises(ValueError, match=r"different query_prompt_setting .*saved.*query: .*--query-prompt"):
+        compare_runs([base, given])
+
+
 def test_a_run_where_every_task_fails_says_so(tmp_path):
     """Nothing scored: a well-formed summary (JSON without NaN, a sentence instead of a table), exit 1, and a
     failure that looks like no hub access points to --data-dir."""

@@ -44,6 +44,7 @@ def summarize(results: dict[str, dict], model: str, full_suite: dict[str, int] |
         "model": model,
         **{key: _setting(results, key) for key in COMPARED_SETTINGS},
         "query_prompt_label": " + ".join(sorted({_prompt_label(e) for e in results.values()})) or "none",
+        "query_prompt_setting": " + ".join(sorted({_prompt_setting(e) for e in results.values()})) or "none",
         # tasks of a --rescore run that had no search to rescore (scored on the quantized embeddings alone)
         "rescore_not_applied": sorted(n for n, e in results.items() if e.get("rescore_applied") is False),
         "per_type": {t: sum(by_type[t]) / len(by_type[t]) for t in types},
@@ -84,6 +85,14 @@ def _setting(results: dict[str, dict], key: str) -> str:
         {_shown(key, entry.get(key, SETTING_DEFAULTS.get(key, "unrecorded"))) for entry in results.values()}
     )
     return " + ".join(values) if values else "none"
+
+
+def _prompt_setting(entry: dict) -> str:
+    """The query prompt as the user chose it: ``saved`` (each model its own saved prompt, which differs between a
+    base model and its fine-tune by design), or the text given (none: the empty one)."""
+    if entry.get("query_prompt_source") == "saved":
+        return "saved"
+    return json.dumps(entry.get("query_prompt", SETTING_DEFAULTS["query_prompt"]), ensure_ascii=False)
 
 
 def _prompt_label(entry: dict) -> str:
@@ -202,14 +211,22 @@ def _refuse_an_earlier_comparison(out: Path) -> None:
     )
 
 
+#: settings two models' runs must share to be compared: those the user chooses. A model's own max length and the
+#: text of its own saved query prompt belong to the model (a base model and its fine-tune differ in both), so the
+#: table states them and the query prompt is compared as chosen (``saved``, or a given text)
+ACROSS_MODELS = tuple(k for k in COMPARED_SETTINGS if k not in ("max_length", "query_prompt")) + (
+    "query_prompt_setting",
+)
+
+
 def _check_comparable(rows: list[dict]) -> None:
     """Runs scored with different instruction sets or precisions are not compared: an instruction set alone moves
     all-MiniLM-L6-v2 by 7 points on STS13, more than most fine-tunes gain."""
-    for key in COMPARED_SETTINGS:
+    for key in ACROSS_MODELS:
         values = {r["run"]: r[key] for r in rows}
         if len(set(values.values())) > 1 or any(" + " in v for v in values.values()):
             runs = ", ".join(f"{run}: {v}" for run, v in values.items())
-            flag = "--" + key.replace("_", "-")
+            flag = "--" + key.removesuffix("_setting").replace("_", "-")
             raise ValueError(
                 f"these runs were scored with different {key} ({runs}): their scores are not comparable. "
                 f"Re-run neoembed mteb with one {flag} for every model (--overwrite re-scores a folder)"
