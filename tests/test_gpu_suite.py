@@ -23,18 +23,12 @@ def test_dry_run_checks_every_step_within_the_budget():
     )
     assert out.returncode == 0, out.stdout + out.stderr
     text = out.stdout
-    for step in (
-        "gpu-tests",
-        "throughput",
-        "encode",
-        "train-step",
-        "train-step-compiled",
-        "pretrain-speed",
-        "mteb-precision",
-    ):
-        assert f"[{step}] limit" in text
+    steps = [line.split("]")[0][1:] for line in text.splitlines() if line.startswith("[")]
+    # ordered by value: a run cut short still returns the throughput and the training step
+    assert steps == ["throughput", "train-step", "profile", "mteb-precision", "train-step-compiled", "encode",
+                     "pretrain-speed", "gpu-tests"]  # fmt: skip
     total = int(text.split("time limits adding up to ")[1].split(" s")[0])
-    assert total < 600
+    assert total <= 300  # the issue's five minutes
     assert " tests collected for: " in text and "dry run: every step checked" in text
 
 
@@ -101,3 +95,34 @@ def test_every_dependency_is_on_the_gpu_image_or_carried():
     assert names - have == set()
     assert {"torch", "transformers", "sentence-transformers"} <= set(_gpu_wheels.image_packages())
     assert "mteb" in _gpu_wheels.carried()  # the image has no mteb
+
+
+def test_packed_model_round_trips_to_fp16_exact_weights(tmp_path):
+    """gpu_wheels.sh carries the trained model packed (int8 rows + scales); unpacked on the GPU machine every
+    weight is a float32 that float16 holds exactly (so fp16 and fp32 evaluate the same weights) and within a row's
+    rounding step of the original."""
+    import _gpu_wheels
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    src, packed, back = tmp_path / "src", tmp_path / "packed", tmp_path / "back"
+    src.mkdir()
+    g = torch.Generator().manual_seed(0)
+    weights = {"emb.weight": torch.randn(1000, 96, generator=g), "norm.weight": torch.rand(96, generator=g) + 0.5,
+               "ids": torch.arange(5)}  # fmt: skip
+    save_file(weights, src / "model.safetensors")
+    (src / "config.json").write_text("{}")
+    _gpu_wheels.pack(src, packed)
+    assert not (packed / "model.safetensors").exists() and (packed / "config.json").exists()
+    assert (packed / _gpu_wheels.PACKED).stat().st_size < (src / "model.safetensors").stat().st_size / 3
+    _gpu_wheels.unpack(packed, back)
+    out = load_file(back / "model.safetensors")
+    assert set(out) == set(weights) and torch.equal(out["ids"], weights["ids"])
+    for name in ("emb.weight", "norm.weight"):
+        assert out[name].dtype == torch.float32 and torch.equal(out[name].half().float(), out[name])
+    step = weights["emb.weight"].abs().amax(dim=1, keepdim=True) / 127
+    assert (
+        (out["emb.weight"] - weights["emb.weight"]).abs()
+        <= step / 2 + 1e-3 * step.abs() + 1e-3 * out["emb.weight"].abs()
+    ).all()
+    torch.testing.assert_close(out["norm.weight"], weights["norm.weight"], rtol=1e-3, atol=0)
