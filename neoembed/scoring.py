@@ -156,6 +156,13 @@ class _Side:
 class _ChunkedSoftmaxCE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, spec, *tensors: Tensor) -> Tensor:
+        # float32 whatever autocast says: the embeddings of a bf16 step come in bf16 and are read as float32
+        # (_Side), and an autocast matmul would hand back bf16 logits to accumulate into float32 gradients
+        with torch.autocast(tensors[0].device.type, enabled=False):
+            return _ChunkedSoftmaxCE._forward(ctx, spec, *tensors)
+
+    @staticmethod
+    def _forward(ctx, spec, *tensors: Tensor) -> Tensor:
         blocks, tau, offset, reduction, chunk, (n_row_segs, col_counts) = spec
         want = any(ctx.needs_input_grad[1:])
         n_row_mats = (len(tensors) - sum(col_counts)) // n_row_segs

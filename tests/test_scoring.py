@@ -89,6 +89,21 @@ def test_bf16_inputs_within_the_references_own_bf16_error():
         assert (a.double() - e.double()).abs().max() <= 2 * (b.double() - e.double()).abs().max() + 1e-6
 
 
+def test_bf16_autocast_step_scores_in_float32():
+    """A bf16 training step (autocast on, the encoder's embeddings in bf16) scores the bf16 values in float32:
+    loss and gradients equal the float32 composition on the same values (autocast must not turn the chunk's
+    matmuls into bf16 ones; found on the GPU, where it raised a dtype mismatch)."""
+    q, c, mask = _data(b=40, n_cols=3, d=32, dtype=torch.float32)
+    low = [x.bfloat16() for x in (q, c)]
+    ref, ref_g = _grads(lambda q, c: _plain(q.float(), c.float(), 0.07, mask), *low)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, out_g = _grads(lambda q, c: info_nce(q, c, 0.07, mask), *low)
+    assert torch.allclose(out.float(), ref, rtol=1e-6)
+    for a, b in zip(out_g, ref_g, strict=True):
+        assert a.dtype == torch.bfloat16
+        assert torch.allclose(a.float(), b.float(), rtol=1e-2, atol=1e-5)
+
+
 def test_improved_loss_equals_its_whole_matrix_form():
     """GTE's four-term denominator as four blocks, against the four matrices concatenated."""
     q, c, mask = _data(b=9, n_cols=3)
