@@ -129,3 +129,37 @@ def test_inductor_on_the_official_fixture(tiny_official, tiny_expected):
     m = mask.bool()
     assert (out - eager)[m].abs().max() <= EQ
     assert (out - tiny_expected["last_hidden_state"])[m].abs().max() <= 1e-4
+
+
+def test_compiled_layers_on_the_varlen_path_compile_once_for_every_batch(monkeypatch):
+    """Packed batches whose longest text differs (what encode() sends) reuse one dynamic compilation of the
+    layers: the varlen kernel and its host int max_seqlen stay outside the graph. On CPU a per-text SDPA stands in
+    for the CUDA kernel; the recompilations counted are dynamo's own."""
+    from torch._dynamo.testing import CompileCounter
+
+    from neoembed.modeling import modeling_neobert as mn
+
+    def cpu_varlen(q, k, v, cu, _cu, n, _n):
+        lengths = cu.diff().tolist()
+        assert n == max(lengths)
+        parts = zip(*(t.split(lengths) for t in (q, k, v)), strict=True)
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        return torch.cat([sdpa(*(t.transpose(0, 1)[None] for t in p))[0].transpose(0, 1) for p in parts])
+
+    monkeypatch.setattr(mn, "_flash_varlen", lambda: None)
+    monkeypatch.setattr(mn, "_torch_varlen", lambda: cpu_varlen)
+    monkeypatch.setattr(
+        mn, "attention_backend", lambda config, x, packed, out: "varlen" if packed else "sdpa"
+    )
+    model = _model(padding_free=True).eval()
+    counter = CompileCounter()
+    for layer in model.transformer_encoder:
+        layer.compile(backend=counter, dynamic=True)
+    reference = _model(padding_free=True).eval()
+    for seed, lengths in enumerate([(9, 4, 1, 7), (12, 3), (5, 5, 2), (17, 1, 8, 2, 6), (3,)]):
+        ids, mask = _batch(lengths, seed)
+        with torch.inference_mode():
+            got = model(input_ids=ids, attention_mask=mask).last_hidden_state
+            want = reference(input_ids=ids, attention_mask=mask).last_hidden_state
+        assert (got - want)[mask.bool()].abs().max() <= EQ
+    assert counter.frame_count <= 4, f"{counter.frame_count} graphs compiled for 5 batches"
