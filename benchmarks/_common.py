@@ -26,8 +26,8 @@ RESULTS = REPO / "benchmarks" / "results"
 def header() -> dict:
     return {
         "command": " ".join(["python", *sys.argv]),
-        # a copy without git (the GPU machine receives the working tree only) names its commit in NEOEMBED_COMMIT
-        "commit": git_sha(REPO) or os.environ.get("NEOEMBED_COMMIT") or "unknown (no git; set NEOEMBED_COMMIT)",
+        # a copy whose .git is absent or not its own (the GPU machine's) names its commit in NEOEMBED_COMMIT
+        "commit": git_sha(REPO) or "unknown (no git; set NEOEMBED_COMMIT)",
         "hardware": hardware(),
         "packages": package_versions(),
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -54,7 +54,12 @@ def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
 
 
 def git_sha(start: str | Path | None = None) -> str | None:
-    """SHA of the git checkout holding the neoembed code (or ``start``), with ``-dirty`` if it has changes."""
+    """SHA of the git checkout holding the neoembed code (or ``start``), with ``-dirty`` if it has changes.
+
+    ``NEOEMBED_COMMIT``, when set, is the answer: a copy of the tree whose ``.git`` is not its own (the GPU machine
+    receives the working tree with a stale ``.git`` beside it, which named the wrong commit) says what it is."""
+    if os.environ.get("NEOEMBED_COMMIT"):
+        return os.environ["NEOEMBED_COMMIT"]
     where = Path(start) if start else Path(__file__).resolve().parent
     try:
         sha = subprocess.run(

@@ -155,3 +155,14 @@ def test_bad_numbers_are_refused_by_key_before_anything_loads(recipe, override, 
     schema = {"tiny": UnifiedRecipe, "cde-tiny": CDERecipe, "pretrain-tiny": PretrainRecipe}[recipe]
     with pytest.raises(RecipeError, match=key.replace(".", r"\.")):
         load_recipe(recipe, schema, [override])
+
+
+def test_neoembed_commit_names_a_copy_whose_git_is_not_its_own(monkeypatch, tmp_path):
+    """The GPU machine receives the working tree beside a stale .git: the commit the tree was made from
+    (NEOEMBED_COMMIT, written by benchmarks/gpu_wheels.sh) is what run records and benchmark headers name."""
+    from neoembed.record import git_sha
+
+    monkeypatch.delenv("NEOEMBED_COMMIT", raising=False)
+    assert git_sha(tmp_path) is None  # no checkout there
+    monkeypatch.setenv("NEOEMBED_COMMIT", "2808c1481f870bfde9c5e88cbead639e19d6dc6b")
+    assert git_sha(tmp_path) == git_sha() == "2808c1481f870bfde9c5e88cbead639e19d6dc6b"
