@@ -7,8 +7,9 @@ Three parts, each in this one process on random weights (speed does not depend o
 
 * ``forward``: the torch profiler's top kernels, with their share of the device time, for a bf16 forward of
   full-size NeoBERT (28 x 768) over 32 x 512 tokens, eager and with its layers compiled (neoembed.compile);
-* ``train``: the same for one full-size training step (InfoNCE, B = 32 queries + 32 positives of 512 tokens,
-  bf16 autocast, AdamW), eager;
+* ``train`` and ``gradcache``: the same for one full-size training step (InfoNCE, B = 32 queries + 32 positives
+  of 512 tokens, bf16 autocast, AdamW), eager, plain and through GradCache (mini-batches of 8: 7.7x the plain
+  step's time in the first H100 run, where one extra forward should cost about 1.3x);
 * ``attention``: the attention kernels a packed batch can run, on 32 real texts of ../shared/data (the
   lengths of a batch ``encode`` sees), 12 heads x 64, bf16: SDPA over the padded batch, torch's varlen kernel,
   FlexAttention with a document mask (compiled), flash-attn's varlen kernel where it is installed. Each is
@@ -103,13 +104,13 @@ def forward_profile(config, device, dtype, batch, length, compiled) -> tuple[lis
     return top, table, batch * length / seconds
 
 
-def train_profile(config, device, batch, length) -> tuple[list[dict], str]:
+def train_profile(config, device, batch, length, cached: bool) -> tuple[list[dict], str]:
     import train_step_cuda
 
     args = argparse.Namespace(length=length, batch=batch, mini=8, compile=False)
     with tempfile.TemporaryDirectory() as folder:
         train_step_cuda.build_backbone(folder, config)
-        run, _ = train_step_cuda.contrastive_step(folder, args, torch.device(device), cached=False)
+        run, _ = train_step_cuda.contrastive_step(folder, args, torch.device(device), cached=cached)
         return top_kernels(run, device, steps=2)
 
 
@@ -222,8 +223,8 @@ def main() -> None:
     p.add_argument("--out", default=None, help="folder for the profilers' full tables")
     p.add_argument(
         "--parts",
-        default="forward,train,attention,compiled",
-        help="comma-separated, run in this order: forward, train, attention, compiled (the forward)",
+        default="forward,train,gradcache,attention,compiled",
+        help="comma-separated, run in this order: forward, train, gradcache, attention, compiled (the forward)",
     )
     args = p.parse_args()
     device = "cpu" if args.quick else args.device
@@ -272,17 +273,22 @@ def _attention_part(args, device, dtype, config, batch, length, payload, out) ->
                  else f"| {r['kernel']} | failed: {r['error']} | |" for r in rows] + [""]  # fmt: skip
 
 
-def _train_part(args, device, dtype, config, batch, length, payload, out) -> list[str]:
-    print("profiling the training step ...", flush=True)
-    top, table = train_profile(config, device, batch, length)
-    payload["train_step"] = {"top": top}
-    if out:
-        (out / "profile_train_step.txt").write_text(table)
-    return _kernel_md(f"training step, B = {batch} queries + {batch} positives, {length} tokens", top)
+def _train_part(cached: bool):
+    def part(args, device, dtype, config, batch, length, payload, out) -> list[str]:
+        name = "train_step_gradcache" if cached else "train_step"
+        print(f"profiling {name} ...", flush=True)
+        top, table = train_profile(config, device, batch, length, cached)
+        payload[name] = {"top": top}
+        if out:
+            (out / f"profile_{name}.txt").write_text(table)
+        what = " through GradCache (mini-batches of 8)" if cached else ""
+        return _kernel_md(f"{name}: B = {batch} queries + {batch} positives, {length} tokens{what}", top)
+
+    return part
 
 
-PARTS = {"forward": _forward_part(False), "train": _train_part, "attention": _attention_part,
-         "compiled": _forward_part(True)}  # fmt: skip
+PARTS = {"forward": _forward_part(False), "train": _train_part(False), "gradcache": _train_part(True),
+         "attention": _attention_part, "compiled": _forward_part(True)}  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -11,13 +11,13 @@
 #                                                   # option and file it uses exists (scripts' --help, pytest collection)
 #   bash benchmarks/gpu_suite.sh --wheels .gpu/wheels --minilm .gpu/minilm --out DIR [--only STEP,STEP]
 #
-# Steps, in order: throughput (512-8,192 tokens: NeoBERT eager and compiled, ModernBERT-base with its best
-# attention, BERT-base; real sentences in batches of 32), train-step (full size, bf16, 512 tokens: plain,
-# GradCache, CDE at N = 512 x 512, the cached loss alone at B = 65,536; MFU and peak memory), profile (the
-# profiler's top kernels of the 512-token forward and the training step; the attention kernels against each
-# other), mteb-precision (the local tasks, fp16 against fp32, all-MiniLM-L6-v2), train-step-compiled, encode
+# Steps, in order: train-step (full size, bf16, 512 tokens: plain, GradCache, CDE at N = 512 x 512, the cached
+# loss alone at B = 65,536; MFU and peak memory), throughput (512-8,192 tokens: NeoBERT eager and compiled,
+# ModernBERT-base with its best attention, BERT-base; real sentences in batches of 32), encode
 # (MTEB sentences; padded and padding-free; encode.py --compile adds CUDA graphs over length buckets, which
-# compile for longer than the step's box), pretrain-speed, gpu-tests
+# compile for longer than the step's box), train-step-compiled, pretrain-speed, profile (the profiler's top
+# kernels of the training step, plain and GradCache, and the compiled 512-token forward; the attention kernels
+# against each other), mteb-precision (the local tasks, fp16 against fp32, all-MiniLM-L6-v2), gpu-tests
 # (pytest -m gpu: CUDA parity, varlen kernels, compiled CUDA-graph encoding, bf16 packed pre-training, DeepSpeed).
 #
 # The GPU machine has no network and receives only the working tree: benchmarks/gpu_wheels.sh prepares what it
@@ -66,13 +66,15 @@ add() {  # add NAME LIMIT_SECONDS COMMAND...: one step (COMMAND runs from the re
   CMDS+=("$(printf '%q ' "$@")")
 }
 
-add throughput 50 "$PY" benchmarks/throughput.py --device cuda --compile
-add train-step 40 "$PY" benchmarks/train_step_cuda.py --device cuda --warmup 1
-add profile 35 "$PY" benchmarks/gpu_profile.py --device cuda --out @out/profiles
-add mteb-precision 90 "$PY" benchmarks/mteb_precision.py --device cuda --out runs/mteb-precision --model @minilm
+# Order and limits from the H100 runs of 2026-11-26 (benchmarks/results/gpu_suite_cuda.md): what is not yet
+# recorded first; mteb-precision (fp16 met: mteb_precision_cuda.md) needs ~90 s and is cut at its box here
+add train-step 55 "$PY" benchmarks/train_step_cuda.py --device cuda --warmup 1
+add throughput 65 "$PY" benchmarks/throughput.py --device cuda --compile
+add encode 30 "$PY" benchmarks/encode.py --device cuda --reference @minilm
 add train-step-compiled 45 "$PY" benchmarks/train_step_cuda.py --device cuda --compile --steps unified,gradcache
-add encode 15 "$PY" benchmarks/encode.py --device cuda --reference @minilm
-add pretrain-speed 15 "$PY" benchmarks/pretrain_speed.py --device cuda --steps 5 --repeats 1
+add pretrain-speed 25 "$PY" benchmarks/pretrain_speed.py --device cuda --steps 5 --repeats 1
+add profile 35 "$PY" benchmarks/gpu_profile.py --device cuda --out @out/profiles --parts gradcache,train,compiled,attention
+add mteb-precision 35 "$PY" benchmarks/mteb_precision.py --device cuda --out runs/mteb-precision --model @minilm
 add gpu-tests 10 "$PY" -m pytest -v -n 0 -p no:cacheprovider -m gpu tests/test_modeling_gpu.py \
   tests/test_compile_gpu.py tests/test_pretrain_gpu.py  # one process: the tests share one GPU
 
@@ -119,7 +121,8 @@ install_wheels() {  # the carried wheels, offline and as pinned (gpu_wheels.sh c
   "$PY" -m pip check || echo "warning: pip check found the requirements above unmet (image versions differ)" >&2
 }
 [ -n "$WHEELS" ] && install_wheels
-# the copy on the GPU machine has no git: gpu_wheels.sh wrote the commit it was made from beside the wheels
+# the copy on the GPU machine has a stale .git (it named the session's first commit): gpu_wheels.sh wrote the
+# commit the wheels and the tree were made from beside the wheels
 [ -z "${NEOEMBED_COMMIT:-}" ] && [ -n "$WHEELS" ] && [ -f "$WHEELS/COMMIT" ] && export NEOEMBED_COMMIT=$(cat "$WHEELS/COMMIT")
 if [ -n "$MINILM_PACKED" ]; then
   MINILM=runs/all-MiniLM-L6-v2-int8rows
@@ -139,8 +142,12 @@ RESULTS=benchmarks/results
 LOG=$RESULTS/gpu_suite_cuda.log
 mkdir -p "$RESULTS"
 : >"$LOG"
-commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-[ -z "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] || commit="$commit (with uncommitted changes)"
+if [ -n "${NEOEMBED_COMMIT:-}" ]; then  # the GPU machine's copy carries a .git that is not its own
+  commit=$NEOEMBED_COMMIT
+else
+  commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+  [ -z "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] || commit="$commit (with uncommitted changes)"
+fi
 device=$("$PY" -c "import torch; print(torch.cuda.get_device_name(0), '| torch', torch.__version__, '| CUDA', torch.version.cuda)")
 rows=()
 start_all=$(date +%s)

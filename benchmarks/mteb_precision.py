@@ -18,6 +18,7 @@ Results: benchmarks/results/mteb_precision_<device>.{json,md}.
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -83,6 +84,11 @@ def local_tasks(data: Path) -> set[str]:
 
     cards = (yaml.safe_load(c.read_text(encoding="utf8")) for c in sorted(data.glob("*/*/card.yaml")))
     return {c["name"] for c in cards if c.get("task_type") != "contrastive_pairs"}
+
+
+def _run_record(folder: Path) -> dict | None:
+    f = folder / "run_record.json"
+    return json.loads(f.read_text(encoding="utf8")) if f.is_file() else None
 
 
 def polars_origin() -> str:
@@ -208,7 +214,11 @@ def main() -> None:
         n: sorted(expected - {r["task"] for r in rows if r["fp32"] is not None})
         for n, rows in results.items()
     }
-    md += ["", f"- failed runs: {', '.join(failed) or 'none'}", f"- polars: {polars_origin()}"]
+    polars = "unknown (--compare-only: the runs were made elsewhere)" if args.compare_only else polars_origin()
+    md += ["", f"- failed runs: {', '.join(failed) or 'none'}", f"- polars: {polars}"]
+    md += [f"- {d.name}: made on {', '.join(rec['hardware'].get('gpus') or []) or rec['hardware'].get('processor')}"
+           f" ({rec['device']}, {rec['time_utc']}, neoembed {rec.get('git_sha') or 'commit not recorded'})"
+           for d in sorted(out.iterdir()) if (rec := _run_record(d))]  # fmt: skip
     md += [f"- {n}: tasks of the data folder with no fp32 score (left out): {', '.join(t) or 'none'}"
            for n, t in left_out.items()]  # fmt: skip
     write_results(
@@ -218,7 +228,7 @@ def main() -> None:
             "models": results,
             "failed": failed,
             "left_out": left_out,
-            "polars": polars_origin(),
+            "polars": polars,
         },
         "\n".join(md) + "\n",
     )

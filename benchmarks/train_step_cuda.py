@@ -30,6 +30,7 @@ Results: benchmarks/results/train_step_<cuda|cpu_quick>[_compiled].{json,md}.
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import sys
 import tempfile
@@ -192,6 +193,11 @@ def time_step(run, device, warmup: int, reps: int) -> tuple[float, float]:
 
 def measure(kind: str, folder: str, args, device, rate: float) -> list[dict]:
     """Rows of one step kind (cached-loss: neoembed's and sentence-transformers' side by side)."""
+    # the previous kind's model, optimizer state and closures sit in reference cycles: collect them before this
+    # kind allocates (the first H100 run's CDE step ran out of memory with two 250M-parameter models still held)
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
     if kind == "cde":
         run, backbone, soft = cde_step(folder, args, device)
         runs = {"cde": (run, step_flops(backbone, "cde", args.batch, args.length, args.n_context, soft))}
