@@ -414,7 +414,9 @@ def test_cli_convert_round_trip(tiny_official, tmp_path, neoembed_cli):
     r = neoembed_cli.run(["neoembed", "convert", str(tiny_official), str(tmp_path / "a")])
     assert r.returncode == 0, r.stderr
     assert "decoder.weight" in r.stdout
-    r = neoembed_cli.run(["neoembed", "convert", str(tmp_path / "a"), str(tmp_path / "b"), "--to", "official"])
+    r = neoembed_cli.run(
+        ["neoembed", "convert", str(tmp_path / "a"), str(tmp_path / "b"), "--to", "official"]
+    )
     assert r.returncode == 0, r.stderr
     a, b = (
         load_file(str(tiny_official / "model.safetensors")),
@@ -674,3 +676,21 @@ def test_rope_as_complex_product_equals_the_pair_rotation(dtype):
     x0, x1 = q.float()[..., 0::2], q.float()[..., 1::2]
     expected = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(-2).to(dtype)
     torch.testing.assert_close(apply_rope(q, cos, sin), expected, atol=1e-6, rtol=1e-5)
+
+
+def test_half_precision_rmsnorm_within_the_plain_forms_own_error():
+    """The fused half-precision RMSNorm (one kernel, float32 statistics, one rounding) is no further from the
+    float64 result than the plain form it replaced (float32 copy, norm, cast back, weight product)."""
+    from neoembed.modeling.modeling_neobert import NeoBERTRMSNorm
+
+    g = torch.Generator().manual_seed(0)
+    norm = NeoBERTRMSNorm(768, 1e-5)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(768, generator=g) + 0.5)
+    x = (torch.randn(64, 768, generator=g) * 3).bfloat16()
+    exact = x.double() * (x.double().pow(2).mean(-1, keepdim=True) + 1e-5).rsqrt() * norm.weight.double()
+    plain = torch.nn.functional.rms_norm(x.float(), (768,), None, 1e-5).bfloat16() * norm.weight.bfloat16()
+    got = norm(x)
+    assert got.dtype == torch.bfloat16
+    err = (got.double() - exact).norm() / exact.norm()
+    assert err <= (plain.double() - exact).norm() / exact.norm() * 1.05
