@@ -104,3 +104,22 @@ def test_init_writes_commands_that_run_where_it_says(tmp_path, shared_dir, tiny_
         parents = ("source:", "columns:", "datasets:", "instruction:")  # instruction: commented above
         bare = [k for k in keys if "#" not in k and not k.startswith(parents)]
         assert not bare, bare
+
+
+def test_init_card_passes_data_check_on_a_file_where_some_rows_lack_a_negative(tmp_path):
+    """Own data mixes triplets and pairs: init's card must pass `neoembed data check` as written (it failed:
+    expected_loss 0.0 against the rows without a hard negative), and the check reports the share dropped."""
+    from typer.testing import CliRunner
+
+    from neoembed.data.cli import app
+    from neoembed.data.starter import write_starter
+
+    rows = [
+        {"query": f"q{i}", "positive": f"p{i}", **({"negative": f"n{i}"} if i % 10 != 1 else {})}
+        for i in range(40)
+    ]
+    (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    starter = write_starter(tmp_path / "pairs.jsonl", tmp_path / "mydata")
+    result = CliRunner().invoke(app, [str(starter.card)])  # the group's one command runs as the group
+    assert result.exit_code == 0, result.output
+    assert "36 of 40 rows kept" in result.output

@@ -113,6 +113,9 @@ def _card_text(name: str, data: str, fmt: str, columns: dict, rows: int, card_pa
         ("instruction: Given a query, retrieve the passage that answers it.", ""),
         ("license: unknown", "your data's licence: it is written on the model card"),
         (f"size: {rows}", "rows in the file when init read it (a note: training counts them anew)"),
+        ("", "Rows training drops (an empty query or positive, fewer hard negatives than most rows): `unknown` lets"),
+        ("", "`data check` measure and report their share; a number (0.02) makes a larger share an error."),
+        ("expected_loss: unknown", ""),
     ])  # fmt: skip
 
 
