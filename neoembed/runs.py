@@ -46,7 +46,9 @@ __all__ = [
     "CHECKPOINT_MARKER",
     "TRACKERS",
     "TRACKER_PROJECT",
+    "check_mlflow_store",
     "check_trackers",
+    "MissingTracker",
     "recipe_hyperparameters",
     "tensorboard_hparams",
     "progress_line",
@@ -789,9 +791,14 @@ def tensorboard_hparams(writer, values: dict) -> None:
         writer._get_file_writer().add_summary(summary)
 
 
+class MissingTracker(ImportError, ValueError):
+    """A tracker named in ``report_to`` whose package is not installed: bad input (exit 2, the install command),
+    not a fault of neoembed's; still an ImportError for code that catches that."""
+
+
 def check_trackers(report_to) -> None:
-    """Every tracker named in ``report_to`` is known and installed: checked before any data or model loads, so a
-    missing package costs seconds, not a run."""
+    """Every tracker named in ``report_to`` is known and installed, and MLflow can write where it is pointed:
+    checked before any data or model loads, so a missing package or store costs seconds, not a run."""
     import importlib.util
 
     for name in report_to:
@@ -799,10 +806,45 @@ def check_trackers(report_to) -> None:
             raise ValueError(f"report_to: unknown tracker {name!r}; valid: {', '.join(TRACKERS)}")
         module, extra = TRACKERS[name]
         if importlib.util.find_spec(module) is None:
-            raise ImportError(
-                f"report_to: [{name}] needs the {module} package, which is not installed: "
-                f"pip install -e '.[{extra}]' (or remove {name} from report_to)"
+            raise MissingTracker(
+                f"report_to: [{name}] needs the {module} package, which is not installed: install neoembed's "
+                f"[{extra}] extra (pip install -e '.[{extra}]' in the neoembed repository), or remove {name} from "
+                "report_to"
             )
+    if "mlflow" in report_to:  # once every package is known to be there
+        check_mlflow_store()
+
+
+_DATABASE_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
+
+
+def check_mlflow_store() -> None:
+    """The store MLflow will write to is one the installed client can open. mlflow 3.x defaults to a sqlite
+    database, which the ``[mlflow]`` extra's client (mlflow-skinny: no sqlalchemy) cannot open, and from 3.10 a
+    local folder store needs ``MLFLOW_ALLOW_FILE_STORE=true``; either used to fail only once the model had
+    loaded, with mlflow's own message."""
+    import importlib.util
+    from urllib.parse import urlparse
+
+    import mlflow
+
+    uri = mlflow.get_tracking_uri()
+    scheme = urlparse(uri).scheme.split("+")[0]
+    given = "MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") else "mlflow's default"
+    server = "MLFLOW_TRACKING_URI=http://HOST:5000 (your tracking server)"
+    if scheme in _DATABASE_SCHEMES and importlib.util.find_spec("sqlalchemy") is None:
+        raise ValueError(
+            f"report_to: [mlflow]: the tracking URI {uri} ({given}) is a database store, which this mlflow "
+            f"client cannot open (mlflow-skinny, the neoembed[mlflow] extra, has no sqlalchemy): set {server}, "
+            "or MLFLOW_TRACKING_URI=file:./mlruns with MLFLOW_ALLOW_FILE_STORE=true (a local folder), or "
+            "pip install mlflow (the full package) to keep the database"
+        )
+    allow = getattr(mlflow.environment_variables, "MLFLOW_ALLOW_FILE_STORE", None)  # mlflow >= 3.10
+    if scheme in ("", "file") and allow is not None and not allow.get():
+        raise ValueError(
+            f"report_to: [mlflow]: the tracking URI {uri} ({given}) is a local folder store, which mlflow "
+            f"{mlflow.__version__} writes only with MLFLOW_ALLOW_FILE_STORE=true: set it, or set {server}"
+        )
 
 
 def progress_line(step: int, total: int, values: dict, steps_per_s: float) -> str:

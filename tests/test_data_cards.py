@@ -673,6 +673,34 @@ def test_data_check_shows_an_unknown_expected_loss_and_how_to_pin_it(tmp_path):
     assert "set expected_loss: 0.05 in the card and cite `neoembed data check probe`" in r.output
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_data_check_refuses_nan_teacher_score(tmp_path, monkeypatch, shared_dir, bad):
+    """A NaN or infinite teacher score used to pass the check and stop training with "the loss became NaN ...
+    lower the learning rate"; the check names the card's row, its scores column, and the file's line."""
+    monkeypatch.setenv(
+        "NEOEMBED_CARD_CACHE", str(tmp_path / "cache")
+    )  # a cached clean build must not hide it
+    with gzip.open(shared_dir / "data" / "train" / "trecqa_pairs" / "train.jsonl.gz", "rt") as f:
+        rows = [r for r in map(json.loads, f) if r.get("negative")][:12]
+    for i, r in enumerate(rows):
+        r["teacher"] = {"scores": [0.9, bad if i == 7 else 0.1]}
+    columns = {
+        "query": "query",
+        "positive": "positive",
+        "negatives": ["negative"],
+        "scores": "teacher.scores",
+    }
+    _card(tmp_path, rows, columns, expected_loss="unknown")
+    r = _check(str(tmp_path / "c.yaml"), offline=True)
+    assert r.exit_code == 1, r.output
+    assert "row 7 has a non-finite teacher score" in r.output and "scores column 'teacher.scores'" in r.output
+    assert f"{tmp_path / 'd.jsonl'}, line 8" in r.output
+    rows[7]["teacher"]["scores"][1] = 0.1
+    _card(tmp_path, rows, columns, expected_loss="unknown")
+    r = _check(str(tmp_path / "c.yaml"), offline=True)
+    assert r.exit_code == 0 and "12 of 12 rows kept" in r.output, r.output
+
+
 # -------------------------------------------------------------------------------------------- dry run
 def test_dry_run_of_the_papers_recipe_loads_no_model(monkeypatch):
     import neoembed
@@ -731,4 +759,6 @@ def test_join_reads_the_corpus_only_until_every_named_document_is_found():
     corpus = rows([("d1", "one"), ("d2", "two"), ("d1", "one again")])
     queries = rows([("q1", "first?"), ("q2", "second?")])
     joined, full, dropped = join_pairs([("q1", "d2"), ("q2", "d1")], corpus, queries)
-    assert joined == {"query": ["first?", "second?"], "positive": ["two", "one"]} and full == 2 and not dropped
+    assert (
+        joined == {"query": ["first?", "second?"], "positive": ["two", "one"]} and full == 2 and not dropped
+    )

@@ -215,3 +215,19 @@ def test_case5_glue_stopped_by_a_signal_resumes_past_a_torn_checkpoint(
     assert result["steps"] == full["steps"] == 10 and result["best_step"] == full["best_step"]
     assert result["validation"]["validation"] == pytest.approx(full["validation"]["validation"], abs=1e-6)
     assert (out / "model" / "config.json").is_file() and not (out / "checkpoints").exists()
+
+
+def test_glue_carve_refuses_an_existing_validation_split(tmp_path, msrp_rows):
+    """--carve used to divide the named split and ignore the folder's own validation split: the score reported
+    was on 20% of the carved split, with the real validation rows unused and nothing said."""
+    folder = _hub_layout(tmp_path / "glue", "mrpc", {"test": msrp_rows[:40], "validation": msrp_rows[40:]})
+    with pytest.raises(ValueError, match=r"already holds .*validation: validation-00000-of-00001.parquet"):
+        load_splits(TASKS["mrpc"], folder, "test")
+    result = CliRunner().invoke(
+        app, ["glue", "mrpc", "--data-dir", str(folder), "--carve", "test", "--out", str(tmp_path / "out")]
+    )
+    assert result.exit_code != 0 and "drop --carve" in str(result.exception)
+    assert not (tmp_path / "out").exists()  # refused before the run left anything
+    alone = _hub_layout(tmp_path / "alone", "mrpc", {"validation": msrp_rows})  # the only split: carved
+    carved = load_splits(TASKS["mrpc"], alone, "validation")
+    assert (carved["train"].num_rows, carved["validation"].num_rows) == (51, 13)

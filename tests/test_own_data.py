@@ -4,7 +4,9 @@ model so that it runs in seconds; then the trained model in plain sentence-trans
 
 from __future__ import annotations
 
+import csv
 import gzip
+import io
 import json
 import re
 from pathlib import Path
@@ -70,7 +72,7 @@ def test_init_recognises_triplets_and_refuses_what_it_cannot_read(tmp_path):
     with pytest.raises(ValueError, match="line 1 is not a JSON object"):
         write_starter(bad, tmp_path)
     good = tmp_path / "t.jsonl"
-    good.write_text(json.dumps({"query": "q", "positive": "p", "negative": "n"}) + "\n")
+    good.write_text("".join(json.dumps({"query": q, "positive": "p", "negative": "n"}) + "\n" for q in "qr"))
     starter = write_starter(good, tmp_path)
     assert starter.columns["negatives"] == ["negative"]
     with pytest.raises(FileExistsError, match="--overwrite"):
@@ -123,3 +125,65 @@ def test_init_card_passes_data_check_on_a_file_where_some_rows_lack_a_negative(t
     result = CliRunner().invoke(app, [str(starter.card)])  # the group's one command runs as the group
     assert result.exit_code == 0, result.output
     assert "36 of 40 rows kept" in result.output
+
+
+def _msrp_rows(shared_dir: Path, n: int) -> list[dict]:
+    rows = [json.loads(line) for line in gzip.open(shared_dir / "data/train/msrp_pairs/train.jsonl.gz", "rt")]
+    return [{"query": r["query"], "positive": r["positive"]} for r in rows[:n]]
+
+
+def test_init_reads_a_json_array(tmp_path, shared_dir, monkeypatch):
+    """A JSON array of objects is a listed input format (the card's json loader reads it): init used to refuse it
+    as "line 1 is not a JSON object"; the card it writes passes `neoembed data check` with every row."""
+    from typer.testing import CliRunner
+
+    from neoembed.cli import app
+    from neoembed.data.starter import write_starter
+
+    monkeypatch.setenv("NEOEMBED_CARD_CACHE", "off")
+    (tmp_path / "pairs.json").write_text(json.dumps(_msrp_rows(shared_dir, 20), indent=2))
+    starter = write_starter(tmp_path / "pairs.json", tmp_path / "mydata")
+    assert starter.rows == 20 and starter.columns["query"] == "query"
+    r = CliRunner().invoke(app, ["data", "check", str(starter.card)], env={"HF_HUB_OFFLINE": "1"})
+    assert r.exit_code == 0 and "20 of 20 rows kept" in r.output, r.output
+    (tmp_path / "broken.json").write_text('[\n  {"query": "a", "positive": "b"},\n  {"query": "c",\n]\n')
+    with pytest.raises(ValueError, match=r"broken.json, line 4, column 1: not valid JSON"):
+        write_starter(tmp_path / "broken.json", tmp_path / "mydata")
+
+
+@pytest.mark.parametrize("name", ["pairs.jsonl", "pairs.jsonl.gz", "pairs.csv"])
+def test_init_names_file_and_line_of_non_utf8_input(tmp_path, shared_dir, name):
+    """A Latin-1 byte on line 3 used to give Python's "'utf-8' codec can't decode byte 0xe9 in position N",
+    naming neither the file nor the line."""
+    from neoembed.data.starter import write_starter
+
+    rows = _msrp_rows(shared_dir, 5)
+    rows[2]["query"] = "caf\u00e9 " + rows[2]["query"]
+    if name.endswith(".csv"):  # a header line, then the rows: the third row is the file's fourth line
+        out = io.StringIO()
+        csv.DictWriter(out, ["query", "positive"], lineterminator="\n").writerows(
+            [{"query": "query", "positive": "positive"}, *rows]
+        )
+        text, line = out.getvalue(), 4
+    else:
+        text, line = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), 3
+    data = text.encode("latin-1")
+    path = tmp_path / name
+    path.write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
+    with pytest.raises(ValueError, match=rf"{re.escape(str(path))}, line {line}: not UTF-8 text \(byte 0xe9"):
+        write_starter(path, tmp_path / "mydata")
+
+
+def test_init_refuses_a_file_too_small_to_train_on(tmp_path, shared_dir):
+    """A 1-row file used to get a recipe with batch_size 2: a batch the data cannot fill, and no other row to
+    contrast with. Two rows are the least a contrastive batch needs, and the batch never exceeds the rows."""
+    from neoembed.data.starter import write_starter
+
+    rows = _msrp_rows(shared_dir, 2)
+    (tmp_path / "one.jsonl").write_text(json.dumps(rows[0]) + "\n")
+    with pytest.raises(ValueError, match=r"one.jsonl holds 1 row: contrastive training needs at least 2"):
+        write_starter(tmp_path / "one.jsonl", tmp_path / "mydata")
+    assert not (tmp_path / "mydata").exists()  # nothing half-written
+    (tmp_path / "two.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    recipe = write_starter(tmp_path / "two.jsonl", tmp_path / "mydata").recipe.read_text()
+    assert re.search(r"^batch_size: 2 ", recipe, flags=re.M)

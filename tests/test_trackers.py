@@ -149,3 +149,73 @@ def test_recipe_hyperparameters_reach_wandb_once_and_trackio_on_every_start():
         callback.on_train_begin(None, SimpleNamespace(global_step=step), None)
         assert trackio._trackio.config["recipe.temperature"] == recipe.temperature
         assert ("recipe.temperature" in wandb._wandb.config) == (step == 0)
+
+
+def _main(monkeypatch, capsys, *argv) -> tuple[int, str]:
+    """``neoembed ARGV`` in this process through the command line's own error handling: (exit code, stderr)."""
+    import sys
+
+    from neoembed.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["neoembed", *argv])
+    with pytest.raises(SystemExit) as done:
+        main()
+    return done.value.code, capsys.readouterr().err
+
+
+def _no_model_loads(monkeypatch):
+    import transformers
+
+    def refuse(*a, **k):
+        raise AssertionError("a model was loaded before the trackers were checked")
+
+    monkeypatch.setattr(transformers.AutoModel, "from_pretrained", refuse)
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", refuse)
+
+
+def test_named_tracker_not_installed_names_the_extra(monkeypatch, capsys, tmp_path, tiny_official):
+    """A tracker named in report_to but not installed used to end as exit 1 "ImportError ... please report it";
+    it is bad input (exit 2), naming the extra to install, before the model loads."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "wandb" else real(n, *a))
+    _no_model_loads(monkeypatch)
+    overrides = [f"model={tiny_official}", f"output_dir={tmp_path / 'run'}", "report_to=[wandb]"]
+    code, err = _main(monkeypatch, capsys, "train", str(TINY), *overrides)
+    assert code == 2, err
+    assert "report_to: [wandb] needs the wandb package" in err and "neoembed's [wandb] extra" in err
+    assert "please report it" not in err and not (tmp_path / "run" / "model.safetensors").exists()
+
+
+def test_mlflow_store_the_extra_cannot_write_fails_before_the_model_loads(monkeypatch, capsys, tmp_path):
+    """mlflow-skinny 3.x (the [mlflow] extra) defaults to a sqlite store it cannot open (no sqlalchemy), and a
+    local folder store needs MLFLOW_ALLOW_FILE_STORE=true: both used to fail after the model had loaded."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "sqlalchemy" else real(n, *a))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    _no_model_loads(monkeypatch)
+    import mlflow
+
+    overrides = ["model=does-not-exist", f"output_dir={tmp_path / 'run'}", "report_to=[mlflow]"]
+    if _scheme(mlflow.get_tracking_uri()) == "sqlite":  # mlflow >= 3.7's default
+        code, err = _main(monkeypatch, capsys, "train", str(TINY), *overrides)
+        assert code == 2 and "is a database store" in err and "MLFLOW_ALLOW_FILE_STORE=true" in err, err
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", (tmp_path / "mlruns").as_uri())
+    if hasattr(
+        mlflow.environment_variables, "MLFLOW_ALLOW_FILE_STORE"
+    ):  # mlflow >= 3.10 gates a folder store
+        code, err = _main(monkeypatch, capsys, "train", str(TINY), *overrides)
+        assert code == 2 and "writes only with MLFLOW_ALLOW_FILE_STORE=true" in err, err
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    check_trackers(["mlflow"])  # the documented setting passes
+
+
+def _scheme(uri: str) -> str:
+    from urllib.parse import urlparse
+
+    return urlparse(uri).scheme

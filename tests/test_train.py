@@ -482,3 +482,48 @@ def test_train_quickstart_without_its_card_says_how_to_run_it(tmp_path):
     )
     assert r.returncode == 2 and "run `neoembed quickstart`" in r.stderr and "datasets=" in r.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def _static_model(folder: Path, tiny_official: Path) -> Path:
+    """A sentence-transformers StaticEmbedding model on the tiny fixture's tokenizer (random token vectors)."""
+    from sentence_transformers import SentenceTransformer
+    from tokenizers import Tokenizer
+
+    try:
+        from sentence_transformers.sentence_transformer.modules import StaticEmbedding
+    except ImportError:  # sentence-transformers before 5.3
+        from sentence_transformers.models import StaticEmbedding
+
+    tokenizer = Tokenizer.from_file(str(tiny_official / "tokenizer.json"))
+    SentenceTransformer(modules=[StaticEmbedding(tokenizer, embedding_dim=16)], device="cpu").save(
+        str(folder)
+    )
+    return folder
+
+
+def test_train_refuses_a_static_embedding_model(tmp_path, tiny_official, monkeypatch, capsys):
+    """A StaticEmbedding model used to fail mid-setup with "property 'max_seq_length' of 'StaticEmbedding' object
+    has no setter ... please report it" (exit 1); the unified trainer's losses read padded token sequences, which a
+    static model does not give. Refused with exit 2, naming the module, before the data or the model load (a
+    local folder), and, for a model known only once loaded (a hub id), before training."""
+    from neoembed.cli import main
+    from neoembed.train import trainer as trainer_mod
+
+    static = _static_model(tmp_path / "static", tiny_official)
+    out = tmp_path / "run"
+    monkeypatch.setattr(sys, "argv", ["neoembed", "train", str(TINY), f"model={static}", f"output_dir={out}"])
+    monkeypatch.setattr(trainer_mod, "_training_data", lambda *a: pytest.fail("the data loaded first"))
+    with pytest.raises(SystemExit) as done:
+        main()
+    err = capsys.readouterr().err
+    assert done.value.code == 2, err
+    assert (
+        "is a static-embedding model (its first module is a StaticEmbedding" in err and "report it" not in err
+    )
+    assert not out.exists()
+    monkeypatch.undo()
+    monkeypatch.setattr(trainer_mod, "_check_first_module", lambda recipe: None)  # as for a hub id
+    recipe = load_recipe(TINY, UnifiedRecipe, [f"model={static}", f"output_dir={out}", "steps=2"])
+    with pytest.raises(RecipeError, match="first module is a StaticEmbedding"):
+        train(recipe, recipe_dir=TINY.parent)
+    assert not (out / "model.safetensors").exists()

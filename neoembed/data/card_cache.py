@@ -20,7 +20,8 @@ from pathlib import Path
 
 __all__ = ["building", "cache_root", "data_files", "entry_key", "locked_entry", "read_entry", "seal_entry"]
 
-VERSION = 1  # of the entry layout and of the build: a change here makes every older entry a miss
+VERSION = 2  # of the entry layout and of the build: a change here makes every older entry a miss
+# 2: the build refuses NaN and infinite teacher scores, which version 1 entries may hold
 HASHED_BELOW = 32 * 2**20  # files smaller than this are keyed by their content too (mtime ticks are coarse)
 REPORT = "report.json"
 

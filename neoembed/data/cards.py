@@ -721,7 +721,62 @@ def _row_scores(card: DataCard, spec: _Spec, v, i: int, n_negatives: int) -> lis
             f"numbers (the positive's score, then one per hard negative): fix the row, or write the scores "
             f"again with `neoembed score {card.name} --teacher MODEL`"
         )
-    return [float(x) for x in value]
+    scores = [float(x) for x in value]
+    if bad := [j for j, x in enumerate(scores) if not math.isfinite(x)]:
+        # a NaN target makes every loss of its batch NaN: the run would stop with a hint about the learning rate
+        raise NonFiniteScore(
+            f"card {card.name}: row {i} has a non-finite teacher score ({scores[bad[0]]}, item {bad[0]} of "
+            f"{value!r:.80}) in its scores column {spec.spec!r}: fix or delete the row, or write the scores again "
+            f"with `neoembed score {card.name} --teacher MODEL`",
+            spec.spec,
+        )
+    return scores
+
+
+class NonFiniteScore(DataCardError):
+    """A NaN or infinite teacher score; ``spec``: the card's scores column (to find the file's line)."""
+
+    def __init__(self, message: str, spec: str = ""):
+        super().__init__(message)
+        self.spec = spec
+
+
+def _locate_non_finite(files: list[Path], spec: str) -> str | None:
+    """``FILE, line N`` of the first JSON line whose ``spec`` value holds a NaN or infinite number (Python's json
+    reads NaN and Infinity, as pyarrow's reader does), or None."""
+    import gzip
+
+    steps = parse_spec(spec)
+    for path in files:
+        opener = gzip.open if path.suffix == ".gz" else open
+        try:
+            with opener(path, "rt", encoding="utf-8") as f:
+                for number, line in enumerate(f, 1):
+                    value = _walk(json.loads(line), steps) if line.strip() else None
+                    if _has_non_finite(value):
+                        return f"{path}, line {number}"
+        except (OSError, EOFError, ValueError):
+            continue  # not JSON lines (parquet, csv): the row number is all the error can give
+    return None
+
+
+def _walk(v, steps):
+    for st in steps:
+        if isinstance(st, int):
+            v = v[st] if isinstance(v, list) and st < len(v) else None
+        elif isinstance(v, dict):
+            v = v.get(st)
+        elif isinstance(v, list):
+            v = [x.get(st) if isinstance(x, dict) else None for x in v]
+        else:
+            return None
+    return v
+
+
+def _has_non_finite(v) -> bool:
+    if isinstance(v, list):
+        return any(_has_non_finite(x) for x in v)
+    return isinstance(v, float) and not math.isfinite(v)
 
 
 def _negatives_per_query(counts, cap: int | None) -> int:
@@ -875,6 +930,17 @@ def explain_data_errors(card, folder: Path):
     :class:`~neoembed.data.cards.DataCardError` (exit 2) that names the file, the line and the fix."""
     try:
         yield
+    except NonFiniteScore as e:
+        if card.source.local is None:
+            raise
+        local = Path(folder) / card.source.local.path
+        local = local.resolve()
+        files = sorted(p for p in local.glob("*") if p.is_file()) if local.is_dir() else [local]
+        if e.spec and (where := _locate_non_finite(files, e.spec)):
+            raise NonFiniteScore(f"{e} (the first such value: {where})", e.spec) from None
+        if len(files) == 1:
+            raise NonFiniteScore(f"{e} (file {files[0]})", e.spec) from None
+        raise
     except DataCardError:
         raise
     except Exception as e:

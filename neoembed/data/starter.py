@@ -1,5 +1,6 @@
 """``neoembed init DATA``: a commented starter data card and training recipe for a file of your own pairs or
-triplets (JSON lines, optionally gzipped, CSV or Parquet), with the columns recognised from their names.
+triplets (JSON lines, optionally gzipped, a JSON array of objects, CSV or Parquet), with the columns recognised
+from their names.
 
 The card says where the rows are and which column is the query, the positive and the hard negatives; the recipe
 trains a sentence-transformers model on it with the unified contrastive recipe. Both are plain YAML meant to be
@@ -44,8 +45,21 @@ def _format(path: Path) -> str:
     raise ValueError(f"{path}: neoembed init reads .jsonl, .jsonl.gz, .json, .csv or .parquet files")
 
 
-def _open(path: Path):
-    return gzip.open(path, "rt", encoding="utf8") if path.name.endswith(".gz") else path.open(encoding="utf8")
+MIN_ROWS = 2  # a query's in-batch negatives are the other rows' positives: one row has nothing to contrast
+
+
+def _lines(path: Path):
+    """The file's lines as text; a byte that is not UTF-8 is an error naming the file, the line and the column
+    (Python's own error names only an offset into a read buffer)."""
+    with gzip.open(path, "rb") if path.name.endswith(".gz") else path.open("rb") as f:
+        for number, raw in enumerate(f, 1):
+            try:
+                yield raw.decode("utf8")
+            except UnicodeDecodeError as e:
+                raise ValueError(
+                    f"{path}, line {number}: not UTF-8 text (byte {raw[e.start]:#04x} at column {e.start + 1}): "
+                    "convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+                ) from None
 
 
 def _read(path: Path) -> tuple[list[str], int]:
@@ -56,20 +70,38 @@ def _read(path: Path) -> tuple[list[str], int]:
 
         meta = pq.ParquetFile(path).metadata
         return list(meta.schema.names), meta.num_rows
-    with _open(path) as f:
-        if fmt == "csv":
-            reader = csv.DictReader(f)
-            return list(reader.fieldnames or []), sum(1 for _ in reader)
-        lines = [line for line in f if line.strip()]
+    if fmt == "csv":
+        reader = csv.DictReader(_lines(path))
+        return list(reader.fieldnames or []), sum(1 for _ in reader)
+    lines = [line for line in _lines(path) if line.strip()]
     if not lines:
         raise ValueError(f"{path} holds no rows")
+    if lines[0].lstrip().startswith("["):  # a JSON array of objects, which the card's json loader reads too
+        return _read_array(path, "".join(lines))
     try:
         first = json.loads(lines[0])
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: line 1 is not a JSON object ({e}); write one object per line") from None
+        raise ValueError(
+            f"{path}: line 1 is not a JSON object ({e}); write one object per line, or one JSON array of objects"
+        ) from None
     if not isinstance(first, dict):
         raise ValueError(f"{path}: line 1 is not a JSON object; write one object per line")
     return list(first), len(lines)
+
+
+def _read_array(path: Path, text: str) -> tuple[list[str], int]:
+    try:
+        rows = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}, line {e.lineno}, column {e.colno}: not valid JSON ({e.msg})") from None
+    if not rows:
+        raise ValueError(f"{path} holds an empty JSON array: no rows")
+    bad = next((i for i, r in enumerate(rows) if not isinstance(r, dict)), None)
+    if bad is not None:
+        raise ValueError(
+            f"{path}: item {bad} of the JSON array is a {type(rows[bad]).__name__}, not an object"
+        )
+    return list(rows[0]), len(rows)
 
 
 def guess_columns(names: list[str]) -> dict:
@@ -113,9 +145,8 @@ def _card_text(name: str, data: str, fmt: str, columns: dict, rows: int, card_pa
         ("instruction: Given a query, retrieve the passage that answers it.", ""),
         ("license: unknown", "your data's licence: it is written on the model card"),
         (f"size: {rows}", "rows in the file when init read it (a note: training counts them anew)"),
-        ("", "Rows training drops (an empty query or positive, fewer hard negatives than most rows): `unknown` lets"),
-        ("", "`data check` measure and report their share; a number (0.02) makes a larger share an error."),
-        ("expected_loss: unknown", ""),
+        ("expected_loss: unknown", "share of rows training may drop (empty text, fewer hard negatives than most"),
+        ("", "rows): `unknown` lets `data check` measure and report it; a number (0.02) makes a larger share an error"),
     ])  # fmt: skip
 
 
@@ -155,6 +186,11 @@ def write_starter(
     if not data.is_file():
         raise FileNotFoundError(f"{data}: no such data file")
     names, rows = _read(data)
+    if rows < MIN_ROWS:
+        raise ValueError(
+            f"{data} holds {rows} row{'s' * (rows != 1)}: contrastive training needs at least {MIN_ROWS} (each "
+            "query's in-batch negatives are the other rows' positives): add rows"
+        )
     columns = guess_columns(names)
     name = re.sub(r"[^A-Za-z0-9_-]+", "_", data.name.split(".")[0]) or "mydata"
     card, recipe = out / f"{name}.yaml", out / f"{name}-recipe.yaml"

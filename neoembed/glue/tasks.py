@@ -172,6 +172,7 @@ def load_splits(task: GlueTask, data_dir: str | Path | None, carve: str | None, 
         if data_dir is None:
             raise ValueError("--carve divides a local split: pass --data-dir too")
         loader, files = local_splits(data_dir, task, (carve,))[carve]
+        _refuse_shadowed_splits(Path(files[0]).parent, task, carve)
         parts = load_dataset(loader, data_files=files, split="train").train_test_split(
             test_size=0.2, seed=seed
         )
@@ -186,6 +187,20 @@ def load_splits(task: GlueTask, data_dir: str | Path | None, carve: str | None, 
             split: load_dataset(loader, data_files=files, split="train")
             for split, (loader, files) in found.items()
         }
+    )
+
+
+def _refuse_shadowed_splits(folder: Path, task: GlueTask, carve: str) -> None:
+    """--carve makes the train and validation splits; a folder that already holds one of them would have it
+    silently unused, and the score reported on 20% of the carved split instead of the folder's own split."""
+    there = {s: f for s in ("train", *task.validation) if s != carve and (f := _split_files(folder, s))}
+    if not there:
+        return
+    named = "; ".join(f"{s}: {', '.join(Path(p).name for p in f[1])}" for s, f in there.items())
+    raise ValueError(
+        f"--carve {carve} divides {carve!r} into train 80% / validation 20%, but {folder} already holds the "
+        f"split(s) that would replace ({named}), which carving would leave unused. To train and score on the "
+        f"folder's own splits, drop --carve; to carve {carve!r} anyway, move those files out of the folder"
     )
 
 

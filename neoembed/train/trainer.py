@@ -689,8 +689,7 @@ def train(
     check_same_holdout(output, holdout, resuming=checkpoint is not None)
     check_weight_files(recipe.model)
     model = load(recipe.model, pooling=recipe.pooling, compile=recipe.compile)
-    base_max_length = model.max_seq_length
-    model.max_seq_length = recipe.max_length  # for training; the saved model gets base_max_length back
+    base_max_length = _training_length(model, recipe)  # the saved model gets base_max_length back
     if recipe.adapter is not None:
         a = recipe.adapter
         add_lora(model, a.r, a.alpha, a.dropout, a.target_modules)
@@ -763,6 +762,39 @@ def _is_terminal() -> bool:
     return sys.stderr.isatty()
 
 
+def _check_first_module(recipe: UnifiedRecipe) -> None:
+    """A local sentence-transformers folder whose first module is a StaticEmbedding, refused before the data or
+    the model load (see :func:`_refuse_static`)."""
+    modules, first = Path(str(recipe.model)) / "modules.json", ""
+    with contextlib.suppress(OSError, ValueError, TypeError, IndexError, KeyError, AttributeError):
+        first = str(json.loads(modules.read_text())[0]["type"]).rsplit(".", 1)[-1]  # unreadable: load tells
+    _refuse_static(first, recipe, first == "StaticEmbedding")
+
+
+def _training_length(model, recipe: UnifiedRecipe) -> int | None:
+    """The recipe's max_length set on the loaded model for training; returns the model's own. A first module
+    whose token limit cannot be set (a read-only max_seq_length) is a static model, refused here for a model
+    known only once loaded (a hub id)."""
+    limit = getattr(type(model[0]), "max_seq_length", None)
+    _refuse_static(type(model[0]).__name__, recipe, isinstance(limit, property) and limit.fset is None)
+    base = model.max_seq_length
+    model.max_seq_length = recipe.max_length
+    return base
+
+
+def _refuse_static(kind: str, recipe: UnifiedRecipe, static: bool) -> None:
+    """The unified trainer trains models that read padded token sequences (its losses find repeated texts from
+    token ids and attention masks, and max_length truncates them); a StaticEmbedding model reads a bag of token
+    vectors with neither, and has no max_seq_length to set."""
+    if static:
+        raise RecipeError(
+            f"model {recipe.model} is a static-embedding model (its first module is a {kind}: one vector per "
+            "token, no positions, no max_seq_length): neoembed train trains transformer encoders only. Train "
+            "it with sentence-transformers' own SentenceTransformerTrainer (e.g. MultipleNegativesRankingLoss), "
+            "or set model: to a transformer encoder"
+        )
+
+
 def _check_max_length(recipe: UnifiedRecipe) -> None:
     """A ``max_length`` beyond a local model's learned positions fails at the first long text, deep in the
     embedding lookup: refuse it here, naming the key (RoPE models such as NeoBERT extrapolate: a warning)."""
@@ -789,6 +821,7 @@ def _check_max_length(recipe: UnifiedRecipe) -> None:
 def _check_extras(recipe: UnifiedRecipe, evaluator) -> None:
     """Trackers, PEFT and the evaluator a recipe needs: checked before data or the model load."""
     check_trackers(recipe.report_to)
+    _check_first_module(recipe)
     _check_max_length(recipe)
     if recipe.adapter is not None:
         require_peft()
