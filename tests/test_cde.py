@@ -385,19 +385,19 @@ def test_cde_resume_equals_uninterrupted(tmp_path, tiny_official):
     assert _losses(full)[:3] == _losses(part)[:3]
 
 
-def test_cli_train_dispatches_cde_and_rejects_bad_recipes(tmp_path, tiny_official, neoembed_cli):
-    r = neoembed_cli.run(
-        ["neoembed", "train", "cde-tiny", f"model={tiny_official}", f"output_dir={tmp_path / 'o'}", "steps=2",
+def test_cli_train_dispatches_cde_and_rejects_bad_recipes(tmp_path, tiny_official, run_neoembed):
+    r = run_neoembed(
+        ["train", "cde-tiny", f"model={tiny_official}", f"output_dir={tmp_path / 'o'}", "steps=2",
          "context.n_context=0"],
         cwd=REPO, env=_env(),
     )  # fmt: skip
-    assert r.returncode == 2 and "n_context" in r.stderr
-    r = neoembed_cli.run(
-        ["neoembed", "train", "cde-tiny", f"model={tiny_official}", f"output_dir={tmp_path / 'o'}", "steps=2",
+    assert r.exit_code == 2 and "n_context" in r.stderr
+    r = run_neoembed(
+        ["train", "cde-tiny", f"model={tiny_official}", f"output_dir={tmp_path / 'o'}", "steps=2",
          "batch_size=1000"],
         cwd=REPO, env=_env(),
     )  # fmt: skip
-    assert r.returncode == 2 and "larger than the dataset" in r.stderr
+    assert r.exit_code == 2 and "larger than the dataset" in r.stderr
 
 
 # ------------------------------------------------------------------------------------------- neoembed mteb

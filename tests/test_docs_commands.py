@@ -4,8 +4,8 @@ Each line of a ``bash`` block is listed in ``HOW`` with the way it is proven, so
 command fails here until someone says how it runs:
 
 - ``run``: executed as written by bash, in the page's order, in a scratch copy of the repository (with
-  ``../shared`` beside it: a link to the repository's copy, ``tests/shared``), exit 0, each ``neoembed`` forked
-  from one pre-imported process (``tests/warm_cli.py``: the imports were most of each command's time);
+  ``../shared`` beside it: a link to the repository's copy, ``tests/shared``), exit 0, with the installed
+  ``neoembed`` console script first on ``PATH`` (a process per command, as a user's shell starts it);
   placeholders (``MODEL``, ``my-model``, ...) are swapped for the fixtures in ``PLACEHOLDERS``, and a line that consumes what a hub-only
   line above it would have written gets that output from a local stand-in (``STAND_INS``). Afterwards the copy
   holds nothing that git would show as untracked.
@@ -40,7 +40,6 @@ from pathlib import Path
 
 import pytest
 import typer
-from warm_cli import WarmNeoembed
 
 from neoembed.cli import app
 
@@ -344,6 +343,8 @@ def _as_run_here(line: str, tiny_official: Path) -> str:
 
 
 def _environment() -> dict:
+    """The commands' environment: offline, one thread each (two pages run at once), this interpreter's
+    ``neoembed`` console script first on ``PATH``."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", NEOEMBED_DEBUG="")
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
     return env
@@ -352,8 +353,8 @@ def _environment() -> dict:
 def _run_page(
     page: str, modes: set[str], tmp_path: Path, shared: Path, tiny_official: Path, env: dict
 ) -> list[str]:
-    """Runs the page's lines of ``modes`` in order in a scratch copy, ``neoembed`` pre-imported (``env`` from
-    ``WarmNeoembed``); returns what went wrong."""
+    """Runs the page's lines of ``modes`` in order in a scratch copy, in ``env`` (``_environment``); returns what
+    went wrong."""
     root = _scratch_copy(tmp_path / page, shared)
     wrong = []
     for line, mode in HOW.get(page, {}).items():
@@ -402,8 +403,9 @@ def _run_python_blocks(page: str, root: Path, tiny_official: Path, env: dict) ->
 def _run_pages(modes: set[str], tmp_path, shared_dir, tiny_official) -> None:
     pages = [page for page, how in HOW.items() if modes & set(how.values()) or python_blocks(page)]
     pages += [page.name for page in PAGES if page.name not in HOW and python_blocks(page.name)]
-    with WarmNeoembed(_environment()) as warm, ThreadPoolExecutor(max_workers=2) as pool:
-        results = pool.map(lambda p: _run_page(p, modes, tmp_path, shared_dir, tiny_official, warm.env), pages)
+    env = _environment()
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = pool.map(lambda p: _run_page(p, modes, tmp_path, shared_dir, tiny_official, env), pages)
         wrong = [w for result in results for w in result]
     assert not wrong, "\n\n".join(wrong)
 
@@ -447,7 +449,8 @@ def test_hub_only_commands_say_so_offline(tmp_path, shared_dir, tiny_official):
     message that names the hub, not a traceback."""
     pages = [page for page, how in HOW.items() if "hub" in how.values()]
     assert sum(list(how.values()).count("hub") for how in HOW.values()) >= 20
-    with WarmNeoembed(_environment()) as warm, ThreadPoolExecutor(max_workers=2) as pool:
-        results = pool.map(lambda p: _hub_lines_offline(p, tmp_path, shared_dir, tiny_official, warm.env), pages)
+    env = _environment()
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = pool.map(lambda p: _hub_lines_offline(p, tmp_path, shared_dir, tiny_official, env), pages)
         wrong = [w for result in results for w in result]
     assert not wrong, "\n\n".join(wrong)

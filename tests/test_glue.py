@@ -158,9 +158,9 @@ def test_run_transfer_and_resumable_grid(tmp_path, msrp_rows, tiny_official):
     assert len(kept) == 1  # only the best run keeps its model
 
 
-def test_bad_input_exits_2(tmp_path, neoembed_cli):
-    run = neoembed_cli.run(["neoembed", "glue", "WNLI", "--model", "x", "--out", str(tmp_path / "o")])
-    assert run.returncode == 2 and "WNLI is excluded" in run.stderr
+def test_bad_input_exits_2(tmp_path, run_neoembed):
+    run = run_neoembed(["glue", "WNLI", "--model", "x", "--out", str(tmp_path / "o")])
+    assert run.exit_code == 2 and "WNLI is excluded" in run.stderr
 
 
 def test_case5_glue_stopped_by_a_signal_resumes_past_a_torn_checkpoint(

@@ -410,14 +410,12 @@ def test_save_pretrained_round_trip_without_prefix(tiny_official, tiny_expected,
         AutoModelForMaskedLM.from_pretrained(tmp_path)
 
 
-def test_cli_convert_round_trip(tiny_official, tmp_path, neoembed_cli):
-    r = neoembed_cli.run(["neoembed", "convert", str(tiny_official), str(tmp_path / "a")])
-    assert r.returncode == 0, r.stderr
+def test_cli_convert_round_trip(tiny_official, tmp_path, run_neoembed):
+    r = run_neoembed(["convert", str(tiny_official), str(tmp_path / "a")])
+    assert r.exit_code == 0, r.stderr
     assert "decoder.weight" in r.stdout
-    r = neoembed_cli.run(
-        ["neoembed", "convert", str(tmp_path / "a"), str(tmp_path / "b"), "--to", "official"]
-    )
-    assert r.returncode == 0, r.stderr
+    r = run_neoembed(["convert", str(tmp_path / "a"), str(tmp_path / "b"), "--to", "official"])
+    assert r.exit_code == 0, r.stderr
     a, b = (
         load_file(str(tiny_official / "model.safetensors")),
         load_file(str(tmp_path / "b" / "model.safetensors")),

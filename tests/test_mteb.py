@@ -297,13 +297,12 @@ def test_resume_skips_and_broken_task_does_not_stop_others(minilm, small, tmp_pa
     assert again.skipped == ["STS16"] and not again.scores
 
 
-def test_cli_exit_code_and_summary(minilm_path, small, tmp_path, neoembed_cli):
+def test_cli_exit_code_and_summary(minilm_path, small, tmp_path, run_neoembed):
     data = tmp_path / "data"
     shutil.copytree(small / "mteb" / "STS16", data / "STS16")
     (data / "Broken").mkdir()
-    r = neoembed_cli.run(
+    r = run_neoembed(
         [
-            "neoembed",
             "mteb",
             "--model",
             str(minilm_path),
@@ -315,13 +314,12 @@ def test_cli_exit_code_and_summary(minilm_path, small, tmp_path, neoembed_cli):
             str(tmp_path / "out"),
         ],
     )
-    assert r.returncode == 1, r.stdout + r.stderr
+    assert r.exit_code == 1, r.stdout + r.stderr
     assert "Broken" in r.stderr and "STS (1)" in r.stdout
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["n_tasks"] == 1 and summary["partial"]
-    r = neoembed_cli.run(
+    r = run_neoembed(
         [
-            "neoembed",
             "mteb",
             "compare",
             str(tmp_path / "out"),
@@ -330,7 +328,7 @@ def test_cli_exit_code_and_summary(minilm_path, small, tmp_path, neoembed_cli):
             str(tmp_path / "cmp"),
         ],
     )
-    assert r.returncode == 0, r.stderr
+    assert r.exit_code == 0, r.stderr
     assert (tmp_path / "cmp" / "compare.png").stat().st_size > 1000
 
 
@@ -804,23 +802,23 @@ def test_case1_backend_onnx_result_not_reused(minilm_path, sts_slice, tmp_path):
     assert entries["first"]["main_score"] == pytest.approx(entries["overwritten"]["main_score"], abs=1e-5)
 
 
-def test_case1_cli_refuses_then_overwrite_rescores(minilm_path, sts_slice, tmp_path, neoembed_cli):
+def test_case1_cli_refuses_then_overwrite_rescores(minilm_path, sts_slice, tmp_path, run_neoembed):
     """The issue's command lines: ``--truncate-dim 16``, then the same without it: exit 2 naming the setting (no
     "skipped", no 16-d score for the full model); with --overwrite, the full model's score, and a summary whose
     first line says the dims."""
     out = tmp_path / "t"
-    cli = ["neoembed", "mteb", "--model", PACKAGED, "--tasks", str(sts_slice), "--instructions", "none"]
+    cli = ["mteb", "--model", PACKAGED, "--tasks", str(sts_slice), "--instructions", "none"]
     cli += ["--precision", "fp32", "--output", str(out)]
-    r = neoembed_cli.run([*cli, "--truncate-dim", "16"])
-    assert r.returncode == 0, r.stderr
+    r = run_neoembed([*cli, "--truncate-dim", "16"])
+    assert r.exit_code == 0, r.stderr
     short = load_json(out / "STS16.json")
     assert "dims: 16" in (out / "summary.md").read_text().splitlines()[0]
-    r = neoembed_cli.run(cli)
-    assert r.returncode == 2, r.stdout + r.stderr
+    r = run_neoembed(cli)
+    assert r.exit_code == 2, r.stdout + r.stderr
     assert "truncate_dim (--truncate-dim): the results hold 16 (STS16); this run: none" in r.stderr
     assert "skipped" not in r.stdout and load_json(out / "STS16.json") == short
-    r = neoembed_cli.run([*cli, "--overwrite"])
-    assert r.returncode == 0, r.stderr
+    r = run_neoembed([*cli, "--overwrite"])
+    assert r.exit_code == 0, r.stderr
     full = load_json(out / "STS16.json")
     assert full["embedding_dim"] == 384 and full["main_score"] != short["main_score"]
     assert "dims: full" in (out / "summary.md").read_text().splitlines()[0]

@@ -36,7 +36,7 @@ def _write_data(folder: Path, shared_dir: Path) -> None:
     (folder / "mydata" / "heldout-task.yaml").write_text("name: MyHeldout\ntype: Reranking\ndata: heldout\n")
 
 
-def test_the_own_data_page_runs_as_written(tmp_path, shared_dir, tiny_official, neoembed_cli):
+def test_the_own_data_page_runs_as_written(tmp_path, shared_dir, tiny_official, run_neoembed):
     commands = _page_commands()
     assert [c.split()[1] for c in commands] == ["init", "data", "train", "train", "mteb"]
     _write_data(tmp_path, shared_dir)
@@ -44,8 +44,8 @@ def test_the_own_data_page_runs_as_written(tmp_path, shared_dir, tiny_official, 
         argv = command.replace("packaged:all-MiniLM-L6-v2", str(tiny_official)).split()
         if argv[1] == "train" and "--dry-run" not in argv:
             argv += ["steps=3"]
-        r = neoembed_cli.run(argv, cwd=tmp_path)
-        assert r.returncode == 0, f"{command}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+        r = run_neoembed(argv[1:], cwd=tmp_path)
+        assert r.exit_code == 0, f"{command}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
     card = (tmp_path / "mydata" / "pairs.yaml").read_text()
     assert "query: query" in card and "positive: positive" in card and "size: 64" in card
     scores = json.loads((tmp_path / "results" / "pairs" / "MyHeldout.json").read_text())
@@ -79,14 +79,14 @@ def test_init_recognises_triplets_and_refuses_what_it_cannot_read(tmp_path):
         write_starter(good, tmp_path)
 
 
-def test_init_writes_commands_that_run_where_it_says(tmp_path, shared_dir, tiny_official, neoembed_cli):
+def test_init_writes_commands_that_run_where_it_says(tmp_path, shared_dir, tiny_official, run_neoembed):
     """The card's and the recipe's comments name the commands to run and the folder to run them from (the one
     `neoembed init` ran in: card_dirs and output_dir are relative to it); each runs there as written, and so do the
     commands init prints. Every key of both files carries a comment."""
     _write_data(tmp_path, shared_dir)
-    init = ["neoembed", "init", "pairs.jsonl", "--out", "mydata", "--model", str(tiny_official)]
-    r = neoembed_cli.run(init, cwd=tmp_path)
-    assert r.returncode == 0, r.stderr[-3000:]
+    init = ["init", "pairs.jsonl", "--out", "mydata", "--model", str(tiny_official)]
+    r = run_neoembed(init, cwd=tmp_path)
+    assert r.exit_code == 0, r.stderr[-3000:]
     printed = [line.strip() for line in r.stdout.splitlines() if line.strip().startswith("neoembed ")]
     files = [(tmp_path / "mydata" / name).read_text() for name in ("pairs.yaml", "pairs-recipe.yaml")]
     said = r"^#.*?(neoembed (?:data|train) .+)$"
@@ -94,9 +94,9 @@ def test_init_writes_commands_that_run_where_it_says(tmp_path, shared_dir, tiny_
     assert all("from the folder you ran `neoembed init` in" in text for text in files)
     assert set(printed) <= set(written) and any("--dry-run" in c for c in written), (printed, written)
     for command in sorted(written, key=lambda c: "--dry-run" not in c):  # the dry run before the training
-        r = neoembed_cli.run(command.split(), cwd=tmp_path)
-        assert r.returncode == 0, f"{command}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
-    dry_run = neoembed_cli.run(written[1].split(), cwd=tmp_path).stdout
+        r = run_neoembed(command.split()[1:], cwd=tmp_path)
+        assert r.exit_code == 0, f"{command}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+    dry_run = run_neoembed(written[1].split()[1:], cwd=tmp_path).stdout
     assert "pairs  rows 64 (counted)" in dry_run  # the card was found
     assert (tmp_path / "runs" / "pairs" / "model.safetensors").is_file()
     logged = (tmp_path / "runs" / "pairs" / "metrics.jsonl").read_text().splitlines()

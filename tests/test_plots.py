@@ -64,7 +64,7 @@ def _results(folder, scores: dict[str, float]) -> None:
         )
 
 
-def test_compare_bars_start_at_zero_and_a_second_compare_overwrites_nothing(tmp_path, neoembed_cli):
+def test_compare_bars_start_at_zero_and_a_second_compare_overwrites_nothing(tmp_path, run_neoembed):
     """0.3 points look like 0.3 points: the bars' heights are in the ratio of their scores (on an axis from 75 the
     bars of 80.15 and 81.54 were in the ratio 0.79). A second comparison into the same folder is refused, naming
     what is there, until --overwrite, which says it replaced it."""
@@ -84,8 +84,8 @@ def test_compare_bars_start_at_zero_and_a_second_compare_overwrites_nothing(tmp_
     assert heights[0] / heights[1] == pytest.approx(0.8015 / 0.8154, abs=0.015), heights
     with pytest.raises(FileExistsError, match=r"already holds a comparison .*of base, tuned.*--overwrite"):
         compare_runs(runs[::-1], out)
-    argv = ["neoembed", "mteb", "compare", *map(str, runs), "--out", str(out)]
-    r = neoembed_cli.run(argv)
-    assert r.returncode == 2 and "--overwrite" in r.stderr, r.stderr
-    r = neoembed_cli.run([*argv, "--overwrite"])
-    assert r.returncode == 0 and f"replaced {out / 'compare.png'}" in r.stdout, r.stdout + r.stderr
+    argv = ["mteb", "compare", *map(str, runs), "--out", str(out)]
+    r = run_neoembed(argv)
+    assert r.exit_code == 2 and "--overwrite" in r.stderr, r.stderr
+    r = run_neoembed([*argv, "--overwrite"])
+    assert r.exit_code == 0 and f"replaced {out / 'compare.png'}" in r.stdout, r.stdout + r.stderr

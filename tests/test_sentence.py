@@ -95,10 +95,10 @@ def test_case2_fresh_process_without_neoembed(saved, tmp_path, block_neoembed):
     assert np.abs(np.load(out2) - expected).max() <= 1e-5
 
 
-def test_case3_convert_sentence_cli_loads_both_ways(tiny_official, tmp_path, block_neoembed, neoembed_cli):
+def test_case3_convert_sentence_cli_loads_both_ways(tiny_official, tmp_path, block_neoembed, run_neoembed):
     dst = tmp_path / "conv"
-    r = neoembed_cli.run(["neoembed", "convert", str(tiny_official), str(dst), "--sentence"], env=_env())
-    assert r.returncode == 0, r.stderr[-3000:]
+    r = run_neoembed(["convert", str(tiny_official), str(dst), "--sentence"], env=_env())
+    assert r.exit_code == 0, r.stderr[-3000:]
     expected = neoembed.load(dst).encode(TEXTS)
     out = tmp_path / "e.npy"
     code = block_neoembed + textwrap.dedent(f"""
@@ -213,14 +213,14 @@ def test_truncation_warns_once(tiny_official):
     assert len(msgs) == 1 and "2 text(s)" in msgs[0]
 
 
-def test_not_a_model_and_missing_tokenizer(tiny_official, tmp_path, neoembed_cli):
+def test_not_a_model_and_missing_tokenizer(tiny_official, tmp_path, run_neoembed):
     with pytest.raises(FileNotFoundError, match="is not a model"):
         neoembed.load(tmp_path)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         neoembed.load(tmp_path / "typo")
     # on the command line: the message and exit code 2, no traceback
-    r = neoembed_cli.run(["neoembed", "mteb", "--model", str(tmp_path), "--tasks", "STS13"], env=_env())
-    assert r.returncode == 2 and "is not a model" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    r = run_neoembed(["mteb", "--model", str(tmp_path), "--tasks", "STS13"], env=_env())
+    assert r.exit_code == 2 and "is not a model" in r.stderr and "Traceback" not in r.stderr, r.stderr
     bare = tmp_path / "bare"
     bare.mkdir()
     for f in ("config.json", "model.safetensors"):

@@ -141,7 +141,7 @@ def test_keep_best_without_eval_is_refused_with_the_fix(tmp_path, tiny_official,
         train(_recipe(tmp_path / "x", tiny_official, trecqa), recipe_dir=TINY.parent)
 
 
-def test_case3_keep_best_unsaved_step_refused(tmp_path, tiny_official, trecqa, neoembed_cli):
+def test_case3_keep_best_unsaved_step_refused(tmp_path, tiny_official, trecqa, run_neoembed):
     """The issue's recipe (eval every 2 steps, checkpoints every 4) could make an unsaved step the best: refused
     before any model loads, naming both keys and the fix. The other way round (eval every 4, save every 2) every
     evaluated step has a checkpoint, transformers' own opposite check does not refuse it, and the final model is
@@ -152,11 +152,11 @@ def test_case3_keep_best_unsaved_step_refused(tmp_path, tiny_official, trecqa, n
     assert "eval.steps 2 must be a multiple of save_steps 4" in message
     assert "save_steps: 2" in message and "eval.steps: 4" in message
     out = tmp_path / "cli"
-    run = neoembed_cli.run(
-        ["neoembed", "train", str(TINY), f"model={tiny_official}", f"output_dir={out}", "steps=12"]
+    run = run_neoembed(
+        ["train", str(TINY), f"model={tiny_official}", f"output_dir={out}", "steps=12"]
         + ["save_steps=4", f"eval={{steps: 2, tasks: [{trecqa}]}}", "keep_best={metric: ndcg_at_10}"]
     )
-    assert run.returncode == 2 and "eval.steps 2 must be a multiple of save_steps 4" in run.stderr, run.stderr
+    assert run.exit_code == 2 and "eval.steps 2 must be a multiple of save_steps 4" in run.stderr, run.stderr
     assert not out.exists()  # refused before anything was written (or loaded)
     keep = ("eval.steps=4", "steps=8", "save_total_limit=null", "keep_best={metric: ndcg_at_10, mode: min}")
     full = _train(_recipe(tmp_path / "ok", tiny_official, trecqa, *keep))

@@ -1,0 +1,52 @@
+"""The installed ``neoembed`` console script in a process of its own, one command line per command family, as a
+user's shell runs it (#41): the exit code of the contract in ``neoembed.cli.main`` and a message naming the
+problem on stderr, no traceback.
+
+The other command-line tests run ``neoembed.cli.main`` in the test's interpreter (``run_neoembed`` in
+``conftest.py``); these check what that cannot: the console script and ``python -m neoembed`` as entry points, and
+the exit status a shell sees. Each line stops at its input check, so the file takes seconds; the documented
+commands, run to completion by bash in ``test_docs_commands.py``, are the real-process runs of every family.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from neoembed._version import __version__
+
+# the console script that pip installed beside this interpreter: what `neoembed` on a user's PATH is
+NEOEMBED = Path(sys.executable).parent / "neoembed"
+
+# (family, arguments, exit code, what stderr says); {tmp} is the test's scratch folder
+LINES = [
+    ("train", ["train", "tiny", "steps=-1"], 2, "'steps': Input should be greater than 0"),
+    ("pretrain", ["pretrain", "pretrain-tiny", "steps=-1"], 2, "'steps': Input should be greater than 0"),
+    ("mteb", ["mteb", "compare", "{tmp}/a", "{tmp}/b"], 2, "holds no neoembed mteb results"),
+    ("data", ["data", "check", "{tmp}/card.yaml"], 1, "it is neither a file nor a shipped name"),
+    ("mine", ["mine", "{tmp}/card.yaml", "--model", "x", "--out", "{tmp}/m"], 2, "not found"),
+    ("glue", ["glue", "WNLI", "--model", "x", "--out", "{tmp}/g"], 2, "WNLI is excluded"),
+    ("usage", ["train", "tiny", "--no-such-option"], 2, "No such option: --no-such-option"),
+]
+
+
+def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", NEOEMBED_DEBUG="")
+    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize(("family", "args", "code", "said"), LINES, ids=[line[0] for line in LINES])
+def test_console_script_exit_code_and_message(family, args, code, said, tmp_path):
+    r = _run([str(NEOEMBED), *(a.format(tmp=tmp_path) for a in args)], tmp_path)
+    assert r.returncode == code, (r.returncode, r.stdout[-2000:], r.stderr[-3000:])
+    assert said in r.stderr and "Traceback" not in r.stderr, r.stderr[-3000:]
+
+
+def test_both_entry_points_print_the_version(tmp_path):
+    for argv in ([str(NEOEMBED)], [sys.executable, "-m", "neoembed"]):
+        r = _run([*argv, "--version"], tmp_path)
+        assert r.returncode == 0 and r.stdout.strip() == f"neoembed {__version__}", (argv, r.stdout, r.stderr)
