@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -64,7 +65,7 @@ def run(model: str, precision: str, out: Path, device: str) -> int:
         "--model",
         model,
         "--data-dir",
-        str(SHARED / "data"),
+        os.path.relpath(SHARED / "data"),  # relative: the command is logged and recorded
         "--precision",
         precision,
         "--device",
