@@ -22,7 +22,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR=.gpu
-CACHE=.gpu-cache
 LIMIT=$((64 * 1024 * 1024))
 PY=${PYTHON:-python}
 PLATFORMS=()

@@ -62,7 +62,7 @@ def _embeddings(batch: int, negatives: int, cached: bool):
     return [[m.requires_grad_() for m in c.split(MINI_BATCH)] for c in columns]
 
 
-def _loss_call(impl: str, kind: str, reps):
+def _loss_call(impl: str, kind: str, reps, mini: int = MINI_BATCH):
     import torch
     from sentence_transformers.sentence_transformer import losses as st
 
@@ -86,9 +86,9 @@ def _loss_call(impl: str, kind: str, reps):
         )
         return lambda: loss.compute_loss_from_embeddings(reps, None).backward()
     loss = (
-        ne.CachedInfoNCELoss(stand_in, mask_duplicates=False, mini_batch_size=MINI_BATCH)
+        ne.CachedInfoNCELoss(stand_in, mask_duplicates=False, mini_batch_size=mini)
         if impl == "neoembed"
-        else st.CachedMultipleNegativesRankingLoss(stand_in, scale=1 / 0.07, mini_batch_size=MINI_BATCH)
+        else st.CachedMultipleNegativesRankingLoss(stand_in, scale=1 / 0.07, mini_batch_size=mini)
     )
     return lambda: loss.calculate_loss(reps, with_backward=True)
 

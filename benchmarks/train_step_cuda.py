@@ -147,29 +147,19 @@ def cde_step(folder: str, args, device):
 
 def cached_loss_step(args, device, impl: str):
     """A closure running GradCache's scoring stage alone (loss and the embeddings' gradients) at B =
-    ``args.loss_batch`` with 1 hard negative: neoembed's or sentence-transformers' (``impl``)."""
-    from sentence_transformers.sentence_transformer import losses as st
-
-    from neoembed.losses import CachedInfoNCELoss
+    ``args.loss_batch`` with 1 hard negative: neoembed's or sentence-transformers' (``impl``), built as
+    benchmarks/scale.py builds them for its CPU cells."""
+    import scale
 
     g = torch.Generator(device=device).manual_seed(0)
-    reps = [
-        [
-            m.requires_grad_()
-            for m in torch.randn(args.loss_batch, 768, device=device, generator=g).split(args.loss_mini)
-        ]
-        for _ in range(3)
-    ]
-    stand_in = torch.nn.Sequential(torch.nn.Identity())  # the losses hold a model; scoring never calls it
-    if impl == "neoembed":
-        loss = CachedInfoNCELoss(stand_in, mask_duplicates=False, mini_batch_size=args.loss_mini)
-    else:
-        loss = st.CachedMultipleNegativesRankingLoss(stand_in, scale=1 / 0.07, mini_batch_size=args.loss_mini)
+    columns = (torch.randn(args.loss_batch, 768, device=device, generator=g) for _ in range(3))
+    reps = [[m.requires_grad_() for m in c.split(args.loss_mini)] for c in columns]
+    call = scale._loss_call("neoembed" if impl == "neoembed" else "st", "cached", reps, args.loss_mini)
 
     def run():
         for m in (m for column in reps for m in column):
             m.grad = None
-        loss.calculate_loss(reps, with_backward=True)
+        call()
 
     return run
 
