@@ -728,7 +728,7 @@ def _row_scores(card: DataCard, spec: _Spec, v, i: int, n_negatives: int) -> lis
             f"card {card.name}: row {i} has a non-finite teacher score ({scores[bad[0]]}, item {bad[0]} of "
             f"{value!r:.80}) in its scores column {spec.spec!r}: fix or delete the row, or write the scores again "
             f"with `neoembed score {card.name} --teacher MODEL`",
-            spec.spec,
+            spec,
         )
     return scores
 
@@ -736,41 +736,27 @@ def _row_scores(card: DataCard, spec: _Spec, v, i: int, n_negatives: int) -> lis
 class NonFiniteScore(DataCardError):
     """A NaN or infinite teacher score; ``spec``: the card's scores column (to find the file's line)."""
 
-    def __init__(self, message: str, spec: str = ""):
+    def __init__(self, message: str, spec: _Spec | None = None):
         super().__init__(message)
         self.spec = spec
 
 
-def _locate_non_finite(files: list[Path], spec: str) -> str | None:
+def _locate_non_finite(files: list[Path], spec: _Spec) -> str | None:
     """``FILE, line N`` of the first JSON line whose ``spec`` value holds a NaN or infinite number (Python's json
-    reads NaN and Infinity, as pyarrow's reader does), or None."""
+    reads NaN and Infinity, as pyarrow's reader does), or None. The value is read as the card reads it."""
     import gzip
 
-    steps = parse_spec(spec)
     for path in files:
         opener = gzip.open if path.suffix == ".gz" else open
         try:
             with opener(path, "rt", encoding="utf-8") as f:
                 for number, line in enumerate(f, 1):
-                    value = _walk(json.loads(line), steps) if line.strip() else None
-                    if _has_non_finite(value):
+                    row = json.loads(line) if line.strip() else {}
+                    if spec.steps[0] in row and _has_non_finite(spec.read_value(row[spec.steps[0]], number)):
                         return f"{path}, line {number}"
-        except (OSError, EOFError, ValueError):
+        except (OSError, EOFError, ValueError):  # DataCardError is a ValueError: a line the spec cannot read
             continue  # not JSON lines (parquet, csv): the row number is all the error can give
     return None
-
-
-def _walk(v, steps):
-    for st in steps:
-        if isinstance(st, int):
-            v = v[st] if isinstance(v, list) and st < len(v) else None
-        elif isinstance(v, dict):
-            v = v.get(st)
-        elif isinstance(v, list):
-            v = [x.get(st) if isinstance(x, dict) else None for x in v]
-        else:
-            return None
-    return v
 
 
 def _has_non_finite(v) -> bool:
