@@ -524,8 +524,18 @@ def loading_section(model_id: str, neobert: bool = True) -> str:
     return (
         f"{LOADING_HEADING}\n\nWith neoembed installed{note}:\n\n"
         f'```python\nimport neoembed\nmodel = neoembed.load("{model_id}")\n'
-        'embeddings = model.encode(["a sentence"])\n```\n\n' + without
+        'embeddings = model.encode(["a sentence"])\n```\n\n' + without + "\n" + PROMPT_NOTE
     )
+
+
+#: the saved query prompt is applied by ``encode_query`` only; the RAG frameworks need to be told (#44)
+PROMPT_NOTE = (
+    "Queries take the model's saved `query` prompt (the instruction it was trained with): use "
+    "`model.encode_query(...)` for queries and `model.encode_document(...)` for documents; plain `encode` adds no "
+    "prompt. LangChain's `HuggingFaceEmbeddings` applies it only with "
+    '`query_encode_kwargs={"prompt_name": "query"}`; LlamaIndex\'s `HuggingFaceEmbedding` replaces it with its own '
+    "empty prompt unless the saved text is passed as `query_instruction` (neoembed's docs: integrations.md).\n"
+)
 
 
 def with_loading_section(card: str, model_id: str, neobert: bool = True) -> str:

@@ -57,6 +57,10 @@ HOW = {
         "neoembed convert chandar-lab/NeoBERT runs/neobert": "hub",
         "neoembed convert runs/neobert runs/neobert-official --to official": "run",
     },
+    "integrations.md": {  # third-party packages; the page's python runs in benchmarks/integrations.py
+        "pip install langchain-huggingface": "install",
+        "pip install llama-index-embeddings-huggingface": "install",
+    },
     "cde.md": {
         'pip install -e ".[faiss,quickstart]"': "install",
         "neoembed train cde": "hub",
@@ -377,8 +381,10 @@ def _run_page(
 
 
 def python_blocks(page: str) -> list[str]:
-    """The page's python blocks (own-data.md's runs in ``tests/test_own_data.py``, after the page's commands)."""
-    if page == "own-data.md":
+    """The page's python blocks (own-data.md's runs in ``tests/test_own_data.py``, after the page's commands;
+    integrations.md's needs LangChain and LlamaIndex, which are not test dependencies: ``benchmarks/integrations.py``
+    runs it, and ``test_integrations_page_is_what_its_benchmark_runs`` checks that it finds the blocks)."""
+    if page in ("own-data.md", "integrations.md"):
         return []
     path = REPO / page if page == "README.md" else REPO / "docs" / page
     return ["\n".join(lines) for language, lines in fenced_blocks(path.read_text(encoding="utf8")) if language == "python"]
@@ -454,3 +460,17 @@ def test_hub_only_commands_say_so_offline(tmp_path, shared_dir, tiny_official):
         results = pool.map(lambda p: _hub_lines_offline(p, tmp_path, shared_dir, tiny_official, env), pages)
         wrong = [w for result in results for w in result]
     assert not wrong, "\n\n".join(wrong)
+
+
+def test_integrations_page_is_what_its_benchmark_runs():
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        from integrations import page_blocks
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    blocks = page_blocks()
+    assert 'query_encode_kwargs={"prompt_name": "query"}' in blocks["LangChain"]
+    assert "query_instruction=saved" in blocks["LlamaIndex"]
+    for code in blocks.values():  # the names the benchmark compares with encode_query / encode_document
+        compile(code, "integrations.md", "exec")
+        assert all(name in code for name in ("question", "passages", "query_vector", "passage_vectors"))

@@ -53,7 +53,10 @@ def test_saved_folder_layout(saved):
     assert (path / "modeling_neobert.py").is_file() and (path / "configuration_neobert.py").is_file()
     modules = json.loads((path / "modules.json").read_text())
     assert all(m["type"].startswith("sentence_transformers.") for m in modules)  # stock modules only
-    assert "Loading with and without neoembed" in (path / "README.md").read_text()
+    card = (path / "README.md").read_text()
+    assert "Loading with and without neoembed" in card
+    # the saved query prompt reaches RAG frameworks only when asked for (docs/integrations.md)
+    assert 'query_encode_kwargs={"prompt_name": "query"}' in card and "query_instruction" in card
 
 
 def test_case1_fresh_process_with_neoembed(saved, tmp_path):
