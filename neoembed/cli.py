@@ -7,6 +7,7 @@ commands, so ``neoembed --help`` stays fast.
 from __future__ import annotations
 
 import logging
+import warnings
 from pathlib import Path
 from typing import Annotated
 
@@ -56,6 +57,7 @@ def _console_logging(verbose: bool) -> None:
         logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     else:
         warnings.filterwarnings("once")
+        warnings.formatwarning = _plain_own_warning
         # warnings become log records, so that one filter shows each once: the warnings module's "once" forgets
         # what it showed whenever a library enters warnings.catch_warnings (mteb does, at every task)
         logging.captureWarnings(True)
@@ -63,6 +65,19 @@ def _console_logging(verbose: bool) -> None:
         _once_per_message(logging.lastResort)  # where other libraries' records go (no handler of their own)
         if not sys.stderr.isatty():
             _quiet_other_bars()
+
+
+_formatwarning = warnings.formatwarning
+
+
+def _plain_own_warning(message, category, filename, lineno, line=None) -> str:
+    """neoembed's own warnings as a plain "warning: ..." line: they are messages to the user, and the source line
+    the warnings module adds (``--verbose`` keeps it) reads as a crash. Other libraries' keep their form."""
+    from neoembed.progress import is_own_file
+
+    if is_own_file(filename):
+        return f"warning: {message}\n"
+    return _formatwarning(message, category, filename, lineno, line)
 
 
 class _Stderr(logging.StreamHandler):

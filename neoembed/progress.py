@@ -5,8 +5,12 @@ silent), then one every ``interval`` seconds and one when it ends: count, rate, 
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
 
 # Seconds between two plain lines: a scheduler's log stays short, and a stalled stage shows within a minute.
 PLAIN_INTERVAL = 30.0
@@ -131,3 +135,35 @@ class PlainProgress:
             parts.append(f"left {tqdm.format_interval(max(self.total - self.n, 0) / rate)}")
         print("  ".join(parts), file=self.stream, flush=True)
         self.shown = True
+
+
+@contextmanager
+def library_noise(*loggers: str):
+    """Another library's warnings, and the log records of ``loggers`` below ERROR, kept off the console while the
+    block runs (torch's ONNX exporter prints a dozen notices about its own internals on every export; ``""`` is
+    the root logger); neoembed's own warnings still show. With ``neoembed --verbose`` (neoembed's logger at DEBUG)
+    everything shows."""
+    if logging.getLogger("neoembed").isEnabledFor(logging.DEBUG):
+        yield
+        return
+    levels = {name: logging.getLogger(name).level for name in loggers}
+    for name in loggers:
+        logging.getLogger(name).setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield
+    finally:
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
+    for w in caught:
+        if is_own_file(w.filename):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+
+def is_own_file(filename: str) -> bool:
+    """Whether ``filename`` is a module of neoembed (where a warning was issued)."""
+    return Path(filename).resolve().is_relative_to(_PACKAGE)
+
+
+_PACKAGE = Path(__file__).resolve().parent

@@ -121,7 +121,7 @@ def _process_state() -> dict:
         "loggers": {n: (logging.getLogger(n).level, list(logging.getLogger(n).handlers)) for n in _LOGGERS},
         "last_resort": list(logging.lastResort.filters) if logging.lastResort else [],
         "captures_warnings": logging._warnings_showwarning is not None,  # no public getter
-        "warnings": (warnings.showwarning, warnings.filters[:]),
+        "warnings": (warnings.showwarning, warnings.formatwarning, warnings.filters[:]),
         "threads": torch.get_num_threads(),
         "rng": (random.getstate(), torch.get_rng_state()),
         "bars": _progress_bars(),
@@ -164,7 +164,7 @@ def _restore(state: dict) -> None:
         logging.lastResort.filters[:] = state["last_resort"]
     if not state["captures_warnings"]:
         logging.captureWarnings(False)
-    warnings.showwarning, warnings.filters[:] = state["warnings"]
+    warnings.showwarning, warnings.formatwarning, warnings.filters[:] = state["warnings"]
     torch.set_num_threads(state["threads"])
     random.setstate(state["rng"][0])
     torch.set_rng_state(state["rng"][1])

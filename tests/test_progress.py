@@ -102,3 +102,36 @@ def test_another_librarys_repeated_warning_shows_once():
     assert err.count("Model prompts specified") == 1 and "a different warning" in err
     assert err.count("Current prompts will be") == 1 and "STS12" in err and "STS13" not in err
     assert err.count("fill_missing parameter is deprecated") == 1
+
+
+def test_library_noise_keeps_other_libraries_off_the_console_and_neoembeds_on():
+    """What `neoembed export` prints: torch's exporter logged a dozen notices and warnings about its own internals,
+    onnxruntime's quantizer advice for image models on the root logger; neoembed's own warnings still show, and
+    everything shows with --verbose."""
+    import subprocess
+    import sys
+
+    code = (
+        "import logging, warnings, sys\n"
+        "from neoembed.cli import _console_logging\n"
+        "from neoembed.progress import library_noise\n"
+        "import neoembed.progress as own\n"
+        "_console_logging(verbose=sys.argv[1] == 'v')\n"
+        "with library_noise('torch.onnx', ''):\n"
+        "    logging.getLogger('torch.onnx._internal.x').warning('torchvision is not installed')\n"
+        "    logging.warning('Please consider to run pre-processing')\n"
+        "    warnings.warn('axis name batch will not be used', UserWarning)\n"
+        "    warnings.warn_explicit('1 text(s) exceed max_seq_length', UserWarning, own.__file__, 7)\n"
+        "logging.getLogger('torch.onnx').error('after the block: shown')\n"
+    )
+    quiet = subprocess.run(
+        [sys.executable, "-c", code, "q"], capture_output=True, text=True, check=True
+    ).stderr
+    assert "torchvision" not in quiet and "pre-processing" not in quiet and "axis name" not in quiet
+    # neoembed's own warning: kept, as one plain line without the warnings module's source line
+    assert "warning: 1 text(s) exceed max_seq_length\n" in quiet and "UserWarning" not in quiet
+    assert "after the block: shown" in quiet  # the loggers' levels are restored
+    loud = subprocess.run(
+        [sys.executable, "-c", code, "v"], capture_output=True, text=True, check=True
+    ).stderr
+    assert all(s in loud for s in ("torchvision", "pre-processing", "axis name", "exceed max_seq_length"))

@@ -33,6 +33,7 @@ import torch
 from neoembed.export.cpu import int8_saturates, isa_suffix
 from neoembed.export.runtime import DEFAULT_FILE, ONNX_SUBFOLDER, OUTPUT_NAME, PACKED_INPUTS
 from neoembed.loading import load
+from neoembed.progress import library_noise
 from neoembed.runs import TrainingInterrupted, _FinalSaveSignals, _Signalled
 
 logger = logging.getLogger(__name__)
@@ -210,7 +211,7 @@ class _padded_layout:
 
 def _save(module: torch.nn.Module, example: tuple, names: tuple[str, ...], path: Path) -> None:
     batch, length = torch.export.Dim("batch"), torch.export.Dim("length")
-    with torch.no_grad():
+    with torch.no_grad(), library_noise("torch.onnx"):
         program = torch.onnx.export(
             module.eval(),
             example,
@@ -233,9 +234,10 @@ def quantize_int8(src: Path, dst: Path) -> None:
     where the CPU saturates (:func:`int8_saturates`)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    quantize_dynamic(
-        str(src), str(dst), weight_type=QuantType.QInt8, per_channel=True, reduce_range=int8_saturates()
-    )
+    with library_noise(""):  # its advice to pre-process, logged on the root logger, is for image models
+        quantize_dynamic(
+            str(src), str(dst), weight_type=QuantType.QInt8, per_channel=True, reduce_range=int8_saturates()
+        )
 
 
 #: modules whose ``sentence_transformers.models.<Name>`` path every sentence-transformers release resolves: 2 to 5
