@@ -383,8 +383,10 @@ def test_export_stopped_by_a_signal_leaves_out_as_it_was(
 
 def test_missing_graph_names_the_folder_files(tiny_export):
     out, _ = tiny_export
-    with pytest.raises(FileNotFoundError, match="model_qint8"):
+    with pytest.raises(FileNotFoundError, match="model_qint8") as e:
         neoembed.load(out, backend="onnx", file_name="model_O4.onnx")
+    # each caller's way of naming a graph: the command line's option, load's argument, sentence-transformers'
+    assert all(s in str(e.value) for s in ("--onnx-file NAME", "file_name=NAME", "model_kwargs={'file_name'"))
 
 
 def test_neoembed_mteb_scores_the_onnx_graphs(

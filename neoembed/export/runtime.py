@@ -45,7 +45,8 @@ def onnx_file(folder: str | Path, file_name: str | None = None) -> Path:
     found = sorted(p.name for p in (root / ONNX_SUBFOLDER).glob("*.onnx"))
     raise FileNotFoundError(
         f"{root / ONNX_SUBFOLDER / name} does not exist; the folder's ONNX files are {found or 'none'}: "
-        "pass one of them as model_kwargs={'file_name': ...}, or export with `neoembed export`"
+        "name one of them (--onnx-file NAME on the command line; file_name=NAME in neoembed.load; "
+        "model_kwargs={'file_name': NAME} in sentence-transformers), or export with `neoembed export`"
     )
 
 
