@@ -194,3 +194,39 @@ def test_masked_lm_fine_tunes_through_transformers_trainer(tiny_official, tmp_pa
         mean = model(**b).loss
         summed = model(**b, num_items_in_batch=torch.tensor(2 * masked)).loss
     torch.testing.assert_close(summed, mean / 2)
+
+
+def test_saved_classifier_loads_with_trust_remote_code_without_neoembed(
+    tiny_official, tmp_path, block_neoembed
+):
+    """A classifier neoembed saves (what `neoembed glue` keeps in OUT/model) carries the two NeoBERT files and an
+    auto_map to them: where neoembed is not installed, transformers' remote code gives the same logits."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_official, num_labels=3).eval()
+    model.save_pretrained(tmp_path / "clf")
+    ids, mask = batch([5, 9, 3])
+    with torch.no_grad():
+        expected = model(input_ids=ids, attention_mask=mask).logits
+    torch.save({"ids": ids, "mask": mask}, tmp_path / "batch.pt")
+    code = block_neoembed + textwrap.dedent(f"""
+        import torch
+        try:
+            import neoembed
+            raise SystemExit('neoembed should not be importable here')
+        except ImportError:
+            pass
+        from transformers import AutoModelForSequenceClassification
+        m = AutoModelForSequenceClassification.from_pretrained({str(tmp_path / "clf")!r}, trust_remote_code=True)
+        assert type(m).__module__.startswith('transformers_modules'), type(m)
+        b = torch.load({str(tmp_path / "batch.pt")!r})
+        with torch.no_grad():
+            torch.save(m.eval()(input_ids=b['ids'], attention_mask=b['mask']).logits, {str(tmp_path / "out.pt")!r})
+    """)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert torch.allclose(torch.load(tmp_path / "out.pt"), expected, atol=EQ)
