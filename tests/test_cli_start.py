@@ -53,3 +53,22 @@ def test_import_neoembed_is_light_and_auto_classes_know_neobert_in_either_order(
     assert _run(before) == "NeoBERTConfig"
     lazy = "import neoembed\nprint(neoembed.NeoBERTModel.__name__, neoembed.NeoBERTConfig().model_type)"
     assert _run(lazy) == "NeoBERTModel neobert"
+
+
+_BAD = f"""
+import atexit, json, sys
+atexit.register(lambda: print(json.dumps([m for m in {HEAVY!r} if m in sys.modules])))
+sys.argv = ["neoembed", *json.loads(sys.argv[1])]
+from neoembed.cli import main
+main()
+"""
+
+
+def test_a_missing_input_is_refused_before_heavy_imports():
+    """A mistyped path costs a second, not the 5-10 s of importing torch first (``init`` took 38 s under load)."""
+    for argv in (["init", "no-such-file.jsonl"], ["train", "no-such-recipe.yaml"]):
+        out = subprocess.run(
+            [sys.executable, "-c", _BAD, json.dumps(argv)], capture_output=True, text=True, timeout=300
+        )
+        heavy = json.loads(out.stdout.strip().splitlines()[-1])
+        assert (out.returncode, heavy) == (2, []), (argv, out.stderr[-2000:])

@@ -156,10 +156,13 @@ def init_command(
     from neoembed.data.cards import load_card
     from neoembed.data.starter import write_starter
     from neoembed.recipe import load_recipe
+
+    starter = write_starter(
+        data, out, model=model, overwrite=overwrite
+    )  # bad input is refused before torch loads
+    load_card(starter.card)  # what was written validates as it stands
     from neoembed.train.recipe import UnifiedRecipe
 
-    starter = write_starter(data, out, model=model, overwrite=overwrite)
-    load_card(starter.card)  # what was written validates as it stands
     load_recipe(starter.recipe, UnifiedRecipe)
     cols = starter.columns
     typer.echo(

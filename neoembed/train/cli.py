@@ -28,18 +28,19 @@ def train_command(
 
     Exit codes: 0 done, 1 stopped (NaN loss, out of memory, disk full), 2 bad input, 130 / 143 interrupted by
     Ctrl-C / SIGTERM after checkpointing (continue with --resume)."""
-    from neoembed.cde.recipe import CDERecipe
     from neoembed.recipe import RecipeError, kind_union, load_recipe, resolve_named_file, resolve_recipe_path
-    from neoembed.sentence import resolve_packaged
-    from neoembed.train.recipe import UnifiedRecipe
 
-    path = resolve_named_file(recipe, "recipes")
+    path = resolve_named_file(recipe, "recipes")  # a missing recipe is refused before torch loads
     if recipe == "quickstart" and not any(o.startswith("datasets") for o in overrides or []):
         raise RecipeError(
             "the quickstart recipe trains on the card that `neoembed quickstart` builds from this Python's "
             "documentation: run `neoembed quickstart`, or give it your own card: "
             "neoembed train quickstart 'datasets=[{card: my_card.yaml}]'"
         )
+    from neoembed.cde.recipe import CDERecipe
+    from neoembed.sentence import resolve_packaged
+    from neoembed.train.recipe import UnifiedRecipe
+
     # the kind is read from the validated recipe, after the overrides (``kind=cde`` works)
     parsed = load_recipe(path, kind_union(UnifiedRecipe, CDERecipe), overrides or [])
     model = resolve_packaged(parsed.model) if parsed.model.startswith("packaged:") else parsed.model
