@@ -28,6 +28,7 @@ Every ``neoembed ...`` line, in blocks and inline code, must also parse: the sub
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -481,3 +482,26 @@ def test_integrations_page_is_what_its_benchmark_runs():
     for code in blocks.values():  # the names the benchmark compares with encode_query / encode_document
         compile(code, "integrations.md", "exec")
         assert all(name in code for name in ("question", "passages", "query_vector", "passage_vectors"))
+
+
+def test_every_time_the_docs_quote_for_a_command_is_measured():
+    """A documented line whose comment quotes a time on CPU, and the objective recipes whose times the prose
+    quotes, are timed by benchmarks/doc_timings.py; the record holds each, and a comment's number is the record's
+    (a changed command or a changed time needs the benchmark rerun)."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        from doc_timings import TIMED, timed_lines
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    record = json.loads((REPO / "benchmarks" / "results" / "doc_timings_cpu.json").read_text())
+    measured = {row["command"]: row for row in record["rows"]}
+    lines = timed_lines()
+    assert len(lines) >= 8
+    for page, command in lines:
+        assert command in measured and measured[command]["exit"] == 0, (page, command)
+    for page in sorted((REPO / "docs").glob("*.md")):
+        for line in page.read_text(encoding="utf8").splitlines():
+            quoted = re.search(r"# (\d+) s on 2 CPU cores", line)
+            if quoted and TIMED.search(line):
+                command = line.split("  #")[0].split(" # ")[0].strip()
+                assert int(quoted.group(1)) == round(measured[command]["seconds"]), (page.name, line)
