@@ -504,4 +504,5 @@ def test_every_time_the_docs_quote_for_a_command_is_measured():
             quoted = re.search(r"# (\d+) s on 2 CPU cores", line)
             if quoted and TIMED.search(line):
                 command = line.split("  #")[0].split(" # ")[0].strip()
-                assert int(quoted.group(1)) == round(measured[command]["seconds"]), (page.name, line)
+                seconds = measured[command]["seconds"]  # one run: within a second or a fifth of it
+                assert abs(int(quoted.group(1)) - seconds) <= max(1.0, 0.2 * seconds), (page.name, line, seconds)
