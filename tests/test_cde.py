@@ -86,6 +86,20 @@ def test_text_outputs_do_not_depend_on_where_the_text_starts(cde, context):
     assert (a - b).abs().max() <= 1e-5
 
 
+def test_context_in_token_budget_batches_equals_count_batches_in_input_order(cde):
+    """A corpus sample mixes titles with long documents: batches filled to a token budget (longest first) give the
+    rows of count batches, in input order; a budget below the longest document is refused."""
+    docs = [d * (1 + i % 3) for i, d in enumerate(DOCS)]  # three lengths, interleaved
+    by_count = cde.encode_context(docs, batch_size=2)
+    lengths = [len(cde.cde.tokenizer(PROMPTS["document"] + d)["input_ids"]) for d in docs]
+    by_tokens = cde.encode_context(docs, max_batch_tokens=2 * max(lengths))
+    torch.testing.assert_close(by_tokens, by_count, atol=1e-5, rtol=0)
+    batches = cde.cde._context_batches(docs, PROMPTS["document"], 32, 2 * max(lengths))
+    assert sorted(i for b in batches for i in b) == list(range(len(docs))) and len(batches) > 1
+    with pytest.raises(ValueError, match="below the longest context document"):
+        cde.encode_context(docs, max_batch_tokens=max(lengths) - 1)
+
+
 def test_absolute_position_backbone_keeps_the_set_property(minilm_path):
     torch.manual_seed(0)
     model = ContextualSentenceTransformer.from_backbone(str(minilm_path), n_context=3).eval()

@@ -85,10 +85,16 @@ class ContextualSentenceTransformer(EmbeddingModel):
     def n_context(self) -> int:
         return self.cde.n_context
 
-    def encode_context(self, documents: list[str], batch_size: int = 32) -> torch.Tensor:
-        """First stage on a corpus sample, with the model's "document" prompt: the N x d context E."""
+    def encode_context(
+        self, documents: list[str], batch_size: int = 32, max_batch_tokens: int | None = None
+    ) -> torch.Tensor:
+        """First stage on a corpus sample, with the model's "document" prompt: the N x d context E (batches of
+        ``batch_size`` documents, or filled to ``max_batch_tokens`` padded tokens)."""
         return self.cde.encode_context(
-            list(documents), prompt=self.prompts.get("document"), batch_size=batch_size
+            list(documents),
+            prompt=self.prompts.get("document"),
+            batch_size=batch_size,
+            max_batch_tokens=max_batch_tokens,
         )
 
     def encode(self, inputs, *args, dataset_embeddings=None, **kwargs):  # type: ignore[override]

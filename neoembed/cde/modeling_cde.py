@@ -185,10 +185,16 @@ class ContextualDocumentEmbedder(InputModule):
 
     @torch.no_grad()
     def encode_context(
-        self, documents: list[str], prompt: str | None = None, batch_size: int = 32
+        self,
+        documents: list[str],
+        prompt: str | None = None,
+        batch_size: int = 32,
+        max_batch_tokens: int | None = None,
     ) -> torch.Tensor:
         """Context vectors E (len(documents) × d) of a corpus sample, on CPU in float32. ``prompt`` is the
-        document prefix (``ContextualSentenceTransformer.encode_context`` passes the model's "document" prompt)."""
+        document prefix (``ContextualSentenceTransformer.encode_context`` passes the model's "document" prompt).
+        Batches of ``batch_size`` documents, or with ``max_batch_tokens`` longest first and filled while rows ×
+        longest row stays within it (a corpus sample mixes titles with long documents); rows in input order."""
         if not documents:
             raise ContextMissingError("encode_context needs at least one document")
         was_training = self.training
@@ -196,16 +202,38 @@ class ContextualDocumentEmbedder(InputModule):
         device = next(self.parameters()).device
         out = []
         try:
-            for start in range(0, len(documents), batch_size):
-                f = self.preprocess(documents[start : start + batch_size], prompt=prompt)
-                out.append(
-                    self.embed_context(f["input_ids"].to(device), f["attention_mask"].to(device))
-                    .float()
-                    .cpu()
-                )
+            for rows in self._context_batches(documents, prompt, batch_size, max_batch_tokens):
+                f = self.preprocess([documents[i] for i in rows], prompt=prompt)
+                e = self.embed_context(f["input_ids"].to(device), f["attention_mask"].to(device))
+                out.append((rows, e.float().cpu()))
         finally:
             self.train(was_training)
-        return torch.cat(out)
+        context = torch.empty(len(documents), out[0][1].shape[-1])
+        for rows, e in out:
+            context[rows] = e
+        return context
+
+    def _context_batches(self, documents, prompt, batch_size: int, max_batch_tokens: int | None) -> list:
+        if max_batch_tokens is None:
+            return [
+                list(range(i, min(i + batch_size, len(documents))))
+                for i in range(0, len(documents), batch_size)
+            ]
+        texts = [(prompt or "") + d for d in documents]
+        ids = self.tokenizer(texts, truncation=True, max_length=self.max_seq_length)["input_ids"]
+        order = sorted(range(len(texts)), key=lambda i: -len(ids[i]))
+        if len(ids[order[0]]) > max_batch_tokens:
+            raise ValueError(
+                f"max_batch_tokens={max_batch_tokens} is below the longest context document "
+                f"({len(ids[order[0]])} tokens): raise it to at least that"
+            )
+        batches, current = [], []
+        for i in order:  # longest first: a batch's padded cost is its row count x its first row's length
+            if current and (len(current) + 1) * len(ids[current[0]]) > max_batch_tokens:
+                batches.append(current)
+                current = []
+            current.append(i)
+        return batches + [current]
 
     # ----------------------------------------------------------------------------------------- second stage
     def resolve_context(self, dataset_embeddings, device, dtype) -> torch.Tensor:

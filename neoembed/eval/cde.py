@@ -92,8 +92,11 @@ def sample_context_texts(texts: list[str], n: int, seed: int) -> list[str]:
     return [texts[i] for i in idx]
 
 
-def task_context(model, task, seed: int, cache_dir: Path | None, model_id: str = "") -> torch.Tensor:
-    """The task's context E for a CDE model (cached on disk when ``cache_dir`` is given)."""
+def task_context(
+    model, task, seed: int, cache_dir: Path | None, model_id: str = "", max_batch_tokens: int | None = None
+) -> torch.Tensor:
+    """The task's context E for a CDE model (cached on disk when ``cache_dir`` is given), encoded in batches
+    filled to ``max_batch_tokens`` (the task's own encoding budget) when given."""
     name, n = task.metadata.name, model.n_context
     key = {"seed": seed, "n": n, "model": model_id}
     target = Path(cache_dir) / f"{name}.pt" if cache_dir is not None else None
@@ -106,7 +109,7 @@ def task_context(model, task, seed: int, cache_dir: Path | None, model_id: str =
         logger.warning(
             "task %s: %d distinct texts for a context of %d: sampling with replacement", name, len(texts), n
         )
-    context = model.encode_context(sample_context_texts(texts, n, seed))
+    context = model.encode_context(sample_context_texts(texts, n, seed), max_batch_tokens=max_batch_tokens)
     if target is not None:
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_suffix(".tmp")

@@ -278,13 +278,13 @@ def _task_result_dict(result) -> dict:
     return {}
 
 
-def _task_context(cfg: EvalConfig, model, task, output: Path):
+def _task_context(cfg: EvalConfig, model, task, output: Path, max_batch_tokens: int | None = None):
     """A CDE model's context for ``task`` ("null" or a seeded corpus sample); None for other models."""
     if not _is_cde(model):
         return None
     if cfg.cde_context == "null":
         return "null"
-    return task_context(model, task, cfg.seed, output / "cde_context", str(cfg.model))
+    return task_context(model, task, cfg.seed, output / "cde_context", str(cfg.model), max_batch_tokens)
 
 
 def _mteb_wrapper(
@@ -366,7 +366,8 @@ def _evaluate_task(cfg: EvalConfig, model, task, prompts: dict, precision: str, 
     from neoembed.batching import default_max_batch_tokens
 
     tokens = cfg.max_batch_tokens or default_max_batch_tokens(model.device, model.max_seq_length)
-    wrapper = _mteb_wrapper(model, prompts, _task_context(cfg, model, task, output), precision, seen, tokens)
+    context = _task_context(cfg, model, task, output, tokens)
+    wrapper = _mteb_wrapper(model, prompts, context, precision, seen, tokens)
     if _rescores(cfg, task):
         from neoembed.eval.rescore import rescoring_search_model
 
