@@ -228,9 +228,9 @@ def _phases(r: dict) -> str:
 def _markdown(results: list[dict], tree: str | None) -> str:
     lines = [
         "Targets (#39): peak anonymous memory <= 1.5 GB at 4M rows, <= 30 s per million rows cold on 2 cores, "
-        "<= 5 s from the cache. The cached command's time is almost all its start-up (the `startup` row: "
-        "`python -m neoembed` imports the package root, which loads torch and transformers); the work itself "
-        "is the `phases` of the first step and the summary below.\n",
+        "<= 5 s from the cache. The `startup` row is `data check --help` (the command line's own start); the "
+        "first step's time includes importing the trainer (torch, transformers: its `imports` phase), and its "
+        "data work is the other `phases` and the summary below.\n",
         f"neoembed from {'another checkout (' + tree + ')' if tree else 'this checkout'}; synthetic cards of "
         f"../shared/data/train texts, {NEGATIVES} hard negatives per row; each measurement its own process. "
         "Peak anonymous memory: RssAnon sampled every 20 ms (the memory-mapped Arrow files are not in it).\n",
