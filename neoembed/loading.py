@@ -49,9 +49,10 @@ def load(
     :mod:`neoembed.export.runtime`. ``quantize="int8"`` (torch backend, CPU) serves the encoder's linear layers in
     dynamic int8 (:mod:`neoembed.export.torch_int8`), NeoBERT still padding-free.
 
-    For a CDE folder, ``max_seq_length``, ``dtype``, ``device``, ``prompts``, ``compile``, ``bucketing`` and
-    ``truncate_dim`` apply
-    (the others describe how to build a bi-encoder and are ignored).
+    Each kind takes the arguments that mean something for it, and refuses the others by name (never dropped): an
+    ONNX export takes ``prompts``, ``truncate_dim`` and ``file_name``; a CDE folder :data:`CDE_OPTIONS`,
+    ``prompts`` and ``truncate_dim``; a bi-encoder everything :func:`neoembed.sentence.load` takes. Remote code
+    runs only where ``trust_remote_code=True`` is passed.
     """
     if backend not in ("torch", "onnx"):
         raise ValueError(f"unknown backend {backend!r}: choose 'torch' or 'onnx'")
@@ -62,9 +63,19 @@ def load(
             "quantize is for the torch backend; an ONNX export chooses its int8 graph with file_name="
             "'model_qint8_<isa>.onnx'"
         )
+    if file_name is not None and backend != "onnx":
+        raise ValueError(
+            f"file_name={file_name!r} picks the graph of an ONNX export: pass backend='onnx' with it"
+        )
     if str(name_or_path).startswith("packaged:"):  # the packaged all-MiniLM-L6-v2 (neoembed[quickstart])
         name_or_path = resolve_packaged(str(name_or_path))
     if backend == "onnx":
+        _refuse(
+            name_or_path,
+            "an ONNX export",
+            _named(args, kwargs),
+            allowed=("prompts", "truncate_dim", "file_name"),
+        )
         model = load_onnx(name_or_path, file_name=file_name, prompts=prompts)
         set_truncate_dim(model, truncate_dim)
         return model
@@ -80,8 +91,8 @@ def load(
         return quantize_int8(model) if quantize else model
     if quantize:
         raise ValueError(f"quantize='int8' serves bi-encoders; {path} is a CDE model")
-    names = ("pooling", "max_seq_length", "dtype", "device")
-    options = {**dict(zip(names, args, strict=False)), **kwargs}
+    options = _named(args, kwargs)
+    _refuse(path, "a CDE model", options, allowed=(*CDE_OPTIONS, "prompts", "truncate_dim"))
     dtype = resolve_dtype(options.get("dtype"))
     compile_mode = resolve_compile_mode(options.get("compile", False))
     with named_weight_errors(path):
@@ -94,3 +105,25 @@ def load(
         model.cde.max_seq_length = int(options["max_seq_length"])
     set_truncate_dim(model, truncate_dim)
     return apply_speedups(model, compile_mode, options.get("bucketing"))
+
+
+#: what ``load`` takes for a CDE folder besides ``prompts`` and ``truncate_dim`` (the rest builds a bi-encoder)
+CDE_OPTIONS = ("max_seq_length", "dtype", "device", "compile", "bucketing")
+#: ``neoembed.sentence.load``'s positional parameters after the model, as ``load`` passes them on
+POSITIONAL = ("pooling", "max_seq_length", "dtype", "device")
+
+
+def _named(args: tuple, kwargs: dict) -> dict:
+    if len(args) > len(POSITIONAL):
+        raise TypeError(f"load takes at most {len(POSITIONAL)} positional options ({', '.join(POSITIONAL)})")
+    return {**dict(zip(POSITIONAL, args, strict=False)), **kwargs}
+
+
+def _refuse(name_or_path, kind: str, options: dict, allowed: tuple[str, ...]) -> None:
+    """Options a kind of model has no use for are an error naming them, not silently dropped."""
+    bad = sorted(k for k, v in options.items() if k not in allowed and v is not None)
+    if bad:
+        raise ValueError(
+            f"{name_or_path} is {kind}, which does not take {', '.join(bad)}: it takes "
+            f"{', '.join(allowed)}. Drop {'them' if len(bad) > 1 else 'it'}"
+        )

@@ -264,14 +264,57 @@ def _local_kind(path: Path, tokenizer: str | None) -> str:
     return "hf"
 
 
-def _uses_neoembed_modules(path: Path) -> bool:
-    modules = json.loads((path / "modules.json").read_text())
-    return any(str(m.get("type", "")).startswith("neoembed.") for m in modules)
+def _own_module_classes(name_or_path: str) -> dict:
+    """The ``neoembed.*`` module types a local folder's ``modules.json`` names, resolved to the installed classes:
+    neoembed's own code, which needs no ``trust_remote_code`` (sentence-transformers asks for it for any type
+    outside its namespace; the flag stays for third-party code). A type neoembed no longer has is an error."""
+    import importlib
+
+    path = Path(name_or_path) / "modules.json"
+    if not path.is_file():
+        return {}
+    classes = {}
+    for ref in {str(m.get("type", "")) for m in json.loads(path.read_text())}:
+        if ref.startswith("neoembed."):
+            module, _, name = ref.rpartition(".")
+            try:
+                classes[ref] = getattr(importlib.import_module(module), name)
+            except (ImportError, AttributeError):
+                raise ValueError(
+                    f"{path} names the module type {ref!r}, which this version of neoembed does not have: save "
+                    "the model again with the version that wrote it"
+                ) from None
+    return classes
+
+
+def _refuse_building_options(name_or_path: str, **given) -> None:
+    """``normalize`` and ``tokenizer`` build a model from a plain checkpoint; a saved folder would ignore them."""
+    bad = [f"{k}={v!r}" for k, v in given.items() if v not in (None, False)]
+    if bad:
+        raise ValueError(
+            f"{name_or_path} is a saved sentence-transformers model, which keeps its own modules and tokenizer: "
+            f"{', '.join(bad)} would be ignored. They apply when building from a plain checkpoint; drop them "
+            "(or append a Normalize module to the loaded model yourself)"
+        )
+
+
+def _check_saved_pooling(model: SentenceTransformer, name_or_path: str, pooling: str | None) -> None:
+    """A ``pooling`` other than the saved folder's own is refused: it would be silently ignored."""
+    if pooling is None:
+        return
+    pooler = next((m for m in model if isinstance(m, Pooling)), None)
+    own = getattr(pooler, "pooling_mode", None)
+    if own != pooling_mode(pooling):
+        names = [name for name, mode in POOLING_MODES.items() if mode == own] or [own]
+        raise ValueError(
+            f"{name_or_path} is a saved sentence-transformers model that pools by {names[0]!r}; pooling="
+            f"{pooling!r} would be ignored. Drop pooling (the model's own), or set pooling={names[0]!r}"
+        )
 
 
 def load(
     name_or_path: str | Path,
-    pooling: str = "mean",
+    pooling: str | None = None,
     max_seq_length: int | None = None,
     dtype: str | torch.dtype | None = None,
     device: str | None = None,
@@ -292,7 +335,9 @@ def load(
     Args:
         name_or_path: an official NeoBERT checkpoint (folder or hub id such as ``chandar-lab/NeoBERT``), a
             bi-encoder saved by neoembed, a sentence-transformers folder, or any Hugging Face encoder.
-        pooling: ``"mean"`` (the paper's "avg") or ``"cls"``; used when building from a plain checkpoint.
+        pooling: ``"mean"`` (the paper's "avg", the default) or ``"cls"``, for building from a plain checkpoint. A
+            saved sentence-transformers folder pools as it was saved: a different ``pooling`` is refused, as are
+            ``normalize`` and ``tokenizer`` (they build a model; the folder already is one).
         max_seq_length: defaults to the model's maximum (4,096 for NeoBERT).
         dtype: ``"fp32"``, ``"fp16"``, ``"bf16"`` (or a torch dtype) for the weights.
         normalize: append a Normalize module (unit-length embeddings).
@@ -302,7 +347,9 @@ def load(
         tokenizer: a tokenizer folder or hub id for checkpoints saved without tokenizer files.
         padding_free: NeoBERT only: override ``config.padding_free`` (default: the checkpoint's, True).
         attn_implementation: ``"sdpa"``, ``"eager"`` or ``"flash_attention_2"``.
-        trust_remote_code: for third-party models with remote code (neoembed's own modules never need it).
+        trust_remote_code: for third-party models with remote code. Never switched on implicitly: neoembed's own
+            modules are imported as installed code (a folder naming ``neoembed.*`` module types needs no remote
+            code).
         compile / bucketing: ``torch.compile`` the backbone's layers in place (False, True or a mode name) and pad
             batches to length buckets for CUDA graphs; see :mod:`neoembed.compile` (off by default: not yet
             measured to pay end to end on a GPU).
@@ -312,35 +359,30 @@ def load(
     from neoembed.compile import resolve_compile_mode
 
     compile_mode = resolve_compile_mode(compile)  # a bad value fails before anything is loaded
-    mode = pooling_mode(pooling)
-    model_kwargs: dict[str, Any] = {}
-    if (resolved := resolve_dtype(dtype)) is not None:
-        model_kwargs["dtype"] = resolved
-    if attn_implementation is not None:
-        model_kwargs["attn_implementation"] = attn_implementation
-
+    mode = pooling_mode(pooling or "mean")
+    model_kwargs = {
+        k: v
+        for k, v in (("dtype", resolve_dtype(dtype)), ("attn_implementation", attn_implementation))
+        if v is not None
+    }
     name_or_path = str(name_or_path)
-    path = Path(name_or_path)
     with named_weight_errors(name_or_path):
         if _kind(name_or_path, tokenizer) == "sentence":
-            trust = trust_remote_code or (path.exists() and _uses_neoembed_modules(path))
-            model = EmbeddingModel(
-                name_or_path, device=device, model_kwargs=model_kwargs or None, trust_remote_code=trust
+            _refuse_building_options(name_or_path, normalize=normalize, tokenizer=tokenizer)
+            model = EmbeddingModel._load_with_module_classes(
+                name_or_path,
+                _own_module_classes(name_or_path),
+                device=device,
+                model_kwargs=model_kwargs or None,
+                trust_remote_code=trust_remote_code,
             )
+            _check_saved_pooling(model, name_or_path, pooling)
             _prompt_options(model, prompts, default_prompt_name, include_prompt)
         else:
-            transformer = _transformer(
-                name_or_path, model_kwargs, trust_remote_code, tokenizer, max_seq_length
-            )
-            pooler = Pooling(transformer.get_embedding_dimension(), mode, include_prompt=include_prompt)
-            model = EmbeddingModel(
-                modules=[transformer, pooler, *([Normalize()] if normalize else [])],
-                device=device,
-                prompts=prompts,
-                default_prompt_name=default_prompt_name,
-                similarity_fn_name="cosine",
-            )
-            model.model_card_data.base_model = base_model_name(name_or_path)
+            model = _built(
+                name_or_path, model_kwargs, trust_remote_code, tokenizer, max_seq_length, device, normalize,
+                (mode, include_prompt), prompts, default_prompt_name,
+            )  # fmt: skip
     check_vocab(model, name_or_path)
     if max_seq_length is not None:
         model.max_seq_length = max_seq_length
@@ -442,6 +484,26 @@ def check_vocab(model: SentenceTransformer, name_or_path: str | Path) -> None:
             f"{vocab:,} rows (config.json vocab_size): ids >= {vocab:,} cannot be embedded - use the tokenizer "
             "the model was trained with"
         )
+
+
+def _built(
+    name_or_path, model_kwargs, trust_remote_code, tokenizer, max_seq_length, device, normalize, pooling,
+    prompts, default_prompt_name,
+) -> EmbeddingModel:  # fmt: skip
+    """A bi-encoder built from a plain checkpoint: Transformer -> Pooling (``pooling``: its mode and whether it
+    includes the prompt's tokens) -> optional Normalize."""
+    transformer = _transformer(name_or_path, model_kwargs, trust_remote_code, tokenizer, max_seq_length)
+    mode, include_prompt = pooling
+    pooler = Pooling(transformer.get_embedding_dimension(), mode, include_prompt=include_prompt)
+    model = EmbeddingModel(
+        modules=[transformer, pooler, *([Normalize()] if normalize else [])],
+        device=device,
+        prompts=prompts,
+        default_prompt_name=default_prompt_name,
+        similarity_fn_name="cosine",
+    )
+    model.model_card_data.base_model = base_model_name(name_or_path)
+    return model
 
 
 def _transformer(name_or_path: str, model_kwargs: dict, trust_remote_code: bool, tokenizer, max_seq_length):

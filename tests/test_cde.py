@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -153,6 +154,25 @@ def test_save_load_round_trip_is_identical(cde, context, saved_cde):
         a = cde.encode(DOCS, prompt_name="query", dataset_embeddings=e)
         b = loaded.encode(DOCS, prompt_name="query", dataset_embeddings=e)
         assert np.abs(a - b).max() == 0
+
+
+def test_load_refuses_what_a_cde_model_does_not_take_and_trusts_no_remote_code(saved_cde, context, tmp_path):
+    """neoembed.load is honest for CDE folders: bi-encoder building options are refused by name (they were
+    dropped), and a folder written with neoembed's importable module path (as an earlier version could) loads as
+    installed code, never with trust_remote_code switched on for it."""
+    for options in ({"pooling": "cls"}, {"normalize": True}, {"attn_implementation": "sdpa"}):
+        with pytest.raises(ValueError, match=rf"is a CDE model, which does not take {next(iter(options))}"):
+            neoembed.load(saved_cde, **options)
+    with pytest.raises(ValueError, match="backend='onnx'"):
+        neoembed.load(saved_cde, file_name="model.onnx")
+    old = tmp_path / "old-style"
+    shutil.copytree(saved_cde, old)
+    modules = json.loads((old / "modules.json").read_text())
+    modules[0]["type"] = "neoembed.cde.modeling_cde.ContextualDocumentEmbedder"
+    (old / "modules.json").write_text(json.dumps(modules))
+    loaded = neoembed.load(old, max_seq_length=64)
+    assert loaded.trust_remote_code is False and type(loaded.cde).__module__ == "neoembed.cde.modeling_cde"
+    torch.testing.assert_close(loaded.encode_context(DOCS[:4]), context, rtol=0, atol=0)
 
 
 def test_loads_with_trust_remote_code_where_neoembed_is_not_installed(
@@ -575,12 +595,16 @@ def test_lora_on_both_stages_merged_equals_unmerged_and_trains_from_a_recipe(tmp
     from neoembed.adapters import add_lora, count_parameters, merge_lora
 
     torch.manual_seed(0)
-    model = ContextualSentenceTransformer.from_backbone(str(tiny_official), n_context=4, n_soft_prompt=2).eval()
+    model = ContextualSentenceTransformer.from_backbone(
+        str(tiny_official), n_context=4, n_soft_prompt=2
+    ).eval()
     add_lora(model, r=4, alpha=8, train_heads=True)
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert any("first_stage" in n and "lora_" in n for n in trainable)
     assert any("second_stage" in n and "lora_" in n for n in trainable)
-    assert not any("stage" in n and "lora_" not in n for n in trainable)  # the encoders' own weights are frozen
+    assert not any(
+        "stage" in n and "lora_" not in n for n in trainable
+    )  # the encoders' own weights are frozen
     assert any("stage" not in n for n in trainable)  # the head trains
     assert count_parameters(model)[0] < count_parameters(model)[1] / 2
     with torch.no_grad():  # a non-trivial adapter (B starts at zero)
@@ -616,7 +640,9 @@ def test_lora_on_both_stages_merged_equals_unmerged_and_trains_from_a_recipe(tmp
         )
         if not torch.equal(p.cpu(), q.cpu())
     ]
-    assert moved and all(any(k in n for k in ("qkv", "wo", "w12", "w3")) for n in moved)  # only adapted layers
+    assert moved and all(
+        any(k in n for k in ("qkv", "wo", "w12", "w3")) for n in moved
+    )  # only adapted layers
 
 
 def test_cde_keep_best_survives_an_interruption_and_becomes_the_final_model(

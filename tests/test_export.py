@@ -516,3 +516,13 @@ def test_adapter_folder_loads_quantized(tiny_official, tmp_path, shared_dir):
     save_adapter(model, tmp_path / "adapter")
     quantized = neoembed.load(tmp_path / "adapter", quantize="int8")
     assert _cosines(quantized.encode(texts), adapted).min() > 0.99
+
+
+def test_an_onnx_export_refuses_torch_options(tiny_export):
+    """Options that shape a torch model (dtype, device, pooling, ...) were dropped for an ONNX export."""
+    out, _ = tiny_export
+    for options in ({"dtype": "bf16"}, {"max_seq_length": 64}, {"pooling": "cls"}):
+        with pytest.raises(
+            ValueError, match=rf"is an ONNX export, which does not take {next(iter(options))}"
+        ):
+            neoembed.load(out, backend="onnx", **options)

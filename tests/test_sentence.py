@@ -348,3 +348,34 @@ def test_base_model_is_the_models_hub_id_never_a_folder(minilm_path, tiny_offici
     assert f"base_model: {hub}\n" in card and f"fine-tuned with neoembed from `{hub}`" in card
     card = model_card_text("run", None)
     assert "base_model" not in card and "from a local model that names no hub id" in card
+
+
+def test_a_saved_folder_refuses_building_options_it_would_ignore(saved):
+    """pooling, normalize and tokenizer build a bi-encoder from a plain checkpoint; a saved folder ignored them
+    silently. Now: its own pooling is accepted, another refused by name, and nothing trusts remote code unasked."""
+    path, expected = saved
+    model = neoembed.load(path, pooling="mean")  # the folder's own
+    assert model.trust_remote_code is False
+    assert np.abs(model.encode(TEXTS, convert_to_numpy=True) - expected).max() <= 1e-6
+    with pytest.raises(ValueError, match=r"pools by 'mean'; pooling='cls' would be ignored"):
+        neoembed.load(path, pooling="cls")
+    for options in ({"normalize": True}, {"tokenizer": str(path)}):
+        with pytest.raises(ValueError, match="saved sentence-transformers model.*would be ignored"):
+            neoembed.load(path, **options)
+    with pytest.raises(ValueError, match="file_name='model.onnx' picks the graph of an ONNX export"):
+        neoembed.load(path, file_name="model.onnx")
+
+
+def test_a_module_type_neoembed_no_longer_has_is_named_not_trusted(saved, tmp_path):
+    import shutil
+
+    path, _ = saved
+    old = tmp_path / "old"
+    shutil.copytree(path, old)
+    modules = json.loads((old / "modules.json").read_text())
+    modules[1]["type"] = "neoembed.sentence.RemovedPooling"
+    (old / "modules.json").write_text(json.dumps(modules))
+    with pytest.raises(
+        ValueError, match=r"names the module type 'neoembed.sentence.RemovedPooling', which this"
+    ):
+        neoembed.load(old)

@@ -149,6 +149,10 @@ def save_cde_adapter(model: ContextualSentenceTransformer, path: str | Path) -> 
 
 def load_cde(path: str | Path, device: str | None = None, **kwargs) -> ContextualSentenceTransformer:
     """Load a saved CDE model with neoembed's own module class (no trust_remote_code needed)."""
+    modules = json.loads((Path(path) / "modules.json").read_text())
+    # the repository-local reference, and neoembed's own module path that an earlier version may have written:
+    # both are this installed class, so neither needs trust_remote_code
+    classes = {m["type"]: ContextualDocumentEmbedder for m in modules if m["type"].endswith(CLASS_REF)}
     return ContextualSentenceTransformer._load_with_module_classes(
-        str(path), {CLASS_REF: ContextualDocumentEmbedder}, device=device, **kwargs
+        str(path), {CLASS_REF: ContextualDocumentEmbedder, **classes}, device=device, **kwargs
     )

@@ -79,7 +79,7 @@ class MineConfig(StrictModel):
     # tokens per encoding batch (None: the device's default, neoembed.batching); embeddings do not depend on it
     max_batch_tokens: int | None = Field(None, ge=1)
     search_batch: int = Field(4096, ge=1)
-    pooling: Literal["mean", "cls"] = "mean"
+    pooling: Literal["mean", "cls"] | None = None  # None: a saved model's own, mean for a plain checkpoint
     max_length: int | None = Field(256, ge=8)
     template: str = DEFAULT_TEMPLATE
     max_rows: int | None = Field(None, ge=1)

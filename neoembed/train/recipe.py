@@ -31,7 +31,7 @@ class UnifiedRecipe(Recipe):
 
     kind: Literal["unified"] = "unified"
     model: str
-    pooling: str = "mean"  # a name in neoembed.sentence.POOLING_MODES
+    pooling: str | None = None  # a name in neoembed.sentence.POOLING_MODES; None: a saved model's own, else mean
     max_length: PositiveInt = 512
     datasets: DatasetList
     card_dirs: list[str] = []  # extra folders searched for card names (relative to the recipe file)
@@ -83,7 +83,8 @@ class UnifiedRecipe(Recipe):
     def _registered_pooling(cls, v):
         from neoembed.sentence import pooling_mode
 
-        pooling_mode(v)
+        if v is not None:
+            pooling_mode(v)
         return v
 
     @field_validator("loss")
