@@ -116,7 +116,7 @@ def _glue(*args):
     return result.output
 
 
-def test_run_transfer_and_resumable_grid(tmp_path, msrp_rows, tiny_official):
+def test_run_transfer_and_resumable_grid(tmp_path, msrp_rows, tiny_official, monkeypatch):
     """MRPC on the fixture, STS-B from its checkpoint (3 -> 1 labels: a fresh classifier), and a 2-point grid
     that a second call reads back instead of training again."""
     folder = _hub_layout(tmp_path / "data", "mrpc", {"train": msrp_rows[:40], "validation": msrp_rows[40:]})
@@ -152,6 +152,12 @@ def test_run_transfer_and_resumable_grid(tmp_path, msrp_rows, tiny_official):
     _glue(*grid)
     table = (tmp_path / "g" / "grid.md").read_text()
     assert table.count("| 16 |") == 2
+    import neoembed.glue.run as glue_run
+
+    def no_training(*args, **kwargs):  # a retrain would write the same table: this proves it was read back
+        raise AssertionError("a finished grid point was trained again")
+
+    monkeypatch.setattr(glue_run, "run_one", no_training)
     _glue(*grid, "--resume")  # both runs finished: read back, not trained again
     assert (tmp_path / "g" / "grid.md").read_text() == table
     kept = [p for p in (tmp_path / "g").glob("*/model")]
