@@ -24,7 +24,6 @@ import yaml
 from pydantic import (
     AfterValidator,
     BaseModel,
-    ConfigDict,
     Discriminator,
     Field,
     NonNegativeFloat,
@@ -37,6 +36,7 @@ from pydantic import (
     model_validator,
 )
 
+from neoembed.config import StrictModel
 from neoembed.instructions import DEFAULT_INSTRUCTION_SET
 
 __all__ = [
@@ -63,13 +63,6 @@ __all__ = [
 
 class RecipeError(ValueError):
     """A recipe (or data card) that does not validate; the message says what to change."""
-
-
-class StrictModel(BaseModel):
-    """Base of every typed config: unknown keys are rejected, objects are immutable, and no number may be NaN or
-    infinite (``alpha=nan`` or ``lr=inf`` fail here, by key, not inside a run)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 #: a fraction in [0, 1] / in [0, 1): dropout rates, schedule ratios, Adam's betas

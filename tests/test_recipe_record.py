@@ -145,6 +145,12 @@ def test_one_optimizer_config_for_every_recipe():
         ("tiny", "seed=-1", "seed"),
         ("cde-tiny", "context.dropout=1.5", "context.dropout"),
         ("pretrain-tiny", "schedule.final_ratio=-0.1", "schedule.final_ratio"),
+        ("tiny", "distillation.weight=inf", "distillation.weight"),
+        ("tiny", "distillation.student_temperature=nan", "distillation.student_temperature"),
+        ("tiny", "false_negatives.margin=nan", "false_negatives.margin"),
+        ("tiny", "matryoshka={dims: [8], weights: [.inf]}", "matryoshka.weights"),
+        ("cde-tiny", "matryoshka={dims: [8], weights: [.nan]}", "matryoshka.weights"),
+        ("tiny", "adapter.alpha=inf", "adapter.alpha"),
     ],
 )
 def test_bad_numbers_are_refused_by_key_before_anything_loads(recipe, override, key):
@@ -155,6 +161,46 @@ def test_bad_numbers_are_refused_by_key_before_anything_loads(recipe, override, 
     schema = {"tiny": UnifiedRecipe, "cde-tiny": CDERecipe, "pretrain-tiny": PretrainRecipe}[recipe]
     with pytest.raises(RecipeError, match=key.replace(".", r"\.")):
         load_recipe(recipe, schema, [override])
+
+
+CONFIG_MODULES = (
+    "neoembed.config",
+    "neoembed.recipe",
+    "neoembed.losses",
+    "neoembed.card_schema",
+    "neoembed.train.recipe",
+    "neoembed.cde.recipe",
+    "neoembed.pretrain.recipe",
+    "neoembed.mine.miner",
+)
+
+
+@pytest.mark.parametrize("module", CONFIG_MODULES)
+def test_every_config_refuses_nan_and_inf(module):
+    """One rule for every typed config: a NaN or infinite number is refused where it is read, never trained on."""
+    import importlib
+
+    from pydantic import BaseModel
+
+    mod = importlib.import_module(module)
+    configs = [
+        c
+        for c in vars(mod).values()
+        if isinstance(c, type) and issubclass(c, BaseModel) and c.__module__ == module
+    ]
+    assert configs
+    assert [c.__name__ for c in configs if c.model_config.get("allow_inf_nan") is not False] == []
+
+
+def test_a_card_schema_refuses_nan():
+    from neoembed.card_schema import _Strict
+
+    class Scored(_Strict):
+        threshold: float = 0.0
+
+    assert issubclass(_Strict, StrictModel)
+    with pytest.raises(ValidationError, match="finite"):
+        Scored(threshold=float("nan"))
 
 
 def test_neoembed_commit_names_a_copy_whose_git_is_not_its_own(monkeypatch, tmp_path):
