@@ -132,6 +132,27 @@ def test_one_optimizer_config_for_every_recipe():
         load_recipe("pretrain-tiny", PretrainRecipe, ["optimizer.warmup_steps=10"])
 
 
+def test_one_run_settings_block_for_every_training_recipe():
+    """steps, precision, checkpoints, logging, trackers, output folder and keep_best are defined once (RunSettings)
+    and stay top-level keys; a recipe only changes a default."""
+    from neoembed.cde.recipe import CDERecipe
+    from neoembed.pretrain.recipe import PretrainRecipe
+    from neoembed.recipe import RunSettings
+    from neoembed.train.recipe import UnifiedRecipe
+
+    shared = set(RunSettings.model_fields)
+    assert {"steps", "precision", "save_steps", "report_to", "output_dir", "keep_best"} <= shared
+    for schema in (UnifiedRecipe, CDERecipe, PretrainRecipe):
+        assert issubclass(schema, RunSettings)
+        for key in shared:  # the type is the block's, whatever the default
+            assert schema.model_fields[key].annotation == RunSettings.model_fields[key].annotation, key
+    assert load_recipe("tiny", UnifiedRecipe, ["report_to=[tensorboard]"]).report_to == ["tensorboard"]
+    assert PretrainRecipe.model_fields["precision"].default == "bf16"
+    assert CDERecipe.model_fields["output_dir"].default == "runs/cde"
+    with pytest.raises(RecipeError, match="report_to"):
+        load_recipe("cde-tiny", CDERecipe, ["report_to=[comet]"])
+
+
 @pytest.mark.parametrize(
     ("recipe", "override", "key"),
     [
