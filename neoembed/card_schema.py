@@ -21,6 +21,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from neoembed.config import StrictModel
+
 __all__ = [
     "VALUE_TYPES",
     "CardSchemaError",
@@ -48,10 +50,11 @@ class CardSchemaError(ValueError):
     """A card whose declared schema or column paths cannot work; the message names the card and the path."""
 
 
-class _Strict(BaseModel):
-    """Unknown keys are errors (a misspelt key never goes unnoticed); cards are immutable once read."""
+class _Strict(StrictModel):
+    """Unknown keys are errors (a misspelt key never goes unnoticed); cards are immutable once read; no number is
+    NaN or infinite (recipe's one strict base); a key may be given by its alias or its field name."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(populate_by_name=True)
 
 
 # ------------------------------------------------------------------------------------------------ sources
@@ -311,7 +314,7 @@ class CorpusCard(_Strict):
 class RepositorySource(BaseModel):
     """Where a folder of evaluation data was built from: a public repository at a commit."""
 
-    model_config = ConfigDict(extra="allow", frozen=True)
+    model_config = ConfigDict(extra="allow", frozen=True, allow_inf_nan=False)
     repository: str | None = None
     commit: str | None = None
     paths: list[str] = []
@@ -321,7 +324,7 @@ class DatasetCard(BaseModel):
     """``card.yaml`` of a data folder (e.g. ``../shared/data/mteb/STS12``). These files are written by the project
     that builds the folders, so keys beyond the ones neoembed reads are kept, not rejected."""
 
-    model_config = ConfigDict(extra="allow", frozen=True)
+    model_config = ConfigDict(extra="allow", frozen=True, allow_inf_nan=False)
     name: str | None = None
     mteb_task: str | None = None
     task_type: str | None = None

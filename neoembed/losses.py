@@ -30,13 +30,14 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
+from pydantic import Field, PositiveInt, model_validator
 from sentence_transformers.sentence_transformer.losses import (
     CachedMultipleNegativesRankingLoss,
     MultipleNegativesRankingLoss,
 )
 from torch import Tensor
 
+from neoembed.config import StrictModel
 from neoembed.scoring import Block, MaskFn, Matrix, contrastive_loss
 
 __all__ = [
@@ -206,7 +207,7 @@ def _cos(a: Tensor, b: Tensor) -> Tensor:
     return F.normalize(a.float(), dim=-1) @ F.normalize(b.float(), dim=-1).T
 
 
-class FalseNegativeConfig(BaseModel):
+class FalseNegativeConfig(StrictModel):
     """False-negative masking: a candidate scoring above its query's positive minus a margin is dropped from
     that query's denominator, judged on the model's own (detached) cosine similarities.
 
@@ -215,7 +216,6 @@ class FalseNegativeConfig(BaseModel):
     when it is negative (sentence-transformers PR #3821). ``scope``: ``all`` candidates, ``in_batch`` (the other
     queries' documents) or ``hard`` (the query's own hard negatives)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # NaN/inf: errors
     margin: float = Field(0.0, ge=0.0)
     mode: Literal["absolute", "relative"] = "absolute"
     scope: Literal["all", "in_batch", "hard"] = "all"
@@ -335,12 +335,11 @@ def kl_distillation(
 DISTILLATION_LOSSES: dict[str, Callable[..., Tensor]] = {"margin_mse": margin_mse, "kl": kl_distillation}
 
 
-class DistillationConfig(BaseModel):
+class DistillationConfig(StrictModel):
     """Distillation from teacher scores (each row's ``label``: the teacher's score of its positive, then of each
     hard negative): ``loss`` is a name in :data:`DISTILLATION_LOSSES`, added with ``weight`` to InfoNCE weighted
     ``infonce_weight`` (0: distillation alone, InfoNCE not computed)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # NaN/inf: errors
     loss: str = "kl"
     weight: float = Field(1.0, ge=0.0)
     infonce_weight: float = Field(1.0, ge=0.0)
@@ -371,11 +370,10 @@ class DistillationConfig(BaseModel):
         return self.weight * DISTILLATION_LOSSES[self.loss](queries, docs, teacher, self)
 
 
-class MatryoshkaConfig(BaseModel):
+class MatryoshkaConfig(StrictModel):
     """Nested dimensions (Kusupati et al. 2022): the loss is ``sum_k weight_k * loss(embeddings[:, :dim_k])``,
     sentence-transformers' ``MatryoshkaLoss``. ``weights`` default to 1 each."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # NaN/inf: errors
     dims: list[PositiveInt] = Field(min_length=1)
     weights: list[float] | None = None
 

@@ -24,7 +24,6 @@ import yaml
 from pydantic import (
     AfterValidator,
     BaseModel,
-    ConfigDict,
     Discriminator,
     Field,
     NonNegativeFloat,
@@ -37,6 +36,7 @@ from pydantic import (
     model_validator,
 )
 
+from neoembed.config import StrictModel
 from neoembed.instructions import DEFAULT_INSTRUCTION_SET
 
 __all__ = [
@@ -50,6 +50,7 @@ __all__ = [
     "OptimizerConfig",
     "Recipe",
     "RecipeError",
+    "RunSettings",
     "StrictModel",
     "apply_overrides",
     "check_keep_best",
@@ -63,13 +64,6 @@ __all__ = [
 
 class RecipeError(ValueError):
     """A recipe (or data card) that does not validate; the message says what to change."""
-
-
-class StrictModel(BaseModel):
-    """Base of every typed config: unknown keys are rejected, objects are immutable, and no number may be NaN or
-    infinite (``alpha=nan`` or ``lr=inf`` fail here, by key, not inside a run)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 #: a fraction in [0, 1] / in [0, 1): dropout rates, schedule ratios, Adam's betas
@@ -355,6 +349,33 @@ def check_keep_best(recipe: Any, example: str = "eval: {steps: N, tasks: [...], 
             f"eval.steps {every} must be a multiple of save_steps {save} (step {every} is evaluated, not saved). "
             f"Set save_steps: {every}, or eval.steps: {-(-every // save) * save}"
         )
+
+
+# ------------------------------------------------------------------------------------------ run settings
+#: a run's number format; torch.compile of the backbone's layers (neoembed.compile): true = "default", the
+#: CUDA-graph modes being for encoding at fixed shapes, not for training; the trackers (transformers' integrations)
+Precision = Literal["fp32", "bf16", "fp16"]
+CompileSetting = bool | Literal["default", "max-autotune-no-cudagraphs"]
+Tracker = Literal["tensorboard", "wandb", "mlflow", "trackio"]
+
+
+class RunSettings(Recipe):
+    """The settings of a run that every training recipe has (unified, CDE, pre-training), defined once; they stay
+    top-level keys of the recipe. A recipe redeclares a default where its kind of run differs (pre-training's
+    steps, precision and intervals; each kind's ``output_dir``)."""
+
+    steps: PositiveInt = 2000
+    precision: Precision = "fp32"
+    # off by default: not yet measured to pay end to end on a GPU
+    compile: CompileSetting = False
+    save_steps: PositiveInt = 500
+    save_total_limit: NonNegativeInt | None = 3
+    logging_steps: PositiveInt = 10
+    # each tracker an optional extra: pip install -e '.[mlflow]'. The run is named after output_dir's folder; a
+    # resumed run continues the same tracked run (ids kept in OUTPUT/trackers.json)
+    report_to: list[Tracker] = []
+    output_dir: str = "runs/unified"
+    keep_best: KeepBest | None = None  # see check_keep_best
 
 
 class AdapterConfig(StrictModel):

@@ -15,6 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "neoembed"
 # module prefix -> floor. Imports go strictly downward between entries; an entry's own modules share its floor.
 FLOORS = {
     "neoembed._version": 0,
+    "neoembed.config": 0,
     # floor 1: foundations (only torch / transformers / pydantic below them)
     "neoembed.modeling": 1,
     "neoembed.recipe": 1,

@@ -132,6 +132,27 @@ def test_one_optimizer_config_for_every_recipe():
         load_recipe("pretrain-tiny", PretrainRecipe, ["optimizer.warmup_steps=10"])
 
 
+def test_one_run_settings_block_for_every_training_recipe():
+    """steps, precision, checkpoints, logging, trackers, output folder and keep_best are defined once (RunSettings)
+    and stay top-level keys; a recipe only changes a default."""
+    from neoembed.cde.recipe import CDERecipe
+    from neoembed.pretrain.recipe import PretrainRecipe
+    from neoembed.recipe import RunSettings
+    from neoembed.train.recipe import UnifiedRecipe
+
+    shared = set(RunSettings.model_fields)
+    assert {"steps", "precision", "save_steps", "report_to", "output_dir", "keep_best"} <= shared
+    for schema in (UnifiedRecipe, CDERecipe, PretrainRecipe):
+        assert issubclass(schema, RunSettings)
+        for key in shared:  # the type is the block's, whatever the default
+            assert schema.model_fields[key].annotation == RunSettings.model_fields[key].annotation, key
+    assert load_recipe("tiny", UnifiedRecipe, ["report_to=[tensorboard]"]).report_to == ["tensorboard"]
+    assert PretrainRecipe.model_fields["precision"].default == "bf16"
+    assert CDERecipe.model_fields["output_dir"].default == "runs/cde"
+    with pytest.raises(RecipeError, match="report_to"):
+        load_recipe("cde-tiny", CDERecipe, ["report_to=[comet]"])
+
+
 @pytest.mark.parametrize(
     ("recipe", "override", "key"),
     [
@@ -145,6 +166,12 @@ def test_one_optimizer_config_for_every_recipe():
         ("tiny", "seed=-1", "seed"),
         ("cde-tiny", "context.dropout=1.5", "context.dropout"),
         ("pretrain-tiny", "schedule.final_ratio=-0.1", "schedule.final_ratio"),
+        ("tiny", "distillation.weight=inf", "distillation.weight"),
+        ("tiny", "distillation.student_temperature=nan", "distillation.student_temperature"),
+        ("tiny", "false_negatives.margin=nan", "false_negatives.margin"),
+        ("tiny", "matryoshka={dims: [8], weights: [.inf]}", "matryoshka.weights"),
+        ("cde-tiny", "matryoshka={dims: [8], weights: [.nan]}", "matryoshka.weights"),
+        ("tiny", "adapter.alpha=inf", "adapter.alpha"),
     ],
 )
 def test_bad_numbers_are_refused_by_key_before_anything_loads(recipe, override, key):
@@ -155,6 +182,46 @@ def test_bad_numbers_are_refused_by_key_before_anything_loads(recipe, override, 
     schema = {"tiny": UnifiedRecipe, "cde-tiny": CDERecipe, "pretrain-tiny": PretrainRecipe}[recipe]
     with pytest.raises(RecipeError, match=key.replace(".", r"\.")):
         load_recipe(recipe, schema, [override])
+
+
+CONFIG_MODULES = (
+    "neoembed.config",
+    "neoembed.recipe",
+    "neoembed.losses",
+    "neoembed.card_schema",
+    "neoembed.train.recipe",
+    "neoembed.cde.recipe",
+    "neoembed.pretrain.recipe",
+    "neoembed.mine.miner",
+)
+
+
+@pytest.mark.parametrize("module", CONFIG_MODULES)
+def test_every_config_refuses_nan_and_inf(module):
+    """One rule for every typed config: a NaN or infinite number is refused where it is read, never trained on."""
+    import importlib
+
+    from pydantic import BaseModel
+
+    mod = importlib.import_module(module)
+    configs = [
+        c
+        for c in vars(mod).values()
+        if isinstance(c, type) and issubclass(c, BaseModel) and c.__module__ == module
+    ]
+    assert configs
+    assert [c.__name__ for c in configs if c.model_config.get("allow_inf_nan") is not False] == []
+
+
+def test_a_card_schema_refuses_nan():
+    from neoembed.card_schema import _Strict
+
+    class Scored(_Strict):
+        threshold: float = 0.0
+
+    assert issubclass(_Strict, StrictModel)
+    with pytest.raises(ValidationError, match="finite"):
+        Scored(threshold=float("nan"))
 
 
 def test_neoembed_commit_names_a_copy_whose_git_is_not_its_own(monkeypatch, tmp_path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import NonNegativeInt, PositiveInt, model_validator
+from pydantic import PositiveInt, model_validator
 
 from neoembed.instructions import DEFAULT_TEMPLATE
 from neoembed.losses import MatryoshkaConfig
@@ -13,9 +13,8 @@ from neoembed.recipe import (
     DatasetList,
     EvalSettings,
     Fraction,
-    KeepBest,
     OptimizerConfig,
-    Recipe,
+    RunSettings,
     StrictModel,
     Temperature,
     check_keep_best,
@@ -46,7 +45,7 @@ class FilteringConfig(StrictModel):
     threshold: float | None = None  # None: mask documents scoring >= the query's positive
 
 
-class CDERecipe(Recipe):
+class CDERecipe(RunSettings):
     """Contextual document embeddings: contextual batches, a two-stage contextual model, InfoNCE over in-batch
     documents and hard negatives with false negatives filtered, two-stage GradCache."""
 
@@ -55,7 +54,6 @@ class CDERecipe(Recipe):
     max_length: PositiveInt = 512
     datasets: DatasetList
     card_dirs: list[str] = []
-    steps: PositiveInt = 2000
     batch_size: PositiveInt = 512  # global: every process takes batch_size / processes of each batch
     temperature: Temperature = 0.02  # 1 / 50: the reference implementation's fixed logit scale
     mask_duplicates: bool = True
@@ -65,21 +63,10 @@ class CDERecipe(Recipe):
     clustering: ClusteringConfig = ClusteringConfig()
     filtering: FilteringConfig = FilteringConfig()
     optimizer: OptimizerConfig = OptimizerConfig()
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
-    # torch.compile of the backbone's layers (neoembed.compile): true = "default"; the CUDA-graph modes are for
-    # encoding at fixed shapes, not for training. Off by default: not yet measured to pay end to end on a GPU.
-    compile: bool | Literal["default", "max-autotune-no-cudagraphs"] = False
-    save_steps: PositiveInt = 500
-    save_total_limit: NonNegativeInt | None = 3
-    logging_steps: PositiveInt = 10
-    report_to: list[
-        Literal["tensorboard", "wandb", "mlflow", "trackio"]
-    ] = []  # trackers: see neoembed.runs.TRACKERS
     output_dir: str = "runs/cde"
     eval: EvalSettings | None = (
         None  # scored as `neoembed mteb` scores a CDE model (a corpus sample as context)
     )
-    keep_best: KeepBest | None = None
     # LoRA on both stages' encoders; the head (MLP, soft prompt, null context) trains fully; saved merged
     adapter: AdapterConfig | None = None
     template: str = DEFAULT_TEMPLATE

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, NonNegativeInt, PositiveInt, field_validator, model_validator
 
-from neoembed.recipe import Fraction, KeepBest, OptimizerConfig, Recipe, StrictModel, check_keep_best
+from neoembed.recipe import Fraction, OptimizerConfig, Precision, RunSettings, StrictModel, check_keep_best
 
 __all__ = [
     "BatchConfig",
@@ -111,7 +111,7 @@ class PretrainEval(StrictModel):
     ppl_length: PositiveInt = 128  # their first ppl_length tokens (at most data.seq_length)
 
 
-class PretrainRecipe(Recipe):
+class PretrainRecipe(RunSettings):
     kind: Literal["pretrain"] = "pretrain"
     model: ModelConfig = ModelConfig()
     tokenizer: str = "chandar-lab/NeoBERT"
@@ -120,20 +120,14 @@ class PretrainRecipe(Recipe):
     batch: BatchConfig = BatchConfig()
     optimizer: OptimizerConfig = OptimizerConfig(lr=6e-4, weight_decay=0.1)  # the paper's AdamW
     schedule: ScheduleConfig = ScheduleConfig()
+    # the run settings (RunSettings) where pre-training's differ; keep_best's metric: mlm_loss (mode: min) or
+    # mlm_accuracy
     steps: PositiveInt = 1_000_000
-    precision: Literal["fp32", "bf16", "fp16"] = "bf16"
-    # torch.compile of the backbone's layers (neoembed.compile): true = "default"; the CUDA-graph modes are for
-    # encoding at fixed shapes, not for training. Off by default: not yet measured to pay end to end on a GPU.
-    compile: bool | Literal["default", "max-autotune-no-cudagraphs"] = False
+    precision: Precision = "bf16"
     save_steps: PositiveInt = 10_000
-    save_total_limit: NonNegativeInt | None = 3
     logging_steps: PositiveInt = 100
-    report_to: list[
-        Literal["tensorboard", "wandb", "mlflow", "trackio"]
-    ] = []  # trackers: see neoembed.runs.TRACKERS
     output_dir: str = "runs/pretrain"
     eval: PretrainEval | None = None
-    keep_best: KeepBest | None = None  # metric: mlm_loss (mode: min) or mlm_accuracy
 
     @model_validator(mode="after")
     def _consistent(self):

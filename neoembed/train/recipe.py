@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, NonNegativeInt, PositiveInt, field_validator, model_validator
+from pydantic import Field, PositiveInt, field_validator, model_validator
 
 from neoembed.instructions import DEFAULT_TEMPLATE
 from neoembed.losses import DistillationConfig, FalseNegativeConfig, MatryoshkaConfig
@@ -16,8 +16,8 @@ from neoembed.recipe import (
     Fraction,
     KeepBest,
     OptimizerConfig,
-    Recipe,
     RecipeError,
+    RunSettings,
     Temperature,
     check_keep_best,
 )
@@ -25,7 +25,7 @@ from neoembed.recipe import (
 __all__ = ["AdapterConfig", "DatasetEntry", "EvalSettings", "KeepBest", "OptimizerConfig", "UnifiedRecipe"]
 
 
-class UnifiedRecipe(Recipe):
+class UnifiedRecipe(RunSettings):
     """InfoNCE with cosine similarity and temperature tau over in-batch and hard negatives; one dataset per
     step drawn with pi_i ∝ n_i^alpha; instructions before queries."""
 
@@ -35,7 +35,6 @@ class UnifiedRecipe(Recipe):
     max_length: PositiveInt = 512
     datasets: DatasetList
     card_dirs: list[str] = []  # extra folders searched for card names (relative to the recipe file)
-    steps: PositiveInt = 2000
     # queries per step (each with its positive and hard negatives), the same for every dataset; or
     # texts per step instead (the released NeoBERT rule, get_bsz): a dataset whose rows carry k hard negatives gets
     # batch_texts // (2 + k) queries per step. A dataset's own batch_size wins over both global forms.
@@ -60,20 +59,8 @@ class UnifiedRecipe(Recipe):
     # {loss: kl | margin_mse, weight, infonce_weight, ...}: distillation from the rows' teacher scores
     distillation: DistillationConfig | None = None
     optimizer: OptimizerConfig = OptimizerConfig()
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
-    # torch.compile of the backbone's layers (neoembed.compile): true = "default"; the CUDA-graph modes are for
-    # encoding at fixed shapes, not for training. Off by default: not yet measured to pay end to end on a GPU.
-    compile: bool | Literal["default", "max-autotune-no-cudagraphs"] = False
-    save_steps: PositiveInt = 500
-    save_total_limit: NonNegativeInt | None = 3
-    logging_steps: PositiveInt = 10
-    # trackers (transformers' integrations), each an optional extra: pip install -e '.[mlflow]'. The run is named
-    # after output_dir's folder; a resumed run continues the same tracked run (ids kept in OUTPUT/trackers.json)
-    report_to: list[Literal["tensorboard", "wandb", "mlflow", "trackio"]] = []
     eval: EvalSettings | None = None
-    keep_best: KeepBest | None = None
     adapter: AdapterConfig | None = None
-    output_dir: str = "runs/unified"
     template: str = DEFAULT_TEMPLATE
     instructions: bool = True  # False: no instruction before queries (an ablation)
     instruction_overrides: dict[str, str] = {}  # card name -> instruction replacing the card's own
