@@ -170,6 +170,7 @@ def convert(
     """Convert a NeoBERT checkpoint between the official layout and the neoembed layout. DST must be a new or
     empty folder (or --overwrite a model folder)."""
     from neoembed.modeling.convert import convert_checkpoint
+    from neoembed.record import RUN_RECORD
     from neoembed.runs import OutputDirError, check_weight_files, output_lock, prepare_output_dir
 
     if Path(src).exists() and Path(src).resolve() == dst.resolve():
@@ -177,7 +178,7 @@ def convert(
     check_weight_files(src)
     with output_lock(dst, what="DST"):
         prepare_output_dir(
-            dst, overwrite=overwrite, resume=False, what="DST", clearable=("run_record.json", "config.json")
+            dst, overwrite=overwrite, resume=False, what="DST", clearable=(RUN_RECORD, "config.json")
         )
         if sentence:
             from neoembed.sentence import convert_to_sentence_transformer

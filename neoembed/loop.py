@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from neoembed.record import atomic_write_text, write_run_record
+from neoembed.record import add_to_run_record, atomic_write_text, write_run_record
 from neoembed.runs import (
     TRACKER_PROJECT,
     MetricsLog,
@@ -125,14 +125,6 @@ def _start_trackers(report_to, output: Path, resumed: bool, main: bool) -> list:
     output.mkdir(parents=True, exist_ok=True)
     atomic_write_text(saved, json.dumps(run_ids, indent=1) + "\n")
     return trackers
-
-
-def _add_to_run_record(output: Path, entries: dict) -> None:
-    """Add ``entries`` to ``OUTPUT/run_record.json`` (written at the start) once the run has them."""
-    path = output / "run_record.json"
-    if path.is_file():
-        record = json.loads(path.read_text())
-        atomic_write_text(path, json.dumps({**record, **entries}, indent=2, default=str) + "\n")
 
 
 @dataclass
@@ -222,7 +214,7 @@ class RunLoop:
             if self.best is not None:
                 best = self.best_record()
                 atomic_write_text(self.output / "best.json", json.dumps(best, indent=1) + "\n")
-                _add_to_run_record(self.output, {"keep_best": best})
+                add_to_run_record(self.output, {"keep_best": best})
                 print(
                     f"keep_best: the final model is step {best['step']} of {self.step}, the best by "
                     f"eval_{best['metric']} ({best['mode']}): {best['value']:.6g}",

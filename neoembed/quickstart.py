@@ -175,7 +175,7 @@ def _claim_output(output: Path, overwrite: bool) -> None:
     the run record of its model); the marker is written at once, so an interrupted quickstart is one too."""
     import json
 
-    from neoembed.record import atomic_write_text
+    from neoembed.record import RUN_RECORD, atomic_write_text
     from neoembed.runs import OutputDirError, prepare_output_dir
 
     if output.is_dir() and any(output.iterdir()) and not overwrite:
@@ -188,7 +188,7 @@ def _claim_output(output: Path, overwrite: bool) -> None:
         overwrite=overwrite,
         resume=False,
         what="--output",
-        clearable=(MARKER, "model/run_record.json"),
+        clearable=(MARKER, f"model/{RUN_RECORD}"),
     )
     atomic_write_text(output / MARKER, json.dumps({"written_by": "neoembed quickstart"}) + "\n")
 

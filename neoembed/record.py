@@ -18,7 +18,18 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-__all__ = ["atomic_write_text", "collect_run_record", "file_sha256", "git_sha", "write_run_record"]
+__all__ = [
+    "RUN_RECORD",
+    "add_to_run_record",
+    "atomic_write_text",
+    "collect_run_record",
+    "file_sha256",
+    "git_sha",
+    "write_run_record",
+]
+
+#: the file every command that produces results writes beside them
+RUN_RECORD = "run_record.json"
 
 PACKAGES = (
     "neoembed",
@@ -138,7 +149,19 @@ def collect_run_record(
 
 def write_run_record(out_dir: str | Path, command: str, **kwargs: Any) -> Path:
     """Collect a run record (see :func:`collect_run_record`) and write ``out_dir/run_record.json``."""
-    record = collect_run_record(command, **kwargs)
-    path = Path(out_dir) / "run_record.json"
+    return _write_record(Path(out_dir), collect_run_record(command, **kwargs))
+
+
+def add_to_run_record(out_dir: str | Path, entries: dict[str, Any]) -> None:
+    """Add ``entries`` to ``out_dir/run_record.json`` (written at the start) once the run has them; no record
+    there (a process that did not write one): nothing to add to."""
+    path = Path(out_dir) / RUN_RECORD
+    if path.is_file():
+        _write_record(Path(out_dir), {**json.loads(path.read_text()), **entries})
+
+
+def _write_record(out_dir: Path, record: dict[str, Any]) -> Path:
+    """The one writer of ``run_record.json`` (tests/test_recipe_record.py checks that no other code does)."""
+    path = out_dir / RUN_RECORD
     atomic_write_text(path, json.dumps(record, indent=2, default=str) + "\n")
     return path

@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from neoembed.record import atomic_write_text, file_sha256
+from neoembed.record import RUN_RECORD, atomic_write_text, file_sha256
 
 if TYPE_CHECKING:
     from torch import nn
@@ -88,7 +88,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_MARKER = "checkpoint_complete.json"
-RECORD = "run_record.json"
+RECORD = RUN_RECORD
 # Recipe keys that say where and how often a run writes, not what it computes: a resume may change them. ``eval``
 # (evaluation during training) restores every random stream after scoring, so it does not move the training either.
 NON_TRAJECTORY_KEYS = frozenset(

@@ -233,3 +233,64 @@ def test_neoembed_commit_names_a_copy_whose_git_is_not_its_own(monkeypatch, tmp_
     assert git_sha(tmp_path) is None  # no checkout there
     monkeypatch.setenv("NEOEMBED_COMMIT", "2808c1481f870bfde9c5e88cbead639e19d6dc6b")
     assert git_sha(tmp_path) == git_sha() == "2808c1481f870bfde9c5e88cbead639e19d6dc6b"
+
+
+def _string_constants(tree) -> list:
+    """Every string constant of a module that is not a docstring."""
+    import ast
+
+    docs = {
+        id(n.body[0].value)
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and n.body
+        and isinstance(n.body[0], ast.Expr)
+        and isinstance(n.body[0].value, ast.Constant)
+    }
+    return [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs
+    ]
+
+
+def test_one_function_writes_run_record_json():
+    """Only neoembed.record names the file, and only its _write_record writes it: the unified trainer, the run
+    loop, GLUE, mteb and the holdout all go through write_run_record / add_to_run_record."""
+    import ast
+    from pathlib import Path
+
+    import neoembed
+    from neoembed import record
+
+    package = Path(neoembed.__file__).parent
+    naming = [
+        str(f.relative_to(package))
+        for f in package.rglob("*.py")
+        # the file's name as a value (a path or part of one), not a mention in a message
+        if any(
+            c.value.split("/")[-1] == "run_record.json" for c in _string_constants(ast.parse(f.read_text()))
+        )
+    ]
+    assert naming == ["record.py"]
+    writers = [
+        fn.name
+        for fn in ast.walk(ast.parse(Path(record.__file__).read_text()))
+        if isinstance(fn, ast.FunctionDef)
+        and any(
+            isinstance(c, ast.Call) and getattr(c.func, "id", None) == "atomic_write_text"
+            for c in ast.walk(fn)
+        )
+    ]
+    assert writers == ["_write_record"]
+
+
+def test_add_to_run_record_keeps_what_is_there(tmp_path):
+    from neoembed.record import add_to_run_record
+
+    add_to_run_record(tmp_path, {"keep_best": 1})  # no record yet: nothing written
+    assert not (tmp_path / "run_record.json").exists()
+    write_run_record(tmp_path, "train", extra={"a": 1})
+    add_to_run_record(tmp_path, {"keep_best": {"step": 4}})
+    saved = json.loads((tmp_path / "run_record.json").read_text())
+    assert saved["a"] == 1 and saved["keep_best"] == {"step": 4} and saved["command"] == "train"

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from neoembed.eval.task_types import TASK_TYPES
-from neoembed.record import atomic_write_text
+from neoembed.record import RUN_RECORD, atomic_write_text
 
 __all__ = ["MTEB_ENG_V1_TASKS_PER_TYPE", "compare_runs", "load_run", "summarize", "write_summary"]
 
@@ -23,7 +23,7 @@ def load_run(run_dir: str | Path) -> dict[str, dict]:
     run_dir = Path(run_dir)
     out = {}
     for f in sorted(run_dir.glob("*.json")):
-        if f.name in ("run_record.json", "summary.json"):
+        if f.name in (RUN_RECORD, "summary.json"):
             continue
         entry = json.loads(f.read_text())
         if "main_score" in entry and "type" in entry:

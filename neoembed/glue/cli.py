@@ -57,6 +57,7 @@ def glue_command(
     from neoembed.glue.run import GlueRecipe
     from neoembed.glue.tasks import get_task
     from neoembed.recipe import load_recipe
+    from neoembed.record import RUN_RECORD
     from neoembed.runs import output_lock, prepare_output_dir
 
     spec = get_task(task)
@@ -73,7 +74,7 @@ def glue_command(
             overwrite=overwrite,
             resume=resume,
             checkpoints=False,
-            clearable=("run_record.json",),
+            clearable=(RUN_RECORD,),
             what="--out",
         )
         _start(settings, spec, model, out, data_dir, carve, from_, grid)
@@ -124,6 +125,8 @@ def _run(settings, spec, backbone: str, out: Path, data: dict, source: str | Non
 
 def _discard_unstarted(out: Path) -> None:
     """Remove ``out`` if the run record is all it holds, so that a rerun is not refused as a used folder."""
-    if [p.name for p in out.iterdir()] == ["run_record.json"]:
-        (out / "run_record.json").unlink()
+    from neoembed.record import RUN_RECORD
+
+    if [p.name for p in out.iterdir()] == [RUN_RECORD]:
+        (out / RUN_RECORD).unlink()
         out.rmdir()

@@ -27,6 +27,7 @@ import yaml
 from neoembed.data.cards import DataCardError, find_card, load_card
 from neoembed.instructions import instruction_prefix
 from neoembed.recipe import RecipeError, resolve_recipe_path
+from neoembed.record import RUN_RECORD
 
 __all__ = [
     "check_same_holdout",
@@ -139,7 +140,7 @@ def holdout_record(recipe, held: dict, datasets_before: dict[str, int], datasets
 def check_same_holdout(output: Path, record: dict, resuming: bool = True) -> None:
     """On resume: the slice must be the one the run started with (the same data gives the same slice; changed
     data would put rows already trained on into the evaluation)."""
-    path = Path(output) / "run_record.json"
+    path = Path(output) / RUN_RECORD
     if not resuming or not record or not path.is_file():
         return
     before = json.loads(path.read_text()).get("holdout") or {}
