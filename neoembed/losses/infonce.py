@@ -54,13 +54,11 @@ class _InfoNCEMixin:
             matryoshka = MatryoshkaConfig(**matryoshka)
         if isinstance(distillation, dict):
             distillation = DistillationConfig(**distillation)
-        object.__setattr__(self, "distillation", distillation)
-        object.__setattr__(self, "false_negatives", false_negatives)
-        object.__setattr__(self, "improved_contrastive", improved_contrastive)
-        object.__setattr__(self, "matryoshka", matryoshka)
-        object.__setattr__(
-            self, "_counts", {"false_negatives_masked": 0.0, "pairs_scored": 0.0, "calls": 0.0}
-        )
+        self.distillation = distillation
+        self.false_negatives = false_negatives
+        self.improved_contrastive = improved_contrastive
+        self.matryoshka = matryoshka
+        self._counts = {"false_negatives_masked": 0.0, "pairs_scored": 0.0, "calls": 0.0}
 
     def _loss(self, queries: Matrix, docs: list[Matrix], labels: Tensor | None = None) -> Tensor:
         """The loss of full-width embeddings: :meth:`_objective`, or its Matryoshka sum over nested dimensions.
@@ -118,9 +116,7 @@ class _InfoNCEMixin:
             return {}
         masked = float(counts["false_negatives_masked"])  # a tensor: summed on the device, read here once
         out = {"false_negatives_masked": masked, "false_negative_fraction": masked / max(pairs, 1.0)}
-        object.__setattr__(
-            self, "_counts", {"false_negatives_masked": 0.0, "pairs_scored": 0.0, "calls": 0.0}
-        )
+        self._counts = {"false_negatives_masked": 0.0, "pairs_scored": 0.0, "calls": 0.0}
         return out
 
     def _setup(self, temperature: float, mask_duplicates: bool, reduction: str) -> None:
@@ -128,10 +124,9 @@ class _InfoNCEMixin:
             raise ValueError(f"unknown reduction {reduction!r}; valid: 'mean', 'sum'")
         if temperature <= 0:
             raise ValueError(f"temperature must be positive, got {temperature}")
-        # object.__setattr__: the cached loss forwards unknown attribute writes to the loss it wraps
-        object.__setattr__(self, "tau", temperature)
-        object.__setattr__(self, "mask_duplicates", mask_duplicates)
-        object.__setattr__(self, "reduction", reduction)
+        self.tau = temperature
+        self.mask_duplicates = mask_duplicates
+        self.reduction = reduction
 
     def forward(self, sentence_features: Iterable[dict[str, Tensor]], labels: Tensor) -> Tensor:
         sentence_features = list(sentence_features)
@@ -211,7 +206,7 @@ class InfoNCELoss(_InfoNCEMixin, MultipleNegativesRankingLoss):
     ) -> None:
         self._setup(temperature, mask_duplicates, reduction)
         self._setup_objective(false_negatives, improved_contrastive, matryoshka, distillation)
-        object.__setattr__(self, "group_by_length", group_by_length)
+        self.group_by_length = group_by_length
         super().__init__(model, scale=1.0 / temperature, gather_across_devices=gather_across_devices)
 
     def forward(self, sentence_features: Iterable[dict[str, Tensor]], labels: Tensor) -> Tensor:
