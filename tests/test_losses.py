@@ -203,3 +203,18 @@ def test_losses_set_attributes_through_the_module():
     package = Path(neoembed.losses.__file__).parent
     offenders = [p.name for p in package.glob("*.py") if "object.__setattr__" in p.read_text()]
     assert offenders == []
+
+
+@pytest.mark.parametrize("cls", [InfoNCELoss, CachedInfoNCELoss])
+def test_a_call_leaves_no_state_on_the_loss(tiny, cls):
+    """The batch's text keys travel with the call (the labels argument), not on the loss: two calls on
+    different batches leave the loss's attributes as they were, and the duplicate mask still applies."""
+    loss = cls(tiny)
+    before = {k: v for k, v in vars(loss).items() if not k.startswith("_")}
+    with torch.no_grad():
+        first = float(loss(_features(tiny, ("query", "positive")), torch.zeros(5)))
+        loss(_features(tiny, ("query", "positive", "negative")), torch.zeros(5))
+        again = float(loss(_features(tiny, ("query", "positive")), torch.zeros(5)))
+    assert {k: v for k, v in vars(loss).items() if not k.startswith("_")} == before
+    assert not hasattr(loss, "_keys")
+    assert again == pytest.approx(first, rel=1e-6)

@@ -9,7 +9,7 @@ from torch import Tensor
 
 from neoembed.losses.contrastive import info_nce
 from neoembed.losses.distillation import DistillationConfig
-from neoembed.losses.infonce import _InfoNCEMixin, _objective_config, _recipe_settings
+from neoembed.losses.infonce import _InfoNCEMixin, _objective_config, _recipe_settings, _unpack
 from neoembed.losses.masks import FalseNegativeConfig
 from neoembed.losses.matryoshka import MatryoshkaConfig
 
@@ -53,7 +53,8 @@ class CachedInfoNCELoss(_InfoNCEMixin, CachedMultipleNegativesRankingLoss):
         self, reps: list[list[Tensor]], labels: Tensor | None = None, *, with_backward: bool = False
     ):
         # the mini-batches are read in place: no copy of the batch's embeddings besides their gradients
-        loss = self._loss(reps[0], list(reps[1:]), labels)
+        teacher, keys = _unpack(labels)
+        loss = self._loss(reps[0], list(reps[1:]), teacher, keys)
         if with_backward:
             loss.backward()
             loss = loss.detach()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import NamedTuple
 
 import torch
 from sentence_transformers.sentence_transformer.losses import (
@@ -33,11 +34,28 @@ def _rank() -> int:
     )
 
 
+#: the positives', candidates' and queries' text keys of one batch (the duplicate mask's input)
+Keys = tuple[Tensor, Tensor, Tensor]
+
+
+class _Labels(NamedTuple):
+    """A batch's labels with its text keys: the one argument sentence-transformers passes from ``forward`` to
+    the scoring (``compute_loss_from_embeddings``, GradCache's ``calculate_loss``), so the keys travel with
+    the call instead of living on the loss."""
+
+    teacher: Tensor | None
+    keys: Keys | None
+
+
+def _unpack(labels) -> tuple[Tensor | None, Keys | None]:
+    """(teacher scores, text keys) of ``labels``: a :class:`_Labels`, or bare labels with no keys."""
+    return (labels.teacher, labels.keys) if isinstance(labels, _Labels) else (labels, None)
+
+
 class _InfoNCEMixin:
     tau: float
     mask_duplicates: bool
     reduction: str
-    _keys: tuple[Tensor, Tensor, Tensor] | None = None  # positives', candidates' and queries' text keys
     false_negatives: FalseNegativeConfig | None = None
     improved_contrastive: bool = False
     matryoshka: MatryoshkaConfig | None = None
@@ -60,22 +78,26 @@ class _InfoNCEMixin:
         self.matryoshka = matryoshka
         self._counts = {"false_negatives_masked": 0.0, "pairs_scored": 0.0, "calls": 0.0}
 
-    def _loss(self, queries: Matrix, docs: list[Matrix], labels: Tensor | None = None) -> Tensor:
+    def _loss(
+        self, queries: Matrix, docs: list[Matrix], labels: Tensor | None = None, keys: Keys | None = None
+    ) -> Tensor:
         """The loss of full-width embeddings: :meth:`_objective`, or its Matryoshka sum over nested dimensions.
         ``labels``: the rows' teacher scores, read only when distilling. Each matrix a tensor or a list of
         segments (GradCache's mini-batches), which the contrastive scoring reads in place."""
         teacher = labels if self.distillation is not None else None
         if self.matryoshka is None:
-            return self._objective(queries, docs, teacher)
-        return self.matryoshka.loss(self._objective, queries, docs, teacher)
+            return self._objective(queries, docs, teacher, keys)
+        return self.matryoshka.loss(self._objective, queries, docs, teacher, keys)
 
-    def _objective(self, queries: Matrix, docs: list[Matrix], teacher: Tensor | None) -> Tensor:
+    def _objective(
+        self, queries: Matrix, docs: list[Matrix], teacher: Tensor | None, keys: Keys | None = None
+    ) -> Tensor:
         """InfoNCE (:meth:`_score`), plus or instead of the weighted distillation loss."""
         if self.distillation is None:
-            return self._score(queries, docs)
+            return self._score(queries, docs, keys)
         loss = self.distillation.term(_cat(queries), [_cat(d) for d in docs], teacher)
         if self.distillation.infonce_weight > 0:
-            loss = loss + self.distillation.infonce_weight * self._score(queries, docs)
+            loss = loss + self.distillation.infonce_weight * self._score(queries, docs, keys)
         return loss
 
     def _mask_false_negatives(
@@ -130,18 +152,17 @@ class _InfoNCEMixin:
 
     def forward(self, sentence_features: Iterable[dict[str, Tensor]], labels: Tensor) -> Tensor:
         sentence_features = list(sentence_features)
-        self._remember_keys(sentence_features)
-        return super().forward(sentence_features, labels)
+        return super().forward(sentence_features, _Labels(labels, self._batch_keys(sentence_features)))
 
-    def _remember_keys(self, sentence_features: list[dict[str, Tensor]]) -> None:
+    def _batch_keys(self, sentence_features: list[dict[str, Tensor]]) -> Keys | None:
+        """The batch's text keys for the duplicate mask, or None when duplicates are not masked."""
         if not self.mask_duplicates:
-            self._keys = None
-            return
+            return None
         pos = text_keys(sentence_features[1])
         cands = torch.cat([text_keys(f) for f in sentence_features[1:]])
-        self._keys = (pos, cands, text_keys(sentence_features[0]))
+        return pos, cands, text_keys(sentence_features[0])
 
-    def _score(self, queries: Matrix, docs: list[Matrix]) -> Tensor:
+    def _score(self, queries: Matrix, docs: list[Matrix], keys: Keys | None = None) -> Tensor:
         batch = _rows(queries)
         offset = 0
         if self.gather_across_devices:
@@ -149,8 +170,8 @@ class _InfoNCEMixin:
             docs = [_gather(_cat(d), True) for d in docs]
             offset = _rank() * batch
         mask = None
-        if self._keys is not None:
-            pos, cands, query_keys = self._keys
+        if keys is not None:
+            pos, cands, query_keys = keys
             all_queries = None
             if self.gather_across_devices:
                 # candidate order after gathering: [positives of all ranks, negatives_1 of all ranks, ...]
@@ -213,8 +234,10 @@ class InfoNCELoss(_InfoNCEMixin, MultipleNegativesRankingLoss):
         if not self.group_by_length:
             return super().forward(sentence_features, labels)
         sentence_features = list(sentence_features)
-        self._remember_keys(sentence_features)
-        return self.compute_loss_from_embeddings(embed_by_length(self.model, sentence_features), labels)
+        embeddings = embed_by_length(self.model, sentence_features)
+        return self.compute_loss_from_embeddings(
+            embeddings, _Labels(labels, self._batch_keys(sentence_features))
+        )
 
     #: the loss on embeddings already computed (CDE's two-stage GradCache step scores with it)
     embedding_loss = staticmethod(info_nce)
@@ -226,7 +249,8 @@ class InfoNCELoss(_InfoNCEMixin, MultipleNegativesRankingLoss):
     def compute_loss_from_embeddings(self, embeddings: list[Tensor], labels: Tensor) -> Tensor:
         if len(embeddings) < 2:
             raise ValueError(f"InfoNCE needs a query and a positive column, got {len(embeddings)} column(s)")
-        return self._loss(embeddings[0], embeddings[1:], labels)
+        teacher, keys = _unpack(labels)
+        return self._loss(embeddings[0], embeddings[1:], teacher, keys)
 
     def get_config_dict(self):
         return {
