@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -191,3 +192,29 @@ def test_length_grouped_encoding_equals_the_padded_batch(minilm_path, shared_dir
     scale = max(float(g.abs().max()) for g in g_plain.values())
     for n in g_plain:
         assert float((g_grouped[n] - g_plain[n]).abs().max()) <= 1e-5 * scale, n
+
+
+def test_losses_set_attributes_through_the_module():
+    """No ``object.__setattr__`` in the losses: their options are plain attributes, which torch's and
+    sentence-transformers' attribute handling (the cached loss delegates only its wrapped loss's
+    hyperparameters) lets through."""
+    import neoembed.losses
+
+    package = Path(neoembed.losses.__file__).parent
+    offenders = [p.name for p in package.glob("*.py") if "object.__setattr__" in p.read_text()]
+    assert offenders == []
+
+
+@pytest.mark.parametrize("cls", [InfoNCELoss, CachedInfoNCELoss])
+def test_a_call_leaves_no_state_on_the_loss(tiny, cls):
+    """The batch's text keys travel with the call (the labels argument), not on the loss: two calls on
+    different batches leave the loss's attributes as they were, and the duplicate mask still applies."""
+    loss = cls(tiny)
+    before = {k: v for k, v in vars(loss).items() if not k.startswith("_")}
+    with torch.no_grad():
+        first = float(loss(_features(tiny, ("query", "positive")), torch.zeros(5)))
+        loss(_features(tiny, ("query", "positive", "negative")), torch.zeros(5))
+        again = float(loss(_features(tiny, ("query", "positive")), torch.zeros(5)))
+    assert {k: v for k, v in vars(loss).items() if not k.startswith("_")} == before
+    assert not hasattr(loss, "_keys")
+    assert again == pytest.approx(first, rel=1e-6)

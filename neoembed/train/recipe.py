@@ -52,7 +52,7 @@ class UnifiedRecipe(RunSettings):
     # infonce: encode each batch in groups of rows of similar length (same rows, fewer padding tokens)
     group_by_length: bool = True
     gather_across_devices: bool = False
-    # drop from each query's denominator the candidates scoring above its positive minus a margin (losses.py)
+    # drop from each query's denominator the candidates scoring above its positive minus a margin (neoembed.losses.masks)
     false_negatives: FalseNegativeConfig | None = None
     improved_contrastive: bool = False  # GTE: query-query and document-document terms in the denominator
     matryoshka: MatryoshkaConfig | None = None  # {dims: [...], weights: [...]}: nested-dimension loss

@@ -1,0 +1,86 @@
+"""InfoNCE, the loss of the unified contrastive recipe (NeoBERT paper, Section 5.2.1), plain and cached.
+
+For a batch of B queries q_i, each with a positive d_i+ and k >= 0 hard negatives:
+
+    logits_i = cos(q_i, [d_1+ ... d_B+, every hard negative of the batch]) / tau
+    loss     = cross_entropy(logits, target = i), averaged over the batch (``reduction="sum"`` sums, as the
+               released code does)
+
+A document whose text equals q_i's own positive elsewhere in the batch is a duplicate, not a negative: it is
+masked out of q_i's denominator (``mask_duplicates``).
+
+| input columns | query, positive, negative_1 ... negative_k (k may be 0) |
+|---|---|
+| relations | equals sentence-transformers' ``MultipleNegativesRankingLoss(scale=1/tau)`` when no duplicates occur; ``CachedInfoNCELoss`` is the GradCache version (same loss and gradients, memory of one mini-batch) |
+| references | van den Oord et al. 2018 (InfoNCE); Gao et al. 2021 (GradCache); Le Breton et al. 2025 (NeoBERT) |
+
+Both classes are thin overrides of the sentence-transformers losses: they reuse their embedding, caching and
+cross-device gathering, and replace only the scoring (temperature, duplicate mask, reduction). The plain loss
+also encodes each batch in length groups (:func:`embed_by_length`): the same rows, fewer padding tokens.
+
+Recipes name their loss (``loss: infonce``); :data:`LOSSES` maps the names to the classes, and each class builds
+itself from a recipe (``from_recipe``) and scores bare embeddings (``embedding_loss``, which CDE's two-stage
+step calls). A new loss is one class with those two methods, one entry in :data:`LOSSES` and its test.
+"""
+
+from __future__ import annotations
+
+from neoembed.losses.cached import CachedInfoNCELoss
+from neoembed.losses.contrastive import improved_info_nce, info_nce
+from neoembed.losses.distillation import DISTILLATION_LOSSES, DistillationConfig, kl_distillation, margin_mse
+from neoembed.losses.grouping import embed_by_length, length_groups
+from neoembed.losses.infonce import InfoNCELoss
+from neoembed.losses.masks import (
+    FalseNegativeConfig,
+    duplicate_mask,
+    duplicate_masker,
+    false_negative_mask,
+    false_negative_masker,
+    text_keys,
+)
+from neoembed.losses.matryoshka import MatryoshkaConfig
+
+__all__ = [
+    "LOSSES",
+    "DISTILLATION_LOSSES",
+    "CachedInfoNCELoss",
+    "DistillationConfig",
+    "FalseNegativeConfig",
+    "InfoNCELoss",
+    "MatryoshkaConfig",
+    "build_loss",
+    "check_loss_name",
+    "duplicate_mask",
+    "duplicate_masker",
+    "embed_by_length",
+    "false_negative_mask",
+    "false_negative_masker",
+    "improved_info_nce",
+    "info_nce",
+    "kl_distillation",
+    "length_groups",
+    "margin_mse",
+    "text_keys",
+]
+
+
+#: loss name in a recipe -> its class
+LOSSES: dict[str, type] = {
+    "infonce": InfoNCELoss,
+    "cached_infonce": CachedInfoNCELoss,
+}
+
+
+def check_loss_name(name: str) -> str:
+    """``name`` if it is a registered loss; else an error naming the valid ones."""
+    if name not in LOSSES:
+        raise ValueError(f"unknown loss {name!r}; valid: {sorted(LOSSES)}")
+    return name
+
+
+def build_loss(name: str, model, recipe):
+    """The loss ``name`` for ``model``, with its settings read from ``recipe``."""
+    loss = LOSSES[check_loss_name(name)].from_recipe(model, recipe)
+    if getattr(loss, "matryoshka", None) is not None:
+        loss.matryoshka.check_width(model.get_embedding_dimension())
+    return loss

@@ -1,0 +1,70 @@
+"""The GradCache form of InfoNCE, on sentence-transformers' CachedMultipleNegativesRankingLoss."""
+
+from __future__ import annotations
+
+from sentence_transformers.sentence_transformer.losses import (
+    CachedMultipleNegativesRankingLoss,
+)
+from torch import Tensor
+
+from neoembed.losses.contrastive import info_nce
+from neoembed.losses.distillation import DistillationConfig
+from neoembed.losses.infonce import _InfoNCEMixin, _objective_config, _recipe_settings, _unpack
+from neoembed.losses.masks import FalseNegativeConfig
+from neoembed.losses.matryoshka import MatryoshkaConfig
+
+
+class CachedInfoNCELoss(_InfoNCEMixin, CachedMultipleNegativesRankingLoss):
+    """GradCache InfoNCE: embeddings computed in mini-batches without graph, loss and embedding gradients on
+    the full batch, then a second chunked pass backpropagates them. Same loss and gradients as
+    :class:`InfoNCELoss` at the memory of one mini-batch."""
+
+    def __init__(
+        self,
+        model,
+        temperature: float = 0.07,
+        mask_duplicates: bool = True,
+        reduction: str = "mean",
+        mini_batch_size: int = 32,
+        gather_across_devices: bool = False,
+        show_progress_bar: bool = False,
+        false_negatives: FalseNegativeConfig | dict | None = None,
+        improved_contrastive: bool = False,
+        matryoshka: MatryoshkaConfig | dict | None = None,
+        distillation: DistillationConfig | dict | None = None,
+    ) -> None:
+        self._setup(temperature, mask_duplicates, reduction)
+        self._setup_objective(false_negatives, improved_contrastive, matryoshka, distillation)
+        super().__init__(
+            model,
+            scale=1.0 / temperature,
+            mini_batch_size=mini_batch_size,
+            gather_across_devices=gather_across_devices,
+            show_progress_bar=show_progress_bar,
+        )
+
+    embedding_loss = staticmethod(info_nce)  # the same loss as InfoNCELoss's
+
+    @classmethod
+    def from_recipe(cls, model, recipe) -> CachedInfoNCELoss:
+        return cls(model, **_recipe_settings(recipe), mini_batch_size=recipe.cache_mini_batch_size)
+
+    def calculate_loss(
+        self, reps: list[list[Tensor]], labels: Tensor | None = None, *, with_backward: bool = False
+    ):
+        # the mini-batches are read in place: no copy of the batch's embeddings besides their gradients
+        teacher, keys = _unpack(labels)
+        loss = self._loss(reps[0], list(reps[1:]), teacher, keys)
+        if with_backward:
+            loss.backward()
+            loss = loss.detach()
+        return loss
+
+    def get_config_dict(self):
+        return {
+            "temperature": self.tau,
+            "mask_duplicates": self.mask_duplicates,
+            "reduction": self.reduction,
+            "mini_batch_size": self.mini_batch_size,
+            **_objective_config(self),
+        }

@@ -1,0 +1,262 @@
+"""InfoNCE as a sentence-transformers loss: the shared scoring of the plain and cached forms, and the plain form."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import NamedTuple
+
+import torch
+from sentence_transformers.sentence_transformer.losses import (
+    MultipleNegativesRankingLoss,
+)
+from torch import Tensor
+
+from neoembed.losses.contrastive import improved_info_nce, info_nce
+from neoembed.losses.distillation import DistillationConfig
+from neoembed.losses.grouping import embed_by_length
+from neoembed.losses.masks import FalseNegativeConfig, duplicate_masker, false_negative_masker, text_keys
+from neoembed.losses.matrices import _cat, _rows, _segments
+from neoembed.losses.matryoshka import MatryoshkaConfig
+from neoembed.scoring import MaskFn, Matrix
+
+
+def _gather(t: Tensor, with_grad: bool) -> Tensor:
+    from sentence_transformers.util.distributed import all_gather
+
+    return all_gather(t, with_grad=with_grad)
+
+
+def _rank() -> int:
+    return (
+        torch.distributed.get_rank()
+        if torch.distributed.is_available() and torch.distributed.is_initialized()
+        else 0
+    )
+
+
+#: the positives', candidates' and queries' text keys of one batch (the duplicate mask's input)
+Keys = tuple[Tensor, Tensor, Tensor]
+
+
+class _Labels(NamedTuple):
+    """A batch's labels with its text keys: the one argument sentence-transformers passes from ``forward`` to
+    the scoring (``compute_loss_from_embeddings``, GradCache's ``calculate_loss``), so the keys travel with
+    the call instead of living on the loss."""
+
+    teacher: Tensor | None
+    keys: Keys | None
+
+
+def _unpack(labels) -> tuple[Tensor | None, Keys | None]:
+    """(teacher scores, text keys) of ``labels``: a :class:`_Labels`, or bare labels with no keys."""
+    return (labels.teacher, labels.keys) if isinstance(labels, _Labels) else (labels, None)
+
+
+class _InfoNCEMixin:
+    tau: float
+    mask_duplicates: bool
+    reduction: str
+    false_negatives: FalseNegativeConfig | None = None
+    improved_contrastive: bool = False
+    matryoshka: MatryoshkaConfig | None = None
+    distillation: DistillationConfig | None = None
+    #: running sums since the trainer last logged them (:meth:`pop_counts`)
+    _counts: dict[str, float] | None = None
+
+    def _setup_objective(self, false_negatives, improved_contrastive: bool, matryoshka, distillation) -> None:
+        """The options beyond plain InfoNCE: false-negative masking, GTE's improved denominator, Matryoshka,
+        distillation from teacher scores."""
+        if isinstance(false_negatives, dict):
+            false_negatives = FalseNegativeConfig(**false_negatives)
+        if isinstance(matryoshka, dict):
+            matryoshka = MatryoshkaConfig(**matryoshka)
+        if isinstance(distillation, dict):
+            distillation = DistillationConfig(**distillation)
+        self.distillation = distillation
+        self.false_negatives = false_negatives
+        self.improved_contrastive = improved_contrastive
+        self.matryoshka = matryoshka
+        self._counts = {"false_negatives_masked": 0.0, "pairs_scored": 0.0, "calls": 0.0}
+
+    def _loss(
+        self, queries: Matrix, docs: list[Matrix], labels: Tensor | None = None, keys: Keys | None = None
+    ) -> Tensor:
+        """The loss of full-width embeddings: :meth:`_objective`, or its Matryoshka sum over nested dimensions.
+        ``labels``: the rows' teacher scores, read only when distilling. Each matrix a tensor or a list of
+        segments (GradCache's mini-batches), which the contrastive scoring reads in place."""
+        teacher = labels if self.distillation is not None else None
+        if self.matryoshka is None:
+            return self._objective(queries, docs, teacher, keys)
+        return self.matryoshka.loss(self._objective, queries, docs, teacher, keys)
+
+    def _objective(
+        self, queries: Matrix, docs: list[Matrix], teacher: Tensor | None, keys: Keys | None = None
+    ) -> Tensor:
+        """InfoNCE (:meth:`_score`), plus or instead of the weighted distillation loss."""
+        if self.distillation is None:
+            return self._score(queries, docs, keys)
+        loss = self.distillation.term(_cat(queries), [_cat(d) for d in docs], teacher)
+        if self.distillation.infonce_weight > 0:
+            loss = loss + self.distillation.infonce_weight * self._score(queries, docs, keys)
+        return loss
+
+    def _mask_false_negatives(
+        self, n_candidates: int, n_columns: int, mask: MaskFn | None, offset: int
+    ) -> MaskFn | None:
+        """``mask`` joined with the suspected false negatives (when configured), which are counted."""
+        if self.false_negatives is None:
+            return mask
+        found_in = false_negative_masker(n_candidates, n_columns, self.false_negatives, offset)
+        counts = self._counts
+
+        def joined(rows: slice, cos: Tensor) -> Tensor:
+            found = found_in(rows, cos)
+            known = mask(rows, cos) if mask is not None else None
+            new = found if known is None else found & ~known
+            counts["false_negatives_masked"] += new.sum()
+            counts["pairs_scored"] += found.numel() - len(found)
+            return found if known is None else known | found
+
+        counts["calls"] += 1.0
+        return joined
+
+    def _contrast(self, queries: Matrix, docs: list[Matrix], mask: MaskFn | None, offset: int) -> Tensor:
+        """InfoNCE over the candidates, or GTE's improved contrastive loss."""
+        candidates = [seg for d in docs for seg in _segments(d)]
+        if not self.improved_contrastive:
+            return info_nce(queries, candidates, self.tau, mask, self.reduction, offset)
+        queries = _cat(queries)
+        all_queries = _gather(queries, True) if self.gather_across_devices else queries
+        return improved_info_nce(queries, candidates, all_queries, self.tau, mask, self.reduction, offset)
+
+    def pop_counts(self) -> dict[str, float]:
+        """What the loss masked since the last call (the trainer logs it): false negatives per query-step and
+        their fraction of the scored negatives."""
+        counts = self._counts or {}
+        calls, pairs = counts.get("calls", 0.0), float(counts.get("pairs_scored", 0.0))
+        if not calls:
+            return {}
+        masked = float(counts["false_negatives_masked"])  # a tensor: summed on the device, read here once
+        out = {"false_negatives_masked": masked, "false_negative_fraction": masked / max(pairs, 1.0)}
+        self._counts = {"false_negatives_masked": 0.0, "pairs_scored": 0.0, "calls": 0.0}
+        return out
+
+    def _setup(self, temperature: float, mask_duplicates: bool, reduction: str) -> None:
+        if reduction not in ("mean", "sum"):
+            raise ValueError(f"unknown reduction {reduction!r}; valid: 'mean', 'sum'")
+        if temperature <= 0:
+            raise ValueError(f"temperature must be positive, got {temperature}")
+        self.tau = temperature
+        self.mask_duplicates = mask_duplicates
+        self.reduction = reduction
+
+    def forward(self, sentence_features: Iterable[dict[str, Tensor]], labels: Tensor) -> Tensor:
+        sentence_features = list(sentence_features)
+        return super().forward(sentence_features, _Labels(labels, self._batch_keys(sentence_features)))
+
+    def _batch_keys(self, sentence_features: list[dict[str, Tensor]]) -> Keys | None:
+        """The batch's text keys for the duplicate mask, or None when duplicates are not masked."""
+        if not self.mask_duplicates:
+            return None
+        pos = text_keys(sentence_features[1])
+        cands = torch.cat([text_keys(f) for f in sentence_features[1:]])
+        return pos, cands, text_keys(sentence_features[0])
+
+    def _score(self, queries: Matrix, docs: list[Matrix], keys: Keys | None = None) -> Tensor:
+        batch = _rows(queries)
+        offset = 0
+        if self.gather_across_devices:
+            # every process scores its own queries against the candidates of all processes (with gradient)
+            docs = [_gather(_cat(d), True) for d in docs]
+            offset = _rank() * batch
+        mask = None
+        if keys is not None:
+            pos, cands, query_keys = keys
+            all_queries = None
+            if self.gather_across_devices:
+                # candidate order after gathering: [positives of all ranks, negatives_1 of all ranks, ...]
+                n_cols = len(docs)
+                per_col = cands.view(n_cols, -1)
+                cands = torch.cat([_gather(per_col[c], False) for c in range(n_cols)])
+                all_queries = _gather(query_keys, False)
+            mask = duplicate_masker(pos, cands, offset, query_keys, all_queries)
+        n_candidates = sum(_rows(d) for d in docs)
+        mask = self._mask_false_negatives(n_candidates, len(docs), mask, offset)  # objectives (#25)
+        return self._contrast(queries, docs, mask, offset)
+
+
+def _recipe_settings(recipe) -> dict:
+    """The settings every InfoNCE variant reads from a contrastive recipe."""
+    return {
+        "temperature": recipe.temperature,
+        "mask_duplicates": recipe.mask_duplicates,
+        "reduction": recipe.reduction,
+        "gather_across_devices": recipe.gather_across_devices,
+        "false_negatives": getattr(recipe, "false_negatives", None),
+        "improved_contrastive": getattr(recipe, "improved_contrastive", False),
+        "matryoshka": getattr(recipe, "matryoshka", None),
+        "distillation": getattr(recipe, "distillation", None),
+    }
+
+
+def _objective_config(loss) -> dict:
+    """The objective options of ``loss`` for its saved config."""
+    return {
+        "false_negatives": loss.false_negatives.model_dump() if loss.false_negatives else None,
+        "improved_contrastive": loss.improved_contrastive,
+        "matryoshka": loss.matryoshka.model_dump() if loss.matryoshka else None,
+        "distillation": loss.distillation.model_dump() if loss.distillation else None,
+    }
+
+
+class InfoNCELoss(_InfoNCEMixin, MultipleNegativesRankingLoss):
+    """InfoNCE with temperature ``tau`` (default 0.07), duplicate masking and mean/sum reduction."""
+
+    def __init__(
+        self,
+        model,
+        temperature: float = 0.07,
+        mask_duplicates: bool = True,
+        reduction: str = "mean",
+        gather_across_devices: bool = False,
+        group_by_length: bool = True,
+        false_negatives: FalseNegativeConfig | dict | None = None,
+        improved_contrastive: bool = False,
+        matryoshka: MatryoshkaConfig | dict | None = None,
+        distillation: DistillationConfig | dict | None = None,
+    ) -> None:
+        self._setup(temperature, mask_duplicates, reduction)
+        self._setup_objective(false_negatives, improved_contrastive, matryoshka, distillation)
+        self.group_by_length = group_by_length
+        super().__init__(model, scale=1.0 / temperature, gather_across_devices=gather_across_devices)
+
+    def forward(self, sentence_features: Iterable[dict[str, Tensor]], labels: Tensor) -> Tensor:
+        if not self.group_by_length:
+            return super().forward(sentence_features, labels)
+        sentence_features = list(sentence_features)
+        embeddings = embed_by_length(self.model, sentence_features)
+        return self.compute_loss_from_embeddings(
+            embeddings, _Labels(labels, self._batch_keys(sentence_features))
+        )
+
+    #: the loss on embeddings already computed (CDE's two-stage GradCache step scores with it)
+    embedding_loss = staticmethod(info_nce)
+
+    @classmethod
+    def from_recipe(cls, model, recipe) -> InfoNCELoss:
+        return cls(model, **_recipe_settings(recipe), group_by_length=recipe.group_by_length)
+
+    def compute_loss_from_embeddings(self, embeddings: list[Tensor], labels: Tensor) -> Tensor:
+        if len(embeddings) < 2:
+            raise ValueError(f"InfoNCE needs a query and a positive column, got {len(embeddings)} column(s)")
+        teacher, keys = _unpack(labels)
+        return self._loss(embeddings[0], embeddings[1:], teacher, keys)
+
+    def get_config_dict(self):
+        return {
+            "temperature": self.tau,
+            "mask_duplicates": self.mask_duplicates,
+            "reduction": self.reduction,
+            "group_by_length": self.group_by_length,
+            **_objective_config(self),
+        }
