@@ -31,7 +31,7 @@ class UnifiedRecipe(RunSettings):
 
     kind: Literal["unified"] = "unified"
     model: str
-    pooling: str | None = None  # a name in neoembed.sentence.POOLING_MODES; None: a saved model's own, else mean
+    pooling: str | None = None  # in sentence.POOLING_MODES; None: a saved model's own, else mean
     max_length: PositiveInt = 512
     datasets: DatasetList
     card_dirs: list[str] = []  # extra folders searched for card names (relative to the recipe file)
