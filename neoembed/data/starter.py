@@ -163,7 +163,7 @@ def _recipe_text(name: str, card_dir: str, rows: int, model: str, recipe_path: s
         ("", "Any key can be overridden on the command line (steps=500); the recipe's keys: docs/training.md."),
         ("seed: 0", "random seed: row sampling, batch order, dropout"),
         (f"model: {model}", "a hub id or a local folder: any sentence-transformers or Hugging Face encoder"),
-        ("pooling: mean", "token embeddings -> one vector: mean or cls"),
+        ("# pooling: mean", "mean or cls; unset: the model's own (a saved model's pooling, else mean)"),
         ("max_length: 128", "tokens per text during training (the saved model keeps its own limit)"),
         (f"card_dirs: [{card_dir}]", "where the card is, relative to the folder you run neoembed from"),
         ("datasets:", ""),
