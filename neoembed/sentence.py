@@ -299,11 +299,12 @@ def _refuse_building_options(name_or_path: str, **given) -> None:
 
 
 def _check_saved_pooling(model: SentenceTransformer, name_or_path: str, pooling: str | None) -> None:
-    """A ``pooling`` other than the saved folder's own is refused: it would be silently ignored."""
-    if pooling is None:
-        return
+    """A ``pooling`` other than the saved folder's own is refused: it would be silently ignored. A model without
+    a Pooling module (a StaticEmbedding) pools inside its one module: there is nothing to compare."""
     pooler = next((m for m in model if isinstance(m, Pooling)), None)
-    own = getattr(pooler, "pooling_mode", None)
+    if pooling is None or pooler is None:
+        return
+    own = pooler.pooling_mode
     if own != pooling_mode(pooling):
         names = [name for name, mode in POOLING_MODES.items() if mode == own] or [own]
         raise ValueError(
