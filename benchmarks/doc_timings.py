@@ -8,7 +8,8 @@ A documented ``bash`` line is timed when its comment quotes a time on CPU (``# 2
 is every line of the block under ``<!-- objective recipes`` in docs/training.md (its prose quotes their times).
 Each page's lines run in order, as the user runs them, as fresh processes in a scratch copy of the checkout's
 tracked files (``../shared`` beside it, like tests/test_docs_commands.py), with the console script of this Python.
-Wall time, one run each; the record lists the command, the page, the exit code and the seconds.
+Wall time, the median of ``--reps`` runs of the whole sequence; the record lists the command, the page, the
+exit code, the median and every run.
 Record: benchmarks/results/doc_timings_cpu.{json,md}; tests/test_docs_commands.py checks that every timed line of
 the docs is in it.
 """
@@ -19,6 +20,7 @@ import argparse
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -94,14 +96,26 @@ def run(lines: list[tuple[str, str]]) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", action="append", help="time only the documented lines that start with this")
+    ap.add_argument("--reps", type=int, default=3, help="runs of the whole sequence, each in a fresh copy")
     args = ap.parse_args()
     lines = timed_lines()
     if args.only:
         lines = [(p, c) for p, c in lines if any(c.startswith(o) for o in args.only)]
-    rows = run(_once(lines))
-    table = ["| page | command | exit | seconds |", "|---|---|---|---|"]
-    table += [f"| {r['page']} | `{r['command']}` | {r['exit']} | {r['seconds']} |" for r in rows]
-    md = "# Documented quick commands, wall time (CPU)\n\nOne run each, in page order, fresh processes.\n\n"
+    runs = [run(_once(lines)) for _ in range(args.reps)]
+    rows = []
+    for reps in zip(*runs, strict=True):  # one command's runs
+        seconds = [r["seconds"] for r in reps]
+        exit_code = max(r["exit"] for r in reps)
+        rows.append({**reps[0], "exit": exit_code, "seconds": statistics.median(seconds), "runs": seconds})
+    table = ["| page | command | exit | seconds (median) | runs |", "|---|---|---|---|---|"]
+    table += [
+        f"| {r['page']} | `{r['command']}` | {r['exit']} | {r['seconds']} | {', '.join(map(str, r['runs']))} |"
+        for r in rows
+    ]
+    md = (
+        "# Documented quick commands, wall time (CPU)\n\n"
+        f"Medians of {args.reps} runs of the whole sequence, each in page order in a fresh copy, fresh processes.\n\n"
+    )
     write_results("doc_timings_cpu", {"header": header(), "rows": rows}, md + "\n".join(table) + "\n")
     if any(r["exit"] for r in rows):
         sys.exit("some documented lines failed (above)")
