@@ -1,8 +1,8 @@
 """Data cards at scale (#39, part b): ``neoembed data check`` and the first training step's data preparation on
 synthetic cards of 0.1M-4M rows, cold and from the prepared-card cache.
 
-    python benchmarks/scale_cards.py --make-card 1000000 --out /tmp/card-1m       # only write a card
-    python benchmarks/scale_cards.py --rows 100000 1000000 --work-dir /tmp/scale-cards
+    python benchmarks/scale_cards.py --make-card 1000000 --out runs/card-1m        # only write a card
+    python benchmarks/scale_cards.py --rows 100000 1000000 --work-dir runs/scale-cards
     python benchmarks/scale_cards.py --rows 100000 --tree ../before --tag _before  # another checkout's neoembed
 
 A synthetic card: rows drawn with a fixed seed from the texts of ../shared/data/train/* (each query suffixed with
@@ -290,7 +290,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, help="the folder of --make-card's card")
     ap.add_argument("--rows", type=int, nargs="+", default=[100_000, 1_000_000])
     ap.add_argument(
-        "--work-dir", type=Path, default=Path("/tmp/scale-cards"), help="cards and caches (deleted)"
+        "--work-dir", type=Path, default=Path("runs/scale-cards"), help="cards and caches (deleted)"
     )
     ap.add_argument("--tree", help="a neoembed checkout to measure instead of this one (its PYTHONPATH)")
     ap.add_argument("--tag", default="", help="suffix of the results' file names")
