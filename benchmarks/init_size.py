@@ -21,7 +21,6 @@ import json
 import random
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -30,21 +29,12 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import SHARED, header, write_results  # noqa: E402
+from own_data import neoembed  # noqa: E402  (the page's commands as a user runs them)
 
 from neoembed.eval.summary import load_run  # noqa: E402
 
 BASE = "packaged:all-MiniLM-L6-v2"
 TASK = "Heldout"
-
-
-def neoembed(*args: str, cwd: Path) -> str:
-    print("+ neoembed " + " ".join(args), flush=True)
-    out = subprocess.run([sys.executable, "-m", "neoembed", *args], cwd=cwd, capture_output=True, text=True)
-    if out.returncode != 0:
-        sys.exit(
-            f"neoembed {' '.join(args)} failed ({out.returncode}):\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}"
-        )
-    return out.stdout
 
 
 def write_inputs(name: str, folder: Path) -> int:
