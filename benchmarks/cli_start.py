@@ -3,7 +3,8 @@
     python benchmarks/cli_start.py
 
 Rows: ``neoembed --help``; ``neoembed train tiny --dry-run`` (a real command: recipe, cards, tokenizer, no
-step), and ``python -c 'import sentence_transformers'``, the floor of any command that builds a model; the
+step), ``neoembed init missing.jsonl`` and ``neoembed train missing.yaml`` (bad input, refused before torch
+loads), and ``python -c 'import sentence_transformers'``, the floor of any command that builds a model; the
 record gives the dry run's time above that floor. Results: benchmarks/results/cli_start_cpu.*
 """
 
@@ -24,14 +25,16 @@ from _common import header, write_results  # noqa: E402
 BIN = Path(sys.executable).parent
 
 
-def _time(argv: list[str], cwd: str, reps: int = 5) -> list[float]:
+def _time(argv: list[str], cwd: str, reps: int = 5, exit_code: int = 0) -> list[float]:
+    """Wall times of ``reps`` runs after a warm-up (file caches, .pyc); each must end with ``exit_code``."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    subprocess.run(argv, cwd=cwd, env=env, capture_output=True, check=True)  # warm-up: file caches, .pyc
     times = []
-    for _ in range(reps):
+    for i in range(reps + 1):
         t0 = time.perf_counter()
-        subprocess.run(argv, cwd=cwd, env=env, capture_output=True, check=True)
-        times.append(time.perf_counter() - t0)
+        r = subprocess.run(argv, cwd=cwd, env=env, capture_output=True)
+        if r.returncode != exit_code:
+            sys.exit(f"{' '.join(argv)}: exit {r.returncode}, expected {exit_code}\n{r.stderr[-2000:]}")
+        times += [time.perf_counter() - t0] if i else []
     return times
 
 
@@ -41,6 +44,13 @@ def main() -> None:
             "neoembed --help": _time([str(BIN / "neoembed"), "--help"], cwd),
             "neoembed train tiny --dry-run": _time(
                 [str(BIN / "neoembed"), "train", "tiny", f"output_dir={cwd}/run", "--dry-run"], cwd
+            ),
+            # a mistyped path: refused (exit 2) before torch is imported
+            "neoembed init missing.jsonl": _time(
+                [str(BIN / "neoembed"), "init", "missing.jsonl"], cwd, exit_code=2
+            ),
+            "neoembed train missing.yaml": _time(
+                [str(BIN / "neoembed"), "train", "missing.yaml"], cwd, exit_code=2
             ),
             "python -c 'import sentence_transformers'": _time(
                 [sys.executable, "-c", "import sentence_transformers"], cwd
