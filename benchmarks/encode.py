@@ -182,6 +182,12 @@ def main() -> None:
                         {"set": set_name, "model": name, "texts": len(texts), "texts_per_s": len(texts) / t}
                     )
                     print(f"{set_name:36s} {name:22s} {len(texts) / t:9.2f} texts/s", flush=True)
+            md = record(args, cuda, dtype, rows, bounds)  # after each set: a run cut at its time box keeps it
+    print("\n".join(md))
+
+
+def record(args, cuda: bool, dtype, rows: list[dict], bounds: list[dict]) -> list[str]:
+    """Write the rows measured so far as this run's record; returns its table."""
     ratio = {
         s: next(r["texts_per_s"] for r in rows if r["set"] == s and r["model"] == "NeoBERT padding-free")
         / next(r["texts_per_s"] for r in rows if r["set"] == s and r["model"] == "NeoBERT padded")
@@ -201,7 +207,7 @@ def main() -> None:
     md += ["", "What removing padding can win at most in these batches:", ""] + bounds_table(bounds)
     stem = f"encode_{'cuda' if cuda else 'cpu'}{'_quick' if args.quick else ''}"
     write_results(stem, payload, "\n".join(md) + "\n")
-    print("\n".join(md))
+    return md
 
 
 if __name__ == "__main__":

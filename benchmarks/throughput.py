@@ -25,6 +25,7 @@ Model FLOPs per token = 2 x (parameters of all linear layers outside the embeddi
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import re
@@ -81,7 +82,8 @@ def forward_fn(model, ids, mask):
     return run
 
 
-def fixed_length(models: dict, lengths, batches, device, reps, token_budget) -> list[dict]:
+def fixed_length(models: dict, lengths, batches, device, reps, token_budget, on_length=None) -> list[dict]:
+    """The best tokens/s of each model at each length; ``on_length(rows)`` after each length."""
     rows = []
     for L in lengths:
         entries = {name: m for name, m in models.items() if L <= 512 or name != "BERT-base"}
@@ -121,6 +123,8 @@ def fixed_length(models: dict, lengths, batches, device, reps, token_budget) -> 
                     f"({best['gflops']:.1f} GFLOP/s)",
                     flush=True,
                 )
+        if on_length is not None:
+            on_length(rows)
     return rows
 
 
@@ -386,9 +390,7 @@ def main() -> None:
         models["ModernBERT-base (flash-attn)"] = models.pop("ModernBERT-base")
     if 8192 in lengths:
         models["NeoBERT (YaRN x2)"] = build("neobert", device, dtype, yarn=True)
-    print("fixed lengths ...", flush=True)
-    fixed = fixed_length(models, lengths, batches, device, reps, budget)
-
+    # the real variable-length batches first: short, and a run cut at its time box still records them
     print("real variable-length batches ...", flush=True)
     var_models = {
         "NeoBERT padded": build("neobert", device, dtype, padding_free=False),
@@ -397,7 +399,22 @@ def main() -> None:
         "BERT-base": models["BERT-base"],
     }
     variable = variable_length(var_models, real_texts(), device, n_var, 32, reps)
-    mm_after = matmul_rate(device, dtype, 8192 if cuda else 2048)
+    stem = f"throughput_{'cuda' if cuda else 'cpu'}{'_quick' if args.quick else ''}"
+    record(stem, device, dtype, [], variable, mm, mm)
+    del var_models["NeoBERT padded"]
+    print("fixed lengths ...", flush=True)
+    fixed = fixed_length(models, lengths, batches, device, reps, budget, lambda rows: record(
+        stem, device, dtype, rows, variable, mm, mm))  # fmt: skip
+    md, j = record(
+        stem, device, dtype, fixed, variable, mm, matmul_rate(device, dtype, 8192 if cuda else 2048)
+    )
+    plot(json.loads(j.read_text()), j.with_suffix(".png"))
+    print("\n".join(md))
+    print(f"wrote {j}, {j.with_suffix('.md')}, {j.with_suffix('.png')}")
+
+
+def record(stem, device, dtype, fixed, variable, mm, mm_after) -> tuple[list[str], Path]:
+    """Write the rows measured so far (called after each part, so that a cut run keeps them)."""
     var = {r["model"]: r["tokens_per_s"] for r in variable}
     neo512 = next((r for r in fixed if r["model"] == "NeoBERT" and r["length"] == 512), None)
     summary = {
@@ -414,9 +431,13 @@ def main() -> None:
         "variable_length": variable,
         "summary": summary,
     }
-    md = ["| model | length | batch | tokens/s | GFLOP/s |", "|---|---|---|---|---|"]
+    md = [
+        "| model | length | batch | tokens/s | GFLOP/s | share of the matmul rate |",
+        "|---|---|---|---|---|---|",
+    ]
     md += [
-        f"| {r['model']} | {r['length']} | {r['batch']} | {r['tokens_per_s']:.0f} | {r['gflops']:.1f} |"
+        f"| {r['model']} | {r['length']} | {r['batch']} | {r['tokens_per_s']:.0f} | {r['gflops']:.1f} | "
+        f"{100 * r['gflops'] * 1e9 / mm:.0f}% |"
         for r in fixed
     ]
     md += ["", "| real variable-length text (random order, batches of 32) | real tokens/s |", "|---|---|"]
@@ -431,11 +452,8 @@ def main() -> None:
             f"- NeoBERT at 512 tokens: **{100 * summary['neobert_512_share_of_matmul_rate']:.0f}%** of the "
             "matrix-multiply rate"
         )
-    stem = f"throughput_{'cuda' if cuda else 'cpu'}{'_quick' if args.quick else ''}"
-    j, m = write_results(stem, payload, "\n".join(md) + "\n")
-    plot(payload, j.with_suffix(".png"))
-    print("\n".join(md))
-    print(f"wrote {j}, {m}, {j.with_suffix('.png')}")
+    j, _ = write_results(stem, payload, "\n".join(md) + "\n")
+    return md, j
 
 
 if __name__ == "__main__":

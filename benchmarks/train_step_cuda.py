@@ -104,9 +104,14 @@ def contrastive_step(folder: str, args, device, cached: bool):
     d = {k: v[: args.batch] for k, v in d.items()}
     labels = torch.zeros(args.batch, device=device)
 
+    # autocast wraps the model's forward, as accelerate's prepare() does in the trainers: GradCache re-embeds each
+    # mini-batch inside loss.backward(), so an autocast block around the loss alone would replay it in float32
+    model.forward = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")(
+        model.forward
+    )
+
     def run():
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-            loss = loss_fn([dict(q), dict(d)], labels)  # the loss writes its outputs into the dicts
+        loss = loss_fn([dict(q), dict(d)], labels)  # the loss writes its outputs into the dicts
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -258,6 +263,13 @@ def main() -> None:
         build_backbone(folder, QUICK_CONFIG if args.quick else {})
         for kind in args.steps.split(","):
             rows += measure(kind, folder, args, device, rate)
+            # after every kind: a run cut at its time box keeps its rows
+            md = record(args, device, rate, rows)
+    print(md.read_text())
+
+
+def record(args, device, rate: float, rows: list[dict]) -> Path:
+    """Write the rows so far as this run's record."""
     peak = args.peak_tflops * 1e12 if device.type == "cuda" else rate
     keys = ("batch", "length", "mini", "n_context", "chunk", "compile", "loss_batch", "loss_mini")
     settings = {k: getattr(args, k) for k in keys}
@@ -289,8 +301,7 @@ def main() -> None:
         "only for comparison.",
     ]
     stem = f"train_step_{'cpu_quick' if args.quick else device.type}{'_compiled' if args.compile else ''}"
-    write_results(stem, payload, "\n".join(md) + "\n")
-    print("\n".join(md))
+    return write_results(stem, payload, "\n".join(md) + "\n")[1]
 
 
 if __name__ == "__main__":
