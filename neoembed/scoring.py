@@ -6,7 +6,8 @@ the B x N logits alone need gigabytes, and a broadcast cosine (B x N x d) cannot
 scalar, so its gradients can be formed while the rows are walked: for a chunk of rows, the logits
 ``cos(r_i, c_j) / tau``, their log-sum-exp, and ``softmax - target`` times the other side give the chunk's
 loss and its share of both gradients; the chunk is then dropped, and the backward pass only scales what was
-formed. Peak memory: the embeddings, their gradients and one chunk of logits and masks; work: the three
+formed. Peak memory: the embeddings, an fp32 copy of each matrix given in segments or in lower precision,
+their gradients and one chunk of logits and masks; work: the three
 matrix products of the plain composition (normalise, matmul, masked_fill, cross_entropy), to which the
 result and its gradients are equal within fp32 rounding.
 
@@ -17,15 +18,15 @@ query-query, document-query, document-document). ``mask(rows, cos)`` gets the sl
 their (len(rows), N) fp32 cosines and returns the entries to drop (True), or None.
 
 A matrix may be given as a list of segments (the mini-batches GradCache embedded, or the columns
-positive, negative_1, ...): they are read in place, never concatenated, so the gradients handed back are
-the only copy. The row matrices' segments must have equal lengths.
+positive, negative_1, ...): they are joined once into one fp32 buffer (the copy that bf16 embeddings need
+anyway), so that a chunk costs a few large matrix products, not a few per segment, and each segment's
+gradient comes back as a view of one buffer. The row matrices' segments must have equal lengths.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from itertools import pairwise
 
 import torch
 from torch import Tensor
@@ -35,8 +36,11 @@ __all__ = ["Block", "MaskFn", "chunk_rows", "contrastive_loss"]
 #: (rows of the chunk, their (len(rows), N) fp32 cosines) -> True where an entry leaves the softmax, or None
 MaskFn = Callable[[slice, Tensor], "Tensor | None"]
 
-#: logits held at once, in elements (32 MiB of fp32): large enough for full-speed matrix products
+#: logits held at once, in elements (32 MiB of fp32): large enough for full-speed matrix products on a CPU
 CHUNK_ELEMENTS = 1 << 23
+#: on a GPU (256 MiB of fp32): each chunk reads the whole column matrix, so fewer, larger chunks; at B = 65,536
+#: with one hard negative, 512 rows a chunk
+CHUNK_ELEMENTS_CUDA = 1 << 26
 
 _EPS = 1e-12  # F.normalize's: a vector is divided by max(|x|, eps)
 
@@ -95,62 +99,46 @@ def _normalise_backward(grad_unit: Tensor, x: Tensor, inv: Tensor) -> Tensor:
 
 
 class _Side:
-    """One matrix of the loss as segments: fp32 views, inverse norms and (when wanted) gradient buffers."""
+    """One matrix of the loss, its segments (GradCache's mini-batches) joined in one fp32 buffer, with its
+    inverse norms and (when wanted) one gradient buffer. Joined, a chunk costs a few matrix products whatever
+    the number of segments (per segment, B = 65,536 in mini-batches of 1,024 took 36x the kernel launches of
+    sentence-transformers' loss); the join is the fp32 copy that bf16 embeddings need anyway."""
 
     def __init__(self, segments: Sequence[Tensor], want_grad: bool):
-        self.segs = [s if s.dtype in (torch.float32, torch.float64) else s.float() for s in segments]
-        self.inv = [_inverse_norms(s) for s in self.segs]
-        self.inv_all = torch.cat(self.inv)
-        self.grads = [torch.zeros_like(s) for s in self.segs] if want_grad else None
-        self.bounds = [0]
-        for s in self.segs:
-            self.bounds.append(self.bounds[-1] + len(s))
+        dtype = torch.float64 if any(s.dtype == torch.float64 for s in segments) else torch.float32
+        self.lengths = [len(s) for s in segments]
+        if len(segments) == 1:
+            self.x = segments[0].detach().to(dtype)
+        else:
+            self.x = torch.cat([s.detach() for s in segments]).to(dtype)
+        self.inv = _inverse_norms(self.x)
+        self.grad = torch.zeros_like(self.x) if want_grad else None
 
     def __len__(self) -> int:
-        return self.bounds[-1]
-
-    def pieces(self, lo: int, hi: int):
-        """(segment, rows of the segment, rows of the range) for the rows ``lo:hi`` of the matrix."""
-        for j, (a, b) in enumerate(pairwise(self.bounds)):
-            if a < hi and lo < b:
-                yield j, slice(max(lo, a) - a, min(hi, b) - a), slice(max(lo, a) - lo, min(hi, b) - lo)
+        return len(self.x)
 
     def units(self, lo: int, hi: int) -> Tensor:
         """Rows ``lo:hi`` divided by their norms (a copy of one chunk)."""
-        parts = [self.segs[j][r] * self.inv[j][r, None] for j, r, _ in self.pieces(lo, hi)]
-        return parts[0] if len(parts) == 1 else torch.cat(parts)
+        return self.x[lo:hi] * self.inv[lo:hi, None]
 
     def cos(self, units: Tensor) -> Tensor:
-        """(len(units), len(self)) cosines of unit rows with this side's vectors, in one buffer."""
-        if len(self.segs) == 1:
-            out = units @ self.segs[0].T
-        else:
-            out = units.new_empty(len(units), len(self))
-            for seg, (a, b) in zip(self.segs, pairwise(self.bounds), strict=True):
-                torch.mm(units, seg.T, out=out[:, a:b])
-        return out.mul_(self.inv_all[None, :])
+        """(len(units), len(self)) cosines of unit rows with this side's vectors."""
+        return (units @ self.x.T).mul_(self.inv[None, :])
 
     def add_row_grads(self, lo: int, hi: int, grad: Tensor) -> None:
-        for j, r, g in self.pieces(lo, hi):
-            self.grads[j][r] += grad[g]
+        self.grad[lo:hi] += grad
 
     def add_col_grads(self, p: Tensor, units: Tensor) -> None:
-        """Column gradients ``p^T units`` into each segment's buffer."""
-        for grad, (a, b) in zip(self.grads, pairwise(self.bounds), strict=True):
-            grad.addmm_(p[:, a:b].T, units)
+        """Column gradients ``p^T units``."""
+        self.grad.addmm_(p.T, units)
 
     def times(self, p: Tensor) -> Tensor:
         """``p`` (rows x len(self)) times this side's vectors."""
-        out = None
-        for seg, (a, b) in zip(self.segs, pairwise(self.bounds), strict=True):
-            out = p[:, a:b] @ seg if out is None else out.addmm_(p[:, a:b], seg)
-        return out
+        return p @ self.x
 
     def backward(self, weight: float) -> list[Tensor]:
-        return [
-            _normalise_backward(g, s, inv).mul_(weight)
-            for g, s, inv in zip(self.grads, self.segs, self.inv, strict=True)
-        ]
+        """The gradient of each segment (views of one buffer)."""
+        return list(_normalise_backward(self.grad, self.x, self.inv).mul_(weight).split(self.lengths))
 
 
 class _ChunkedSoftmaxCE(torch.autograd.Function):
@@ -176,11 +164,12 @@ class _ChunkedSoftmaxCE(torch.autograd.Function):
             at += count
         n = len(rows[0])
         weight = (1.0 / n if reduction == "mean" else 1.0) / tau
-        step = chunk or chunk_rows(n, sum(len(cols[b.col]) for b in blocks))
+        budget = CHUNK_ELEMENTS_CUDA if tensors[0].device.type == "cuda" else CHUNK_ELEMENTS
+        step = chunk or chunk_rows(n, sum(len(cols[b.col]) for b in blocks), budget)
         total = torch.zeros((), dtype=torch.float64, device=tensors[0].device)
         for start in range(0, n, step):
             total += _chunk(blocks, rows, cols, slice(start, min(n, start + step)), tau, offset, want)
-        out = total.to(rows[0].segs[0].dtype) * (weight * tau)
+        out = total.to(rows[0].x.dtype) * (weight * tau)
         if want:
             grads = [g for side in rows + cols for g in side.backward(weight)]
             ctx.save_for_backward(*grads)
@@ -191,7 +180,9 @@ class _ChunkedSoftmaxCE(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_output: Tensor):
         # in place: the buffers are this call's own (once_differentiable), and a copy would double the peak
-        grads = [g.mul_(grad_output).to(dtype) for g, dtype in zip(ctx.saved_tensors, ctx.dtypes, strict=True)]
+        grads = [
+            g.mul_(grad_output).to(dtype) for g, dtype in zip(ctx.saved_tensors, ctx.dtypes, strict=True)
+        ]
         return (None, *grads)
 
 
@@ -218,7 +209,7 @@ def _chunk(blocks, rows, cols, sl, tau, offset, want) -> Tensor:
                 p[own, target] -= 1.0
             side = cols[block.col]
             side.add_col_grads(p, units[block.row])
-            p.mul_(side.inv_all[None, :])  # d cos_ij / d u_i = c_j / |c_j|
+            p.mul_(side.inv[None, :])  # d cos_ij / d u_i = c_j / |c_j|
             g = side.times(p)
             grad_units[block.row] = g if grad_units[block.row] is None else grad_units[block.row].add_(g)
         for side, g in zip(rows, grad_units, strict=True):

@@ -195,3 +195,32 @@ def test_no_chunk_of_logits_exceeds_its_budget(monkeypatch):
     assert shapes and max(r * n for r, n in shapes) <= 600
     assert sum(r for r, _ in shapes) == 50
     assert torch.allclose(loss, _plain(q.detach(), c.detach(), 0.07), rtol=1e-6)
+
+
+def test_the_operations_of_a_chunk_do_not_grow_with_the_segments(monkeypatch):
+    """GradCache hands the loss its mini-batches as segments: a chunk scored segment by segment made
+    B = 65,536 in mini-batches of 1,024 launch 36x the kernels of sentence-transformers' loss (8.9 s against
+    1.25 s on an H200). The number of tensor operations must not depend on how the matrices are cut."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.n += 1
+            return func(*args, **(kwargs or {}))
+
+    monkeypatch.setattr(scoring, "CHUNK_ELEMENTS", 4 * 3 * 64)  # 4 rows a chunk: 16 chunks
+    q, c, _ = _data(b=64, n_cols=3, dtype=torch.float32)
+
+    def ops(segments: int) -> int:
+        rows = [x.requires_grad_() for x in q.clone().tensor_split(segments)]
+        cols = [x.requires_grad_() for x in c.clone().tensor_split(3 * segments)]
+        with Count() as count:
+            contrastive_loss([rows], [cols], [Block(0, 0)], 0.07).backward()
+        return count.n
+
+    whole, cut = ops(1), ops(16)
+    assert cut < whole + 6 * 16 * 4, (whole, cut)  # a few joins and splits per segment, nothing per chunk
