@@ -39,7 +39,7 @@ CASES: dict[str, tuple[list[str], list[str], list[str]]] = {
     ),
     # GradCache in mini-batches of 4: 4 per step at the per-process batch of 16
     "cached": (
-        ["train", "tiny", "loss=cached_infonce", "cache_mini_batch_size=4"],
+        ["train", "tiny", "loss.name=cached_infonce", "loss.mini_batch_size=4"],
         [], ["batch_size=32", "datasets=" + TINY_SETS % 16],
     ),
     "cde": (["train", "cde-tiny"], [], []),

@@ -177,7 +177,7 @@ def _probed_run(
 
 
 @pytest.mark.parametrize(
-    "loss", [["loss=infonce"], ["loss=cached_infonce", "cache_mini_batch_size=4"]], ids=["plain", "cached"]
+    "loss", [["loss.name=infonce"], ["loss.name=cached_infonce", "loss.mini_batch_size=4"]], ids=["plain", "cached"]
 )
 def test_unified_trainer_reduces_gradients_once_per_step_in_ddp_buckets(tmp_path, loss):
     """3 optimizer steps of `neoembed train tiny` on 2 processes: each step one DDP bucket reduction holding every

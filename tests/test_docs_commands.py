@@ -98,7 +98,7 @@ HOW = {
         "neoembed convert chandar-lab/NeoBERT runs/neobert": "hub",
         "neoembed mteb --model my-model --tasks STS13,SciFact --precision bf16": "hub",
         "neoembed mteb --model my-model --data-dir ../shared/data/mteb": "run",
-        "neoembed train neobert-unified steps=500 optimizer.lr=2e-5 loss=cached_infonce": "hub",
+        "neoembed train neobert-unified steps=500 optimizer.lr=2e-5 loss.name=cached_infonce": "hub",
         'neoembed train neobert-unified "matryoshka.dims=[768,256,64]" false_negatives.margin=0.1': "hub",
         "neoembed train neobert-unified --dry-run": "run",
         "neoembed train tiny": "run",
@@ -147,7 +147,7 @@ HOW = {
         "neoembed train my.yaml --overwrite": "slow",
         "neoembed train neobert-unified --dry-run": "run",
         "accelerate launch --num_processes 8 -m neoembed train neobert-unified gather_across_devices=true": "hub",
-        'neoembed train tiny output_dir=runs/tiny-mrl "matryoshka.dims=[32,16,8]" loss=cached_infonce': "run",
+        'neoembed train tiny output_dir=runs/tiny-mrl "matryoshka.dims=[32,16,8]" loss.name=cached_infonce': "run",
         "neoembed train tiny output_dir=runs/tiny-fn false_negatives.margin=0.1 improved_contrastive=true": "run",
         "neoembed mine recipes/tiny/cards/pydoc_names.yaml --model recipes/tiny/model --out runs/pydoc-mined -k 2"
         " --max-length 64": "run",

@@ -121,8 +121,8 @@ def test_loss_registry_builds_from_a_recipe_and_fails_loudly(tiny):
     from neoembed.recipe import RecipeError, load_recipe
     from neoembed.train.recipe import UnifiedRecipe
 
-    recipe = load_recipe("tiny", UnifiedRecipe, ["temperature=0.05", "cache_mini_batch_size=4"])
-    assert recipe.loss == "infonce"
+    recipe = load_recipe("tiny", UnifiedRecipe, ["temperature=0.05", "loss.name=cached_infonce", "loss.mini_batch_size=4"])
+    assert recipe.loss.name == "cached_infonce"
     plain = build_loss("infonce", tiny, recipe)
     cached = build_loss("cached_infonce", tiny, recipe)
     assert isinstance(plain, InfoNCELoss) and plain.tau == 0.05
@@ -132,8 +132,31 @@ def test_loss_registry_builds_from_a_recipe_and_fails_loudly(tiny):
     with pytest.raises(ValueError, match=r"unknown loss 'triplet'; valid: \['cached_infonce', 'infonce'\]"):
         build_loss("triplet", tiny, recipe)
     with pytest.raises(RecipeError, match=r"unknown loss 'triplet'; valid"):
-        load_recipe("tiny", UnifiedRecipe, ["loss=triplet"])
-    assert load_recipe("tiny", UnifiedRecipe, ["loss=cached_infonce"]).loss == "cached_infonce"
+        load_recipe("tiny", UnifiedRecipe, ["loss.name=triplet"])
+    assert load_recipe("tiny", UnifiedRecipe, []).loss.name == "infonce"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["loss=cached_infonce"], r"write loss: \{name: cached_infonce\} \(on the command line: loss.name=cached_infonce\)"),
+        (
+            ["cache_mini_batch_size=4"],
+            r"write loss: \{name: cached_infonce, mini_batch_size: 4\} \(on the command line: "
+            r"loss.name=cached_infonce loss.mini_batch_size=4\)",
+        ),
+        (["loss.mini_batch_size=4"], r"loss.mini_batch_size is read by cached_infonce only, not by infonce"),
+        (["loss.temperature=0.05"], r"unknown key 'loss.temperature'"),
+    ],
+)
+def test_a_loss_key_is_refused_where_no_loss_reads_it(overrides, message):
+    """The loss is a sub-config: its old top-level keys are refused with the new form, and an option of another
+    loss is refused rather than silently ignored (cache_mini_batch_size under infonce was)."""
+    from neoembed.recipe import RecipeError, load_recipe
+    from neoembed.train.recipe import UnifiedRecipe
+
+    with pytest.raises(RecipeError, match=message):
+        load_recipe("tiny", UnifiedRecipe, overrides)
 
 
 def test_length_groups_partition_the_rows_into_sorted_runs():

@@ -249,7 +249,7 @@ def test_matryoshka_recipe_trains_saves_and_reloads_truncated(tmp_path, tiny_off
             f"output_dir={tmp_path / 'run'}",
             "datasets=[{card: pydoc_names, max_rows: 32}]",
         ]
-        + ["steps=3", "save_steps=100", "loss=cached_infonce", "cache_mini_batch_size=4"]
+        + ["steps=3", "save_steps=100", "loss.name=cached_infonce", "loss.mini_batch_size=4"]
         + ["matryoshka.dims=[64,32,16]", "false_negatives.margin=0.1"],
     )
     out = train(recipe, recipe_dir=tiny_recipe.parent)

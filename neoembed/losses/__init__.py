@@ -18,13 +18,18 @@ Both classes are thin overrides of the sentence-transformers losses: they reuse 
 cross-device gathering, and replace only the scoring (temperature, duplicate mask, reduction). The plain loss
 also encodes each batch in length groups (:func:`embed_by_length`): the same rows, fewer padding tokens.
 
-Recipes name their loss (``loss: infonce``); :data:`LOSSES` maps the names to the classes, and each class builds
-itself from a recipe (``from_recipe``) and scores bare embeddings (``embedding_loss``, which CDE's two-stage
-step calls). A new loss is one class with those two methods, one entry in :data:`LOSSES` and its test.
+Recipes name their loss in a sub-config (``loss: {name: cached_infonce, mini_batch_size: 32}``, a
+:class:`LossConfig`); :data:`LOSSES` maps the names to the classes, each class lists the sub-config's keys it
+reads (``recipe_options``: another loss's key is refused, not ignored), builds itself from a recipe
+(``from_recipe``) and scores bare embeddings (``embedding_loss``, which CDE's two-stage step calls). A new loss
+is one class with those, one entry in :data:`LOSSES` and its test.
 """
 
 from __future__ import annotations
 
+from pydantic import PositiveInt, field_validator, model_validator
+
+from neoembed.config import StrictModel
 from neoembed.losses.cached import CachedInfoNCELoss
 from neoembed.losses.contrastive import improved_info_nce, info_nce
 from neoembed.losses.distillation import DISTILLATION_LOSSES, DistillationConfig, kl_distillation, margin_mse
@@ -47,6 +52,7 @@ __all__ = [
     "DistillationConfig",
     "FalseNegativeConfig",
     "InfoNCELoss",
+    "LossConfig",
     "MatryoshkaConfig",
     "build_loss",
     "check_loss_name",
@@ -76,6 +82,32 @@ def check_loss_name(name: str) -> str:
     if name not in LOSSES:
         raise ValueError(f"unknown loss {name!r}; valid: {sorted(LOSSES)}")
     return name
+
+
+class LossConfig(StrictModel):
+    """``loss:`` of a unified recipe: a loss of :data:`LOSSES` by ``name``, with the options it reads."""
+
+    name: str = "infonce"
+    mini_batch_size: PositiveInt = 32  # cached_infonce: texts per GradCache mini-batch
+
+    @field_validator("name")
+    @classmethod
+    def _registered(cls, v):
+        return check_loss_name(v)
+
+    @model_validator(mode="after")
+    def _options_of_this_loss(self):
+        takes = LOSSES[self.name].recipe_options
+        foreign = sorted(self.model_fields_set - {"name", *takes})
+        if foreign:
+            readers = {k: sorted(n for n, c in LOSSES.items() if k in c.recipe_options) for k in foreign}
+            raise ValueError(
+                "; ".join(
+                    f"loss.{k} is read by {' and '.join(readers[k]) or 'no loss'} only" for k in foreign
+                )
+                + f", not by {self.name} (its options: {list(takes) or 'none'})"
+            )
+        return self
 
 
 def build_loss(name: str, model, recipe):

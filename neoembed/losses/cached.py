@@ -44,10 +44,11 @@ class CachedInfoNCELoss(_InfoNCEMixin, CachedMultipleNegativesRankingLoss):
         )
 
     embedding_loss = staticmethod(info_nce)  # the same loss as InfoNCELoss's
+    recipe_options = ("mini_batch_size",)  # the keys of the recipe's loss sub-config it reads
 
     @classmethod
     def from_recipe(cls, model, recipe) -> CachedInfoNCELoss:
-        return cls(model, **_recipe_settings(recipe), mini_batch_size=recipe.cache_mini_batch_size)
+        return cls(model, **_recipe_settings(recipe), mini_batch_size=recipe.loss.mini_batch_size)
 
     def calculate_loss(
         self, reps: list[list[Tensor]], labels: Tensor | None = None, *, with_backward: bool = False

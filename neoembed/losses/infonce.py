@@ -212,6 +212,8 @@ def _objective_config(loss) -> dict:
 class InfoNCELoss(_InfoNCEMixin, MultipleNegativesRankingLoss):
     """InfoNCE with temperature ``tau`` (default 0.07), duplicate masking and mean/sum reduction."""
 
+    recipe_options: tuple[str, ...] = ()  # the keys of the recipe's loss sub-config it reads
+
     def __init__(
         self,
         model,

@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field, PositiveInt, field_validator, model_validator
 
 from neoembed.instructions import DEFAULT_TEMPLATE
-from neoembed.losses import DistillationConfig, FalseNegativeConfig, MatryoshkaConfig
+from neoembed.losses import DistillationConfig, FalseNegativeConfig, LossConfig, MatryoshkaConfig
 from neoembed.recipe import (
     AdapterConfig,
     DatasetEntry,
@@ -47,8 +47,8 @@ class UnifiedRecipe(RunSettings):
     # a text repeats across rows (a query with several positives, a mined negative that is another row's positive)
     no_duplicates: bool | Literal["auto"] = "auto"
     reduction: Literal["mean", "sum"] = "mean"
-    loss: str = "infonce"  # a name in neoembed.losses.LOSSES: infonce, cached_infonce (GradCache)
-    cache_mini_batch_size: PositiveInt = 32  # cached_infonce: the GradCache mini-batch
+    # {name: infonce} or {name: cached_infonce, mini_batch_size: 32} (GradCache: same loss, memory of a mini-batch)
+    loss: LossConfig = LossConfig()
     # infonce: encode each batch in groups of rows of similar length (same rows, fewer padding tokens)
     group_by_length: bool = True
     gather_across_devices: bool = False
@@ -74,12 +74,26 @@ class UnifiedRecipe(RunSettings):
             pooling_mode(v)
         return v
 
-    @field_validator("loss")
+    @model_validator(mode="before")
     @classmethod
-    def _registered_loss(cls, v):
-        from neoembed.losses import check_loss_name
-
-        return check_loss_name(v)
+    def _old_loss_keys(cls, data):
+        """The loss's keys before it became a sub-config: refused with the new form (not silently ignored)."""
+        if not isinstance(data, dict):
+            return data
+        old, mini = data.get("loss"), data.get("cache_mini_batch_size")
+        if isinstance(old, str) or mini is not None:
+            name = old if isinstance(old, str) else "cached_infonce"
+            new = f"{{name: {name}" + (f", mini_batch_size: {mini}" if mini is not None else "") + "}"
+            flags = f"loss.name={name}" + (f" loss.mini_batch_size={mini}" if mini is not None else "")
+            given = " and ".join(
+                f"{k}: {data[k]}"
+                for k in ("loss", "cache_mini_batch_size")
+                if isinstance(data.get(k), (str, int))
+            )
+            raise ValueError(
+                f"{given}: the loss is a sub-config now; write loss: {new} (on the command line: {flags})"
+            )
+        return data
 
     @model_validator(mode="after")
     def _one_batch_rule(self):

@@ -642,7 +642,7 @@ def _fit(trainer, checkpoint: Path | None, stop: StopSignal, recipe: UnifiedReci
             trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
     except torch.OutOfMemoryError as e:
         raise TrainingStopped(
-            "out of memory: lower batch_size, enable GradCache with loss=cached_infonce cache_mini_batch_size=32 (same loss, memory of "
+            "out of memory: lower batch_size, enable GradCache with loss.name=cached_infonce loss.mini_batch_size=32 (same loss, memory of "
             f"one mini-batch), or shorten max_length (now {recipe.max_length}). ({e})"
         ) from None
     finally:
@@ -700,7 +700,7 @@ def train(
             model=model,
             args=_training_args(recipe, output, full_sizes),
             train_dataset=datasets,
-            loss=build_loss(recipe.loss, model, recipe),
+            loss=build_loss(recipe.loss.name, model, recipe),
             batch_sizes=batch_sizes,
             samplers=samplers,
             settings=settings,
