@@ -243,7 +243,7 @@ def test_signal_while_the_final_model_is_moved_in_waits(tmp_path, monkeypatch):
             sent.append(os.kill(os.getpid(), signal.SIGINT))
         real(a, b)
 
-    monkeypatch.setattr(runs.os, "replace", replace)
+    monkeypatch.setattr(os, "replace", replace)
 
     def save(folder: Path) -> None:
         (folder / "1_Pooling").mkdir(parents=True)
@@ -330,12 +330,10 @@ def test_read_only_output_folder_is_refused_before_training(tmp_path, capsys, mo
     """(os.access is stubbed: the test may run as root, whom mode bits do not stop.)"""
     import os
 
-    import neoembed.runs as runs
-
     out = tmp_path / "ro"
     out.mkdir()
     real = os.access
-    monkeypatch.setattr(runs.os, "access", lambda p, mode: False if Path(p) == out else real(p, mode))
+    monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == out else real(p, mode))
     code, msg = _cli(capsys, monkeypatch, "train", str(RECIPES / "tiny.yaml"), f"output_dir={out}")
     assert code == 2 and f"{out} is not writable" in msg, msg
     assert list(out.iterdir()) == []

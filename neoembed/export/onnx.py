@@ -34,7 +34,8 @@ from neoembed.export.cpu import int8_saturates, isa_suffix
 from neoembed.export.runtime import DEFAULT_FILE, ONNX_SUBFOLDER, OUTPUT_NAME, PACKED_INPUTS
 from neoembed.loading import load
 from neoembed.progress import library_noise
-from neoembed.runs import TrainingInterrupted, _FinalSaveSignals, _Signalled
+from neoembed.runs import TrainingInterrupted
+from neoembed.runs.signals import _FinalSaveSignals, _Signalled
 
 logger = logging.getLogger(__name__)
 

@@ -33,7 +33,8 @@ from neoembed.mine.miner import _prepare_output_dir, check_model_kind, model_kin
 from neoembed.progress import bar as progress_bar
 from neoembed.recipe import StrictModel
 from neoembed.record import atomic_write_text, file_sha256
-from neoembed.runs import OutputDirError, TrainingInterrupted, _FinalSaveSignals, _Signalled, model_identity
+from neoembed.runs import OutputDirError, TrainingInterrupted, model_identity
+from neoembed.runs.signals import _FinalSaveSignals, _Signalled
 
 __all__ = ["ScoreConfig", "ScoreResult", "ScoringInterrupted", "score_card", "teacher_kind"]
 

@@ -1,0 +1,133 @@
+"""Run-folder plumbing shared by neoembed's training loops (pre-training, CDE, and the unified trainer through
+its callbacks) and by every command that writes an output folder, one module per role:
+
+- :mod:`~neoembed.runs.folder`: **an output folder is never silently reused** (:func:`prepare_output_dir`): a
+  non-empty folder is an error unless the caller says ``resume`` (the folder's run must be this run: same recipe,
+  up to the settings that do not change the trajectory) or ``overwrite`` (the folder is cleared);
+- :mod:`~neoembed.runs.checkpoints`: **checkpoints survive any kill** (:func:`stage_checkpoint`,
+  :func:`commit_checkpoint`, :func:`find_resume_checkpoint`): written to ``.checkpoint-N.partial``, every file's
+  size and SHA-256 in a completion marker written last, then renamed to ``checkpoint-N``; a resume takes the
+  newest checkpoint whose marker and files agree and says which it skipped and why;
+- :mod:`~neoembed.runs.errors` and :mod:`~neoembed.runs.signals`: **exit codes tell the truth**:
+  :class:`TrainingInterrupted` (SIGINT 130, SIGTERM 143) after the checkpoint, :class:`TrainingStopped` (1) for a
+  run that cannot go on, ``ValueError`` / ``OSError`` (2) for bad input;
+- :mod:`~neoembed.runs.lock`: **one writer per output folder** (:func:`output_lock`): an OS lock (``flock``) on
+  ``.<folder>.neoembed-lock`` beside it for the whole run; a second writer is refused (exit 2) naming the holder;
+- :mod:`~neoembed.runs.metrics`: ``metrics.jsonl``, ``training_curves.png`` and trackers, trimmed to the resumed
+  step, and a report of a run whose loss and gradient stay at zero (:class:`MetricsLog`);
+- :mod:`~neoembed.runs.checks` (inputs checked before any work), :mod:`~neoembed.runs.optim` (parameter groups),
+  :mod:`~neoembed.runs.results` (the results folder of one scored model).
+"""
+
+from __future__ import annotations
+
+from neoembed.runs.checkpoints import (
+    CHECKPOINT_MARKER,
+    commit_checkpoint,
+    find_resume_checkpoint,
+    list_checkpoints,
+    prune_checkpoints,
+    run_identity,
+    stage_checkpoint,
+    verify_checkpoint,
+    write_failed,
+)
+from neoembed.runs.checks import (
+    check_device,
+    check_pair_counts,
+    check_pairs,
+    check_weight_files,
+    require_module,
+)
+from neoembed.runs.errors import (
+    SIGNAL_EXIT,
+    CheckpointWriteError,
+    OutputDirError,
+    OutputLockedError,
+    TrainingInterrupted,
+    TrainingStopped,
+)
+from neoembed.runs.folder import (
+    NON_TRAJECTORY_KEYS,
+    RECORD,
+    prepare_output_dir,
+    resume_defaults,
+    resume_settings,
+)
+from neoembed.runs.lock import lock_path, output_lock
+from neoembed.runs.metrics import (
+    DEGENERATE_ROWS,
+    TRACKER_PROJECT,
+    TRACKERS,
+    MetricsLog,
+    MissingTracker,
+    check_mlflow_store,
+    check_trackers,
+    progress_line,
+    recipe_hyperparameters,
+    tensorboard_hparams,
+    trim_metrics,
+)
+from neoembed.runs.optim import param_groups
+from neoembed.runs.results import (
+    MODEL_RECORD,
+    WEIGHT_SUFFIXES,
+    claim_results_dir,
+    default_results_dir,
+    model_identity,
+)
+from neoembed.runs.signals import (
+    FinalSaveInterrupted,
+    StopSignal,
+    save_final_model,
+)
+
+__all__ = [
+    "DEGENERATE_ROWS",
+    "MODEL_RECORD",
+    "NON_TRAJECTORY_KEYS",
+    "RECORD",
+    "SIGNAL_EXIT",
+    "WEIGHT_SUFFIXES",
+    "require_module",
+    "CHECKPOINT_MARKER",
+    "CheckpointWriteError",
+    "FinalSaveInterrupted",
+    "MetricsLog",
+    "MissingTracker",
+    "OutputDirError",
+    "OutputLockedError",
+    "StopSignal",
+    "TRACKERS",
+    "TRACKER_PROJECT",
+    "TrainingInterrupted",
+    "TrainingStopped",
+    "check_device",
+    "check_mlflow_store",
+    "check_pair_counts",
+    "check_pairs",
+    "check_trackers",
+    "check_weight_files",
+    "claim_results_dir",
+    "commit_checkpoint",
+    "default_results_dir",
+    "find_resume_checkpoint",
+    "list_checkpoints",
+    "lock_path",
+    "model_identity",
+    "output_lock",
+    "param_groups",
+    "prepare_output_dir",
+    "progress_line",
+    "prune_checkpoints",
+    "recipe_hyperparameters",
+    "resume_defaults",
+    "resume_settings",
+    "run_identity",
+    "save_final_model",
+    "stage_checkpoint",
+    "tensorboard_hparams",
+    "trim_metrics",
+    "verify_checkpoint",
+    "write_failed",
+]

@@ -1,0 +1,47 @@
+"""The exceptions of a run and the exit statuses they map to (1 stopped, 2 bad input, 130 / 143 signals)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    pass
+
+
+
+# Exit statuses of a run stopped by a signal, as a shell reports a process killed by it (128 + number).
+SIGNAL_EXIT = {"SIGINT": 130, "SIGTERM": 143}
+
+
+class TrainingStopped(RuntimeError):
+    """A run stopped before its end (NaN/inf loss, out of memory, a checkpoint that could not be written); the
+    message says why and what to do. The command line exits with status 1, printing ``label: message``."""
+
+    exit_code = 1
+    label = "training stopped"
+
+
+class TrainingInterrupted(TrainingStopped):
+    """SIGINT / SIGTERM: the run wrote a checkpoint and stopped; ``--resume`` continues it. Exit 130 / 143."""
+
+    def __init__(self, signal_name: str, checkpoint: Path | None):
+        self.signal_name, self.checkpoint = signal_name, checkpoint
+        self.exit_code = SIGNAL_EXIT.get(signal_name, 1)
+        super().__init__(
+            f"stopped by {signal_name}; checkpoint {checkpoint} written: continue with --resume"
+            if checkpoint is not None
+            else f"stopped by {signal_name} before the first step; nothing to resume"
+        )
+
+
+class CheckpointWriteError(TrainingStopped):
+    """A checkpoint could not be written (a full disk, say); the previous checkpoint is intact."""
+
+
+class OutputDirError(ValueError):
+    """An output folder that cannot be used as asked (exit 2); the message names the fix."""
+
+
+class OutputLockedError(OutputDirError):
+    """Another process is writing the output folder (exit 2); the message names the folder and the holder."""

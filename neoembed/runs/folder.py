@@ -1,0 +1,226 @@
+"""An output folder is never silently reused: a non-empty folder is an error unless the caller says ``resume``
+(the folder's run must be this run: same recipe, up to the settings that do not change the trajectory) or
+``overwrite`` (the folder is cleared)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from neoembed.record import RUN_RECORD
+from neoembed.runs.checkpoints import (
+    CHECKPOINT_MARKER,
+    find_resume_checkpoint,
+    list_checkpoints,
+)
+from neoembed.runs.errors import OutputDirError
+
+if TYPE_CHECKING:
+    pass
+
+logger = logging.getLogger(__name__)
+
+
+RECORD = RUN_RECORD
+# Recipe keys that say where and how often a run writes, not what it computes: a resume may change them. ``eval``
+# (evaluation during training) restores every random stream after scoring, so it does not move the training either.
+NON_TRAJECTORY_KEYS = frozenset(
+    {
+        "output_dir",
+        "save_steps",
+        "save_total_limit",
+        "logging_steps",
+        "report_to",
+        "clustering.cache_dir",
+        "eval",
+    }
+)
+
+
+def resume_settings(recipe: Any) -> dict[str, Any]:
+    """The recipe's settings that decide a run's trajectory, flattened to ``a.b`` keys (compared on resume)."""
+    data = recipe.model_dump(mode="json") if hasattr(recipe, "model_dump") else dict(recipe)
+    flat: dict[str, Any] = {}
+
+    def walk(node, prefix):
+        for key, value in node.items():
+            name = f"{prefix}{key}"
+            if name == "eval" and isinstance(value, dict) and value.get("holdout") is not None:
+                flat["eval.holdout"] = value["holdout"]  # the held-out rows are taken out of training
+            if name in NON_TRAJECTORY_KEYS:
+                continue
+            if isinstance(value, dict) and value:
+                walk(value, name + ".")
+            else:
+                flat[name] = value
+
+    walk(data, "")
+    return flat
+
+
+def resume_defaults(recipe: Any) -> dict[str, Any]:
+    """The defaults of the recipe's fields, flattened as :func:`resume_settings` flattens its values. A run
+    recorded before a field existed ran with that field's default behaviour (fields are added with defaults that
+    keep it), so on resume a key missing from the folder's run and at its default now is not a difference."""
+    from pydantic import BaseModel
+    from pydantic_core import to_jsonable_python
+
+    flat: dict[str, Any] = {}
+
+    def walk(model: BaseModel, prefix: str) -> None:
+        for name, field in type(model).model_fields.items():
+            value = getattr(model, name)
+            if isinstance(value, BaseModel):
+                walk(value, f"{prefix}{name}.")
+            elif not field.is_required():
+                flat[f"{prefix}{name}"] = to_jsonable_python(field.get_default(call_default_factory=True))
+
+    if isinstance(recipe, BaseModel):
+        walk(recipe, "")
+    return flat
+
+
+
+
+def _describe(folder: Path, limit: int = 5) -> str:
+    names = sorted(p.name for p in folder.iterdir())
+    return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def _saved_settings(output: Path) -> dict[str, Any] | None:
+    """The trajectory settings of the run that wrote ``output``: its run record, else its newest marker."""
+    record = output / RECORD
+    if record.is_file():
+        with contextlib.suppress(ValueError, OSError):
+            saved = json.loads(record.read_text()).get("resume_settings")
+            if saved is not None:
+                return saved
+    for ckpt in reversed(list_checkpoints(output)):
+        with contextlib.suppress(ValueError, OSError):
+            saved = json.loads((ckpt / CHECKPOINT_MARKER).read_text()).get("resume_settings")
+            if saved is not None:
+                return saved
+    return None
+
+
+def _differences(saved: dict[str, Any], now: dict[str, Any], defaults: dict[str, Any]) -> list[str]:
+    missing = "(not set)"
+    # a key the folder's run predates is no difference while it is at its default now
+    keys = sorted(k for k in set(saved) | set(now) if k in saved or now[k] != defaults.get(k, missing))
+    return [
+        f"{k}: {json.dumps(saved.get(k, missing), default=str)} in the folder's run, "
+        f"{json.dumps(now.get(k, missing), default=str)} now"
+        for k in keys
+        if saved.get(k, missing) != now.get(k, missing)
+    ]
+
+
+def _check_steps(ckpt: Path, saved: dict | None, settings: dict | None) -> None:
+    """``steps`` may change on resume (to extend a run: the schedule follows the new value from there), but a
+    checkpoint past the new end cannot be resumed (at the end exactly, the resume only saves the final model: a
+    run killed between its last checkpoint and its final save)."""
+    if not settings or "steps" not in settings:
+        return
+    step = int(json.loads((ckpt / CHECKPOINT_MARKER).read_text())["step"])
+    if step > settings["steps"]:
+        raise OutputDirError(
+            f"--resume: {ckpt} is at step {step}, past this run's steps={settings['steps']}: resume with "
+            f"steps >= {step}, or start a new run in another output_dir"
+        )
+    if saved and saved.get("steps") not in (None, settings["steps"]):
+        logger.warning(
+            "--resume: steps %s in the folder's run, %s now: the learning-rate schedule follows the new value",
+            saved["steps"],
+            settings["steps"],
+        )
+
+
+def _clear(path: Path) -> None:
+    for child in path.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
+
+
+def prepare_output_dir(
+    path: str | Path,
+    *,
+    overwrite: bool,
+    resume: bool,
+    settings: dict[str, Any] | None = None,
+    defaults: dict[str, Any] | None = None,
+    checkpoints: bool = True,
+    what: str = "output_dir",
+    main_process: bool = True,
+    clearable: tuple[str, ...] = (RECORD,),
+) -> Path | None:
+    """Check (and with ``overwrite``, clear) an output folder before anything is loaded or written.
+
+    - a missing or empty folder: a fresh run (``resume`` is then an error: there is nothing to continue);
+    - a non-empty folder: an error unless ``resume`` or ``overwrite``. ``overwrite`` clears a folder that a
+      neoembed command wrote (it holds one of the ``clearable`` files: a run record by default) and refuses any
+      other;
+    - ``resume``: the folder's run must have the same ``settings`` (see :func:`resume_settings`; differences are
+      named; a key the folder's run predates passes at its value in ``defaults``, see :func:`resume_defaults`);
+      with ``checkpoints``, returns the newest complete checkpoint (an error if there is none).
+
+    Returns the checkpoint to resume from, or ``None``. Raises :class:`OutputDirError` (exit 2). Only the main
+    process checks a fresh folder and clears; with ``resume`` every process reads the checkpoint to load."""
+    out = Path(path)
+    if resume and overwrite:
+        raise OutputDirError("--resume and --overwrite exclude each other: continue the run, or replace it")
+    if out.exists() and not out.is_dir():
+        raise OutputDirError(f"{what} {out} is a file, not a folder: choose a folder path")
+    if out.is_dir() and not os.access(out, os.W_OK | os.X_OK):
+        raise OutputDirError(f"{what} {out} is not writable: choose another {what}, or make it writable")
+    used = out.is_dir() and any(out.iterdir())
+    if resume:
+        if not used:
+            raise OutputDirError(
+                f"--resume: {what} {out} {'is empty' if out.is_dir() else 'does not exist'}, there is no run to "
+                "continue: start without --resume"
+            )
+        saved = _saved_settings(out)
+        if settings is not None and saved is not None:
+            diff = _differences(
+                {k: v for k, v in saved.items() if k != "steps"},
+                {k: v for k, v in settings.items() if k != "steps"},
+                defaults or {},
+            )
+            if diff:
+                raise OutputDirError(
+                    f"--resume: {out} holds a different run; the settings that change the trajectory differ:\n  - "
+                    + "\n  - ".join(diff)
+                    + "\nresume with the folder's settings, or start a new run in another output_dir "
+                    "(or --overwrite to replace this one)"
+                )
+        if not checkpoints:
+            return None
+        ckpt = find_resume_checkpoint(out)
+        _check_steps(ckpt, saved, settings)
+        return ckpt
+    if (
+        not main_process
+    ):  # the main process checks and clears; here its first writes could look like a used folder
+        return None
+    if used and not overwrite:
+        raise OutputDirError(
+            f"{what} {out} is not empty (it holds {_describe(out)}): pass --resume to continue the run it holds, "
+            f"--overwrite to replace it, or choose a new {what}"
+        )
+    if used and overwrite:
+        if not any((out / name).is_file() for name in clearable):
+            raise OutputDirError(
+                f"--overwrite: {out} holds {_describe(out)} but no {' or '.join(clearable)}, so no neoembed "
+                "command wrote it; "
+                f"neoembed clears only its own folders: choose a new {what}, or empty this one yourself"
+            )
+        logger.warning("--overwrite: clearing %s (%s)", out, _describe(out))
+        _clear(out)
+    return None

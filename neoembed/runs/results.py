@@ -1,0 +1,80 @@
+"""The results folder of one scored model: its identity (weights' checksums) and who may write it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from neoembed.record import atomic_write_text, file_sha256
+from neoembed.runs.errors import OutputDirError
+from neoembed.runs.folder import RECORD, _clear, _describe
+
+if TYPE_CHECKING:
+    pass
+
+logger = logging.getLogger(__name__)
+
+
+MODEL_RECORD = "scored_model.json"
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+
+
+def model_identity(model: str) -> dict[str, Any]:
+    """What a results folder records about the model it scores: the path (resolved) and a SHA-256 over its weight
+    files (checkpoint folders inside a run folder left out); a hub id is recorded by name."""
+    path = Path(model)
+    if not path.is_dir():
+        return {"model": str(model), "weights_sha256": None}
+    h = hashlib.sha256()
+    for f in sorted(path.rglob("*")):
+        rel = f.relative_to(path)
+        if f.is_file() and f.suffix in WEIGHT_SUFFIXES and not rel.parts[0].startswith(("checkpoint-", ".")):
+            h.update(rel.as_posix().encode() + b"\0" + file_sha256(f).encode())
+    return {"model": str(path.resolve()), "weights_sha256": h.hexdigest()}
+
+
+def default_results_dir(model: str, root: str | Path = "results") -> Path:
+    """``results/<name>-<8 hex digits of the model's resolved path>``: two models never share a default folder,
+    even when both are called ``checkpoint-8``."""
+    key = str(Path(model).resolve()) if Path(model).exists() else str(model)
+    return Path(root) / f"{Path(str(model).rstrip('/')).name}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
+
+
+def claim_results_dir(output: str | Path, model: str, overwrite: bool, write: bool = True) -> None:
+    """A results folder holds the scores of one model: the first run records it (:data:`MODEL_RECORD`); a run
+    of another model (another path, or the same path with other weights) is refused (exit 2), or with
+    ``overwrite`` clears the folder first. A non-empty folder that records no model is refused likewise.
+    ``write=False`` only checks (nothing is cleared or written)."""
+    out = Path(output)
+    identity = model_identity(model)
+    record = out / MODEL_RECORD
+    if out.is_dir() and any(out.iterdir()):
+        try:
+            saved = json.loads(record.read_text()) if record.is_file() else None
+        except ValueError:
+            saved = None
+        if saved != identity:
+            held = (
+                f"the scores of {saved['model']} (weights {str(saved.get('weights_sha256'))[:12]})"
+                if saved
+                else f"{_describe(out)}, with no record of the model scored"
+            )
+            if not overwrite:
+                raise OutputDirError(
+                    f"results folder {out} holds {held}; this run scores {identity['model']} (weights "
+                    f"{str(identity['weights_sha256'])[:12]}): choose another --output (the default is unique per "
+                    "model), or --overwrite to replace those results"
+                )
+            if not (record.is_file() or (out / RECORD).is_file()):
+                raise OutputDirError(
+                    f"--overwrite: {out} holds {_describe(out)}, which no neoembed command wrote: choose another "
+                    "--output"
+                )
+            if write:
+                logger.warning("--overwrite: clearing %s (%s)", out, held)
+                _clear(out)
+    if write:
+        atomic_write_text(record, json.dumps(identity, indent=2) + "\n")

@@ -1,0 +1,122 @@
+"""SIGINT / SIGTERM during a run: a checkpoint first, then the exit status a shell expects (130 / 143); the final
+save finishes before a signal ends the process."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from neoembed.runs.checkpoints import list_checkpoints
+from neoembed.runs.errors import TrainingInterrupted
+
+if TYPE_CHECKING:
+    pass
+
+logger = logging.getLogger(__name__)
+
+
+class StopSignal:
+    """SIGTERM / Ctrl-C set a flag; the loop checkpoints after the current step. A second Ctrl-C aborts."""
+
+    def __init__(self):
+        self.received: str | None = None
+        self._previous = {}
+
+    def __enter__(self):
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(ValueError):  # not the main thread
+                self._previous[sig] = signal.signal(sig, self.handle)
+        return self
+
+    def handle(self, signum, frame):
+        if self.received is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.received = signal.Signals(signum).name
+        logger.warning("%s received: checkpointing after this step, then stopping", self.received)
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+class FinalSaveInterrupted(TrainingInterrupted):
+    """SIGINT / SIGTERM while the final model was being written: none of it was kept (exit 130 / 143)."""
+
+    def __init__(self, signal_name: str, output: Path, checkpoint: Path | None):
+        super().__init__(signal_name, checkpoint)
+        again = (
+            f"--resume continues from {checkpoint} and saves it"
+            if checkpoint is not None
+            else "run the command again (with --overwrite)"
+        )
+        self.args = (
+            f"stopped by {signal_name} while the final model was being saved: no final model was written to "
+            f"{output} (nothing half-written); {again}",
+        )
+
+
+class _Signalled(BaseException):
+    def __init__(self, name: str):
+        super().__init__(name)
+        self.name = name
+
+
+class _FinalSaveSignals:
+    """SIGINT / SIGTERM raise :class:`_Signalled` while the model is written, and wait while it is moved in."""
+
+    def __init__(self):
+        self.deferring, self.received, self._previous = False, None, {}
+
+    def __enter__(self):
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(ValueError):  # not the main thread
+                self._previous[sig] = signal.signal(sig, self.handle)
+        return self
+
+    def handle(self, signum, frame):
+        name = signal.Signals(signum).name
+        if not self.deferring:
+            raise _Signalled(name)
+        self.received = name
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def save_final_model(output: str | Path, save: Callable[[Path], None]) -> None:
+    """Write a run's final model all or nothing: ``save(folder)`` writes it into ``output/.final.partial``,
+    whose entries are then moved into ``output`` (renames, with SIGINT / SIGTERM held until they are done).
+
+    A signal while ``save`` runs removes the partial folder and raises :class:`FinalSaveInterrupted` (exit 130 /
+    143) naming the checkpoint that ``--resume`` continues from; so does any error (re-raised as it is)."""
+    output = Path(output)
+    staged = output / ".final.partial"
+    shutil.rmtree(staged, ignore_errors=True)
+    with _FinalSaveSignals() as signals:
+        try:
+            save(staged)
+        except _Signalled as e:
+            shutil.rmtree(staged, ignore_errors=True)
+            ckpts = list_checkpoints(output)
+            raise FinalSaveInterrupted(e.name, output, ckpts[-1] if ckpts else None) from None
+        except BaseException:
+            shutil.rmtree(staged, ignore_errors=True)
+            raise
+        signals.deferring = True
+        for entry in sorted(staged.iterdir()):
+            target = output / entry.name
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            os.replace(entry, target)
+        staged.rmdir()
+    if signals.received is not None:
+        logger.warning(
+            "%s received while the final model was moved in: it is complete in %s", signals.received, output
+        )
