@@ -151,7 +151,10 @@ def run_length(args, tok, documents, seq_length: int) -> dict:
         steps.append(batch)
     special = sorted(set(tok.all_special_ids))
     modes = ("padded", "packed")
+    t_build = time.perf_counter()
     models = {mode: _model(args, padding_free=(mode == "packed")) for mode in modes}
+    # progress on stdout: a run cut at its time box shows where its time went
+    print(f"L={seq_length}: two models built in {time.perf_counter() - t_build:.1f} s", flush=True)
     objectives = {mode: MLMObjective(m) for mode, m in models.items()}
     opts = {mode: torch.optim.AdamW(m.parameters(), lr=1e-4) for mode, m in models.items()}
     times = {mode: [] for mode in modes}
@@ -187,6 +190,7 @@ def run_length(args, tok, documents, seq_length: int) -> dict:
                 best = min(best, time.perf_counter() - t0)
             if i >= args.warmup:
                 times[mode].append(best)
+            print(f"L={seq_length} step {i} {mode}: {best * 1e3:.1f} ms", flush=True)
             opts[mode].step()  # identical in both modes: not timed
             opts[mode].zero_grad(set_to_none=True)
         if i >= args.warmup:
@@ -221,7 +225,9 @@ def run(args) -> dict:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(TOKENIZER))
+    t0 = time.perf_counter()
     documents, n_files = _corpus(tok)
+    print(f"corpus: {len(documents)} documents in {time.perf_counter() - t0:.1f} s", flush=True)
     doc_lengths = np.array([len(d) for d in documents])
     load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     by_length = [run_length(args, tok, documents, L) for L in args.seq_lengths]
