@@ -21,12 +21,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-class StopSignal:
-    """SIGTERM / Ctrl-C set a flag; the loop checkpoints after the current step. A second Ctrl-C aborts."""
+class _Handlers:
+    """Installs ``self.handle`` for SIGTERM and SIGINT on enter (main thread only) and restores the previous
+    handlers on exit."""
 
-    def __init__(self):
-        self.received: str | None = None
-        self._previous = {}
+    _previous: dict
 
     def __enter__(self):
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -34,15 +33,23 @@ class StopSignal:
                 self._previous[sig] = signal.signal(sig, self.handle)
         return self
 
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+class StopSignal(_Handlers):
+    """SIGTERM / Ctrl-C set a flag; the loop checkpoints after the current step. A second Ctrl-C aborts."""
+
+    def __init__(self):
+        self.received: str | None = None
+        self._previous = {}
+
     def handle(self, signum, frame):
         if self.received is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt
         self.received = signal.Signals(signum).name
         logger.warning("%s received: checkpointing after this step, then stopping", self.received)
-
-    def __exit__(self, *exc):
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
 
 
 class FinalSaveInterrupted(TrainingInterrupted):
@@ -67,27 +74,17 @@ class _Signalled(BaseException):
         self.name = name
 
 
-class _FinalSaveSignals:
+class _FinalSaveSignals(_Handlers):
     """SIGINT / SIGTERM raise :class:`_Signalled` while the model is written, and wait while it is moved in."""
 
     def __init__(self):
         self.deferring, self.received, self._previous = False, None, {}
-
-    def __enter__(self):
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            with contextlib.suppress(ValueError):  # not the main thread
-                self._previous[sig] = signal.signal(sig, self.handle)
-        return self
 
     def handle(self, signum, frame):
         name = signal.Signals(signum).name
         if not self.deferring:
             raise _Signalled(name)
         self.received = name
-
-    def __exit__(self, *exc):
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
 
 
 def save_final_model(output: str | Path, save: Callable[[Path], None]) -> None:
