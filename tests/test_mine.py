@@ -524,3 +524,39 @@ def test_quantized_index_with_rescoring_mines_the_flat_index_negatives(
     assert _rows(quantized.data) == _rows(result.data)
     card_info = yaml.safe_load(quantized.card.read_text())["provenance"]
     assert card_info["index"]["kind"] == precision and card_info["settings"]["rescore"] == multiplier
+
+
+def test_mine_settings_from_config_options_and_key_value(tmp_path, monkeypatch, capsys):
+    """neoembed mine takes a --config YAML and key=value settings like train: defaults, then --config, then the
+    options given, then key=value; a key given both as an option and as key=value, an unknown key and a file that
+    is not a mapping are refused (exit 2) by name."""
+    from neoembed.cli import main
+    from neoembed.mine import miner
+
+    seen = []
+
+    def capture(card, model, out, config, **kwargs):
+        seen.append(config)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(miner, "mine_negatives", capture)
+    (tmp_path / "mine.yaml").write_text("num_negatives: 3\nrange_max: 40\nindex: hnsw\n")
+
+    def run(*args):
+        monkeypatch.setattr(sys, "argv", ["neoembed", "mine", "card.yaml", "--model", "m", "--out", "o", *args])
+        with pytest.raises(SystemExit) as e:
+            main()
+        return e.value.code, capsys.readouterr().err
+
+    assert run("--config", str(tmp_path / "mine.yaml"), "--range-max", "50", "nprobe=4", "workers=2")[0] in (0, None)
+    cfg = seen.pop()
+    assert (cfg.num_negatives, cfg.range_max, cfg.index, cfg.nprobe, cfg.workers) == (3, 50, "hnsw", 4, 2)
+    assert cfg.max_length == 256  # not given anywhere: the default
+    code, err = run("-k", "2", "num_negatives=4")
+    assert code == 2 and "num_negatives set both as an option and as key=value" in err
+    code, err = run("num_negative=4")
+    assert code == 2 and "unknown key 'num_negative'" in err
+    (tmp_path / "list.yaml").write_text("- 1\n")
+    code, err = run("--config", str(tmp_path / "list.yaml"))
+    assert code == 2 and "must hold key: value lines" in err
+    assert not seen

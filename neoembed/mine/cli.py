@@ -62,14 +62,28 @@ MaxBatchTokens = Annotated[
 MaxRows = Annotated[int | None, _opt("--max-rows", None, "Run")]
 Workers = Annotated[int, _opt("--workers", "Encoding processes (CPU) or GPUs.", "Run")]
 Name = Annotated[str | None, _opt("--name", "Name of the written card.", "Run")]
+Settings = Annotated[
+    list[str] | None,
+    typer.Argument(
+        help="Settings as key=value (the keys of --config; num_negatives=3 range_max=50), over options and --config.",
+        show_default=False,
+    ),
+]
+ConfigFile = Annotated[
+    Path | None,
+    _opt("--config", "YAML of mining settings (num_negatives, index, ...); options and key=value override it.", "Run"),
+]
 Resume = Annotated[bool, _opt("--resume", "Continue an interrupted run in --out.", "Run")]
 Overwrite = Annotated[bool, _opt("--overwrite", "Replace the mining run in a non-empty --out.", "Run")]
 
 
 def mine_command(
+    ctx: typer.Context,
     card: Card,
     model: Model,
     out: Out,
+    settings: Settings = None,
+    config: ConfigFile = None,
     corpus: Corpus = None,
     card_dir: CardDir = None,
     num_negatives: NumNegatives = 5,
@@ -98,13 +112,10 @@ def mine_command(
     resume: Resume = False,
     overwrite: Overwrite = False,
 ) -> None:
-    """Mine hard negatives for a card with faiss; write OUT/<name>.yaml (a training card) and OUT/<name>.jsonl."""
-    from pydantic import ValidationError
+    """Mine hard negatives for a card with faiss; write OUT/<name>.yaml (a training card) and OUT/<name>.jsonl.
 
-    from neoembed.mine.miner import MineConfig, mine_negatives
-    from neoembed.recipe import format_validation_error
-
-    settings = dict(
+    Settings, lowest first: defaults, --config, the options given, key=value (not one key both ways)."""
+    flags = dict(
         num_negatives=num_negatives, range_min=range_min, range_max=range_max,
         max_fraction=None if max_fraction in (None, 1.0) else max_fraction, margin=margin, max_score=max_score,
         duplicate_threshold=duplicate_threshold, cross_encoder=cross_encoder, index=index, nlist=nlist,
@@ -112,24 +123,50 @@ def mine_command(
         shard_size=shard_size, batch_size=batch_size, max_batch_tokens=max_batch_tokens, max_length=max_length,
         max_rows=max_rows, workers=workers, name=name,
     )  # fmt: skip
-    try:
-        config = MineConfig(**settings)
-    except ValidationError as e:
-        raise ValueError(format_validation_error(e, MineConfig, "neoembed mine options")) from None
+    from neoembed.mine.miner import MineConfig, mine_negatives
+
+    cfg = command_settings(MineConfig, config, _given(ctx, flags), settings or [])
     from neoembed.runs import output_lock
 
     with output_lock(out, what="--out"):
         result = mine_negatives(
-            card, model, out, corpus=corpus, config=config, resume=resume, overwrite=overwrite,
+            card, model, out, corpus=corpus, config=cfg, resume=resume, overwrite=overwrite,
             card_dirs=card_dir or [],
         )  # fmt: skip
     c = result.counts
     typer.echo(
         f"wrote {result.card} and {result.data.name}: {c['rows_written']} of {c['rows_in']} rows "
-        f"({c['rows_dropped_too_few_negatives']} left out: fewer than {num_negatives} negatives)"
+        f"({c['rows_dropped_too_few_negatives']} left out: fewer than {cfg.num_negatives} negatives)"
     )
     typer.echo("candidates: " + ", ".join(f"{k} {v}" for k, v in c["candidates"].items()))
     typer.echo(f"train on it: neoembed train RECIPE 'datasets=[{{card: {result.card}}}]'")
+
+
+def _given(ctx: typer.Context, values: dict) -> dict:
+    """The options of ``values`` that the command line set (the others keep --config's or the defaults)."""
+    # by name: typer carries its own copy of click, whose ParameterSource is not click's
+    return {k: v for k, v in values.items() if getattr(ctx.get_parameter_source(k), "name", "") == "COMMANDLINE"}
+
+
+def command_settings(schema, config_file: Path | None, given: dict, overrides: list[str]):
+    """``schema`` validated from --config's mapping, the options ``given`` on the command line and ``key=value``
+    overrides, in that order of precedence (lowest first); errors name the key (exit 2)."""
+    import yaml
+
+    from neoembed.recipe import RecipeError, load_recipe
+
+    data: dict = {}
+    if config_file is not None:
+        try:
+            data = yaml.safe_load(Path(config_file).read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as e:
+            raise RecipeError(f"--config {config_file} is not valid YAML ({e})") from None
+        if not isinstance(data, dict):
+            raise RecipeError(f"--config {config_file} must hold key: value lines, got a {type(data).__name__}")
+    twice = sorted({o.split("=", 1)[0].strip() for o in overrides if "=" in o} & set(given))
+    if twice:
+        raise RecipeError(f"{', '.join(twice)} set both as an option and as key=value: keep one")
+    return load_recipe({**data, **given}, schema, overrides)
 
 
 Teacher = Annotated[
