@@ -101,8 +101,8 @@ def _normalise_backward(grad_unit: Tensor, x: Tensor, inv: Tensor) -> Tensor:
 class _Side:
     """One matrix of the loss, its segments (GradCache's mini-batches) joined in one fp32 buffer, with its
     inverse norms and (when wanted) one gradient buffer. Joined, a chunk costs a few matrix products whatever
-    the number of segments (per segment, B = 65,536 in mini-batches of 1,024 took 36x the kernel launches of
-    sentence-transformers' loss); the join is the fp32 copy that bf16 embeddings need anyway."""
+    the number of segments (scored segment by segment, B = 65,536 in mini-batches of 1,024 needs 36x the
+    operations of sentence-transformers' loss); the join is the fp32 copy that bf16 embeddings need anyway."""
 
     def __init__(self, segments: Sequence[Tensor], want_grad: bool):
         dtype = torch.float64 if any(s.dtype == torch.float64 for s in segments) else torch.float32
