@@ -248,12 +248,15 @@ def resolve_recipe_path(value: str | None, recipe_dir: str | Path | None) -> str
 
 
 def load_recipe(
-    source: str | Path | dict, schema: type[R] | Any, overrides: list[str] | tuple[str, ...] | None = None
+    source: str | Path | dict,
+    schema: type[R] | Any,
+    overrides: list[str] | tuple[str, ...] | None = None,
+    where: str = "<mapping>",
 ) -> R:
     """Load a recipe (path, shipped name or mapping), apply overrides, validate against ``schema`` (a recipe
-    class, or a :func:`kind_union` of them)."""
+    class, or a :func:`kind_union` of them); ``where`` names a mapping's origin in errors."""
     if isinstance(source, dict):
-        data, where = source, "<mapping>"
+        data = source
     else:
         path = resolve_named_file(source, "recipes")
         try:

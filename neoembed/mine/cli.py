@@ -166,7 +166,8 @@ def command_settings(schema, config_file: Path | None, given: dict, overrides: l
     twice = sorted({o.split("=", 1)[0].strip() for o in overrides if "=" in o} & set(given))
     if twice:
         raise RecipeError(f"{', '.join(twice)} set both as an option and as key=value: keep one")
-    return load_recipe({**data, **given}, schema, overrides)
+    where = "the options and key=value" + (f" over --config {config_file}" if config_file is not None else "")
+    return load_recipe({**data, **given}, schema, overrides, where=where)
 
 
 Teacher = Annotated[
