@@ -157,9 +157,8 @@ def init_command(
     from neoembed.data.starter import write_starter
     from neoembed.recipe import load_recipe
 
-    starter = write_starter(
-        data, out, model=model, overwrite=overwrite
-    )  # bad input is refused before torch loads
+    # bad input is refused here, before the recipe's import below loads torch
+    starter = write_starter(data, out, model=model, overwrite=overwrite)
     load_card(starter.card)  # what was written validates as it stands
     from neoembed.train.recipe import UnifiedRecipe
 

@@ -80,20 +80,20 @@ class UnifiedRecipe(RunSettings):
         """The loss's keys before it became a sub-config: refused with the new form (not silently ignored)."""
         if not isinstance(data, dict):
             return data
-        old, mini = data.get("loss"), data.get("cache_mini_batch_size")
-        if isinstance(old, str) or mini is not None:
-            name = old if isinstance(old, str) else "cached_infonce"
-            new = f"{{name: {name}" + (f", mini_batch_size: {mini}" if mini is not None else "") + "}"
-            flags = f"loss.name={name}" + (f" loss.mini_batch_size={mini}" if mini is not None else "")
-            given = " and ".join(
-                f"{k}: {data[k]}"
-                for k in ("loss", "cache_mini_batch_size")
-                if isinstance(data.get(k), (str, int))
-            )
-            raise ValueError(
-                f"{given}: the loss is a sub-config now; write loss: {new} (on the command line: {flags})"
-            )
-        return data
+        name = data.get("loss") if isinstance(data.get("loss"), str) else None
+        mini = data.get("cache_mini_batch_size")
+        if name is None and mini is None:
+            return data
+        target = name or "cached_infonce"
+        given, form, flags = [], f"{{name: {target}", f"loss.name={target}"
+        if name is not None:
+            given.append(f"loss: {name}")
+        if mini is not None:
+            given.append(f"cache_mini_batch_size: {mini}")
+            form, flags = f"{form}, mini_batch_size: {mini}", f"{flags} loss.mini_batch_size={mini}"
+        raise ValueError(
+            f"{' and '.join(given)}: the loss is a sub-config now; write loss: {form}}} (on the command line: {flags})"
+        )
 
     @model_validator(mode="after")
     def _one_batch_rule(self):
