@@ -1,6 +1,6 @@
-"""The run loop shared by pre-training and CDE: each supplies its data and a step function, the loop does the rest.
+"""The run loop of pre-training, CDE and GLUE: each supplies its data and a step function, the loop does the rest.
 
-What the loop owns (so that the two trainers cannot disagree on it):
+What the loop owns (so that the trainers cannot disagree on it):
 
 - **resume**: accelerate's state (models, optimizer, scheduler and every registered object, the RNG of every
   process) plus ``trainer_state.json`` (the step and the caller's own state, such as data positions);
@@ -18,7 +18,8 @@ What the loop owns (so that the two trainers cannot disagree on it):
 - **evaluation** (a recipe's ``eval:``): the caller's ``evaluate(step)`` every ``eval.steps`` steps and at the end,
   on the main process (its scores are broadcast), logged as ``eval_<name>`` rows; with ``keep_best``, the best
   saved step is kept out of the checkpoint rotation, survives a resume in ``trainer_state.json``, and its weights
-  become the final model (``best.json`` and ``run_record.json`` say which);
+  become the final model (``best.json`` and ``run_record.json`` say which); with ``keep_best.patience``, the run
+  ends early after that many saved evaluations without a new best (the count survives a resume too);
 - **trackers**: the recipe as hyperparameters (``recipe.a.b`` keys) when a run starts, to TensorBoard and accelerate's
   trackers alike.
 
@@ -26,7 +27,7 @@ A step function ``step_fn(step, stop_requested) -> StepOutput`` runs the forward
 optimizer step on every process and returns the loss averaged over processes, whether any process was asked to
 stop, and the sums its logged row needs.
 
-Around it, the setup both trainers share: :func:`check_launch` (every launched process joined), :func:`adamw` (the
+Around it, the setup the trainers share: :func:`check_launch` (every launched process joined), :func:`adamw` (the
 one optimizer), :meth:`RunLoop.start` (resume, then the run record) and :meth:`RunLoop.finish` (the final save).
 """
 
@@ -166,6 +167,7 @@ class RunLoop:
         self.settings, self.trainer_state, self.desc, self.progress = settings, trainer_state, desc, progress
         self.nan_advice, self.evaluate, self.save_model = nan_advice, evaluate, save_model
         self.best: dict | None = None  # keep_best: {"step", "metric", "value"} of the best saved step so far
+        self.stale = 0  # keep_best.patience: saved evaluations since the best one
         self.metrics = MetricsLog(self.output, recipe.report_to, accelerator.is_main_process)
         check_trackers(recipe.report_to)
         self.trackers: list = []
@@ -181,6 +183,7 @@ class RunLoop:
         self.acc.load_state(str(checkpoint / "state"))
         self.step = int(state["step"])
         self.best = state.get("best")
+        self.stale = int(state.get("evaluations_since_best", 0))
         self.metrics.truncate(self.step)
         self.acc.print(f"resumed from {checkpoint} at step {self.step}")
         return self.step
@@ -228,8 +231,9 @@ class RunLoop:
             return None
         return {**self.best, "mode": self.recipe.keep_best.mode, "last_step": self.step}
 
-    def _evaluate(self, saved: bool) -> None:
-        """Score the model now (main process), log the scores, and track the best ``saved`` step."""
+    def _evaluate(self, saved: bool) -> bool:
+        """Score the model now (main process), log the scores, and track the best ``saved`` step; True when
+        ``keep_best.patience`` evaluations in a row found no better one (the run ends)."""
         scores = self.evaluate(self.step) if self.acc.is_main_process else None
         if self.acc.num_processes > 1:
             from accelerate.utils import broadcast_object_list
@@ -244,7 +248,7 @@ class RunLoop:
             print(f"eval at step {self.step}: {shown}", file=sys.stderr, flush=True)
         keep = getattr(self.recipe, "keep_best", None)
         if keep is None or not saved:
-            return
+            return False
         if keep.metric not in scores:
             raise ValueError(
                 f"keep_best.metric {keep.metric!r} is not an evaluation score; they are: {sorted(scores)}"
@@ -253,7 +257,21 @@ class RunLoop:
         if self.best is None or (
             value > self.best["value"] if keep.mode == "max" else value < self.best["value"]
         ):
-            self.best = {"step": self.step, "metric": keep.metric, "value": value}
+            self.best, self.stale = {"step": self.step, "metric": keep.metric, "value": value}, 0
+        else:
+            self.stale += 1
+        return keep.patience is not None and self.stale >= keep.patience
+
+    def _stopped_early(self) -> None:
+        patience = self.recipe.keep_best.patience
+        if self.acc.is_main_process:
+            add_to_run_record(self.output, {"stopped_early": {"step": self.step, "patience": patience}})
+            print(
+                f"early stop at step {self.step}: {patience} evaluations without a better "
+                f"eval_{self.best['metric']} than step {self.best['step']}'s",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def save(self) -> Path:
         step, main = self.step, self.acc.is_main_process
@@ -267,6 +285,7 @@ class RunLoop:
                 if self.save_model is not None:  # a loadable model beside the state (neoembed mteb reads it)
                     self.save_model(staged)
                 state = {"step": step, **self.trainer_state(), "best": self.best}
+                state["evaluations_since_best"] = self.stale
                 atomic_write_text(staged / "trainer_state.json", json.dumps(state, indent=2) + "\n")
         except Exception as e:  # a full disk, say: the staging folder goes, the last checkpoint stays
             raise write_failed(staged, step, e) from e
@@ -339,15 +358,18 @@ class RunLoop:
                         print(progress_line(self.step, r.steps, values, rate), file=sys.stderr, flush=True)
                     sums, t0 = {}, time.perf_counter()
                 saving = self.step % r.save_steps == 0 and self.step < r.steps
-                evaluation = getattr(r, "eval", None)
+                evaluation, patience_out = getattr(r, "eval", None), False
                 if self.evaluate is not None and evaluation is not None:
                     if self.step % evaluation.steps == 0 or self.step == r.steps:
-                        self._evaluate(saved=saving or self.step == r.steps)
+                        patience_out = self._evaluate(saved=saving or self.step == r.steps)
                 if out.stop:
                     stopped = self.save()
                     break
                 if saving:
                     self.save()
+                if patience_out:
+                    self._stopped_early()
+                    break
         bar.close()
         self.metrics.close(title=self.output.name)
         for tracker in self.trackers:

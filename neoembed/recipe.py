@@ -328,10 +328,13 @@ class EvalSettings(StrictModel):
 
 class KeepBest(StrictModel):
     """``keep_best:``: the checkpoint with the best logged ``metric`` (an evaluation score such as ``ndcg_at_10``,
-    logged by ``eval:``, or one task's ``<task>_<metric>``) stays out of ``save_total_limit``'s rotation and becomes the final model."""
+    logged by ``eval:``, or one task's ``<task>_<metric>``) stays out of ``save_total_limit``'s rotation and becomes the final model.
+    With ``patience``, the run stops early after that many evaluations in a row without a new best (transformers'
+    ``EarlyStoppingCallback``: a tie is no improvement)."""
 
     metric: str
     mode: Literal["max", "min"] = "max"
+    patience: PositiveInt | None = None
 
 
 def check_keep_best(recipe: Any, example: str = "eval: {steps: N, tasks: [...], metric: ...}") -> None:

@@ -307,3 +307,34 @@ def test_a_bad_holdout_is_refused_before_the_model_loads(tmp_path, tiny_official
     )
     with pytest.raises(DataCardError, match="card x: the held-out rows differ"):
         check_same_holdout(tmp_path / "e", {"cards": {"x": {"texts_sha256": "1"}}})
+
+
+def test_keep_best_patience_ends_the_run_at_the_first_unbeaten_evaluations(tmp_path, tiny_official, trecqa):
+    """``keep_best.patience`` (transformers' ``EarlyStoppingCallback`` here, the run loop's in CDE, pre-training and
+    GLUE): the run stops at the evaluation that leaves the best unbeaten ``patience`` times in a row, and its record
+    names the step."""
+    best = ("keep_best={metric: ndcg_at_10, mode: min}", "steps=8")
+    scores = _rows(_train(_recipe(tmp_path / "full", tiny_official, trecqa, *best)), "eval_ndcg_at_10")
+    low, stale, expected = float("inf"), 0, None
+    for step, value in sorted(scores.items()):
+        low, stale = (value, 0) if value < low else (low, stale + 1)
+        if stale == 1:
+            expected = step
+            break
+    assert expected is not None and expected < 8, (
+        scores
+    )  # the trajectory has an unbeaten evaluation to stop at
+    out = _train(
+        _recipe(
+            tmp_path / "early",
+            tiny_official,
+            trecqa,
+            "keep_best={metric: ndcg_at_10, mode: min, patience: 1}",
+            "steps=8",
+        )
+    )
+    assert sorted(_rows(out, "eval_ndcg_at_10")) == [s for s in sorted(scores) if s <= expected]
+    assert json.loads((out / "run_record.json").read_text())["stopped_early"] == {
+        "step": expected,
+        "patience": 1,
+    }

@@ -24,6 +24,7 @@ import logging
 import math
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -48,7 +49,7 @@ from neoembed.data.sampler import (
 )
 from neoembed.losses import build_loss
 from neoembed.recipe import RecipeError, resolve_recipe_path
-from neoembed.record import write_run_record
+from neoembed.record import add_to_run_record, write_run_record
 from neoembed.runs import (
     TRACKER_PROJECT,
     MetricsLog,
@@ -727,8 +728,24 @@ def train(
     if stop.received is not None:
         raise TrainingInterrupted(stop.received, _last_checkpoint(output))
     if main:
+        _note_early_stop(recipe, trainer.state, output)
         _save_final(recipe, model, cards, output, trainer.state, base_max_length)
     return output
+
+
+def _note_early_stop(recipe: UnifiedRecipe, state, output: Path) -> None:
+    """``keep_best.patience`` ended the run before ``steps``: said on the console and in the run record, as the
+    run loop says it."""
+    patience = recipe.keep_best.patience if recipe.keep_best is not None else None
+    if patience is None or state.global_step >= recipe.steps:
+        return
+    add_to_run_record(output, {"stopped_early": {"step": state.global_step, "patience": patience}})
+    print(
+        f"early stop at step {state.global_step}: {patience} evaluations without a better "
+        f"eval_{recipe.keep_best.metric} than step {state.best_global_step}'s",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _training_data(recipe: UnifiedRecipe, recipe_dir: Path | None):
@@ -754,6 +771,10 @@ def _add_callbacks(
         trainer.add_callback(_PlainProgress())
     trainer.add_callback(_TrackerIdsCallback(trainer.callback_handler.callbacks, output, main))
     trainer.add_callback(_RecipeHyperparameters(trainer.callback_handler.callbacks, recipe, main))
+    if recipe.keep_best is not None and recipe.keep_best.patience is not None:
+        from transformers import EarlyStoppingCallback  # its count travels in the checkpoint's trainer state
+
+        trainer.add_callback(EarlyStoppingCallback(early_stopping_patience=recipe.keep_best.patience))
 
 
 def _is_terminal() -> bool:
