@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -26,6 +27,7 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_MODEL = REPO / "recipes" / "tiny" / "model"
+TINY_OFFICIAL = REPO / "tests" / "shared" / "fixtures" / "neobert-tiny-official"
 PROBE = REPO / "benchmarks" / "_probe"
 RELATIVE = 1e-5  # max|g2 - g1| <= RELATIVE * max|g1| for every parameter tensor (fp32)
 
@@ -158,15 +160,20 @@ def test_two_processes_give_every_gradient_of_one_process_for_each_loss(tmp_path
 
 
 def _probed_run(
-    tmp_path: Path, processes: int, args: list[str], grads: bool = False
+    tmp_path: Path, processes: int, args: list[str], grads: bool = False, out_option: str | None = None
 ) -> tuple[list[dict], Path]:
-    """A real training run under benchmarks/_probe; returns each process's record (rank order) and its folder."""
+    """A real training run under benchmarks/_probe; returns each process's record (rank order) and its folder.
+    ``out_option``: the option naming the output folder (``--out`` for ``neoembed glue``); default the recipe's
+    ``output_dir`` key."""
     folder = tmp_path / f"probe-{processes}-{len(list(tmp_path.iterdir()))}"
     folder.mkdir()
     env = _env(NEOEMBED_PROBE_DIR=str(folder), NEOEMBED_PROBE_GRADS="1" if grads else "0")
     env["PYTHONPATH"] = os.pathsep.join([str(PROBE), env["PYTHONPATH"]])
+    where = [f"output_dir={folder / 'run'}", "save_steps=1000"]
+    if out_option is not None:
+        where = [out_option, str(folder / "run")]
     r = subprocess.run(
-        [*_launch(processes), "-m", "neoembed", *args, f"output_dir={folder / 'run'}", "save_steps=1000"],
+        [*_launch(processes), "-m", "neoembed", *args, *where],
         capture_output=True, text=True, timeout=600, env=env, cwd=REPO,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
@@ -228,3 +235,34 @@ def test_pretraining_gradients_equal_on_one_and_two_processes(tmp_path, one, two
     assert not bad, bad
     buckets = [e for e in records[0]["events"] if e["op"] == "ddp_hook"]
     assert len(buckets) == 1 and buckets[0]["bytes"] == records[0]["params"]["bytes"]
+
+
+def test_glue_gradients_equal_on_one_and_two_processes(tmp_path, shared_dir):
+    """`neoembed glue MRPC` on the run loop: ``batch_size`` is the global batch, each of 2 processes takes half, and
+    every gradient at the first optimizer step equals one process's (classifier dropout off, as the encoder has
+    none); one DDP bucket reduction per step."""
+    import gzip
+
+    import pandas as pd
+
+    with gzip.open(shared_dir / "data" / "eval" / "MSRP" / "test.jsonl.gz", "rt") as f:
+        rows = [json.loads(line) for _, line in zip(range(24), f, strict=False)]
+    data = tmp_path / "glue" / "mrpc"
+    data.mkdir(parents=True)
+    pd.DataFrame(rows[:16]).to_parquet(data / "train-00000-of-00001.parquet")
+    pd.DataFrame(rows[16:]).to_parquet(data / "validation-00000-of-00001.parquet")
+    model = tmp_path / "model"
+    shutil.copytree(TINY_OFFICIAL, model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "classifier_dropout": 0.0}))
+    glue = ["glue", "MRPC", "--model", str(model), "--data-dir", str(tmp_path / "glue")]
+    glue += ["epochs=1", "batch_size=8"]
+    records1, folder1 = _probed_run(tmp_path, 1, glue, grads=True, out_option="--out")
+    records2, folder2 = _probed_run(tmp_path, 2, glue, grads=True, out_option="--out")
+    g1, g2 = torch.load(folder1 / "grads-rank0.pt"), torch.load(folder2 / "grads-rank0.pt")
+    assert records1[0]["steps"] == records2[0]["steps"] == 2  # 16 rows, a global batch of 8
+    bad = _mismatches({str(i): g for i, g in enumerate(g1)}, {str(i): g for i, g in enumerate(g2)}, "glue")
+    assert not bad, bad
+    for step in (1, 2):
+        buckets = [e for e in records2[0]["events"] if e["op"] == "ddp_hook" and e["step"] == step]
+        assert len(buckets) == 1 and buckets[0]["bytes"] == records2[0]["params"]["bytes"], (step, buckets)

@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from neoembed.cli import app
 from neoembed.glue.run import GlueRecipe, eval_interval, grid_points, lr_lambda
 from neoembed.glue.tasks import TASKS, compute_metrics, get_task, load_splits, task_score
+from neoembed.runs import list_checkpoints
 
 
 @pytest.mark.parametrize(
@@ -126,7 +127,7 @@ def test_run_transfer_and_resumable_grid(tmp_path, msrp_rows, tiny_official, mon
     out = _glue("MRPC", "epochs=1", "--model", model, "--data-dir", str(folder), "--out", str(mrpc_out))
     result = json.loads((mrpc_out / "results.json").read_text())
     assert f"MRPC: {result['score']:.2f}" in out and result["eval_every"] == 1 and result["steps"] == 5
-    assert (mrpc_out / "model" / "config.json").is_file() and not (mrpc_out / "checkpoints").exists()
+    assert (mrpc_out / "model" / "config.json").is_file() and not list_checkpoints(mrpc_out)
     _glue(
         "STS-B",
         "epochs=1",
@@ -202,14 +203,14 @@ def test_case5_glue_stopped_by_a_signal_resumes_past_a_torn_checkpoint(
         main()
     err = capsys.readouterr().err
     assert stopped.value.code == 130, err
-    ckpts = list_checkpoints(out / "checkpoints")
+    ckpts = list_checkpoints(out)
     assert f"stopped by SIGINT; checkpoint {ckpts[-1]} written: continue with --resume" in err
     assert all(verify_checkpoint(c) is None for c in ckpts) and not (out / "results.json").exists()
     # a kill while a newer checkpoint was written: a folder without its completion marker, a staging folder
-    torn = out / "checkpoints" / "checkpoint-9"
+    torn = out / "checkpoint-9"
     torn.mkdir()
     (torn / "trainer_state.json").write_text("{")
-    (out / "checkpoints" / ".checkpoint-10.partial").mkdir()
+    (out / ".checkpoint-10.partial").mkdir()
     monkeypatch.setattr(glue_run, "lr_lambda", real)
     monkeypatch.setattr(sys, "argv", ["neoembed", "glue", *args, "--out", str(out), "--resume"])
     with pytest.raises(SystemExit) as resumed:
@@ -220,7 +221,7 @@ def test_case5_glue_stopped_by_a_signal_resumes_past_a_torn_checkpoint(
     result = json.loads((out / "results.json").read_text())
     assert result["steps"] == full["steps"] == 10 and result["best_step"] == full["best_step"]
     assert result["validation"]["validation"] == pytest.approx(full["validation"]["validation"], abs=1e-6)
-    assert (out / "model" / "config.json").is_file() and not (out / "checkpoints").exists()
+    assert (out / "model" / "config.json").is_file() and not list_checkpoints(out)
 
 
 def test_glue_carve_refuses_an_existing_validation_split(tmp_path, msrp_rows):
@@ -237,3 +238,39 @@ def test_glue_carve_refuses_an_existing_validation_split(tmp_path, msrp_rows):
     alone = _hub_layout(tmp_path / "alone", "mrpc", {"validation": msrp_rows})  # the only split: carved
     carved = load_splits(TASKS["mrpc"], alone, "validation")
     assert (carved["train"].num_rows, carved["validation"].num_rows) == (51, 13)
+
+
+def test_glue_stops_after_patience_evaluations_without_a_better_score(tmp_path, msrp_rows, tiny_official):
+    """``patience`` (the protocol's early stopping, on the loop's ``keep_best.patience``): the run ends at the
+    first evaluation that leaves the best score unbeaten ``patience`` times in a row (a tie beats nothing), and
+    its record names that step."""
+    folder = _hub_layout(tmp_path / "data", "mrpc", {"train": msrp_rows[:40], "validation": msrp_rows[40:]})
+    out = tmp_path / "run"
+    _glue(
+        "MRPC",
+        "epochs=4",
+        "patience=2",
+        "--model",
+        str(tiny_official),
+        "--data-dir",
+        str(folder),
+        "--out",
+        str(out),
+    )
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    scores = [(r["step"], r["eval_accuracy"]) for r in rows if "eval_accuracy" in r]
+    best, stale, expected_stop = -1.0, 0, None
+    for step, value in scores:
+        best, stale = (value, 0) if value > best else (best, stale + 1)
+        if stale == 2:
+            expected_stop = step
+            break
+    result = json.loads((out / "results.json").read_text())
+    record = json.loads((out / "run_record.json").read_text())
+    assert scores[-1][0] == result["steps"]
+    if expected_stop is None:  # every evaluation improved: the run went to its end
+        assert result["steps"] == 20 and "stopped_early" not in record
+    else:
+        assert result["steps"] == expected_stop < 20
+        assert record["stopped_early"] == {"step": expected_stop, "patience": 2}
+    assert result["best_step"] == max(scores, key=lambda s: (s[1], -s[0]))[0]

@@ -1,4 +1,4 @@
-"""GLUE fine-tuning with the NeoBERT paper's protocol (Appendix C), on the Hugging Face ``Trainer``.
+"""GLUE fine-tuning with the NeoBERT paper's protocol (Appendix C), on neoembed's run loop (:mod:`neoembed.loop`).
 
 One run: 10 epochs; evaluation on the validation split(s) every ``min(500, len(train_dataloader) // 10)`` steps;
 early stopping after 15 evaluations without improvement of the task's selection metric; the best checkpoint is
@@ -11,6 +11,7 @@ hold one table. Works for any encoder ``AutoModelForSequenceClassification`` loa
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import math
@@ -22,18 +23,14 @@ from typing import Literal
 from pydantic import Field, PositiveFloat, PositiveInt
 
 from neoembed.glue.tasks import GlueTask, check_columns, compute_metrics, load_splits, task_score
-from neoembed.recipe import Recipe, StrictModel
+from neoembed.loop import RunLoop, StepOutput, adamw, check_launch
+from neoembed.recipe import KeepBest, OptimizerConfig, Recipe, StrictModel, Tracker
 from neoembed.record import atomic_write_text, write_run_record
 from neoembed.runs import (
-    StopSignal,
-    TrainingInterrupted,
-    commit_checkpoint,
     find_resume_checkpoint,
     list_checkpoints,
+    resume_settings,
     save_final_model,
-    stage_checkpoint,
-    verify_checkpoint,
-    write_failed,
 )
 
 RESULTS = "results.json"
@@ -52,7 +49,8 @@ class GlueRecipe(Recipe):
 
     Args:
         task: GLUE task (``cola``, ``sst2``, ``mrpc``, ``qqp``, ``stsb``, ``mnli``, ``qnli``, ``rte``).
-        batch_size / learning_rate / weight_decay: the searched settings.
+        batch_size / learning_rate / weight_decay: the searched settings (``batch_size``: rows per step over all
+            processes).
         epochs: training epochs (10); early stopping usually ends a run sooner.
         eval_every_max / eval_fraction: evaluate every ``min(eval_every_max, len(dataloader) // eval_fraction)``
             steps (500 and 10).
@@ -63,6 +61,7 @@ class GlueRecipe(Recipe):
         precision: ``auto`` (bf16 on a CUDA device that has it, else float32), ``fp32``, ``bf16`` or ``fp16``.
         transfer_from: the task whose best checkpoint the paper starts from (``mnli`` for RTE, STS-B, MRPC,
             QNLI); the checkpoint itself is given with ``--from``.
+        report_to: trackers, as in the training recipes (``tensorboard``, ``wandb``, ``mlflow``, ``trackio``).
         grid: the search ``--grid`` runs.
     """
 
@@ -82,6 +81,7 @@ class GlueRecipe(Recipe):
     eval_batch_size: PositiveInt = 32
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     transfer_from: str | None = None
+    report_to: list[Tracker] = []
     grid: GridConfig = GridConfig()
 
 
@@ -134,179 +134,240 @@ def _load_model(task: GlueTask, model: str, transfer: bool):
     )
 
 
-def _device_settings(recipe: GlueRecipe) -> dict[str, bool]:
+def _mixed_precision(recipe: GlueRecipe) -> str:
+    """accelerate's ``mixed_precision`` for the recipe: ``auto`` is bf16 on a CUDA device that has it, else fp32."""
     import torch
 
     kind, cuda = recipe.precision, torch.cuda.is_available()
     if kind == "auto":
         kind = "bf16" if cuda and torch.cuda.is_bf16_supported() else "fp32"
-    return {"bf16": kind == "bf16", "fp16": kind == "fp16", "dataloader_pin_memory": cuda}
+    return {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}[kind]
 
 
 def _selection_key(task: GlueTask) -> str:
-    """The Trainer's metric name: evaluation on several splits prefixes each with its split (MNLI: matched)."""
+    """The logged name of the selection metric: evaluation on several splits prefixes each with its split (MNLI:
+    matched), as transformers' ``Trainer`` names them."""
     return task.selection if len(task.validation) == 1 else f"{task.validation[0]}_{task.selection}"
 
 
-def _arguments(recipe: GlueRecipe, task: GlueTask, out: Path, every: int):
-    from transformers import TrainingArguments
-
-    return TrainingArguments(
-        output_dir=str(out / "checkpoints"),
-        num_train_epochs=recipe.epochs,
-        per_device_train_batch_size=recipe.batch_size,
-        per_device_eval_batch_size=recipe.eval_batch_size,
-        learning_rate=recipe.learning_rate,
-        weight_decay=recipe.weight_decay,
-        adam_beta1=0.9,
-        adam_beta2=0.95,
-        adam_epsilon=1e-8,
-        eval_strategy="steps",
-        eval_steps=every,
-        save_strategy="steps",
-        save_steps=every,
-        save_total_limit=None,  # _save_sealed keeps the newest and the best (transformers' end-of-run clean-up
-        # would also delete the newest checkpoint of an interrupted run, the one --resume continues from)
-        load_best_model_at_end=True,
-        metric_for_best_model=_selection_key(task),
-        greater_is_better=True,
-        logging_steps=every,
-        seed=recipe.seed,
-        report_to=[],
-        disable_tqdm=True,
-        **_device_settings(recipe),
-    )
+class _Every(StrictModel):
+    steps: PositiveInt
 
 
-def _save_sealed(trainer, write) -> None:
-    """Write a checkpoint as ``neoembed train`` does (:mod:`neoembed.runs`): transformers' ``write()`` into a
-    staging folder, sealed with a checksum marker, renamed; the newest checkpoint and the best one stay. A kill
-    leaves the previous checkpoints whole, and a resume skips a torn one."""
-    step, output = trainer.state.global_step, Path(trainer.args.output_dir)
-    staged = stage_checkpoint(output, step)
-    trainer.neoembed_staging = staged
-    try:
-        write()
-    except Exception as e:  # a full disk, say: the staging folder goes, the last checkpoint stays
-        raise write_failed(staged, step, e) from e
-    finally:
-        trainer.neoembed_staging = None
-    best = trainer.state.best_global_step or None
-    if best:  # transformers named the best checkpoint under the staging folder: its final place instead
-        trainer.state.best_model_checkpoint = str(output / f"checkpoint-{best}")
-        trainer.state.save_to_json(str(staged / f"checkpoint-{step}" / "trainer_state.json"))
-    commit_checkpoint(staged / f"checkpoint-{step}", step, 1, output=output, protect=best)
-    shutil.rmtree(staged, ignore_errors=True)
+class GlueRun(GlueRecipe):
+    """A GLUE recipe with what the run loop (:class:`neoembed.loop.RunLoop`) reads, derived from the recipe and the
+    training rows: the steps of its epochs, evaluation and a checkpoint every :func:`eval_interval` steps, and the
+    best checkpoint by the task's selection metric kept, with early stopping after ``patience`` evaluations."""
+
+    steps: PositiveInt
+    per_epoch: PositiveInt
+    save_steps: PositiveInt
+    logging_steps: PositiveInt
+    save_total_limit: int = 1
+    eval: _Every
+    keep_best: KeepBest
+
+    @classmethod
+    def of(cls, recipe: GlueRecipe, task: GlueTask, train_rows: int, world: int) -> GlueRun:
+        if recipe.batch_size % world:
+            raise ValueError(
+                f"batch_size {recipe.batch_size} (the global batch) is not a multiple of the {world} processes"
+            )
+        per_epoch = math.ceil(train_rows / recipe.batch_size)
+        if 0 < train_rows % recipe.batch_size < world:  # a last batch too small to give each process a row
+            per_epoch -= 1
+        every = eval_interval(recipe, train_rows)
+        return cls(
+            **recipe.model_dump(),
+            steps=math.ceil(recipe.epochs * per_epoch),  # transformers' Trainer's max_steps
+            per_epoch=per_epoch,
+            save_steps=every,
+            logging_steps=every,
+            eval=_Every(steps=every),
+            keep_best=KeepBest(metric=_selection_key(task), patience=recipe.patience),
+        )
 
 
-def _stop_callback(stop: StopSignal):
-    """On SIGTERM or Ctrl-C: finish the current step, write a checkpoint, stop (as ``neoembed train``)."""
-    from transformers import TrainerCallback
-
-    class StopCallback(TrainerCallback):
-        def on_step_end(self, args, state, control, **kwargs):
-            if stop.received is not None:
-                control.should_save, control.should_training_stop = True, True
-
-    return StopCallback()
-
-
-def _trainer(recipe: GlueRecipe, task: GlueTask, model, tokenizer, data, out: Path, stop: StopSignal):
+def epoch_order(seed: int, epoch: int, rows: int) -> list[int]:
+    """The rows of one epoch in training order: the permutation of accelerate's seedable sampler (what the
+    ``Trainer`` draws), seeded with ``seed + epoch``, so a resumed run draws the same batches."""
     import torch
-    from transformers import DataCollatorWithPadding, EarlyStoppingCallback, Trainer
 
-    class GlueTrainer(Trainer):
-        """The official GLUE schedule instead of the Trainer's named ones; sealed checkpoints."""
+    return torch.randperm(rows, generator=torch.Generator().manual_seed(seed + epoch)).tolist()
 
-        neoembed_staging: Path | None = None
 
-        def create_scheduler(self, num_training_steps: int, optimizer=None):
-            if self.lr_scheduler is None:
-                self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
-                    optimizer or self.optimizer, lambda step: lr_lambda(step, num_training_steps, recipe)
-                )
-            return self.lr_scheduler
+def _glue_step(run: GlueRun, acc, model, train, collate):
+    """The step function of GLUE fine-tuning and the row it logs: each process backpropagates its share of the
+    global batch, its mean loss weighted by its share of the rows (DDP averages the gradients over processes)."""
+    import numpy as np
+    import torch
 
-        def _get_output_dir(self, trial):
-            # transformers writes a checkpoint into <this>/checkpoint-N: the staging folder while one is written
-            if self.neoembed_staging is not None:
-                return str(self.neoembed_staging)
-            return super()._get_output_dir(trial)
+    world, rank = acc.num_processes, acc.process_index
+    order: dict[int, list[int]] = {}
+    last = {"epoch": 0.0}
 
-        def _save_checkpoint(self, model, trial):
-            _save_sealed(self, lambda: super(GlueTrainer, self)._save_checkpoint(model, trial))
+    def step_fn(step: int, stop_requested: bool) -> StepOutput:
+        epoch, position = divmod(step, run.per_epoch)
+        if epoch not in order:
+            order.clear()
+            order[epoch] = epoch_order(run.seed, epoch, len(train))
+        rows = order[epoch][position * run.batch_size : (position + 1) * run.batch_size]
+        last["epoch"] = (step + 1) / run.per_epoch
+        local = np.array_split(rows, world)[rank].tolist()
+        batch = {k: v.to(acc.device) for k, v in collate([train[i] for i in local]).items()}
+        loss = model(**batch).loss
+        acc.backward(loss * (len(local) * world / len(rows)))
+        stats = torch.tensor([loss.item() * len(local), len(local), float(stop_requested)], device=acc.device)
+        if world > 1:
+            stats = acc.reduce(stats, reduction="sum")
+        mean = float(stats[0] / stats[1])
+        return StepOutput(loss=mean, stop=bool(stats[2] > 0), sums={"loss": mean, "rows": float(stats[1])})
 
-    evaluation = {s: data[s] for s in task.validation}
-    return GlueTrainer(
-        model=model,
-        args=_arguments(recipe, task, out, eval_interval(recipe, len(data["train"]))),
-        train_dataset=data["train"],
-        eval_dataset=evaluation if len(evaluation) > 1 else evaluation[task.validation[0]],
-        data_collator=DataCollatorWithPadding(tokenizer),
-        processing_class=tokenizer,
-        compute_metrics=lambda p: compute_metrics(task, p.predictions, p.label_ids),
-        callbacks=[EarlyStoppingCallback(early_stopping_patience=recipe.patience), _stop_callback(stop)],
-    )
+    def row_fn(sums: dict, seconds: float, grad_norm, lr: float) -> dict:
+        return {
+            "loss": sums["loss"] / sums["steps"],
+            "learning_rate": lr,
+            "grad_norm": grad_norm,
+            "epoch": round(last["epoch"], 3),
+            "samples_per_s": sums["rows"] / max(seconds, 1e-9),
+        }
+
+    return step_fn, row_fn
+
+
+def _predict(acc, model, data, collate, batch_size: int):
+    """Logits (or regression outputs) and labels of ``data`` in its order, in evaluation mode."""
+    import numpy as np
+    import torch
+
+    was_training = model.training
+    model.eval()
+    outputs, labels = [], []
+    try:
+        with torch.no_grad(), acc.autocast():
+            for first in range(0, len(data), batch_size):
+                batch = collate([data[i] for i in range(first, min(first + batch_size, len(data)))])
+                labels.append(batch.pop("labels").numpy())
+                logits = model(**{k: v.to(acc.device) for k, v in batch.items()}).logits
+                outputs.append(logits.float().cpu().numpy())
+    finally:
+        model.train(was_training)
+    return np.concatenate(outputs), np.concatenate(labels)
+
+
+def _scores(acc, model, task: GlueTask, data, collate, batch_size: int) -> dict[str, dict[str, float]]:
+    """Each validation split's metrics."""
+    return {
+        split: compute_metrics(task, *_predict(acc, model, data[split], collate, batch_size))
+        for split in task.validation
+    }
+
+
+def _evaluation(acc, model, task: GlueTask, data, collate, batch_size: int):
+    """``evaluate(step)`` for the loop: the metrics flat, each prefixed with its split when there are several."""
+
+    def evaluate(step: int) -> dict[str, float]:
+        scores = _scores(acc, acc.unwrap_model(model), task, data, collate, batch_size)
+        several = len(task.validation) > 1
+        return {(f"{s}_{m}" if several else m): v for s, ms in scores.items() for m, v in ms.items()}
+
+    return evaluate
 
 
 def _resume_point(folder: Path) -> Path | None:
     """The newest complete checkpoint in ``folder`` (:func:`neoembed.runs.find_resume_checkpoint`: torn ones are
-    skipped and named), or None: the run starts at its first step (also when every checkpoint there is torn)."""
-    if not folder.is_dir() or not (list_checkpoints(folder) or any(folder.glob(".checkpoint-*.partial"))):
+    skipped and named), or None: the run starts at its first step (also when every checkpoint there is torn, or
+    a run stopped before its first one left only its logs)."""
+    if not folder.is_dir():
         return None
-    try:
-        return find_resume_checkpoint(folder)
-    except ValueError as e:  # OutputDirError: nothing complete to continue from
-        print(f"resume: {e}; this run starts again from its first step", file=sys.stderr)
-        shutil.rmtree(folder)
-        return None
+    written = [*list_checkpoints(folder), *folder.glob(".checkpoint-*.partial")]
+    if written:
+        try:
+            return find_resume_checkpoint(folder)
+        except ValueError as e:  # OutputDirError: nothing complete to continue from
+            print(f"resume: {e}; this run starts again from its first step", file=sys.stderr)
+    for stale in written:
+        shutil.rmtree(stale)
+    for name in ("metrics.jsonl", "best.json", "trackers.json"):
+        (folder / name).unlink(missing_ok=True)
+    return None
+
+
+def _loop(run: GlueRun, acc, model, out: Path, evaluate):
+    """The run loop of one GLUE run in ``out``, with AdamW and the official schedule."""
+    import torch
+
+    optimizer = adamw(model, OptimizerConfig(lr=run.learning_rate, weight_decay=run.weight_decay))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_lambda(step, run.steps, run))
+    model, optimizer = acc.prepare(model, optimizer)
+    loop = RunLoop(
+        acc,
+        run,
+        out,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        parameters=model.parameters,
+        grad_clip=1.0,  # the Trainer's max_grad_norm
+        settings=resume_settings(run),
+        desc=f"glue {run.task}",
+        nan_advice="Lower learning_rate, or use precision fp32",
+        evaluate=evaluate(model),
+    )
+    return loop, model
 
 
 def run_one(
     recipe: GlueRecipe, task: GlueTask, model: str, out: Path, data_options: dict, transfer: bool
 ) -> dict:
-    """Fine-tune, keep the best checkpoint in ``out/model``, score it on every validation split, write
-    ``out/results.json``; a run with checkpoints in ``out/checkpoints`` continues from the last one."""
-    from transformers import AutoTokenizer, set_seed
+    """Fine-tune on the run loop, keep the best checkpoint in ``out/model``, score it on every validation split,
+    write ``out/results.json``; a run with checkpoints in ``out`` continues from the last one."""
+    from accelerate import Accelerator
+    from transformers import AutoTokenizer, DataCollatorWithPadding, set_seed
 
+    acc = Accelerator(mixed_precision=_mixed_precision(recipe))
+    check_launch(acc)
     set_seed(recipe.seed)
     splits = load_splits(task, **data_options)
     check_columns(task, splits)
     tokenizer = AutoTokenizer.from_pretrained(model)
     data = _tokenized(task, splits, tokenizer, recipe.max_length)
-    stop = StopSignal()
-    trainer = _trainer(recipe, task, _load_model(task, model, transfer), tokenizer, data, out, stop)
-    checkpoint = _resume_point(out / "checkpoints")
-    with stop:
-        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
-    if stop.received is not None:
-        done = [c for c in list_checkpoints(out / "checkpoints") if verify_checkpoint(c) is None]
-        raise TrainingInterrupted(stop.received, done[-1] if done else None)
-    results = {split: _evaluate(trainer, task, data[split]) for split in task.validation}
-    save_final_model(out, lambda staged: trainer.save_model(str(staged / "model")))  # all or nothing
-    summary = {
-        "task": task.display,
-        "score": task_score(task, results),
-        "validation": results,
-        "best_step": _best_step(trainer),
-        "steps": trainer.state.global_step,
-        "eval_every": trainer.args.eval_steps,
-        "settings": {k: getattr(recipe, k) for k in ("batch_size", "learning_rate", "weight_decay", "seed")},
-        "model": model,
-    }
-    atomic_write_text(out / RESULTS, json.dumps(summary, indent=2) + "\n")
-    shutil.rmtree(out / "checkpoints", ignore_errors=True)  # the best one is out/model now
-    return summary
+    run = GlueRun.of(recipe, task, len(data["train"]), acc.num_processes)
+    collate = DataCollatorWithPadding(tokenizer, return_tensors="pt")
+    scorer = functools.partial(
+        _evaluation, acc, task=task, data=data, collate=collate, batch_size=run.eval_batch_size
+    )
+    loop, classifier = _loop(run, acc, _load_model(task, model, transfer), out, scorer)
+    loop.start(_resume_point(out), "glue", data_files=[], extra={"model": model, "transfer": transfer})
+    loop.run(*_glue_step(run, acc, classifier, data["train"], collate))
+    summary: dict = {}
 
+    def save_final() -> None:
+        final = acc.unwrap_model(classifier)
+        results = _scores(acc, final, task, data, collate, run.eval_batch_size)
 
-def _evaluate(trainer, task: GlueTask, data) -> dict[str, float]:
-    prediction = trainer.predict(data)
-    return compute_metrics(task, prediction.predictions, prediction.label_ids)
+        def write(staged: Path) -> None:
+            final.save_pretrained(staged / "model")
+            tokenizer.save_pretrained(staged / "model")
 
+        save_final_model(out, write)  # all or nothing
+        best = loop.best_record()
+        summary.update(
+            task=task.display,
+            score=task_score(task, results),
+            validation=results,
+            best_step=best["step"] if best else None,
+            steps=loop.step,
+            eval_every=run.eval.steps,
+            settings={k: getattr(recipe, k) for k in ("batch_size", "learning_rate", "weight_decay", "seed")},
+            model=model,
+        )
+        atomic_write_text(out / RESULTS, json.dumps(summary, indent=2) + "\n")
+        for done in list_checkpoints(out):  # the best one is out/model now
+            shutil.rmtree(done)
 
-def _best_step(trainer) -> int | None:
-    best = trainer.state.best_model_checkpoint
-    return int(best.rsplit("-", 1)[-1]) if best else None
+    loop.finish(save_final)
+    acc.end_training()
+    return summary or json.loads((out / RESULTS).read_text())  # the other processes read the main one's
 
 
 # ---------------------------------------------------------------------------------------------------- grid
