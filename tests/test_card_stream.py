@@ -19,15 +19,15 @@ from sentence_transformers.base.sampler import DefaultBatchSampler
 from torch.utils.data import ConcatDataset, RandomSampler
 
 from neoembed.data import cards as cards_module
+from neoembed.data import pairs as pairs_module
 from neoembed.data.cards import (
-    _MISSING,
     DataCardError,
-    _Spec,
     build_pairs_report,
     load_card,
     load_card_rows,
     prepare_card,
 )
+from neoembed.data.columns import _MISSING, _Spec
 from neoembed.data.sampler import (
     PowerLawDatasetBatchSampler,
     compact_batches,
@@ -67,7 +67,7 @@ def _row_loop(card, rows, max_negatives=None, with_instruction=True):
             dropped[reason] = dropped.get(reason, 0) + 1
             continue
         scores = (
-            cards_module._row_scores(card, score, row[score.steps[0]], i, len(row_negs)) if score else None
+            pairs_module._row_scores(card, score, row[score.steps[0]], i, len(row_negs)) if score else None
         )
         keep = [j for j, n in enumerate(row_negs) if n.strip()]
         scores = [scores[0]] + [scores[1 + j] for j in keep] if scores else None
@@ -275,7 +275,7 @@ def test_duplicate_checks_on_hashes_equal_the_set_based_ones(path, tmp_path, mon
     in_memory = datasets.Dataset.from_dict(pairs.to_dict())
     columns = [c for c in pairs.column_names if c != "label"]
     assert (text_hashes(in_memory, columns) == text_hashes(pairs, columns)).all()
-    assert cards_module.hashed_repeats(text_hashes(pairs, columns), pairs, columns) == _old_text_repeats(
+    assert pairs_module.hashed_repeats(text_hashes(pairs, columns), pairs, columns) == _old_text_repeats(
         pairs
     )
     # a prepared card's hashes, and its answer to "does a text repeat", are read back, not computed

@@ -47,7 +47,7 @@ def text_repeats(dataset, label_columns: list[str] | tuple[str, ...] = ("label",
     A card prepared by :func:`neoembed.data.cards.prepare_card` has the answer on disk, found when it was built;
     any other dataset is decided on its texts' 64-bit hashes (:func:`text_hashes`), sorted in numpy, a repeated
     hash confirmed on the texts themselves (a hash collision never reads as a repeat)."""
-    from neoembed.data.cards import REPEATS, hashed_repeats
+    from neoembed.data.pairs import REPEATS, hashed_repeats
 
     columns = [c for c in dataset.column_names if c not in label_columns]
     side = _hashes_file(dataset, columns)
@@ -59,7 +59,7 @@ def text_repeats(dataset, label_columns: list[str] | tuple[str, ...] = ("label",
 def _hashes_file(dataset, columns: list[str]) -> Path | None:
     """The hashes file of a prepared card's pairs when ``dataset`` is all of them (not a selection) and
     ``columns`` are its text columns; else None."""
-    from neoembed.data.cards import HASHES
+    from neoembed.data.pairs import HASHES
 
     files = getattr(dataset, "cache_files", None) or []
     whole = getattr(dataset, "_indices", None) is None  # not a selection of the file's rows
@@ -79,7 +79,7 @@ def text_hashes(dataset, columns: list[str]):
     """The 64-bit hashes of every row's texts in ``columns``, as a (rows, columns) int64 array. A card prepared
     by :func:`neoembed.data.cards.prepare_card` has them on disk beside its pairs, computed in the batched map
     that read its rows (memory-mapped here, no pass over the texts); any other dataset is hashed batch by batch."""
-    from neoembed.data.cards import text_hash
+    from neoembed.data.pairs import text_hash
 
     side = _hashes_file(dataset, columns)
     if side is not None:
@@ -137,7 +137,7 @@ def plan_no_duplicates(mode: bool | str, dataset, batch_size: int, name: str) ->
     if mode == "auto":
         logger.warning("%s, so its batches may hold a text twice; lower its batch_size to avoid it", problem)
         return False
-    from neoembed.data.cards import DataCardError
+    from neoembed.data.errors import DataCardError
 
     raise DataCardError(
         f"{problem}: no_duplicates: true cannot fill a batch; lower batch_size or set no_duplicates: false"
