@@ -31,6 +31,7 @@ FLOORS = {
     "neoembed.progress": 1,
     "neoembed.export.cpu": 1,
     "neoembed.batching": 1,
+    "neoembed.model_card": 1,
     # floor 2: the bi-encoder, data, run plumbing (output folders, checkpoints, signals, metrics)
     "neoembed.sentence": 2,
     "neoembed.data": 2,

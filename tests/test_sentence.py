@@ -15,7 +15,8 @@ import torch
 from sentence_transformers import SentenceTransformer
 
 import neoembed
-from neoembed.sentence import NonFiniteEmbeddingError, base_model_name, build_prompts, model_card_text
+from neoembed.model_card import base_model_name, model_card_text
+from neoembed.sentence import NonFiniteEmbeddingError, build_prompts
 
 TEXTS = ["NeoBERT is the most efficient model of its kind!", "a", "", "Two sentences. Of different lengths."]
 

@@ -50,6 +50,7 @@ from neoembed.data.cards import DataCardError, explain_data_errors, find_card, l
 from neoembed.data.check import require_hub
 from neoembed.loop import RunLoop, StepOutput, adamw, check_launch
 from neoembed.losses import InfoNCELoss, duplicate_mask
+from neoembed.model_card import base_model_name, based_on
 from neoembed.recipe import resolve_recipe_path
 from neoembed.runs import (
     TrainingStopped,
@@ -61,7 +62,7 @@ from neoembed.runs import (
     resume_settings,
     save_final_model,
 )
-from neoembed.sentence import base_model_name, based_on, record_matryoshka_dims, resolve_packaged
+from neoembed.sentence import record_matryoshka_dims, resolve_packaged
 
 __all__ = ["TrainingStopped", "cde_loss", "prepare_sources", "train_cde"]
 

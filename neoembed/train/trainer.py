@@ -48,6 +48,7 @@ from neoembed.data.sampler import (
     plan_no_duplicates,
 )
 from neoembed.losses import build_loss
+from neoembed.model_card import base_model_name, training_prompts
 from neoembed.recipe import RecipeError, resolve_recipe_path
 from neoembed.record import add_to_run_record, write_run_record
 from neoembed.runs import (
@@ -73,7 +74,7 @@ from neoembed.runs import (
     verify_checkpoint,
     write_failed,
 )
-from neoembed.sentence import base_model_name, record_matryoshka_dims, training_prompts
+from neoembed.sentence import record_matryoshka_dims
 from neoembed.train.holdout import (
     check_same_holdout,
     held_card_names,
@@ -489,8 +490,8 @@ def _best_line(recipe: UnifiedRecipe, state) -> str:
 
 
 def _model_card(recipe: UnifiedRecipe, cards, output: Path, best: str = "") -> None:
+    from neoembed.model_card import model_card_text
     from neoembed.record import atomic_write_text
-    from neoembed.sentence import model_card_text
 
     datasets = []
     for card, _ in cards:
