@@ -29,7 +29,7 @@ import yaml
 from pydantic import Field
 
 from neoembed.data.cards import DataCard, DataCardError, build_pairs, find_card, load_card, load_rows
-from neoembed.mine.miner import _prepare_output_dir, check_model_kind, model_kind
+from neoembed.mine.settings import check_model_kind, model_kind, prepare_run_folder
 from neoembed.progress import bar as progress_bar
 from neoembed.recipe import StrictModel
 from neoembed.record import atomic_write_text, file_sha256
@@ -155,7 +155,7 @@ def score_card(
     state = out / ".score"
     if resume:
         _check_same_run(out, state, name, fingerprint)
-    if _prepare_output_dir(out, state, name, fingerprint, resume, overwrite):
+    if prepare_run_folder(out, state, name, fingerprint, resume, overwrite):
         logger.warning("%s already holds a finished run (%s.yaml); nothing to do", out, name)
         rows = len((out / f"{name}.jsonl").read_text().splitlines())
         return ScoreResult(out / f"{name}.yaml", out / f"{name}.jsonl", rows, kind)

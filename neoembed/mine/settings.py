@@ -1,0 +1,184 @@
+"""A mining run's settings (:class:`MineConfig`), the model kinds its roles take, and its output folder: what an
+interrupted run stores so that ``--resume`` continues it only with the same card, corpus, model and settings."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from neoembed.instructions import DEFAULT_TEMPLATE
+from neoembed.recipe import StrictModel
+from neoembed.record import atomic_write_text, file_sha256
+from neoembed.runs import OutputDirError, prepare_output_dir
+
+__all__ = [
+    "MineConfig",
+    "check_model_kind",
+    "model_kind",
+    "neoembed_version",
+    "prepare_run_folder",
+    "run_fingerprint",
+]
+
+
+class MineConfig(StrictModel):
+    """Settings of a mining run (``neoembed mine --help`` gives the same as options)."""
+
+    num_negatives: int = Field(5, ge=1)
+    range_min: int = Field(0, ge=0)  # raw rank (0 = most similar document, positives included) ...
+    range_max: int = Field(30, ge=1)  # ... up to, not including, this rank; also the search depth
+    max_score: float | None = None
+    margin: float | None = Field(None, ge=0)  # keep: score <= positive score - margin
+    max_fraction: float | None = Field(0.95, gt=0, le=1)  # keep: score <= positive - (1 - f) * |positive|
+    duplicate_threshold: float = Field(0.98, gt=0, le=1)  # cosine to a positive at or above: a near-duplicate
+    index: Literal["flat", "ivf", "hnsw", "ivfpq", "binary", "int8"] = "flat"
+    rescore: int = Field(4, ge=1)  # binary / int8: the rescore x range_max nearest codes rescored exactly
+    nlist: int | None = Field(None, ge=1)
+    nprobe: int = Field(16, ge=1)
+    hnsw_m: int = Field(32, ge=2)
+    ef_search: int = Field(128, ge=1)
+    pq_m: int = Field(16, ge=1)
+    gpu: Literal["auto", "on", "off"] = "auto"
+    shard_size: int = Field(50_000, ge=1)
+    batch_size: int = Field(64, ge=1)
+    # tokens per encoding batch (None: the device's default, neoembed.batching); embeddings do not depend on it
+    max_batch_tokens: int | None = Field(None, ge=1)
+    search_batch: int = Field(4096, ge=1)
+    pooling: Literal["mean", "cls"] | None = None  # None: a saved model's own, mean for a plain checkpoint
+    max_length: int | None = Field(256, ge=8)
+    template: str = DEFAULT_TEMPLATE
+    max_rows: int | None = Field(None, ge=1)
+    cross_encoder: str | None = None
+    cross_encoder_batch_size: int = Field(64, ge=1)
+    workers: int = Field(
+        1, ge=1
+    )  # encoding processes: forked on CPU, one per GPU (sentence-transformers' pool)
+    name: str | None = None  # of the written card; default <source card>_mined
+    keep_embeddings: bool = False  # keep OUT/.mine (embeddings, candidates) after a finished run
+
+    @model_validator(mode="after")
+    def _ranges(self):
+        if self.range_max <= self.range_min:
+            raise ValueError(f"range_max ({self.range_max}) must be larger than range_min ({self.range_min})")
+        if self.num_negatives > self.range_max - self.range_min:
+            raise ValueError(
+                f"num_negatives={self.num_negatives} cannot fit in ranks [{self.range_min}, {self.range_max}): "
+                f"raise range_max to at least {self.range_min + self.num_negatives} or lower num_negatives"
+            )
+        return self
+
+
+def model_kind(path: str | Path) -> tuple[str, str] | None:
+    """What a local model folder is, as sentence-transformers' ``CrossEncoder`` itself tells: with
+    ``modules.json``, the ``model_type`` of ``config_sentence_transformers.json`` (``SentenceTransformer`` when
+    absent; only ``CrossEncoder`` is a cross-encoder, anything else is converted with a new, random score head);
+    without it, a Hugging Face checkpoint whose ``architectures`` is a ``...ForSequenceClassification`` (the head
+    a cross-encoder scores with) or an encoder without one. ``(kind, why)``, or None for a hub id or an
+    unrecognised folder."""
+    folder = Path(path)
+    if (folder / "modules.json").is_file():
+        st_config = folder / "config_sentence_transformers.json"
+        model_type = "SentenceTransformer"
+        if st_config.is_file():
+            with contextlib.suppress(ValueError, OSError, AttributeError):
+                model_type = json.loads(st_config.read_text()).get("model_type") or model_type
+        kind = "cross-encoder" if model_type == "CrossEncoder" else "bi-encoder"
+        return kind, f"a sentence-transformers {model_type} folder (modules.json)"
+    if (folder / "config.json").is_file():
+        with contextlib.suppress(ValueError, OSError, AttributeError):
+            architectures = json.loads((folder / "config.json").read_text()).get("architectures") or []
+            if any(str(a).endswith("ForSequenceClassification") for a in architectures):
+                return "cross-encoder", f"a sequence-classification checkpoint ({', '.join(architectures)})"
+            named = f" ({', '.join(architectures)})" if architectures else ""
+            return "bi-encoder", f"an encoder checkpoint without a score head{named}"
+    return None
+
+
+def check_model_kind(path: str | Path, wanted: str, flag: str) -> None:
+    """Refuse (ValueError, exit 2) a local model of the wrong kind for ``flag``'s role, before it loads: a
+    cross-encoder built on a bi-encoder scores with a randomly initialised head, and a bi-encoder built on a
+    cross-encoder embeds with a backbone trained for another task."""
+    found = model_kind(path)
+    if found is None or found[0] == wanted:
+        return
+    kind, why = found
+    if wanted == "cross-encoder":
+        effect = "it has no trained score head: a cross-encoder built on it would score with a random one"
+        fix = "a CrossEncoder folder or a ...ForSequenceClassification checkpoint"
+    else:
+        effect = "it reads a query and a document together and scores the pair; it embeds neither alone"
+        fix = "a bi-encoder (a SentenceTransformer folder or an encoder checkpoint)"
+    raise ValueError(f"{flag} {path} is a {kind}, {why}, not a {wanted}: {effect}. Pass {fix}")
+
+
+def neoembed_version() -> str:
+    from neoembed._version import __version__
+
+    return __version__
+
+
+def run_fingerprint(src_path: Path, model, cfg: MineConfig, corpus, corpus_card) -> dict:
+    """What an interrupted run must share with its resumption for the stored shards to be reusable."""
+    if corpus_card is not None:
+        corpus_id = file_sha256(corpus_card[2])
+    elif corpus is not None:
+        h = hashlib.sha256()
+        for text in corpus:  # one text at a time: a joined copy of a large corpus would double its memory
+            h.update(text.encode("utf8") + b"\x00")
+        corpus_id = h.hexdigest()
+    else:
+        corpus_id = None
+    return {
+        "card_sha256": file_sha256(src_path),
+        "corpus": corpus_id,
+        "model": str(model),
+        "settings": cfg.model_dump(exclude={"workers", "keep_embeddings", "max_batch_tokens"}),
+    }
+
+
+def prepare_run_folder(
+    out: Path, state: Path, name: str, fingerprint: dict, resume: bool, overwrite: bool
+) -> bool:
+    """Create ``out`` for a fresh run, or check that ``resume`` continues the same run. True: already finished.
+
+    The folder rules are every writer's (:func:`neoembed.runs.prepare_output_dir`: a non-empty folder needs
+    ``--resume`` or ``--overwrite``, and ``--overwrite`` clears only a folder that ``neoembed mine`` wrote); on
+    resume the mining settings must equal the interrupted run's."""
+    settings = state / "settings.json"
+    clearable = (f"{name}.yaml", f"{state.name}/{settings.name}")
+    prepare_output_dir(
+        out, overwrite=overwrite, resume=resume, checkpoints=False, what="--out", clearable=clearable
+    )
+    if resume and not settings.is_file():
+        if (out / f"{name}.yaml").is_file():
+            return True
+        raise OutputDirError(f"--resume: {out} holds no interrupted mining run ({settings} is missing)")
+    if resume:
+        before = json.loads(settings.read_text())
+        changed = sorted(_diff(before, fingerprint))
+        if changed:
+            raise OutputDirError(
+                f"--resume: the run in {out} was started with other settings ({', '.join(changed)} differ); "
+                "resume with the original settings, or mine into a new folder"
+            )
+        return False
+    state.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(settings, json.dumps(fingerprint, indent=1, sort_keys=True))
+    return False
+
+
+def _diff(a: dict, b: dict, prefix: str = "") -> list[str]:
+    keys = set(a) | set(b)
+    out = []
+    for k in keys:
+        va, vb = a.get(k), b.get(k)
+        if isinstance(va, dict) and isinstance(vb, dict):
+            out += _diff(va, vb, f"{prefix}{k}.")
+        elif va != vb:
+            out.append(f"{prefix}{k}")
+    return out
