@@ -1,0 +1,49 @@
+"""What one ``neoembed mteb`` run takes (:class:`EvalConfig`) and what it gives back (:class:`EvalReport`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from neoembed.instructions import DEFAULT_INSTRUCTION_SET, DEFAULT_TEMPLATE
+
+__all__ = ["QUERY_PROMPT_NONE", "QUERY_PROMPT_SAVED", "EvalConfig", "EvalReport"]
+
+QUERY_PROMPT_SAVED, QUERY_PROMPT_NONE = "saved", "none"
+
+
+@dataclass
+class EvalConfig:
+    model: str
+    output: Path
+    tasks: list[str] | None = None
+    task_types: list[str] | None = None
+    benchmark: str | None = None
+    precision: str | None = None  # None: fp16 on CUDA, fp32 on CPU
+    instructions: str = DEFAULT_INSTRUCTION_SET
+    template: str = DEFAULT_TEMPLATE
+    batch_size: int = 32
+    max_batch_tokens: int | None = None  # tokens per encoding batch (None: the device's, neoembed.batching)
+    max_length: int | None = None
+    data_dir: Path | None = None
+    overwrite: bool = False
+    seed: int = 42
+    device: str | None = None
+    cde_context: str = "corpus"  # CDE models: "corpus" (a seeded sample of each task's texts) or "null"
+    truncate_dim: int | None = None  # evaluate the first truncate_dim dimensions (a Matryoshka model)
+    embedding_precision: str = "fp32"  # "int8" / "binary": scores on quantized embeddings (mteb's wrapper)
+    rescore: int | None = None  # retrieval / reranking: N x 10 nearest codes rescored (neoembed.eval.rescore)
+    rescore_docs: str = "quantized"  # rescore against the "quantized" documents or the "float" ones
+    backend: str = "torch"  # "onnx": a folder written by neoembed export, served by ONNX Runtime
+    onnx_file: str | None = None  # the graph in its onnx/ folder (default model.onnx), e.g. an int8 one
+    quantize: str | None = None  # "int8": the torch model's linear layers in dynamic int8 (CPU)
+    # where a task gives no instruction, the prompt before its queries: "saved" (the model's own saved "query"
+    # prompt, sentence-transformers' model.prompts["query"]), "none" (no prompt) or the text itself
+    query_prompt: str = QUERY_PROMPT_SAVED
+
+
+@dataclass
+class EvalReport:
+    scores: dict[str, dict] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
