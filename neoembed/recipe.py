@@ -295,6 +295,32 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def given_on_command_line(ctx, values: dict) -> dict:
+    """The options of ``values`` that the command line set (the others keep --config's or the defaults);
+    ``ctx``: the command's typer context."""
+    # by name: typer carries its own copy of click, whose ParameterSource is not click's
+    return {k: v for k, v in values.items() if getattr(ctx.get_parameter_source(k), "name", "") == "COMMANDLINE"}
+
+
+def command_settings(schema, config_file: Path | None, given: dict, overrides: list[str]):
+    """A command's settings (``neoembed mine``, ``neoembed mteb``): ``schema`` validated from --config's mapping,
+    the options ``given`` on the command line and ``key=value`` overrides, in that order of precedence (lowest
+    first); errors name the key (exit 2), and a key both given as an option and overridden is refused."""
+    data: dict = {}
+    if config_file is not None:
+        try:
+            data = yaml.safe_load(Path(config_file).read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as e:
+            raise RecipeError(f"--config {config_file} is not valid YAML ({e})") from None
+        if not isinstance(data, dict):
+            raise RecipeError(f"--config {config_file} must hold key: value lines, got a {type(data).__name__}")
+    twice = sorted({o.split("=", 1)[0].strip() for o in overrides if "=" in o} & set(given))
+    if twice:
+        raise RecipeError(f"{', '.join(twice)} set both as an option and as key=value: keep one")
+    where = "the options and key=value" + (f" over --config {config_file}" if config_file is not None else "")
+    return load_recipe({**data, **given}, schema, overrides, where=where)
+
+
 # ------------------------------------------------------------------------------------------ evaluation
 class Holdout(StrictModel):
     """``eval.holdout``: ``rows`` rows of each of ``cards`` (default: every training card), drawn with ``seed``, are

@@ -911,3 +911,34 @@ def test_query_prompt_leaves_task_instructions_and_symmetric_tasks_alone(minilm_
         _run(model, tmp_path / "out", data_dir=cards, instructions="paper", query_prompt="none")
     again = _run(model, tmp_path / "out", data_dir=cards, instructions="paper", query_prompt=SAVED_PROMPT)
     assert sorted(again.skipped) == ["STS16", "TrecQA"]
+
+
+def test_mteb_settings_from_config_options_and_set(tmp_path, run_neoembed, monkeypatch):
+    """``neoembed mteb`` takes settings as ``neoembed mine`` does: defaults < --config < the options given <
+    ``--set key=value``; a key given both as an option and with --set, an unknown key and a task list naming
+    nothing are refused by name (exit 2) before anything loads."""
+    import neoembed.eval.cli as mteb_cli
+
+    seen = []
+    monkeypatch.setattr(mteb_cli, "_run", lambda cfg, out, model: seen.append(cfg))
+    monkeypatch.setattr(mteb_cli, "_check_task_names", lambda names: None)  # no mteb registry needed
+    model = tmp_path / "model"  # a folder, so the weight check has nothing to refuse
+    model.mkdir()
+    config = tmp_path / "mteb.yaml"
+    config.write_text(f"model: {model}\ntasks: STS12, STS13\nbatch_size: 8\nseed: 1\ninstructions: none\n")
+    out = tmp_path / "out"
+    args = ["mteb", "--config", config, "--output", out, "--batch-size", "16", "--set", "seed=3"]
+    r = run_neoembed([*args, "--set", "task_types=[STS]"])
+    assert r.exit_code == 0, r.output
+    cfg = seen[-1]
+    assert (cfg.model, cfg.tasks, cfg.task_types) == (str(model), ["STS12", "STS13"], ["STS"])
+    assert (cfg.batch_size, cfg.seed, cfg.instructions, cfg.output) == (16, 3, "none", out)
+    assert cfg.max_batch_tokens is None and cfg.precision is None  # defaults where nothing set them
+    for bad, said in [
+        (["--set", "batch_size=4"], "batch_size set both as an option and as key=value"),
+        (["--set", "batchsize=4"], "batchsize"),
+        (["--set", "tasks=,"], "names nothing"),
+    ]:
+        r = run_neoembed([*args, *bad])
+        assert r.exit_code == 2 and said in r.output, (bad, r.output)
+    assert len(seen) == 1

@@ -111,6 +111,17 @@ Quantize = Annotated[
     ),
 ]
 
+ConfigFile = Annotated[
+    Path | None,
+    typer.Option(
+        "--config", help="A YAML file of settings, one key per option (task_types, batch_size, ...)."
+    ),
+]
+SetKeys = Annotated[
+    list[str] | None,
+    typer.Option("--set", help="key=value: one setting over the options and --config (repeatable)."),
+]
+
 MaxBatchTokens = Annotated[
     int | None,
     typer.Option(
@@ -156,52 +167,46 @@ def mteb_command(
     backend: Backend = "torch",
     onnx_file: OnnxFile = None,
     quantize: Quantize = None,
+    config: ConfigFile = None,
+    set_: SetKeys = None,
 ) -> None:
-    """Evaluate MODEL on MTEB tasks and write per-task JSON plus a Table-4 style summary."""
+    """Evaluate MODEL on MTEB tasks and write per-task JSON plus a Table-4 style summary.
+
+    Settings, lowest first: defaults, --config, the options given, --set key=value (not one key both ways)."""
     if ctx.invoked_subcommand is not None:
         return
-    if model is None:
+    from neoembed.eval.config import MtebSettings
+    from neoembed.recipe import command_settings, given_on_command_line
+
+    options = {k: v for k, v in locals().items() if k in MtebSettings.model_fields}
+    given = given_on_command_line(ctx, options)
+    for key, flag in (("tasks", "--tasks"), ("task_types", "--task-types")):
+        if key in given:  # an option naming nothing is refused by its own name
+            given[key] = _split(given[key], flag)
+    settings = command_settings(MtebSettings, config, given, set_ or [])
+    if settings.model is None:
         typer.echo(ctx.get_help())
         raise typer.Exit(2)
+    _evaluate(settings)
+
+
+def _evaluate(s) -> None:
+    """The run of ``neoembed mteb`` with settings ``s`` (:class:`~neoembed.eval.config.MtebSettings`): every option
+    checked before anything loads, the results folder claimed, then the tasks."""
     from neoembed.eval.runner import EvalConfig
     from neoembed.runs import claim_results_dir, default_results_dir, output_lock
 
     _check_options(
-        model, device, precision, embedding_precision, rescore, rescore_docs, backend, onnx_file, quantize
-    )
-    out = output or default_results_dir(model)
-    task_list = _split(tasks, "--tasks")
+        s.model, s.device, s.precision, s.embedding_precision, s.rescore, s.rescore_docs, s.backend, s.onnx_file,
+        s.quantize,
+    )  # fmt: skip
+    out = s.output or default_results_dir(s.model)
     with output_lock(out, what="--output"):
         # another model's folder: refused before any import
-        claim_results_dir(out, model, overwrite, write=False)
-        if data_dir is None:  # with --data-dir, task names are folder names, checked by the runner
-            _check_task_names(task_list)
-        cfg = EvalConfig(
-            model=model,
-            output=out,
-            tasks=task_list,
-            task_types=_split(task_types, "--task-types"),
-            benchmark=benchmark,
-            precision=precision,
-            instructions=instructions,
-            query_prompt=query_prompt,
-            batch_size=batch_size,
-            max_batch_tokens=max_batch_tokens,
-            max_length=max_length,
-            truncate_dim=truncate_dim,
-            data_dir=data_dir,
-            overwrite=overwrite,
-            seed=seed,
-            cde_context=cde_context,
-            device=device,
-            embedding_precision=embedding_precision,
-            rescore=rescore,
-            rescore_docs=rescore_docs,
-            backend=backend,
-            onnx_file=onnx_file,
-            quantize=quantize,
-        )
-        _run(cfg, out, model)
+        claim_results_dir(out, s.model, s.overwrite, write=False)
+        if s.data_dir is None:  # with --data-dir, task names are folder names, checked by the runner
+            _check_task_names(s.tasks)
+        _run(EvalConfig(**s.model_dump(exclude={"output"}), output=out), out, s.model)
 
 
 def _check_backend(backend: str, onnx_file: str | None, precision: str | None) -> None:

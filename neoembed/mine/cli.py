@@ -124,8 +124,9 @@ def mine_command(
         max_rows=max_rows, workers=workers, name=name,
     )  # fmt: skip
     from neoembed.mine.miner import MineConfig, mine_negatives
+    from neoembed.recipe import command_settings, given_on_command_line
 
-    cfg = command_settings(MineConfig, config, _given(ctx, flags), settings or [])
+    cfg = command_settings(MineConfig, config, given_on_command_line(ctx, flags), settings or [])
     from neoembed.runs import output_lock
 
     with output_lock(out, what="--out"):
@@ -140,34 +141,6 @@ def mine_command(
     )
     typer.echo("candidates: " + ", ".join(f"{k} {v}" for k, v in c["candidates"].items()))
     typer.echo(f"train on it: neoembed train RECIPE 'datasets=[{{card: {result.card}}}]'")
-
-
-def _given(ctx: typer.Context, values: dict) -> dict:
-    """The options of ``values`` that the command line set (the others keep --config's or the defaults)."""
-    # by name: typer carries its own copy of click, whose ParameterSource is not click's
-    return {k: v for k, v in values.items() if getattr(ctx.get_parameter_source(k), "name", "") == "COMMANDLINE"}
-
-
-def command_settings(schema, config_file: Path | None, given: dict, overrides: list[str]):
-    """``schema`` validated from --config's mapping, the options ``given`` on the command line and ``key=value``
-    overrides, in that order of precedence (lowest first); errors name the key (exit 2)."""
-    import yaml
-
-    from neoembed.recipe import RecipeError, load_recipe
-
-    data: dict = {}
-    if config_file is not None:
-        try:
-            data = yaml.safe_load(Path(config_file).read_text(encoding="utf-8")) or {}
-        except yaml.YAMLError as e:
-            raise RecipeError(f"--config {config_file} is not valid YAML ({e})") from None
-        if not isinstance(data, dict):
-            raise RecipeError(f"--config {config_file} must hold key: value lines, got a {type(data).__name__}")
-    twice = sorted({o.split("=", 1)[0].strip() for o in overrides if "=" in o} & set(given))
-    if twice:
-        raise RecipeError(f"{', '.join(twice)} set both as an option and as key=value: keep one")
-    where = "the options and key=value" + (f" over --config {config_file}" if config_file is not None else "")
-    return load_recipe({**data, **given}, schema, overrides, where=where)
 
 
 Teacher = Annotated[
