@@ -86,7 +86,10 @@ LOSS_SCRIPT = textwrap.dedent('''
         out = {}
         for name, (cls, options) in CONFIGS.items():
             model.zero_grad(set_to_none=True)
+            options = dict(options)
+            mrl = options.pop("matryoshka", None)  # nested dimensions wrap the loss, as build_loss does
             loss = getattr(losses, cls)(model, **{"gather_across_devices": world > 1, **options})
+            loss = loss if mrl is None else losses.with_matryoshka(model, loss, mrl)
             features = [model.tokenize(c[rows]) for c in columns]
             value = loss(features, torch.zeros(len(columns[0][rows])))
             value.backward()

@@ -17,6 +17,7 @@ from neoembed.losses import (
     MatryoshkaConfig,
     false_negative_mask,
     info_nce,
+    with_matryoshka,
 )
 
 BATCH = {
@@ -159,8 +160,8 @@ def test_matryoshka_equals_sentence_transformers_matryoshka_of_mnrl(minilm):
         minilm, MultipleNegativesRankingLoss(minilm, scale=1 / 0.05), MRL["dims"], MRL["weights"]
     )
     expected = _run(minilm, reference)
-    plain = InfoNCELoss(minilm, temperature=0.05, matryoshka=MRL)
-    cached = CachedInfoNCELoss(minilm, temperature=0.05, mini_batch_size=2, matryoshka=MRL)
+    plain = with_matryoshka(minilm, InfoNCELoss(minilm, temperature=0.05), MRL)
+    cached = with_matryoshka(minilm, CachedInfoNCELoss(minilm, temperature=0.05, mini_batch_size=2), MRL)
     _assert_same(_run(minilm, plain), expected)
     _assert_same(_run(minilm, cached), expected)
     single = _run(minilm, InfoNCELoss(minilm, temperature=0.05))[0]
@@ -176,7 +177,8 @@ def test_cached_matryoshka_encodes_each_mini_batch_twice_whatever_the_dims(tiny)
         counts = []
         for mrl in (None, {"dims": [64, 32, 16, 8]}):
             calls.clear()
-            _run(tiny, CachedInfoNCELoss(tiny, mini_batch_size=2, matryoshka=mrl))
+            loss = CachedInfoNCELoss(tiny, mini_batch_size=2)
+            _run(tiny, loss if mrl is None else with_matryoshka(tiny, loss, mrl))
             counts.append((calls.count(False), calls.count(True)))
     finally:
         hook.remove()
@@ -185,12 +187,11 @@ def test_cached_matryoshka_encodes_each_mini_batch_twice_whatever_the_dims(tiny)
 
 @pytest.mark.parametrize("improved", [False, True])
 def test_matryoshka_with_false_negatives_cached_equals_plain(tiny, improved):
-    options = dict(
-        matryoshka={"dims": [64, 16]}, false_negatives={"margin": 0.05}, improved_contrastive=improved
-    )
+    options = dict(false_negatives={"margin": 0.05}, improved_contrastive=improved)
+    mrl = {"dims": [64, 16]}
     _assert_same(
-        _run(tiny, CachedInfoNCELoss(tiny, mini_batch_size=3, **options)),
-        _run(tiny, InfoNCELoss(tiny, **options)),
+        _run(tiny, with_matryoshka(tiny, CachedInfoNCELoss(tiny, mini_batch_size=3, **options), mrl)),
+        _run(tiny, with_matryoshka(tiny, InfoNCELoss(tiny, **options), mrl)),
     )
 
 
@@ -375,9 +376,10 @@ def test_kl_distillation_equals_sentence_transformers(minilm, cached):
 
 
 def test_distillation_added_to_infonce_with_matryoshka_cached_equals_plain(tiny):
-    options = dict(distillation={"loss": "kl", "weight": 0.5}, matryoshka={"dims": [64, 16]})
-    plain = _run_labels(tiny, InfoNCELoss(tiny, **options), TEACHER)
-    _assert_same(_run_labels(tiny, CachedInfoNCELoss(tiny, mini_batch_size=2, **options), TEACHER), plain)
+    options, mrl = dict(distillation={"loss": "kl", "weight": 0.5}), {"dims": [64, 16]}
+    plain = _run_labels(tiny, with_matryoshka(tiny, InfoNCELoss(tiny, **options), mrl), TEACHER)
+    cached = with_matryoshka(tiny, CachedInfoNCELoss(tiny, mini_batch_size=2, **options), mrl)
+    _assert_same(_run_labels(tiny, cached, TEACHER), plain)
     with torch.no_grad():  # the sum of its two parts
         infonce = float(InfoNCELoss(tiny)(_features(tiny, ("query", "positive", "negative")), TEACHER))
     assert plain[0] != pytest.approx(infonce)
@@ -580,7 +582,7 @@ DDP_OBJECTIVES = """
 import sys, torch, torch.distributed as dist
 from accelerate import Accelerator
 import neoembed
-from neoembed.losses import CachedInfoNCELoss, InfoNCELoss
+from neoembed.losses import CachedInfoNCELoss, InfoNCELoss, with_matryoshka
 acc = Accelerator(cpu=True)
 model = neoembed.load(sys.argv[1])
 for m in model.modules():
@@ -593,14 +595,19 @@ teacher = torch.tensor([[0.9, 0.2], [0.8, 0.6], [0.7, 0.1], [0.95, 0.3]])
 world, rank = acc.num_processes, acc.process_index
 sl = slice(rank * 4 // world, (rank + 1) * 4 // world)
 g = {"gather_across_devices": world > 1}
-fn = {"false_negatives": {"margin": 0.3}, "matryoshka": {"dims": [64, 16]}}
-kd = {"distillation": {"loss": "margin_mse", "weight": 0.5}, "matryoshka": {"dims": [64, 16]}}
+fn = {"false_negatives": {"margin": 0.3}}
+kd = {"distillation": {"loss": "margin_mse", "weight": 0.5}}
+mrl = {"dims": [64, 16]}
 losses = {
-    "matryoshka_false_negatives": InfoNCELoss(model, **g, **fn),
-    "improved_contrastive": InfoNCELoss(model, **g, **fn, improved_contrastive=True),
-    "cached_matryoshka_false_negatives": CachedInfoNCELoss(model, mini_batch_size=1, **g, **fn),
+    "matryoshka_false_negatives": with_matryoshka(model, InfoNCELoss(model, **g, **fn), mrl),
+    "improved_contrastive": with_matryoshka(model, InfoNCELoss(model, **g, **fn, improved_contrastive=True), mrl),
+    "cached_matryoshka_false_negatives": with_matryoshka(
+        model, CachedInfoNCELoss(model, mini_batch_size=1, **g, **fn), mrl
+    ),
     "distillation_kl": InfoNCELoss(model, **g, distillation={"loss": "kl"}),
-    "cached_distillation_matryoshka": CachedInfoNCELoss(model, mini_batch_size=1, **g, **kd),
+    "cached_distillation_matryoshka": with_matryoshka(
+        model, CachedInfoNCELoss(model, mini_batch_size=1, **g, **kd), mrl
+    ),
 }
 out = {"world": world}
 for name, loss in losses.items():

@@ -18,6 +18,10 @@ Both classes are thin overrides of the sentence-transformers losses: they reuse 
 cross-device gathering, and replace only the scoring (temperature, duplicate mask, reduction). The plain loss
 also encodes each batch in length groups (:func:`embed_by_length`): the same rows, fewer padding tokens.
 
+Nested dimensions (``matryoshka:``) are sentence-transformers' ``MatryoshkaLoss`` around either form
+(:func:`with_matryoshka`); CDE's two-stage step, which scores bare embeddings, sums them itself
+(:meth:`MatryoshkaConfig.loss`).
+
 Recipes name their loss in a sub-config (``loss: {name: cached_infonce, mini_batch_size: 32}``, a
 :class:`LossConfig`); :data:`LOSSES` maps the names to the classes, each class lists the sub-config's keys it
 reads (``recipe_options``: another loss's key is refused, not ignored), builds itself from a recipe
@@ -56,6 +60,7 @@ __all__ = [
     "MatryoshkaConfig",
     "build_loss",
     "check_loss_name",
+    "counting_loss",
     "duplicate_mask",
     "duplicate_masker",
     "embed_by_length",
@@ -67,6 +72,7 @@ __all__ = [
     "length_groups",
     "margin_mse",
     "text_keys",
+    "with_matryoshka",
 ]
 
 
@@ -111,8 +117,27 @@ class LossConfig(StrictModel):
 
 
 def build_loss(name: str, model, recipe):
-    """The loss ``name`` for ``model``, with its settings read from ``recipe``."""
+    """The loss ``name`` for ``model``, with its settings read from ``recipe``; with ``matryoshka:``, wrapped in
+    sentence-transformers' ``MatryoshkaLoss`` (:func:`with_matryoshka`)."""
     loss = LOSSES[check_loss_name(name)].from_recipe(model, recipe)
-    if getattr(loss, "matryoshka", None) is not None:
-        loss.matryoshka.check_width(model.get_embedding_dimension())
-    return loss
+    matryoshka = getattr(recipe, "matryoshka", None)
+    return loss if matryoshka is None else with_matryoshka(model, loss, matryoshka)
+
+
+def with_matryoshka(model, loss, config: MatryoshkaConfig | dict):
+    """``loss`` at every nested dimension of ``config``, weighted and summed: sentence-transformers'
+    ``MatryoshkaLoss``, which reuses one forward pass for all dimensions (the plain loss) or decorates the GradCache
+    scoring (the cached loss: each mini-batch still encoded twice). A dimension wider than the model is refused
+    first, with the fix."""
+    from sentence_transformers.sentence_transformer.losses import MatryoshkaLoss
+
+    config = MatryoshkaConfig(**config) if isinstance(config, dict) else config
+    config.check_width(model.get_embedding_dimension())
+    dims, weights = zip(*config.pairs(), strict=True)
+    return MatryoshkaLoss(model, loss, list(dims), list(weights))
+
+
+def counting_loss(loss):
+    """The InfoNCE loss inside ``loss`` (unwrapped from ``MatryoshkaLoss``): the one whose ``pop_counts`` says
+    what it masked."""
+    return getattr(loss, "loss", loss)

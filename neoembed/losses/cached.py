@@ -11,7 +11,6 @@ from neoembed.losses.contrastive import info_nce
 from neoembed.losses.distillation import DistillationConfig
 from neoembed.losses.infonce import _InfoNCEMixin, _objective_config, _recipe_settings, _unpack
 from neoembed.losses.masks import FalseNegativeConfig
-from neoembed.losses.matryoshka import MatryoshkaConfig
 
 
 class CachedInfoNCELoss(_InfoNCEMixin, CachedMultipleNegativesRankingLoss):
@@ -30,11 +29,10 @@ class CachedInfoNCELoss(_InfoNCEMixin, CachedMultipleNegativesRankingLoss):
         show_progress_bar: bool = False,
         false_negatives: FalseNegativeConfig | dict | None = None,
         improved_contrastive: bool = False,
-        matryoshka: MatryoshkaConfig | dict | None = None,
         distillation: DistillationConfig | dict | None = None,
     ) -> None:
         self._setup(temperature, mask_duplicates, reduction)
-        self._setup_objective(false_negatives, improved_contrastive, matryoshka, distillation)
+        self._setup_objective(false_negatives, improved_contrastive, distillation)
         super().__init__(
             model,
             scale=1.0 / temperature,

@@ -16,7 +16,6 @@ from neoembed.losses.distillation import DistillationConfig
 from neoembed.losses.grouping import embed_by_length
 from neoembed.losses.masks import FalseNegativeConfig, duplicate_masker, false_negative_masker, text_keys
 from neoembed.losses.matrices import _cat, _rows, _segments
-from neoembed.losses.matryoshka import MatryoshkaConfig
 from neoembed.scoring import MaskFn, Matrix
 
 
@@ -58,36 +57,30 @@ class _InfoNCEMixin:
     reduction: str
     false_negatives: FalseNegativeConfig | None = None
     improved_contrastive: bool = False
-    matryoshka: MatryoshkaConfig | None = None
     distillation: DistillationConfig | None = None
     #: running sums since the trainer last logged them (:meth:`pop_counts`)
     _counts: dict[str, float] | None = None
 
-    def _setup_objective(self, false_negatives, improved_contrastive: bool, matryoshka, distillation) -> None:
-        """The options beyond plain InfoNCE: false-negative masking, GTE's improved denominator, Matryoshka,
-        distillation from teacher scores."""
+    def _setup_objective(self, false_negatives, improved_contrastive: bool, distillation) -> None:
+        """The options beyond plain InfoNCE: false-negative masking, GTE's improved denominator, distillation
+        from teacher scores (nested dimensions wrap the loss: :func:`neoembed.losses.with_matryoshka`)."""
         if isinstance(false_negatives, dict):
             false_negatives = FalseNegativeConfig(**false_negatives)
-        if isinstance(matryoshka, dict):
-            matryoshka = MatryoshkaConfig(**matryoshka)
         if isinstance(distillation, dict):
             distillation = DistillationConfig(**distillation)
         self.distillation = distillation
         self.false_negatives = false_negatives
         self.improved_contrastive = improved_contrastive
-        self.matryoshka = matryoshka
         self._counts = {"false_negatives_masked": 0.0, "pairs_scored": 0.0, "calls": 0.0}
 
     def _loss(
         self, queries: Matrix, docs: list[Matrix], labels: Tensor | None = None, keys: Keys | None = None
     ) -> Tensor:
-        """The loss of full-width embeddings: :meth:`_objective`, or its Matryoshka sum over nested dimensions.
-        ``labels``: the rows' teacher scores, read only when distilling. Each matrix a tensor or a list of
-        segments (GradCache's mini-batches), which the contrastive scoring reads in place."""
+        """:meth:`_objective` of the embeddings; ``labels``: the rows' teacher scores, read only when distilling.
+        Each matrix a tensor or a list of segments (GradCache's mini-batches), which the contrastive scoring reads
+        in place."""
         teacher = labels if self.distillation is not None else None
-        if self.matryoshka is None:
-            return self._objective(queries, docs, teacher, keys)
-        return self.matryoshka.loss(self._objective, queries, docs, teacher, keys)
+        return self._objective(queries, docs, teacher, keys)
 
     def _objective(
         self, queries: Matrix, docs: list[Matrix], teacher: Tensor | None, keys: Keys | None = None
@@ -194,7 +187,6 @@ def _recipe_settings(recipe) -> dict:
         "gather_across_devices": recipe.gather_across_devices,
         "false_negatives": getattr(recipe, "false_negatives", None),
         "improved_contrastive": getattr(recipe, "improved_contrastive", False),
-        "matryoshka": getattr(recipe, "matryoshka", None),
         "distillation": getattr(recipe, "distillation", None),
     }
 
@@ -204,7 +196,6 @@ def _objective_config(loss) -> dict:
     return {
         "false_negatives": loss.false_negatives.model_dump() if loss.false_negatives else None,
         "improved_contrastive": loss.improved_contrastive,
-        "matryoshka": loss.matryoshka.model_dump() if loss.matryoshka else None,
         "distillation": loss.distillation.model_dump() if loss.distillation else None,
     }
 
@@ -224,11 +215,10 @@ class InfoNCELoss(_InfoNCEMixin, MultipleNegativesRankingLoss):
         group_by_length: bool = True,
         false_negatives: FalseNegativeConfig | dict | None = None,
         improved_contrastive: bool = False,
-        matryoshka: MatryoshkaConfig | dict | None = None,
         distillation: DistillationConfig | dict | None = None,
     ) -> None:
         self._setup(temperature, mask_duplicates, reduction)
-        self._setup_objective(false_negatives, improved_contrastive, matryoshka, distillation)
+        self._setup_objective(false_negatives, improved_contrastive, distillation)
         self.group_by_length = group_by_length
         super().__init__(model, scale=1.0 / temperature, gather_across_devices=gather_across_devices)
 

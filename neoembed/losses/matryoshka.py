@@ -13,8 +13,9 @@ from neoembed.scoring import Matrix
 
 
 class MatryoshkaConfig(StrictModel):
-    """Nested dimensions (Kusupati et al. 2022): the loss is ``sum_k weight_k * loss(embeddings[:, :dim_k])``,
-    sentence-transformers' ``MatryoshkaLoss``. ``weights`` default to 1 each."""
+    """Nested dimensions (Kusupati et al. 2022): the loss is ``sum_k weight_k * loss(embeddings[:, :dim_k])``.
+    ``weights`` default to 1 each. The unified losses are wrapped in sentence-transformers' ``MatryoshkaLoss``
+    (:func:`neoembed.losses.with_matryoshka`); :meth:`loss` serves CDE's two-stage step, on bare embeddings."""
 
     dims: list[PositiveInt] = Field(min_length=1)
     weights: list[float] | None = None

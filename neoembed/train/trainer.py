@@ -47,7 +47,7 @@ from neoembed.data.sampler import (
     dataset_probabilities,
     plan_no_duplicates,
 )
-from neoembed.losses import build_loss
+from neoembed.losses import build_loss, counting_loss
 from neoembed.model_card import base_model_name, training_prompts
 from neoembed.recipe import RecipeError, resolve_recipe_path
 from neoembed.record import add_to_run_record, write_run_record
@@ -713,7 +713,7 @@ def train(
         output.mkdir(parents=True, exist_ok=True)
         metrics = _MetricsCallback(output, samplers, list(datasets.keys()), batch_sizes, main)
         stop = StopSignal()
-        metrics.loss_counts = getattr(trainer.loss, "pop_counts", dict)
+        metrics.loss_counts = getattr(counting_loss(trainer.loss), "pop_counts", dict)
         _add_callbacks(trainer, recipe, metrics, stop, output, main)
         if checkpoint is not None:
             _resume_logs(trainer, checkpoint, output, main)
