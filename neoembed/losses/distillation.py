@@ -2,42 +2,53 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
-import torch
-import torch.nn.functional as F
 from pydantic import Field, model_validator
 from torch import Tensor
 
 from neoembed.config import StrictModel
 
 
-def _own_scores(queries: Tensor, docs: list[Tensor], temperature: float) -> Tensor:
-    """(B, len(docs)) cosine of each query with its own positive and hard negatives, divided by ``temperature``."""
-    return (
-        torch.stack([F.cosine_similarity(queries.float(), d.float(), dim=-1) for d in docs], dim=1)
-        / temperature
+@functools.cache
+def _sentence_transformers_loss(name: str, student_temperature: float, teacher_temperature: float):
+    """sentence-transformers' loss ``name`` on cosine scores (one per setting: its once-only teacher-scale check
+    stays once)."""
+    from sentence_transformers.sentence_transformer.losses import DistillKLDivLoss, MarginMSELoss
+    from sentence_transformers.util import pairwise_cos_sim
+
+    if name == "margin_mse":
+        return MarginMSELoss(None, similarity_fct=lambda a, b: pairwise_cos_sim(a, b) / student_temperature)
+    return DistillKLDivLoss(
+        None,
+        similarity_fct=pairwise_cos_sim,
+        student_temperature=student_temperature,
+        teacher_temperature=teacher_temperature,
     )
+
+
+def _on_embeddings(name: str, queries: Tensor, docs: list[Tensor], teacher: Tensor, config) -> Tensor:
+    """sentence-transformers' loss ``name`` on embeddings already computed, in float32 (bf16 scores would round
+    the margins away)."""
+    loss = _sentence_transformers_loss(name, config.student_temperature, config.teacher_temperature)
+    return loss.compute_loss_from_embeddings([queries.float(), *(d.float() for d in docs)], teacher.float())
 
 
 def margin_mse(queries: Tensor, docs: list[Tensor], teacher: Tensor, config: DistillationConfig) -> Tensor:
     """Margin-MSE (Hofstätter et al. 2020): the mean squared difference between the student's margins
-    ``s(q, d+) - s(q, d-_j)`` and the teacher's, with student scores ``cos / student_temperature``. Equals
-    sentence-transformers' ``MarginMSELoss(similarity_fct=pairwise_cos_sim)`` at ``student_temperature: 1``."""
-    student = _own_scores(queries, docs, config.student_temperature)
-    teacher = teacher.detach().float()
-    return F.mse_loss(student[:, :1] - student[:, 1:], teacher[:, :1] - teacher[:, 1:])
+    ``s(q, d+) - s(q, d-_j)`` and the teacher's, with student scores ``cos / student_temperature``:
+    sentence-transformers' ``MarginMSELoss`` on those scores."""
+    return _on_embeddings("margin_mse", queries, docs, teacher, config)
 
 
 def kl_distillation(
     queries: Tensor, docs: list[Tensor], teacher: Tensor, config: DistillationConfig
 ) -> Tensor:
     """KL(teacher || student) over each query's positive and hard negatives (Lin et al. 2020), softmaxes at the
-    student and teacher temperatures, scaled by the student temperature squared. Equals sentence-transformers'
-    ``DistillKLDivLoss(similarity_fct=pairwise_cos_sim)`` at the same temperatures."""
-    student = torch.log_softmax(_own_scores(queries, docs, config.student_temperature), dim=1)
-    target = torch.softmax(teacher.detach().float() / config.teacher_temperature, dim=1)
-    return F.kl_div(student, target, reduction="batchmean") * config.student_temperature**2
+    student and teacher temperatures, scaled by the student temperature squared: sentence-transformers'
+    ``DistillKLDivLoss`` on cosine scores."""
+    return _on_embeddings("kl", queries, docs, teacher, config)
 
 
 #: distillation loss name in a recipe (``distillation: {loss: ...}``) -> the function over embeddings and teacher
