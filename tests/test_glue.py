@@ -274,3 +274,89 @@ def test_glue_stops_after_patience_evaluations_without_a_better_score(tmp_path, 
         assert result["steps"] == expected_stop < 20
         assert record["stopped_early"] == {"step": expected_stop, "patience": 2}
     assert result["best_step"] == max(scores, key=lambda s: (s[1], -s[0]))[0]
+
+
+def test_glue_on_the_run_loop_equals_a_transformers_trainer(tmp_path, msrp_rows, tiny_official):
+    """The run loop against the engine it replaced: transformers' ``Trainer`` with the same data, order, head
+    initialisation, optimiser, schedule, clipping, evaluation interval and best-checkpoint rule (dropout and weight
+    decay off, whose conventions differ: the Trainer decays RMSNorm weights) gives the same evaluations and the
+    same final weights."""
+    import math
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file
+    from transformers import (
+        AutoModelForSequenceClassification,
+        AutoTokenizer,
+        DataCollatorWithPadding,
+        Trainer,
+        TrainingArguments,
+        set_seed,
+    )
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_official, model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "classifier_dropout": 0.0}))
+    folder = _hub_layout(tmp_path / "data", "mrpc", {"train": msrp_rows[:40], "validation": msrp_rows[40:]})
+    out = tmp_path / "loop"
+    _glue(
+        "MRPC",
+        "epochs=2",
+        "weight_decay=0",
+        "learning_rate=1e-3",
+        "--model",
+        str(model),
+        "--data-dir",
+        str(folder),
+        "--out",
+        str(out),
+    )
+    recipe = GlueRecipe(task="mrpc", batch_size=8, learning_rate=1e-3, weight_decay=0, epochs=2)
+    total = 10  # 40 rows, batch 8, 2 epochs
+
+    set_seed(0)
+    tok = AutoTokenizer.from_pretrained(model)
+    splits = load_splits(TASKS["mrpc"], folder, None)
+    data = {
+        s: d.map(
+            lambda r: tok(r["sentence1"], r["sentence2"], truncation=True, max_length=1024), batched=True
+        ).select_columns(["input_ids", "attention_mask", "label"])
+        for s, d in splits.items()
+    }
+    reference = AutoModelForSequenceClassification.from_pretrained(model, num_labels=2)
+    optimizer = torch.optim.AdamW(
+        reference.parameters(), lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0
+    )
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "trainer"), num_train_epochs=2, per_device_train_batch_size=8,
+        per_device_eval_batch_size=32, eval_strategy="steps", eval_steps=1, save_strategy="steps", save_steps=1,
+        load_best_model_at_end=True, metric_for_best_model="accuracy", seed=0, report_to=[], disable_tqdm=True,
+        use_cpu=True, logging_steps=1,
+    )  # fmt: skip
+    trainer = Trainer(
+        model=reference,
+        args=args,
+        train_dataset=data["train"],
+        eval_dataset=data["validation"],
+        data_collator=DataCollatorWithPadding(tok),
+        compute_metrics=lambda p: compute_metrics(TASKS["mrpc"], p.predictions, p.label_ids),
+        optimizers=(
+            optimizer,
+            torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_lambda(s, total, recipe)),
+        ),
+    )
+    trainer.train()
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    for key in ("loss", "eval_accuracy", "eval_f1"):  # each step's training loss, each evaluation
+        expected = {r["step"]: r[key] for r in trainer.state.log_history if key in r}
+        got = {r["step"]: r[key] for r in rows if key in r}
+        assert sorted(got) == sorted(expected) == list(range(1, total + 1)), key
+        assert [got[s] for s in sorted(got)] == pytest.approx([expected[s] for s in sorted(got)], rel=1e-5), key
+    assert json.loads((out / "results.json").read_text())["best_step"] == trainer.state.best_global_step
+    saved = load_file(out / "model" / "model.safetensors")
+    state = trainer.model.state_dict()
+    assert math.isclose(len(saved), len(state), rel_tol=0.2)  # tied weights may be stored once
+    for name, tensor in saved.items():
+        torch.testing.assert_close(tensor, state[name], rtol=1e-5, atol=1e-6, msg=name)
