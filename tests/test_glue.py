@@ -212,6 +212,14 @@ def test_case5_glue_stopped_by_a_signal_resumes_past_a_torn_checkpoint(
     (torn / "trainer_state.json").write_text("{")
     (out / ".checkpoint-10.partial").mkdir()
     monkeypatch.setattr(glue_run, "lr_lambda", real)
+    # another run's settings cannot continue this one: refused by name before the model loads
+    monkeypatch.setattr(
+        sys, "argv", ["neoembed", "glue", *args, "learning_rate=1e-3", "--out", str(out), "--resume"]
+    )
+    with pytest.raises(SystemExit) as refused:
+        main()
+    err = capsys.readouterr().err
+    assert refused.value.code == 2 and "learning_rate: 2e-05 in the folder's run, 0.001 now" in err, err
     monkeypatch.setattr(sys, "argv", ["neoembed", "glue", *args, "--out", str(out), "--resume"])
     with pytest.raises(SystemExit) as resumed:
         main()
@@ -353,7 +361,9 @@ def test_glue_on_the_run_loop_equals_a_transformers_trainer(tmp_path, msrp_rows,
         expected = {r["step"]: r[key] for r in trainer.state.log_history if key in r}
         got = {r["step"]: r[key] for r in rows if key in r}
         assert sorted(got) == sorted(expected) == list(range(1, total + 1)), key
-        assert [got[s] for s in sorted(got)] == pytest.approx([expected[s] for s in sorted(got)], rel=1e-5), key
+        assert [got[s] for s in sorted(got)] == pytest.approx([expected[s] for s in sorted(got)], rel=1e-5), (
+            key
+        )
     assert json.loads((out / "results.json").read_text())["best_step"] == trainer.state.best_global_step
     saved = load_file(out / "model" / "model.safetensors")
     state = trainer.model.state_dict()

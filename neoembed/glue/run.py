@@ -29,6 +29,8 @@ from neoembed.record import atomic_write_text, write_run_record
 from neoembed.runs import (
     find_resume_checkpoint,
     list_checkpoints,
+    prepare_output_dir,
+    resume_defaults,
     resume_settings,
     save_final_model,
 )
@@ -332,12 +334,18 @@ def run_one(
     tokenizer = AutoTokenizer.from_pretrained(model)
     data = _tokenized(task, splits, tokenizer, recipe.max_length)
     run = GlueRun.of(recipe, task, len(data["train"]), acc.num_processes)
+    checkpoint = _resume_point(out)
+    if checkpoint is not None:  # the folder's run must be this run (a grid point resumes without --resume)
+        prepare_output_dir(
+            out, overwrite=False, resume=True, settings=resume_settings(run), defaults=resume_defaults(run),
+            checkpoints=False, what="--out",
+        )  # fmt: skip
     collate = DataCollatorWithPadding(tokenizer, return_tensors="pt")
     scorer = functools.partial(
         _evaluation, acc, task=task, data=data, collate=collate, batch_size=run.eval_batch_size
     )
     loop, classifier = _loop(run, acc, _load_model(task, model, transfer), out, scorer)
-    loop.start(_resume_point(out), "glue", data_files=[], extra={"model": model, "transfer": transfer})
+    loop.start(checkpoint, "glue", data_files=[], extra={"model": model, "transfer": transfer})
     loop.run(*_glue_step(run, acc, classifier, data["train"], collate))
     summary: dict = {}
 
