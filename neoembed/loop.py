@@ -367,7 +367,7 @@ class RunLoop:
                     break
                 if saving:
                     self.save()
-                if patience_out:
+                if patience_out and self.step < r.steps:
                     self._stopped_early()
                     break
         bar.close()

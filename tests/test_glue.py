@@ -270,7 +270,7 @@ def test_glue_stops_after_patience_evaluations_without_a_better_score(tmp_path, 
     best, stale, expected_stop = -1.0, 0, None
     for step, value in scores:
         best, stale = (value, 0) if value > best else (best, stale + 1)
-        if stale == 2:
+        if stale == 2 and step < 20:  # at the last step the run ends anyway
             expected_stop = step
             break
     result = json.loads((out / "results.json").read_text())
