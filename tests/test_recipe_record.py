@@ -194,7 +194,9 @@ CONFIG_MODULES = (
     "neoembed.train.recipe",
     "neoembed.cde.recipe",
     "neoembed.pretrain.recipe",
-    "neoembed.mine.miner",
+    "neoembed.mine.settings",
+    "neoembed.eval.config",
+    "neoembed.glue.run",
 )
 
 
