@@ -173,12 +173,13 @@ def mteb_command(
     """Evaluate MODEL on MTEB tasks and write per-task JSON plus a Table-4 style summary.
 
     Settings, lowest first: defaults, --config, the options given, --set key=value (not one key both ways)."""
+    parameters = dict(locals())  # the options as called, before any other name is bound here
     if ctx.invoked_subcommand is not None:
         return
     from neoembed.eval.config import MtebSettings
     from neoembed.recipe import command_settings, given_on_command_line
 
-    options = {k: v for k, v in locals().items() if k in MtebSettings.model_fields}
+    options = {k: v for k, v in parameters.items() if k in MtebSettings.model_fields}
     given = given_on_command_line(ctx, options)
     for key, flag in (("tasks", "--tasks"), ("task_types", "--task-types")):
         if key in given:  # an option naming nothing is refused by its own name
