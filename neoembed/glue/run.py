@@ -276,10 +276,10 @@ def _evaluation(acc, model, task: GlueTask, data, collate, batch_size: int):
     return evaluate
 
 
-def _resume_point(folder: Path) -> Path | None:
+def _resume_point(folder: Path, main: bool = True) -> Path | None:
     """The newest complete checkpoint in ``folder`` (:func:`neoembed.runs.find_resume_checkpoint`: torn ones are
     skipped and named), or None: the run starts at its first step (also when every checkpoint there is torn, or
-    a run stopped before its first one left only its logs)."""
+    a run stopped before its first one left only its logs, which the ``main`` process clears)."""
     if not folder.is_dir():
         return None
     written = [*list_checkpoints(folder), *folder.glob(".checkpoint-*.partial")]
@@ -288,6 +288,8 @@ def _resume_point(folder: Path) -> Path | None:
             return find_resume_checkpoint(folder)
         except ValueError as e:  # OutputDirError: nothing complete to continue from
             print(f"resume: {e}; this run starts again from its first step", file=sys.stderr)
+    if not main:
+        return None
     for stale in written:
         shutil.rmtree(stale)
     for name in ("metrics.jsonl", "best.json", "trackers.json"):
@@ -334,7 +336,8 @@ def run_one(
     tokenizer = AutoTokenizer.from_pretrained(model)
     data = _tokenized(task, splits, tokenizer, recipe.max_length)
     run = GlueRun.of(recipe, task, len(data["train"]), acc.num_processes)
-    checkpoint = _resume_point(out)
+    checkpoint = _resume_point(out, acc.is_main_process)
+    acc.wait_for_everyone()  # the other processes start after the main one cleared a stale folder
     if checkpoint is not None:  # the folder's run must be this run (a grid point resumes without --resume)
         prepare_output_dir(
             out, overwrite=False, resume=True, settings=resume_settings(run), defaults=resume_defaults(run),
