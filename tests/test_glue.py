@@ -124,8 +124,18 @@ def test_run_transfer_and_resumable_grid(tmp_path, msrp_rows, tiny_official, mon
     stsb = [{**r, "label": 5.0 * r["label"] - 0.5 * i % 2} for i, r in enumerate(msrp_rows)]
     _hub_layout(tmp_path / "data", "stsb", {"train": stsb[:40], "validation": stsb[40:]})
     model, mrpc_out = str(tiny_official), tmp_path / "mrpc"
-    out = _glue("MRPC", "epochs=1", "--model", model, "--data-dir", str(folder), "--out", str(mrpc_out))
+    out = _glue(
+        "MRPC", "epochs=1", "report_to=[tensorboard]", "--model", model, "--data-dir", str(folder),
+        "--out", str(mrpc_out),
+    )  # fmt: skip
     result = json.loads((mrpc_out / "results.json").read_text())
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(mrpc_out / "tensorboard"))
+    events.Reload()  # the run loop's trackers: each logged row's loss, as metrics.jsonl has it
+    rows = [json.loads(line) for line in (mrpc_out / "metrics.jsonl").read_text().splitlines()]
+    logged = {e.step: e.value for e in events.Scalars("train/loss")}
+    assert logged == pytest.approx({r["step"]: r["loss"] for r in rows if "loss" in r}, rel=1e-6)
     assert f"MRPC: {result['score']:.2f}" in out and result["eval_every"] == 1 and result["steps"] == 5
     assert (mrpc_out / "model" / "config.json").is_file() and not list_checkpoints(mrpc_out)
     _glue(
