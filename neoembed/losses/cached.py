@@ -53,7 +53,7 @@ class CachedInfoNCELoss(_InfoNCEMixin, CachedMultipleNegativesRankingLoss):
     ):
         # the mini-batches are read in place: no copy of the batch's embeddings besides their gradients
         teacher, keys = _unpack(labels)
-        loss = self._loss(reps[0], list(reps[1:]), teacher, keys)
+        loss = self._objective(reps[0], list(reps[1:]), teacher, keys)
         if with_backward:
             loss.backward()
             loss = loss.detach()

@@ -73,19 +73,12 @@ class _InfoNCEMixin:
         self.improved_contrastive = improved_contrastive
         self._counts = {"false_negatives_masked": 0.0, "pairs_scored": 0.0, "calls": 0.0}
 
-    def _loss(
-        self, queries: Matrix, docs: list[Matrix], labels: Tensor | None = None, keys: Keys | None = None
-    ) -> Tensor:
-        """:meth:`_objective` of the embeddings; ``labels``: the rows' teacher scores, read only when distilling.
-        Each matrix a tensor or a list of segments (GradCache's mini-batches), which the contrastive scoring reads
-        in place."""
-        teacher = labels if self.distillation is not None else None
-        return self._objective(queries, docs, teacher, keys)
-
     def _objective(
         self, queries: Matrix, docs: list[Matrix], teacher: Tensor | None, keys: Keys | None = None
     ) -> Tensor:
-        """InfoNCE (:meth:`_score`), plus or instead of the weighted distillation loss."""
+        """InfoNCE (:meth:`_score`), plus or instead of the weighted distillation loss; ``teacher``: the rows'
+        teacher scores, read only when distilling. Each matrix a tensor or a list of segments (GradCache's
+        mini-batches), which the contrastive scoring reads in place."""
         if self.distillation is None:
             return self._score(queries, docs, keys)
         loss = self.distillation.term(_cat(queries), [_cat(d) for d in docs], teacher)
@@ -242,7 +235,7 @@ class InfoNCELoss(_InfoNCEMixin, MultipleNegativesRankingLoss):
         if len(embeddings) < 2:
             raise ValueError(f"InfoNCE needs a query and a positive column, got {len(embeddings)} column(s)")
         teacher, keys = _unpack(labels)
-        return self._loss(embeddings[0], embeddings[1:], teacher, keys)
+        return self._objective(embeddings[0], embeddings[1:], teacher, keys)
 
     def get_config_dict(self):
         return {
