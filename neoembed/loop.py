@@ -53,6 +53,7 @@ from neoembed.runs import (
     check_trackers,
     commit_checkpoint,
     list_checkpoints,
+    note_early_stop,
     param_groups,
     progress_line,
     recipe_hyperparameters,
@@ -263,15 +264,9 @@ class RunLoop:
         return keep.patience is not None and self.stale >= keep.patience
 
     def _stopped_early(self) -> None:
-        patience = self.recipe.keep_best.patience
         if self.acc.is_main_process:
-            add_to_run_record(self.output, {"stopped_early": {"step": self.step, "patience": patience}})
-            print(
-                f"early stop at step {self.step}: {patience} evaluations without a better "
-                f"eval_{self.best['metric']} than step {self.best['step']}'s",
-                file=sys.stderr,
-                flush=True,
-            )
+            best, patience = self.best, self.recipe.keep_best.patience
+            note_early_stop(self.output, self.step, patience, best["metric"], best["step"])
 
     def save(self) -> Path:
         step, main = self.step, self.acc.is_main_process

@@ -1,15 +1,17 @@
 """Metrics of a run: ``metrics.jsonl`` trimmed to the resumed step, trackers and their hyperparameters, the
-progress line, and a report of a run whose loss and gradient stay at zero (:class:`MetricsLog`)."""
+progress line, the note of an early stop, and a report of a run whose loss and gradient stay at zero
+(:class:`MetricsLog`)."""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from neoembed.record import atomic_write_text
+from neoembed.record import add_to_run_record, atomic_write_text
 
 if TYPE_CHECKING:
     pass
@@ -116,6 +118,18 @@ def check_mlflow_store() -> None:
             f"report_to: [mlflow]: the tracking URI {uri} ({given}) is a local folder store, which mlflow "
             f"{mlflow.__version__} writes only with MLFLOW_ALLOW_FILE_STORE=true: set it, or set {server}"
         )
+
+
+def note_early_stop(output: Path, step: int, patience: int, metric: str, best_step: int | None) -> None:
+    """``keep_best.patience`` ended the run at ``step``: said on the console and in ``run_record.json``
+    (``stopped_early``), the same for every trainer."""
+    add_to_run_record(output, {"stopped_early": {"step": step, "patience": patience}})
+    print(
+        f"early stop at step {step}: {patience} evaluations without a better eval_{metric} than step "
+        f"{best_step}'s",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def progress_line(step: int, total: int, values: dict, steps_per_s: float) -> str:

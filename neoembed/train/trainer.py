@@ -24,7 +24,6 @@ import logging
 import math
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
 
@@ -50,7 +49,7 @@ from neoembed.data.sampler import (
 from neoembed.losses import build_loss, counting_loss
 from neoembed.model_card import base_model_name, training_prompts
 from neoembed.recipe import RecipeError, resolve_recipe_path
-from neoembed.record import add_to_run_record, write_run_record
+from neoembed.record import write_run_record
 from neoembed.runs import (
     TRACKER_PROJECT,
     MetricsLog,
@@ -62,6 +61,7 @@ from neoembed.runs import (
     check_weight_files,
     commit_checkpoint,
     list_checkpoints,
+    note_early_stop,
     prepare_output_dir,
     progress_line,
     recipe_hyperparameters,
@@ -740,13 +740,7 @@ def _note_early_stop(recipe: UnifiedRecipe, state, output: Path) -> None:
     patience = recipe.keep_best.patience if recipe.keep_best is not None else None
     if patience is None or state.global_step >= recipe.steps:
         return
-    add_to_run_record(output, {"stopped_early": {"step": state.global_step, "patience": patience}})
-    print(
-        f"early stop at step {state.global_step}: {patience} evaluations without a better "
-        f"eval_{recipe.keep_best.metric} than step {state.best_global_step}'s",
-        file=sys.stderr,
-        flush=True,
-    )
+    note_early_stop(output, state.global_step, patience, recipe.keep_best.metric, state.best_global_step)
 
 
 def _training_data(recipe: UnifiedRecipe, recipe_dir: Path | None):
