@@ -14,20 +14,6 @@ app = typer.Typer(
 )
 
 
-def _split(value: str | None, option: str = "--tasks") -> list[str] | None:
-    """Comma-separated names; an option given but naming nothing (``','``, ``' '``) is refused rather than read
-    as "every task"."""
-    if value is None:
-        return None
-    names = [v.strip() for v in value.split(",") if v.strip()]
-    if not names:
-        raise typer.BadParameter(
-            f"{value!r} names nothing: give comma-separated names, or leave {option} out for the default",
-            param_hint=option,
-        )
-    return names
-
-
 Instructions = Annotated[
     str,
     typer.Option(
@@ -181,9 +167,6 @@ def mteb_command(
 
     options = {k: v for k, v in parameters.items() if k in MtebSettings.model_fields}
     given = given_on_command_line(ctx, options)
-    for key, flag in (("tasks", "--tasks"), ("task_types", "--task-types")):
-        if key in given:  # an option naming nothing is refused by its own name
-            given[key] = _split(given[key], flag)
     settings = command_settings(MtebSettings, config, given, set_ or [])
     if settings.model is None:
         typer.echo(ctx.get_help())

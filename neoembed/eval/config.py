@@ -84,9 +84,13 @@ class MtebSettings(StrictModel):
     @field_validator("tasks", "task_types", mode="before")
     @classmethod
     def _names(cls, v):
+        """Names separated by commas (``--tasks STS12,STS13``); one naming nothing (``','``) is refused rather
+        than read as "every task"."""
         if not isinstance(v, str):
             return v
         names = [n.strip() for n in v.split(",") if n.strip()]
         if not names:
-            raise ValueError(f"{v!r} names nothing: give comma-separated names, or leave it out for the default")
+            raise ValueError(
+                f"{v!r} names nothing: give comma-separated names, or leave it out for the default"
+            )
         return names
