@@ -11,7 +11,6 @@ hold one table. Works for any encoder ``AutoModelForSequenceClassification`` loa
 
 from __future__ import annotations
 
-import functools
 import itertools
 import json
 import math
@@ -266,10 +265,11 @@ def _scores(acc, model, task: GlueTask, data, collate, batch_size: int) -> dict[
 
 
 def _evaluation(acc, model, task: GlueTask, data, collate, batch_size: int):
-    """``evaluate(step)`` for the loop: the metrics flat, each prefixed with its split when there are several."""
+    """``evaluate(step)`` for the loop: the metrics flat, each prefixed with its split when there are several.
+    ``model``: the classifier itself, not its DDP wrapper (evaluation runs on the main process alone)."""
 
     def evaluate(step: int) -> dict[str, float]:
-        scores = _scores(acc, acc.unwrap_model(model), task, data, collate, batch_size)
+        scores = _scores(acc, model, task, data, collate, batch_size)
         several = len(task.validation) > 1
         return {(f"{s}_{m}" if several else m): v for s, ms in scores.items() for m, v in ms.items()}
 
@@ -298,7 +298,8 @@ def _resume_point(folder: Path, main: bool = True) -> Path | None:
 
 
 def _loop(run: GlueRun, acc, model, out: Path, evaluate):
-    """The run loop of one GLUE run in ``out``, with AdamW and the official schedule."""
+    """The run loop of one GLUE run in ``out``, with AdamW and the official schedule; and the model as accelerate
+    prepared it (on its device; DDP-wrapped under several processes), which the step trains."""
     import torch
 
     optimizer = adamw(model, OptimizerConfig(lr=run.learning_rate, weight_decay=run.weight_decay))
@@ -315,7 +316,7 @@ def _loop(run: GlueRun, acc, model, out: Path, evaluate):
         settings=resume_settings(run),
         desc=f"glue {run.task}",
         nan_advice="Lower learning_rate, or use precision fp32",
-        evaluate=evaluate(model),
+        evaluate=evaluate,
     )
     return loop, model
 
@@ -344,20 +345,18 @@ def run_one(
             checkpoints=False, what="--out",
         )  # fmt: skip
     collate = DataCollatorWithPadding(tokenizer, return_tensors="pt")
-    scorer = functools.partial(
-        _evaluation, acc, task=task, data=data, collate=collate, batch_size=run.eval_batch_size
-    )
-    loop, classifier = _loop(run, acc, _load_model(task, model, transfer), out, scorer)
+    classifier = _load_model(task, model, transfer)
+    evaluate = _evaluation(acc, classifier, task, data, collate, run.eval_batch_size)
+    loop, prepared = _loop(run, acc, classifier, out, evaluate)
     loop.start(checkpoint, "glue", data_files=[], extra={"model": model, "transfer": transfer})
-    loop.run(*_glue_step(run, acc, classifier, data["train"], collate))
+    loop.run(*_glue_step(run, acc, prepared, data["train"], collate))
     summary: dict = {}
 
     def save_final() -> None:
-        final = acc.unwrap_model(classifier)
-        results = _scores(acc, final, task, data, collate, run.eval_batch_size)
+        results = _scores(acc, classifier, task, data, collate, run.eval_batch_size)
 
         def write(staged: Path) -> None:
-            final.save_pretrained(staged / "model")
+            classifier.save_pretrained(staged / "model")
             tokenizer.save_pretrained(staged / "model")
 
         save_final_model(out, write)  # all or nothing
