@@ -40,6 +40,7 @@ import numpy as np
 import yaml
 from pydantic import ValidationError
 
+from neoembed._version import __version__
 from neoembed.data.cards import DataCard, DataCardError, build_pairs, find_card, load_card, load_rows
 from neoembed.instructions import format_with_instruction
 from neoembed.mine.encode import ForkedWorkers, fast_encode, fast_encode_supported
@@ -49,7 +50,6 @@ from neoembed.mine.settings import (
     MineConfig,
     check_model_kind,
     model_kind,
-    neoembed_version,
     prepare_run_folder,
     run_fingerprint,
 )
@@ -138,7 +138,7 @@ def mine_negatives(
     row_scores = _row_scores(data, negatives, neg_scores, query_emb, corpus_emb, rescore)
     provenance = {
         "tool": "neoembed mine",
-        "neoembed_version": neoembed_version(),
+        "neoembed_version": __version__,
         "source_card": {"name": src.name, "file": src_path.name, "sha256": file_sha256(src_path)},
         "corpus": _corpus_description(corpus, corpus_card, len(data.corpus)),
         "model": str(model),

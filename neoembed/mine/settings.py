@@ -20,7 +20,6 @@ __all__ = [
     "MineConfig",
     "check_model_kind",
     "model_kind",
-    "neoembed_version",
     "prepare_run_folder",
     "run_fingerprint",
 ]
@@ -114,12 +113,6 @@ def check_model_kind(path: str | Path, wanted: str, flag: str) -> None:
         effect = "it reads a query and a document together and scores the pair; it embeds neither alone"
         fix = "a bi-encoder (a SentenceTransformer folder or an encoder checkpoint)"
     raise ValueError(f"{flag} {path} is a {kind}, {why}, not a {wanted}: {effect}. Pass {fix}")
-
-
-def neoembed_version() -> str:
-    from neoembed._version import __version__
-
-    return __version__
 
 
 def run_fingerprint(src_path: Path, model, cfg: MineConfig, corpus, corpus_card) -> dict:
