@@ -202,6 +202,8 @@ class RunLoop:
         its ``extra`` is the world size, the caller's ``extra``, and the settings a resume compares."""
         if checkpoint is not None:
             self.resume(checkpoint, load_state)
+        else:  # a run started again in its folder (a GLUE grid point) logs from its first step afresh
+            self.metrics.truncate(0)
         if self.acc.is_main_process:
             self.output.mkdir(parents=True, exist_ok=True)
             extra = {"world_size": self.acc.num_processes, **extra, **run_identity(self.settings)}

@@ -380,3 +380,28 @@ def test_glue_on_the_run_loop_equals_a_transformers_trainer(tmp_path, msrp_rows,
     assert math.isclose(len(saved), len(state), rel_tol=0.2)  # tied weights may be stored once
     for name, tensor in saved.items():
         torch.testing.assert_close(tensor, state[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_a_run_with_no_complete_checkpoint_starts_again_with_fresh_logs(tmp_path, msrp_rows, tiny_official):
+    """--resume on a folder whose only checkpoint is torn: the run starts at its first step, the torn checkpoint
+    goes, and the stale rows of metrics.jsonl are not kept beside the new ones."""
+    folder = _hub_layout(tmp_path / "data", "mrpc", {"train": msrp_rows[:40], "validation": msrp_rows[40:]})
+    out = tmp_path / "run"
+    (out / "checkpoint-3").mkdir(parents=True)
+    (out / "metrics.jsonl").write_text('{"step": 1, "loss": 99.0}\n{"step": 7, "loss": 99.0}\n')
+    _glue(
+        "MRPC",
+        "epochs=1",
+        "--model",
+        str(tiny_official),
+        "--data-dir",
+        str(folder),
+        "--out",
+        str(out),
+        "--resume",
+    )
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3, 4, 5] and 99.0 not in [
+        r.get("loss") for r in rows
+    ]
+    assert not (out / "checkpoint-3").exists() and (out / "results.json").is_file()

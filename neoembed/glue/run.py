@@ -279,7 +279,7 @@ def _evaluation(acc, model, task: GlueTask, data, collate, batch_size: int):
 def _resume_point(folder: Path, main: bool = True) -> Path | None:
     """The newest complete checkpoint in ``folder`` (:func:`neoembed.runs.find_resume_checkpoint`: torn ones are
     skipped and named), or None: the run starts at its first step (also when every checkpoint there is torn, or
-    a run stopped before its first one left only its logs, which the ``main`` process clears)."""
+    a run stopped before its first one left only its logs); the ``main`` process removes the torn ones."""
     if not folder.is_dir():
         return None
     written = [*list_checkpoints(folder), *folder.glob(".checkpoint-*.partial")]
@@ -290,10 +290,8 @@ def _resume_point(folder: Path, main: bool = True) -> Path | None:
             print(f"resume: {e}; this run starts again from its first step", file=sys.stderr)
     if not main:
         return None
-    for stale in written:
+    for stale in written:  # its logs are the loop's to restart (RunLoop.start)
         shutil.rmtree(stale)
-    for name in ("metrics.jsonl", "best.json", "trackers.json"):
-        (folder / name).unlink(missing_ok=True)
     return None
 
 
