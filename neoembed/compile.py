@@ -20,11 +20,17 @@ shape; a batch of sentences comes in a new (batch, length) shape almost every ti
 pads each batch up to the next length bucket (and its batch size up to the next power of two) before the
 backbone and cuts the output back, so few shapes recur and their graphs are reused. Padded keys are masked,
 so the embeddings equal the unbucketed ones (tested to float32 rounding).
+
+CUDA graphs without compilation: :func:`enable_cuda_graphs` records the backbone's whole inference forward, eager
+as it is, once per bucketed shape, and replays it. Small batches of short texts are bound by the host launching
+some twenty kernels per layer; a replay launches them all at once. Recording a shape costs two forwards (no
+compiler), so it pays from the first encode.
 """
 
 from __future__ import annotations
 
 import bisect
+import warnings
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -34,10 +40,12 @@ __all__ = [
     "COMPILE_MODES",
     "DEFAULT_LENGTH_BUCKETS",
     "BucketingHandle",
+    "CudaGraphs",
     "bucket_batch",
     "bucket_length",
     "compile_layers",
     "enable_bucketing",
+    "enable_cuda_graphs",
     "length_buckets_for",
     "pad_to_buckets",
     "repeated_layers",
@@ -279,3 +287,129 @@ def enable_bucketing(
         pad = config.pad_token_id if getattr(config, "pad_token_id", None) is not None else 0
         handles.append(BucketingHandle(module, capped, pad, features))
     return handles
+
+
+class CudaGraphs:
+    """The inference forward of one Hugging Face backbone, recorded as a CUDA graph per bucketed input shape.
+
+    Installed as the backbone's ``forward`` (an instance attribute: parameters, ``state_dict`` and saving are
+    unchanged; :meth:`remove` restores the class's). A call is replayed when it is plain token input on CUDA
+    without gradients (``input_ids`` and a 2-D ``attention_mask``, no hidden states or attentions asked for);
+    anything else (training, CPU, packed or prefix input) runs the eager forward. The input is padded to
+    ``(bucket_batch(B), bucket_length(L))`` and the output cut back and copied out of the graph's buffer. A
+    backbone whose forward cannot be recorded (it reads the device on the host, as unpadding models do) is
+    switched back to eager with a warning on its first shape.
+    """
+
+    def __init__(self, backbone: nn.Module, buckets: Sequence[int], pad_token_id: int):
+        self.backbone = backbone
+        self.buckets = tuple(buckets)
+        self.pad_token_id = pad_token_id
+        self.eager = backbone.forward  # the class's forward, bound
+        self.graphs: dict[tuple, tuple[dict, torch.Tensor, torch.cuda.CUDAGraph]] = {}
+        self.replays = 0
+        self.failed: str | None = None
+        self._pool = None  # one memory pool for every shape: replays never overlap
+        backbone.forward = self
+
+    def __call__(self, *args, **kwargs):
+        inputs = None if args or self.failed else self._replayable(kwargs)
+        if inputs is None:
+            return self.eager(*args, **kwargs)
+        padded, (B, L) = pad_to_buckets(inputs, self.buckets, self.pad_token_id)
+        key = (
+            *((k, *v.shape, v.dtype) for k, v in sorted(padded.items())),
+            torch.is_inference_mode_enabled(),
+        )
+        if key not in self.graphs:
+            recorded = self._record(padded)
+            if recorded is None:
+                return self.eager(*args, **kwargs)
+            self.graphs[key] = recorded
+        static_in, static_out, graph = self.graphs[key]
+        for name, tensor in padded.items():
+            static_in[name].copy_(tensor)
+        graph.replay()
+        self.replays += 1
+        hidden = static_out[:B, :L].clone()  # the buffer is the next replay's output
+        if kwargs.get("return_dict", getattr(self.backbone.config, "return_dict", True)) is False:
+            return (hidden,)
+        from transformers.modeling_outputs import BaseModelOutput
+
+        return BaseModelOutput(last_hidden_state=hidden)
+
+    def _replayable(self, kwargs: dict) -> dict | None:
+        """The token tensors of a call that a graph can replay, or None."""
+        ids, mask = kwargs.get("input_ids"), kwargs.get("attention_mask")
+        flags = ("output_hidden_states", "output_attentions")
+        if (
+            torch.is_grad_enabled()
+            or not isinstance(ids, torch.Tensor)
+            or ids.device.type != "cuda"
+            or not isinstance(mask, torch.Tensor)
+            or mask.dim() != 2
+            or ids.shape[-1] > self.buckets[-1]
+            or any(kwargs.get(f) for f in flags)
+            or any(_given(kwargs.get(k)) for k in PASSTHROUGH_KEYS)
+            or set(kwargs) - set(PAD_KEYS) - {"return_dict", *flags}
+            or torch.cuda.is_current_stream_capturing()
+        ):
+            return None
+        return {k: kwargs[k] for k in PAD_KEYS if isinstance(kwargs.get(k), torch.Tensor)}
+
+    def _record(self, padded: dict):
+        """(static inputs, static output, graph) for this shape, or None when the forward cannot be recorded."""
+        static_in = {k: v.clone() for k, v in padded.items()}
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        try:
+            with torch.cuda.stream(side):  # warm-up off the main stream, as torch.cuda.graph asks
+                for _ in range(2):
+                    self.eager(**static_in, return_dict=True)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                static_out = self.eager(**static_in, return_dict=True).last_hidden_state
+        except RuntimeError as e:
+            torch.cuda.synchronize()
+            self.failed = f"{type(self.backbone).__name__}'s forward cannot be recorded as a CUDA graph ({e})"
+            warnings.warn(f"{self.failed}; it runs eagerly", stacklevel=4)
+            return None
+        self._pool = graph.pool()
+        return static_in, static_out, graph
+
+    def remove(self) -> None:
+        """Back to the eager forward; the recorded graphs and their memory are released."""
+        self.backbone.__dict__.pop("forward", None)
+        self.graphs.clear()
+        self._pool = None
+
+
+def enable_cuda_graphs(
+    model: nn.Module, buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS, max_length: int | None = None
+) -> list[CudaGraphs]:
+    """Replay every backbone under ``model`` from CUDA graphs recorded per length bucket (see :class:`CudaGraphs`).
+
+    ``model`` must be on CUDA. Buckets are capped as in :func:`enable_bucketing`; a NeoBERT is switched to its
+    padded layout (the padding-free one sizes its tensors by the batch's real tokens, a new shape each batch).
+    """
+    targets = _bucketing_targets(model)
+    if not targets:
+        raise ValueError(
+            f"enable_cuda_graphs: no sentence-transformers Transformer or Hugging Face model in {type(model).__name__}"
+        )
+    devices = {p.device.type for p in model.parameters()}
+    if devices != {"cuda"}:
+        raise ValueError(
+            f"enable_cuda_graphs: CUDA graphs need the model on a CUDA device, it is on {sorted(devices)}"
+        )
+    limit = max_length or getattr(model, "max_seq_length", None) or max(buckets)
+    capped = length_buckets_for(int(limit), sorted(buckets))
+    runners = []
+    for _, backbone, _ in targets:
+        config = backbone.config
+        if getattr(config, "model_type", None) == "neobert":
+            config.padding_free = False
+        pad = config.pad_token_id if getattr(config, "pad_token_id", None) is not None else 0
+        runners.append(CudaGraphs(backbone, capped, pad))
+    return runners

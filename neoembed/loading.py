@@ -104,11 +104,11 @@ def load(
     if options.get("max_seq_length") is not None:
         model.cde.max_seq_length = int(options["max_seq_length"])
     set_truncate_dim(model, truncate_dim)
-    return apply_speedups(model, compile_mode, options.get("bucketing"))
+    return apply_speedups(model, compile_mode, options.get("bucketing"), options.get("cuda_graphs", False))
 
 
 #: what ``load`` takes for a CDE folder besides ``prompts`` and ``truncate_dim`` (the rest builds a bi-encoder)
-CDE_OPTIONS = ("max_seq_length", "dtype", "device", "compile", "bucketing")
+CDE_OPTIONS = ("max_seq_length", "dtype", "device", "compile", "bucketing", "cuda_graphs")
 #: ``neoembed.sentence.load``'s positional parameters after the model, as ``load`` passes them on
 POSITIONAL = ("pooling", "max_seq_length", "dtype", "device")
 

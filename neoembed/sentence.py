@@ -320,6 +320,7 @@ def load(
     trust_remote_code: bool = False,
     compile: bool | str = False,
     bucketing: bool | None = None,
+    cuda_graphs: bool = False,
 ) -> EmbeddingModel:
     """Load a bi-encoder as a SentenceTransformer (:func:`neoembed.load` also loads CDE models).
 
@@ -344,6 +345,9 @@ def load(
         compile / bucketing: ``torch.compile`` the backbone's layers in place (False, True or a mode name) and pad
             batches to length buckets for CUDA graphs; see :mod:`neoembed.compile` (off by default: not yet
             measured to pay end to end on a GPU).
+        cuda_graphs: on CUDA, replay the backbone's inference forward from CUDA graphs recorded per length
+            bucket, without compiling (:func:`neoembed.compile.enable_cuda_graphs`): small batches of short texts
+            stop waiting on the host. Not with ``compile``.
 
     Loading changes no process-wide setting (the torch thread count is the caller's: ``torch.set_num_threads``).
     """
@@ -379,7 +383,7 @@ def load(
         model.max_seq_length = max_seq_length
     if padding_free is not None and _is_neobert(model):
         model[0].auto_model.config.padding_free = bool(padding_free)
-    return apply_speedups(model, compile_mode, bucketing)
+    return apply_speedups(model, compile_mode, bucketing, cuda_graphs)
 
 
 #: the key of ``config_sentence_transformers.json`` listing a Matryoshka-trained model's dimensions
@@ -510,10 +514,20 @@ def _transformer(name_or_path: str, model_kwargs: dict, trust_remote_code: bool,
     )
 
 
-def apply_speedups(model: EmbeddingModel, compile_mode: str | None, bucketing: bool | None) -> EmbeddingModel:
-    """Apply ``load``'s ``compile`` and ``bucketing`` settings to a loaded model."""
-    from neoembed.compile import compile_layers, enable_bucketing
+def apply_speedups(
+    model: EmbeddingModel, compile_mode: str | None, bucketing: bool | None, cuda_graphs: bool = False
+) -> EmbeddingModel:
+    """Apply ``load``'s ``compile``, ``bucketing`` and ``cuda_graphs`` settings to a loaded model."""
+    from neoembed.compile import compile_layers, enable_bucketing, enable_cuda_graphs
 
+    if cuda_graphs:
+        if compile_mode is not None or bucketing:
+            raise ValueError(
+                "cuda_graphs records the eager forward and buckets lengths itself: use it without compile and "
+                "bucketing (compile='reduce-overhead' is the compiled way to CUDA graphs)"
+            )
+        model.neoembed_cuda_graphs = enable_cuda_graphs(model)  # runners: .remove() each to go eager again
+        return model
     if bucketing is None:
         bucketing = compile_mode == "reduce-overhead"
     if bucketing:

@@ -33,3 +33,53 @@ def test_reduce_overhead_bucketed_encode_matches_eager(tiny_official, shared_dir
             (eager_bf16.encode(texts, batch_size=16, convert_to_tensor=True).float() - reference).abs().max()
         )
         assert (got - reference).abs().max() <= 2 * own + 1e-3
+
+
+def _sts_sentences(shared_dir, n: int) -> list[str]:
+    with gzip.open(next(shared_dir.glob("data/mteb/STS12/*.jsonl.gz")), "rt", encoding="utf8") as fh:
+        return [json.loads(line)["sentence1"] for line, _ in zip(fh, range(n), strict=False)]
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_cuda_graphs_replay_the_eager_embeddings(tiny_official, shared_dir, dtype):
+    texts = _sts_sentences(shared_dir, 100)
+    reference = (
+        neoembed.load(tiny_official, device="cuda", dtype="fp32")
+        .encode(texts, batch_size=16, convert_to_tensor=True)
+        .float()
+    )
+    graphed = neoembed.load(tiny_official, device="cuda", dtype=dtype, cuda_graphs=True)
+    (runner,) = graphed.neoembed_cuda_graphs
+    first = graphed.encode(texts, batch_size=16, convert_to_tensor=True).float()  # records each shape
+    recorded = len(runner.graphs)
+    got = graphed.encode(texts, batch_size=16, convert_to_tensor=True).float()  # replays only
+    assert runner.failed is None
+    assert len(runner.graphs) == recorded and runner.replays == 2 * 7  # 7 batches of <= 16 texts, twice
+    torch.testing.assert_close(first, got, rtol=0, atol=0)
+    if dtype == "fp32":
+        torch.testing.assert_close(got, reference, rtol=1e-4, atol=1e-4)
+    else:  # no further from the fp32 reference than the eager bf16 model is
+        own = (
+            neoembed.load(tiny_official, device="cuda", dtype="bf16")
+            .encode(texts, batch_size=16, convert_to_tensor=True)
+            .float()
+        )
+        assert (got - reference).abs().max() <= 2 * (own - reference).abs().max() + 1e-3
+
+
+def test_cuda_graphs_leave_training_and_odd_input_eager(tiny_official):
+    graphed = neoembed.load(tiny_official, device="cuda", dtype="fp32", cuda_graphs=True)
+    (runner,) = graphed.neoembed_cuda_graphs
+    backbone = graphed[0].auto_model
+    ids = torch.randint(5, 100, (3, 9), device="cuda")
+    mask = torch.ones_like(ids)
+    out = backbone(input_ids=ids, attention_mask=mask).last_hidden_state  # gradients on: eager
+    out.sum().backward()
+    with torch.no_grad():
+        backbone(input_ids=ids, attention_mask=mask, output_hidden_states=True)  # hidden states: eager
+        assert runner.replays == 0 and not runner.graphs
+        replayed = backbone(input_ids=ids, attention_mask=mask).last_hidden_state
+    assert runner.replays == 1
+    torch.testing.assert_close(replayed, out.detach(), rtol=1e-4, atol=1e-4)
+    runner.remove()
+    assert "forward" not in backbone.__dict__

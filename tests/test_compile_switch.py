@@ -223,3 +223,24 @@ def test_pretraining_compiles_the_blocks_when_asked(tiny_official):
         recipe.model_copy(update={"compile": False}), AutoTokenizer.from_pretrained(tiny_official)
     )
     assert all(b._compiled_call_impl is None for b in plain.model.transformer_encoder)
+
+
+def test_cuda_graphs_refuse_a_cpu_model_and_compile(tiny_official):
+    with pytest.raises(ValueError, match="need the model on a CUDA device, it is on \\['cpu'\\]"):
+        neoembed.load(tiny_official, device="cpu", cuda_graphs=True)
+    with pytest.raises(ValueError, match="without compile and bucketing"):
+        neoembed.load(tiny_official, device="cpu", cuda_graphs=True, compile="reduce-overhead")
+
+
+def test_cuda_graphs_runner_runs_cpu_input_eagerly(tiny_official, sentences):
+    """The runner replays only CUDA input: on CPU it is the eager forward, outputs unchanged (its replays are
+    tested on a GPU, tests/test_compile_gpu.py)."""
+    from neoembed.compile import CudaGraphs
+
+    model = neoembed.load(tiny_official, device="cpu")
+    reference = model.encode(sentences[:20], batch_size=8)
+    runner = CudaGraphs(model[0].auto_model, (16, 32, 64, 128), pad_token_id=0)
+    torch.testing.assert_close(
+        torch.tensor(model.encode(sentences[:20], batch_size=8)), torch.tensor(reference)
+    )
+    assert runner.replays == 0 and not runner.graphs and runner.failed is None
