@@ -80,3 +80,29 @@ def test_sentence_transformers_packs_batches_itself_with_flash_attention(tiny_of
     a = torch.nn.functional.normalize(torch.as_tensor(padded.encode(texts, batch_size=4)), dim=-1)
     b = torch.nn.functional.normalize(torch.as_tensor(model.encode(texts, batch_size=4)), dim=-1)
     assert (a * b).sum(-1).min() >= 0.999
+
+
+def test_autocast_packs_into_the_varlen_kernel_not_a_loop_per_sequence(monkeypatch):
+    """fp32 weights under bf16 autocast (accelerate's mixed precision): the embeddings are fp32 but the
+    projections hand attention bf16 q, k, v, so the packed layout must take the varlen kernel; the per-sequence
+    loop made packed pre-training 10x slower than padded on an H200."""
+    import neoembed.modeling.modeling_neobert as mn
+
+    torch.manual_seed(0)
+    cfg = NeoBERTConfig(hidden_size=256, num_hidden_layers=2, num_attention_heads=4, intermediate_size=1024)
+    model = NeoBERTModel(cfg).cuda().train()
+    ids, mask = _batch([17, 300, 64, 5], cfg.vocab_size, "cuda")
+
+    def refuse(*_):
+        raise AssertionError("the packed layout ran one attention call per sequence under autocast")
+
+    monkeypatch.setitem(mn.ATTENTION_BACKENDS, "per_sequence", refuse)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        model.config.padding_free = False
+        padded = model(input_ids=ids, attention_mask=mask).last_hidden_state.float()
+        model.config.padding_free = True
+        packed = model(input_ids=ids, attention_mask=mask).last_hidden_state.float()
+    packed.sum().backward()
+    m = mask.bool()
+    assert (packed - padded)[m].norm() / padded[m].norm() < 2e-2
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)

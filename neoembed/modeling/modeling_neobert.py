@@ -279,7 +279,9 @@ def attention_backend(config: NeoBERTConfig, x: torch.Tensor, packed: bool, outp
         )
     if not packed:
         return "eager" if implementation == "eager" or output_attentions else "sdpa"
-    half = x.is_cuda and x.dtype in (torch.float16, torch.bfloat16)
+    # under autocast the projections hand attention half-precision q, k, v whatever the embeddings' dtype
+    dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else x.dtype
+    half = x.is_cuda and dtype in (torch.float16, torch.bfloat16)
     if half and (_flash_varlen() is not None or _torch_varlen() is not None):
         return "varlen"
     if implementation == "flash_attention_2":
