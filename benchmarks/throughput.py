@@ -424,6 +424,7 @@ def main() -> None:
     }
     variable = variable_length(var_models, real_texts(), device, n_var, 32, reps)
     stem = f"throughput_{'cuda' if cuda else 'cpu'}{'_quick' if args.quick else ''}"
+    stem += "_L" + ("_".join(map(str, lengths)) or "none") if args.lengths is not None else ""  # a subset: beside the record
     record(stem, device, dtype, [], variable, mm, mm)
     del var_models["NeoBERT padded"]
     print("fixed lengths ...", flush=True)

@@ -230,13 +230,13 @@ def main() -> None:
     )
     p.add_argument(
         "--steps",
-        default="unified,gradcache,cde,cached-loss",
-        help="comma-separated: unified, gradcache, cde, cached-loss",
+        default=None,
+        help="comma-separated: unified, gradcache, cde, cached-loss (default: all; a subset names the record)",
     )
     p.add_argument("--compile", action="store_true", help="compile the backbone's layers (neoembed.compile)")
     p.add_argument("--batch", type=int, default=None, help="queries per step (default 32; quick 4)")
     p.add_argument("--length", type=int, default=None, help="tokens per text (default 512; quick 64)")
-    p.add_argument("--mini", type=int, default=8, help="GradCache mini-batch")
+    p.add_argument("--mini", type=int, default=None, help="GradCache mini-batch (default 8)")
     p.add_argument("--n-context", type=int, default=None, help="CDE context documents (default 512; quick 8)")
     p.add_argument("--chunk", type=int, default=64, help="CDE two-stage GradCache chunk")
     p.add_argument("--loss-batch", type=int, default=None, help="cached-loss: B (default 65,536; quick 512)")
@@ -248,11 +248,14 @@ def main() -> None:
     p.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak (H100 SXM: 989)")
     args = p.parse_args()
     device = torch.device("cpu" if args.quick else args.device)
+    args.batch_given, args.mini_given = args.batch is not None, args.mini is not None
     args.batch = args.batch or (4 if args.quick else 32)
+    args.mini = args.mini or 8
     args.length = args.length or (64 if args.quick else 512)
     args.n_context = args.n_context or (8 if args.quick else 512)
     if args.quick:
-        args.chunk, args.mini, args.warmup, args.reps = 4, 2, 1, 1
+        args.chunk, args.warmup, args.reps = 4, 1, 1
+        args.mini = args.mini if args.mini_given else 2
     args.loss_batch = args.loss_batch or (512 if args.quick else 65536)
     args.loss_mini = args.loss_mini or (64 if args.quick else 1024)
     # MFU against the matrix-multiply rate measured here (on CPU float32: there is no spec sheet to quote)
@@ -261,7 +264,7 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         build_backbone(folder, QUICK_CONFIG if args.quick else {})
-        for kind in args.steps.split(","):
+        for kind in (args.steps or "unified,gradcache,cde,cached-loss").split(","):
             rows += measure(kind, folder, args, device, rate)
             # after every kind: a run cut at its time box keeps its rows
             md = record(args, device, rate, rows)
@@ -301,6 +304,9 @@ def record(args, device, rate: float, rows: list[dict]) -> Path:
         "only for comparison.",
     ]
     stem = f"train_step_{'cpu_quick' if args.quick else device.type}{'_compiled' if args.compile else ''}"
+    # a run with other settings than the defaults records beside the default record, not over it
+    stem += "_" + args.steps.replace(",", "_") if args.steps else ""
+    stem += (f"_b{args.batch}" if args.batch_given else "") + (f"_m{args.mini}" if args.mini_given else "")
     return write_results(stem, payload, "\n".join(md) + "\n")[1]
 
 
