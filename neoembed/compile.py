@@ -46,6 +46,7 @@ __all__ = [
     "compile_layers",
     "enable_bucketing",
     "enable_cuda_graphs",
+    "graph_key",
     "length_buckets_for",
     "pad_to_buckets",
     "repeated_layers",
@@ -289,6 +290,15 @@ def enable_bucketing(
     return handles
 
 
+def graph_key(inputs: dict[str, torch.Tensor]) -> tuple:
+    """What a recorded graph is specific to: the inputs' shapes and dtypes, inference mode, and the autocast
+    state of their device (a graph recorded under fp16 autocast replays fp16 kernels, asked for or not)."""
+    device = next(iter(inputs.values())).device.type
+    autocast = torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device)
+    shapes = tuple((k, *v.shape, v.dtype) for k, v in sorted(inputs.items()))
+    return (*shapes, torch.is_inference_mode_enabled(), autocast)
+
+
 class CudaGraphs:
     """The inference forward of one Hugging Face backbone, recorded as a CUDA graph per bucketed input shape.
 
@@ -317,10 +327,7 @@ class CudaGraphs:
         if inputs is None:
             return self.eager(*args, **kwargs)
         padded, (B, L) = pad_to_buckets(inputs, self.buckets, self.pad_token_id)
-        key = (
-            *((k, *v.shape, v.dtype) for k, v in sorted(padded.items())),
-            torch.is_inference_mode_enabled(),
-        )
+        key = graph_key(padded)
         if key not in self.graphs:
             recorded = self._record(padded)
             if recorded is None:

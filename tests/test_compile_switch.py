@@ -244,3 +244,22 @@ def test_cuda_graphs_runner_runs_cpu_input_eagerly(tiny_official, sentences):
         torch.tensor(model.encode(sentences[:20], batch_size=8)), torch.tensor(reference)
     )
     assert runner.replays == 0 and not runner.graphs and runner.failed is None
+
+
+def test_a_cuda_graph_is_specific_to_shape_inference_mode_and_autocast():
+    """A graph recorded under fp16 autocast replays fp16 kernels: a call without autocast (or under bf16) must
+    get its own graph."""
+    from neoembed.compile import graph_key
+
+    ids = torch.ones(4, 16, dtype=torch.long)
+    inputs = {"input_ids": ids, "attention_mask": ids}
+    plain = graph_key(inputs)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        bf16 = graph_key(inputs)
+    with torch.autocast("cpu", dtype=torch.float16):
+        fp16 = graph_key(inputs)
+    with torch.inference_mode():
+        inference = graph_key(inputs)
+    wider = graph_key({"input_ids": torch.ones(4, 32, dtype=torch.long), "attention_mask": ids})
+    assert len({plain, bf16, fp16, inference, wider}) == 5
+    assert graph_key({"attention_mask": ids, "input_ids": ids}) == plain  # the keys' order does not matter
