@@ -13,9 +13,9 @@
 #
 # Steps, in order: train-step (full size, bf16, 512 tokens: plain, GradCache, CDE at N = 512 x 512, the cached
 # loss alone at B = 65,536; MFU and peak memory), throughput (512-8,192 tokens: NeoBERT eager and compiled,
-# ModernBERT-base with its best attention, BERT-base; real sentences in batches of 32), encode
-# (MTEB sentences; padded and padding-free; encode.py --compile adds CUDA graphs over length buckets, which
-# compile for longer than the step's box), train-step-compiled, pretrain-speed, profile (the profiler's top
+# ModernBERT-base with its best attention, BERT-base; real sentences in batches of 32, also replayed from eager
+# CUDA graphs), encode (MTEB sentences; padded, padding-free and CUDA graphs; encode.py --compile adds compiled
+# CUDA graphs, which compile for longer than the step's box), train-step-compiled, pretrain-speed, profile (the profiler's top
 # kernels of the training step, plain and GradCache, and the compiled 512-token forward; the attention kernels
 # against each other); then, only when --only names them, mteb-precision (the local tasks, fp16 against fp32,
 # all-MiniLM-L6-v2) and gpu-tests (pytest -m gpu: CUDA parity, varlen kernels, compiled CUDA-graph encoding, bf16
@@ -76,8 +76,8 @@ add() {  # add NAME LIMIT_SECONDS COMMAND...: one step (COMMAND runs from the re
 # `optional` run only when --only names them: the precision record (fp16 met, mteb_precision_cuda.md) needs ~90 s
 # and the GPU tests ~60 s, which a 5-minute run of the speed steps has no room for.
 add train-step 60 "$PY" benchmarks/train_step_cuda.py --device cuda --warmup 1
-add throughput 75 "$PY" benchmarks/throughput.py --device cuda --compile
-add encode 35 "$PY" benchmarks/encode.py --device cuda --reference @minilm
+add throughput 75 "$PY" benchmarks/throughput.py --device cuda --compile --cuda-graphs
+add encode 35 "$PY" benchmarks/encode.py --device cuda --cuda-graphs --reference @minilm
 add train-step-compiled 45 "$PY" benchmarks/train_step_cuda.py --device cuda --compile --steps unified,gradcache
 add pretrain-speed 30 "$PY" benchmarks/pretrain_speed.py --device cuda --steps 5 --repeats 1
 add profile 45 "$PY" benchmarks/gpu_profile.py --device cuda --out @out/profiles --parts gradcache,train,compiled,attention
