@@ -187,7 +187,9 @@ def _probed_run(
 
 
 @pytest.mark.parametrize(
-    "loss", [["loss.name=infonce"], ["loss.name=cached_infonce", "loss.mini_batch_size=4"]], ids=["plain", "cached"]
+    "loss",
+    [["loss.name=infonce"], ["loss.name=cached_infonce", "loss.mini_batch_size=4"]],
+    ids=["plain", "cached"],
 )
 def test_unified_trainer_reduces_gradients_once_per_step_in_ddp_buckets(tmp_path, loss):
     """3 optimizer steps of `neoembed train tiny` on 2 processes: each step one DDP bucket reduction holding every
@@ -209,6 +211,104 @@ def test_unified_trainer_reduces_gradients_once_per_step_in_ddp_buckets(tmp_path
     assert len(g0) == records[0]["params"]["tensors"]
     for a, b in zip(g0, g1, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)  # DDP hands every rank the same averaged gradient
+
+
+# CDE's step on each process's share, its two stages in DDP; against the same processes' local gradients averaged
+# by hand (what DDP must equal). Run under accelerate with 2 processes.
+CDE_SCRIPT = textwrap.dedent("""
+    import sys, torch
+    import torch.distributed as dist
+    from accelerate import Accelerator
+    from torch.nn.parallel import DistributedDataParallel
+
+    from neoembed.cde.gradcache import TextStage, full_backprop_step, stages, two_stage_gradcache_step
+    from neoembed.cde.model import ContextualSentenceTransformer
+    from neoembed.cde.trainer import cde_loss
+
+    DOCS = ["cats sleep most of the day", "paris is the capital of france", "bread rises because of yeast",
+            "the sun is a star", "water boils at one hundred degrees", "a violin has four strings",
+            "rust has a borrow checker", "the moon orbits the earth"]
+    QUERIES = ["what do cats do", "capital of france", "why does bread rise", "what is the sun"]
+
+    def grads(model):
+        return {k: p.grad.detach().clone() for k, p in model.named_parameters() if p.grad is not None}
+
+    def main(model_path, out):
+        acc = Accelerator(cpu=True)
+        world, rank = acc.num_processes, acc.process_index
+        torch.manual_seed(0)
+        m = ContextualSentenceTransformer.from_backbone(model_path, n_context=8, n_soft_prompt=2).cde
+        with torch.no_grad():
+            for p in m.output_mlp.parameters():
+                p.normal_(0, 0.05)
+        m.train()
+        tok = lambda t: dict(m.tokenizer(t, padding=True, return_tensors="pt"))
+        mine = slice(rank * 2, rank * 2 + 2)
+        ctx, q, d = tok(DOCS), tok(QUERIES[mine]), tok(DOCS[:4][mine])
+        loss_fn = lambda a, b: cde_loss(a, b, 0.5)
+        dropped = torch.tensor([False, True] + [False] * 6)
+        wrap = lambda stage: DistributedDataParallel(
+            stage, find_unused_parameters=isinstance(stage, TextStage), broadcast_buffers=False
+        )
+        result = {}
+        for name, step in (
+            ("gradcache", lambda st: two_stage_gradcache_step(m, ctx, q, d, loss_fn, 1, dropped, model_stages=st)),
+            ("full", lambda st: full_backprop_step(m, ctx, q, d, loss_fn, dropped, st)),
+        ):
+            m.zero_grad(set_to_none=True)
+            step(stages(m))  # local gradients, averaged by hand
+            by_hand = grads(m)
+            for g in by_hand.values():
+                dist.all_reduce(g)
+                g /= world
+            m.zero_grad(set_to_none=True)
+            step(stages(m, wrap))
+            result[name] = {"ddp": grads(m), "by_hand": by_hand}
+        if rank == 0:
+            torch.save(result, out)
+        acc.wait_for_everyone()
+        acc.end_training()
+
+    if __name__ == "__main__":
+        main(sys.argv[1], sys.argv[2])
+""")
+
+
+def test_cde_stages_in_ddp_give_the_averaged_local_gradients(tmp_path):
+    """Each CDE stage in its own DDP wrapper, replays under no_sync but the last: every gradient equals the
+    processes' local gradients averaged by hand, for the two-stage GradCache (chunks of 1) and full backprop."""
+    script = tmp_path / "cde_ddp.py"
+    script.write_text(CDE_SCRIPT)
+    out = tmp_path / "cde.pt"
+    r = subprocess.run(
+        [*_launch(2), str(script), str(TINY_OFFICIAL), str(out)],
+        capture_output=True, text=True, timeout=600, env=_env(), cwd=REPO,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = torch.load(out)
+    for name, g in result.items():
+        assert any(k.startswith("first_stage.") for k in g["ddp"]) and "null_context" in g["ddp"], name
+        bad = _mismatches(g["by_hand"], g["ddp"], f"cde {name}")
+        assert not bad, (name, bad)
+
+
+def test_cde_trainer_reduces_each_stage_in_ddp_buckets_once_per_step(tmp_path):
+    """3 optimizer steps of `neoembed train cde-tiny` on 2 processes: per step one DDP bucket per stage (the
+    tiny stages fit DDP's first bucket), together every parameter's bytes once, one all-reduce of the loss and
+    stop flag, and no all-reduce of a single gradient; the ranks' reduced gradients agree."""
+    records, folder = _probed_run(tmp_path, 2, ["train", "cde-tiny", "steps=3"], grads=True)
+    for record in records:
+        assert record["steps"] == 3
+        param_bytes = record["params"]["bytes"]
+        for step in (2, 3):  # step 1's window also holds DDP's set-up broadcasts
+            events = [e for e in record["events"] if e["step"] == step]
+            buckets = [e for e in events if e["op"] == "ddp_hook"]
+            assert len(buckets) == 2 and sum(e["bytes"] for e in buckets) == param_bytes, (step, buckets)
+            reduces = sorted((e["kind"], e["bytes"]) for e in events if e["op"] == "all_reduce")
+            assert [k for k, _ in reduces] == ["", "ddp_bucket", "ddp_bucket"], (step, reduces)
+    g0, g1 = (torch.load(folder / f"grads-rank{r}.pt") for r in (0, 1))
+    for a, b in zip(g0, g1, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
 PRETRAIN = ["pretrain", "pretrain-tiny", "steps=1", "schedule.warmup_steps=0", "optimizer.grad_clip=1.0e+9"]

@@ -42,7 +42,7 @@ from neoembed.cde.batching import (
     reduce_dimensions,
     teacher_embeddings,
 )
-from neoembed.cde.gradcache import full_backprop_step, two_stage_gradcache_step
+from neoembed.cde.gradcache import TextStage, full_backprop_step, stages, two_stage_gradcache_step
 from neoembed.cde.model import save_cde_adapter
 from neoembed.cde.recipe import CDERecipe
 from neoembed.compile import compile_layers
@@ -263,11 +263,11 @@ def _best_sentence(best: dict | None) -> str:
 
 
 def _accelerator(recipe: CDERecipe):
-    """The processes, checkpoints and RNG states of accelerate, for a model it does not wrap.
+    """The processes, checkpoints and RNG states of accelerate, for a model it does not wrap whole.
 
-    The model is not wrapped in DDP (never ``prepare``d): the two-stage GradCache backpropagates through both
-    stages in two passes, which DDP's one-backward gradient hooks cannot follow; the step all-reduces the
-    gradients itself (:func:`_all_reduce`)."""
+    The model is never ``prepare``d: the two-stage GradCache backpropagates through the stages in separate passes
+    (the second stage's, then the first's), which one DDP wrapper around both cannot follow. Each stage gets its
+    own DDP wrapper instead (:func:`_stages`)."""
     from accelerate import Accelerator
     from accelerate.utils import parse_flag_from_env
 
@@ -300,6 +300,26 @@ def _build_model(recipe: CDERecipe, device):
         logger.info("LoRA adapter on both stages: %d of %d parameters train", *count_parameters(model))
     compile_layers(model, recipe.compile)  # both stages' layers; no-op when recipe.compile is false
     return model
+
+
+def _stages(module, acc):
+    """The model's two stages (:func:`neoembed.cde.gradcache.stages`), each in DDP across processes: its
+    gradients reduced in DDP's buckets once a step. The text stage may leave the null context unused (context
+    dropout off or nothing dropped this step), hence ``find_unused_parameters`` there; the buffers are constants
+    (RoPE frequencies), so they are not broadcast before every chunk's forward."""
+    if acc.num_processes == 1:
+        return stages(module)
+    from torch.nn.parallel import DistributedDataParallel
+
+    ids = [acc.device.index] if acc.device.type == "cuda" else None
+
+    def wrap(stage):
+        unused = isinstance(stage, TextStage)
+        return DistributedDataParallel(
+            stage, device_ids=ids, find_unused_parameters=unused, broadcast_buffers=False
+        )
+
+    return stages(module, wrap)
 
 
 def _scheduler(recipe: CDERecipe, optimizer):
@@ -463,6 +483,7 @@ def _cde_step(recipe: CDERecipe, acc, module, sources: list[Source], batches: Co
     """The step function of CDE training (see the module doc, steps 1-4) and the row it logs."""
     world, rank, device = acc.num_processes, acc.process_index, acc.device
     autocast = _autocast(recipe.precision, device)
+    model_stages = _stages(module, acc)
     tokenizer = module.tokenizer
     per_epoch = batches.steps_per_epoch()
     doc_prompt = recipe.prompts.get("document", "") or ""
@@ -504,10 +525,12 @@ def _cde_step(recipe: CDERecipe, acc, module, sources: list[Source], batches: Co
 
         with autocast:
             if recipe.chunk_size:
-                loss = two_stage_gradcache_step(module, ctx, qb, db, loss_fn, recipe.chunk_size, dropped)
+                loss = two_stage_gradcache_step(
+                    module, ctx, qb, db, loss_fn, recipe.chunk_size, dropped, model_stages=model_stages
+                )
             else:
-                loss = full_backprop_step(module, ctx, qb, db, loss_fn, dropped)
-        stats = _all_reduce(module, float(loss), stop_requested, world, device)
+                loss = full_backprop_step(module, ctx, qb, db, loss_fn, dropped, model_stages)
+        stats = _mean_loss_and_stop(float(loss), stop_requested, world, device)
         masked = float(mask.float().mean()) if mask is not None else 0.0
         return StepOutput(
             loss=float(stats[0]), stop=bool(stats[1] > 0), sums={"loss": float(stats[0]), "masked": masked}
@@ -538,15 +561,11 @@ def _autocast(precision: str, device: torch.device):
     )
 
 
-def _all_reduce(module, loss: float, stop_requested: bool, world: int, device) -> torch.Tensor:
-    """The gradient all-reduce DDP would do (see _accelerator), and the mean loss with any process's stop flag."""
+def _mean_loss_and_stop(loss: float, stop_requested: bool, world: int, device) -> torch.Tensor:
+    """The loss averaged over the processes, and whether any process asked to stop: one small all-reduce."""
     stats = torch.tensor([loss, 1.0 if stop_requested else 0.0], dtype=torch.float64)
     if world == 1:
         return stats
-    for p in module.parameters():
-        if p.grad is not None:
-            torch.distributed.all_reduce(p.grad)
-            p.grad /= world
     stats_dev = stats.to(device)
     torch.distributed.all_reduce(stats_dev)
     stats = stats_dev.cpu()
