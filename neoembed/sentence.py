@@ -345,9 +345,8 @@ def load(
         compile / bucketing: ``torch.compile`` the backbone's layers in place (False, True or a mode name) and pad
             batches to length buckets for CUDA graphs; see :mod:`neoembed.compile` (off by default: not yet
             measured to pay end to end on a GPU).
-        cuda_graphs: on CUDA, replay the backbone's inference forward from CUDA graphs recorded per length
-            bucket, without compiling (:func:`neoembed.compile.enable_cuda_graphs`): small batches of short texts
-            stop waiting on the host. Not with ``compile``.
+        cuda_graphs: replay the backbone's inference forward from CUDA graphs recorded per length bucket, no
+            compiler (:func:`neoembed.compile.enable_cuda_graphs`; short texts stop waiting on the host).
 
     Loading changes no process-wide setting (the torch thread count is the caller's: ``torch.set_num_threads``).
     """

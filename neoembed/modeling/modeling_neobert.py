@@ -304,13 +304,10 @@ class NeoBERTAttention(nn.Module):
     def forward(self, q, k, v, inputs: AttentionInputs):
         backend = ATTENTION_BACKENDS.get(inputs.backend)
         if backend is None:
+            cde = inputs.backend == "positionless_prefix"
+            hint = " (import neoembed.cde to register CDE's)" if cde else ""
             raise ValueError(
-                f"unknown attention backend {inputs.backend!r}; registered: {sorted(ATTENTION_BACKENDS)}"
-                + (
-                    " (import neoembed.cde to register CDE's)"
-                    if inputs.backend == "positionless_prefix"
-                    else ""
-                )
+                f"unknown attention backend {inputs.backend!r}; registered: {sorted(ATTENTION_BACKENDS)}{hint}"
             )
         return backend(q, k, v, inputs)
 
