@@ -162,10 +162,10 @@ def _markdown(results: dict, steps: int) -> str:
             f"{'/'.join(f'{x:.2f}×' for x in s['gradient_bytes_over_parameters'])} | {other or '—'} |"
         )
     lines.append(
-        "\nA ratio below 1.00× (rounded) means a trainable tensor had no gradient: in cde-tiny the learned null "
-        "context, read only with context dropout > 0 (the recipe's is 0), so CDE's loop reduces 39 of its 40 "
-        "tensors one by one, plus one all-reduce of the loss and stop flag. `_broadcast_coalesced`: DDP's "
-        "broadcast of the model's buffers before a forward."
+        "\nCDE wraps each of its two stages in its own DDP: two buckets a step (each tiny stage fits DDP's first "
+        "bucket), the null context's slot included although it has no gradient without context dropout, plus one "
+        "all-reduce of the loss and stop flag. `_broadcast_coalesced`: DDP's broadcast of the model's buffers "
+        "before a forward."
     )
     timed = {c: r for c, r in results.items() if "seconds_per_step" in r}
     if timed:
