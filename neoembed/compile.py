@@ -320,14 +320,25 @@ class CudaGraphs:
         self.replays = 0
         self.failed: str | None = None
         self._pool = None  # one memory pool for every shape: replays never overlap
+        self._recorded_with = None
         backbone.forward = self
+
+    def _weights(self) -> tuple:
+        """Where the weights live: ``.to()``, ``.half()`` and the like replace every parameter, and a graph
+        replays the addresses it was recorded with."""
+        first = next(self.backbone.parameters())
+        return first.data_ptr(), first.dtype, first.device
 
     def __call__(self, *args, **kwargs):
         inputs = None if args or self.failed else self._replayable(kwargs)
         if inputs is None:
             return self.eager(*args, **kwargs)
         padded, (B, L) = pad_to_buckets(inputs, self.buckets, self.pad_token_id)
-        key = graph_key(padded)
+        weights = self._weights()
+        if weights != self._recorded_with:  # moved or cast since: the graphs read freed memory
+            self.graphs.clear()
+            self._pool, self._recorded_with = None, weights
+        key = (*graph_key(padded), self.backbone.training)  # dropout is recorded in or out
         if key not in self.graphs:
             recorded = self._record(padded)
             if recorded is None:

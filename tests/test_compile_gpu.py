@@ -83,3 +83,22 @@ def test_cuda_graphs_leave_training_and_odd_input_eager(tiny_official):
     torch.testing.assert_close(replayed, out.detach(), rtol=1e-4, atol=1e-4)
     runner.remove()
     assert "forward" not in backbone.__dict__
+
+
+def test_cuda_graphs_record_again_after_the_weights_move(tiny_official, shared_dir):
+    """A cast replaces every parameter: the graphs recorded before would replay freed memory, so they are
+    dropped and recorded again, and the embeddings are the cast model's."""
+    texts = _sts_sentences(shared_dir, 40)
+    graphed = neoembed.load(tiny_official, device="cuda", dtype="fp32", cuda_graphs=True)
+    (runner,) = graphed.neoembed_cuda_graphs
+    reference = graphed.encode(texts, batch_size=16, convert_to_tensor=True).float()  # fp32 graphs
+    graphed.to(torch.bfloat16)
+    got = graphed.encode(texts, batch_size=16, convert_to_tensor=True).float()
+    eager_bf16 = (
+        neoembed.load(tiny_official, device="cuda", dtype="bf16")
+        .encode(texts, batch_size=16, convert_to_tensor=True)
+        .float()
+    )
+    assert runner.failed is None and runner._recorded_with[1] == torch.bfloat16
+    assert (got - reference).abs().max() <= 2 * (eager_bf16 - reference).abs().max() + 1e-3
+    assert (got - reference).abs().max() > 0  # bf16 weights, not the fp32 graphs replayed
