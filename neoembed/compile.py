@@ -264,30 +264,34 @@ def _bucketing_targets(model: nn.Module) -> list[tuple[nn.Module, nn.Module, boo
     return found
 
 
-def enable_bucketing(
-    model: nn.Module, buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS, max_length: int | None = None
-) -> list[BucketingHandle]:
-    """Bucket the input of every backbone under ``model`` (see :class:`BucketingHandle`).
-
-    ``buckets`` are capped at ``max_length`` (default: the ``max_seq_length`` of a SentenceTransformer, else the
-    largest bucket). A NeoBERT is switched to its padded layout: the padding-free one packs the real tokens
-    into a sequence whose length changes with every batch, which is what bucketing is there to avoid.
-    """
+def _padded_backbones(model: nn.Module, buckets: Sequence[int], max_length: int | None, caller: str):
+    """The length buckets capped at ``max_length`` (default: a SentenceTransformer's ``max_seq_length``, else
+    the largest bucket), and (module, backbone, takes features, pad id) for every backbone under ``model``, a
+    NeoBERT switched to its padded layout (the padding-free one packs the real tokens into a sequence whose
+    length changes with every batch, which fixed shapes are there to avoid)."""
     targets = _bucketing_targets(model)
     if not targets:
         raise ValueError(
-            f"enable_bucketing: no sentence-transformers Transformer or Hugging Face model in {type(model).__name__}"
+            f"{caller}: no sentence-transformers Transformer or Hugging Face model in {type(model).__name__}"
         )
     limit = max_length or getattr(model, "max_seq_length", None) or max(buckets)
-    capped = length_buckets_for(int(limit), sorted(buckets))
-    handles = []
+    out = []
     for module, backbone, features in targets:
         config = backbone.config
         if getattr(config, "model_type", None) == "neobert":
             config.padding_free = False
         pad = config.pad_token_id if getattr(config, "pad_token_id", None) is not None else 0
-        handles.append(BucketingHandle(module, capped, pad, features))
-    return handles
+        out.append((module, backbone, features, pad))
+    return length_buckets_for(int(limit), sorted(buckets)), out
+
+
+def enable_bucketing(
+    model: nn.Module, buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS, max_length: int | None = None
+) -> list[BucketingHandle]:
+    """Bucket the input of every backbone under ``model`` (see :class:`BucketingHandle`); ``buckets`` are capped
+    at ``max_length`` and a NeoBERT is switched to its padded layout (:func:`_padded_backbones`)."""
+    capped, targets = _padded_backbones(model, buckets, max_length, "enable_bucketing")
+    return [BucketingHandle(module, capped, pad, features) for module, _, features, pad in targets]
 
 
 def graph_key(inputs: dict[str, torch.Tensor]) -> tuple:
@@ -408,26 +412,11 @@ def enable_cuda_graphs(
 ) -> list[CudaGraphs]:
     """Replay every backbone under ``model`` from CUDA graphs recorded per length bucket (see :class:`CudaGraphs`).
 
-    ``model`` must be on CUDA. Buckets are capped as in :func:`enable_bucketing`; a NeoBERT is switched to its
-    padded layout (the padding-free one sizes its tensors by the batch's real tokens, a new shape each batch).
-    """
-    targets = _bucketing_targets(model)
-    if not targets:
-        raise ValueError(
-            f"enable_cuda_graphs: no sentence-transformers Transformer or Hugging Face model in {type(model).__name__}"
-        )
+    ``model`` must be on CUDA; buckets and layout as in :func:`enable_bucketing`."""
     devices = {p.device.type for p in model.parameters()}
     if devices != {"cuda"}:
         raise ValueError(
             f"enable_cuda_graphs: CUDA graphs need the model on a CUDA device, it is on {sorted(devices)}"
         )
-    limit = max_length or getattr(model, "max_seq_length", None) or max(buckets)
-    capped = length_buckets_for(int(limit), sorted(buckets))
-    runners = []
-    for _, backbone, _ in targets:
-        config = backbone.config
-        if getattr(config, "model_type", None) == "neobert":
-            config.padding_free = False
-        pad = config.pad_token_id if getattr(config, "pad_token_id", None) is not None else 0
-        runners.append(CudaGraphs(backbone, capped, pad))
-    return runners
+    capped, targets = _padded_backbones(model, buckets, max_length, "enable_cuda_graphs")
+    return [CudaGraphs(backbone, capped, pad) for _, backbone, _, pad in targets]
