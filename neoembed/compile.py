@@ -353,7 +353,7 @@ class CudaGraphs:
             static_in[name].copy_(tensor)
         graph.replay()
         self.replays += 1
-        hidden = static_out[:B, :L].clone()  # the buffer is the next replay's output
+        hidden = _cut(static_out, B, L).clone()  # the buffer is the next replay's output
         if kwargs.get("return_dict", getattr(self.backbone.config, "return_dict", True)) is False:
             return (hidden,)
         from transformers.modeling_outputs import BaseModelOutput
