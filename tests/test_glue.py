@@ -111,6 +111,11 @@ def test_local_hub_layout_and_carve(tmp_path, msrp_rows, shared_dir):
         load_splits(TASKS["mrpc"], shared_dir / "data" / "eval" / "MSRP", None)
 
 
+def _on(model, folder, out) -> list[str]:
+    """The options naming the model, the data folder and the output folder."""
+    return ["--model", str(model), "--data-dir", str(folder), "--out", str(out)]
+
+
 def _glue(*args):
     result = CliRunner().invoke(app, ["glue", *args], env={"HF_HUB_OFFLINE": "1"})
     assert result.exit_code == 0, (result.output, result.exception)
@@ -268,12 +273,7 @@ def test_glue_stops_after_patience_evaluations_without_a_better_score(tmp_path, 
         "MRPC",
         "epochs=4",
         "patience=2",
-        "--model",
-        str(tiny_official),
-        "--data-dir",
-        str(folder),
-        "--out",
-        str(out),
+        *_on(tiny_official, folder, out),
     )
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     scores = [(r["step"], r["eval_accuracy"]) for r in rows if "eval_accuracy" in r]
@@ -324,12 +324,7 @@ def test_glue_on_the_run_loop_equals_a_transformers_trainer(tmp_path, msrp_rows,
         "epochs=2",
         "weight_decay=0",
         "learning_rate=1e-3",
-        "--model",
-        str(model),
-        "--data-dir",
-        str(folder),
-        "--out",
-        str(out),
+        *_on(model, folder, out),
     )
     recipe = GlueRecipe(task="mrpc", batch_size=8, learning_rate=1e-3, weight_decay=0, epochs=2)
     total = 10  # 40 rows, batch 8, 2 epochs
@@ -392,12 +387,7 @@ def test_a_run_with_no_complete_checkpoint_starts_again_with_fresh_logs(tmp_path
     _glue(
         "MRPC",
         "epochs=1",
-        "--model",
-        str(tiny_official),
-        "--data-dir",
-        str(folder),
-        "--out",
-        str(out),
+        *_on(tiny_official, folder, out),
         "--resume",
     )
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
