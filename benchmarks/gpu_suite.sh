@@ -12,7 +12,7 @@
 #   bash benchmarks/gpu_suite.sh --wheels .gpu/wheels --minilm .gpu/minilm --out DIR [--only STEP,STEP]
 #
 # Steps, in order: train-step (full size, bf16, 512 tokens: plain, GradCache, CDE at N = 512 x 512, the cached
-# loss alone at B = 65,536; MFU and peak memory), throughput (512-8,192 tokens: NeoBERT eager and compiled,
+# loss alone at B = 65,536; MFU and peak memory), throughput (512, 2,048 and 4,096 tokens, the targets' lengths: NeoBERT eager and compiled,
 # ModernBERT-base with its best attention, BERT-base; real sentences in batches of 32, also replayed from eager
 # CUDA graphs), encode (MTEB sentences; padded, padding-free and CUDA graphs; encode.py --compile adds compiled
 # CUDA graphs, which compile for longer than the step's box), train-step-compiled, pretrain-speed, profile (the profiler's top
@@ -76,7 +76,7 @@ add() {  # add NAME LIMIT_SECONDS COMMAND...: one step (COMMAND runs from the re
 # `optional` run only when --only names them: the precision record (fp16 met, mteb_precision_cuda.md) needs ~90 s
 # and the GPU tests ~60 s, which a 5-minute run of the speed steps has no room for.
 add train-step 60 "$PY" benchmarks/train_step_cuda.py --device cuda --warmup 1
-add throughput 75 "$PY" benchmarks/throughput.py --device cuda --compile --cuda-graphs
+add throughput 75 "$PY" benchmarks/throughput.py --device cuda --compile --cuda-graphs --lengths 512,2048,4096
 add encode 35 "$PY" benchmarks/encode.py --device cuda --cuda-graphs --reference @minilm
 add train-step-compiled 45 "$PY" benchmarks/train_step_cuda.py --device cuda --compile --steps unified,gradcache
 add pretrain-speed 30 "$PY" benchmarks/pretrain_speed.py --device cuda --steps 5 --repeats 1
@@ -146,6 +146,11 @@ PYPREFIX=$("$PY" -c "import sys; print(sys.prefix)")
 redact() {  # the GPU machine's paths out of what is recorded: the checkout, the carried site, python, --out
   sed -e "s#$PWD/##g" -e "s#$PWD\b#.#g" -e "s#$SITE#\$NEOEMBED_SITE#g" -e "s#$PYPREFIX#<python>#g" ${OUT:+-e "s#$OUT#\$OUT#g"}
 }
+stamp() {  # "[ 12 s] line": bash's SECONDS counts from this function's start, i.e. the step's
+  local line
+  SECONDS=0
+  while IFS= read -r line || [ -n "$line" ]; do printf '[%3d s] %s\n' "$SECONDS" "$line"; done
+}
 save() {  # what the run has so far, into --out DIR
   [ -n "$OUT" ] || return 0
   cp "$LOG" "$OUT/gpu_suite.log"
@@ -176,7 +181,8 @@ for i in "${!NAMES[@]}"; do
   [ -n "$MINILM" ] || cmd=${cmd//--reference @minilm /}
   echo "=== [$name] limit ${LIMITS[i]} s: $cmd" | redact | tee -a "$LOG"
   t0=$(date +%s)
-  timeout --kill-after=10 "${LIMITS[i]}" bash -c "$cmd" 2>&1 | redact | tee -a "$LOG"
+  # each line prefixed with the seconds since the step began: a step cut at its box shows where its time went
+  timeout --kill-after=10 "${LIMITS[i]}" bash -c "$cmd" 2>&1 | stamp | redact | tee -a "$LOG"
   rc=${PIPESTATUS[0]}
   dt=$(($(date +%s) - t0))
   [ "$rc" = 124 ] && status="timed out" || status="exit $rc"
