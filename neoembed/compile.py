@@ -39,6 +39,7 @@ from torch import nn
 __all__ = [
     "COMPILE_MODES",
     "DEFAULT_LENGTH_BUCKETS",
+    "GRAPHED_MODES",
     "BucketingHandle",
     "CudaGraphs",
     "bucket_batch",
@@ -56,6 +57,12 @@ __all__ = [
 # torch.compile's modes. "reduce-overhead" adds CUDA graphs (pair it with enable_bucketing); the
 # "max-autotune" modes search matmul/kernel configurations at compile time (minutes, for a few % more).
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+# The modes that add torch's CUDA graphs, and the same mode without them. Per compiled layer those graphs fail
+# on a CUDA model: its layers share one compiled graph, and each call's input is the output of the previous
+# call of the same graph, which torch's graph trees overwrite before it is read (H200, torch 2.11: "accessing
+# tensor output of CUDAGraphs that has been overwritten by a subsequent run"). neoembed.load compiles the layers
+# without them and records the whole forward with CudaGraphs instead.
+GRAPHED_MODES = {"reduce-overhead": "default", "max-autotune": "max-autotune-no-cudagraphs"}
 
 # Powers of two and the 1.5x steps between them (16, 32, 48, 64, 96, ..., 6144, 8192): a batch's length grows by
 # at most half (a 33-token batch padded to 48), with 18 shapes up to 8,192 tokens.

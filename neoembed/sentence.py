@@ -342,9 +342,9 @@ def load(
         trust_remote_code: for third-party models with remote code. Never switched on implicitly: neoembed's own
             modules are imported as installed code (a folder naming ``neoembed.*`` module types needs no remote
             code).
-        compile / bucketing: ``torch.compile`` the backbone's layers in place (False, True or a mode name) and pad
-            batches to length buckets for CUDA graphs; see :mod:`neoembed.compile` (off by default: not yet
-            measured to pay end to end on a GPU).
+        compile / bucketing: ``torch.compile`` the backbone's layers in place (False, True or a mode name; off by
+            default) and pad batches to length buckets; see :mod:`neoembed.compile`. On CUDA, the modes with CUDA
+            graphs compile without torch's and record the whole forward as ``cuda_graphs`` does.
         cuda_graphs: replay the backbone's inference forward from CUDA graphs recorded per length bucket, no
             compiler (:func:`neoembed.compile.enable_cuda_graphs`; short texts stop waiting on the host).
 
@@ -517,8 +517,13 @@ def apply_speedups(
     model: EmbeddingModel, compile_mode: str | None, bucketing: bool | None, cuda_graphs: bool = False
 ) -> EmbeddingModel:
     """Apply ``load``'s ``compile``, ``bucketing`` and ``cuda_graphs`` settings to a loaded model."""
-    from neoembed.compile import compile_layers, enable_bucketing, enable_cuda_graphs
+    from neoembed.compile import GRAPHED_MODES, compile_layers, enable_bucketing, enable_cuda_graphs
 
+    graphed = compile_mode in GRAPHED_MODES and model.device.type == "cuda" and bucketing is not False
+    if graphed and not cuda_graphs:  # compiled layers inside one recorded graph per shape (why: GRAPHED_MODES)
+        compile_layers(model, GRAPHED_MODES[compile_mode], dynamic=True)
+        model.neoembed_cuda_graphs = enable_cuda_graphs(model)
+        return model
     if cuda_graphs:
         if compile_mode is not None or bucketing:
             raise ValueError(

@@ -21,9 +21,11 @@ def test_reduce_overhead_bucketed_encode_matches_eager(tiny_official, shared_dir
     eager = neoembed.load(tiny_official, device="cuda", dtype="fp32")
     reference = eager.encode(texts, batch_size=16, convert_to_tensor=True).float()
     compiled = neoembed.load(tiny_official, device="cuda", dtype=dtype, compile="reduce-overhead")
-    assert compiled.neoembed_bucketing  # reduce-overhead turns the length buckets on
-    for _ in range(3):  # warm-up, graph recording, replay
+    (runner,) = compiled.neoembed_cuda_graphs  # compiled layers inside graphs recorded per length bucket
+    assert all(b._compiled_call_impl is not None for b in compiled[0].auto_model.transformer_encoder)
+    for _ in range(2):  # compilation and recording, then replays only
         got = compiled.encode(texts, batch_size=16, convert_to_tensor=True).float()
+    assert runner.failed is None and runner.replays == 2 * 7  # 7 batches of <= 16 texts, twice
     if dtype == "fp32":
         torch.testing.assert_close(got, reference, rtol=1e-4, atol=1e-4)
     else:
