@@ -11,15 +11,14 @@
 #                                                   # option and file it uses exists (scripts' --help, pytest collection)
 #   bash benchmarks/gpu_suite.sh --wheels .gpu/wheels --minilm .gpu/minilm --out DIR [--only STEP,STEP]
 #
-# Steps, in order: train-step (full size, bf16, 512 tokens: plain, GradCache, CDE at N = 512 x 512, the cached
-# loss alone at B = 65,536; MFU and peak memory), throughput (512, 2,048 and 4,096 tokens, the targets' lengths: NeoBERT eager and compiled,
-# ModernBERT-base with its best attention, BERT-base; real sentences in batches of 32, also replayed from eager
-# CUDA graphs), encode (MTEB sentences; padded, padding-free and CUDA graphs; encode.py --compile adds compiled
-# CUDA graphs, which compile for longer than the step's box), train-step-compiled, pretrain-speed, profile (the profiler's top
-# kernels of the training step, plain and GradCache, and the compiled 512-token forward; the attention kernels
-# against each other); then, only when --only names them, mteb-precision (the local tasks, fp16 against fp32,
-# all-MiniLM-L6-v2) and gpu-tests (pytest -m gpu: CUDA parity, varlen kernels, compiled CUDA-graph encoding, bf16
-# packed pre-training, DeepSpeed).
+# Steps, in order: train-step (full size, bf16, 512 tokens: plain, eager and with compiled layers; GradCache; CDE
+# at N = 512 x 512; the cached loss alone at B = 65,536; MFU and peak memory), throughput (512, 2,048 and 4,096
+# tokens, the targets' lengths: NeoBERT eager and compiled, ModernBERT-base with its best attention, BERT-base; real
+# sentences in batches of 32, also replayed from eager CUDA graphs), encode (MTEB sentences: padded, padding-free,
+# CUDA graphs), profile (the profiler's top kernels of the training step and the 512-token forward, eager and
+# compiled; the attention kernels against each other; the GradCache step), pretrain-speed; then, only when --only
+# names them, mteb-precision (the local tasks, fp16 against fp32, all-MiniLM-L6-v2) and gpu-tests (pytest -m gpu:
+# CUDA parity, varlen kernels, CUDA-graph and compiled CUDA-graph encoding, bf16 packed pre-training, DeepSpeed).
 #
 # The GPU machine has no network and receives only the working tree: benchmarks/gpu_wheels.sh prepares what it
 # lacks in the git-ignored .gpu/ (wheels; all-MiniLM-L6-v2 packed to int8 rows) and states the one device call:
@@ -71,16 +70,17 @@ add() {  # add NAME LIMIT_SECONDS COMMAND...: one step (COMMAND runs from the re
   CMDS+=("$(printf '%q ' "$@")")
 }
 
-# Order and limits from the H100 runs of 2026-11-26 (benchmarks/results/gpu_suite_cuda.md): the targets' records
-# first. Every script records after each part, so a step cut at its box keeps what it measured. The two steps after
-# `optional` run only when --only names them: the precision record (fp16 met, mteb_precision_cuda.md) needs ~90 s
-# and the GPU tests ~60 s, which a 5-minute run of the speed steps has no room for.
-add train-step 60 "$PY" benchmarks/train_step_cuda.py --device cuda --warmup 1
-add throughput 75 "$PY" benchmarks/throughput.py --device cuda --compile --cuda-graphs --lengths 512,2048,4096
-add encode 35 "$PY" benchmarks/encode.py --device cuda --cuda-graphs --reference @minilm
-add train-step-compiled 45 "$PY" benchmarks/train_step_cuda.py --device cuda --compile --steps unified,gradcache
-add pretrain-speed 30 "$PY" benchmarks/pretrain_speed.py --device cuda --steps 5 --repeats 1
-add profile 45 "$PY" benchmarks/gpu_profile.py --device cuda --out @out/profiles --parts gradcache,train,compiled,attention
+# Order and limits from the H200 run of 2026-11-27 (f0868a9; its log stamps each line with its step's seconds): the
+# targets' records first. A process spends ~10 s importing and starting CUDA, so the compiled training step shares
+# the eager one's process (train_step_cuda.py's unified-compiled). Every script records after each part, so a step
+# cut at its box keeps what it measured. The two steps after `optional` run only when --only names them: the
+# precision record (fp16 met, mteb_precision_cuda.md) needs ~90 s and the GPU tests ~70 s.
+add train-step 85 "$PY" benchmarks/train_step_cuda.py --device cuda --warmup 2 --reps 2
+add throughput 70 "$PY" benchmarks/throughput.py --device cuda --compile --cuda-graphs --lengths 512,2048,4096
+add encode 35 "$PY" benchmarks/encode.py --device cuda --cuda-graphs --sets sentences --reference @minilm
+add profile 65 "$PY" benchmarks/gpu_profile.py --device cuda --out @out/profiles \
+  --parts train,forward,compiled,attention,gradcache
+add pretrain-speed 40 "$PY" benchmarks/pretrain_speed.py --device cuda --steps 5 --repeats 1
 optional
 add mteb-precision 100 "$PY" benchmarks/mteb_precision.py --device cuda --out runs/mteb-precision --model @minilm
 add gpu-tests 90 "$PY" -m pytest -v -n 0 -p no:cacheprovider -m gpu tests/test_modeling_gpu.py \

@@ -1,6 +1,7 @@
 """One training step of the full-size NeoBERT (28 x 768), timed, with its model FLOPs utilisation (MFU):
 
-* ``unified``: InfoNCE over B queries and B positives of L tokens, plain backpropagation;
+* ``unified``: InfoNCE over B queries and B positives of L tokens, plain backpropagation; ``unified-compiled``:
+  the same with the backbone's layers compiled (neoembed.compile), in the same run;
 * ``gradcache``: the same loss through GradCache (``CachedInfoNCELoss``, mini-batches of ``--mini``);
 * ``cde``: a contextual (CDE) step at the paper's N = 512 context documents x L = 512 tokens, through the
   two-stage GradCache in chunks of ``--chunk`` (full backpropagation through 512 x 512 tokens does not fit), with
@@ -11,8 +12,8 @@
   ``--loss-mini``). Its FLOPs: 6 x B x 2B x d (logits, and both gradients).
 
 Each step runs under bf16 autocast (float32 weights, as the trainers run ``precision: bf16``), forward + backward +
-AdamW, ``--warmup`` untimed steps first, the median of ``--reps`` timed ones. With ``--compile`` the backbone's
-layers are compiled first (neoembed.compile, mode "default"); the warm-up steps pay the compilation.
+AdamW, ``--warmup`` untimed steps first, the median of ``--reps`` timed ones. With ``--compile`` every step's
+backbone has its layers compiled (neoembed.compile, mode "default"); the warm-up steps pay the compilation.
 
 FLOPs: a text of n tokens costs ``model_flops`` of benchmarks/_common.py forward (2 x linear parameters per token +
 4 x n x width per token and layer); a training step counts 3 x its forward FLOPs (forward + backward), as the
@@ -21,7 +22,7 @@ CDE's second stage sees each text behind the N context vectors and the soft prom
 MFU = counted FLOPs / step time / the bf16 matrix-multiply rate measured in the same run (8,192^3), the issue's
 measure; the share of ``--peak-tflops`` (H100 SXM dense bf16: 989) is listed beside it.
 
-    python benchmarks/train_step_cuda.py --device cuda              # all three steps, eager; --compile: compiled
+    python benchmarks/train_step_cuda.py --device cuda              # every step (unified also compiled)
     python benchmarks/train_step_cuda.py --quick                    # CPU: a 2 x 64 model, the same code and arithmetic
 
 Results: benchmarks/results/train_step_<cuda|cpu_quick>[_compiled].{json,md}.
@@ -43,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import SHARED, header, matmul_rate, model_flops, sync, write_results  # noqa: E402
 
 TOKENIZER = SHARED / "fixtures" / "neobert-tiny-official"
+DEFAULT_STEPS = "unified,unified-compiled,gradcache,cde,cached-loss"
 QUICK_CONFIG = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128}
 
 
@@ -77,22 +79,25 @@ def _tokens(n: int, length: int, vocab: int, device) -> dict:
     return {"input_ids": ids.to(device), "attention_mask": torch.ones_like(ids).to(device)}
 
 
-def build_backbone(folder: str, config: dict) -> None:
+def build_backbone(folder: str, config: dict, device="cpu") -> None:
     from transformers import AutoTokenizer
 
     from neoembed.modeling import NeoBERTConfig, NeoBERTModel
 
     torch.manual_seed(0)
-    NeoBERTModel(NeoBERTConfig(**config)).save_pretrained(folder)
+    with torch.device(device):  # random initialisation on the GPU: seconds faster than 250M values on the CPU
+        NeoBERTModel(NeoBERTConfig(**config)).save_pretrained(folder)
     AutoTokenizer.from_pretrained(str(TOKENIZER)).save_pretrained(folder)
 
 
-def contrastive_step(folder: str, args, device, cached: bool):
+def contrastive_step(folder: str, args, device, cached: bool, compiled: bool = False):
     """A closure running one unified (or GradCache) step, and the backbone whose FLOPs it counts."""
     import neoembed
     from neoembed.losses import CachedInfoNCELoss, InfoNCELoss
 
-    model = neoembed.load(folder, max_seq_length=args.length, device=str(device), compile=args.compile)
+    model = neoembed.load(
+        folder, max_seq_length=args.length, device=str(device), compile=args.compile or compiled
+    )
     model.train()
     loss_fn = CachedInfoNCELoss(model, mini_batch_size=args.mini) if cached else InfoNCELoss(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
@@ -193,6 +198,11 @@ def measure(kind: str, folder: str, args, device, rate: float) -> list[dict]:
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
+    base, compiled = kind.removesuffix("-compiled"), kind.endswith("-compiled")
+    if compiled and base not in ("unified", "gradcache"):
+        raise ValueError(
+            f"'{kind}': only unified and gradcache have a compiled kind (--compile compiles all)"
+        )
     if kind == "cde":
         run, backbone, soft = cde_step(folder, args, device)
         runs = {"cde": (run, step_flops(backbone, "cde", args.batch, args.length, args.n_context, soft))}
@@ -203,8 +213,8 @@ def measure(kind: str, folder: str, args, device, rate: float) -> list[dict]:
             for impl in ("neoembed", "st")
         }
     else:
-        run, backbone = contrastive_step(folder, args, device, cached=kind == "gradcache")
-        runs = {kind: (run, step_flops(backbone, kind, args.batch, args.length))}
+        run, backbone = contrastive_step(folder, args, device, cached=base == "gradcache", compiled=compiled)
+        runs = {kind: (run, step_flops(backbone, base, args.batch, args.length))}
     rows = []
     for name, (run, flops) in runs.items():
         try:
@@ -231,7 +241,8 @@ def main() -> None:
     p.add_argument(
         "--steps",
         default=None,
-        help="comma-separated: unified, gradcache, cde, cached-loss (default: all; a subset names the record)",
+        help="comma-separated: unified, unified-compiled, gradcache, gradcache-compiled, cde, cached-loss "
+        "(default: all but gradcache-compiled, in this order; other steps name the record)",
     )
     p.add_argument("--compile", action="store_true", help="compile the backbone's layers (neoembed.compile)")
     p.add_argument("--batch", type=int, default=None, help="queries per step (default 32; quick 4)")
@@ -263,8 +274,8 @@ def main() -> None:
                        device.type == "cuda" else 1024)  # fmt: skip
     rows = []
     with tempfile.TemporaryDirectory() as folder:
-        build_backbone(folder, QUICK_CONFIG if args.quick else {})
-        for kind in (args.steps or "unified,gradcache,cde,cached-loss").split(","):
+        build_backbone(folder, QUICK_CONFIG if args.quick else {}, device)
+        for kind in (args.steps or DEFAULT_STEPS).split(","):
             rows += measure(kind, folder, args, device, rate)
             # after every kind: a run cut at its time box keeps its rows
             md = record(args, device, rate, rows)
