@@ -134,6 +134,7 @@ def main() -> None:
         default="sentences,documents",
         help="comma-separated: sentences (MTEB), documents (512-4,096 tokens); a subset names the record",
     )
+    p.add_argument("--reps", type=int, default=None, help="interleaved repetitions (default: 3 on CUDA)")
     args = p.parse_args()
     unknown = set(args.sets.split(",")) - {"sentences", "documents"}
     if unknown:
@@ -145,11 +146,12 @@ def main() -> None:
     rng.shuffle(sentences)
     full = cuda or args.bounds_only
     n_sent, n_docs, reps = (4096, 256, 3) if full else ((96, 4, 1) if args.quick else (1024, 16, 2))
-    short, docs = sentences[:n_sent], long_documents(sentences, n_docs)
+    reps = args.reps or reps
+    wanted = args.sets.split(",")
+    short = sentences[:n_sent]
+    docs = long_documents(sentences, n_docs) if "documents" in wanted else []
     sets = (("mteb sentences", short, 64), ("long documents (512-4,096 tokens)", docs, 8))
-    sets = tuple(
-        s for s, key in zip(sets, ("sentences", "documents"), strict=True) if key in args.sets.split(",")
-    )
+    sets = tuple(s for s, key in zip(sets, ("sentences", "documents"), strict=True) if key in wanted)
     with tempfile.TemporaryDirectory() as tmp:
         neo = neobert_model(tmp, "cpu" if args.bounds_only else args.device, dtype)
         bounds = [

@@ -16,7 +16,7 @@
 # tokens, the targets' lengths: NeoBERT eager and compiled, ModernBERT-base with its best attention, BERT-base; real
 # sentences in batches of 32, also replayed from eager CUDA graphs), encode (MTEB sentences: padded, padding-free,
 # CUDA graphs), profile (the profiler's top kernels of the training step and the 512-token forward, eager and
-# compiled; the attention kernels against each other; the GradCache step), pretrain-speed; then, only when --only
+# compiled; the attention kernels against each other), pretrain-speed; then, only when --only
 # names them, mteb-precision (the local tasks, fp16 against fp32, all-MiniLM-L6-v2) and gpu-tests (pytest -m gpu:
 # CUDA parity, varlen kernels, CUDA-graph and compiled CUDA-graph encoding, bf16 packed pre-training, DeepSpeed).
 #
@@ -70,16 +70,19 @@ add() {  # add NAME LIMIT_SECONDS COMMAND...: one step (COMMAND runs from the re
   CMDS+=("$(printf '%q ' "$@")")
 }
 
-# Order and limits from the H200 run of 2026-11-27 (f0868a9; its log stamps each line with its step's seconds): the
-# targets' records first. A process spends ~10 s importing and starting CUDA, so the compiled training step shares
-# the eager one's process (train_step_cuda.py's unified-compiled). Every script records after each part, so a step
-# cut at its box keeps what it measured. The two steps after `optional` run only when --only names them: the
+# Order and limits from the H200 runs of 2026-11-27 (gpu_suite_cuda.log: each line stamped with its step's seconds):
+# the targets' records first. A process there spends 10-20 s importing and starting CUDA before its first result,
+# so the compiled training step shares the eager one's process (train_step_cuda.py's unified-compiled) and the
+# timed parts repeat twice, not three times. At 0548496, with three repetitions, train-step (84 s), throughput
+# (69 s) and pretrain-speed (37 s) fitted; encode (35 s) and profile's GradCache part (the last, beyond 65 s) did
+# not: the GradCache profile is in gpu_profile_cuda.md at 739e861. Every script records after each part, so a
+# step cut at its box keeps what it measured. The two steps after `optional` run only when --only names them: the
 # precision record (fp16 met, mteb_precision_cuda.md) needs ~90 s and the GPU tests ~70 s.
-add train-step 85 "$PY" benchmarks/train_step_cuda.py --device cuda --warmup 2 --reps 2
-add throughput 70 "$PY" benchmarks/throughput.py --device cuda --compile --cuda-graphs --lengths 512,2048,4096
-add encode 35 "$PY" benchmarks/encode.py --device cuda --cuda-graphs --sets sentences --reference @minilm
-add profile 65 "$PY" benchmarks/gpu_profile.py --device cuda --out @out/profiles \
-  --parts train,forward,compiled,attention,gradcache
+add train-step 80 "$PY" benchmarks/train_step_cuda.py --device cuda --warmup 1 --reps 2
+add throughput 65 "$PY" benchmarks/throughput.py --device cuda --compile --cuda-graphs --lengths 512,2048,4096 \
+  --reps 2
+add encode 50 "$PY" benchmarks/encode.py --device cuda --cuda-graphs --sets sentences --reps 2 --reference @minilm
+add profile 55 "$PY" benchmarks/gpu_profile.py --device cuda --out @out/profiles --parts train,forward,compiled,attention
 add pretrain-speed 40 "$PY" benchmarks/pretrain_speed.py --device cuda --steps 5 --repeats 1
 optional
 add mteb-precision 100 "$PY" benchmarks/mteb_precision.py --device cuda --out runs/mteb-precision --model @minilm
