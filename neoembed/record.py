@@ -67,6 +67,9 @@ def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
 def git_sha(start: str | Path | None = None) -> str | None:
     """SHA of the git checkout holding the neoembed code (or ``start``), with ``-dirty`` if it has changes.
 
+    Changes under ``benchmarks/results/`` do not count: a benchmark rewrites its own record as it goes (a run cut
+    short keeps its first rows), and its later writes would otherwise call the tree that produced them dirty.
+
     ``NEOEMBED_COMMIT``, when set, is the answer: a copy of the tree whose ``.git`` is not its own (the GPU machine
     receives the working tree with a stale ``.git`` beside it, which named the wrong commit) says what it is."""
     if os.environ.get("NEOEMBED_COMMIT"):
@@ -77,7 +80,15 @@ def git_sha(start: str | Path | None = None) -> str | None:
             ["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=10, check=True
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
+            [
+                "git",
+                "status",
+                "--porcelain",
+                "--untracked-files=no",
+                "--",
+                ":(top)",
+                ":(top,exclude)benchmarks/results",
+            ],
             cwd=where,
             capture_output=True,
             text=True,

@@ -239,6 +239,27 @@ def test_neoembed_commit_names_a_copy_whose_git_is_not_its_own(monkeypatch, tmp_
     assert git_sha(tmp_path) == git_sha() == "2808c1481f870bfde9c5e88cbead639e19d6dc6b"
 
 
+def test_a_benchmark_rewriting_its_own_record_leaves_the_tree_clean(monkeypatch, tmp_path):
+    """Records are written as a run goes: a rewritten record is not a change to the code that made it, while any
+    other tracked change still marks the tree dirty."""
+    import subprocess
+
+    from neoembed.record import git_sha
+
+    monkeypatch.delenv("NEOEMBED_COMMIT", raising=False)
+    (tmp_path / "benchmarks" / "results").mkdir(parents=True)
+    (tmp_path / "benchmarks" / "results" / "x_cpu.md").write_text("first rows\n")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git = ["git", "-C", str(tmp_path), "-c", "user.email=t@t", "-c", "user.name=t"]
+    for args in (["init", "-q"], ["add", "."], ["commit", "-qm", "x"]):
+        subprocess.run(git + args, check=True)
+    sha = git_sha(tmp_path)
+    (tmp_path / "benchmarks" / "results" / "x_cpu.md").write_text("first rows\nmore rows\n")
+    assert git_sha(tmp_path) == sha and not sha.endswith("-dirty")
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert git_sha(tmp_path) == sha + "-dirty"
+
+
 def _string_constants(tree) -> list:
     """Every string constant of a module that is not a docstring."""
     import ast
