@@ -62,12 +62,21 @@ from neoembed.runs import (
     write_failed,
 )
 
-__all__ = ["RunLoop", "StepOutput", "adamw", "check_launch"]
+__all__ = ["RunLoop", "StepOutput", "adamw", "check_launch", "join_on_cpu"]
 
 
-def check_launch(accelerator) -> None:
-    """Refuse a launch where the processes would not train together (more launched than accelerate joined)."""
-    world = accelerator.num_processes
+def join_on_cpu() -> bool:
+    """Whether launched processes must join on the CPU: several were launched (``WORLD_SIZE``) on a machine without
+    CUDA. accelerate and transformers join them over gloo only when told to run on the CPU; otherwise each trains
+    alone, and all of them write the same folder."""
+    import torch
+
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available()
+
+
+def check_launch(world: int) -> None:
+    """Refuse a launch where the processes would not train together: ``world`` (the processes accelerate or the
+    Trainer joined) is not the number launched."""
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     if launched != world:
         raise RuntimeError(

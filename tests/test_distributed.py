@@ -369,3 +369,42 @@ def test_glue_gradients_equal_on_one_and_two_processes(tmp_path, shared_dir):
     for step in (1, 2):
         buckets = [e for e in records2[0]["events"] if e["op"] == "ddp_hook" and e["step"] == step]
         assert len(buckets) == 1 and buckets[0]["bytes"] == records2[0]["params"]["bytes"], (step, buckets)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU machine torchrun's processes join over NCCL")
+@pytest.mark.parametrize(
+    "command", [["train", "tiny"], ["pretrain", "pretrain-tiny"]], ids=["train", "pretrain"]
+)
+def test_torchrun_without_a_gpu_joins_the_processes_into_one_run(tmp_path, command):
+    """`torchrun --nproc-per-node 2` on a machine without CUDA and without ACCELERATE_USE_CPU: the processes train
+    together over gloo (every step sees both), not as two copies writing one folder (the unified trainer did that
+    and tore its own checkpoints: "could not write checkpoint-4")."""
+    env = {k: v for k, v in _env().items() if k != "ACCELERATE_USE_CPU"}
+    out = tmp_path / "run"
+    r = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "-m", "neoembed", *command, f"output_dir={out}"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert (out / "model.safetensors").exists()
+    # pre-training records the process count; the unified trainer logs it with every step
+    record = json.loads((out / "run_record.json").read_text())
+    steps = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    worlds = {record["world_size"]} if "world_size" in record else {s["world_size"] for s in steps}
+    assert worlds == {2}, worlds
+
+
+def test_join_on_cpu_only_for_several_processes_without_cuda(monkeypatch):
+    from neoembed.loop import check_launch, join_on_cpu
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert not join_on_cpu()  # one process: the device is the trainer's own choice
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert join_on_cpu()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert not join_on_cpu()  # NCCL joins them
+    with pytest.raises(RuntimeError, match="2 processes were launched .* accelerate sees 1"):
+        check_launch(1)
+    check_launch(2)

@@ -272,7 +272,7 @@ def _accelerator(recipe: CDERecipe):
     from accelerate.utils import parse_flag_from_env
 
     acc = Accelerator(cpu=parse_flag_from_env("ACCELERATE_USE_CPU") or not torch.cuda.is_available())
-    check_launch(acc)
+    check_launch(acc.num_processes)
     if recipe.batch_size % acc.num_processes:
         raise ValueError(
             f"batch_size {recipe.batch_size} is not a multiple of the {acc.num_processes} processes"

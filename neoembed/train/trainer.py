@@ -46,6 +46,7 @@ from neoembed.data.sampler import (
     dataset_probabilities,
     plan_no_duplicates,
 )
+from neoembed.loop import check_launch, join_on_cpu
 from neoembed.losses import build_loss, counting_loss
 from neoembed.model_card import base_model_name, training_prompts
 from neoembed.recipe import RecipeError, resolve_recipe_path
@@ -559,6 +560,7 @@ def _training_args(recipe: UnifiedRecipe, output: Path, full_sizes: list[int]):
         ),
         disable_tqdm=not _is_terminal(),  # a bar on a terminal; elsewhere _PlainProgress's lines
         dataloader_pin_memory=torch.cuda.is_available(),
+        use_cpu=join_on_cpu(),
     )
     # keep_best: set after the arguments' own check, which asks the opposite of ours (save_steps a multiple of
     # eval_steps, so an evaluated step may have no checkpoint); check_keep_best asks for a checkpoint at every
@@ -698,9 +700,11 @@ def train(
         logger.info("LoRA adapter: %d of %d parameters train", *count_parameters(model))
     with _tracker_env(output, checkpoint is not None):  # before sentence-transformers' trainer sets a project
         samplers: list = []
+        args = _training_args(recipe, output, full_sizes)
+        check_launch(args.world_size)
         trainer = _trainer_class()(
             model=model,
-            args=_training_args(recipe, output, full_sizes),
+            args=args,
             train_dataset=datasets,
             loss=build_loss(recipe.loss.name, model, recipe),
             batch_sizes=batch_sizes,
