@@ -71,6 +71,21 @@ HOW = {
         "neoembed mteb --model runs/cde --tasks SciFact": "hub",
         "neoembed mteb --model runs/cde --tasks SciFact --cde-context null": "hub",
     },
+    "distributed.md": {
+        "ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 -m neoembed train tiny"
+        " output_dir=runs/tiny-ddp": "slow",
+        "torchrun --standalone --nproc-per-node 2 -m neoembed train tiny output_dir=runs/tiny-torchrun": "slow",
+        "accelerate launch --num_processes 8 -m neoembed train neobert-unified gather_across_devices=true": "hub",
+        "torchrun --nnodes 2 --nproc-per-node 8 --node-rank 0 --master-addr HOST0 --master-port 29500 -m neoembed"
+        " train neobert-unified gather_across_devices=true": "hub",
+        "torchrun --nnodes 2 --nproc-per-node 8 --node-rank 1 --master-addr HOST0 --master-port 29500 -m neoembed"
+        " train neobert-unified gather_across_devices=true": "hub",
+        # the second "node" in the background, then the first in the foreground: its exit is the run's
+        "torchrun --nnodes 2 --nproc-per-node 1 --node-rank 1 --master-addr localhost --master-port 29531"
+        " -m neoembed train tiny output_dir=runs/tiny-2nodes > runs/node1.log 2>&1 &": "slow",
+        "torchrun --nnodes 2 --nproc-per-node 1 --node-rank 0 --master-addr localhost --master-port 29531"
+        " -m neoembed train tiny output_dir=runs/tiny-2nodes": "slow",
+    },
     "evaluation.md": {
         "neoembed mteb --model my-model": "hub",
         "neoembed mteb --model my-model --tasks STS13,SciFact --precision bf16 --instructions none": "hub",
