@@ -54,14 +54,14 @@ __all__ = [
     "resolve_compile_mode",
 ]
 
-# torch.compile's modes. "reduce-overhead" adds CUDA graphs (pair it with enable_bucketing); the
-# "max-autotune" modes search matmul/kernel configurations at compile time (minutes, for a few % more).
+# torch.compile's modes. "reduce-overhead" adds CUDA graphs; the "max-autotune" modes search matmul/kernel
+# configurations at compile time (minutes, for a few % more), "max-autotune" with CUDA graphs too.
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 # The modes that add torch's CUDA graphs, and the same mode without them. Per compiled layer those graphs fail
 # on a CUDA model: its layers share one compiled graph, and each call's input is the output of the previous
-# call of the same graph, which torch's graph trees overwrite before it is read (H200, torch 2.11: "accessing
-# tensor output of CUDAGraphs that has been overwritten by a subsequent run"). neoembed.load compiles the layers
-# without them and records the whole forward with CudaGraphs instead.
+# call of the same graph, which torch's graph trees overwrite before it is read (reduce-overhead on an H200,
+# torch 2.11: "accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run").
+# neoembed.load compiles the layers without them and records the whole forward with CudaGraphs instead.
 GRAPHED_MODES = {"reduce-overhead": "default", "max-autotune": "max-autotune-no-cudagraphs"}
 
 # Powers of two and the 1.5x steps between them (16, 32, 48, 64, 96, ..., 6144, 8192): a batch's length grows by

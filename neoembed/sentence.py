@@ -519,8 +519,12 @@ def apply_speedups(
     """Apply ``load``'s ``compile``, ``bucketing`` and ``cuda_graphs`` settings to a loaded model."""
     from neoembed.compile import GRAPHED_MODES, compile_layers, enable_bucketing, enable_cuda_graphs
 
-    graphed = compile_mode in GRAPHED_MODES and model.device.type == "cuda" and bucketing is not False
-    if graphed and not cuda_graphs:  # compiled layers inside one recorded graph per shape (why: GRAPHED_MODES)
+    if compile_mode in GRAPHED_MODES and model.device.type == "cuda" and not cuda_graphs:
+        if bucketing is False:
+            raise ValueError(
+                f"compile={compile_mode!r} records CUDA graphs per length bucket: drop bucketing=False"
+            )
+        # compiled layers inside one recorded graph per shape (why not torch's own graphs: GRAPHED_MODES)
         compile_layers(model, GRAPHED_MODES[compile_mode], dynamic=True)
         model.neoembed_cuda_graphs = enable_cuda_graphs(model)
         return model

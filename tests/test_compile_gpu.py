@@ -26,6 +26,8 @@ def test_reduce_overhead_bucketed_encode_matches_eager(tiny_official, shared_dir
     for _ in range(2):  # compilation and recording, then replays only
         got = compiled.encode(texts, batch_size=16, convert_to_tensor=True).float()
     assert runner.failed is None and runner.replays == 2 * 7  # 7 batches of <= 16 texts, twice
+    with pytest.raises(ValueError, match="drop bucketing=False"):
+        neoembed.load(tiny_official, device="cuda", compile="reduce-overhead", bucketing=False)
     if dtype == "fp32":
         torch.testing.assert_close(got, reference, rtol=1e-4, atol=1e-4)
     else:
