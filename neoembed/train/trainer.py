@@ -566,6 +566,7 @@ def _training_args(recipe: UnifiedRecipe, output: Path, full_sizes: list[int]):
     # eval_steps, so an evaluated step may have no checkpoint); check_keep_best asks for a checkpoint at every
     # evaluated step, and transformers then always finds the best one to load
     args.load_best_model_at_end = recipe.keep_best is not None
+    check_launch(args.world_size)  # every launched process joined (join_on_cpu: also without CUDA)
     return args
 
 
@@ -700,11 +701,9 @@ def train(
         logger.info("LoRA adapter: %d of %d parameters train", *count_parameters(model))
     with _tracker_env(output, checkpoint is not None):  # before sentence-transformers' trainer sets a project
         samplers: list = []
-        args = _training_args(recipe, output, full_sizes)
-        check_launch(args.world_size)
         trainer = _trainer_class()(
             model=model,
-            args=args,
+            args=_training_args(recipe, output, full_sizes),
             train_dataset=datasets,
             loss=build_loss(recipe.loss.name, model, recipe),
             batch_sizes=batch_sizes,
