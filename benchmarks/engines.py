@@ -1,8 +1,8 @@
 """The two run engines side by side, to choose one for unified, CDE, pre-training and GLUE (issue #41, item 2):
 
 (a) Hugging Face's Trainer (under sentence-transformers' SentenceTransformerTrainer), today the unified
-    trainer's and GLUE's engine;
-(b) one accelerate loop (neoembed/loop.py's RunLoop), today CDE's and pre-training's engine.
+    trainer's engine;
+(b) one accelerate loop (neoembed/loop.py's RunLoop), today CDE's, pre-training's and GLUE's engine.
 
     cd benchmarks && python engines.py              # CPU, a few minutes: tiny.yaml and cde-tiny.yaml, 3 runs each
 
@@ -32,8 +32,13 @@ from pathlib import Path
 from _common import REPO, header, write_results
 
 ENGINE_MODULES = {
-    "hf_trainer": ["neoembed.train.trainer", "neoembed.train.holdout", "neoembed.glue.run"],
-    "accelerate_loop": ["neoembed.loop", "neoembed.cde.trainer", "neoembed.pretrain.trainer"],
+    "hf_trainer": ["neoembed.train.trainer", "neoembed.train.holdout"],
+    "accelerate_loop": [
+        "neoembed.loop",
+        "neoembed.cde.trainer",
+        "neoembed.pretrain.trainer",
+        "neoembed.glue.run",
+    ],
     "shared": ["neoembed.runs", "neoembed.record"],
 }
 
