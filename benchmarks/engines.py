@@ -92,9 +92,14 @@ def private_overrides() -> list[dict]:
 
 
 def _lines(module: str) -> int:
+    """Non-blank, non-comment lines of a module, or of every module of a package (``neoembed.runs``)."""
     path = Path(importlib.import_module(module).__file__)
+    files = sorted(path.parent.glob("*.py")) if path.name == "__init__.py" else [path]
     return sum(
-        1 for line in path.read_text().splitlines() if line.strip() and not line.strip().startswith("#")
+        1
+        for f in files
+        for line in f.read_text().splitlines()
+        if line.strip() and not line.strip().startswith("#")
     )
 
 
