@@ -223,6 +223,24 @@ def test_case_2_resume_refuses_another_run_and_names_the_differences(tmp_path, t
     assert _snapshot(ref) == before
 
 
+def test_resume_on_another_process_count_is_refused_where_the_batch_is_per_process(
+    tiny_official, finished, monkeypatch
+):
+    """The unified recipe's batch_size is each process's: a run of 1 process resumed on 2 would double its global
+    batch. Refused before any model loads, naming the count; a folder written before the count was recorded
+    resumes on 1 process (the default) as before."""
+    ref, _ = finished
+    assert json.loads((ref / "run_record.json").read_text())["resume_settings"]["processes"] == 1
+    before = _snapshot(ref)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(OutputDirError, match=r"processes: 1 in the folder's run, 2 now"):
+        train(_recipe(ref, tiny_official), recipe_dir=TINY.parent, resume=True)
+    assert _snapshot(ref) == before
+    recipe = _recipe(ref, tiny_official)
+    assert resume_defaults(recipe, per_process_batch=True)["processes"] == 1
+    assert "processes" not in resume_settings(recipe)  # CDE, GLUE: a global batch, the count may change
+
+
 def test_case_3_metrics_are_trimmed_to_the_resumed_step(tmp_path, tiny_official, finished):
     """Killed after step 3 with save_steps=2: metrics.jsonl holds steps 1-3 (and a torn 4th line), the newest
     checkpoint is 2. The resume logs 3 and 4 again, once each; the curves are drawn from those rows."""

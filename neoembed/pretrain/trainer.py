@@ -306,12 +306,12 @@ def pretrain(
     corpora, streams, weights = _open_sources(recipe)
     tokenizer, special_ids = _load_tokenizer(recipe, corpora)
     _check_vocab(_planned_vocab(recipe), recipe, tokenizer)  # before the model loads
-    settings = resume_settings(recipe)
+    settings = resume_settings(recipe, per_process_batch=True)
     checkpoint = prepare_output_dir(
         output,
         overwrite=overwrite,
         resume=resume,
-        defaults=resume_defaults(recipe),
+        defaults=resume_defaults(recipe, per_process_batch=True),
         settings=settings,
         main_process=accelerator.is_main_process,
     )

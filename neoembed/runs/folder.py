@@ -42,8 +42,12 @@ NON_TRAJECTORY_KEYS = frozenset(
 )
 
 
-def resume_settings(recipe: Any) -> dict[str, Any]:
-    """The recipe's settings that decide a run's trajectory, flattened to ``a.b`` keys (compared on resume)."""
+def resume_settings(recipe: Any, per_process_batch: bool = False) -> dict[str, Any]:
+    """The recipe's settings that decide a run's trajectory, flattened to ``a.b`` keys (compared on resume).
+
+    ``per_process_batch``: the recipe's batch is each process's (the unified trainer's ``batch_size``, pre-training's
+    micro-batch), so the process count (``WORLD_SIZE``) is a setting too: resuming on another count would change
+    the global batch silently. Where the batch is global (CDE, GLUE) the count may change."""
     data = recipe.model_dump(mode="json") if hasattr(recipe, "model_dump") else dict(recipe)
     flat: dict[str, Any] = {}
 
@@ -60,10 +64,12 @@ def resume_settings(recipe: Any) -> dict[str, Any]:
                 flat[name] = value
 
     walk(data, "")
+    if per_process_batch:
+        flat["processes"] = int(os.environ.get("WORLD_SIZE", "1"))
     return flat
 
 
-def resume_defaults(recipe: Any) -> dict[str, Any]:
+def resume_defaults(recipe: Any, per_process_batch: bool = False) -> dict[str, Any]:
     """The defaults of the recipe's fields, flattened as :func:`resume_settings` flattens its values. A run
     recorded before a field existed ran with that field's default behaviour (fields are added with defaults that
     keep it), so on resume a key missing from the folder's run and at its default now is not a difference."""
@@ -82,6 +88,8 @@ def resume_defaults(recipe: Any) -> dict[str, Any]:
 
     if isinstance(recipe, BaseModel):
         walk(recipe, "")
+    if per_process_batch:
+        flat["processes"] = 1  # a run recorded before the count was: resumed on one process, nothing changed
     return flat
 
 

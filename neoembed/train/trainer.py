@@ -682,13 +682,13 @@ def train(
     no_duplicates = {
         n: plan_no_duplicates(recipe.no_duplicates, d, batch_sizes[n], n) for n, d in datasets.items()
     }
-    settings = resume_settings(recipe)
+    settings = resume_settings(recipe, per_process_batch=True)
     checkpoint = prepare_output_dir(
         output,
         overwrite=overwrite,
         resume=resume,
         settings=settings,
-        defaults=resume_defaults(recipe),
+        defaults=resume_defaults(recipe, per_process_batch=True),
         main_process=main,
     )
     check_same_holdout(output, holdout, resuming=checkpoint is not None)
