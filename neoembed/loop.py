@@ -224,6 +224,8 @@ class RunLoop:
         self.acc.wait_for_everyone()
         if self.best is not None and self.best["step"] != self.step:
             self.acc.load_state(str(self.output / f"checkpoint-{self.best['step']}" / "state"))
+            # every process has read the best state before save_final may delete it (GLUE removes its checkpoints)
+            self.acc.wait_for_everyone()
         if self.acc.is_main_process:
             save_final()
             if self.best is not None:
