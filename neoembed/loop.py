@@ -27,7 +27,7 @@ A step function ``step_fn(step, stop_requested) -> StepOutput`` runs the forward
 optimizer step on every process and returns the loss averaged over processes, whether any process was asked to
 stop, and the sums its logged row needs.
 
-Around it, the setup the trainers share: :func:`check_launch` (every launched process joined), :func:`adamw` (the
+Around it, the setup the trainers share: :func:`accelerator` (every launched process joined), :func:`adamw` (the
 one optimizer), :meth:`RunLoop.start` (resume, then the run record) and :meth:`RunLoop.finish` (the final save).
 """
 
@@ -62,7 +62,7 @@ from neoembed.runs import (
     write_failed,
 )
 
-__all__ = ["RunLoop", "StepOutput", "adamw", "check_launch", "join_on_cpu"]
+__all__ = ["RunLoop", "StepOutput", "accelerator", "adamw", "check_launch", "join_on_cpu"]
 
 
 def join_on_cpu() -> bool:
@@ -83,6 +83,17 @@ def check_launch(world: int) -> None:
             f"{launched} processes were launched (WORLD_SIZE) but accelerate sees {world}: every process would train "
             "alone. On CPU launch with `ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes N ...`"
         )
+
+
+def accelerator(cpu: bool = False, **kwargs):
+    """accelerate's ``Accelerator(**kwargs)`` with every launched process joined: on the CPU when ``cpu`` or
+    :func:`join_on_cpu` says so (``ACCELERATE_USE_CPU=1`` too: accelerate reads it), a launch it did not join
+    refused (:func:`check_launch`)."""
+    from accelerate import Accelerator
+
+    acc = Accelerator(cpu=cpu or join_on_cpu(), **kwargs)
+    check_launch(acc.num_processes)
+    return acc
 
 
 def adamw(model, opt):

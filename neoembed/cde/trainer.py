@@ -48,7 +48,7 @@ from neoembed.cde.recipe import CDERecipe
 from neoembed.compile import compile_layers
 from neoembed.data.cards import DataCardError, explain_data_errors, find_card, load_card, prepare_card
 from neoembed.data.check import require_hub
-from neoembed.loop import RunLoop, StepOutput, adamw, check_launch
+from neoembed.loop import RunLoop, StepOutput, accelerator, adamw
 from neoembed.losses import InfoNCELoss, duplicate_mask
 from neoembed.model_card import base_model_name, based_on
 from neoembed.recipe import resolve_recipe_path
@@ -268,11 +268,7 @@ def _accelerator(recipe: CDERecipe):
     The model is never ``prepare``d: the two-stage GradCache backpropagates through the stages in separate passes
     (the second stage's, then the first's), which one DDP wrapper around both cannot follow. Each stage gets its
     own DDP wrapper instead (:func:`_stages`)."""
-    from accelerate import Accelerator
-    from accelerate.utils import parse_flag_from_env
-
-    acc = Accelerator(cpu=parse_flag_from_env("ACCELERATE_USE_CPU") or not torch.cuda.is_available())
-    check_launch(acc.num_processes)
+    acc = accelerator(cpu=not torch.cuda.is_available())
     if recipe.batch_size % acc.num_processes:
         raise ValueError(
             f"batch_size {recipe.batch_size} is not a multiple of the {acc.num_processes} processes"

@@ -22,7 +22,7 @@ from typing import Literal
 from pydantic import Field, PositiveFloat, PositiveInt
 
 from neoembed.glue.tasks import GlueTask, check_columns, compute_metrics, load_splits, task_score
-from neoembed.loop import RunLoop, StepOutput, adamw, check_launch, join_on_cpu
+from neoembed.loop import RunLoop, StepOutput, accelerator, adamw
 from neoembed.recipe import KeepBest, OptimizerConfig, Recipe, StrictModel, Tracker
 from neoembed.record import atomic_write_text, write_run_record
 from neoembed.runs import (
@@ -324,11 +324,9 @@ def run_one(
 ) -> dict:
     """Fine-tune on the run loop, keep the best checkpoint in ``out/model``, score it on every validation split,
     write ``out/results.json``; a run with checkpoints in ``out`` continues from the last one."""
-    from accelerate import Accelerator
     from transformers import AutoTokenizer, DataCollatorWithPadding, set_seed
 
-    acc = Accelerator(cpu=join_on_cpu(), mixed_precision=_mixed_precision(recipe))
-    check_launch(acc.num_processes)
+    acc = accelerator(mixed_precision=_mixed_precision(recipe))
     set_seed(recipe.seed)
     splits = load_splits(task, **data_options)
     check_columns(task, splits)

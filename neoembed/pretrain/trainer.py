@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from neoembed.compile import compile_layers
-from neoembed.loop import RunLoop, StepOutput, adamw, check_launch, join_on_cpu
+from neoembed.loop import RunLoop, StepOutput, accelerator, adamw
 from neoembed.pretrain.masking import IGNORE_INDEX, mask_tokens, step_generator
 from neoembed.pretrain.packing import DocumentStream, collate_packed, collate_padded
 from neoembed.pretrain.recipe import PretrainRecipe
@@ -187,23 +187,19 @@ def _micro_batch(recipe, corrupted, labels, pad_id, device):
 # ------------------------------------------------------------------------------------------------- setup
 def _accelerator(recipe: PretrainRecipe):
     """An Accelerator for the recipe, refusing launches where the processes would not train together."""
-    from accelerate import Accelerator
-
-    accelerator = Accelerator(
-        cpu=join_on_cpu(),
+    acc = accelerator(
         mixed_precision={"fp32": "no", "bf16": "bf16", "fp16": "fp16"}[recipe.precision],
         gradient_accumulation_steps=recipe.batch.grad_accumulation,
     )
-    check_launch(accelerator.num_processes)
-    if accelerator.distributed_type.value == "DEEPSPEED":
-        ds_accum = accelerator.state.deepspeed_plugin.deepspeed_config.get("gradient_accumulation_steps")
+    if acc.distributed_type.value == "DEEPSPEED":
+        ds_accum = acc.state.deepspeed_plugin.deepspeed_config.get("gradient_accumulation_steps")
         if ds_accum not in (None, "auto", recipe.batch.grad_accumulation):
             raise ValueError(
                 f"the DeepSpeed config accumulates {ds_accum} micro-batches, the recipe "
                 f"{recipe.batch.grad_accumulation}: set deepspeed_config.gradient_accumulation_steps to "
                 "batch.grad_accumulation"
             )
-    return accelerator
+    return acc
 
 
 def _open_sources(recipe: PretrainRecipe):
