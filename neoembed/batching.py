@@ -151,15 +151,11 @@ def lean_supported(model) -> bool:
 
 
 def uses_packed_batches(model) -> bool:
-    """Whether ``model``'s encoder runs padding-free (NeoBERT with ``config.padding_free`` and an attention that
-    is not eager): its batches are then packed, and filled by their summed lengths."""
+    """Whether ``model``'s encoder runs padding-free (NeoBERT's ``config.drops_padding``): its batches are then
+    packed, and filled by their summed lengths."""
     first = model[0] if len(model) else None
     config = getattr(getattr(first, "auto_model", None), "config", None)
-    return (
-        getattr(config, "model_type", None) == "neobert"
-        and bool(getattr(config, "padding_free", False))
-        and (getattr(config, "_attn_implementation", None) or "sdpa") != "eager"
-    )
+    return getattr(config, "model_type", None) == "neobert" and bool(getattr(config, "drops_padding", False))
 
 
 def rust_tokenizer(model):

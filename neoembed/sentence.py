@@ -542,9 +542,9 @@ def apply_speedups(
         model.neoembed_bucketing = enable_bucketing(model)  # handles: .remove() each to stop bucketing
     if compile_mode is not None:
         if model.device.type == "cpu" and not bucketing:
-            # on CPU the padding-free layout runs one attention call per sequence, a Python loop over the
-            # batch's lengths that a compiled layer specialises on: one recompilation per new batch size (seen
-            # with TORCH_LOGS=recompiles), eager again after torch's recompile limit
+            # on CPU the padding-free layout's attention groups the batch's sequences by their lengths, which a
+            # compiled layer specialises on: one recompilation per new set of lengths (seen with
+            # TORCH_LOGS=recompiles), eager again after torch's recompile limit
             for backbone in (m for m in model.modules() if getattr(m, "config", None) is not None):
                 if getattr(backbone.config, "model_type", None) == "neobert":
                     backbone.config.padding_free = False

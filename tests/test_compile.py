@@ -137,7 +137,7 @@ def test_compiled_layers_on_the_varlen_path_compile_once_for_every_batch(monkeyp
     for the CUDA kernel; the recompilations counted are dynamo's own."""
     from torch._dynamo.testing import CompileCounter
 
-    from neoembed.modeling import modeling_neobert as mn
+    from neoembed.modeling import attention_neobert, modeling_neobert as mn
 
     def cpu_varlen(q, k, v, cu, _cu, n, _n):
         lengths = cu.diff().tolist()
@@ -146,8 +146,8 @@ def test_compiled_layers_on_the_varlen_path_compile_once_for_every_batch(monkeyp
         sdpa = torch.nn.functional.scaled_dot_product_attention
         return torch.cat([sdpa(*(t.transpose(0, 1)[None] for t in p))[0].transpose(0, 1) for p in parts])
 
-    monkeypatch.setattr(mn, "_flash_varlen", lambda: None)
-    monkeypatch.setattr(mn, "_torch_varlen", lambda: cpu_varlen)
+    monkeypatch.setattr(attention_neobert, "_flash_varlen", lambda: None)
+    monkeypatch.setattr(attention_neobert, "_torch_varlen", lambda: cpu_varlen)
     monkeypatch.setattr(
         mn, "attention_backend", lambda config, x, packed, out: "varlen" if packed else "sdpa"
     )

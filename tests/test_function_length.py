@@ -40,7 +40,7 @@ if __name__ == "__main__":
 MODULE_LIMIT = 600
 #: modules still over MODULE_LIMIT, each at most its present size, and what takes it under: the list only shrinks
 MODULES_OVER = {
-    "modeling/modeling_neobert.py": (986, "attention through transformers' AttentionInterface (#41 item 4)"),
+    "modeling/modeling_neobert.py": (859, "attention through transformers' AttentionInterface (#41 item 4)"),
     "train/trainer.py": (885, "unified training on the run loop (#41 item 2) deletes its Trainer overrides"),
 }
 

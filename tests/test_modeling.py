@@ -112,20 +112,27 @@ def test_padding_free_equals_padded(seed):
         assert (a - b)[m].abs().max() <= EQ
 
 
-def test_packed_attention_equals_block_diagonal_attention():
-    """The CPU padding-free attention (one call per sequence) equals attention over all packed tokens with a
-    block-diagonal mask, outputs and gradients, with empty and length-1 sequences among the others."""
+@pytest.mark.parametrize("slack", [1.0, 1.5, 1e9], ids=["one-length-per-group", "default", "one-group"])
+def test_packed_attention_equals_block_diagonal_attention(slack):
+    """The CPU padding-free attention (sequences grouped by length, each group padded to its longest) equals
+    attention over all packed tokens with a block-diagonal mask, outputs and gradients, with empty and
+    length-1 sequences among the others, however the sequences are grouped."""
     import torch.nn.functional as F
 
-    from neoembed.modeling.modeling_neobert import AttentionInputs, per_sequence_attention
+    from neoembed.modeling.attention_neobert import AttentionInputs, grouped_attention, length_groups
 
     lengths = [1, 400, 200, 0, 190, 3, 60, 64, 400, 300, 7, 150]
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(sum(lengths), 2, 8, generator=g, requires_grad=True) for _ in range(3))
     cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
     no_rotation = torch.ones(sum(lengths), 1, 4), torch.zeros(sum(lengths), 1, 4)  # cos 1, sin 0
-    inputs = AttentionInputs("per_sequence", *no_rotation, cu_seqlens=cu, lengths=tuple(lengths))
-    packed, _ = per_sequence_attention(q, k, v, inputs)
+    groups, order = length_groups(lengths, slack=slack)
+    assert len(groups) == {1.0: 10, 1e9: 1}.get(slack, len(groups))  # 10 distinct non-zero lengths
+    # packed in another order, the tokens are permuted into groups; the padding-free layout packs longest first
+    assert order is not None and length_groups(sorted(lengths, reverse=True), slack=slack)[1] is None
+    inputs = AttentionInputs("grouped", *no_rotation, cu_seqlens=cu, lengths=tuple(lengths))
+    inputs.groups, inputs.order = groups, order
+    packed, _ = grouped_attention(q, k, v, inputs)
     doc = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
     same_doc = doc[:, None] == doc[None, :]  # (T, T)
     reference = F.scaled_dot_product_attention(

@@ -86,7 +86,7 @@ def test_autocast_packs_into_the_varlen_kernel_not_a_loop_per_sequence(monkeypat
     """fp32 weights under bf16 autocast (accelerate's mixed precision): the embeddings are fp32 but the
     projections hand attention bf16 q, k, v, so the packed layout must take the varlen kernel; the per-sequence
     loop made packed pre-training 10x slower than padded on an H200."""
-    import neoembed.modeling.modeling_neobert as mn
+    import neoembed.modeling.attention_neobert as mn
 
     torch.manual_seed(0)
     cfg = NeoBERTConfig(hidden_size=256, num_hidden_layers=2, num_attention_heads=4, intermediate_size=1024)
@@ -94,9 +94,9 @@ def test_autocast_packs_into_the_varlen_kernel_not_a_loop_per_sequence(monkeypat
     ids, mask = _batch([17, 300, 64, 5], cfg.vocab_size, "cuda")
 
     def refuse(*_):
-        raise AssertionError("the packed layout ran one attention call per sequence under autocast")
+        raise AssertionError("the packed layout ran the CPU's grouped attention under autocast")
 
-    monkeypatch.setitem(mn.ATTENTION_BACKENDS, "per_sequence", refuse)
+    monkeypatch.setitem(mn.ATTENTION_BACKENDS, "grouped", refuse)
     with torch.autocast("cuda", dtype=torch.bfloat16):
         model.config.padding_free = False
         padded = model(input_ids=ids, attention_mask=mask).last_hidden_state.float()

@@ -301,7 +301,7 @@ def test_a_fresh_virtual_environment_without_neoembed_gives_the_same_embeddings(
 def test_sentence_transformers_flattening_equals_padded(tiny_official, monkeypatch):
     """With flash attention on CUDA, sentence-transformers packs each batch itself (DataCollatorWithFlattening,
     long and short texts interleaved) and NeoBERT takes the packed input. flash-attn is absent here, so the
-    packing is switched on by hand; the packed batches then run through the per-sequence CPU attention."""
+    packing is switched on by hand; the packed batches then run through the grouped CPU attention."""
     import transformers.modeling_flash_attention_utils as fa
     from sentence_transformers.base.modules import Transformer
 

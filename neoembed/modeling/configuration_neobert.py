@@ -154,6 +154,13 @@ class NeoBERTConfig(PretrainedConfig):
         return 8 * math.ceil(int(2 * self.intermediate_size / 3) / 8)
 
     @property
+    def drops_padding(self) -> bool:
+        """Whether a padded batch runs packed, its padding dropped inside the model: ``padding_free`` with an
+        attention other than eager, or flash attention (outputs with attention weights always run padded)."""
+        implementation = self._attn_implementation or "sdpa"
+        return implementation == "flash_attention_2" or (self.padding_free and implementation != "eager")
+
+    @property
     def rope_type(self) -> str:
         return (self.rope_parameters or {}).get("rope_type", "default")
 

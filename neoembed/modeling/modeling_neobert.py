@@ -2,7 +2,8 @@
 """NeoBERT (Le Breton et al., 2025), top to bottom: RMSNorm -> RoPE -> attention -> SwiGLU -> block ->
 encoder -> heads (masked LM, sequence and token classification).
 
-Imports only torch and transformers: this file is copied next to every saved model.
+Imports only torch and transformers: this file is copied next to every saved model, with
+``configuration_neobert.py`` and ``attention_neobert.py`` (the attention backends), which it imports.
 
 Shapes: B batch, L padded length, T packed tokens (sum of real lengths), D width, H heads, Dh = D / H.
 
@@ -16,9 +17,8 @@ Attention runs in one of two layouts, chosen once per forward (``NeoBERTModel._p
   packed.
 
 ``NeoBERTAttention`` runs the backend named in the forward's ``AttentionInputs``, looked up in
-``ATTENTION_BACKENDS``: ``eager`` and ``sdpa`` (padded), ``varlen`` (packed, CUDA: flash-attn's or torch's
-varlen kernel) and ``per_sequence`` (packed, CPU: one SDPA call per sequence). Other code may register more
-(``neoembed.cde`` registers CDE's position-less prefix).
+``ATTENTION_BACKENDS`` (``attention_neobert.py``). Other code may register more (``neoembed.cde`` registers
+CDE's position-less prefix).
 
 The hot path never asks the host: a padded forward makes no data-dependent sync (value checks of the input
 run on host tensors only, outside compilation); dropping padding or reading packed boundaries costs one sync,
@@ -28,9 +28,7 @@ hidden state are zeros in every layout.
 
 from __future__ import annotations
 
-import functools
 import itertools
-import math
 import warnings
 from dataclasses import dataclass
 
@@ -51,7 +49,16 @@ try:
 except ImportError:  # pragma: no cover - older transformers
     GradientCheckpointingLayer = nn.Module  # type: ignore[misc,assignment]
 
-from .configuration_neobert import ATTN_IMPLEMENTATIONS, NeoBERTConfig
+from .attention_neobert import (  # noqa: F401 - apply_rope and the backends: this module's public names too
+    ATTENTION_BACKENDS,
+    AttentionInputs,
+    apply_rope,
+    attention_backend,
+    length_groups,
+    length_order,
+    register_attention_backend,
+)
+from .configuration_neobert import NeoBERTConfig
 
 __all__ = [
     "NeoBERTForMaskedLM",
@@ -145,151 +152,6 @@ class NeoBERTRotaryEmbedding(nn.Module):
             if moved.dtype != torch.float32 and buf.dtype == torch.float32:
                 self._buffers[name] = buf.to(moved.device)
         return self
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate interleaved pairs (x[2i], x[2i+1]) of the last dim by the angles; computed in float32.
-
-    The pairs are read as complex numbers (a view, no copy, even on the strided q/k of the fused projection)
-    and multiplied by cos + i sin: one vectorised kernel where the real form needs strided halves and a stack.
-    Under torch.compile the real form runs instead: inductor has no code generation for complex numbers (it would
-    fall back to eager kernels) and fuses the real one."""
-    if torch.compiler.is_compiling():
-        x0, x1 = x.float().unflatten(-1, (-1, 2)).unbind(-1)
-        return torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(-2).to(x.dtype)
-    pairs = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))
-    return torch.view_as_real(pairs * torch.complex(cos, sin)).flatten(-2).to(x.dtype)
-
-
-# ---------------------------------------------------------------------------------------------- attention
-@dataclass
-class AttentionInputs:
-    """What every block's attention needs, built once per forward by the model (never by a block).
-
-    ``backend`` names the function in ``ATTENTION_BACKENDS`` that runs; RoPE tables and masks are already on
-    the right device. Padded layouts carry ``key_mask``; packed layouts carry ``cu_seqlens`` and the lengths.
-    """
-
-    backend: str
-    cos: torch.Tensor  # (..., L or T, 1, Dh/2) float32, broadcast over heads (NeoBERTRotaryEmbedding's)
-    sin: torch.Tensor
-    key_mask: torch.Tensor | None = None  # (B, 1, 1, L) bool, padded layouts; None attends to every key
-    cu_seqlens: torch.Tensor | None = None  # (B+1,) int32, packed layouts
-    lengths: tuple[int, ...] = ()  # per sequence, on the host (packed layouts)
-    max_seqlen: int = 0
-    output_attentions: bool = False
-    prefix: int = 0  # CDE's position-less prefix (its backend is registered by neoembed.cde)
-
-
-#: name -> ``fn(q, k, v, inputs) -> (out, weights or None)``; q, k, v: (B, L, H, Dh) padded or (T, H, Dh)
-#: packed, q and k not yet rotated: RoPE belongs to the backend, so that a backend may fuse it into its kernel
-#: or (CDE's position-less prefix) rotate only part of the sequence.
-ATTENTION_BACKENDS: dict = {}
-
-
-def register_attention_backend(name: str):
-    """Decorator adding an attention function to ``ATTENTION_BACKENDS`` under ``name``."""
-
-    def register(fn):
-        ATTENTION_BACKENDS[name] = fn
-        return fn
-
-    return register
-
-
-def _rotate(q, k, inputs: AttentionInputs):
-    return apply_rope(q, inputs.cos, inputs.sin), apply_rope(k, inputs.cos, inputs.sin)
-
-
-@register_attention_backend("eager")
-def eager_attention(q, k, v, inputs: AttentionInputs):
-    """softmax(q kᵀ / √Dh + mask) v, written out; the only backend that returns the attention weights."""
-    q, k = _rotate(q, k, inputs)
-    q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, L, Dh)
-    scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
-    if inputs.key_mask is not None:
-        scores = scores.masked_fill(~inputs.key_mask, torch.finfo(scores.dtype).min)
-    probs = scores.float().softmax(dim=-1).to(q.dtype)
-    return (probs @ v).transpose(1, 2), probs
-
-
-@register_attention_backend("sdpa")
-def sdpa_attention(q, k, v, inputs: AttentionInputs):
-    q, k = _rotate(q, k, inputs)
-    q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, L, Dh)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=inputs.key_mask).transpose(1, 2), None
-
-
-@register_attention_backend("per_sequence")
-def per_sequence_attention(q, k, v, inputs: AttentionInputs):
-    """Packed layout on CPU (or float32 on CUDA): one SDPA call per sequence, slices cut at host lengths."""
-    q, k = _rotate(q, k, inputs)
-    outs = [
-        F.scaled_dot_product_attention(*(t.transpose(0, 1)[None] for t in (qs, ks, vs)))[0].transpose(0, 1)
-        for qs, ks, vs in zip(*(t.split(inputs.lengths) for t in (q, k, v)), strict=True)
-        if qs.shape[0]
-    ]
-    return (torch.cat(outs) if outs else torch.zeros_like(q)), None
-
-
-@register_attention_backend("varlen")
-def varlen_attention(q, k, v, inputs: AttentionInputs):
-    """Packed layout on CUDA in half precision: flash-attn's varlen kernel, else torch's own."""
-    q, k = _rotate(q, k, inputs)
-    return _varlen_kernel(q, k, v, inputs), None
-
-
-@torch.compiler.disable
-def _varlen_kernel(q, k, v, inputs: AttentionInputs) -> torch.Tensor:
-    # opaque to torch.compile, and the inputs read only in here: a traced read of the host int max_seqlen would
-    # specialise the compiled layer on it, so every batch with another longest text would compile again
-    cu, n = inputs.cu_seqlens, inputs.max_seqlen
-    flash = _flash_varlen()
-    if flash is not None:
-        return flash(q, k, v, cu, cu, n, n, causal=False)
-    return _torch_varlen()(q, k, v, cu, cu, n, n)
-
-
-@functools.cache
-def _flash_varlen():
-    """flash-attn's varlen kernel if installed, else None (imported lazily, looked up once)."""
-    try:
-        from flash_attn import flash_attn_varlen_func
-    except ImportError:
-        return None
-    return flash_attn_varlen_func
-
-
-@functools.cache
-def _torch_varlen():
-    """torch's own varlen attention (CUDA) if this torch has it, else None."""
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError:
-        return None
-    return varlen_attn
-
-
-def attention_backend(config: NeoBERTConfig, x: torch.Tensor, packed: bool, output_attentions: bool) -> str:
-    """The registry name for this forward, from the configured implementation and the layout."""
-    implementation = config._attn_implementation or "sdpa"
-    if implementation not in ATTN_IMPLEMENTATIONS:
-        raise ValueError(
-            f"unknown attn_implementation {implementation!r}; valid: {list(ATTN_IMPLEMENTATIONS)}"
-        )
-    if not packed:
-        return "eager" if implementation == "eager" or output_attentions else "sdpa"
-    # under autocast the projections hand attention half-precision q, k, v whatever the embeddings' dtype
-    dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else x.dtype
-    half = x.is_cuda and dtype in (torch.float16, torch.bfloat16)
-    if half and (_flash_varlen() is not None or _torch_varlen() is not None):
-        return "varlen"
-    if implementation == "flash_attention_2":
-        raise RuntimeError(
-            "attn_implementation='flash_attention_2' needs a CUDA device, float16/bfloat16 activations and "
-            "the flash-attn package; use attn_implementation='sdpa' (padding_free=True) elsewhere."
-        )
-    return "per_sequence"
 
 
 class NeoBERTAttention(nn.Module):
@@ -637,8 +499,8 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
         if attention_mask is not None and attention_mask.dim() == 4:
             return "padded", None  # the caller's own (B, 1, L, L) mask: only the padded layout applies it
         implementation = self.config._attn_implementation or "sdpa"
-        want_packed = implementation == "flash_attention_2" or (
-            self.config.padding_free and implementation != "eager" and not output_attentions
+        want_packed = self.config.drops_padding and (
+            implementation == "flash_attention_2" or not output_attentions
         )
         # Packing needs the lengths on the host: a traced export has none, so it keeps the padded layout.
         if not want_packed or torch.compiler.is_exporting():
@@ -678,11 +540,19 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
         return x, Layout(B, L, padding=padding), inputs
 
     def _padding_free_layout(self, x, attention_mask, position_ids, lengths: list[int]):
-        """Gather the real tokens of a padded batch into one sequence (attention confined to each sequence)."""
+        """Gather the real tokens of a padded batch into one sequence (attention confined to each sequence);
+        for the CPU's grouped attention the rows are packed longest first, so that its groups are slices."""
         B, L = x.shape[:2]
-        mask = attention_mask.bool().flatten()
+        mask = attention_mask.bool()
+        rows = length_order(lengths) if attention_backend(self.config, x, True, False) == "grouped" else None
+        if rows == list(range(B)):
+            rows = None
+        if rows is not None:
+            mask, lengths = mask[torch.tensor(rows, device=x.device)], [lengths[i] for i in rows]
         # nonzero_static: the count is known on the host already, so no second sync for the output size
-        indices = torch.nonzero_static(mask, size=sum(lengths)).flatten()
+        indices = torch.nonzero_static(mask.flatten(), size=sum(lengths)).flatten()
+        if rows is not None:  # positions in the reordered grid -> the caller's grid
+            indices = torch.tensor(rows, device=x.device)[indices // L] * L + indices % L
         # a token keeps its column as position, as in the padded layout (RoPE is relative: left padding
         # shifts every position of a row alike and changes nothing)
         pos = torch.arange(L, device=x.device) if position_ids is None else position_ids
@@ -718,12 +588,15 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
             x.device, non_blocking=True
         )
         backend = attention_backend(self.config, x, True, False)
+        groups, order = length_groups(lengths, x.device) if backend == "grouped" else ((), None)
         return AttentionInputs(
             backend,
             *self._rope(pos),
             cu_seqlens=cu,
             lengths=tuple(lengths),
             max_seqlen=max([0, *lengths]),
+            groups=groups,
+            order=order,
         )
 
     def _prefix_layout(self, x, attention_mask, position_ids, prefix, output_attentions):
