@@ -633,6 +633,7 @@ def _write_run_record(
             "negatives_per_query": {n: d.num_columns - 2 for n, d in datasets.items()},
             "batch_size": batch_sizes,  # queries per step of each dataset
             "holdout": holdout_identity,  # eval.holdout: each card's held-out rows (indices, seed, hash of texts)
+            "world_size": settings["processes"],  # the launched count (check_launch: every process joined)
             **run_identity(settings),
         },
     )
