@@ -5,6 +5,7 @@
     python benchmarks/scale.py loss --before        # adds the pre-#39 broadcast cosine at B = 256, N = 1024
     python benchmarks/scale.py step                 # (d) training steps against sentence-transformers' trainer
     python benchmarks/scale.py step --before-tree ../neoembed-parent   # adds neoembed at another checkout
+    python benchmarks/scale.py step --model tiny-neobert   # one model's cells (scale_step_cpu_tiny-neobert.*)
 
 Each cell runs in a fresh process on random fp32 embeddings (d = 768): loss + backward of neoembed's
 ``InfoNCELoss`` / ``CachedInfoNCELoss`` against sentence-transformers' ``MultipleNegativesRankingLoss`` /
@@ -18,7 +19,9 @@ than the machine has is recorded as skipped with the size it needs. Results: ben
 grouping, duplicate masking) against sentence-transformers' ``SentenceTransformerTrainer`` with
 ``MultipleNegativesRankingLoss`` / ``CachedMultipleNegativesRankingLoss`` on the same model, rows and batch
 (max_length 128; rows of ../shared/data/train/*, cycled with their index appended so texts stay distinct), each
-run a fresh process; peak = the process's maximum resident set. Results: benchmarks/results/scale_step_cpu.*
+run a fresh process; peak = the process's maximum resident set. On the tiny NeoBERT a third arm runs
+sentence-transformers' trainer on the model padded (``padding_free=False``: what the official implementation
+computes), the arm padding-free training is measured against. Results: benchmarks/results/scale_step_cpu.*
 """
 
 from __future__ import annotations
@@ -194,7 +197,7 @@ ds = Dataset.from_dict({"query": [f"{r['query']} #{i}" for i, r in enumerate(tak
                         "positive": [r["positive"] for r in take]})
 import neoembed
 from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
-model = neoembed.load(cfg["model"], max_seq_length=128)
+model = neoembed.load(cfg["model"], max_seq_length=128, **cfg.get("load", {}))
 common = dict(output_dir=cfg["out"], max_steps=cfg["steps"], per_device_train_batch_size=cfg["batch"],
               learning_rate=2e-5, save_strategy="no", report_to="none", logging_steps=10**6, seed=0,
               dataloader_drop_last=True, disable_tqdm=True)
@@ -255,20 +258,29 @@ def _step_in_child(cfg: dict, pythonpath: str | None = None) -> dict:
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
-def step_table(steps: int, before_tree: str | None, max_batch: int) -> list[dict]:
+#: sentence-transformers' trainer on NeoBERT as the official implementation runs it: every batch padded to its
+#: longest text (``padding_free=False``, the same weights and outputs)
+PADDED = "sentence-transformers, padded model"
+
+
+def step_table(steps: int, before_tree: str | None, max_batch: int, only: str | None = None) -> list[dict]:
     from _common import SHARED
 
     models = _step_models()
     data = [str(p) for p in sorted((SHARED / "data" / "train").glob("*/train.jsonl.gz"))]
-    impls = [("neoembed", None), ("sentence-transformers", None)]
+    impls = [("neoembed", None), ("sentence-transformers", None), (PADDED, None)]
     if before_tree:
         impls.append(("neoembed (before)", before_tree))
     rows = []
-    for model, batch, cached in (c for c in STEP_CELLS if c[1] <= max_batch):
+    for model, batch, cached in (c for c in STEP_CELLS if c[1] <= max_batch and only in (None, c[0])):
         row = {"model": model, "batch": batch, "loss": "cached" if cached else "plain"}
         for name, tree in impls:
-            impl = "sentence-transformers" if name == "sentence-transformers" else "neoembed"
+            if name == PADDED and model != "tiny-neobert":
+                continue  # padding-free is NeoBERT's: MiniLM runs padded in both arms
+            impl = "neoembed" if name.startswith("neoembed") else "sentence-transformers"
             cfg = {"model": models[model], "data": data, "batch": batch, "cached": cached, "mini": 64}
+            if name == PADDED:
+                cfg["load"] = {"padding_free": False}
             row[name] = _step_in_child({**cfg, "impl": impl, "steps": steps}, tree)
             print(json.dumps({**row, name: row[name]}), flush=True)
         rows.append(row)
@@ -280,7 +292,9 @@ def step_markdown(rows: list[dict]) -> str:
         "# A training step at scale: neoembed's trainer against sentence-transformers' (CPU)",
         "",
         "Seconds per optimizer step and peak resident memory of the whole process (model, data, optimizer),",
-        "max_length 128, GradCache mini-batches of 64.",
+        "max_length 128, GradCache mini-batches of 64. neoembed and ST run the same model: NeoBERT padding-free",
+        '(its default). "ST padded": sentence-transformers\' trainer on the same NeoBERT with `padding_free=False`,',
+        "every batch padded to its longest text as the official implementation computes it.",
         "",
         "| model | B | loss | neoembed s/step | ST s/step | time ratio | neoembed peak | ST peak | peak ratio |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -305,6 +319,15 @@ def step_markdown(rows: list[dict]) -> str:
             b = r["neoembed (before)"]
             before = f"{b['seconds_per_step']:.2f} s/step, {b['peak_bytes'] / 2**20:,.0f} MB"
             out.append(f"| {r['model']} | {r['batch']} | {r['loss']} (before) | {before} | | | | | |")
+        if "seconds_per_step" in r.get(PADDED, {}) and ok:
+            p = r[PADDED]
+            padded = f"{p['seconds_per_step']:.2f}"
+            ratio = f"{ne['seconds_per_step'] / p['seconds_per_step']:.2f}"
+            peak = f"{p['peak_bytes'] / 2**20:,.0f} MB"
+            out.append(
+                f"| {r['model']} | {r['batch']} | {r['loss']} vs ST padded | {ne['seconds_per_step']:.2f} | {padded} "
+                f"| {ratio} | {ne['peak_bytes'] / 2**20:,.0f} MB | {peak} | {ne['peak_bytes'] / p['peak_bytes']:.2f} |"
+            )
     return "\n".join(out) + "\n"
 
 
@@ -326,12 +349,14 @@ def main() -> None:
     step.add_argument("--steps", type=int, default=3)
     step.add_argument("--max-batch", type=int, default=4096)
     step.add_argument("--before-tree", help="another neoembed checkout (e.g. #39's parent) to time beside")
+    step.add_argument("--model", choices=["tiny-neobert", "minilm"], help="only this model's cells")
     args = parser.parse_args()
     from _common import header, write_results
 
     if args.part == "step":
-        rows = step_table(args.steps, args.before_tree, args.max_batch)
-        paths = write_results("scale_step_cpu", {"header": header(), "rows": rows}, step_markdown(rows))
+        rows = step_table(args.steps, args.before_tree, args.max_batch, args.model)
+        stem = "scale_step_cpu" + (f"_{args.model}" if args.model else "")
+        paths = write_results(stem, {"header": header(), "rows": rows}, step_markdown(rows))
     else:
         rows = loss_table(args.max_batch, args.reps, args.before, int(args.memory_gb * 2**30))
         paths = write_results("scale_loss_cpu", {"header": header(), "rows": rows}, loss_markdown(rows))
