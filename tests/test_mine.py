@@ -300,7 +300,7 @@ def test_interrupted_run_resumed_equals_uninterrupted(mined, card, tiny_official
     assert len(list((out / ".mine").glob("corpus-*.npy"))) == 2
     with pytest.raises(OutputDirError, match="pass --resume"):
         mine_negatives(card, tiny_official, out, config=cfg, progress=False)
-    with pytest.raises(ValueError, match="settings.range_max differ"):
+    with pytest.raises(ValueError, match=r"settings.range_max: \d+ then, 17 now"):
         mine_negatives(card, tiny_official, out, config=cfg.model_copy(update={"range_max": 17}), resume=True)
     monkeypatch.setattr(miner, "_encode", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
     calls.clear()
@@ -312,6 +312,12 @@ def test_interrupted_run_resumed_equals_uninterrupted(mined, card, tiny_official
     assert not (out / ".mine").exists()  # state removed once finished
     again = mine_negatives(card, tiny_official, out, config=cfg, resume=True, progress=False)
     assert again.counts == resumed.counts  # a finished run is not redone
+    # ... but only the same run: another k said "nothing to do" over the old k's card (#43, a walk's N14)
+    other = cfg.model_copy(update={"num_negatives": cfg.num_negatives + 1})
+    refused = r"finished run made with other settings \(settings.num_negatives: 3 then, 4 now"
+    with pytest.raises(OutputDirError, match=refused):
+        mine_negatives(card, tiny_official, out, config=other, resume=True, progress=False)
+    assert resumed.data.read_bytes() == result.data.read_bytes()
 
 
 def test_two_cpu_workers_equal_one(mined, card, tiny_official, tmp_path, monkeypatch):

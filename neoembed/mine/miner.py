@@ -123,6 +123,11 @@ def mine_negatives(
     with _nothing_left_on_refusal(out, state, fresh):
         data = _load_pairs(src, folder, cfg, corpus, corpus_card)
         _check_enough_documents(src.name, data, cfg.num_negatives)
+        if cfg.nlist is not None and cfg.index.startswith("ivf") and cfg.nlist > len(data.corpus):
+            raise NothingToMine(  # faiss's own error comes after the whole corpus is embedded
+                f"--nlist {cfg.nlist} exceeds the {len(data.corpus)} documents an IVF index is trained on (one "
+                "cluster needs a document at least): lower --nlist, or leave it unset (chosen from the corpus size)"
+            )
     query_texts = [format_with_instruction(src.instruction, q, cfg.template) for q in data.queries]
     from neoembed.loading import load
 
@@ -145,6 +150,7 @@ def mine_negatives(
         "query_instruction": src.instruction,
         "index": index_info,
         "settings": cfg.model_dump(exclude={"workers", "keep_embeddings", "name"}),
+        "fingerprint": fingerprint,  # what --resume into this finished run compares (prepare_run_folder)
     }
     with _nothing_left_on_refusal(out, state, fresh, NothingToMine):  # a full disk keeps the embeddings
         result = _write(out, name, src, data, (negatives, row_scores), reasons, provenance, cfg.num_negatives)

@@ -29,7 +29,7 @@ import yaml
 from pydantic import Field
 
 from neoembed.data.cards import DataCard, DataCardError, build_pairs, find_card, load_card, load_rows
-from neoembed.mine.settings import check_model_kind, model_kind, prepare_run_folder
+from neoembed.mine.settings import check_model_kind, describe_changes, model_kind, prepare_run_folder
 from neoembed.progress import bar as progress_bar
 from neoembed.recipe import StrictModel
 from neoembed.record import atomic_write_text, file_sha256
@@ -199,12 +199,12 @@ def _check_same_run(out: Path, state: Path, name: str, fingerprint: dict) -> Non
             f"teacher's scores. Resume with --teacher {was[0]}, or pass --overwrite (instead of --resume) to "
             "score again with this teacher, or choose a new --out"
         )
-    changed = sorted(k for k in ("card_sha256", "kind", "settings") if saved.get(k) != fingerprint[k])
+    keys = ("card_sha256", "kind", "settings")
+    changed = describe_changes({k: saved.get(k) for k in keys}, {k: fingerprint[k] for k in keys})
     if changed:
         raise OutputDirError(
-            f"--resume: the run in {out} was made with other settings ({', '.join(changed)} differ: "
-            f"{ {k: saved.get(k) for k in changed} }); resume with the original card and options, or pass "
-            "--overwrite to score again"
+            f"--resume: the run in {out} was made with other settings ({changed}); resume with the original "
+            "card and options, or pass --overwrite to score again"
         )
 
 

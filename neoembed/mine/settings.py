@@ -19,6 +19,7 @@ from neoembed.runs import OutputDirError, prepare_output_dir
 __all__ = [
     "MineConfig",
     "check_model_kind",
+    "describe_changes",
     "model_kind",
     "prepare_run_folder",
     "run_fingerprint",
@@ -149,20 +150,49 @@ def prepare_run_folder(
     )
     if resume and not settings.is_file():
         if (out / f"{name}.yaml").is_file():
+            _check_finished_run(out / f"{name}.yaml", fingerprint)
             return True
         raise OutputDirError(f"--resume: {out} holds no interrupted mining run ({settings} is missing)")
     if resume:
-        before = json.loads(settings.read_text())
-        changed = sorted(_diff(before, fingerprint))
+        changed = describe_changes(json.loads(settings.read_text()), fingerprint)
         if changed:
             raise OutputDirError(
-                f"--resume: the run in {out} was started with other settings ({', '.join(changed)} differ); "
+                f"--resume: the run in {out} was started with other settings ({changed}); "
                 "resume with the original settings, or mine into a new folder"
             )
         return False
     state.mkdir(parents=True, exist_ok=True)
     atomic_write_text(settings, json.dumps(fingerprint, indent=1, sort_keys=True))
     return False
+
+
+def _check_finished_run(card: Path, fingerprint: dict) -> None:
+    """``--resume`` into a finished run is "nothing to do" only for the same run: the mined card keeps the
+    fingerprint it was made with (cards mined before it did are taken as they are)."""
+    import yaml
+
+    changed = ""
+    with contextlib.suppress(OSError, AttributeError, yaml.YAMLError):
+        saved = (yaml.safe_load(card.read_text()).get("provenance") or {}).get("fingerprint")
+        changed = describe_changes(saved, fingerprint) if isinstance(saved, dict) else ""
+    if changed:
+        raise OutputDirError(
+            f"--resume: {card.parent} holds a finished run made with other settings ({changed}); "
+            "pass --overwrite (instead of --resume) to mine again, or choose a new --out"
+        )
+
+
+def describe_changes(before: dict, now: dict) -> str:
+    """Each setting that differs, with its value in the folder's run and now ('' when none does)."""
+
+    def value(d, path: str):
+        for part in path.split("."):
+            d = d.get(part) if isinstance(d, dict) else None
+        return d
+
+    return "; ".join(
+        f"{k}: {value(before, k)!r} then, {value(now, k)!r} now" for k in sorted(_diff(before, now))
+    )
 
 
 def _diff(a: dict, b: dict, prefix: str = "") -> list[str]:
