@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from neoembed.cli import app
 from neoembed.glue.run import GlueRecipe, eval_interval, grid_points, lr_lambda
-from neoembed.glue.tasks import TASKS, compute_metrics, get_task, load_splits, task_score
+from neoembed.glue.tasks import TASKS, check_columns, compute_metrics, get_task, load_splits, task_score
 from neoembed.runs import list_checkpoints
 
 
@@ -261,6 +261,25 @@ def test_glue_carve_refuses_an_existing_validation_split(tmp_path, msrp_rows):
     alone = _hub_layout(tmp_path / "alone", "mrpc", {"validation": msrp_rows})  # the only split: carved
     carved = load_splits(TASKS["mrpc"], alone, "validation")
     assert (carved["train"].num_rows, carved["validation"].num_rows) == (51, 13)
+
+
+def test_glue_refuses_a_validation_split_without_labels(tmp_path, msrp_rows, run_neoembed):
+    """GLUE marks unlabelled (test) rows -1: a validation split of those trained and scored 0.00, exit 0 (#43, a
+    walk's G08). Refused before any model loads, naming the split; a wrong class index names its row."""
+    unlabelled = [{**r, "label": -1} for r in msrp_rows[40:]]
+    folder = _hub_layout(tmp_path / "glue", "mrpc", {"train": msrp_rows[:40], "validation": unlabelled})
+    result = run_neoembed(["glue", "mrpc", "--data-dir", folder, "--out", tmp_path / "out"])
+    assert result.exit_code == 2 and "every one is -1" in result.stderr, result.output
+    assert not (tmp_path / "out").exists()
+    wrong = [{**r, "label": 2 if i == 3 else r["label"]} for i, r in enumerate(msrp_rows[40:])]
+    splits = load_splits(
+        TASKS["mrpc"], _hub_layout(tmp_path / "g2", "mrpc", {"train": msrp_rows, "validation": wrong}), None
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"'validation': 1 of 24 labels are not one of \[0, 1\] \(the first: row 4, label 2\)",
+    ):
+        check_columns(TASKS["mrpc"], splits)
 
 
 def test_glue_stops_after_patience_evaluations_without_a_better_score(tmp_path, msrp_rows, tiny_official):

@@ -205,7 +205,7 @@ def _refuse_shadowed_splits(folder: Path, task: GlueTask, carve: str) -> None:
 
 
 def check_columns(task: GlueTask, splits) -> None:
-    """Every split has the task's text columns and a label; the error names what is there."""
+    """Every split has the task's text columns and a label the task scores; the error names what is there."""
     for split, data in splits.items():
         missing = [c for c in (*task.text, "label") if c not in data.column_names]
         if missing:
@@ -213,3 +213,30 @@ def check_columns(task: GlueTask, splits) -> None:
                 f"{task.display} split {split!r} lacks column(s) {missing}; it has {data.column_names} "
                 f"(GLUE's {task.display} columns: {[*task.text, 'label']})"
             )
+        _check_labels(task, split, data["label"])
+
+
+def _check_labels(task: GlueTask, split: str, column) -> None:
+    """A class index (or, for STS-B, a finite score) in every row: GLUE marks its unlabelled test rows -1, and
+    a validation split of those scored 0.00 "successfully"."""
+    try:
+        labels = np.asarray(column, dtype=float)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"{task.display} split {split!r}: the labels are not numbers ({column[:3]} ...)"
+        ) from None
+    valid = list(range(task.num_labels))
+    bad = ~np.isfinite(labels) if task.is_regression else ~np.isin(labels, valid)
+    if not bad.any():
+        return
+    if (labels == -1).all():
+        raise ValueError(
+            f"{task.display} split {split!r} has no labels: every one is -1, GLUE's mark of an unlabelled (test) "
+            "split. Train and score on labelled splits (GLUE's test labels are not public)"
+        )
+    row = int(np.flatnonzero(bad)[0])
+    expected = "a finite score" if task.is_regression else f"one of {valid}"
+    raise ValueError(
+        f"{task.display} split {split!r}: {int(bad.sum())} of {len(labels)} labels are not {expected} (the "
+        f"first: row {row + 1}, label {labels[row]:g}); fix or drop those rows"
+    )
