@@ -638,6 +638,22 @@ def test_eval_settings_are_checked_before_anything_loads(tmp_path, shards):
         _recipe(tmp_path, shards, "eval={steps: 2, sources: [{path: x}], ppl_texts: 2}")
 
 
+def test_held_out_shards_spelled_another_way_or_copied_are_refused(tmp_path, shards):
+    """The recipe compares eval.sources with data.sources as written: `./shards`, the path through a link, or a
+    copy of the training shards scored "held-out" metrics on the training data, exit 0 (#43, a walk's P10, P09).
+    The shards themselves are compared now, before anything is written."""
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(shards, copy)
+    (tmp_path / "link").symlink_to(shards)
+    for same in (copy, tmp_path / "link", f"{shards}/."):
+        recipe = _recipe(tmp_path / "o", shards, f"eval={{steps: 2, sources: [{{path: {same}}}]}}")
+        with pytest.raises(ValueError, match="holds the documents of data.sources"):
+            pretrain(recipe, progress=False)
+        assert not (tmp_path / "o").exists()
+
+
 def test_too_few_long_held_out_documents_fail_before_the_model_loads(tmp_path, shards, held_out, monkeypatch):
     from neoembed.pretrain import trainer as pretrain_trainer
 

@@ -300,6 +300,7 @@ def pretrain(
     output = Path(recipe.output_dir)
     seed_everything(recipe.seed)
     corpora, streams, weights = _open_sources(recipe)
+    _check_held_out_apart(recipe, corpora)
     tokenizer, special_ids = _load_tokenizer(recipe, corpora)
     _check_vocab(_planned_vocab(recipe), recipe, tokenizer)  # before the model loads
     settings = resume_settings(recipe, per_process_batch=True)
@@ -365,6 +366,25 @@ class HeldOut:
     corrupted: list
     labels: list
     ppl_documents: list
+
+
+def _check_held_out_apart(recipe: PretrainRecipe, corpora) -> None:
+    """``eval.sources`` are other documents than ``data.sources``: the recipe compares the paths as written, here
+    the shards themselves (a path spelled another way, a copy of the training shards), before anything is
+    written."""
+    if recipe.eval is None:
+        return
+    from neoembed.pretrain.data import ShardedCorpus
+
+    trained = {c.fingerprint: c.path for c in corpora}
+    for source in recipe.eval.sources:
+        held = ShardedCorpus(source.path)
+        if held.fingerprint in trained:
+            raise ValueError(
+                f"eval.sources {source.path} holds the documents of data.sources {trained[held.fingerprint]} "
+                f"(same shards: fingerprint {held.fingerprint}): evaluation needs held-out shards (preprocess a "
+                "separate set of documents)"
+            )
 
 
 def _held_out(recipe: PretrainRecipe, tokenizer, special_ids, vocab_size: int) -> HeldOut | None:
