@@ -148,7 +148,7 @@ def quickstart_command(
         "runs/quickstart"
     ),
     steps: Annotated[
-        int | None, typer.Option("--steps", help="Override the recipe's number of steps.")
+        int | None, typer.Option("--steps", min=1, help="Override the recipe's number of steps.")
     ] = None,
     model: Annotated[
         str | None, typer.Option("--model", help="Backbone (default: packaged all-MiniLM-L6-v2).")
@@ -179,6 +179,8 @@ def _claim_output(output: Path, overwrite: bool) -> None:
     from neoembed.runs import OutputDirError, prepare_output_dir
 
     if output.is_dir() and any(output.iterdir()) and not overwrite:
+        if not any((output / name).is_file() for name in (MARKER, f"model/{RUN_RECORD}")):
+            raise OutputDirError(f"--output {output} holds files no quickstart wrote: choose a new --output")
         raise OutputDirError(
             f"--output {output} is not empty: pass --overwrite to replace the quickstart it holds (its data, "
             "model and results), or choose a new --output"

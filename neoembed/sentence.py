@@ -3,11 +3,9 @@
 ``neoembed.load`` returns a :class:`EmbeddingModel`, a :class:`~sentence_transformers.SentenceTransformer`
 with input checks and a finiteness check on its outputs. What it saves is a plain sentence-transformers folder
 built from stock modules (Transformer -> Pooling -> optional Normalize). For NeoBERT, ``config.json`` carries
-``model_type: neobert`` and an ``auto_map`` to ``configuration_neobert.py`` / ``modeling_neobert.py``, which
-are written beside the weights, so the folder loads
-
-1. with ``SentenceTransformer(path)`` in a process that imported ``neoembed``, and
-2. with ``SentenceTransformer(path, trust_remote_code=True)`` where neoembed is not installed.
+``model_type: neobert`` and an ``auto_map`` to ``configuration_neobert.py`` / ``modeling_neobert.py`` (which
+imports ``attention_neobert.py``), written beside the weights: the folder loads with ``SentenceTransformer(path)``
+in a process that imported ``neoembed``, and with ``trust_remote_code=True`` where neoembed is not installed.
 """
 
 from __future__ import annotations
@@ -106,8 +104,7 @@ def build_prompts(
     """Sentence-transformers prompts for an instruction pair: ``{"query": ..., "document": ...}``.
 
     The paper puts the task instruction before queries and nothing before documents; ``extra`` adds more
-    named prompts (for instance mteb's per-task keys ``"<TaskName>-query"`` / ``"<TaskName>"``).
-    """
+    named prompts (for instance mteb's per-task keys ``"<TaskName>-query"`` / ``"<TaskName>"``)."""
     prompts = {
         "query": instruction_prefix(query_instruction, template),
         "document": instruction_prefix(document_instruction, template),
@@ -122,8 +119,7 @@ class EmbeddingModel(SentenceTransformer):
     - an empty list returns an empty array of shape (0, dim);
     - a non-string item raises ``TypeError`` naming its index;
     - text longer than ``max_seq_length`` is truncated, with one warning per call;
-    - NaN or inf embeddings raise :class:`NonFiniteEmbeddingError` with advice.
-    """
+    - NaN or inf embeddings raise :class:`NonFiniteEmbeddingError` with advice."""
 
     def encode(self, inputs, *args, **kwargs):  # type: ignore[override]
         single = isinstance(inputs, str)
@@ -424,8 +420,14 @@ def set_truncate_dim(model, truncate_dim: int | None) -> None:
     model.truncate_dim = int(truncate_dim)
 
 
+def _check_prompts(prompts) -> None:
+    if bad := {k: v for k, v in (prompts or {}).items() if not (isinstance(k, str) and isinstance(v, str))}:
+        raise TypeError(f"prompts map names to prompt texts (str to str); these are not: {bad}")
+
+
 def _prompt_options(model, prompts, default_prompt_name, include_prompt) -> None:
     """Merge ``load``'s prompt options into a saved sentence-transformers model's own."""
+    _check_prompts(prompts)
     if prompts:
         model.prompts = {**model.prompts, **prompts}
     if default_prompt_name is not None:
@@ -486,6 +488,7 @@ def _built(
 ) -> EmbeddingModel:  # fmt: skip
     """A bi-encoder built from a plain checkpoint: Transformer -> Pooling (``pooling``: its mode and whether it
     includes the prompt's tokens) -> optional Normalize."""
+    _check_prompts(prompts)
     transformer = _transformer(name_or_path, model_kwargs, trust_remote_code, tokenizer, max_seq_length)
     mode, include_prompt = pooling
     pooler = Pooling(transformer.get_embedding_dimension(), mode, include_prompt=include_prompt)

@@ -356,7 +356,9 @@ def test_a_missing_optional_package_is_named_before_any_model_loads(tmp_path, mo
     with pytest.raises(ValueError, match=r"neoembed mine needs faiss.*pip install -e '\.\[faiss\]'"):
         mine_negatives("no-such-card", "no-such-model", tmp_path / "mined")
     recipe = load_recipe("cde-tiny", CDERecipe, [f"output_dir={tmp_path / 'cde'}"])
-    with pytest.raises(ValueError, match=r"CDE training with clustering.*needs faiss.*pip install -e '\.\[faiss\]'"):
+    with pytest.raises(
+        ValueError, match=r"CDE training with clustering.*needs faiss.*pip install -e '\.\[faiss\]'"
+    ):
         train_cde(recipe)
     assert not (tmp_path / "mined").exists() and not (tmp_path / "cde").exists()
 
@@ -388,3 +390,128 @@ def test_max_length_beyond_the_models_positions_is_refused_by_key(tmp_path, mini
     with pytest.raises(RecipeError, match=r"max_length=100000 exceeds the 512 positions"):
         train(recipe, recipe_dir=Path(__file__).resolve().parents[1] / "recipes")
     assert not (tmp_path / "run").exists()
+
+
+# ------------------------------------------- a walk of fresh bad inputs (#43): each refused before any work
+def _no_model(monkeypatch):
+    import neoembed.loading
+
+    def refuse(*_a, **_k):
+        raise AssertionError("a model loaded for input that was refusable before")
+
+    monkeypatch.setattr(neoembed.loading, "load", refuse)
+
+
+@pytest.mark.parametrize(
+    ("args", "expect"),
+    [
+        (["data", "check", str(TINY / "cards" / "pydoc_names.yaml"), "--sample", "-3"], "--sample"),  # D12
+        (["data", "check", str(TINY / "cards" / "pydoc_names.yaml"), "--max-rows", "0"], "--max-rows"),  # D11
+        (["quickstart", "--steps", "0"], "--steps"),  # Q02: after the retrieval set was built and written
+    ],
+    ids=["D12-negative-sample", "D11-zero-max-rows", "Q02-zero-steps"],
+)
+def test_out_of_range_options_are_refused_by_name(tmp_path, capsys, monkeypatch, args, expect):
+    """D12: a negative --sample showed nothing, silently; D11: --max-rows 0 blamed the data ("the dataset is
+    empty"); Q02: quickstart --steps 0 was refused after the retrieval set was built and written."""
+    monkeypatch.chdir(tmp_path)
+    code, msg = _cli(capsys, monkeypatch, *args)
+    assert code == 2 and expect in msg, msg
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_output_that_is_a_file_is_named(tmp_path, capsys, monkeypatch):
+    """I05, M17: mkdir's bare "[Errno 17] File exists" for --out / --output naming a file."""
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    _no_model(monkeypatch)
+    code, msg = _cli(capsys, monkeypatch, "mteb", "--model", str(TINY / "model"), "--tasks", "STS12",
+                     "--output", str(afile))  # fmt: skip
+    assert code == 2 and "is a file, not a folder" in msg, msg
+    rows = tmp_path / "rows.jsonl"
+    shutil.copy(TINY / "rows" / "pydoc_names.jsonl", rows)
+    code, msg = _cli(capsys, monkeypatch, "init", str(rows), "--out", str(afile))
+    assert code == 2 and "is a file, not a folder" in msg, msg
+
+
+def test_init_reads_an_excel_csv_and_names_a_broken_jsonl_line(tmp_path, capsys, monkeypatch):
+    """I07: a UTF-8 CSV with a byte-order mark (Excel's) had a column named '\\ufeffquestion'; I04: a JSONL file
+    whose third line is cut off was counted as 3 rows and only `data check` named the line."""
+    from neoembed.data.starter import write_starter
+
+    csv = tmp_path / "bom.csv"
+    csv.write_bytes(b"\xef\xbb\xbfquestion,answer\r\nhow to x,do y\r\nhow to z,do w\r\nwhat is v,it is u\r\n")
+    starter = write_starter(csv, tmp_path / "o1")
+    assert starter.columns["query"] == "question" and starter.rows == 3
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text(
+        '{"query": "a", "positive": "b"}\n{"query": "c", "positive": "d"}\n{"query": "e", "posi\n'
+    )
+    with pytest.raises(ValueError, match="line 3 is not a JSON object"):
+        write_starter(broken, tmp_path / "o2")
+    assert not (tmp_path / "o2").exists()
+
+
+def test_load_refuses_prompts_that_are_not_text(tmp_path):
+    """A14: prompts={"query": 5} loaded, was saved, and failed at the first encode_query (int + str)."""
+    import neoembed
+
+    with pytest.raises(TypeError, match=r"prompts map names to prompt texts .*'query': 5"):
+        neoembed.load(str(TINY / "model"), prompts={"query": 5})
+
+
+def test_mine_refuses_more_ivf_clusters_than_documents_before_the_model_loads(tmp_path, capsys, monkeypatch):
+    """N17: faiss's "Number of training points (200) should be at least as large as number of clusters", exit 1,
+    after the whole corpus was embedded."""
+    pytest.importorskip("faiss")
+    _no_model(monkeypatch)
+    out = tmp_path / "mined"
+    code, msg = _cli(capsys, monkeypatch, "mine", str(TINY / "cards" / "pydoc_names.yaml"), "--model",
+                     str(TINY / "model"), "--out", str(out), "-k", "2", "--index", "ivf", "--nlist", "100000")  # fmt: skip
+    assert code == 2 and "--nlist 100000 exceeds the" in msg, msg
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "expect"),
+    [
+        (
+            ["--tasks", "STS16", "--task-types", "Retrieval"],
+            "leaves none of the 1 selected task(s) (their types: STS)",
+        ),
+        (["--benchmark", "MTEB(xyz)"], "selects the benchmark's tasks; --data-dir or --tasks select others"),
+    ],
+    ids=["M15-filters-leave-no-task", "M16-benchmark-beside-data-dir"],
+)
+def test_mteb_refuses_a_selection_that_scores_other_tasks_or_none(
+    tmp_path, capsys, monkeypatch, args, expect
+):
+    """M15: --task-types leaving no task exited 0 ("see the failures/ folder", which did not exist); M16: a
+    --benchmark beside --data-dir was ignored and recorded as if scored."""
+    _no_model(monkeypatch)
+    data = Path(__file__).parent / "shared" / "data" / "mteb"
+    code, msg = _cli(capsys, monkeypatch, "mteb", "--model", str(TINY / "model"), "--data-dir", str(data),
+                     "--output", str(tmp_path / "r"), *args)  # fmt: skip
+    assert code == 2 and expect in msg, msg
+
+
+def test_an_unknown_benchmark_names_mtebs():
+    from neoembed.eval.config import EvalConfig
+    from neoembed.eval.resolve import resolve_tasks
+
+    with pytest.raises(
+        ValueError, match=r"--benchmark 'MTEB\(xyz\)' is not one of mteb's benchmarks: \[.*'MTEB\(eng, v1\)'"
+    ):
+        resolve_tasks(EvalConfig(model="m", output="o", benchmark="MTEB(xyz)"))
+
+
+def test_dry_run_refuses_a_card_named_twice_and_warns_of_a_warmup_past_the_run(capsys, monkeypatch):
+    """T08: --dry-run printed both copies of a card the real run then refused; T38: a warm-up longer than the
+    run trained below the recipe's learning rate to the end without a word."""
+    twice = "datasets=[{card: pydoc_names, max_rows: 64}, {card: pydoc_names, max_rows: 32}]"
+    code, msg = _cli(capsys, monkeypatch, "train", "tiny", twice, "--dry-run")
+    assert code == 2 and "dataset 'pydoc_names' appears twice" in msg, msg
+    code, msg = _cli(
+        capsys, monkeypatch, "train", "tiny", "optimizer.warmup_steps=50", "steps=4", "--dry-run"
+    )
+    assert code == 0 and "warmup_steps 50 is not below steps 4" in msg and "runs at 6e-05" in msg, msg

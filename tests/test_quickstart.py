@@ -77,8 +77,8 @@ def test_data_lost_a_used_output_is_refused_without_overwrite(tmp_path, capsys, 
         return e.value.code, capsys.readouterr().err
 
     (tmp_path / "notes.txt").write_text("mine")
-    code, err = run()
-    assert code == 2 and "--overwrite" in err and str(tmp_path) in err
+    code, err = run()  # not "pass --overwrite to replace the quickstart it holds": it holds none (#43, Q04)
+    assert code == 2 and "holds files no quickstart wrote" in err and str(tmp_path) in err
     code, err = run("--overwrite")  # a folder no quickstart wrote is never cleared
     assert code == 2 and "no neoembed command wrote it" in err
     (tmp_path / "notes.txt").unlink()

@@ -46,7 +46,7 @@ from neoembed.cde.gradcache import TextStage, full_backprop_step, stages, two_st
 from neoembed.cde.model import save_cde_adapter
 from neoembed.cde.recipe import CDERecipe
 from neoembed.compile import compile_layers
-from neoembed.data.cards import DataCardError, explain_data_errors, find_card, load_card, prepare_card
+from neoembed.data.cards import DataCardError, explain_data_errors, load_recipe_cards, prepare_card
 from neoembed.data.check import require_hub
 from neoembed.loop import RunLoop, StepOutput, accelerator, adamw
 from neoembed.losses import InfoNCELoss, duplicate_mask
@@ -95,11 +95,8 @@ class Source:
 def prepare_sources(recipe: CDERecipe, recipe_dir: Path | None = None) -> tuple[list[Source], list]:
     """Load and check every card before training."""
     search = [Path(resolve_recipe_path(d, recipe_dir)) for d in recipe.card_dirs]
-    loaded = [load_card(find_card(entry.card, search)) for entry in recipe.datasets]
+    loaded = load_recipe_cards(recipe.datasets, search)
     require_hub([card for card, _ in loaded])  # no network: one probe and a clear error, not retries per card
-    names = [card.name for card, _ in loaded]
-    for name in {n for n in names if names.count(n) > 1}:
-        raise DataCardError(f"dataset {name!r} appears twice in the recipe")
     sources, cards = [], []
     for entry, (card, folder) in zip(recipe.datasets, loaded, strict=True):
         if entry.batch_size is not None:

@@ -100,6 +100,7 @@ __all__ = [
     "prepare_card",
     "load_card",
     "load_card_rows",
+    "load_recipe_cards",
     "load_rows",
     "text_hash",
 ]
@@ -144,6 +145,16 @@ def load_card(path: str | Path) -> tuple[DataCard, Path]:
     except CardSchemaError as e:
         raise DataCardError(f"{path}: {e}") from None
     return card, path.parent
+
+
+def load_recipe_cards(entries, search_dirs: list[str | Path]) -> list[tuple[DataCard, Path]]:
+    """Every dataset entry's card (the cards only: cheap), each card at most once: one named twice would be
+    sampled as if it had twice its rows. The trainers and the dry run read the recipe's cards through this."""
+    loaded = [load_card(find_card(entry.card, search_dirs)) for entry in entries]
+    names = [card.name for card, _ in loaded]
+    for name in sorted({n for n in names if names.count(n) > 1}):
+        raise DataCardError(f"dataset {name!r} appears twice in the recipe")
+    return loaded
 
 
 def find_card(name_or_path: str | Path, search_dirs: list[str | Path] = ()) -> Path:

@@ -25,9 +25,9 @@ app = typer.Typer(help="Data cards: validate and inspect.", no_args_is_help=True
 @app.command("check")
 def check_command(
     cards: Annotated[list[str], typer.Argument(help="Card files or shipped card names.")],
-    sample: Annotated[int, typer.Option("--sample", help="Rows to show per card.")] = 1,
+    sample: Annotated[int, typer.Option("--sample", min=0, help="Rows to show per card.")] = 1,
     max_rows: Annotated[
-        int | None, typer.Option("--max-rows", help="Load a seeded random sample of this many rows.")
+        int | None, typer.Option("--max-rows", min=1, help="Load a seeded random sample of this many rows.")
     ] = None,
     load: Annotated[
         bool, typer.Option("--load/--no-load", help="Load the rows (hub cards: when reachable).")

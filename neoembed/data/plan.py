@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from neoembed.card_schema import resolve_spec_type
-from neoembed.data.cards import DataCardError, find_card, load_card, load_card_rows
+from neoembed.data.cards import DataCardError, load_card_rows, load_recipe_cards
 
 __all__ = ["PlanRow", "dry_run", "plan"]
 
@@ -54,8 +54,9 @@ def plan(recipe, recipe_dir: Path | None = None) -> list[PlanRow]:
 
     search = [Path(resolve_recipe_path(d, recipe_dir)) for d in recipe.card_dirs]  # as training resolves them
     out = []
-    for entry in recipe.datasets:
-        card, folder = load_card(find_card(entry.card, search))
+    for entry, (card, folder) in zip(
+        recipe.datasets, load_recipe_cards(recipe.datasets, search), strict=True
+    ):
         problems = card.schema_problems()
         if problems:
             raise DataCardError(

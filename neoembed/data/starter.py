@@ -50,11 +50,11 @@ MIN_ROWS = 2  # a query's in-batch negatives are the other rows' positives: one 
 
 def _lines(path: Path):
     """The file's lines as text; a byte that is not UTF-8 is an error naming the file, the line and the column
-    (Python's own error names only an offset into a read buffer)."""
+    (Python's own error names only an offset into a read buffer). A byte-order mark (Excel's UTF-8 CSV) goes."""
     with gzip.open(path, "rb") if path.name.endswith(".gz") else path.open("rb") as f:
         for number, raw in enumerate(f, 1):
             try:
-                yield raw.decode("utf8")
+                yield raw.decode("utf-8-sig" if number == 1 else "utf8")
             except UnicodeDecodeError as e:
                 raise ValueError(
                     f"{path}, line {number}: not UTF-8 text (byte {raw[e.start]:#04x} at column {e.start + 1}): "
@@ -73,20 +73,28 @@ def _read(path: Path) -> tuple[list[str], int]:
     if fmt == "csv":
         reader = csv.DictReader(_lines(path))
         return list(reader.fieldnames or []), sum(1 for _ in reader)
-    lines = [line for line in _lines(path) if line.strip()]
-    if not lines:
+    lines = ((n, line) for n, line in enumerate(_lines(path), 1) if line.strip())
+    number, first = next(lines, (0, ""))
+    if not number:
         raise ValueError(f"{path} holds no rows")
-    if lines[0].lstrip().startswith("["):  # a JSON array of objects, which the card's json loader reads too
-        return _read_array(path, "".join(lines))
+    if first.lstrip().startswith("["):  # a JSON array of objects, which the card's json loader reads too
+        return _read_array(path, first + "".join(line for _, line in lines))
+    names = list(_json_object(path, number, first))
+    # every line parsed (one at a time): a broken one is named here, not first by `data check`
+    return names, 1 + sum(1 for n, line in lines if _json_object(path, n, line) is not None)
+
+
+def _json_object(path: Path, number: int, line: str) -> dict:
     try:
-        first = json.loads(lines[0])
+        row = json.loads(line)
     except json.JSONDecodeError as e:
         raise ValueError(
-            f"{path}: line 1 is not a JSON object ({e}); write one object per line, or one JSON array of objects"
+            f"{path}: line {number} is not a JSON object ({e}); write one object per line, or one JSON array of "
+            "objects"
         ) from None
-    if not isinstance(first, dict):
-        raise ValueError(f"{path}: line 1 is not a JSON object; write one object per line")
-    return list(first), len(lines)
+    if not isinstance(row, dict):
+        raise ValueError(f"{path}: line {number} is not a JSON object; write one object per line")
+    return row
 
 
 def _read_array(path: Path, text: str) -> tuple[list[str], int]:
@@ -194,6 +202,8 @@ def write_starter(
     columns = guess_columns(names)
     name = re.sub(r"[^A-Za-z0-9_-]+", "_", data.name.split(".")[0]) or "mydata"
     card, recipe = out / f"{name}.yaml", out / f"{name}-recipe.yaml"
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file, not a folder: choose a folder path")
     for path in (card, recipe):
         if path.exists() and not overwrite:
             raise FileExistsError(f"{path} exists: edit it, or pass --overwrite to write a new one")

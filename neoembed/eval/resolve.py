@@ -120,6 +120,11 @@ def resolve_tasks(cfg: EvalConfig) -> list[tuple[object, str | None]]:
     import mteb
 
     out = []
+    if cfg.benchmark is not None and (cfg.data_dir is not None or cfg.tasks):
+        raise ValueError(  # the benchmark was ignored: the run said it scored one and scored other tasks
+            f"--benchmark {cfg.benchmark!r} selects the benchmark's tasks; --data-dir or --tasks select others: "
+            "give one of them"
+        )
     if cfg.data_dir is not None:
         data_dir = Path(cfg.data_dir)
         if not data_dir.is_dir():
@@ -156,13 +161,31 @@ def resolve_tasks(cfg: EvalConfig) -> list[tuple[object, str | None]]:
             t for t in cfg.tasks or [] if Path(t).suffix not in (".yaml", ".yml") and not Path(t).is_dir()
         ]
         if names or not cfg.tasks:
-            bench = mteb.get_benchmark(cfg.benchmark or "MTEB(eng, v1)") if not names else None
+            bench = _benchmark(cfg.benchmark or "MTEB(eng, v1)") if not names else None
             selected = mteb.get_tasks(tasks=names) if names else list(bench.tasks)
             out.extend((t, None) for t in selected)
     if cfg.task_types:
         wanted = set(cfg.task_types)
-        out = [(t, i) for t, i in out if t.metadata.type in wanted or isinstance(t, Unresolvable)]
+        kept = [(t, i) for t, i in out if t.metadata.type in wanted or isinstance(t, Unresolvable)]
+        if out and not kept:
+            types = sorted({t.metadata.type for t, _ in out})
+            raise ValueError(
+                f"--task-types {','.join(cfg.task_types)} leaves none of the {len(out)} selected task(s) (their "
+                f"types: {', '.join(types)}): widen --task-types or select other tasks"
+            )
+        out = kept
     return out
+
+
+def _benchmark(name: str):
+    """mteb's benchmark ``name``; an unknown one is an error listing mteb's (mteb raises a bare KeyError)."""
+    import mteb
+
+    try:
+        return mteb.get_benchmark(name)
+    except KeyError:
+        names = sorted(b.name for b in mteb.get_benchmarks())
+        raise ValueError(f"--benchmark {name!r} is not one of mteb's benchmarks: {names}") from None
 
 
 def is_registered(name: str) -> bool:

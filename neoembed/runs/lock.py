@@ -83,6 +83,8 @@ def output_lock(
     if not main_process:
         yield
         return
+    if Path(folder).exists() and not Path(folder).is_dir():  # else mkdir's bare "[Errno 17] File exists"
+        raise OutputDirError(f"{what} {folder} is a file, not a folder: choose a folder path")
     path = lock_path(folder)
     key = str(path)
     if key in _HELD:

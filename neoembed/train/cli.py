@@ -45,6 +45,7 @@ def train_command(
     parsed = load_recipe(path, kind_union(UnifiedRecipe, CDERecipe), overrides or [])
     model = resolve_packaged(parsed.model) if parsed.model.startswith("packaged:") else parsed.model
     parsed = parsed.model_copy(update={"model": resolve_recipe_path(model, path.parent)})
+    _warn_on_warmup(parsed)
     if dry_run:
         if not isinstance(parsed, UnifiedRecipe):
             raise RecipeError(
@@ -79,6 +80,19 @@ def train_command(
             )
     _release_process_group()
     typer.echo(f"done: {out}")
+
+
+def _warn_on_warmup(recipe) -> None:
+    """A warm-up as long as the run trains below the recipe's learning rate to the end: said before anything
+    loads (a valid recipe, which a short trial run with steps=N may well be)."""
+    opt, steps = recipe.optimizer, recipe.steps
+    if opt.warmup_steps >= steps:
+        last = opt.lr * (steps - 1) / opt.warmup_steps  # the linear warm-up's rate at the last step
+        typer.echo(
+            f"warning: optimizer.warmup_steps {opt.warmup_steps} is not below steps {steps}: the learning rate "
+            f"never reaches optimizer.lr {opt.lr:g} (the last step runs at {last:.2g}); lower warmup_steps",
+            err=True,
+        )
 
 
 def _release_process_group() -> None:

@@ -38,7 +38,7 @@ from neoembed.adapters import (
     require_peft,
     save_adapter,
 )
-from neoembed.data.cards import DataCardError, explain_data_errors, find_card, load_card, prepare_card
+from neoembed.data.cards import DataCardError, explain_data_errors, load_recipe_cards, prepare_card
 from neoembed.data.check import require_hub
 from neoembed.data.sampler import (
     NoDuplicatesBatchSampler,
@@ -96,11 +96,9 @@ def prepare_datasets(recipe: UnifiedRecipe, recipe_dir: Path | None = None, repo
     from datasets import DatasetDict
 
     search = [Path(resolve_recipe_path(d, recipe_dir)) for d in recipe.card_dirs]
-    loaded = [load_card(find_card(entry.card, search)) for entry in recipe.datasets]  # cards first: cheap
+    loaded = load_recipe_cards(recipe.datasets, search)  # cards first: cheap
     require_hub([card for card, _ in loaded])  # no network: one probe and a clear error, not retries per card
     names = [card.name for card, _ in loaded]
-    for name in {n for n in names if names.count(n) > 1}:
-        raise DataCardError(f"dataset {name!r} appears twice in the recipe")
     unknown = sorted(set(recipe.instruction_overrides) - set(names))
     if unknown:
         raise DataCardError(
