@@ -60,7 +60,8 @@ def _row(t: Tensor, r: int, width: int) -> Tensor:
 
 def _drops_padding(model) -> bool:
     """The encoder drops padding itself (NeoBERT's ``config.drops_padding``): length groups save it nothing."""
-    model = getattr(model, "module", model)  # under DDP the loss holds the wrapper (sentence-transformers' trainer)
+    for wrapper in ("module", "_orig_mod"):  # the trainer hands the loss its DDP or compiled wrapper
+        model = getattr(model, wrapper, model)
     first = model[0] if len(model) else None
     return bool(getattr(getattr(getattr(first, "auto_model", None), "config", None), "drops_padding", False))
 
