@@ -217,40 +217,6 @@ def test_length_grouped_encoding_equals_the_padded_batch(minilm_path, shared_dir
         assert float((g_grouped[n] - g_plain[n]).abs().max()) <= 1e-5 * scale, n
 
 
-def test_a_padding_free_encoder_is_encoded_as_sentence_transformers_does(tiny_official):
-    """NeoBERT drops padding itself, so length groups would save nothing (and cost forward calls): its columns go
-    through sentence-transformers' own forwards (the queries alone, the candidates merged), with the loss and
-    every gradient of the plain loss's, instead of one forward per length group."""
-    import neoembed
-
-    model = neoembed.load(str(tiny_official))
-    model.train()
-    columns = [
-        ["short query", "what is a loss", "how long"],
-        ["a positive passage " * 9, "another positive passage that is a little longer " * 4, "tiny"],
-        ["a negative " * 20, "unrelated words", "more unrelated words " * 3],
-    ]
-    calls = []
-    model[0].register_forward_pre_hook(lambda mod, args: calls.append(tuple(args[0]["input_ids"].shape)))
-    results = {}
-    for grouped in (False, True):
-        calls.clear()
-        model.zero_grad()
-        features = [model.tokenize(c) for c in columns]
-        widths = [f["input_ids"].shape[1] for f in features]
-        assert len(set(widths)) == 3
-        loss = InfoNCELoss(model, group_by_length=grouped)(features, torch.zeros(3))
-        loss.backward()
-        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-        results[grouped] = (loss.item(), grads, list(calls))
-    (plain, g_plain, calls_plain), (got, g_got, calls_got) = results.values()
-    assert calls_got == calls_plain == [(3, widths[0]), (6, max(widths[1:]))]  # no length groups
-    assert got == pytest.approx(plain, rel=1e-5)
-    scale = max(float(g.abs().max()) for g in g_plain.values())
-    for n in g_plain:
-        assert float((g_got[n] - g_plain[n]).abs().max()) <= 1e-5 * scale, n
-
-
 def test_losses_set_attributes_through_the_module():
     """No ``object.__setattr__`` in the losses: their options are plain attributes, which torch's and
     sentence-transformers' attribute handling (the cached loss delegates only its wrapped loss's

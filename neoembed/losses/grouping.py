@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from sentence_transformers.base.losses.merged_forward import embed_columns
 from torch import Tensor
 
 #: the cost of one more forward call, in padded tokens: a group is split off only where it saves more than this
@@ -58,27 +57,13 @@ def _row(t: Tensor, r: int, width: int) -> Tensor:
     return F.pad(row, (0, width - row.shape[0])) if row.shape[0] < width else row
 
 
-def _drops_padding(model) -> bool:
-    """The encoder drops padding itself (NeoBERT's ``config.drops_padding``): length groups save it nothing."""
-    for wrapper in ("module", "_orig_mod"):  # the trainer hands the loss its DDP or compiled wrapper
-        model = getattr(model, wrapper, model)
-    first = model[0] if len(model) else None
-    return bool(getattr(getattr(getattr(first, "auto_model", None), "config", None), "drops_padding", False))
-
-
 def embed_by_length(model, features_list: list[dict[str, Tensor]]) -> list[Tensor]:
     """Sentence embeddings of every column, computed in groups of rows of similar length across all columns,
     each group padded only to its own longest row. Same rows, same batch, same result up to float rounding
-    (padding is masked out of attention and pooling); only the dropout masks are drawn per group. A model that
-    drops padding itself (NeoBERT padding-free) is encoded as sentence-transformers encodes it (``embed_columns``:
-    the queries, then the candidates merged): length groups would save it nothing, and one forward of every
-    column pads the short queries to the documents' width, a grid the model gathers from and its backward fills
-    (measured: 0.45 s more a step at 1,024 queries, benchmarks/scale.py step). Falls back to one forward per column
-    for inputs it cannot split (left padding, unknown feature shapes)."""
+    (padding is masked out of attention and pooling); only the dropout masks are drawn per group. Falls back
+    to one forward per column for inputs it cannot split (left padding, unknown feature shapes)."""
     if not _groupable(features_list):
         return [model(f)["sentence_embedding"] for f in features_list]
-    if _drops_padding(model):
-        return embed_columns(model, features_list)
     rows = [(c, r) for c, f in enumerate(features_list) for r in range(len(f["attention_mask"]))]
     lengths = [int(n) for f in features_list for n in f["attention_mask"].sum(dim=1).tolist()]
     out: list[Tensor | None] = [None] * len(rows)
