@@ -280,6 +280,14 @@ def test_glue_refuses_a_validation_split_without_labels(tmp_path, msrp_rows, run
         match=r"'validation': 1 of 24 labels are not one of \[0, 1\] \(the first: row 4, label 2\)",
     ):
         check_columns(TASKS["mrpc"], splits)
+    words = [
+        {**r, "label": "yes" if i == 5 else str(r["label"])} for i, r in enumerate(msrp_rows)
+    ]  # a walk's G07
+    splits = load_splits(
+        TASKS["mrpc"], _hub_layout(tmp_path / "g3", "mrpc", {"train": words, "validation": wrong}), None
+    )
+    with pytest.raises(ValueError, match=r"'train': row 6's label 'yes' is not a number"):
+        check_columns(TASKS["mrpc"], splits)
 
 
 def test_glue_stops_after_patience_evaluations_without_a_better_score(tmp_path, msrp_rows, tiny_official):

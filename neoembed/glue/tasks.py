@@ -216,14 +216,24 @@ def check_columns(task: GlueTask, splits) -> None:
         _check_labels(task, split, data["label"])
 
 
+def _is_number(value) -> bool:
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
 def _check_labels(task: GlueTask, split: str, column) -> None:
     """A class index (or, for STS-B, a finite score) in every row: GLUE marks its unlabelled test rows -1, and
     a validation split of those scored 0.00 "successfully"."""
     try:
         labels = np.asarray(column, dtype=float)
     except (TypeError, ValueError):
+        row, value = next((i, v) for i, v in enumerate(column) if not _is_number(v))
         raise ValueError(
-            f"{task.display} split {split!r}: the labels are not numbers ({column[:3]} ...)"
+            f"{task.display} split {split!r}: row {row + 1}'s label {value!r} is not a number (GLUE's labels are "
+            "class indices, STS-B's scores)"
         ) from None
     valid = list(range(task.num_labels))
     bad = ~np.isfinite(labels) if task.is_regression else ~np.isin(labels, valid)
