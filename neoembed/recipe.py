@@ -381,6 +381,12 @@ def check_keep_best(recipe: Any, example: str = "eval: {steps: N, tasks: [...], 
             f"eval.steps {every} must be a multiple of save_steps {save} (step {every} is evaluated, not saved). "
             f"Set save_steps: {every}, or eval.steps: {-(-every // save) * save}"
         )
+    metric, keep = getattr(recipe.eval, "metric", None), recipe.keep_best.metric
+    if metric is not None and keep != metric and not keep.endswith(f"_{metric}"):  # else found after training
+        raise ValueError(
+            f"keep_best.metric {keep!r} is not a score eval: logs: eval.metric {metric!r} (the mean over tasks) or "
+            f"'<task>_{metric}' (one task's); set keep_best.metric to one of them, or eval.metric to what you want"
+        )
 
 
 # ------------------------------------------------------------------------------------------ run settings

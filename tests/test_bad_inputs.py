@@ -515,3 +515,18 @@ def test_dry_run_refuses_a_card_named_twice_and_warns_of_a_warmup_past_the_run(c
         capsys, monkeypatch, "train", "tiny", "optimizer.warmup_steps=50", "steps=4", "--dry-run"
     )
     assert code == 0 and "warmup_steps 50 is not below steps 4" in msg and "runs at 6e-05" in msg, msg
+
+
+def test_distillation_on_a_card_without_scores_is_refused_before_the_model_loads(
+    tmp_path, capsys, monkeypatch
+):
+    """T26: refused only after the model loaded and the trainer started (the card's columns are known before)."""
+    import neoembed.sentence
+
+    monkeypatch.setattr(neoembed.sentence, "load", lambda *a, **k: pytest.fail("the model loaded"))
+    for dry in (["--dry-run"], []):
+        code, msg = _cli(capsys, monkeypatch, "train", "tiny", "distillation={loss: kl}", "steps=2",
+                         f"output_dir={tmp_path / 'o'}", *dry)  # fmt: skip
+        assert (
+            code == 2 and "card(s) ['pydoc_names', 'pydoc_details', 'pydoc_signatures'] declare none" in msg
+        ), msg

@@ -338,3 +338,24 @@ def test_keep_best_patience_ends_the_run_at_the_first_unbeaten_evaluations(tmp_p
         "step": expected,
         "patience": 1,
     }
+
+
+def test_an_unknown_eval_task_is_refused_before_training(tmp_path, tiny_official, trecqa):
+    """eval.tasks naming no task folder, card or mteb task trained every step up to the first evaluation, then
+    died in mteb's KeyError ("please report it") with no checkpoint (#43, a walk's T27)."""
+    recipe = _recipe(tmp_path / "out", tiny_official, "NoSuchTask")
+    with pytest.raises(ValueError, match="eval.tasks: .*NoSuchTask"):
+        MtebEvaluator(recipe.eval, TINY.parent)
+    assert MtebEvaluator(_recipe(tmp_path / "o2", tiny_official, trecqa).eval, TINY.parent).tasks == [
+        str(trecqa)
+    ]
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_keep_best_metric_eval_does_not_log_is_refused_at_the_recipe(tmp_path, tiny_official, trecqa):
+    """keep_best.metric with a typo was found after training to the first evaluation (transformers' KeyError,
+    no checkpoint; the fixed metric then refused on --resume): #43, a walk's T28."""
+    with pytest.raises(ValueError, match=r"keep_best.metric 'ndcg_at_1O' is not a score eval: logs"):
+        _recipe(tmp_path, tiny_official, trecqa, "keep_best={metric: ndcg_at_1O}")
+    for fine in ("ndcg_at_10", "TrecQA_ndcg_at_10"):  # the mean over tasks, one task's
+        _recipe(tmp_path, tiny_official, trecqa, f"keep_best={{metric: {fine}}}")

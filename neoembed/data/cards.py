@@ -147,13 +147,22 @@ def load_card(path: str | Path) -> tuple[DataCard, Path]:
     return card, path.parent
 
 
-def load_recipe_cards(entries, search_dirs: list[str | Path]) -> list[tuple[DataCard, Path]]:
+def load_recipe_cards(
+    entries, search_dirs: list[str | Path], scored: bool = False
+) -> list[tuple[DataCard, Path]]:
     """Every dataset entry's card (the cards only: cheap), each card at most once: one named twice would be
-    sampled as if it had twice its rows. The trainers and the dry run read the recipe's cards through this."""
+    sampled as if it had twice its rows; with ``scored`` (distillation), each declaring teacher scores. The
+    trainers and the dry run read the recipe's cards through this."""
     loaded = [load_card(find_card(entry.card, search_dirs)) for entry in entries]
     names = [card.name for card, _ in loaded]
     for name in sorted({n for n in names if names.count(n) > 1}):
         raise DataCardError(f"dataset {name!r} appears twice in the recipe")
+    unscored = [card.name for card, _ in loaded if scored and not card.columns.scores]
+    if unscored:
+        raise DataCardError(
+            f"distillation learns from each row's teacher scores, and card(s) {unscored} declare none: declare "
+            "the card's score column (columns.scores), or add one with `neoembed score CARD --teacher MODEL`"
+        )
     return loaded
 
 

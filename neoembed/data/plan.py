@@ -55,7 +55,9 @@ def plan(recipe, recipe_dir: Path | None = None) -> list[PlanRow]:
     search = [Path(resolve_recipe_path(d, recipe_dir)) for d in recipe.card_dirs]  # as training resolves them
     out = []
     for entry, (card, folder) in zip(
-        recipe.datasets, load_recipe_cards(recipe.datasets, search), strict=True
+        recipe.datasets,
+        load_recipe_cards(recipe.datasets, search, recipe.distillation is not None),
+        strict=True,
     ):
         problems = card.schema_problems()
         if problems:

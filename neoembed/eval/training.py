@@ -44,7 +44,9 @@ class MtebEvaluator(SentenceEvaluator):
     def __init__(self, settings, recipe_dir: Path | None = None, extra_tasks: list[str] | tuple = ()):
         super().__init__()
         self.settings = settings
-        self.tasks = [_task_path(t, recipe_dir) for t in settings.tasks] + list(extra_tasks)  # + the holdout's
+        own = [_task_path(t, recipe_dir) for t in settings.tasks]
+        _check_tasks(own)
+        self.tasks = own + list(extra_tasks)  # + the holdout's (written when training starts)
         self.primary_metric = settings.metric
 
     def __call__(self, model, output_path: str | None = None, epoch: float = -1, steps: int = -1) -> dict:
@@ -76,6 +78,20 @@ class MtebEvaluator(SentenceEvaluator):
         finite = [v for v in scores.values() if math.isfinite(v)]
         scores[self.primary_metric] = sum(finite) / len(finite) if finite else float("nan")
         return scores
+
+
+def _check_tasks(tasks: list[str]) -> None:
+    """Every eval task resolves before training starts: one that does not failed at the first evaluation, the
+    steps before it lost (no checkpoint is written at a step whose evaluation fails)."""
+    from neoembed.eval.resolve import Unresolvable, resolve_tasks
+
+    try:
+        resolved = resolve_tasks(EvalConfig(model="-", output="-", tasks=tasks))
+    except KeyError as e:  # mteb: an unknown task name
+        raise ValueError(f"eval.tasks: {e.args[0] if e.args else e}") from None
+    for task, _ in resolved:
+        if isinstance(task, Unresolvable):
+            raise ValueError(f"eval.tasks: {task.metadata.name}: {task.error}")
 
 
 def _task_path(task: str, recipe_dir: Path | None) -> str:

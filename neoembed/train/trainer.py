@@ -96,7 +96,7 @@ def prepare_datasets(recipe: UnifiedRecipe, recipe_dir: Path | None = None, repo
     from datasets import DatasetDict
 
     search = [Path(resolve_recipe_path(d, recipe_dir)) for d in recipe.card_dirs]
-    loaded = load_recipe_cards(recipe.datasets, search)  # cards first: cheap
+    loaded = load_recipe_cards(recipe.datasets, search, scored=recipe.distillation is not None)  # cards first
     require_hub([card for card, _ in loaded])  # no network: one probe and a clear error, not retries per card
     names = [card.name for card, _ in loaded]
     unknown = sorted(set(recipe.instruction_overrides) - set(names))
