@@ -137,7 +137,8 @@ def test_compiled_layers_on_the_varlen_path_compile_once_for_every_batch(monkeyp
     for the CUDA kernel; the recompilations counted are dynamo's own."""
     from torch._dynamo.testing import CompileCounter
 
-    from neoembed.modeling import attention_neobert, modeling_neobert as mn
+    from neoembed.modeling import attention_neobert
+    from neoembed.modeling import modeling_neobert as mn
 
     def cpu_varlen(q, k, v, cu, _cu, n, _n):
         lengths = cu.diff().tolist()
