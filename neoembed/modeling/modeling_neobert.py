@@ -543,21 +543,21 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
         """Gather the real tokens of a padded batch into one sequence (attention confined to each sequence);
         for the CPU's grouped attention the rows are packed longest first, so that its groups are slices."""
         B, L = x.shape[:2]
-        mask = attention_mask.bool()
-        rows = length_order(lengths) if attention_backend(self.config, x, True, False) == "grouped" else None
-        if rows == list(range(B)):
-            rows = None
-        if rows is not None:
-            mask, lengths = mask[torch.tensor(rows, device=x.device)], [lengths[i] for i in rows]
+        backend = attention_backend(self.config, x, True, False)
+        rows = length_order(lengths) if backend == "grouped" else list(range(B))
+        reorder = torch.tensor(rows, device=x.device) if rows != list(range(B)) else None
+        mask = attention_mask.bool() if reorder is None else attention_mask.bool()[reorder]
+        lengths = [lengths[i] for i in rows]
         # nonzero_static: the count is known on the host already, so no second sync for the output size
         indices = torch.nonzero_static(mask.flatten(), size=sum(lengths)).flatten()
-        if rows is not None:  # positions in the reordered grid -> the caller's grid
-            indices = torch.tensor(rows, device=x.device)[indices // L] * L + indices % L
+        if reorder is not None:  # positions in the reordered grid -> the caller's grid
+            indices = reorder[indices // L] * L + indices % L
         # a token keeps its column as position, as in the padded layout (RoPE is relative: left padding
         # shifts every position of a row alike and changes nothing)
         pos = torch.arange(L, device=x.device) if position_ids is None else position_ids
         pos = pos.expand(B, L).flatten()[indices]
-        return x.flatten(0, 1)[indices], Layout(B, L, indices=indices), self._packed_inputs(x, pos, lengths)
+        inputs = self._packed_inputs(x, pos, lengths, backend)
+        return x.flatten(0, 1)[indices], Layout(B, L, indices=indices), inputs
 
     def _flat_layout(self, x, position_ids):
         """flash attention on a batch without padding: every row is one sequence of length L."""
@@ -581,13 +581,13 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
             position_ids = torch.cat([torch.arange(n, device=x.device) for n in lengths])[None]
         return x[0], Layout(1, T, packed_input=True), self._packed_inputs(x, position_ids[0], lengths)
 
-    def _packed_inputs(self, x, pos, lengths: list[int]) -> AttentionInputs:
+    def _packed_inputs(self, x, pos, lengths: list[int], backend: str | None = None) -> AttentionInputs:
         for n in lengths:
             self._check_length(n)
         cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32).to(
             x.device, non_blocking=True
         )
-        backend = attention_backend(self.config, x, True, False)
+        backend = backend or attention_backend(self.config, x, True, False)
         groups, order = length_groups(lengths, x.device) if backend == "grouped" else ((), None)
         return AttentionInputs(
             backend,
