@@ -300,7 +300,7 @@ def pretrain(
     output = Path(recipe.output_dir)
     seed_everything(recipe.seed)
     corpora, streams, weights = _open_sources(recipe)
-    _check_held_out_apart(recipe, corpora)
+    held = _open_held_out(recipe, corpora)
     tokenizer, special_ids = _load_tokenizer(recipe, corpora)
     _check_vocab(_planned_vocab(recipe), recipe, tokenizer)  # before the model loads
     settings = resume_settings(recipe, per_process_batch=True)
@@ -315,7 +315,7 @@ def pretrain(
     if recipe.model.init_from is not None:
         check_weight_files(recipe.model.init_from)
     vocab_size = _planned_vocab(recipe) or len(tokenizer)
-    held_out = _held_out(recipe, tokenizer, special_ids, vocab_size)  # its errors before the model loads
+    held_out = _held_out(recipe, held, tokenizer, special_ids, vocab_size)  # errors before the model loads
 
     model = _build_model(recipe, tokenizer)
     optimizer = adamw(model, recipe.optimizer)
@@ -368,34 +368,34 @@ class HeldOut:
     ppl_documents: list
 
 
-def _check_held_out_apart(recipe: PretrainRecipe, corpora) -> None:
-    """``eval.sources`` are other documents than ``data.sources``: the recipe compares the paths as written, here
-    the shards themselves (a path spelled another way, a copy of the training shards), before anything is
-    written."""
+def _open_held_out(recipe: PretrainRecipe, corpora) -> list:
+    """The ``eval.sources`` shards, which must be other documents than ``data.sources``: the recipe compares the
+    paths as written, here the shards themselves (a path spelled another way, a copy of the training shards),
+    before anything is written. [] without ``eval:``."""
     if recipe.eval is None:
-        return
+        return []
     from neoembed.pretrain.data import ShardedCorpus
 
-    trained = {c.fingerprint: c.path for c in corpora}
+    trained, held = {c.fingerprint: c.path for c in corpora}, []
     for source in recipe.eval.sources:
-        held = ShardedCorpus(source.path)
-        if held.fingerprint in trained:
+        held.append(ShardedCorpus(source.path))
+        if held[-1].fingerprint in trained:
             raise ValueError(
-                f"eval.sources {source.path} holds the documents of data.sources {trained[held.fingerprint]} "
-                f"(same shards: fingerprint {held.fingerprint}): evaluation needs held-out shards (preprocess a "
-                "separate set of documents)"
+                f"eval.sources {source.path} holds the documents of data.sources {trained[held[-1].fingerprint]} "
+                f"(same shards: fingerprint {held[-1].fingerprint}): evaluation needs held-out shards (preprocess "
+                "a separate set of documents)"
             )
+    return held
 
 
-def _held_out(recipe: PretrainRecipe, tokenizer, special_ids, vocab_size: int) -> HeldOut | None:
+def _held_out(
+    recipe: PretrainRecipe, corpora: list, tokenizer, special_ids, vocab_size: int
+) -> HeldOut | None:
     """``eval.sequences`` sequences of the held-out shards, packed and masked with a fixed seed (the recipe's
     masking), and the first ``eval.ppl_texts`` documents of at least ``eval.ppl_length`` tokens; None without
     ``eval:``."""
     if recipe.eval is None:
         return None
-    from neoembed.pretrain.data import ShardedCorpus
-
-    corpora = [ShardedCorpus(s.path) for s in recipe.eval.sources]
     _check_shard_vocab(corpora, recipe, tokenizer)
     shares = np.array_split(np.arange(recipe.eval.sequences), len(corpora))
     sequences = [
