@@ -103,7 +103,6 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--batch", type=int, default=256)
     a = ap.parse_args()
-    torch.set_num_threads(torch.get_num_threads())
     rows, lengths = measure(3 if a.quick else 7, a.batch)
     md = markdown(rows, lengths, a.batch)
     write_results("cpu_attention_cpu", {"header": header(), "rows": rows, "lengths": lengths}, md)

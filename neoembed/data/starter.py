@@ -79,9 +79,12 @@ def _read(path: Path) -> tuple[list[str], int]:
         raise ValueError(f"{path} holds no rows")
     if first.lstrip().startswith("["):  # a JSON array of objects, which the card's json loader reads too
         return _read_array(path, first + "".join(line for _, line in lines))
-    names = list(_json_object(path, number, first))
-    # every line parsed (one at a time): a broken one is named here, not first by `data check`
-    return names, 1 + sum(1 for n, line in lines if _json_object(path, n, line) is not None)
+    names, rows = list(_json_object(path, number, first)), 1
+    # every line parsed, one at a time: a broken one is named here, not first by `data check`
+    for number, line in lines:
+        _json_object(path, number, line)
+        rows += 1
+    return names, rows
 
 
 def _json_object(path: Path, number: int, line: str) -> dict:
