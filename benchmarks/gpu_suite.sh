@@ -17,8 +17,9 @@
 # sentences in batches of 32, also replayed from eager CUDA graphs), encode (MTEB sentences: padded, padding-free,
 # CUDA graphs), profile (the profiler's top kernels of the training step and the 512-token forward, eager and
 # compiled; the attention kernels against each other), pretrain-speed; then, only when --only
-# names them, mteb-precision (the local tasks, fp16 against fp32, all-MiniLM-L6-v2) and gpu-tests (pytest -m gpu:
-# CUDA parity, varlen kernels, CUDA-graph and compiled CUDA-graph encoding, bf16 packed pre-training, DeepSpeed).
+# names them, mteb-precision (the local tasks, fp16 against fp32, all-MiniLM-L6-v2), gpu-tests (pytest -m gpu:
+# CUDA parity, varlen kernels, CUDA-graph and compiled CUDA-graph encoding, bf16 packed pre-training, DeepSpeed)
+# and train-defaults (`neoembed train` end to end with compile or bf16 on and off: what the defaults follow).
 #
 # The GPU machine has no network and receives only the working tree: benchmarks/gpu_wheels.sh prepares what it
 # lacks in the git-ignored .gpu/ (wheels; all-MiniLM-L6-v2 packed to int8 rows) and states the one device call:
@@ -77,7 +78,9 @@ add() {  # add NAME LIMIT_SECONDS COMMAND...: one step (COMMAND runs from the re
 # (69 s) and pretrain-speed (37 s) fitted; encode (35 s) and profile's GradCache part (the last, beyond 65 s) did
 # not: the GradCache profile is in gpu_profile_cuda.md at 739e861. Every script records after each part, so a
 # step cut at its box keeps what it measured. The two steps after `optional` run only when --only names them: the
-# precision record (fp16 met, mteb_precision_cuda.md) needs ~90 s and the GPU tests ~70 s.
+# precision record (fp16 met, mteb_precision_cuda.md) needs ~90 s, the GPU tests ~70 s without DeepSpeed (its
+# four ZeRO launches, when its wheel is carried, come on top), train-defaults (item 5: which settings pay end to
+# end on the README's job and on full-size NeoBERT) ~4 minutes.
 add train-step 80 "$PY" benchmarks/train_step_cuda.py --device cuda --warmup 1 --reps 2
 add throughput 65 "$PY" benchmarks/throughput.py --device cuda --compile --cuda-graphs --lengths 512,2048,4096 \
   --reps 2
@@ -86,8 +89,9 @@ add profile 55 "$PY" benchmarks/gpu_profile.py --device cuda --out @out/profiles
 add pretrain-speed 40 "$PY" benchmarks/pretrain_speed.py --device cuda --steps 5 --repeats 1
 optional
 add mteb-precision 100 "$PY" benchmarks/mteb_precision.py --device cuda --out runs/mteb-precision --model @minilm
-add gpu-tests 90 "$PY" -m pytest -v -n 0 -p no:cacheprovider -m gpu tests/test_modeling_gpu.py \
+add gpu-tests 180 "$PY" -m pytest -v -n 0 -p no:cacheprovider -m gpu tests/test_modeling_gpu.py \
   tests/test_compile_gpu.py tests/test_pretrain_gpu.py  # one process: the tests share one GPU
+add train-defaults 240 "$PY" benchmarks/train_defaults.py --device cuda --model @minilm
 
 FAILED_CHECKS=0
 fail_check() { echo "  CHECK FAILED: $*"; FAILED_CHECKS=$((FAILED_CHECKS + 1)); }

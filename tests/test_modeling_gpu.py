@@ -106,3 +106,30 @@ def test_autocast_packs_into_the_varlen_kernel_not_a_loop_per_sequence(monkeypat
     m = mask.bool()
     assert (packed - padded)[m].norm() / padded[m].norm() < 2e-2
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+def test_fp32_packed_layout_on_cuda_runs_in_length_groups(monkeypatch):
+    """No varlen kernel takes fp32: the packed layout runs the grouped backend on CUDA too (one SDPA call per
+    group of similar lengths, rows moved by index_copy); outputs and gradients equal the padded layout's."""
+    import neoembed.modeling.attention_neobert as mn
+
+    torch.manual_seed(0)
+    cfg = NeoBERTConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256)
+    model = NeoBERTModel(cfg).cuda().train()
+    ids, mask = _batch([17, 300, 64, 5, 290, 33], cfg.vocab_size, "cuda")
+    calls = []
+    grouped = mn.ATTENTION_BACKENDS["grouped"]
+    monkeypatch.setitem(mn.ATTENTION_BACKENDS, "grouped", lambda *a: calls.append(1) or grouped(*a))
+    runs = {}
+    for padding_free in (False, True):
+        model.zero_grad()
+        model.config.padding_free = padding_free
+        out = model(input_ids=ids, attention_mask=mask).last_hidden_state
+        (out * mask[..., None]).pow(2).sum().backward()
+        runs[padding_free] = out.detach(), [p.grad.clone() for p in model.parameters()]
+    m = mask.bool()
+    (padded, g_padded), (packed, g_packed) = runs[False], runs[True]
+    assert calls, "the packed layout did not run the grouped backend"
+    assert (packed - padded)[m].norm() / padded[m].norm() < 1e-5
+    for a, b in zip(g_packed, g_padded, strict=True):
+        assert (a - b).norm() <= 1e-4 * b.norm() + 1e-8
