@@ -684,3 +684,30 @@ def test_held_out_paths_resolve_like_the_training_shards(tmp_path, monkeypatch):
     resolved = resolve_recipe_paths(recipe, REPO / "recipes")
     assert Path(resolved.eval.sources[0].path) == REPO / "recipes" / "tiny" / "model"
     assert Path(resolved.data.sources[0].path) == REPO / "recipes" / "tiny" / "shards"
+
+
+@pytest.mark.parametrize(
+    ("given", "refused"), [({}, False), ({"train_micro_batch_size_per_gpu": "auto"}, False),
+                           ({"train_micro_batch_size_per_gpu": 8}, True), ({"gradient_accumulation_steps": 3}, True)]
+)  # fmt: skip
+def test_deepspeed_config_takes_the_recipes_micro_batch_or_is_refused(tmp_path, monkeypatch, given, refused):
+    """Under DeepSpeed, prepare() reads the micro-batch off a DataLoader, and pre-training streams have none (the
+    first GPU run failed there): the recipe's micro-batch and accumulation go into DeepSpeed's config, and a
+    config that names others is refused before anything loads."""
+    from types import SimpleNamespace
+
+    import neoembed.pretrain.trainer as pt
+
+    config = dict(given)
+    fake = SimpleNamespace(
+        distributed_type=SimpleNamespace(value="DEEPSPEED"),
+        state=SimpleNamespace(deepspeed_plugin=SimpleNamespace(deepspeed_config=config)),
+    )
+    monkeypatch.setattr(pt, "accelerator", lambda **_: fake)
+    recipe = _recipe(tmp_path / "out", tmp_path, "batch.micro_batch_size=4", "batch.grad_accumulation=2")
+    if refused:
+        with pytest.raises(ValueError, match="set deepspeed_config"):
+            pt._accelerator(recipe)
+    else:
+        assert pt._accelerator(recipe) is fake
+        assert config == {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2}

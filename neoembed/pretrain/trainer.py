@@ -192,13 +192,19 @@ def _accelerator(recipe: PretrainRecipe):
         gradient_accumulation_steps=recipe.batch.grad_accumulation,
     )
     if acc.distributed_type.value == "DEEPSPEED":
-        ds_accum = acc.state.deepspeed_plugin.deepspeed_config.get("gradient_accumulation_steps")
-        if ds_accum not in (None, "auto", recipe.batch.grad_accumulation):
-            raise ValueError(
-                f"the DeepSpeed config accumulates {ds_accum} micro-batches, the recipe "
-                f"{recipe.batch.grad_accumulation}: set deepspeed_config.gradient_accumulation_steps to "
-                "batch.grad_accumulation"
-            )
+        # DeepSpeed's config must agree with the recipe; its micro-batch is set here because the streams are not
+        # DataLoaders, whose batch size prepare() would read
+        ds_config = acc.state.deepspeed_plugin.deepspeed_config
+        for key, field, value in (
+            ("gradient_accumulation_steps", "batch.grad_accumulation", recipe.batch.grad_accumulation),
+            ("train_micro_batch_size_per_gpu", "batch.micro_batch_size", recipe.batch.micro_batch_size),
+        ):
+            if ds_config.get(key) not in (None, "auto", value):
+                raise ValueError(
+                    f"the DeepSpeed config's {key} is {ds_config[key]}, the recipe's {field} {value}: set "
+                    f"deepspeed_config.{key} to {value} (or leave it out)"
+                )
+            ds_config[key] = value
     return acc
 
 
