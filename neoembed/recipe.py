@@ -404,7 +404,7 @@ class RunSettings(Recipe):
 
     steps: PositiveInt = 2000
     precision: Precision = "fp32"
-    # off by default: not yet measured to pay end to end on a GPU
+    # off by default: on the quickstart's job on a GPU it costs more than it saves (train_defaults_cuda.md)
     compile: CompileSetting = False
     save_steps: PositiveInt = 500
     save_total_limit: NonNegativeInt | None = 3
