@@ -85,7 +85,7 @@ def main() -> None:
     p.add_argument(
         "--model", default=None, help="the quickstart's backbone (default: packaged all-MiniLM-L6-v2)"
     )
-    p.add_argument("--neobert-steps", type=int, default=300)
+    p.add_argument("--neobert-steps", type=int, default=150)
     p.add_argument("--jobs", default="quickstart,neobert")
     args = p.parse_args()
     if args.device != "cuda" and not args.quick:
