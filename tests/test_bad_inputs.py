@@ -530,3 +530,14 @@ def test_distillation_on_a_card_without_scores_is_refused_before_the_model_loads
         assert (
             code == 2 and "card(s) ['pydoc_names', 'pydoc_details', 'pydoc_signatures'] declare none" in msg
         ), msg
+
+
+def test_mteb_refuses_a_batch_budget_below_the_models_max_length(tmp_path, capsys, monkeypatch):
+    """M05: --max-batch-tokens below the model's max length loaded the model and the tasks, then failed every task
+    with "does not fit" (exit 1); it is refused once the model is loaded, before any task runs (exit 2)."""
+    data = Path(__file__).parent / "shared" / "data" / "mteb"
+    code, msg = _cli(capsys, monkeypatch, "mteb", "--model", str(TINY / "model"), "--data-dir", str(data),
+                     "--tasks", "STS16", "--max-length", "64", "--max-batch-tokens", "32",
+                     "--output", str(tmp_path / "r"))  # fmt: skip
+    assert code == 2 and "--max-batch-tokens 32 is below the model's max length 64" in msg, msg
+    assert not (tmp_path / "r" / "failures").exists()

@@ -278,6 +278,16 @@ def _check_given_model(cfg: EvalConfig, model) -> None:
         )
 
 
+def _check_batch_tokens(cfg: EvalConfig, model) -> None:
+    """A batch of ``max_batch_tokens`` must hold the longest text the model takes: refused before any task runs."""
+    longest = getattr(model, "max_seq_length", None)
+    if cfg.max_batch_tokens is not None and longest and cfg.max_batch_tokens < longest:
+        raise ValueError(
+            f"--max-batch-tokens {cfg.max_batch_tokens} is below the model's max length {longest}: its longest texts "
+            f"would fit no batch; raise --max-batch-tokens to at least {longest}, or lower --max-length"
+        )
+
+
 def _task_instruction(task, card_instruction: str | None, label: str, instruction_map: dict) -> str | None:
     """The instruction a task gets: the set's (or its card's), else the set's for its type; None for none."""
     name, ttype = task.metadata.name, task.metadata.type
@@ -364,6 +374,7 @@ def run_mteb(cfg: EvalConfig, model=None) -> EvalReport:
         model = _load_model(cfg)
     else:
         _check_given_model(cfg, model)
+    _check_batch_tokens(cfg, model)
     prompts = getattr(model, "prompts", None)
     try:
         return _run_plan(cfg, model, plan, label, output)
