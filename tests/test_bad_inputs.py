@@ -541,3 +541,19 @@ def test_mteb_refuses_a_batch_budget_below_the_models_max_length(tmp_path, capsy
                      "--output", str(tmp_path / "r"))  # fmt: skip
     assert code == 2 and "--max-batch-tokens 32 is below the model's max length 64" in msg, msg
     assert not (tmp_path / "r" / "failures").exists()
+
+
+def test_a_filter_on_a_value_that_is_not_a_number_names_it(tmp_path, capsys, monkeypatch):
+    """D15: a card filtering "score > 2" over a row whose score is "high" said only "could not convert string to
+    float: 'high'"; the message names the column, the filter and the value."""
+    import json
+
+    rows = [{"query": f"q{i}", "positive": f"p{i}", "score": s} for i, s in enumerate([3, 1, "high", 4])]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    card = tmp_path / "fl.yaml"
+    card.write_text(
+        f"name: fl\nsource:\n  local: {{path: {tmp_path / 'rows.jsonl'}, format: json}}\n"
+        "columns: {query: query, positive: positive}\nfilter: score > 2\nlicense: mit\nsize: 4\n"
+    )
+    code, msg = _cli(capsys, monkeypatch, "data", "check", str(card))
+    assert code != 0 and "'high' in column 'score'" in msg and "'score > 2'" in msg, msg

@@ -246,8 +246,18 @@ def _apply_filter(card: DataCard, ds):
     if col not in ds.column_names:
         raise DataCardError(f"card {card.name}: filter column {col!r} not in {ds.column_names}")
     fn, v = _OPS[op], float(value)
+
+    def number(x):
+        try:
+            return float(x)
+        except (TypeError, ValueError):
+            raise DataCardError(
+                f"card {card.name}: a row has {x!r:.60} in column {col!r}, which the card's filter {card.filter!r} "
+                "compares as a number: fix that row, or change the filter"
+            ) from None
+
     # batched, one column: Python sees a block of that column's values at a time, not every row as a dict
-    keep = lambda values: [x is not None and fn(float(x), v) for x in values]  # noqa: E731
+    keep = lambda values: [x is not None and fn(number(x), v) for x in values]  # noqa: E731
     return ds.filter(keep, batched=True, batch_size=10_000, input_columns=[col])
 
 
