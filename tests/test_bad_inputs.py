@@ -434,7 +434,7 @@ def test_an_output_that_is_a_file_is_named(tmp_path, capsys, monkeypatch):
     assert code == 2 and "is a file, not a folder" in msg, msg
 
 
-def test_init_reads_an_excel_csv_and_names_a_broken_jsonl_line(tmp_path, capsys, monkeypatch):
+def test_init_reads_an_excel_csv_and_names_broken_lines_and_a_missing_model(tmp_path, capsys, monkeypatch):
     """I07: a UTF-8 CSV with a byte-order mark (Excel's) had a column named '\\ufeffquestion'; I04: a JSONL file
     whose third line is cut off was counted as 3 rows and only `data check` named the line."""
     from neoembed.data.starter import write_starter
@@ -450,6 +450,15 @@ def test_init_reads_an_excel_csv_and_names_a_broken_jsonl_line(tmp_path, capsys,
     with pytest.raises(ValueError, match="line 3 is not a JSON object"):
         write_starter(broken, tmp_path / "o2")
     assert not (tmp_path / "o2").exists()
+    # I03: a quote left open swallowed the later rows into one field ("holds 1 row ... add rows")
+    open_quote = tmp_path / "open.csv"
+    open_quote.write_text('query,positive\nq1,p1\nq2,"p2 and then\nq3,p3\nq4,p4\n')
+    with pytest.raises(ValueError, match=r"open.csv, line 3: .*not closed"):
+        write_starter(open_quote, tmp_path / "o3")
+    # I06: a local model path that does not exist was written into the recipe without a word
+    with pytest.raises(FileNotFoundError, match="--model ./no/such/model: no such folder"):
+        write_starter(csv, tmp_path / "o4", model="./no/such/model")
+    assert not (tmp_path / "o3").exists() and not (tmp_path / "o4").exists()
 
 
 def test_load_refuses_prompts_that_are_not_text(tmp_path):

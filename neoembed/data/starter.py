@@ -71,8 +71,7 @@ def _read(path: Path) -> tuple[list[str], int]:
         meta = pq.ParquetFile(path).metadata
         return list(meta.schema.names), meta.num_rows
     if fmt == "csv":
-        reader = csv.DictReader(_lines(path))
-        return list(reader.fieldnames or []), sum(1 for _ in reader)
+        return _read_csv(path)
     lines = ((n, line) for n, line in enumerate(_lines(path), 1) if line.strip())
     number, first = next(lines, (0, ""))
     if not number:
@@ -85,6 +84,22 @@ def _read(path: Path) -> tuple[list[str], int]:
         _json_object(path, number, line)
         rows += 1
     return names, rows
+
+
+def _read_csv(path: Path) -> tuple[list[str], int]:
+    """(column names, rows) of a CSV file; a quote left open is named by the line it opens on (read leniently,
+    it would swallow every later row into one field)."""
+    reader = csv.DictReader(_lines(path), strict=True)
+    rows, end = 0, 1
+    try:
+        for _ in reader:
+            rows, end = rows + 1, reader.line_num
+    except csv.Error as e:
+        raise ValueError(
+            f'{path}, line {end + 1}: {e} (a quoted field opened there is not closed: an unmatched "): close or '
+            "remove the quote"
+        ) from None
+    return list(reader.fieldnames or []), rows
 
 
 def _json_object(path: Path, number: int, line: str) -> dict:
@@ -196,6 +211,10 @@ def write_starter(
     data, out = Path(data), Path(out)
     if not data.is_file():
         raise FileNotFoundError(f"{data}: no such data file")
+    if model.startswith(("/", "./", "../", "~")) and not Path(model).expanduser().is_dir():
+        raise FileNotFoundError(
+            f"--model {model}: no such folder; give a hub id (org/name) or a local model folder"
+        )
     names, rows = _read(data)
     if rows < MIN_ROWS:
         raise ValueError(
