@@ -759,3 +759,27 @@ def test_data_lost_the_lock_is_released_on_any_exit(tmp_path, capsys, monkeypatc
     assert code == 2 and not lock_path(out).exists() and not (tmp_path / "deep").exists()
     with output_lock(out), output_lock(out):  # reentrant: a command and the library function it calls
         pass
+
+
+def test_resume_on_changed_card_data_is_refused_naming_the_card(tmp_path, tiny_official):
+    """T32 of the walk: a run resumed after its card's data changed went on without a word (and its run record
+    held no fingerprint of the data). Each card's fields and data bytes are now a resume setting; a folder whose
+    run predates them resumes as before."""
+    for sub in ("cards", "rows"):
+        shutil.copytree(TINY.parent / "tiny" / sub, tmp_path / sub)
+    out, cards = tmp_path / "run", f"card_dirs=[{tmp_path / 'cards'}]"
+    train(_recipe(out, tiny_official, cards, "steps=2"), recipe_dir=TINY.parent)
+    saved = json.loads((out / "run_record.json").read_text())["resume_settings"]
+    assert len(saved["data.pydoc_names"]) == 16
+    rows = tmp_path / "rows" / "pydoc_names.jsonl"
+    rows.write_text(rows.read_text() + '{"query": "one more", "positive": "row"}\n')
+    before = _snapshot(out)
+    with pytest.raises(OutputDirError, match=r"data\.pydoc_names: \"\w+\" in the folder's run, \"\w+\" now"):
+        train(_recipe(out, tiny_official, cards), recipe_dir=TINY.parent, resume=True)
+    assert _snapshot(out) == before
+    for path in [out / "run_record.json", *out.glob("checkpoint-*/" + CHECKPOINT_MARKER)]:  # an older folder
+        record = json.loads(path.read_text())
+        record["resume_settings"].pop("data.pydoc_names")
+        path.write_text(json.dumps(record))
+    train(_recipe(out, tiny_official, cards), recipe_dir=TINY.parent, resume=True)
+    assert _steps(out) == [1, 2, 3, 4]

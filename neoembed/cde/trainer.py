@@ -46,7 +46,13 @@ from neoembed.cde.gradcache import TextStage, full_backprop_step, stages, two_st
 from neoembed.cde.model import save_cde_adapter
 from neoembed.cde.recipe import CDERecipe
 from neoembed.compile import compile_layers
-from neoembed.data.cards import DataCardError, explain_data_errors, load_recipe_cards, prepare_card
+from neoembed.data.cards import (
+    DataCardError,
+    card_fingerprints,
+    explain_data_errors,
+    load_recipe_cards,
+    prepare_card,
+)
 from neoembed.data.check import require_hub
 from neoembed.loop import RunLoop, StepOutput, accelerator, adamw
 from neoembed.losses import InfoNCELoss, duplicate_mask
@@ -396,13 +402,13 @@ def train_cde(
     seed_everything(recipe.seed)
     output = Path(recipe.output_dir)
     sources, cards = prepare_sources(recipe, recipe_dir)
-    settings = resume_settings(recipe)
+    settings = resume_settings(recipe) | (data := card_fingerprints(cards))
     checkpoint = prepare_output_dir(
         output,
         overwrite=overwrite,
         resume=resume,
         settings=settings,
-        defaults=resume_defaults(recipe),
+        defaults=resume_defaults(recipe) | data,  # a run recorded before data.* resumes as before
         main_process=acc.is_main_process,
     )
     check_weight_files(recipe.model)

@@ -41,6 +41,8 @@ takes the negatives of the other rows away; ``max_negatives: 0`` trains without 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import logging
 import operator
 import random
@@ -164,6 +166,29 @@ def load_recipe_cards(
             "the card's score column (columns.scores), or add one with `neoembed score CARD --teacher MODEL`"
         )
     return loaded
+
+
+def local_data_paths(cards: list[tuple[DataCard, Path]]) -> list[Path]:
+    """The local data (a file or a folder) of each card that has some."""
+    return [(folder / c.source.local.path).resolve() for c, folder in cards if c.source.local is not None]
+
+
+def card_fingerprints(cards: list[tuple[DataCard, Path]]) -> dict[str, str]:
+    """``data.<card>``: a hash of each card's fields and of its local data's bytes. The trainers add these to the
+    settings compared on resume, so a run does not continue on changed data without a word (a hub card's data is
+    pinned by the revision among its fields)."""
+    from neoembed.record import file_sha256
+
+    found = {}
+    for card, folder in cards:
+        h = hashlib.sha256(json.dumps(card.model_dump(mode="json"), sort_keys=True, default=str).encode())
+        if card.source.local is not None:
+            path = (folder / card.source.local.path).resolve()
+            for f in sorted(path.rglob("*")) if path.is_dir() else [path]:
+                if f.is_file():
+                    h.update(f"{f.relative_to(path) if f != path else f.name}:{file_sha256(f)}".encode())
+        found[f"data.{card.name}"] = h.hexdigest()[:16]
+    return found
 
 
 def find_card(name_or_path: str | Path, search_dirs: list[str | Path] = ()) -> Path:

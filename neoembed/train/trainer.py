@@ -38,7 +38,14 @@ from neoembed.adapters import (
     require_peft,
     save_adapter,
 )
-from neoembed.data.cards import DataCardError, explain_data_errors, load_recipe_cards, prepare_card
+from neoembed.data.cards import (
+    DataCardError,
+    card_fingerprints,
+    explain_data_errors,
+    load_recipe_cards,
+    local_data_paths,
+    prepare_card,
+)
 from neoembed.data.check import require_hub
 from neoembed.data.sampler import (
     NoDuplicatesBatchSampler,
@@ -621,7 +628,7 @@ def _write_run_record(
         output,
         "train",
         recipe=recipe,
-        data_files=[f for f in _data_files(cards) if f.is_file()],
+        data_files=[f for f in local_data_paths(cards) if f.is_file()],
         extra={
             "base_model": base_model_name(recipe.model),  # the model card's hub id (None: a local model)
             "cards": {
@@ -681,13 +688,13 @@ def train(
     no_duplicates = {
         n: plan_no_duplicates(recipe.no_duplicates, d, batch_sizes[n], n) for n, d in datasets.items()
     }
-    settings = resume_settings(recipe, per_process_batch=True)
+    settings = resume_settings(recipe, per_process_batch=True) | (data := card_fingerprints(cards))
     checkpoint = prepare_output_dir(
         output,
         overwrite=overwrite,
         resume=resume,
         settings=settings,
-        defaults=resume_defaults(recipe, per_process_batch=True),
+        defaults=resume_defaults(recipe, per_process_batch=True) | data,  # a run from before data.* resumes
         main_process=main,
     )
     check_same_holdout(output, holdout, resuming=checkpoint is not None)
@@ -868,12 +875,6 @@ def _save_final(recipe: UnifiedRecipe, model, cards, output: Path, state, base_m
 
     save_final_model(output, save)
     _model_card(recipe, cards, output, _best_line(recipe, state))
-
-
-def _data_files(cards) -> list[Path]:
-    return [
-        (folder / card.source.local.path).resolve() for card, folder in cards if card.source.local is not None
-    ]
 
 
 def _last_checkpoint(output: Path) -> Path | None:
