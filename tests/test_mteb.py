@@ -942,3 +942,19 @@ def test_mteb_settings_from_config_options_and_set(tmp_path, run_neoembed, monke
         r = run_neoembed([*args, *bad])
         assert r.exit_code == 2 and said in r.output, (bad, r.output)
     assert len(seen) == 1
+
+
+def test_compare_of_runs_over_different_tasks_adds_their_shared_mean(tmp_path, caplog):
+    """C01 of the walk: two runs of one model, over STS13+16 and over STS13-16, sat under one "STS (4)" header with
+    means over different tasks and no word; the table now says so and compares them on the shared tasks."""
+    a, b = _write_results(tmp_path / "a", "released"), _write_results(tmp_path / "b", "released")
+    (b / "D.json").write_text(json.dumps({"task": "D", "type": "STS", "main_score": 0.2, "model": "m",
+                                          "instructions": "released", "precision": "fp32"}))  # fmt: skip
+    with caplog.at_level("WARNING"):
+        table = compare_runs([a, b], tmp_path / "c")
+    assert "scored different tasks" in table and "scored different tasks" in caplog.text
+    assert "| mean of the 2 tasks all runs scored |" in table
+    assert "| m [a] | 40.00 | 80.00 | 60.00 | 2 (partial) | 60.00 |" in table
+    assert "| m [b] | 40.00 | 50.00 | 46.67 | 3 (partial) | 60.00 |" in table
+    assert "shared_mean" in (tmp_path / "c" / "compare.csv").read_text()
+    assert "all runs scored" not in compare_runs([a, _write_results(tmp_path / "e", "released")])

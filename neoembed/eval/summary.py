@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
 from pathlib import Path
 
 from neoembed.eval.task_types import TASK_TYPES
@@ -13,6 +14,7 @@ from neoembed.record import RUN_RECORD, atomic_write_text
 
 __all__ = ["MTEB_ENG_V1_TASKS_PER_TYPE", "compare_runs", "load_run", "summarize", "write_summary"]
 
+logger = logging.getLogger(__name__)
 TYPE_ORDER = tuple(TASK_TYPES)  # Table 4's column order
 #: Task counts of MTEB(eng, v1) per type (56 tasks; CQADupstack counted once).
 MTEB_ENG_V1_TASKS_PER_TYPE = {name: spec.mteb_eng_v1_tasks for name, spec in TASK_TYPES.items()}
@@ -131,13 +133,25 @@ def _markdown(rows: list[dict]) -> str:
     head = "| model | " + " | ".join(
         f"{t} ({max(r['tasks_per_type'].get(t, 0) for r in rows)})" for t in types
     )
-    head += " | mean | tasks |\n|---|" + "---|" * (len(types) + 2) + "\n"
+    shared = rows[0].get("shared_tasks")  # set by a comparison of runs that scored different tasks
+    extra = [] if shared is None else [f"mean of the {shared} tasks all runs scored"]
+    head += " | mean | tasks | " + "".join(f"{e} | " for e in extra)
+    head = head.rstrip() + "\n|---|" + "---|" * (len(types) + 2 + len(extra)) + "\n"
     lines = []
     for r in rows:
         cells = [f"{100 * r['per_type'][t]:.2f}" if t in r["per_type"] else "–" for t in types]
         label = f"{r['n_tasks']} (partial)" if r["partial"] else str(r["n_tasks"])
-        lines.append(f"| {r['model']} | " + " | ".join(cells) + f" | {100 * r['mean']:.2f} | {label} |")
-    return _settings_line(rows) + head + "\n".join(lines) + "\n"
+        cells += [f"{100 * r['mean']:.2f}", label]
+        if extra:
+            cells.append("–" if r["shared_mean"] is None else f"{100 * r['shared_mean']:.2f}")
+        lines.append(f"| {r['model']} | " + " | ".join(cells) + " |")
+    note = (
+        ""
+        if shared is None
+        else "The runs scored different tasks: each row's means cover its own tasks (the column counts are the "
+        "most any run scored); the last column compares them on the same tasks.\n\n"
+    )
+    return _settings_line(rows) + note + head + "\n".join(lines) + "\n"
 
 
 def _csv(rows: list[dict]) -> str:
@@ -146,11 +160,17 @@ def _csv(rows: list[dict]) -> str:
         types += [t for t in r["per_type"] if t not in types]
     buf = io.StringIO()
     w = csv.writer(buf)
-    w.writerow(["model", *types, "mean", "n_tasks", "partial"])
+    shared = ["shared_mean"] if "shared_mean" in rows[0] else []  # see _add_shared_mean
+    w.writerow(["model", *types, "mean", "n_tasks", "partial", *shared])
     for r in rows:
-        w.writerow(
-            [r["model"], *[r["per_type"].get(t, "") for t in types], r["mean"], r["n_tasks"], r["partial"]]
-        )
+        cells = [
+            r["model"],
+            *[r["per_type"].get(t, "") for t in types],
+            r["mean"],
+            r["n_tasks"],
+            r["partial"],
+        ]
+        w.writerow(cells + [r.get(k) for k in shared])
     return buf.getvalue()
 
 
@@ -183,6 +203,7 @@ def compare_runs(run_dirs: list[str | Path], out: str | Path | None = None, over
         model = next(iter(results.values())).get("model") or d.name
         rows.append({**summarize(results, model), "run": str(d), "tasks": results})
     _check_comparable(rows)
+    _add_shared_mean(rows)
     if len({r["model"] for r in rows}) < len(rows):  # the same model in several runs: name the runs
         for r in rows:
             r["model"] = f"{r['model']} [{Path(r['run']).name}]"
@@ -194,6 +215,24 @@ def compare_runs(run_dirs: list[str | Path], out: str | Path | None = None, over
         atomic_write_text(out / "compare.csv", _csv(rows))
         _plot(rows, out / "compare.png")
     return table
+
+
+def _add_shared_mean(rows: list[dict]) -> None:
+    """Runs that scored different tasks: their means cover different tasks, so each row also gets the mean over
+    the tasks every run scored (``shared_mean``, None if there are none), and the table says so."""
+    shared = set.intersection(*(set(r["tasks"]) for r in rows))
+    if all(set(r["tasks"]) == shared for r in rows):
+        return
+    for r in rows:
+        scores = [float(r["tasks"][t]["main_score"]) for t in shared]
+        r["shared_tasks"] = len(shared)
+        r["shared_mean"] = sum(scores) / len(scores) if scores else None
+    logger.warning(
+        "the runs scored different tasks (%s): their means cover different tasks; compare them by the mean over "
+        "the %d tasks all of them scored",
+        ", ".join(f"{Path(r['run']).name}: {len(r['tasks'])}" for r in rows),
+        len(shared),
+    )
 
 
 def _refuse_an_earlier_comparison(out: Path) -> None:
