@@ -958,3 +958,20 @@ def test_compare_of_runs_over_different_tasks_adds_their_shared_mean(tmp_path, c
     assert "| m [b] | 40.00 | 50.00 | 46.67 | 3 (partial) | 60.00 |" in table
     assert "shared_mean" in (tmp_path / "c" / "compare.csv").read_text()
     assert "all runs scored" not in compare_runs([a, _write_results(tmp_path / "e", "released")])
+
+
+def test_reranking_queries_left_out_of_the_score_are_counted(caplog):
+    """M14 of the walk: reranking queries without a positive (or without a negative) were left out of the score
+    without a word, so a file with 10 such rows scored as if they were not there. The conversion leaves them out as
+    mteb's does, and says how many."""
+    from datasets import Dataset
+
+    from neoembed.eval.task_cards import reranking_as_retrieval
+
+    rows = Dataset.from_dict(
+        {"query": ["a", "b", "c"], "positive": [["x"], [], ["z"]], "negative": [["n"], ["m"], ["o"]]}
+    )
+    with caplog.at_level("WARNING"):
+        out = reranking_as_retrieval({"test": rows}, "Mine")
+    assert len(out["test"]["queries"]) == 2
+    assert "Mine, test split: 1 of 3 queries have no positive or no negative" in caplog.text

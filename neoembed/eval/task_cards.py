@@ -26,6 +26,7 @@ task card: as that mteb task, or as a card task of its type (see :func:`dataset_
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import yaml
@@ -44,6 +45,8 @@ __all__ = [
     "dataset_card_task",
     "load_task_card",
 ]
+
+logger = logging.getLogger(__name__)
 
 CARD_FILE = "task.yaml"
 DATASET_CARD_FILE = "card.yaml"
@@ -173,7 +176,7 @@ def _load_renamed(card: TaskCard, data: Path):
     return datasets.DatasetDict(out)
 
 
-def reranking_as_retrieval(dataset) -> dict:
+def reranking_as_retrieval(dataset, task: str = "the task") -> dict:
     """Rows of ``query``, ``positive`` (list) and ``negative`` (list) per split -> mteb's retrieval layout with
     each query's candidates as its ``top_ranked``, under the ids mteb's own conversion gives them (so ties break
     the same way). mteb converts only tasks whose names were appended to its module-level
@@ -184,6 +187,14 @@ def reranking_as_retrieval(dataset) -> dict:
     out = {}
     for split, rows in dataset.items():
         kept = [r for r in rows if len(r["positive"]) > 0 and len(r["negative"]) > 0]
+        if len(kept) < len(rows):  # as mteb's own conversion does, but said: the score covers fewer queries
+            logger.warning(
+                "%s, %s split: %d of %d queries have no positive or no negative and are left out of the score",
+                task,
+                split,
+                len(rows) - len(kept),
+                len(rows),
+            )
         corpus, queries, relevant, top_ranked = [], [], {}, {}
         for i, row in enumerate(kept):
             qid = f"{split}_query{i}"
@@ -220,7 +231,7 @@ def build_card_task(card: TaskCard, data: Path):
                     return
                 rows = _load_renamed(card, data)
                 if spec.loads == "reranking":
-                    self.dataset = {subset: reranking_as_retrieval(rows) for subset in self.hf_subsets}
+                    self.dataset = {s: reranking_as_retrieval(rows, card.name) for s in self.hf_subsets}
                 else:
                     self.dataset = rows
                 self.data_loaded = True
