@@ -85,6 +85,30 @@ def check_launch(world: int) -> None:
         )
 
 
+#: the sharded engines ``accelerate launch`` starts processes for (it sets the variable in each)
+SHARDED_ENGINES = {"DeepSpeed": "ACCELERATE_USE_DEEPSPEED", "FSDP": "ACCELERATE_USE_FSDP"}
+#: per trainer, the sharded engines it was verified on, and why the others are refused
+ENGINE_SUPPORT = {
+    "unified": ((), "sentence-transformers' cached losses compute gradients twice under DeepSpeed (its issue "
+                "#3173), and neither engine has been verified with the unified trainer"),
+    "cde": ((), "the two-stage GradCache wraps each stage in its own DDP module, which a sharded engine replaces"),
+    "glue": ((), "not verified on it"),
+    "pretrain": (("DeepSpeed",), "ZeRO-1 and ZeRO-2 are verified (one GPU, a run and its resume); FSDP is not"),
+}  # fmt: skip
+
+
+def check_engine(trainer: str) -> None:
+    """Refuse, before any model loads, a DeepSpeed or FSDP launch of a trainer not verified on that engine
+    (:data:`ENGINE_SUPPORT`): a sharded engine that silently reduces gradients twice or not at all trains wrong."""
+    verified, why = ENGINE_SUPPORT[trainer]
+    for engine, variable in SHARDED_ENGINES.items():
+        if os.environ.get(variable, "false").lower() == "true" and engine not in verified:
+            raise ValueError(
+                f"{trainer} training under {engine} is not supported: {why}. Launch it with DDP (`accelerate "
+                "launch --multi_gpu` or torchrun; docs/distributed.md)"
+            )
+
+
 def accelerator(cpu: bool = False, **kwargs):
     """accelerate's ``Accelerator(**kwargs)`` with every launched process joined: on the CPU when ``cpu`` or
     :func:`join_on_cpu` says so (``ACCELERATE_USE_CPU=1`` too: accelerate reads it), a launch it did not join

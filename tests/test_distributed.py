@@ -409,3 +409,31 @@ def test_join_on_cpu_only_for_several_processes_without_cuda(monkeypatch):
     with pytest.raises(RuntimeError, match="2 processes were launched .* accelerate sees 1"):
         check_launch(1)
     check_launch(2)
+
+
+@pytest.mark.parametrize(
+    ("command", "engine"),
+    [
+        (["train", "tiny"], "DEEPSPEED"),
+        (["train", "cde-tiny"], "FSDP"),
+        (["pretrain", "pretrain-tiny"], "FSDP"),
+    ],
+    ids=["unified-deepspeed", "cde-fsdp", "pretrain-fsdp"],
+)
+def test_a_sharded_engine_not_verified_for_a_trainer_is_refused_before_the_model_loads(
+    tmp_path, capsys, monkeypatch, command, engine
+):
+    """DeepSpeed and FSDP are refused for every trainer not verified on them (ZeRO-1/2 pre-training is, on one
+    GPU), naming why, before data or a model loads; a DDP launch is unaffected (the other tests)."""
+    from test_runs import _cli
+
+    from neoembed.loop import ENGINE_SUPPORT, check_engine
+
+    monkeypatch.setenv(f"ACCELERATE_USE_{engine}", "true")
+    code, msg = _cli(capsys, monkeypatch, *command, f"output_dir={tmp_path / 'out'}")
+    assert code == 2 and "is not supported" in msg and "DDP" in msg, msg
+    assert not (tmp_path / "out").exists()
+    monkeypatch.delenv(f"ACCELERATE_USE_{engine}")
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    check_engine("pretrain")  # verified: passes
+    assert {"unified", "cde", "glue", "pretrain"} == set(ENGINE_SUPPORT)

@@ -54,7 +54,7 @@ from neoembed.data.cards import (
     prepare_card,
 )
 from neoembed.data.check import require_hub
-from neoembed.loop import RunLoop, StepOutput, accelerator, adamw
+from neoembed.loop import RunLoop, StepOutput, accelerator, adamw, check_engine
 from neoembed.losses import InfoNCELoss, duplicate_mask
 from neoembed.model_card import base_model_name, based_on
 from neoembed.recipe import resolve_recipe_path
@@ -271,6 +271,7 @@ def _accelerator(recipe: CDERecipe):
     The model is never ``prepare``d: the two-stage GradCache backpropagates through the stages in separate passes
     (the second stage's, then the first's), which one DDP wrapper around both cannot follow. Each stage gets its
     own DDP wrapper instead (:func:`_stages`)."""
+    check_engine("cde")
     acc = accelerator(cpu=not torch.cuda.is_available())
     if recipe.batch_size % acc.num_processes:
         raise ValueError(

@@ -22,7 +22,7 @@ from typing import Literal
 from pydantic import Field, PositiveFloat, PositiveInt
 
 from neoembed.glue.tasks import GlueTask, check_columns, compute_metrics, load_splits, task_score
-from neoembed.loop import RunLoop, StepOutput, accelerator, adamw
+from neoembed.loop import RunLoop, StepOutput, accelerator, adamw, check_engine
 from neoembed.recipe import KeepBest, OptimizerConfig, Recipe, StrictModel, Tracker
 from neoembed.record import atomic_write_text, write_run_record
 from neoembed.runs import (
@@ -326,6 +326,7 @@ def run_one(
     write ``out/results.json``; a run with checkpoints in ``out`` continues from the last one."""
     from transformers import AutoTokenizer, DataCollatorWithPadding, set_seed
 
+    check_engine("glue")
     acc = accelerator(mixed_precision=_mixed_precision(recipe))
     set_seed(recipe.seed)
     splits = load_splits(task, **data_options)

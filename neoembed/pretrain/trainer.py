@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from neoembed.compile import compile_layers
-from neoembed.loop import RunLoop, StepOutput, accelerator, adamw
+from neoembed.loop import RunLoop, StepOutput, accelerator, adamw, check_engine
 from neoembed.pretrain.masking import IGNORE_INDEX, mask_tokens, step_generator
 from neoembed.pretrain.packing import DocumentStream, collate_packed, collate_padded
 from neoembed.pretrain.recipe import PretrainRecipe
@@ -187,6 +187,7 @@ def _micro_batch(recipe, corrupted, labels, pad_id, device):
 # ------------------------------------------------------------------------------------------------- setup
 def _accelerator(recipe: PretrainRecipe):
     """An Accelerator for the recipe, refusing launches where the processes would not train together."""
+    check_engine("pretrain")
     acc = accelerator(
         mixed_precision={"fp32": "no", "bf16": "bf16", "fp16": "fp16"}[recipe.precision],
         gradient_accumulation_steps=recipe.batch.grad_accumulation,

@@ -53,7 +53,7 @@ from neoembed.data.sampler import (
     dataset_probabilities,
     plan_no_duplicates,
 )
-from neoembed.loop import check_launch, join_on_cpu
+from neoembed.loop import check_engine, check_launch, join_on_cpu
 from neoembed.losses import build_loss, counting_loss
 from neoembed.model_card import base_model_name, training_prompts
 from neoembed.recipe import RecipeError, resolve_recipe_path
@@ -844,7 +844,8 @@ def _check_max_length(recipe: UnifiedRecipe) -> None:
 
 
 def _check_extras(recipe: UnifiedRecipe, evaluator) -> None:
-    """Trackers, PEFT and the evaluator a recipe needs: checked before data or the model load."""
+    """The engine, trackers, PEFT and the evaluator a recipe needs: checked before data or the model load."""
+    check_engine("unified")
     check_trackers(recipe.report_to)
     _check_first_module(recipe)
     _check_max_length(recipe)
