@@ -359,3 +359,21 @@ def test_a_keep_best_metric_eval_does_not_log_is_refused_at_the_recipe(tmp_path,
         _recipe(tmp_path, tiny_official, trecqa, "keep_best={metric: ndcg_at_1O}")
     for fine in ("ndcg_at_10", "TrecQA_ndcg_at_10"):  # the mean over tasks, one task's
         _recipe(tmp_path, tiny_official, trecqa, f"keep_best={{metric: {fine}}}")
+
+
+def test_an_eval_metric_the_tasks_type_has_no_score_of_is_refused_before_training(
+    tmp_path, tiny_official, trecqa
+):
+    """T29 of the walk: eval.metric ndcg_at_10 over an STS task trained to the first evaluation and died there
+    ("please report it"). A ranking score on a task that ranks nothing, or a correlation on a ranking task, is
+    refused before training; main_score and the task's own scores pass."""
+    sts = Path(__file__).parent / "shared" / "data" / "mteb" / "STS16"
+    with pytest.raises(ValueError, match=r"'ndcg_at_10' is a ranking score, which task STS16 \(STS\)"):
+        MtebEvaluator(_recipe(tmp_path / "a", tiny_official, sts).eval, TINY.parent)
+    for task, metric in ((trecqa, "cosine_spearman"), (trecqa, "spearman")):
+        with pytest.raises(ValueError, match=f"'{metric}' is a correlation"):
+            MtebEvaluator(
+                _recipe(tmp_path / "b", tiny_official, task, f"eval.metric={metric}").eval, TINY.parent
+            )
+    for task, metric in ((sts, "cosine_spearman"), (sts, "main_score"), (trecqa, "map_at_1000")):
+        MtebEvaluator(_recipe(tmp_path / "c", tiny_official, task, f"eval.metric={metric}").eval, TINY.parent)

@@ -11,6 +11,7 @@ JSON of each evaluation is kept in ``OUTPUT/eval/step-N/``.
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 from sentence_transformers.evaluation import SentenceEvaluator
@@ -29,7 +30,7 @@ def task_metric(entry: dict, metric: str) -> float:
     values = [s[metric] for rows in entry["mteb"]["scores"].values() for s in rows if metric in s]
     if not values:
         names = sorted({k for rows in entry["mteb"]["scores"].values() for s in rows for k in s})
-        raise KeyError(
+        raise ValueError(  # bad input (exit 2), found at the first evaluation
             f"eval.metric {metric!r} is not a score of task {entry['task']} ({entry['type']}); "
             f"its scores: {', '.join(n for n in names if n not in ('hf_subset', 'languages'))}"
         )
@@ -45,7 +46,7 @@ class MtebEvaluator(SentenceEvaluator):
         super().__init__()
         self.settings = settings
         own = [_task_path(t, recipe_dir) for t in settings.tasks]
-        _check_tasks(own)
+        _check_tasks(own, settings.metric)
         self.tasks = own + list(extra_tasks)  # + the holdout's (written when training starts)
         self.primary_metric = settings.metric
 
@@ -80,9 +81,18 @@ class MtebEvaluator(SentenceEvaluator):
         return scores
 
 
-def _check_tasks(tasks: list[str]) -> None:
+#: score names whose family is certain: ranking scores exist only for tasks that rank documents, correlations
+#: only for tasks that score pairs; any other name is checked at the first evaluation (mteb names it per evaluator)
+METRIC_FAMILIES = (
+    (re.compile(r"(ndcg|map|recall|precision|mrr)_at_\d+"), "a ranking score", {"Retrieval", "Reranking"}),
+    (re.compile(r"((cosine|manhattan|euclidean|dot)_)?(pearson|spearman)"), "a correlation", {"STS", "Summarization"}),
+)  # fmt: skip
+
+
+def _check_tasks(tasks: list[str], metric: str = "main_score") -> None:
     """Every eval task resolves before training starts: one that does not failed at the first evaluation, the
-    steps before it lost (no checkpoint is written at a step whose evaluation fails)."""
+    steps before it lost (no checkpoint is written at a step whose evaluation fails). A ``metric`` of a family
+    the task's type has no score of (:data:`METRIC_FAMILIES`) is refused too."""
     from neoembed.eval.resolve import Unresolvable, resolve_tasks
 
     try:
@@ -92,6 +102,14 @@ def _check_tasks(tasks: list[str]) -> None:
     for task, _ in resolved:
         if isinstance(task, Unresolvable):
             raise ValueError(f"eval.tasks: {task.metadata.name}: {task.error}")
+        kind = task.metadata.type.removeprefix("Instruction")
+        for pattern, family, types in METRIC_FAMILIES:
+            if pattern.fullmatch(metric) and kind not in types and metric != task.metadata.main_score:
+                raise ValueError(
+                    f"eval.metric {metric!r} is {family}, which task {task.metadata.name} ({task.metadata.type}) "
+                    f"does not have: use main_score (its main score is {task.metadata.main_score}), or a score of "
+                    f"its type, or evaluate on tasks of the type {metric!r} belongs to ({', '.join(sorted(types))})"
+                )
 
 
 def _task_path(task: str, recipe_dir: Path | None) -> str:
