@@ -26,7 +26,7 @@ def test_dry_run_checks_every_step_within_the_budget():
     steps = [line.split("]")[0][1:] for line in text.splitlines() if line.startswith("[")]
     # ordered by value: a run cut short still returns the training step and the throughput
     assert steps == ["train-step", "throughput", "encode", "profile", "pretrain-speed", "mteb-precision",
-                     "gpu-tests"]  # fmt: skip
+                     "gpu-tests", "train-defaults"]  # fmt: skip
     total = int(text.split("time limits adding up to ")[1].split(" s")[0])
     assert total <= 300  # the five minutes
     assert " tests collected for: " in text and "dry run: every step checked" in text
