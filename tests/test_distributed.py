@@ -437,3 +437,20 @@ def test_a_sharded_engine_not_verified_for_a_trainer_is_refused_before_the_model
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
     check_engine("pretrain")  # verified: passes
     assert {"unified", "cde", "glue", "pretrain"} == set(ENGINE_SUPPORT)
+
+
+def test_the_unified_trainers_progress_line_prints_once_not_once_per_process():
+    """Under torchrun each process printed every progress line (the run loop's trainers print on the main process
+    only): the unified trainer's plain lines now come from the first process alone."""
+    import io
+
+    from transformers import TrainerState
+
+    from neoembed.train.trainer import _PlainProgress
+
+    out = io.StringIO()
+    progress = _PlainProgress(out)
+    for first in (True, False):
+        state = TrainerState(global_step=3, max_steps=10, is_world_process_zero=first)
+        progress.on_log(None, state, None, logs={"loss": 1.0})
+    assert out.getvalue().count("\n") == 1 and "step 3/10" in out.getvalue()

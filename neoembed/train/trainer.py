@@ -324,6 +324,8 @@ class _PlainProgress(TrainerCallback):
         self.t0, self.first = time.perf_counter(), state.global_step
 
     def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero:  # one line per step, not one per process
+            return
         step = state.global_step
         values = {
             k: v
