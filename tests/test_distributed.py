@@ -193,7 +193,7 @@ def _probed_run(
 )
 def test_unified_trainer_reduces_gradients_once_per_step_in_ddp_buckets(tmp_path, loss):
     """3 optimizer steps of `neoembed train tiny` on 2 processes: each step one DDP bucket reduction holding every
-    parameter's bytes once, and no other all-reduce of a gradient (the cached loss: 4 GradCache mini-batches a
+    parameter's bytes once, one 4-byte stop flag, and no other all-reduce of a gradient (the cached loss: 4 GradCache mini-batches a
     step, replayed under no_sync but the last). The ranks' reduced gradients agree."""
     records, folder = _probed_run(tmp_path, 2, ["train", "tiny", "steps=3", *loss], grads=True)
     for record in records:
@@ -204,9 +204,12 @@ def test_unified_trainer_reduces_gradients_once_per_step_in_ddp_buckets(tmp_path
             buckets = [e for e in events if e["op"] == "ddp_hook"]
             reduces = [e for e in events if e["op"] == "all_reduce"]
             assert len(buckets) == 1 and buckets[0]["bytes"] == param_bytes, (step, buckets, param_bytes)
-            # the one all-reduce of the step is the bucket's (the loss for logging travels by all_gather)
-            reduced = [(e["kind"], e["bytes"]) for e in reduces]
-            assert reduced == [("ddp_bucket", param_bytes)], (step, reduced)
+            # the bucket's, and the stop flag's (4 bytes: a signal to one process stops them all at one step),
+            # reduced at each step's end, after its update, so in the next step's window; the loss for logging
+            # travels by all_gather
+            reduced = sorted((e["kind"], e["bytes"]) for e in reduces)
+            flag = [("", 4)] if step > 1 else []
+            assert reduced == [*flag, ("ddp_bucket", param_bytes)], (step, reduced)
     g0, g1 = (torch.load(folder / f"grads-rank{r}.pt") for r in (0, 1))
     assert len(g0) == records[0]["params"]["tensors"]
     for a, b in zip(g0, g1, strict=True):
@@ -454,3 +457,41 @@ def test_the_unified_trainers_progress_line_prints_once_not_once_per_process():
         state = TrainerState(global_step=3, max_steps=10, is_world_process_zero=first)
         progress.on_log(None, state, None, logs={"loss": 1.0})
     assert out.getvalue().count("\n") == 1 and "step 3/10" in out.getvalue()
+
+
+def test_sigterm_to_one_process_stops_every_process_at_one_checkpoint(tmp_path):
+    """SIGTERM to one process of a 2-process unified run: before, that process stopped alone and the other waited in
+    its next gradient reduction (or, signalled second, saved its final model early). Both now stop after the same
+    step with one checkpoint and exit 143, and --resume finishes the run."""
+    import contextlib
+    import signal
+    import time
+
+    import psutil
+
+    out = tmp_path / "run"
+    args = ["-m", "neoembed", "train", "tiny", f"output_dir={out}", "steps=200", "save_steps=1000"]
+    launcher = subprocess.Popen([*_launch(2), *args], env=_env(), cwd=REPO, stderr=subprocess.PIPE, text=True)
+    tree, procs = psutil.Process(launcher.pid), []
+    try:
+        deadline = time.monotonic() + 300
+        while (
+            not (out / "metrics.jsonl").is_file() or len((out / "metrics.jsonl").read_text().splitlines()) < 2
+        ):
+            assert launcher.poll() is None and time.monotonic() < deadline, "the run ended or never logged"
+            time.sleep(0.5)
+        procs = tree.children(recursive=True)
+        ranks = {p.environ().get("RANK"): p for p in procs}
+        ranks["1"].send_signal(signal.SIGTERM)
+        _, err = launcher.communicate(timeout=240)  # a process left waiting would hang here, not pass
+    finally:
+        for p in [*procs, tree]:  # nothing left running if the test fails
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+    checkpoints = sorted(out.glob("checkpoint-*"))
+    assert len(checkpoints) == 1 and not (out / "model.safetensors").exists(), (checkpoints, err[-2000:])
+    assert "143" in err or "SIGTERM" in err, err[-2000:]
+    stopped = int(checkpoints[0].name.split("-")[1])
+    r = subprocess.run([*_launch(2), *args[:-2], f"steps={stopped + 2}", "save_steps=1000", "--resume"],
+                       env=_env(), cwd=REPO, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert r.returncode == 0 and (out / "model.safetensors").is_file(), r.stderr[-2000:]

@@ -51,6 +51,22 @@ class StopSignal(_Handlers):
         self.received = signal.Signals(signum).name
         logger.warning("%s received: checkpointing after this step, then stopping", self.received)
 
+    def anywhere(self, device=None) -> bool:
+        """Whether this process or any other of the run received a signal: one 1-element all-reduce when several
+        processes run, so that all stop at the same step (one stopping alone would leave the others waiting in
+        their next collective, and one never told would go on to save its final model early). A process told by
+        another records SIGTERM."""
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            import torch
+
+            flag = torch.tensor([float(self.received is not None)], device=device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            if flag.item() > 0 and self.received is None:
+                self.received = "SIGTERM"
+        return self.received is not None
+
 
 class FinalSaveInterrupted(TrainingInterrupted):
     """SIGINT / SIGTERM while the final model was being written: none of it was kept (exit 130 / 143)."""

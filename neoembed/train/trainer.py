@@ -345,7 +345,7 @@ class _SignalCallback(TrainerCallback):
         self.stop = stop
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self.stop.received is not None:
+        if self.stop.anywhere(args.device):  # every process stops at this step, a signal to one of them too
             control.should_save, control.should_training_stop = True, True
 
 
