@@ -763,14 +763,20 @@ def test_data_lost_the_lock_is_released_on_any_exit(tmp_path, capsys, monkeypatc
 
 def test_resume_on_changed_card_data_is_refused_naming_the_card(tmp_path, tiny_official):
     """T32 of the walk: a run resumed after its card's data changed went on without a word (and its run record
-    held no fingerprint of the data). Each card's fields and data bytes are now a resume setting; a folder whose
-    run predates them resumes as before."""
+    held no fingerprint of the data). Each card's row fields and data bytes are now a resume setting; a folder
+    whose run predates them resumes as before."""
+    from neoembed.data.cards import card_fingerprints, load_card
+
     for sub in ("cards", "rows"):
         shutil.copytree(TINY.parent / "tiny" / sub, tmp_path / sub)
     out, cards = tmp_path / "run", f"card_dirs=[{tmp_path / 'cards'}]"
     train(_recipe(out, tiny_official, cards, "steps=2"), recipe_dir=TINY.parent)
     saved = json.loads((out / "run_record.json").read_text())["resume_settings"]
     assert len(saved["data.pydoc_names"]) == 16
+    card, folder = load_card(tmp_path / "cards" / "pydoc_names.yaml")  # a licence may change: no row does
+    assert card_fingerprints([(card, folder)]) == card_fingerprints(
+        [(card.model_copy(update={"license": "x"}), folder)]
+    )
     rows = tmp_path / "rows" / "pydoc_names.jsonl"
     rows.write_text(rows.read_text() + '{"query": "one more", "positive": "row"}\n')
     before = _snapshot(out)

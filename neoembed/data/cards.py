@@ -173,15 +173,20 @@ def local_data_paths(cards: list[tuple[DataCard, Path]]) -> list[Path]:
     return [(folder / c.source.local.path).resolve() for c, folder in cards if c.source.local is not None]
 
 
+#: the card fields that decide which rows train and how (a licence or a note may change on resume)
+ROW_FIELDS = {"source", "columns", "filter", "labels", "instruction", "size"}
+
+
 def card_fingerprints(cards: list[tuple[DataCard, Path]]) -> dict[str, str]:
-    """``data.<card>``: a hash of each card's fields and of its local data's bytes. The trainers add these to the
-    settings compared on resume, so a run does not continue on changed data without a word (a hub card's data is
-    pinned by the revision among its fields)."""
+    """``data.<card>``: a hash of each card's :data:`ROW_FIELDS` and of its local data's bytes. The trainers add
+    these to the settings compared on resume, so a run does not continue on changed data without a word (a hub
+    card's data is pinned by the revision in its source)."""
     from neoembed.record import file_sha256
 
     found = {}
     for card, folder in cards:
-        h = hashlib.sha256(json.dumps(card.model_dump(mode="json"), sort_keys=True, default=str).encode())
+        fields = card.model_dump(mode="json", include=ROW_FIELDS)
+        h = hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode())
         if card.source.local is not None:
             path = (folder / card.source.local.path).resolve()
             for f in sorted(path.rglob("*")) if path.is_dir() else [path]:
