@@ -95,6 +95,8 @@ def _check_tasks(tasks: list[str], metric: str = "main_score") -> None:
     the task's type has no score of (:data:`METRIC_FAMILIES`) is refused too."""
     from neoembed.eval.resolve import Unresolvable, resolve_tasks
 
+    if not tasks:  # the holdout's alone (an empty list would resolve to the whole default benchmark)
+        return
     try:
         resolved = resolve_tasks(EvalConfig(model="-", output="-", tasks=tasks))
     except KeyError as e:  # mteb: an unknown task name
