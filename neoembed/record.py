@@ -7,6 +7,7 @@ that matter, the hardware, the command line, and a hash of every data file the r
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import hashlib
 import json
 import os
@@ -57,6 +58,14 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 
 
 def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
+    """The file's SHA-256, read once per process while its inode, size and modification time stay the same (a
+    run start hashes its data for the resume check and again for the run record)."""
+    st = os.stat(path)
+    return _sha256(os.path.realpath(path), st.st_ino, st.st_size, st.st_mtime_ns, chunk)
+
+
+@functools.lru_cache(maxsize=256)
+def _sha256(path: str, inode: int, size: int, mtime_ns: int, chunk: int) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(chunk):
