@@ -130,13 +130,11 @@ def _markdown(rows: list[dict]) -> str:
     types = []
     for r in rows:
         types += [t for t in r["per_type"] if t not in types]
-    head = "| model | " + " | ".join(
-        f"{t} ({max(r['tasks_per_type'].get(t, 0) for r in rows)})" for t in types
-    )
     shared = rows[0].get("shared_tasks")  # set by a comparison of runs that scored different tasks
     extra = [] if shared is None else [f"mean of the {shared} tasks all runs scored"]
-    head += " | mean | tasks | " + "".join(f"{e} | " for e in extra)
-    head = head.rstrip() + "\n|---|" + "---|" * (len(types) + 2 + len(extra)) + "\n"
+    columns = [f"{t} ({max(r['tasks_per_type'].get(t, 0) for r in rows)})" for t in types]
+    columns += ["mean", "tasks", *extra]
+    head = "| model | " + " | ".join(columns) + " |\n|---|" + "---|" * len(columns) + "\n"
     lines = []
     for r in rows:
         cells = [f"{100 * r['per_type'][t]:.2f}" if t in r["per_type"] else "–" for t in types]
