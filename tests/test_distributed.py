@@ -44,13 +44,15 @@ def _launch(processes: int) -> list[str]:
 
 def _env(**extra: str) -> dict[str, str]:
     path = os.pathsep.join(p for p in [str(REPO), os.environ.get("PYTHONPATH", "")] if p)
-    return {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": path, **extra}
+    # PYTHONFAULTHANDLER: a process that aborts (SIGABRT in gloo) prints where its Python threads were
+    fixed = {"ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1", "PYTHONPATH": path}
+    return {**os.environ, **fixed, **extra}
 
 
 # The losses of the unified trainer on one process's share of a fixed batch; run as a script under accelerate
 # (2 processes) and imported here (1 process). Each config: loss class, its options.
 LOSS_SCRIPT = textwrap.dedent('''
-    import sys, torch
+    import os, sys, torch
 
     CONFIGS = {
         "plain": ("InfoNCELoss", {}),
@@ -110,7 +112,9 @@ LOSS_SCRIPT = textwrap.dedent('''
         if acc.is_main_process:
             torch.save({"world": acc.num_processes, "result": result}, sys.argv[2])
         acc.wait_for_everyone()
-        acc.end_training()  # destroys the process group: gloo left to interpreter shutdown can abort the process
+        acc.end_training()
+        sys.stdout.flush(), sys.stderr.flush()
+        os._exit(0)  # results saved: skip interpreter teardown, where gloo's threads can abort (torch #190489)
 ''')
 
 
@@ -219,7 +223,7 @@ def test_unified_trainer_reduces_gradients_once_per_step_in_ddp_buckets(tmp_path
 # CDE's step on each process's share, its two stages in DDP; against the same processes' local gradients averaged
 # by hand (what DDP must equal). Run under accelerate with 2 processes.
 CDE_SCRIPT = textwrap.dedent("""
-    import sys, torch
+    import os, sys, torch
     import torch.distributed as dist
     from accelerate import Accelerator
     from torch.nn.parallel import DistributedDataParallel
@@ -310,6 +314,8 @@ def test_cde_trainer_reduces_each_stage_in_ddp_buckets_once_per_step(tmp_path):
             reduces = sorted((e["kind"], e["bytes"]) for e in events if e["op"] == "all_reduce")
             assert [k for k, _ in reduces] == ["", "ddp_bucket", "ddp_bucket"], (step, reduces)
     g0, g1 = (torch.load(folder / f"grads-rank{r}.pt") for r in (0, 1))
+        sys.stdout.flush(), sys.stderr.flush()
+        os._exit(0)  # results saved: skip interpreter teardown, where gloo's threads can abort (torch #190489)
     for a, b in zip(g0, g1, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 

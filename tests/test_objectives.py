@@ -579,7 +579,7 @@ def test_case6_score_teacher_of_the_wrong_kind_refused(
 
 
 DDP_OBJECTIVES = """
-import sys, torch, torch.distributed as dist
+import os, sys, torch, torch.distributed as dist
 from accelerate import Accelerator
 import neoembed
 from neoembed.losses import CachedInfoNCELoss, InfoNCELoss, with_matryoshka
@@ -625,6 +625,8 @@ if rank == 0:
     torch.save(out, sys.argv[2])
 acc.wait_for_everyone()
 acc.end_training()
+sys.stdout.flush(), sys.stderr.flush()
+os._exit(0)  # results saved: skip interpreter teardown, where gloo's threads can abort (torch #190489)
 """
 
 

@@ -264,12 +264,12 @@ _LAUNCH_KW = dict(
     capture_output=True,
     text=True,
     timeout=600,
-    env={**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"},
+    env={**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"},
 )
 
 
 DDP_SCRIPT = textwrap.dedent("""
-    import json, sys, torch, torch.distributed as dist
+    import json, os, sys, torch, torch.distributed as dist
     from accelerate import Accelerator
     import neoembed
     from neoembed.losses import InfoNCELoss
@@ -294,7 +294,9 @@ DDP_SCRIPT = textwrap.dedent("""
     if rank == 0:
         torch.save({"loss": float(v), "grad": grad, "world": world}, sys.argv[2])
     acc.wait_for_everyone()
-    acc.end_training()  # destroys the process group: gloo left to interpreter shutdown can abort the process
+    acc.end_training()
+    sys.stdout.flush(), sys.stderr.flush()
+    os._exit(0)  # results saved: skip interpreter teardown, where gloo's threads can abort (torch #190489)
 """)
 
 
