@@ -6,7 +6,8 @@ process scores its queries against the candidates of both), each gradient averag
 averages it; for every parameter tensor, max|g2 - g1| <= 1e-5 * max|g1| in fp32. The losses of the unified trainer
 (plain, cached) and its objectives run in one launch; pre-training runs its real trainer, with and without gradient
 accumulation, its gradients read at the first optimizer step by benchmarks/_probe (which also counts collectives:
-benchmarks/collectives.py). The unified trainer has no gradient accumulation (its recipe has no such key).
+benchmarks/collectives.py). The unified trainer has no gradient accumulation (its recipe has no such key). The
+losses also run on two "nodes" of one process each (`torchrun --nnodes 2` on localhost) against the same reference.
 
 Each launch imports torch in two processes (tens of seconds on 2 cores); the one-process reference of the losses is
 computed in this process.
@@ -17,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import textwrap
@@ -132,23 +134,22 @@ def _mismatches(one: dict[str, torch.Tensor], two: dict[str, torch.Tensor], labe
     return bad
 
 
-def test_two_processes_give_every_gradient_of_one_process_for_each_loss(tmp_path):
-    """Plain and cached InfoNCE, with Matryoshka, false-negative masking and the improved contrastive loss; and a
-    control that must differ (2 processes without gathering)."""
+def _one_process_losses(tmp_path: Path) -> tuple[Path, dict]:
+    """The loss script written to ``tmp_path`` and its one-process reference, computed here."""
     script = tmp_path / "losses.py"
     script.write_text(LOSS_SCRIPT)
     scope: dict = {"__name__": "losses_reference"}
     exec(compile(LOSS_SCRIPT, str(script), "exec"), scope)
-    one = scope["gradients"](str(TINY_MODEL), 1, 0)
-    r = subprocess.run(
-        [*_launch(2), str(script), str(TINY_MODEL), str(tmp_path / "two.pt")],
-        capture_output=True, text=True, timeout=600, env=_env(),
-    )  # fmt: skip
-    assert r.returncode == 0, r.stderr[-3000:]
-    saved = torch.load(tmp_path / "two.pt")
+    return script, scope["gradients"](str(TINY_MODEL), 1, 0)
+
+
+def _assert_losses_equal(one: dict, saved: dict) -> None:
+    """Two processes' losses and averaged gradients equal one process's, for every config; the control (not
+    gathered) differs."""
     assert saved["world"] == 2  # really two processes
     two = saved["result"]
-    assert sorted(two) == sorted(one) == sorted(scope["CONFIGS"])
+    assert sorted(two) == sorted(one) and "plain_not_gathered" in one
+    one = dict(one)
     control = two.pop("plain_not_gathered")
     assert control["loss"] != pytest.approx(one.pop("plain_not_gathered")["loss"], rel=1e-3)
     assert _mismatches(
@@ -164,6 +165,45 @@ def test_two_processes_give_every_gradient_of_one_process_for_each_loss(tmp_path
         if bad:
             failures[name] = bad
     assert not failures, json.dumps(failures, indent=1)
+
+
+def test_two_processes_give_every_gradient_of_one_process_for_each_loss(tmp_path):
+    """Plain and cached InfoNCE, with Matryoshka, false-negative masking and the improved contrastive loss; and a
+    control that must differ (2 processes without gathering)."""
+    script, one = _one_process_losses(tmp_path)
+    r = subprocess.run(
+        [*_launch(2), str(script), str(TINY_MODEL), str(tmp_path / "two.pt")],
+        capture_output=True, text=True, timeout=600, env=_env(),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    _assert_losses_equal(one, torch.load(tmp_path / "two.pt"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def test_two_nodes_give_every_gradient_of_one_process_for_each_loss(tmp_path):
+    """The same losses on two "nodes" of one process each (`torchrun --nnodes 2`, rendezvous on localhost, as
+    docs/distributed.md launches them): each node's process knows only its global rank, and the gradients still
+    equal one process's with the whole batch."""
+    script, one = _one_process_losses(tmp_path)
+    port, out = _free_port(), tmp_path / "two.pt"
+
+    def node(rank: int) -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+             "--node-rank", str(rank), "--master-addr", "localhost", "--master-port", str(port),
+             str(script), str(TINY_MODEL), str(out)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(), cwd=tmp_path,
+        )  # fmt: skip
+
+    nodes = [node(0), node(1)]  # node 0 hosts the rendezvous store
+    logs = [p.communicate(timeout=600)[0] for p in nodes]
+    assert [p.returncode for p in nodes] == [0, 0], "\n".join(log[-3000:] for log in logs)
+    _assert_losses_equal(one, torch.load(out))
 
 
 def _probed_run(
@@ -275,6 +315,8 @@ CDE_SCRIPT = textwrap.dedent("""
             torch.save(result, out)
         acc.wait_for_everyone()
         acc.end_training()
+        sys.stdout.flush(), sys.stderr.flush()
+        os._exit(0)  # results saved: skip interpreter teardown, where gloo's threads can abort (torch #190489)
 
     if __name__ == "__main__":
         main(sys.argv[1], sys.argv[2])
@@ -314,8 +356,6 @@ def test_cde_trainer_reduces_each_stage_in_ddp_buckets_once_per_step(tmp_path):
             reduces = sorted((e["kind"], e["bytes"]) for e in events if e["op"] == "all_reduce")
             assert [k for k, _ in reduces] == ["", "ddp_bucket", "ddp_bucket"], (step, reduces)
     g0, g1 = (torch.load(folder / f"grads-rank{r}.pt") for r in (0, 1))
-        sys.stdout.flush(), sys.stderr.flush()
-        os._exit(0)  # results saved: skip interpreter teardown, where gloo's threads can abort (torch #190489)
     for a, b in zip(g0, g1, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
