@@ -522,6 +522,18 @@ def test_two_processes_run_the_cde_recipe(tmp_path, tiny_official):
     assert verify_checkpoint(out / "checkpoint-2") is None
     assert neoembed.load(out).n_context == 8
     assert os.environ.get("WORLD_SIZE") is None  # nothing leaked into this process
+    # CDE's batch is global (split over the processes): its checkpoint resumes on another process count
+    one = tmp_path / "one"
+    shutil.copytree(out / "checkpoint-2", one / "checkpoint-2")
+    r = subprocess.run(
+        [sys.executable, "-m", "neoembed", "train", "cde-tiny", f"model={tiny_official}", f"output_dir={one}",
+         "steps=3", "save_steps=2", "--resume"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [json.loads(line) for line in (one / "metrics.jsonl").read_text().splitlines()]
+    assert [(row["step"], row["world_size"]) for row in rows] == [(3, 1)]
+    assert neoembed.load(one).n_context == 8
 
 
 def test_shipped_cde_recipes_validate_and_name_shipped_cards():
