@@ -377,3 +377,38 @@ def test_an_eval_metric_the_tasks_type_has_no_score_of_is_refused_before_trainin
             )
     for task, metric in ((sts, "cosine_spearman"), (sts, "main_score"), (trecqa, "map_at_1000")):
         MtebEvaluator(_recipe(tmp_path / "c", tiny_official, task, f"eval.metric={metric}").eval, TINY.parent)
+
+
+def test_on_two_processes_rank_0_evaluates_once_and_every_rank_keeps_the_same_best(
+    tmp_path, tiny_official, trecqa
+):
+    """2 gloo processes with eval and keep_best: each evaluation is logged once and scores what one process scores
+    on the same checkpoint (rank 0 runs the evaluator, sentence-transformers broadcasts its scores);
+    the best step is the same on every rank: the final model is its checkpoint and rotation spared it."""
+    import subprocess
+
+    from test_distributed import REPO, _env, _launch
+
+    out = tmp_path / "ddp"
+    overrides = [
+        f"model={tiny_official}", f"output_dir={out}", "datasets=[{card: pydoc_names, max_rows: 64}]", "steps=8",
+        "save_steps=2", "save_total_limit=1", f"eval={{steps: 2, tasks: [{trecqa}], metric: ndcg_at_10}}",
+        "keep_best={metric: ndcg_at_10, mode: min}",
+    ]  # fmt: skip
+    r = subprocess.run(
+        [*_launch(2), "-m", "neoembed", "train", str(TINY), *overrides],
+        capture_output=True, text=True, timeout=600, env=_env(), cwd=REPO,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows if "eval_ndcg_at_10" in row] == [2, 4, 6, 8]  # once each
+    assert {row["world_size"] for row in rows if "loss" in row} == {2}
+    scores = _rows(out, "eval_ndcg_at_10")
+    best = min(scores, key=scores.get)
+    kept = sorted(p.name for p in out.glob("checkpoint-*"))
+    assert kept == sorted({f"checkpoint-{best}", "checkpoint-8"})
+    assert _same_weights(out, out / f"checkpoint-{best}")
+    assert f"checkpoint of step {best} of 8" in (out / "README.md").read_text()
+    cfg = EvalConfig(model=str(out / f"checkpoint-{best}"), output=tmp_path / "one", tasks=[str(trecqa)])
+    one = run_mteb(cfg).scores["TrecQA"]["mteb"]["scores"]["test"][0]["ndcg_at_10"]
+    assert scores[best] == pytest.approx(one, abs=1e-6)

@@ -403,11 +403,8 @@ def _trainer_class():
             # ``keep``: save_total_limit, applied here (transformers gets none: its end-of-run clean-up would also
             # delete the newest checkpoint of an interrupted run kept for --resume); ``no_duplicates``: card name ->
             # no text twice in its batches
-            self.neoembed_batch_sizes, self.neoembed_samplers, self.neoembed_keep = (
-                batch_sizes,
-                samplers,
-                keep,
-            )
+            self.neoembed_batch_sizes, self.neoembed_samplers = batch_sizes, samplers
+            self.neoembed_keep = keep
             self.neoembed_no_duplicates = no_duplicates or {}
             self.neoembed_settings, self._neoembed_staging = settings, None
             super().__init__(*args, **kwargs)
@@ -450,8 +447,8 @@ def _trainer_class():
             finally:
                 self._neoembed_staging = None
             self.accelerator.wait_for_everyone()
+            _point_at_best(self.state, staged / f"checkpoint-{step}", output, main)
             if main:
-                _point_at_best(self.state, staged / f"checkpoint-{step}", output)
                 commit_checkpoint(
                     staged / f"checkpoint-{step}", step, None, self.neoembed_settings, output=output
                 )
@@ -468,13 +465,15 @@ def _query_prompt(recipe: UnifiedRecipe, cards) -> str:
     return training_prompts(instructions, recipe.template)["query"]
 
 
-def _point_at_best(state, checkpoint: Path, output: Path) -> None:
-    """transformers records the best checkpoint under the folder it wrote to (the staging folder): the state, and
-    the trainer_state.json about to be sealed (the one a resume reads), name the checkpoint's final place."""
+def _point_at_best(state, checkpoint: Path, output: Path, main: bool) -> None:
+    """transformers records the best checkpoint under the folder it wrote to (the staging folder): every rank's
+    state (each loads the best model at the end) and, on the main process, the trainer_state.json about to be
+    sealed (the one a resume reads) name the checkpoint's final place."""
     if not state.best_global_step:
         return
     state.best_model_checkpoint = str(output / f"checkpoint-{state.best_global_step}")
-    state.save_to_json(str(checkpoint / "trainer_state.json"))
+    if main:
+        state.save_to_json(str(checkpoint / "trainer_state.json"))
 
 
 def _rotate(output: Path, keep: int | None, best_step: int | None) -> None:
