@@ -185,19 +185,16 @@ def test_bad_input_exits_2(tmp_path, run_neoembed):
     assert run.exit_code == 2 and "WNLI is excluded" in run.stderr
 
 
-def test_case5_glue_stopped_by_a_signal_resumes_past_a_torn_checkpoint(
-    tmp_path, msrp_rows, tiny_official, monkeypatch, capsys
-):
-    """A GLUE run stopped by Ctrl-C ends as ``neoembed train`` does (a sealed checkpoint, the stop message, exit
-    130); a torn newer checkpoint beside it (a kill mid-write) is skipped by --resume, which continues from the
-    intact one and ends with the uninterrupted run's results."""
+def _a_run_stopped_at_step_4(tmp_path, msrp_rows, tiny_official, monkeypatch, capsys):
+    """MRPC for 2 epochs (10 steps) run whole into ``full``, then the same run stopped by Ctrl-C after step 4
+    into ``out``, in this process; returns (args, out, full's results)."""
     import os
     import signal
     import sys
 
     import neoembed.glue.run as glue_run
     from neoembed.cli import main
-    from neoembed.runs import CHECKPOINT_MARKER, list_checkpoints, verify_checkpoint
+    from neoembed.runs import list_checkpoints, verify_checkpoint
 
     folder = _hub_layout(tmp_path / "data", "mrpc", {"train": msrp_rows[:40], "validation": msrp_rows[40:]})
     args = ["MRPC", "epochs=2", "--model", str(tiny_official), "--data-dir", str(folder)]
@@ -221,12 +218,27 @@ def test_case5_glue_stopped_by_a_signal_resumes_past_a_torn_checkpoint(
     ckpts = list_checkpoints(out)
     assert f"stopped by SIGINT; checkpoint {ckpts[-1]} written: continue with --resume" in err
     assert all(verify_checkpoint(c) is None for c in ckpts) and not (out / "results.json").exists()
+    monkeypatch.setattr(glue_run, "lr_lambda", real)
+    return args, out, full
+
+
+def test_case5_glue_stopped_by_a_signal_resumes_past_a_torn_checkpoint(
+    tmp_path, msrp_rows, tiny_official, monkeypatch, capsys
+):
+    """A GLUE run stopped by Ctrl-C ends as ``neoembed train`` does (a sealed checkpoint, the stop message, exit
+    130); a torn newer checkpoint beside it (a kill mid-write) is skipped by --resume, which continues from the
+    intact one and ends with the uninterrupted run's results."""
+    import sys
+
+    from neoembed.cli import main
+    from neoembed.runs import CHECKPOINT_MARKER, list_checkpoints
+
+    args, out, full = _a_run_stopped_at_step_4(tmp_path, msrp_rows, tiny_official, monkeypatch, capsys)
     # a kill while a newer checkpoint was written: a folder without its completion marker, a staging folder
     torn = out / "checkpoint-9"
     torn.mkdir()
     (torn / "trainer_state.json").write_text("{")
     (out / ".checkpoint-10.partial").mkdir()
-    monkeypatch.setattr(glue_run, "lr_lambda", real)
     # another run's settings cannot continue this one: refused by name before the model loads
     monkeypatch.setattr(
         sys, "argv", ["neoembed", "glue", *args, "learning_rate=1e-3", "--out", str(out), "--resume"]
@@ -422,3 +434,23 @@ def test_a_run_with_no_complete_checkpoint_starts_again_with_fresh_logs(tmp_path
         r.get("loss") for r in rows
     ]
     assert not (out / "checkpoint-3").exists() and (out / "results.json").is_file()
+
+
+def test_a_glue_run_stopped_on_one_process_resumes_on_two(
+    tmp_path, msrp_rows, tiny_official, monkeypatch, capsys
+):
+    """GLUE's batch_size is the global batch: a run stopped on 1 process continues on 2 (each takes half of every
+    batch) to the uninterrupted run's step count and, within fp32 rounding, its validation scores."""
+    import subprocess
+
+    from test_distributed import REPO, _env, _launch
+
+    args, out, full = _a_run_stopped_at_step_4(tmp_path, msrp_rows, tiny_official, monkeypatch, capsys)
+    r = subprocess.run(
+        [*_launch(2), "-m", "neoembed", "glue", *args, "--out", str(out), "--resume"],
+        capture_output=True, text=True, timeout=600, env=_env(HF_HUB_OFFLINE="1"), cwd=REPO,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads((out / "results.json").read_text())
+    assert result["steps"] == full["steps"] == 10
+    assert result["validation"]["validation"] == pytest.approx(full["validation"]["validation"], abs=1e-4)
