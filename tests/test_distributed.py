@@ -192,17 +192,23 @@ def test_two_nodes_give_every_gradient_of_one_process_for_each_loss(tmp_path):
     script, one = _one_process_losses(tmp_path)
     port, out = _free_port(), tmp_path / "two.pt"
 
-    def node(rank: int) -> subprocess.Popen:
-        return subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-             "--node-rank", str(rank), "--master-addr", "localhost", "--master-port", str(port),
-             str(script), str(TINY_MODEL), str(out)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(), cwd=tmp_path,
-        )  # fmt: skip
+    def node(rank: int) -> subprocess.Popen:  # its output to a file: a full pipe would stall both nodes
+        with (tmp_path / f"node{rank}.log").open("w") as log:
+            return subprocess.Popen(
+                [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+                 "--node-rank", str(rank), "--master-addr", "localhost", "--master-port", str(port),
+                 str(script), str(TINY_MODEL), str(out)],
+                stdout=log, stderr=subprocess.STDOUT, env=_env(), cwd=tmp_path,
+            )  # fmt: skip
 
     nodes = [node(0), node(1)]  # node 0 hosts the rendezvous store
-    logs = [p.communicate(timeout=600)[0] for p in nodes]
-    assert [p.returncode for p in nodes] == [0, 0], "\n".join(log[-3000:] for log in logs)
+    try:
+        codes = [p.wait(timeout=600) for p in nodes]
+    finally:
+        for p in nodes:
+            p.kill()
+    logs = [(tmp_path / f"node{rank}.log").read_text()[-3000:] for rank in (0, 1)]
+    assert codes == [0, 0], "\n".join(logs)
     _assert_losses_equal(one, torch.load(out))
 
 
