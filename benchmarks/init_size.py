@@ -124,14 +124,17 @@ def markdown(results: dict, complete: bool = True) -> str:
             v = list(by_seed.values())
             mean, sd = statistics.mean(v), statistics.stdev(v) if len(v) > 1 else 0.0
             gains.setdefault(int(k), []).append(mean - r["base"])
+            seeds = f" ({len(v)} seed{'s' * (len(v) > 1)})" if not complete else ""
             lines.append(
-                f"| {name} | {r['rows_trained']} | {r['batch_size']} | {k} | {int(k) * r['init_steps']} | "
+                f"| {name} | {r['rows_trained']} | {r['batch_size']} | {k}{seeds} | {int(k) * r['init_steps']} | "
                 f"{100 * mean:.2f} ± {100 * sd:.2f} | {100 * (mean - r['base']):+.2f} |"
             )
-    if gains:
-        best = max(gains, key=lambda k: statistics.mean(gains[k]))
-        lines += ["", "Mean gain over the pair sets, by passes: " + ", ".join(
-            f"{k}: {100 * statistics.mean(g):+.2f}" for k, g in sorted(gains.items())
+    # a mean over the pair sets only where every set has the cell (a stopped run lacks some)
+    shared = {k: g for k, g in gains.items() if len(g) == len(results)}
+    if shared:
+        best = max(shared, key=lambda k: statistics.mean(shared[k]))
+        lines += ["", "Mean gain over the pair sets, by passes measured on every set: " + ", ".join(
+            f"{k}: {100 * statistics.mean(g):+.2f}" for k, g in sorted(shared.items())
         ) + f". Best: {best}."]  # fmt: skip
     if not complete:
         lines += [
