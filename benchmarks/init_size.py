@@ -23,6 +23,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -71,9 +72,9 @@ def score(folder: Path) -> float:
     return float(load_run(folder)[TASK]["main_score"])
 
 
-def run_set(name: str, passes: list[int], seeds: list[int], save) -> dict:
-    """One pair set; ``save(result)`` is called after every trained model, so a run stopped early keeps the
-    cells it measured."""
+def run_set(name: str, passes: list[int], seeds: list[int], save: Callable[[dict], None]) -> dict:
+    """One pair set; ``save(result so far)`` after every trained model, so a run stopped early keeps the cells
+    it measured."""
     work = Path(tempfile.mkdtemp(prefix=f"init-size-{name}-"))
     try:
         n_held = write_inputs(name, work)
@@ -161,9 +162,12 @@ def main() -> None:
         return md
 
     for name in args.data:
-        results[name] = run_set(
-            name, args.passes, args.seeds, lambda r, name=name: (results.update({name: r}), save(False))
-        )
+
+        def partial(result: dict, name: str = name) -> None:
+            results[name] = result
+            save(False)
+
+        results[name] = run_set(name, args.passes, args.seeds, partial)
     print(save(True))
 
 
