@@ -451,6 +451,7 @@ def test_a_glue_run_stopped_on_one_process_resumes_on_two(
         capture_output=True, text=True, timeout=600, env=_env(HF_HUB_OFFLINE="1"), cwd=REPO,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads((out / "run_record.json").read_text())["world_size"] == 2  # the resume ran on two
     result = json.loads((out / "results.json").read_text())
     assert result["steps"] == full["steps"] == 10
     assert result["validation"]["validation"] == pytest.approx(full["validation"]["validation"], abs=1e-4)
