@@ -171,6 +171,39 @@ def test_length_groups_partition_the_rows_into_sorted_runs():
     assert length_groups(lengths, overhead=10**9) == [sorted(range(8), key=lambda i: lengths[i])]
 
 
+def _length_groups_over_every_row(lengths: list[int], overhead: int) -> list[list[int]]:
+    """The slow twin of ``length_groups``: the same programme over every sorted row, quadratic in the rows."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    sorted_len = [lengths[i] for i in order]
+    best, cut = [0] + [float("inf")] * len(order), [0] * (len(order) + 1)
+    for end in range(1, len(order) + 1):
+        for start in range(end):
+            cost = best[start] + (end - start) * sorted_len[end - 1] + overhead
+            if cost < best[end]:
+                best[end], cut[end] = cost, start
+    groups, end = [], len(order)
+    while end > 0:
+        groups.append(order[cut[end] : end])
+        end = cut[end]
+    return groups[::-1]
+
+
+def test_length_groups_over_distinct_lengths_equal_the_programme_over_every_row():
+    """The fast path (cuts only between distinct lengths) returns the very groups of the row-by-row programme:
+    random batches of many repeated lengths, short and long, small and large overheads."""
+    import random
+
+    from neoembed.losses import length_groups
+
+    rng = random.Random(0)
+    for trial in range(40):
+        n = rng.choice([1, 2, 7, 64, 300])
+        top = rng.choice([4, 32, 512])
+        lengths = [rng.randint(1, top) for _ in range(n)]
+        overhead = rng.choice([1, 16, 512, 10**6])
+        assert length_groups(lengths, overhead) == _length_groups_over_every_row(lengths, overhead), trial
+
+
 def test_length_grouped_encoding_equals_the_padded_batch(minilm_path, shared_dir):
     """A padded encoder (BERT): rows of very different lengths, encoded in length groups, give the loss and every
     gradient of the one padded batch, with fewer tokens through the model."""

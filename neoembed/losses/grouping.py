@@ -11,19 +11,28 @@ GROUP_OVERHEAD_TOKENS = 512
 
 
 def length_groups(lengths: list[int], overhead: int = GROUP_OVERHEAD_TOKENS) -> list[list[int]]:
-    """Row indices split into groups of similar length that minimise padded tokens plus ``overhead`` per group
-    (an exact dynamic programme over the sorted lengths)."""
+    """Row indices split into groups of similar length that minimise padded tokens plus ``overhead`` per group:
+    an exact dynamic programme over the distinct sorted lengths. With ``overhead`` > 0 an optimal split never
+    separates rows of one length (moving them into the shorter group saves tokens, or a group), so the programme
+    is quadratic in the distinct lengths (at most max_length), not in the rows (2 x batch x columns)."""
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    sorted_len = [lengths[i] for i in order]
-    best, cut = [0] + [float("inf")] * len(order), [0] * (len(order) + 1)
-    for end in range(1, len(order) + 1):
+    values: list[int] = []  # the distinct lengths, ascending
+    upto = [0]  # upto[j]: the rows of the j shortest distinct lengths
+    for i in order:
+        if values and lengths[i] == values[-1]:
+            upto[-1] += 1
+        else:
+            values.append(lengths[i])
+            upto.append(upto[-1] + 1)
+    best, cut = [0] + [float("inf")] * len(values), [0] * (len(values) + 1)
+    for end in range(1, len(values) + 1):
         for start in range(end):
-            cost = best[start] + (end - start) * sorted_len[end - 1] + overhead
+            cost = best[start] + (upto[end] - upto[start]) * values[end - 1] + overhead
             if cost < best[end]:
                 best[end], cut[end] = cost, start
-    groups, end = [], len(order)
+    groups, end = [], len(values)
     while end > 0:
-        groups.append(order[cut[end] : end])
+        groups.append(order[upto[cut[end]] : upto[end]])
         end = cut[end]
     return groups[::-1]
 
