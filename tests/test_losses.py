@@ -250,6 +250,31 @@ def test_length_grouped_encoding_equals_the_padded_batch(minilm_path, shared_dir
         assert float((g_grouped[n] - g_plain[n]).abs().max()) <= 1e-5 * scale, n
 
 
+def test_a_padding_free_encoder_is_not_split_into_length_groups(tiny):
+    """NeoBERT drops padding itself (padding-free by default), so a recipe's ``group_by_length`` builds a loss
+    that encodes each column at once; the same encoder run padded is grouped. The plain forward leaves the
+    caller's feature dicts as they were (the model adds its outputs to the dicts it is given)."""
+    from neoembed.losses import build_loss
+    from neoembed.recipe import load_recipe
+    from neoembed.train.recipe import UnifiedRecipe
+
+    recipe = load_recipe("tiny", UnifiedRecipe, [])
+    config = tiny[0].auto_model.config
+    assert recipe.group_by_length and config.drops_padding
+    assert build_loss("infonce", tiny, recipe).group_by_length is False
+    config.padding_free = False
+    try:
+        assert build_loss("infonce", tiny, recipe).group_by_length is True
+    finally:
+        config.padding_free = True
+    features = _features(tiny, ("query", "positive", "negative"))
+    keys = [set(f) for f in features]
+    with torch.no_grad():
+        first = float(build_loss("infonce", tiny, recipe)(features, torch.zeros(5)))
+        again = float(build_loss("infonce", tiny, recipe)(features, torch.zeros(5)))
+    assert [set(f) for f in features] == keys and first == again
+
+
 def test_losses_set_attributes_through_the_module():
     """No ``object.__setattr__`` in the losses: their options are plain attributes, which torch's and
     sentence-transformers' attribute handling (the cached loss delegates only its wrapped loss's

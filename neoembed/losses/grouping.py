@@ -37,6 +37,15 @@ def length_groups(lengths: list[int], overhead: int = GROUP_OVERHEAD_TOKENS) -> 
     return groups[::-1]
 
 
+def drops_padding(model) -> bool:
+    """Whether ``model``'s encoder drops padding itself (NeoBERT's ``config.drops_padding``, padding-free by
+    default): length groups would then save no token and cost forward calls. ``model`` is the unwrapped
+    sentence-transformers model (a trainer may later hand the loss a DDP wrapper, which has no modules to index)."""
+    first = model[0] if len(model) else None
+    config = getattr(getattr(first, "auto_model", None), "config", None)
+    return bool(getattr(config, "drops_padding", False))
+
+
 def _groupable(features_list: list[dict]) -> bool:
     """Right-padded token tensors and per-row tensors, plus other values (e.g. sentence-transformers'
     ``modality``) equal in every column; anything else is left to the plain forward."""

@@ -13,7 +13,7 @@ from torch import Tensor
 
 from neoembed.losses.contrastive import improved_info_nce, info_nce
 from neoembed.losses.distillation import DistillationConfig
-from neoembed.losses.grouping import embed_by_length
+from neoembed.losses.grouping import drops_padding, embed_by_length
 from neoembed.losses.masks import FalseNegativeConfig, duplicate_masker, false_negative_masker, text_keys
 from neoembed.losses.matrices import _cat, _rows, _segments
 from neoembed.scoring import MaskFn, Matrix
@@ -217,7 +217,8 @@ class InfoNCELoss(_InfoNCEMixin, MultipleNegativesRankingLoss):
 
     def forward(self, sentence_features: Iterable[dict[str, Tensor]], labels: Tensor) -> Tensor:
         if not self.group_by_length:
-            return super().forward(sentence_features, labels)
+            # a copy: the model's forward adds its outputs to the dicts it is given, which callers may reuse
+            return super().forward([dict(f) for f in sentence_features], labels)
         sentence_features = list(sentence_features)
         embeddings = embed_by_length(self.model, sentence_features)
         return self.compute_loss_from_embeddings(
@@ -229,7 +230,9 @@ class InfoNCELoss(_InfoNCEMixin, MultipleNegativesRankingLoss):
 
     @classmethod
     def from_recipe(cls, model, recipe) -> InfoNCELoss:
-        return cls(model, **_recipe_settings(recipe), group_by_length=recipe.group_by_length)
+        # a padding-free encoder pads nothing: groups would save no token and cost forward calls
+        grouped = recipe.group_by_length and not drops_padding(model)
+        return cls(model, **_recipe_settings(recipe), group_by_length=grouped)
 
     def compute_loss_from_embeddings(self, embeddings: list[Tensor], labels: Tensor) -> Tensor:
         if len(embeddings) < 2:

@@ -49,7 +49,8 @@ class UnifiedRecipe(RunSettings):
     reduction: Literal["mean", "sum"] = "mean"
     # {name: infonce} or {name: cached_infonce, mini_batch_size: 32} (GradCache: same loss, memory of a mini-batch)
     loss: LossConfig = LossConfig()
-    # infonce: encode each batch in groups of rows of similar length (same rows, fewer padding tokens)
+    # infonce: encode each batch in groups of rows of similar length (same rows, fewer padding tokens; a
+    # padding-free encoder, NeoBERT by default, has no padding to save and encodes each column at once)
     group_by_length: bool = True
     gather_across_devices: bool = False
     # drop from each query's denominator the candidates scoring above its positive minus a margin (neoembed.losses.masks)
