@@ -282,10 +282,11 @@ def test_duplicate_mask_by_question_across_gathered_ranks():
 def test_cde_masks_the_answer_of_the_same_question_on_another_row(trecqa):
     from types import SimpleNamespace
 
-    from neoembed.cde.trainer import Source, _step_mask
+    from neoembed.cde.loss import step_mask
+    from neoembed.cde.trainer import Source
 
     batch = _asked_twice(trecqa, size=4)
     src = Source("trecqa", batch["query"], batch["positive"], [[t] for t in batch["negative"]])
     recipe = SimpleNamespace(filtering=SimpleNamespace(enabled=False), mask_duplicates=True)
-    mask = _step_mask(recipe, src, [0, 1, 2, 3], batch["positive"] + batch["negative"])
+    mask = step_mask(recipe, src, [0, 1, 2, 3], batch["positive"] + batch["negative"])
     assert mask.equal(_hand_mask_by_question(batch)) and mask[0, 1] and mask[1, 0]

@@ -24,9 +24,10 @@ from neoembed.cde.batching import (
     teacher_embeddings,
 )
 from neoembed.cde.gradcache import full_backprop_step, two_stage_gradcache_step
+from neoembed.cde.loss import cde_loss
 from neoembed.cde.model import ContextMissingError, ContextualSentenceTransformer
 from neoembed.cde.recipe import CDERecipe
-from neoembed.cde.trainer import cde_loss, train_cde
+from neoembed.cde.trainer import train_cde
 from neoembed.recipe import load_recipe
 
 REPO = Path(__file__).resolve().parents[1]

@@ -276,7 +276,7 @@ CDE_SCRIPT = textwrap.dedent("""
 
     from neoembed.cde.gradcache import TextStage, full_backprop_step, stages, two_stage_gradcache_step
     from neoembed.cde.model import ContextualSentenceTransformer
-    from neoembed.cde.trainer import cde_loss
+    from neoembed.cde.loss import cde_loss
 
     DOCS = ["cats sleep most of the day", "paris is the capital of france", "bread rises because of yeast",
             "the sun is a star", "water boils at one hundred degrees", "a violin has four strings",
@@ -347,11 +347,28 @@ def test_cde_stages_in_ddp_give_the_averaged_local_gradients(tmp_path):
         assert not bad, (name, bad)
 
 
-def test_cde_trainer_reduces_each_stage_in_ddp_buckets_once_per_step(tmp_path):
+CDE = ["train", "cde-tiny", "optimizer.grad_clip=1.0e+9"]
+
+
+@pytest.fixture(scope="module")
+def cde_runs(tmp_path_factory) -> dict[str, tuple[list[dict], Path]]:
+    """`neoembed train cde-tiny` (clipping off) probed: 1 process for 1 step; 2 processes for 3 steps, with and
+    without gathering the documents."""
+    tmp = tmp_path_factory.mktemp("cde")
+    return {
+        "one": _probed_run(tmp, 1, [*CDE, "steps=1"], grads=True),
+        "two": _probed_run(tmp, 2, [*CDE, "steps=3"], grads=True),
+        "two_gathered": _probed_run(tmp, 2, [*CDE, "steps=3", "gather_across_devices=true"], grads=True),
+    }
+
+
+@pytest.mark.parametrize("run", ["two", "two_gathered"])
+def test_cde_trainer_reduces_each_stage_in_ddp_buckets_once_per_step(cde_runs, run):
     """3 optimizer steps of `neoembed train cde-tiny` on 2 processes: per step one DDP bucket per stage (the
     tiny stages fit DDP's first bucket), together every parameter's bytes once, one all-reduce of the loss and
-    stop flag, and no all-reduce of a single gradient; the ranks' reduced gradients agree."""
-    records, folder = _probed_run(tmp_path, 2, ["train", "cde-tiny", "steps=3"], grads=True)
+    stop flag, and no all-reduce of a single gradient; the ranks' reduced gradients agree. Gathering adds the
+    documents' all-gathers and no reduction."""
+    records, folder = cde_runs[run]
     for record in records:
         assert record["steps"] == 3
         param_bytes = record["params"]["bytes"]
@@ -361,9 +378,25 @@ def test_cde_trainer_reduces_each_stage_in_ddp_buckets_once_per_step(tmp_path):
             assert len(buckets) == 2 and sum(e["bytes"] for e in buckets) == param_bytes, (step, buckets)
             reduces = sorted((e["kind"], e["bytes"]) for e in events if e["op"] == "all_reduce")
             assert [k for k, _ in reduces] == ["", "ddp_bucket", "ddp_bucket"], (step, reduces)
+            gathers = [e for e in events if e["op"] == "all_gather"]
+            assert bool(gathers) == (run == "two_gathered"), (step, gathers)
     g0, g1 = (torch.load(folder / f"grads-rank{r}.pt") for r in (0, 1))
     for a, b in zip(g0, g1, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_cde_gradients_equal_on_one_and_two_processes_when_gathered(cde_runs):
+    """CDE's real trainer (two-stage GradCache, the teacher's false negatives and duplicates masked) at a global
+    batch of 8: every gradient at the first optimizer step equal on 1 process and on 2 that gather each other's
+    documents; 2 processes that do not gather score fewer documents, and their gradients differ (the control)."""
+    (records, one), (_, control), (_, gathered) = (cde_runs[k] for k in ("one", "two", "two_gathered"))
+    g1, g_control, g2 = (
+        {str(i): g for i, g in enumerate(torch.load(f / "grads-rank0.pt"))} for f in (one, control, gathered)
+    )
+    assert len(g1) == records[0]["params"]["tensors"]
+    assert _mismatches(g1, g_control, "cde, not gathered")  # the check can fail
+    bad = _mismatches(g1, g2, "cde, gathered")
+    assert not bad, bad
 
 
 PRETRAIN = ["pretrain", "pretrain-tiny", "steps=1", "schedule.warmup_steps=0", "optimizer.grad_clip=1.0e+9"]

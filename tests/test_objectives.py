@@ -305,8 +305,8 @@ def test_cde_two_stage_gradcache_with_matryoshka_equals_full_backprop(tiny_offic
     """CDE's two-stage loss at nested dimensions: the chunked GradCache step gives full backpropagation's loss and
     gradients (the Matryoshka sum is computed once, on the cached embeddings)."""
     from neoembed.cde.gradcache import full_backprop_step, two_stage_gradcache_step
+    from neoembed.cde.loss import cde_loss
     from neoembed.cde.model import ContextualSentenceTransformer
-    from neoembed.cde.trainer import cde_loss
 
     torch.manual_seed(0)
     model = ContextualSentenceTransformer.from_backbone(str(tiny_official), n_context=4, n_soft_prompt=2)

@@ -138,11 +138,15 @@ def _patch_optimizers() -> None:
 
 
 def _save_grads(optimizer) -> None:
-    """Every parameter's gradient by its position in the optimizer (names are not known here), on rank 0's file."""
+    """Every trainable parameter's gradient by its position in the optimizer (names are not known here), zeros
+    where there is none (a parameter the step did not reach: one process leaves it None, DDP fills in zeros)."""
     import torch
 
     grads = [
-        p.grad.detach().clone() for g in optimizer.param_groups for p in g["params"] if p.grad is not None
+        p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
+        for g in optimizer.param_groups
+        for p in g["params"]
+        if p.requires_grad
     ]
     torch.save(grads, Path(_state["folder"]) / f"grads-rank{_rank()}.pt")
 

@@ -57,6 +57,9 @@ class CDERecipe(RunSettings):
     batch_size: PositiveInt = 512  # global: every process takes batch_size / processes of each batch
     temperature: Temperature = 0.02  # 1 / 50: the reference implementation's fixed logit scale
     mask_duplicates: bool = True
+    # several processes: each scores its queries against the documents of every process (with gradients),
+    # so the loss and gradients equal one process's at the global batch; off: against its own share only
+    gather_across_devices: bool = False
     chunk_size: PositiveInt | None = None  # two-stage GradCache chunk; None = plain backpropagation
     matryoshka: MatryoshkaConfig | None = None  # {dims: [...], weights: [...]}: the loss at nested dimensions
     context: ContextConfig = ContextConfig()

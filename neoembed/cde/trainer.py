@@ -38,11 +38,11 @@ from neoembed.cde.batching import (
     cached_clustering,
     cluster_pairs,
     clustering_key,
-    false_negative_mask,
     reduce_dimensions,
     teacher_embeddings,
 )
 from neoembed.cde.gradcache import TextStage, full_backprop_step, stages, two_stage_gradcache_step
+from neoembed.cde.loss import cde_loss, gathered_documents, step_mask
 from neoembed.cde.model import save_cde_adapter
 from neoembed.cde.recipe import CDERecipe
 from neoembed.compile import compile_layers
@@ -55,7 +55,6 @@ from neoembed.data.cards import (
 )
 from neoembed.data.check import require_hub
 from neoembed.loop import RunLoop, StepOutput, accelerator, adamw, check_engine
-from neoembed.losses import InfoNCELoss, duplicate_mask
 from neoembed.model_card import base_model_name, based_on
 from neoembed.recipe import resolve_recipe_path
 from neoembed.runs import (
@@ -73,17 +72,6 @@ from neoembed.sentence import record_matryoshka_dims, resolve_packaged
 __all__ = ["TrainingStopped", "cde_loss", "prepare_sources", "train_cde"]
 
 logger = logging.getLogger(__name__)
-
-
-def cde_loss(
-    queries: torch.Tensor,
-    documents: torch.Tensor,
-    temperature: float,
-    mask: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """InfoNCE of B queries against D documents whose first B are the positives (column i for query i)."""
-    # the unified recipe's InfoNCE, on embeddings the two-stage step has already computed
-    return InfoNCELoss.embedding_loss(queries, documents, temperature, mask=mask, reduction="mean")
 
 
 class Source:
@@ -488,6 +476,7 @@ def _cde_step(recipe: CDERecipe, acc, module, sources: list[Source], batches: Co
     per_epoch = batches.steps_per_epoch()
     doc_prompt = recipe.prompts.get("document", "") or ""
     N, tau = recipe.context.n_context, recipe.temperature
+    gather = recipe.gather_across_devices and world > 1
     epoch_cache: dict[int, list[list[int]]] = {}
     last = {"source": "", "epoch": 0}
 
@@ -500,16 +489,21 @@ def _cde_step(recipe: CDERecipe, acc, module, sources: list[Source], batches: Co
         s, _ = _locate(global_batch[0], offsets)
         src = sources[s]
         last.update(source=src.name, epoch=epoch)
+        rows = [i - offsets[s] for i in global_batch]
         local = [i - offsets[s] for i in ContextualBatches.rank_slice(global_batch, rank, world)]
-        all_docs = [src.positives[i - offsets[s]] for i in global_batch]
-        all_docs += [t for i in global_batch for t in (src.negatives[i - offsets[s]] if src.k else [])]
+        all_docs = [src.positives[i] for i in rows]
+        all_docs += [t for i in rows for t in (src.negatives[i] if src.k else [])]
         g = np.random.default_rng([recipe.seed, step, 7])
         pick = g.choice(len(all_docs), size=N, replace=len(all_docs) < N)
         context_texts = [doc_prompt + all_docs[j] for j in pick]
         q_texts = [src.queries[i] for i in local]
         d_texts = [doc_prompt + src.positives[i] for i in local]
         d_texts += [doc_prompt + t for i in local for t in (src.negatives[i] if src.k else [])]
-        mask = _step_mask(recipe, src, local, d_texts)
+        offset = rank * len(local) if gather else 0
+        if gather:  # this process's rows of the global batch's mask: its queries against every document
+            mask = step_mask(recipe, src, rows, [doc_prompt + t for t in all_docs], (offset, len(local)))
+        else:
+            mask = step_mask(recipe, src, local, d_texts)
         mask_dev = mask.to(device) if mask is not None else None
         dropped = None
         if recipe.context.dropout > 0:
@@ -519,9 +513,10 @@ def _cde_step(recipe: CDERecipe, acc, module, sources: list[Source], batches: Co
         db = _tokenize(tokenizer, d_texts, recipe.max_length, device)
 
         def loss_fn(q, d, mask=mask_dev):
+            d = gathered_documents(d, len(local)) if gather else d
             if recipe.matryoshka is not None:  # nested dimensions, on the embeddings the step computed
-                return recipe.matryoshka.loss(cde_loss, q, d, tau, mask)
-            return cde_loss(q, d, tau, mask)
+                return recipe.matryoshka.loss(cde_loss, q, d, tau, mask, offset)
+            return cde_loss(q, d, tau, mask, offset)
 
         with autocast:
             if recipe.chunk_size:
@@ -571,22 +566,3 @@ def _mean_loss_and_stop(loss: float, stop_requested: bool, world: int, device) -
     stats = stats_dev.cpu()
     stats[0] /= world
     return stats
-
-
-def _step_mask(recipe: CDERecipe, src: Source, local: list[int], d_texts: list[str]) -> torch.Tensor | None:
-    """The documents masked out of each query's denominator: the teacher's false negatives, duplicates."""
-    mask = None
-    if recipe.filtering.enabled and src.teacher_q is not None:
-        tq = src.teacher_q[local]
-        td = src.teacher_d[local]
-        if src.k:
-            td = torch.cat([td, src.teacher_n[local].reshape(-1, td.shape[-1])])
-        mask = false_negative_mask(tq, td, src.k, recipe.filtering.threshold)
-    if recipe.mask_duplicates:  # d_texts: the local positives first, then their hard negatives
-        ids: dict[str, int] = {}
-        keys = torch.tensor([ids.setdefault(t, len(ids)) for t in d_texts])
-        # the same question on two rows (several answers): each row's answer is not the other's negative
-        queries = torch.tensor([ids.setdefault("query\0" + src.queries[i], len(ids)) for i in local])
-        dup = duplicate_mask(keys[: len(local)], keys, query_keys=queries)
-        mask = dup if mask is None else (mask | dup)
-    return mask
