@@ -169,13 +169,15 @@ def convert(
 ) -> None:
     """Convert a NeoBERT checkpoint between the official layout and the neoembed layout. DST must be a new or
     empty folder (or --overwrite a model folder)."""
-    from neoembed.modeling.convert import convert_checkpoint
+    from neoembed.hub import check_model_source
     from neoembed.record import RUN_RECORD
     from neoembed.runs import OutputDirError, check_weight_files, output_lock, prepare_output_dir
 
     if Path(src).exists() and Path(src).resolve() == dst.resolve():
         raise OutputDirError(f"convert: SRC and DST are the same folder ({dst}): choose a new DST")
+    check_model_source(src)  # offline or a typo: said before torch and transformers import
     check_weight_files(src)
+    from neoembed.modeling.convert import convert_checkpoint
     with output_lock(dst, what="DST"):
         prepare_output_dir(
             dst, overwrite=overwrite, resume=False, what="DST", clearable=(RUN_RECORD, "config.json")

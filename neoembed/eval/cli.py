@@ -177,7 +177,7 @@ def mteb_command(
 def _evaluate(s) -> None:
     """The run of ``neoembed mteb`` with settings ``s`` (:class:`~neoembed.eval.config.MtebSettings`): every option
     checked before anything loads, the results folder claimed, then the tasks."""
-    from neoembed.eval.runner import EvalConfig
+    from neoembed.eval.config import EvalConfig
     from neoembed.runs import claim_results_dir, default_results_dir, output_lock
 
     _check_options(
@@ -209,19 +209,21 @@ def _check_options(
     model, device, precision, embedding_precision, rescore, rescore_docs, backend, onnx_file, quantize
 ) -> None:
     """Every option, checked before anything loads (a bad one exits 2)."""
+    from neoembed.hub import check_model_source
     from neoembed.runs import check_device, check_weight_files
 
     _check_precisions(precision, embedding_precision, rescore, rescore_docs, backend, onnx_file)
     _check_quantize(quantize, backend, precision, device)
     check_device(device)
+    check_model_source(model)  # offline or a typo: said at once, not after the imports and mteb's registry
     check_weight_files(model)
 
 
 def _check_quantize(quantize: str | None, backend: str, precision: str | None, device: str | None) -> None:
-    from neoembed.export.torch_int8 import QUANTIZE
-
     if quantize is None:
         return
+    from neoembed.export.torch_int8 import QUANTIZE
+
     if quantize not in QUANTIZE:
         raise typer.BadParameter(f"{quantize!r}: choose {', '.join(QUANTIZE)}", param_hint="--quantize")
     if backend != "torch":
@@ -240,13 +242,13 @@ def _check_quantize(quantize: str | None, backend: str, precision: str | None, d
 def _check_precisions(
     precision, embedding_precision: str, rescore: int | None, rescore_docs: str, backend: str, onnx_file
 ) -> None:
-    from neoembed.eval.runner import PRECISIONS
+    from neoembed.eval.config import PRECISION_NAMES
 
     _check_backend(backend, onnx_file, precision)
 
-    if precision is not None and precision not in PRECISIONS:
+    if precision is not None and precision not in PRECISION_NAMES:
         raise typer.BadParameter(
-            f"{precision!r} is not one of {', '.join(PRECISIONS)}", param_hint="--precision"
+            f"{precision!r} is not one of {', '.join(PRECISION_NAMES)}", param_hint="--precision"
         )
     if embedding_precision not in ("fp32", "int8", "binary"):
         raise typer.BadParameter(

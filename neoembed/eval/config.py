@@ -11,6 +11,9 @@ from pydantic import NonNegativeInt, PositiveInt, field_validator
 from neoembed.config import StrictModel
 from neoembed.instructions import DEFAULT_INSTRUCTION_SET, DEFAULT_TEMPLATE
 
+#: the autocast precisions of the encoder (``--precision``), by name
+PRECISION_NAMES = ("fp16", "bf16", "fp32")
+
 __all__ = ["QUERY_PROMPT_NONE", "QUERY_PROMPT_SAVED", "EvalConfig", "EvalReport", "MtebSettings"]
 
 QUERY_PROMPT_SAVED, QUERY_PROMPT_NONE = "saved", "none"

@@ -19,7 +19,13 @@ from pathlib import Path
 import torch
 
 from neoembed.eval.cde import task_context
-from neoembed.eval.config import QUERY_PROMPT_NONE, QUERY_PROMPT_SAVED, EvalConfig, EvalReport
+from neoembed.eval.config import (
+    PRECISION_NAMES,
+    QUERY_PROMPT_NONE,
+    QUERY_PROMPT_SAVED,
+    EvalConfig,
+    EvalReport,
+)
 from neoembed.eval.resolve import Unresolvable, is_registered, resolve_tasks, task_folders
 from neoembed.instructions import (
     load_instruction_set,
@@ -32,7 +38,7 @@ from neoembed.runs import claim_results_dir
 __all__ = ["EvalConfig", "EvalReport", "resolve_tasks", "run_mteb", "task_folders"]
 
 logger = logging.getLogger(__name__)
-PRECISIONS = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": None}
+PRECISIONS = dict(zip(PRECISION_NAMES, (torch.float16, torch.bfloat16, None), strict=True))
 EMBEDDING_PRECISIONS = ("fp32", "int8", "binary")
 
 
