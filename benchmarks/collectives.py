@@ -43,6 +43,7 @@ CASES: dict[str, tuple[list[str], list[str], list[str]]] = {
         [], ["batch_size=32", "datasets=" + TINY_SETS % 16],
     ),
     "cde": (["train", "cde-tiny"], [], []),
+    "cde_gather": (["train", "cde-tiny", "gather_across_devices=true"], [], []),
     "pretrain": (["pretrain", "pretrain-tiny"], [], ["batch.micro_batch_size=8"]),
     "pretrain_accum2": (
         ["pretrain", "pretrain-tiny", "batch.grad_accumulation=2", "batch.micro_batch_size=2"],
@@ -164,7 +165,8 @@ def _markdown(results: dict, steps: int) -> str:
     lines.append(
         "\nCDE wraps each of its two stages in its own DDP: two buckets a step (each tiny stage fits DDP's first "
         "bucket), the null context's slot included although it has no gradient without context dropout, plus one "
-        "all-reduce of the loss and stop flag. The unified trainer (plain, plain_gather, cached) reduces a 4-byte "
+        "all-reduce of the loss and stop flag; cde_gather adds the all-gathers of the documents' embeddings (the "
+        "positives and the hard negatives, each with its gradient). The unified trainer (plain, plain_gather, cached) reduces a 4-byte "
         "stop flag each step (a signal to one process stops every process at the same step). "
         "`_broadcast_coalesced`: DDP's broadcast of the model's buffers before a forward."
     )
