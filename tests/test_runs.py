@@ -485,8 +485,10 @@ def test_poor_truncated_weights_fail_by_name_before_loading(tmp_path, tiny_offic
 
 def test_poor_unknown_mteb_task_fails_before_the_model_loads(tmp_path, capsys, monkeypatch):
     out = tmp_path / "r"
+    model = tmp_path / "model"  # a folder: a name that is no model is refused first, by the source check
+    model.mkdir()
     code, err = _cli(
-        capsys, monkeypatch, "mteb", "--model", "nowhere", "--tasks", "STS17x", "--output", str(out)
+        capsys, monkeypatch, "mteb", "--model", str(model), "--tasks", "STS17x", "--output", str(out)
     )
     assert code == 2 and "'STS17x' is not an mteb task" in err and "STS17" in err and not out.exists()
 
@@ -630,10 +632,12 @@ def test_poor_task_folder_without_its_split_fails_before_the_model_loads(
         shared_dir / "data" / "mteb" / "STS16" / "test.jsonl.gz", data / "train.jsonl.gz"
     )  # wrong split
     out = tmp_path / "r"
+    model = tmp_path / "model"  # a folder: a name that is no model is refused first, by the source check
+    model.mkdir()
     args = [
         "mteb",
         "--model",
-        "nowhere",
+        str(model),
         "--data-dir",
         str(data.parent),
         "--tasks",
