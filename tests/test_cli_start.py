@@ -92,11 +92,12 @@ def test_a_missing_input_is_refused_before_heavy_imports():
 
 def test_a_hub_model_in_the_local_cache_passes_the_offline_check(tmp_path, monkeypatch):
     """The early check refuses only what loading would: a hub id whose files are in the local cache loads
-    offline, so it passes; one that is not, a mistyped local path and a name that is no hub id are refused."""
+    offline, so it passes, and the loader reads its kind from the cache (a plain checkpoint here: no
+    modules.json); one that is not, a mistyped local path and a name that is no hub id are refused."""
     import huggingface_hub.constants
     import pytest
 
-    from neoembed.hub import check_model_source
+    from neoembed.hub import check_model_source, hub_modules_json
 
     snapshot = tmp_path / "models--org--cached" / "snapshots" / "abc123"
     snapshot.mkdir(parents=True)
@@ -106,6 +107,9 @@ def test_a_hub_model_in_the_local_cache_passes_the_offline_check(tmp_path, monke
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     check_model_source("org/cached")
+    assert hub_modules_json("org/cached") is False  # what sentence.load's kind check asks
+    (snapshot / "modules.json").write_text("[]")
+    assert hub_modules_json("org/cached") is True
     check_model_source(str(tmp_path))
     check_model_source("packaged:all-MiniLM-L6-v2")
     with pytest.raises(OSError, match="hub could not be asked"):
