@@ -4,7 +4,8 @@
 
 Rows: ``neoembed --help``; ``neoembed train tiny --dry-run`` (a real command: recipe, cards, tokenizer, no
 step), ``neoembed init missing.jsonl`` and ``neoembed train missing.yaml`` (bad input, refused before torch
-loads), and ``python -c 'import sentence_transformers'``, the floor of any command that builds a model; the
+loads), ``neoembed mteb`` and ``neoembed convert`` with a model that is neither a folder nor reachable (offline:
+refused before torch loads), and ``python -c 'import sentence_transformers'``, the floor of any command that builds a model; the
 record gives the dry run's time above that floor. Results: benchmarks/results/cli_start_cpu.*
 """
 
@@ -51,6 +52,18 @@ def main() -> None:
             ),
             "neoembed train missing.yaml": _time(
                 [str(BIN / "neoembed"), "train", "missing.yaml"], cwd, exit_code=2
+            ),
+            # offline, a model no one can find: refused (exit 2) before torch, mteb's task registry or the model
+            "neoembed mteb --model no-org/no-model --tasks STS12": _time(
+                [str(BIN / "neoembed"), "mteb", "--model", "no-org/no-model", "--tasks", "STS12"],
+                cwd,
+                exit_code=2,
+            ),
+            "neoembed mteb --model ./missing --tasks STS12": _time(
+                [str(BIN / "neoembed"), "mteb", "--model", "./missing", "--tasks", "STS12"], cwd, exit_code=2
+            ),
+            "neoembed convert no-org/no-model out": _time(
+                [str(BIN / "neoembed"), "convert", "no-org/no-model", "out"], cwd, exit_code=2
             ),
             "python -c 'import sentence_transformers'": _time(
                 [sys.executable, "-c", "import sentence_transformers"], cwd
