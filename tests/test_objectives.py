@@ -664,11 +664,13 @@ def test_the_registries_hold_one_entry_per_objective():
         DistillationConfig,
         check_loss_name,
         kl_distillation,
+        loss_class,
         margin_mse,
     )
     from neoembed.train.recipe import UnifiedRecipe
 
-    assert LOSSES == {"infonce": InfoNCELoss, "cached_infonce": CachedInfoNCELoss}
+    assert {name: loss_class(name) for name in LOSSES} == {"infonce": InfoNCELoss, "cached_infonce": CachedInfoNCELoss}
+    assert {name: entry.options for name, entry in LOSSES.items()} == {"infonce": (), "cached_infonce": ("mini_batch_size",)}
     assert DISTILLATION_LOSSES == {"margin_mse": margin_mse, "kl": kl_distillation}
     fields = UnifiedRecipe.model_fields
     options = {"matryoshka": MatryoshkaConfig, "false_negatives": FalseNegativeConfig}

@@ -434,7 +434,7 @@ def _train_card(capsys, monkeypatch, tmp_path, card) -> tuple[int, str]:
     args = [
         "train",
         str(TINY),
-        "model=nowhere",
+        f"model={REPO / 'recipes' / 'tiny' / 'model'}",  # a model that exists: the data is what is refused
         f"output_dir={out}",
         f"datasets=[{{card: {card}}}]",
         "batch_size=2",

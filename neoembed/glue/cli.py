@@ -54,13 +54,17 @@ def glue_command(
     """Fine-tune MODEL on a GLUE task (Appendix C of the NeoBERT paper: 10 epochs, evaluation every
     min(500, len(dataloader) // 10) steps, early stopping after 15 evaluations without improvement) and print
     the validation score; --grid searches Table 6's grid. Results: OUT/results.json (or grid.md / grid.json)."""
-    from neoembed.glue.run import GlueRecipe
     from neoembed.glue.tasks import get_task
+    from neoembed.hub import check_model_source
+
+    spec = get_task(task)
+    if from_ is None:  # offline or a typo: said before torch and transformers import
+        check_model_source(model)
+    from neoembed.glue.run import GlueRecipe
     from neoembed.recipe import load_recipe
     from neoembed.record import RUN_RECORD
     from neoembed.runs import output_lock, prepare_output_dir
 
-    spec = get_task(task)
     settings = load_recipe(recipe or f"glue/{spec.name}", GlueRecipe, overrides or [])
     if get_task(settings.task) is not spec:
         raise ValueError(
@@ -83,7 +87,7 @@ def glue_command(
 def _start(settings, spec, model: str, out: Path, data_dir, carve, from_, grid: bool) -> None:
     """The run in ``out`` (checked and locked): the transfer source, the run record, then the run(s)."""
     from neoembed.glue.run import record, resolve_from
-    from neoembed.sentence import resolve_packaged
+    from neoembed.hub import resolve_packaged
 
     source = resolve_from(from_) if from_ else None
     if settings.transfer_from and source is None:

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 HUB_DATASET = "nyu-mll/glue"
 
@@ -94,6 +96,7 @@ def get_task(name: str) -> GlueTask:
 def compute_metrics(task: GlueTask, predictions: np.ndarray, labels: np.ndarray) -> dict[str, float]:
     """The task's metrics from logits (N, num_labels) or regression outputs, as the GLUE metric of
     ``evaluate`` computes them (scikit-learn's F1 and Matthews, SciPy's Pearson and Spearman)."""
+    import numpy as np
     from scipy.stats import pearsonr, spearmanr
     from sklearn.metrics import f1_score, matthews_corrcoef
 
@@ -116,7 +119,7 @@ def task_score(task: GlueTask, results: dict[str, dict[str, float]]) -> float:
     """The number the paper reports for the task: the mean of its metrics over its validation splits
     (MNLI: of matched and mismatched accuracy), in percent."""
     values = [results[split][m] for split in task.validation for m in task.metrics]
-    return 100.0 * float(np.mean(values))
+    return 100.0 * float(sum(values)) / len(values)
 
 
 # --------------------------------------------------------------------------------------------------- data
@@ -227,6 +230,8 @@ def _is_number(value) -> bool:
 def _check_labels(task: GlueTask, split: str, column) -> None:
     """A class index (or, for STS-B, a finite score) in every row: GLUE marks its unlabelled test rows -1, and
     a validation split of those scored 0.00 "successfully"."""
+    import numpy as np
+
     try:
         labels = np.asarray(column, dtype=float)
     except (TypeError, ValueError):

@@ -23,31 +23,52 @@ Nested dimensions (``matryoshka:``) are sentence-transformers' ``MatryoshkaLoss`
 (:meth:`MatryoshkaConfig.loss`).
 
 Recipes name their loss in a sub-config (``loss: {name: cached_infonce, mini_batch_size: 32}``, a
-:class:`LossConfig`); :data:`LOSSES` maps the names to the classes, each class lists the sub-config's keys it
-reads (``recipe_options``: another loss's key is refused, not ignored), builds itself from a recipe
+:class:`LossConfig`); :data:`LOSSES` maps the names to each class (imported when a run builds it) and the
+sub-config's keys it reads (another loss's key is refused, not ignored); the class builds itself from a recipe
 (``from_recipe``) and scores bare embeddings (``embedding_loss``, which CDE's two-stage step calls). A new loss
 is one class with those, one entry in :data:`LOSSES` and its test.
+
+The recipe blocks (:mod:`neoembed.losses.config`) import no torch, and neither does this package until one of
+the losses or functions below is asked for: a recipe validates before torch loads.
 """
 
 from __future__ import annotations
 
-from pydantic import PositiveInt, field_validator, model_validator
+import importlib
 
-from neoembed.config import StrictModel
-from neoembed.losses.cached import CachedInfoNCELoss
-from neoembed.losses.contrastive import improved_info_nce, info_nce
-from neoembed.losses.distillation import DISTILLATION_LOSSES, DistillationConfig, kl_distillation, margin_mse
-from neoembed.losses.grouping import embed_by_length, length_groups
-from neoembed.losses.infonce import InfoNCELoss
-from neoembed.losses.masks import (
+from neoembed.losses.config import (
+    LOSSES,
+    DistillationConfig,
     FalseNegativeConfig,
-    duplicate_mask,
-    duplicate_masker,
-    false_negative_mask,
-    false_negative_masker,
-    text_keys,
+    LossConfig,
+    LossEntry,
+    MatryoshkaConfig,
+    check_loss_name,
+    loss_class,
 )
-from neoembed.losses.matryoshka import MatryoshkaConfig
+from neoembed.losses.distillation import DISTILLATION_LOSSES, kl_distillation, margin_mse
+
+#: the names that import torch and sentence-transformers, each from its module, when first asked for
+_LAZY = {
+    "CachedInfoNCELoss": "cached",
+    "InfoNCELoss": "infonce",
+    "improved_info_nce": "contrastive",
+    "info_nce": "contrastive",
+    "embed_by_length": "grouping",
+    "length_groups": "grouping",
+    "duplicate_mask": "masks",
+    "duplicate_masker": "masks",
+    "false_negative_mask": "masks",
+    "false_negative_masker": "masks",
+    "text_keys": "masks",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "LOSSES",
@@ -57,6 +78,7 @@ __all__ = [
     "FalseNegativeConfig",
     "InfoNCELoss",
     "LossConfig",
+    "LossEntry",
     "MatryoshkaConfig",
     "build_loss",
     "check_loss_name",
@@ -69,6 +91,7 @@ __all__ = [
     "improved_info_nce",
     "info_nce",
     "kl_distillation",
+    "loss_class",
     "length_groups",
     "margin_mse",
     "text_keys",
@@ -76,50 +99,10 @@ __all__ = [
 ]
 
 
-#: loss name in a recipe -> its class
-LOSSES: dict[str, type] = {
-    "infonce": InfoNCELoss,
-    "cached_infonce": CachedInfoNCELoss,
-}
-
-
-def check_loss_name(name: str) -> str:
-    """``name`` if it is a registered loss; else an error naming the valid ones."""
-    if name not in LOSSES:
-        raise ValueError(f"unknown loss {name!r}; valid: {sorted(LOSSES)}")
-    return name
-
-
-class LossConfig(StrictModel):
-    """``loss:`` of a unified recipe: a loss of :data:`LOSSES` by ``name``, with the options it reads."""
-
-    name: str = "infonce"
-    mini_batch_size: PositiveInt = 32  # cached_infonce: texts per GradCache mini-batch
-
-    @field_validator("name")
-    @classmethod
-    def _registered(cls, v):
-        return check_loss_name(v)
-
-    @model_validator(mode="after")
-    def _options_of_this_loss(self):
-        takes = LOSSES[self.name].recipe_options
-        foreign = sorted(self.model_fields_set - {"name", *takes})
-        if foreign:
-            readers = {k: sorted(n for n, c in LOSSES.items() if k in c.recipe_options) for k in foreign}
-            raise ValueError(
-                "; ".join(
-                    f"loss.{k} is read by {' and '.join(readers[k]) or 'no loss'} only" for k in foreign
-                )
-                + f", not by {self.name} (its options: {list(takes) or 'none'})"
-            )
-        return self
-
-
 def build_loss(name: str, model, recipe):
     """The loss ``name`` for ``model``, with its settings read from ``recipe``; with ``matryoshka:``, wrapped in
     sentence-transformers' ``MatryoshkaLoss`` (:func:`with_matryoshka`)."""
-    loss = LOSSES[check_loss_name(name)].from_recipe(model, recipe)
+    loss = loss_class(name).from_recipe(model, recipe)
     matryoshka = getattr(recipe, "matryoshka", None)
     return loss if matryoshka is None else with_matryoshka(model, loss, matryoshka)
 

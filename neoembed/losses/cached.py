@@ -7,10 +7,9 @@ from sentence_transformers.sentence_transformer.losses import (
 )
 from torch import Tensor
 
+from neoembed.losses.config import DistillationConfig, FalseNegativeConfig
 from neoembed.losses.contrastive import info_nce
-from neoembed.losses.distillation import DistillationConfig
 from neoembed.losses.infonce import _InfoNCEMixin, _objective_config, _recipe_settings, _unpack
-from neoembed.losses.masks import FalseNegativeConfig
 
 
 class CachedInfoNCELoss(_InfoNCEMixin, CachedMultipleNegativesRankingLoss):
@@ -42,7 +41,6 @@ class CachedInfoNCELoss(_InfoNCEMixin, CachedMultipleNegativesRankingLoss):
         )
 
     embedding_loss = staticmethod(info_nce)  # the same loss as InfoNCELoss's
-    recipe_options = ("mini_batch_size",)  # the keys of the recipe's loss sub-config it reads
 
     @classmethod
     def from_recipe(cls, model, recipe) -> CachedInfoNCELoss:

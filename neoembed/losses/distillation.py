@@ -1,14 +1,22 @@
-"""Distillation from teacher scores: Margin-MSE and KL, and their recipe block."""
+"""Distillation from teacher scores: Margin-MSE and KL (their recipe block is
+:class:`neoembed.losses.config.DistillationConfig`). Light at import: the recipe block validates names against
+:data:`DISTILLATION_LOSSES` before torch loads."""
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
-from pydantic import Field, model_validator
-from torch import Tensor
+if TYPE_CHECKING:
+    from torch import Tensor
 
-from neoembed.config import StrictModel
+
+class Temperatures(Protocol):
+    """What the losses read of the recipe's ``distillation:`` block (:class:`~neoembed.losses.config.DistillationConfig`)."""
+
+    student_temperature: float
+    teacher_temperature: float
 
 
 @functools.cache
@@ -35,16 +43,14 @@ def _on_embeddings(name: str, queries: Tensor, docs: list[Tensor], teacher: Tens
     return loss.compute_loss_from_embeddings([queries.float(), *(d.float() for d in docs)], teacher.float())
 
 
-def margin_mse(queries: Tensor, docs: list[Tensor], teacher: Tensor, config: DistillationConfig) -> Tensor:
+def margin_mse(queries: Tensor, docs: list[Tensor], teacher: Tensor, config: Temperatures) -> Tensor:
     """Margin-MSE (Hofstätter et al. 2020): the mean squared difference between the student's margins
     ``s(q, d+) - s(q, d-_j)`` and the teacher's, with student scores ``cos / student_temperature``:
     sentence-transformers' ``MarginMSELoss`` on those scores."""
     return _on_embeddings("margin_mse", queries, docs, teacher, config)
 
 
-def kl_distillation(
-    queries: Tensor, docs: list[Tensor], teacher: Tensor, config: DistillationConfig
-) -> Tensor:
+def kl_distillation(queries: Tensor, docs: list[Tensor], teacher: Tensor, config: Temperatures) -> Tensor:
     """KL(teacher || student) over each query's positive and hard negatives (Lin et al. 2020), softmaxes at the
     student and teacher temperatures, scaled by the student temperature squared: sentence-transformers'
     ``DistillKLDivLoss`` on cosine scores."""
@@ -54,38 +60,3 @@ def kl_distillation(
 #: distillation loss name in a recipe (``distillation: {loss: ...}``) -> the function over embeddings and teacher
 #: scores; a new one is one function, one entry, one test
 DISTILLATION_LOSSES: dict[str, Callable[..., Tensor]] = {"margin_mse": margin_mse, "kl": kl_distillation}
-
-
-class DistillationConfig(StrictModel):
-    """Distillation from teacher scores (each row's ``label``: the teacher's score of its positive, then of each
-    hard negative): ``loss`` is a name in :data:`DISTILLATION_LOSSES`, added with ``weight`` to InfoNCE weighted
-    ``infonce_weight`` (0: distillation alone, InfoNCE not computed)."""
-
-    loss: str = "kl"
-    weight: float = Field(1.0, ge=0.0)
-    infonce_weight: float = Field(1.0, ge=0.0)
-    student_temperature: float = Field(1.0, gt=0.0)
-    teacher_temperature: float = Field(1.0, gt=0.0)
-
-    @model_validator(mode="after")
-    def _check(self):
-        if self.loss not in DISTILLATION_LOSSES:
-            raise ValueError(f"unknown distillation loss {self.loss!r}; valid: {sorted(DISTILLATION_LOSSES)}")
-        if self.weight == 0:
-            raise ValueError(
-                "distillation.weight=0 adds nothing to the loss, so the run would distil nothing while its record "
-                "says it did: give a positive weight, or remove the distillation block"
-            )
-        return self
-
-    def term(self, queries: Tensor, docs: list[Tensor], teacher: Tensor | None) -> Tensor:
-        """The weighted distillation loss; teacher scores of the wrong shape are an error saying what to fix."""
-        want = (len(queries), len(docs))
-        if teacher is None or tuple(teacher.shape) != want:
-            got = "none" if teacher is None else tuple(teacher.shape)
-            raise ValueError(
-                f"distillation needs each row's teacher scores (positive, then each of its {len(docs) - 1} hard "
-                f"negatives): expected labels of shape {want}, got {got}. Declare the card's score column "
-                "(columns.scores) or add one with `neoembed score CARD --teacher MODEL`"
-            )
-        return self.weight * DISTILLATION_LOSSES[self.loss](queries, docs, teacher, self)

@@ -11,10 +11,10 @@ from sentence_transformers.sentence_transformer.losses import (
 )
 from torch import Tensor
 
+from neoembed.losses.config import DistillationConfig, FalseNegativeConfig
 from neoembed.losses.contrastive import improved_info_nce, info_nce
-from neoembed.losses.distillation import DistillationConfig
 from neoembed.losses.grouping import drops_padding, embed_by_length
-from neoembed.losses.masks import FalseNegativeConfig, duplicate_masker, false_negative_masker, text_keys
+from neoembed.losses.masks import duplicate_masker, false_negative_masker, text_keys
 from neoembed.losses.matrices import _cat, _rows, _segments
 from neoembed.scoring import MaskFn, Matrix
 
@@ -195,8 +195,6 @@ def _objective_config(loss) -> dict:
 
 class InfoNCELoss(_InfoNCEMixin, MultipleNegativesRankingLoss):
     """InfoNCE with temperature ``tau`` (default 0.07), duplicate masking and mean/sum reduction."""
-
-    recipe_options: tuple[str, ...] = ()  # the keys of the recipe's loss sub-config it reads
 
     def __init__(
         self,

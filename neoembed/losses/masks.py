@@ -3,13 +3,10 @@ suspected false negatives, found by the model's own scores."""
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
-from pydantic import Field, model_validator
 from torch import Tensor
 
-from neoembed.config import StrictModel
+from neoembed.losses.config import FalseNegativeConfig
 from neoembed.losses.matrices import _cos
 from neoembed.scoring import MaskFn
 
@@ -103,37 +100,6 @@ def duplicate_mask(
     build it per chunk of rows (:func:`duplicate_masker`)."""
     masker = duplicate_masker(positive_keys, candidate_keys, offset, query_keys, candidate_query_keys)
     return masker(slice(0, len(positive_keys)))
-
-
-class FalseNegativeConfig(StrictModel):
-    """False-negative masking: a candidate scoring above its query's positive minus a margin is dropped from
-    that query's denominator, judged on the model's own (detached) cosine similarities.
-
-    ``mode: absolute`` drops ``s > s_pos - margin``; ``mode: relative`` drops ``s > s_pos - |s_pos| * margin``,
-    which equals sentence-transformers' ``s_pos * (1 - margin)`` for positive scores and stays below the positive
-    when it is negative (sentence-transformers PR #3821). ``scope``: ``all`` candidates, ``in_batch`` (the other
-    queries' documents) or ``hard`` (the query's own hard negatives)."""
-
-    margin: float = Field(0.0, ge=0.0)
-    mode: Literal["absolute", "relative"] = "absolute"
-    scope: Literal["all", "in_batch", "hard"] = "all"
-
-    @model_validator(mode="after")
-    def _check(self):
-        # cosines lie in [-1, 1]: an absolute margin of 2 drops every candidate (s > s_pos - 2 always), and a
-        # relative one of 1 every candidate scoring above 0 when the positive does; the loss would be 0
-        limit = 2.0 if self.mode == "absolute" else 1.0
-        if self.margin >= limit:
-            what = (
-                "every negative (cosine scores lie in [-1, 1])"
-                if self.mode == "absolute"
-                else "every negative scoring above 0 whenever the positive does"
-            )
-            raise ValueError(
-                f"false_negatives.margin={self.margin:g} with mode {self.mode} masks {what}, so the loss is 0 "
-                f"and nothing trains: use a margin below {limit:g} (0.05-0.1 is usual)"
-            )
-        return self
 
 
 def false_negative_masker(

@@ -43,8 +43,10 @@ def preprocess_command(
     ] = None,
 ) -> None:
     """Tokenize a corpus into shards, report length statistics, build length-filtered subsets."""
+    from neoembed.hub import check_model_source
     from neoembed.runs import output_lock
 
+    check_model_source(tokenizer)  # offline or a typo: said before transformers imports
     with output_lock(out, what="OUT"):
         _preprocess(
             source, out, tokenizer, column, max_docs, shard_tokens, _ints(min_lengths, "--min-lengths")
@@ -105,13 +107,15 @@ def pretrain_command(
 
     Exit codes: 0 done, 1 stopped (NaN loss, disk full), 2 bad input, 130 / 143 interrupted by Ctrl-C / SIGTERM
     after checkpointing (continue with --resume)."""
+    from neoembed.hub import check_model_source
     from neoembed.pretrain.recipe import PretrainRecipe
-    from neoembed.pretrain.trainer import pretrain
     from neoembed.recipe import load_recipe, resolve_named_file
 
     # errors (bad recipe: exit 2; a stopped run: 1; a signal: 130 / 143) are reported by neoembed.cli.main
     path = resolve_named_file(recipe, "recipes")
     parsed = resolve_recipe_paths(load_recipe(path, PretrainRecipe, overrides or []), path.parent)
+    check_model_source(parsed.tokenizer)  # offline or a typo: said before torch and transformers import
+    from neoembed.pretrain.trainer import pretrain
     from neoembed.runs import output_lock
 
     with output_lock(parsed.output_dir):

@@ -38,7 +38,7 @@ def train_command(
             "neoembed train quickstart 'datasets=[{card: my_card.yaml}]'"
         )
     from neoembed.cde.recipe import CDERecipe
-    from neoembed.sentence import resolve_packaged
+    from neoembed.hub import resolve_packaged
     from neoembed.train.recipe import UnifiedRecipe
 
     # the kind is read from the validated recipe, after the overrides (``kind=cde`` works)
@@ -55,8 +55,10 @@ def train_command(
 
         typer.echo(describe(parsed, path.parent))
         return
+    from neoembed.hub import check_model_source
     from neoembed.runs import output_lock
 
+    check_model_source(parsed.model)  # offline or a typo: said before torch and sentence-transformers import
     with output_lock(parsed.output_dir):  # a second run into this folder is refused before it touches it
         evaluator = None
         if parsed.eval is not None:  # evaluation sits above the trainers: it is handed to them

@@ -8,6 +8,7 @@ from pydantic import Field, PositiveInt, field_validator, model_validator
 
 from neoembed.instructions import DEFAULT_TEMPLATE
 from neoembed.losses import DistillationConfig, FalseNegativeConfig, LossConfig, MatryoshkaConfig
+from neoembed.pooling import pooling_mode
 from neoembed.recipe import (
     AdapterConfig,
     DatasetEntry,
@@ -31,7 +32,7 @@ class UnifiedRecipe(RunSettings):
 
     kind: Literal["unified"] = "unified"
     model: str
-    pooling: str | None = None  # in sentence.POOLING_MODES; None: a saved model's own, else mean
+    pooling: str | None = None  # in pooling.POOLING_MODES; None: a saved model's own, else mean
     max_length: PositiveInt = 512
     datasets: DatasetList
     card_dirs: list[str] = []  # extra folders searched for card names (relative to the recipe file)
@@ -69,8 +70,6 @@ class UnifiedRecipe(RunSettings):
     @field_validator("pooling")
     @classmethod
     def _registered_pooling(cls, v):
-        from neoembed.sentence import pooling_mode
-
         if v is not None:
             pooling_mode(v)
         return v
