@@ -33,11 +33,22 @@ def hub_modules_json(name: str) -> bool:
         ) from e
 
 
-def check_model_source(name: str) -> None:
+def check_model_source(name: str, tokenizer: bool = False) -> None:
     """Raise, in a second and before anything heavy imports, the error loading ``name`` would raise when it is
-    neither a local path, a packaged model nor a hub id the hub (or, offline, the local cache) answers for."""
-    if name not in PACKAGED_MINILM and not Path(name).exists():
+    neither a local path, a packaged model nor a hub id the hub (or, offline, the local cache) answers for.
+    ``tokenizer``: only a tokenizer loads from ``name``, which a cached ``tokenizer_config.json`` serves offline
+    without the model's ``config.json``."""
+    if name in PACKAGED_MINILM or Path(name).exists():
+        return
+    try:
         hub_modules_json(name)
+    except FileNotFoundError:
+        raise
+    except OSError:
+        from huggingface_hub import try_to_load_from_cache
+
+        if not (tokenizer and isinstance(try_to_load_from_cache(name, "tokenizer_config.json"), str)):
+            raise
 
 
 def resolve_packaged(name: str) -> str:

@@ -128,3 +128,12 @@ def test_a_hub_model_in_the_local_cache_passes_the_offline_check(tmp_path, monke
         check_model_source("org/not-cached")
     with pytest.raises(FileNotFoundError, match="does not exist"):
         check_model_source("./no/such/folder")
+    # a tokenizer cached without its model's config.json loads offline (preprocess, pretrain): it passes too
+    only = tmp_path / "models--org--tokenizer" / "snapshots" / "abc123"
+    only.mkdir(parents=True)
+    (only / "tokenizer_config.json").write_text("{}")
+    (tmp_path / "models--org--tokenizer" / "refs").mkdir()
+    (tmp_path / "models--org--tokenizer" / "refs" / "main").write_text("abc123")
+    check_model_source("org/tokenizer", tokenizer=True)
+    with pytest.raises(OSError, match="hub could not be asked"):
+        check_model_source("org/tokenizer")  # not a model: loading one from it would fail offline

@@ -46,7 +46,7 @@ def preprocess_command(
     from neoembed.hub import check_model_source
     from neoembed.runs import output_lock
 
-    check_model_source(tokenizer)  # offline or a typo: said before transformers imports
+    check_model_source(tokenizer, tokenizer=True)  # offline or a typo: said before transformers imports
     with output_lock(out, what="OUT"):
         _preprocess(
             source, out, tokenizer, column, max_docs, shard_tokens, _ints(min_lengths, "--min-lengths")
@@ -114,7 +114,7 @@ def pretrain_command(
     # errors (bad recipe: exit 2; a stopped run: 1; a signal: 130 / 143) are reported by neoembed.cli.main
     path = resolve_named_file(recipe, "recipes")
     parsed = resolve_recipe_paths(load_recipe(path, PretrainRecipe, overrides or []), path.parent)
-    check_model_source(parsed.tokenizer)  # offline or a typo: said before torch and transformers import
+    check_model_source(parsed.tokenizer, tokenizer=True)  # offline or a typo: said before torch and transformers import
     from neoembed.pretrain.trainer import pretrain
     from neoembed.runs import output_lock
 
