@@ -54,7 +54,7 @@ from neoembed.runs.folder import (
     resume_defaults,
     resume_settings,
 )
-from neoembed.runs.lock import lock_path, output_lock
+from neoembed.runs.lock import launched_main, lock_path, output_lock
 from neoembed.runs.metrics import (
     DEGENERATE_ROWS,
     TRACKER_PROJECT,
@@ -114,6 +114,7 @@ __all__ = [
     "default_results_dir",
     "find_resume_checkpoint",
     "list_checkpoints",
+    "launched_main",
     "lock_path",
     "model_identity",
     "output_lock",

@@ -66,6 +66,12 @@ def _open_locked(path: Path, folder: Path, what: str) -> int:
         os.close(fd)
 
 
+def launched_main() -> bool:
+    """Whether this process is the main one of its launch (``RANK`` 0 or unset): it alone locks, checks and
+    clears an output folder, before the processes have joined."""
+    return int(os.environ.get("RANK", "0") or 0) == 0
+
+
 @contextlib.contextmanager
 def output_lock(
     folder: str | Path, what: str = "output_dir", main_process: bool | None = None
@@ -79,7 +85,7 @@ def output_lock(
     (``main_process``, default: ``RANK`` 0 or unset). Every command that writes a folder uses it (``neoembed
     export`` included)."""
     if main_process is None:
-        main_process = int(os.environ.get("RANK", "0") or 0) == 0
+        main_process = launched_main()
     if not main_process:
         yield
         return
