@@ -99,7 +99,7 @@ def test_a_missing_input_is_refused_before_heavy_imports(tmp_path):
         heavy = json.loads(out.stdout.strip().splitlines()[-1])
         assert (out.returncode, heavy) == (2, []), (argv, out.stderr[-2000:])
         assert "no-such" in out.stderr and "Traceback" not in out.stderr, out.stderr[-2000:]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt"]  # nothing written by a refused command
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt"]  # a refused command wrote nothing
 
 
 def test_a_hub_model_in_the_local_cache_passes_the_offline_check(tmp_path, monkeypatch):

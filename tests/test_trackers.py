@@ -201,7 +201,8 @@ def test_mlflow_store_the_extra_cannot_write_fails_before_the_model_loads(monkey
     _no_model_loads(monkeypatch)
     import mlflow
 
-    overrides = ["model=does-not-exist", f"output_dir={tmp_path / 'run'}", "report_to=[mlflow]"]
+    model = TINY.parent / "tiny" / "model"  # a model that exists (and does not load): the store is what fails
+    overrides = [f"model={model}", f"output_dir={tmp_path / 'run'}", "report_to=[mlflow]"]
     if _scheme(mlflow.get_tracking_uri()) == "sqlite":  # mlflow >= 3.7's default
         code, err = _main(monkeypatch, capsys, "train", str(TINY), *overrides)
         assert code == 2 and "is a database store" in err and "MLFLOW_ALLOW_FILE_STORE=true" in err, err

@@ -114,7 +114,7 @@ def pretrain_command(
     # errors (bad recipe: exit 2; a stopped run: 1; a signal: 130 / 143) are reported by neoembed.cli.main
     path = resolve_named_file(recipe, "recipes")
     parsed = resolve_recipe_paths(load_recipe(path, PretrainRecipe, overrides or []), path.parent)
-    check_model_source(parsed.tokenizer, tokenizer=True)  # offline or a typo: said before torch and transformers import
+    check_model_source(parsed.tokenizer, tokenizer=True)  # offline or a typo: said before torch loads
     from neoembed.pretrain.trainer import pretrain
     from neoembed.runs import output_lock
 
