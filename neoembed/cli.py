@@ -135,7 +135,9 @@ def _quiet_other_bars() -> None:
     import os
     import sys
 
-    for var in ("HF_HUB_DISABLE_PROGRESS_BARS", "HF_DATASETS_DISABLE_PROGRESS_BARS"):
+    # TQDM_DISABLE: the bars other libraries draw with tqdm itself (sentence-transformers' "Computing widget
+    # examples" at every training start), read by tqdm when it is imported
+    for var in ("HF_HUB_DISABLE_PROGRESS_BARS", "HF_DATASETS_DISABLE_PROGRESS_BARS", "TQDM_DISABLE"):
         os.environ.setdefault(var, "1")
     # the variables are read at import: libraries already imported (a notebook, a test) are told directly
     if os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1":

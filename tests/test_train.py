@@ -243,6 +243,7 @@ def test_cli_train_tiny(tmp_path, tiny_official):
     (line,) = [x for x in r.stderr.splitlines() if x.startswith("card pydoc_signatures: ")]
     assert line.endswith("1 hard negatives per query; 8 queries per step (24 texts); pi 0.3333"), line  # each card: 200 rows
     assert "step 2/2 (100%)" in r.stderr
+    assert "Computing widget examples" not in r.stderr  # sentence-transformers' bar: redraws piled into a log
 
 
 def _launch(processes: int) -> list[str]:
