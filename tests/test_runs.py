@@ -552,6 +552,20 @@ def test_prepare_output_dir_rules(tmp_path):
         prepare_output_dir(tmp_path / "file", overwrite=False, resume=False)
 
 
+def test_only_the_launchs_main_process_checks_a_fresh_folder(tmp_path, monkeypatch):
+    """The main process writes its run record right after the check: another process of the launch checking
+    the same folder would refuse it as used (two-process `neoembed glue` did, #43). Every caller gets this by
+    default, as `output_lock` does."""
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "run_record.json").write_text("{}")  # what the main process has just written
+    monkeypatch.setenv("RANK", "1")
+    assert prepare_output_dir(out, overwrite=False, resume=False) is None
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(OutputDirError, match="not empty"):
+        prepare_output_dir(out, overwrite=False, resume=False)
+
+
 def test_resume_accepts_a_run_recorded_before_a_field_existed_while_it_is_at_its_default(tmp_path):
     """A field added later (with a default that keeps the old behaviour) is missing from older run records:
     resuming such a run passes while the field is at its default, and names it once it is not."""

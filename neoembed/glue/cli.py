@@ -63,7 +63,7 @@ def glue_command(
     from neoembed.glue.run import GlueRecipe
     from neoembed.recipe import load_recipe
     from neoembed.record import RUN_RECORD
-    from neoembed.runs import launched_main, output_lock, prepare_output_dir
+    from neoembed.runs import output_lock, prepare_output_dir
 
     settings = load_recipe(recipe or f"glue/{spec.name}", GlueRecipe, overrides or [])
     if get_task(settings.task) is not spec:
@@ -80,7 +80,6 @@ def glue_command(
             checkpoints=False,
             clearable=(RUN_RECORD,),
             what="--out",
-            main_process=launched_main(),  # the others would find the main one's run record in a fresh --out
         )
         _start(settings, spec, model, out, data_dir, carve, from_, grid)
 

@@ -19,6 +19,7 @@ from neoembed.runs.checkpoints import (
     list_checkpoints,
 )
 from neoembed.runs.errors import OutputDirError
+from neoembed.runs.lock import launched_main
 
 if TYPE_CHECKING:
     pass
@@ -165,7 +166,7 @@ def prepare_output_dir(
     defaults: dict[str, Any] | None = None,
     checkpoints: bool = True,
     what: str = "output_dir",
-    main_process: bool = True,
+    main_process: bool | None = None,
     clearable: tuple[str, ...] = (RECORD,),
 ) -> Path | None:
     """Check (and with ``overwrite``, clear) an output folder before anything is loaded or written.
@@ -179,7 +180,11 @@ def prepare_output_dir(
       with ``checkpoints``, returns the newest complete checkpoint (an error if there is none).
 
     Returns the checkpoint to resume from, or ``None``. Raises :class:`OutputDirError` (exit 2). Only the main
-    process checks a fresh folder and clears; with ``resume`` every process reads the checkpoint to load."""
+    process (``main_process``, default: the launch's, :func:`~neoembed.runs.lock.launched_main`) checks a fresh
+    folder and clears: the others would find its first writes; with ``resume`` every process reads the checkpoint
+    to load."""
+    if main_process is None:
+        main_process = launched_main()
     out = Path(path)
     if resume and overwrite:
         raise OutputDirError("--resume and --overwrite exclude each other: continue the run, or replace it")

@@ -68,6 +68,7 @@ from neoembed.runs import (
     check_trackers,
     check_weight_files,
     commit_checkpoint,
+    launched_main,
     list_checkpoints,
     note_early_stop,
     prepare_output_dir,
@@ -682,7 +683,7 @@ def train(
     seed_everything(recipe.seed)
     _check_extras(recipe, evaluator)
     output = Path(recipe.output_dir)
-    main = int(os.environ.get("RANK", "0")) == 0
+    main = launched_main()
     # bad data, a used output folder and truncated weights fail before the model loads
     datasets, cards, batch_sizes, reports, held, holdout = _training_data(recipe, recipe_dir)
     full_sizes = [reports[name].full_size or len(datasets[name]) for name in datasets]
