@@ -288,14 +288,20 @@ def test_losses_set_attributes_through_the_module():
 
 @pytest.mark.parametrize("cls", [InfoNCELoss, CachedInfoNCELoss])
 def test_a_call_leaves_no_state_on_the_loss(tiny, cls):
-    """The batch's text keys travel with the call (the labels argument), not on the loss: two calls on
-    different batches leave the loss's attributes as they were, and the duplicate mask still applies."""
-    loss = cls(tiny)
-    before = {k: v for k, v in vars(loss).items() if not k.startswith("_")}
+    """The batch's text keys travel with the call (the labels argument), and what false-negative masking drops
+    goes to the tally the caller gave: two calls on different batches leave every attribute of the loss as it
+    was (torch's own module bookkeeping aside), and the duplicate mask still applies."""
+    from neoembed.losses import MaskTally
+
+    tally = MaskTally()
+    loss = cls(tiny, false_negatives={"margin": 0.02}, tally=tally)
+    torch_own = set(vars(torch.nn.Module()))
+    snapshot = lambda: {k: repr(v) for k, v in vars(loss).items() if k not in torch_own}  # noqa: E731
+    before = snapshot()
     with torch.no_grad():
         first = float(loss(_features(tiny, ("query", "positive")), torch.zeros(5)))
         loss(_features(tiny, ("query", "positive", "negative")), torch.zeros(5))
         again = float(loss(_features(tiny, ("query", "positive")), torch.zeros(5)))
-    assert {k: v for k, v in vars(loss).items() if not k.startswith("_")} == before
-    assert not hasattr(loss, "_keys")
+    assert snapshot() == before
     assert again == pytest.approx(first, rel=1e-6)
+    assert tally.calls == 3 and tally.scored == 2 * 5 * 4 + 5 * 9  # every candidate but the own positive

@@ -14,6 +14,7 @@ from neoembed.losses import (
     CachedInfoNCELoss,
     FalseNegativeConfig,
     InfoNCELoss,
+    MaskTally,
     MatryoshkaConfig,
     false_negative_mask,
     info_nce,
@@ -95,7 +96,8 @@ def test_false_negative_scope_separates_in_batch_from_own_hard_negatives():
 
 def test_false_negative_loss_equals_infonce_with_the_mask_by_hand(tiny):
     config = FalseNegativeConfig(margin=0.02, mode="relative")
-    loss = InfoNCELoss(tiny, false_negatives=config, mask_duplicates=False)
+    tally = MaskTally()
+    loss = InfoNCELoss(tiny, false_negatives=config, mask_duplicates=False, tally=tally)
     with torch.no_grad():
         value = loss(_features(tiny, ("query", "positive", "negative")), torch.zeros(5))
         q, p, n = (tiny.encode(BATCH[c], convert_to_tensor=True) for c in ("query", "positive", "negative"))
@@ -107,10 +109,10 @@ def test_false_negative_loss_equals_infonce_with_the_mask_by_hand(tiny):
             mask[i, j] = j != i and scores[i, j] > scores[i, i] - abs(scores[i, i]) * 0.02
     assert mask.any() and not mask.all()  # the tiny random model scores some negatives above the margin
     assert float(value) == pytest.approx(float(info_nce(q, cands, 0.07, mask)), rel=1e-4)
-    counts = loss.pop_counts()
+    counts = tally.pop()
     assert counts["false_negatives_masked"] == int(mask.sum())
     assert counts["false_negative_fraction"] == pytest.approx(int(mask.sum()) / (5 * 9))
-    assert loss.pop_counts() == {}  # counted once, then reset
+    assert tally.pop() == {}  # counted once, then reset
 
 
 @pytest.mark.parametrize("improved", [False, True])
@@ -735,8 +737,8 @@ def test_case2_training_warns_when_masking_drops_nearly_every_negative(tmp_path,
 
     from neoembed.train.trainer import _MetricsCallback
 
-    callback = _MetricsCallback(tmp_path, [], [], {}, main=True)
-    callback.loss_counts = lambda: {"false_negatives_masked": 60.0, "false_negative_fraction": 1.0}
+    counts = {"false_negatives_masked": 60.0, "false_negative_fraction": 1.0}
+    callback = _MetricsCallback(tmp_path, [], [], {}, main=True, counts=lambda: counts)
     args = SimpleNamespace(per_device_train_batch_size=4, world_size=1)
     with caplog.at_level("WARNING", logger="neoembed.train.trainer"):
         callback.on_log(args, SimpleNamespace(global_step=3), SimpleNamespace(), logs={"loss": 0.0})

@@ -61,6 +61,7 @@ _LAZY = {
     "false_negative_mask": "masks",
     "false_negative_masker": "masks",
     "text_keys": "masks",
+    "MaskTally": "masks",
 }
 
 
@@ -79,10 +80,10 @@ __all__ = [
     "InfoNCELoss",
     "LossConfig",
     "LossEntry",
+    "MaskTally",
     "MatryoshkaConfig",
     "build_loss",
     "check_loss_name",
-    "counting_loss",
     "duplicate_mask",
     "duplicate_masker",
     "embed_by_length",
@@ -99,10 +100,11 @@ __all__ = [
 ]
 
 
-def build_loss(name: str, model, recipe):
+def build_loss(name: str, model, recipe, tally=None):
     """The loss ``name`` for ``model``, with its settings read from ``recipe``; with ``matryoshka:``, wrapped in
-    sentence-transformers' ``MatryoshkaLoss`` (:func:`with_matryoshka`)."""
-    loss = loss_class(name).from_recipe(model, recipe)
+    sentence-transformers' ``MatryoshkaLoss`` (:func:`with_matryoshka`). False-negative masking reports what it
+    drops to ``tally`` (a :class:`~neoembed.losses.masks.MaskTally`) where one is given."""
+    loss = loss_class(name).from_recipe(model, recipe, tally=tally)
     matryoshka = getattr(recipe, "matryoshka", None)
     return loss if matryoshka is None else with_matryoshka(model, loss, matryoshka)
 
@@ -118,9 +120,3 @@ def with_matryoshka(model, loss, config: MatryoshkaConfig | dict):
     config.check_width(model.get_embedding_dimension())
     dims, weights = zip(*config.pairs(), strict=True)
     return MatryoshkaLoss(model, loss, list(dims), list(weights))
-
-
-def counting_loss(loss):
-    """The InfoNCE loss inside ``loss`` (unwrapped from ``MatryoshkaLoss``): the one whose ``pop_counts`` says
-    what it masked."""
-    return getattr(loss, "loss", loss)

@@ -10,6 +10,7 @@ from torch import Tensor
 from neoembed.losses.config import DistillationConfig, FalseNegativeConfig
 from neoembed.losses.contrastive import info_nce
 from neoembed.losses.infonce import _InfoNCEMixin, _objective_config, _recipe_settings, _unpack
+from neoembed.losses.masks import MaskTally
 
 
 class CachedInfoNCELoss(_InfoNCEMixin, CachedMultipleNegativesRankingLoss):
@@ -29,9 +30,10 @@ class CachedInfoNCELoss(_InfoNCEMixin, CachedMultipleNegativesRankingLoss):
         false_negatives: FalseNegativeConfig | dict | None = None,
         improved_contrastive: bool = False,
         distillation: DistillationConfig | dict | None = None,
+        tally: MaskTally | None = None,
     ) -> None:
         self._setup(temperature, mask_duplicates, reduction)
-        self._setup_objective(false_negatives, improved_contrastive, distillation)
+        self._setup_objective(false_negatives, improved_contrastive, distillation, tally)
         super().__init__(
             model,
             scale=1.0 / temperature,
@@ -43,8 +45,10 @@ class CachedInfoNCELoss(_InfoNCEMixin, CachedMultipleNegativesRankingLoss):
     embedding_loss = staticmethod(info_nce)  # the same loss as InfoNCELoss's
 
     @classmethod
-    def from_recipe(cls, model, recipe) -> CachedInfoNCELoss:
-        return cls(model, **_recipe_settings(recipe), mini_batch_size=recipe.loss.mini_batch_size)
+    def from_recipe(cls, model, recipe, tally: MaskTally | None = None) -> CachedInfoNCELoss:
+        return cls(
+            model, **_recipe_settings(recipe), mini_batch_size=recipe.loss.mini_batch_size, tally=tally
+        )
 
     def calculate_loss(
         self, reps: list[list[Tensor]], labels: Tensor | None = None, *, with_backward: bool = False

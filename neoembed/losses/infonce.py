@@ -14,7 +14,7 @@ from torch import Tensor
 from neoembed.losses.config import DistillationConfig, FalseNegativeConfig
 from neoembed.losses.contrastive import improved_info_nce, info_nce
 from neoembed.losses.grouping import drops_padding, embed_by_length
-from neoembed.losses.masks import duplicate_masker, false_negative_masker, text_keys
+from neoembed.losses.masks import MaskTally, duplicate_masker, false_negative_masker, text_keys
 from neoembed.losses.matrices import _cat, _rows, _segments
 from neoembed.scoring import MaskFn, Matrix
 
@@ -58,12 +58,15 @@ class _InfoNCEMixin:
     false_negatives: FalseNegativeConfig | None = None
     improved_contrastive: bool = False
     distillation: DistillationConfig | None = None
-    #: running sums since the trainer last logged them (:meth:`pop_counts`)
-    _counts: dict[str, float] | None = None
+    #: where false-negative masking reports what it dropped (:class:`MaskTally`; None: nobody reads it)
+    tally: MaskTally | None = None
 
-    def _setup_objective(self, false_negatives, improved_contrastive: bool, distillation) -> None:
-        """The options beyond plain InfoNCE: false-negative masking, GTE's improved denominator, distillation
-        from teacher scores (nested dimensions wrap the loss: :func:`neoembed.losses.with_matryoshka`)."""
+    def _setup_objective(
+        self, false_negatives, improved_contrastive: bool, distillation, tally: MaskTally | None
+    ) -> None:
+        """The options beyond plain InfoNCE: false-negative masking (reported to ``tally``), GTE's improved
+        denominator, distillation from teacher scores (nested dimensions wrap the loss:
+        :func:`neoembed.losses.with_matryoshka`)."""
         if isinstance(false_negatives, dict):
             false_negatives = FalseNegativeConfig(**false_negatives)
         if isinstance(distillation, dict):
@@ -71,7 +74,7 @@ class _InfoNCEMixin:
         self.distillation = distillation
         self.false_negatives = false_negatives
         self.improved_contrastive = improved_contrastive
-        self._counts = {"false_negatives_masked": 0.0, "pairs_scored": 0.0, "calls": 0.0}
+        self.tally = tally
 
     def _objective(
         self, queries: Matrix, docs: list[Matrix], teacher: Tensor | None, keys: Keys | None = None
@@ -89,21 +92,21 @@ class _InfoNCEMixin:
     def _mask_false_negatives(
         self, n_candidates: int, n_columns: int, mask: MaskFn | None, offset: int
     ) -> MaskFn | None:
-        """``mask`` joined with the suspected false negatives (when configured), which are counted."""
+        """``mask`` joined with the suspected false negatives (when configured), which go to the tally."""
         if self.false_negatives is None:
             return mask
         found_in = false_negative_masker(n_candidates, n_columns, self.false_negatives, offset)
-        counts = self._counts
+        tally = self.tally
 
         def joined(rows: slice, cos: Tensor) -> Tensor:
             found = found_in(rows, cos)
             known = mask(rows, cos) if mask is not None else None
-            new = found if known is None else found & ~known
-            counts["false_negatives_masked"] += new.sum()
-            counts["pairs_scored"] += found.numel() - len(found)
+            if tally is not None:
+                tally.add(found if known is None else found & ~known, found.numel() - len(found))
             return found if known is None else known | found
 
-        counts["calls"] += 1.0
+        if tally is not None:
+            tally.calls += 1
         return joined
 
     def _contrast(self, queries: Matrix, docs: list[Matrix], mask: MaskFn | None, offset: int) -> Tensor:
@@ -114,18 +117,6 @@ class _InfoNCEMixin:
         queries = _cat(queries)
         all_queries = _gather(queries, True) if self.gather_across_devices else queries
         return improved_info_nce(queries, candidates, all_queries, self.tau, mask, self.reduction, offset)
-
-    def pop_counts(self) -> dict[str, float]:
-        """What the loss masked since the last call (the trainer logs it): false negatives per query-step and
-        their fraction of the scored negatives."""
-        counts = self._counts or {}
-        calls, pairs = counts.get("calls", 0.0), float(counts.get("pairs_scored", 0.0))
-        if not calls:
-            return {}
-        masked = float(counts["false_negatives_masked"])  # a tensor: summed on the device, read here once
-        out = {"false_negatives_masked": masked, "false_negative_fraction": masked / max(pairs, 1.0)}
-        self._counts = {"false_negatives_masked": 0.0, "pairs_scored": 0.0, "calls": 0.0}
-        return out
 
     def _setup(self, temperature: float, mask_duplicates: bool, reduction: str) -> None:
         if reduction not in ("mean", "sum"):
@@ -207,9 +198,10 @@ class InfoNCELoss(_InfoNCEMixin, MultipleNegativesRankingLoss):
         false_negatives: FalseNegativeConfig | dict | None = None,
         improved_contrastive: bool = False,
         distillation: DistillationConfig | dict | None = None,
+        tally: MaskTally | None = None,
     ) -> None:
         self._setup(temperature, mask_duplicates, reduction)
-        self._setup_objective(false_negatives, improved_contrastive, distillation)
+        self._setup_objective(false_negatives, improved_contrastive, distillation, tally)
         self.group_by_length = group_by_length
         super().__init__(model, scale=1.0 / temperature, gather_across_devices=gather_across_devices)
 
@@ -227,10 +219,10 @@ class InfoNCELoss(_InfoNCEMixin, MultipleNegativesRankingLoss):
     embedding_loss = staticmethod(info_nce)
 
     @classmethod
-    def from_recipe(cls, model, recipe) -> InfoNCELoss:
+    def from_recipe(cls, model, recipe, tally: MaskTally | None = None) -> InfoNCELoss:
         # a padding-free encoder pads nothing: groups would save no token and cost forward calls
         grouped = recipe.group_by_length and not drops_padding(model)
-        return cls(model, **_recipe_settings(recipe), group_by_length=grouped)
+        return cls(model, **_recipe_settings(recipe), group_by_length=grouped, tally=tally)
 
     def compute_loss_from_embeddings(self, embeddings: list[Tensor], labels: Tensor) -> Tensor:
         if len(embeddings) < 2:

@@ -123,6 +123,33 @@ def false_negative_masker(
     return mask
 
 
+class MaskTally:
+    """What false-negative masking dropped since the last :meth:`pop`, for whoever logs it (the trainer makes
+    one and hands it to the loss): the loss adds to it and keeps no count of its own."""
+
+    def __init__(self) -> None:
+        self._zero()
+
+    def _zero(self) -> None:
+        self.masked: Tensor | float = 0.0  # summed on the device, read on the host once per pop
+        self.scored = 0  # negatives the masking looked at (every candidate but each query's own positive)
+        self.calls = 0
+
+    def add(self, masked: Tensor, scored: int) -> None:
+        self.masked = self.masked + masked.sum()
+        self.scored += scored
+
+    def pop(self) -> dict[str, float]:
+        """Masked false negatives and their fraction of the scored negatives, then zeros; {} with no call since
+        the last pop (nothing to log)."""
+        if not self.calls:
+            return {}
+        masked = float(self.masked)
+        out = {"false_negatives_masked": masked, "false_negative_fraction": masked / max(self.scored, 1)}
+        self._zero()
+        return out
+
+
 def false_negative_mask(
     queries: Tensor, candidates: Tensor, n_columns: int, config: FalseNegativeConfig, offset: int = 0
 ) -> Tensor:

@@ -54,7 +54,7 @@ from neoembed.data.sampler import (
     plan_no_duplicates,
 )
 from neoembed.loop import check_engine, check_launch, join_on_cpu
-from neoembed.losses import build_loss, counting_loss
+from neoembed.losses import MaskTally, build_loss
 from neoembed.model_card import base_model_name, training_prompts
 from neoembed.recipe import RecipeError, resolve_recipe_path
 from neoembed.record import write_run_record
@@ -167,13 +167,13 @@ class _MetricsCallback(TrainerCallback):
     :class:`~neoembed.runs.MetricsLog`, which also reports a run stuck at loss 0); stops on NaN."""
 
     def __init__(
-        self, output: Path, samplers: list, names: list[str], batch_sizes: dict[str, int], main: bool
+        self, output: Path, samplers: list, names: list[str], batch_sizes: dict, main: bool, counts
     ):
         self.log = MetricsLog(output, (), main)  # TensorBoard is transformers' own callback here
         # ``samplers``: the list the trainer appends its batch sampler to (which dataset each step drew from)
         self.samplers, self.names, self.batch_sizes = samplers, names, batch_sizes
         self.last_time, self.last_step, self.nan_step = time.perf_counter(), 0, None
-        self.loss_counts = dict  # set by train() to the loss's pop_counts
+        self.loss_counts = counts  # what the loss masked since the last row: its MaskTally's pop
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.last_step = state.global_step  # a resumed run starts at its checkpoint's step
@@ -709,11 +709,12 @@ def train(
         logger.info("LoRA adapter: %d of %d parameters train", *count_parameters(model))
     with _tracker_env(output, checkpoint is not None):  # before sentence-transformers' trainer sets a project
         samplers: list = []
+        tally = MaskTally()  # what false-negative masking drops, logged with each metrics row
         trainer = _trainer_class()(
             model=model,
             args=_training_args(recipe, output, full_sizes),
             train_dataset=datasets,
-            loss=build_loss(recipe.loss.name, model, recipe),
+            loss=build_loss(recipe.loss.name, model, recipe, tally),
             batch_sizes=batch_sizes,
             samplers=samplers,
             settings=settings,
@@ -722,9 +723,8 @@ def train(
             no_duplicates=no_duplicates,
         )
         output.mkdir(parents=True, exist_ok=True)
-        metrics = _MetricsCallback(output, samplers, list(datasets.keys()), batch_sizes, main)
+        metrics = _MetricsCallback(output, samplers, list(datasets.keys()), batch_sizes, main, tally.pop)
         stop = StopSignal()
-        metrics.loss_counts = getattr(counting_loss(trainer.loss), "pop_counts", dict)
         _add_callbacks(trainer, recipe, metrics, stop, output, main)
         if checkpoint is not None:
             _resume_logs(trainer, checkpoint, output, main)
