@@ -281,7 +281,7 @@ def main() -> None:
     Messages name the file, key or value and the fix; ``NEOEMBED_DEBUG=1`` shows the traceback."""
     import os
 
-    from neoembed.runs import TrainingStopped
+    from neoembed.runs import RunFinished, TrainingStopped
 
     usage, aborts = _click_exceptions()
 
@@ -298,6 +298,9 @@ def main() -> None:
             raise SystemExit(BAD_INPUT_EXIT) from None
         typer.echo("interrupted (a second Ctrl-C aborts without a checkpoint)", err=True)
         raise SystemExit(130) from None
+    except RunFinished as e:  # --resume with nothing left to run: done
+        typer.echo(str(e))
+        raise SystemExit(0) from None
     except TrainingStopped as e:
         if debug:
             raise

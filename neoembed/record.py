@@ -31,6 +31,8 @@ __all__ = [
 
 #: the file every command that produces results writes beside them
 RUN_RECORD = "run_record.json"
+#: the run record's key for the step at which the run's final model was saved (absent: the run has not finished)
+FINISHED = "finished_step"
 
 PACKAGES = (
     "neoembed",

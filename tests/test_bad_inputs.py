@@ -223,7 +223,7 @@ def test_signal_during_the_final_save_keeps_no_half_model(tmp_path, name, code):
     save = _interrupting_save(getattr(signal, name))
     before = signal.getsignal(signal.SIGINT)  # the worker's (another file's test may have left its own)
     with pytest.raises(FinalSaveInterrupted) as e:
-        save_final_model(tmp_path, save)
+        save_final_model(tmp_path, save, 4)
     assert e.value.exit_code == code
     assert "no final model was written" in str(e.value) and "checkpoint-4" in str(e.value)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-4"]
@@ -250,7 +250,7 @@ def test_signal_while_the_final_model_is_moved_in_waits(tmp_path, monkeypatch):
         for f in ("config.json", "model.safetensors", "1_Pooling/config.json"):
             (folder / f).write_text(f)
 
-    runs.save_final_model(tmp_path, save)
+    runs.save_final_model(tmp_path, save, 4)
     assert sent and sorted(p.name for p in tmp_path.iterdir()) == [
         "1_Pooling",
         "config.json",

@@ -223,6 +223,30 @@ def test_case_2_resume_refuses_another_run_and_names_the_differences(tmp_path, t
     assert _snapshot(ref) == before
 
 
+def test_resuming_a_finished_run_says_so_and_writes_nothing(
+    tmp_path, tiny_official, finished, capsys, monkeypatch
+):
+    """A job that always passes --resume (a preemptible queue) ends cleanly once its run is done: exit 0, the
+    step it finished at, nothing loaded or rewritten. More steps train on; a folder whose later checkpoints were
+    removed runs again from the newest one left (test_case_3, test_cde_resume_equals_uninterrupted)."""
+    from neoembed.runs import RunFinished
+
+    ref, _ = finished
+    assert json.loads((ref / "run_record.json").read_text())["finished_step"] == 4
+    before = _snapshot(ref)
+    with pytest.raises(RunFinished, match=r"finished at step 4, nothing left to run; .*steps=8"):
+        train(_recipe(ref, tiny_official), recipe_dir=TINY.parent, resume=True)
+    code, said = _cli(capsys, monkeypatch, "train", str(TINY), f"model={tiny_official}", f"output_dir={ref}",
+                      *RUN, "--resume")  # fmt: skip
+    assert code == 0 and "its run finished at step 4, nothing left to run" in said, said
+    assert _snapshot(ref) == before
+    extended = tmp_path / "extended"
+    shutil.copytree(ref, extended)
+    train(_recipe(extended, tiny_official, "steps=6"), recipe_dir=TINY.parent, resume=True)
+    assert _steps(extended)[-1] == 6
+    assert json.loads((extended / "run_record.json").read_text())["finished_step"] == 6
+
+
 def test_resume_on_another_process_count_is_refused_where_the_batch_is_per_process(
     tiny_official, finished, monkeypatch
 ):

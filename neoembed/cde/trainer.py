@@ -444,7 +444,7 @@ def train_cde(
 
     def save_final() -> None:
         module.eval()
-        save_final_model(output, functools.partial(_save_model, model, recipe))
+        save_final_model(output, functools.partial(_save_model, model, recipe), loop.step)
         atomic_write_text(output / "README.md", _model_card(recipe, cards, loop.step, loop.best_record()))
 
     loop.finish(save_final)

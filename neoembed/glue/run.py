@@ -356,7 +356,7 @@ def run_one(
             classifier.save_pretrained(staged / "model")
             tokenizer.save_pretrained(staged / "model")
 
-        save_final_model(out, write)  # all or nothing
+        save_final_model(out, write, loop.step)  # all or nothing
         best = loop.best_record()
         summary.update(
             task=task.display,

@@ -357,7 +357,7 @@ def pretrain(
             accelerator.unwrap_model(objective).mlm.save_pretrained(folder)
             tokenizer.save_pretrained(folder)
 
-        save_final_model(output, write)
+        save_final_model(output, write, loop.step)
 
     loop.finish(save_final)
     accelerator.end_training()

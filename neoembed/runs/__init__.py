@@ -44,6 +44,7 @@ from neoembed.runs.errors import (
     CheckpointWriteError,
     OutputDirError,
     OutputLockedError,
+    RunFinished,
     TrainingInterrupted,
     TrainingStopped,
 )
@@ -97,6 +98,7 @@ __all__ = [
     "MetricsLog",
     "MissingTracker",
     "OutputDirError",
+    "RunFinished",
     "OutputLockedError",
     "StopSignal",
     "TRACKERS",

@@ -39,6 +39,17 @@ class CheckpointWriteError(TrainingStopped):
     """A checkpoint could not be written (a full disk, say); the previous checkpoint is intact."""
 
 
+class RunFinished(Exception):
+    """``--resume`` on a run that already finished with these settings: nothing is run or written. The command
+    line prints the message and exits 0, so a job script that always passes ``--resume`` (a preemptible queue)
+    ends cleanly once its run is done."""
+
+    def __init__(self, output: Path, step: int, steps: int | None):
+        self.output, self.step = output, step
+        more = f"; to train on, resume with more steps (steps={2 * step})" if steps is not None else ""
+        super().__init__(f"{output}: its run finished at step {step}, nothing left to run{more}")
+
+
 class OutputDirError(ValueError):
     """An output folder that cannot be used as asked (exit 2); the message names the fix."""
 

@@ -12,13 +12,14 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from neoembed.record import RUN_RECORD
+from neoembed.record import FINISHED, RUN_RECORD
 from neoembed.runs.checkpoints import (
     CHECKPOINT_MARKER,
     find_resume_checkpoint,
     list_checkpoints,
+    verify_checkpoint,
 )
-from neoembed.runs.errors import OutputDirError
+from neoembed.runs.errors import OutputDirError, RunFinished
 from neoembed.runs.lock import launched_main
 
 if TYPE_CHECKING:
@@ -101,14 +102,30 @@ def _describe(folder: Path, limit: int = 5) -> str:
     return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
+def _from_record(output: Path, key: str) -> Any:
+    """``key`` of ``output``'s run record, or None (no record, unreadable, no such key)."""
+    with contextlib.suppress(ValueError, OSError, AttributeError):
+        return json.loads((output / RECORD).read_text()).get(key)
+    return None
+
+
+def _finished(output: Path, saved: dict | None, settings: dict | None) -> int | None:
+    """The step at which ``output``'s run saved its final model, where resuming it with ``settings`` has
+    nothing left to run: the same ``steps`` (more would train on), and the newest complete checkpoint, if any, at
+    that step (one behind it: later files were removed or torn, and the run goes on from there)."""
+    finished = _from_record(output, FINISHED)
+    if finished is None or (saved or {}).get("steps") != (settings or {}).get("steps"):
+        return None
+    ckpts = list_checkpoints(output)
+    newest = next((c for c in reversed(ckpts) if verify_checkpoint(c) is None), None)
+    return int(finished) if not ckpts or (newest and int(newest.name.split("-")[1]) == int(finished)) else None
+
+
 def _saved_settings(output: Path) -> dict[str, Any] | None:
     """The trajectory settings of the run that wrote ``output``: its run record, else its newest marker."""
-    record = output / RECORD
-    if record.is_file():
-        with contextlib.suppress(ValueError, OSError):
-            saved = json.loads(record.read_text()).get("resume_settings")
-            if saved is not None:
-                return saved
+    saved = _from_record(output, "resume_settings")
+    if saved is not None:
+        return saved
     for ckpt in reversed(list_checkpoints(output)):
         with contextlib.suppress(ValueError, OSError):
             saved = json.loads((ckpt / CHECKPOINT_MARKER).read_text()).get("resume_settings")
@@ -149,6 +166,24 @@ def _check_steps(ckpt: Path, saved: dict | None, settings: dict | None) -> None:
         )
 
 
+def _check_same_run(out: Path, saved: dict | None, settings: dict | None, defaults: dict | None) -> None:
+    """``--resume``: the folder's run must have had these ``settings`` (``steps`` may change: :func:`_check_steps`)."""
+    if settings is None or saved is None:
+        return
+    diff = _differences(
+        {k: v for k, v in saved.items() if k != "steps"},
+        {k: v for k, v in settings.items() if k != "steps"},
+        defaults or {},
+    )
+    if diff:
+        raise OutputDirError(
+            f"--resume: {out} holds a different run; the settings that change the trajectory differ:\n  - "
+            + "\n  - ".join(diff)
+            + "\nresume with the folder's settings, or start a new run in another output_dir "
+            "(or --overwrite to replace this one)"
+        )
+
+
 def _clear(path: Path) -> None:
     for child in path.iterdir():
         if child.is_dir() and not child.is_symlink():
@@ -179,7 +214,8 @@ def prepare_output_dir(
       named; a key the folder's run predates passes at its value in ``defaults``, see :func:`resume_defaults`);
       with ``checkpoints``, returns the newest complete checkpoint (an error if there is none).
 
-    Returns the checkpoint to resume from, or ``None``. Raises :class:`OutputDirError` (exit 2). Only the main
+    Returns the checkpoint to resume from, or ``None``. Raises :class:`OutputDirError` (exit 2), or
+    :class:`RunFinished` where the folder's run finished and ``settings`` ask for no more steps. Only the main
     process (``main_process``, default: the launch's, :func:`~neoembed.runs.lock.launched_main`) checks a fresh
     folder and clears: the others would find its first writes; with ``resume`` every process reads the checkpoint
     to load."""
@@ -200,27 +236,15 @@ def prepare_output_dir(
                 "continue: start without --resume"
             )
         saved = _saved_settings(out)
-        if settings is not None and saved is not None:
-            diff = _differences(
-                {k: v for k, v in saved.items() if k != "steps"},
-                {k: v for k, v in settings.items() if k != "steps"},
-                defaults or {},
-            )
-            if diff:
-                raise OutputDirError(
-                    f"--resume: {out} holds a different run; the settings that change the trajectory differ:\n  - "
-                    + "\n  - ".join(diff)
-                    + "\nresume with the folder's settings, or start a new run in another output_dir "
-                    "(or --overwrite to replace this one)"
-                )
+        _check_same_run(out, saved, settings, defaults)
+        if (finished := _finished(out, saved, settings)) is not None:
+            raise RunFinished(out, finished, (settings or {}).get("steps"))
         if not checkpoints:
             return None
         ckpt = find_resume_checkpoint(out)
         _check_steps(ckpt, saved, settings)
         return ckpt
-    if (
-        not main_process
-    ):  # the main process checks and clears; here its first writes could look like a used folder
+    if not main_process:  # the main process checks and clears: its first writes could look like a used folder
         return None
     if used and not overwrite:
         raise OutputDirError(

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from neoembed.record import FINISHED, add_to_run_record
 from neoembed.runs.checkpoints import list_checkpoints
 from neoembed.runs.errors import TrainingInterrupted
 
@@ -103,9 +104,10 @@ class _FinalSaveSignals(_Handlers):
         self.received = name
 
 
-def save_final_model(output: str | Path, save: Callable[[Path], None]) -> None:
+def save_final_model(output: str | Path, save: Callable[[Path], None], step: int) -> None:
     """Write a run's final model all or nothing: ``save(folder)`` writes it into ``output/.final.partial``,
-    whose entries are then moved into ``output`` (renames, with SIGINT / SIGTERM held until they are done).
+    whose entries are then moved into ``output`` (renames, with SIGINT / SIGTERM held until they are done); then
+    the run record says the run finished at ``step`` (which a later ``--resume`` reads: :class:`RunFinished`).
 
     A signal while ``save`` runs removes the partial folder and raises :class:`FinalSaveInterrupted` (exit 130 /
     143) naming the checkpoint that ``--resume`` continues from; so does any error (re-raised as it is)."""
@@ -129,6 +131,7 @@ def save_final_model(output: str | Path, save: Callable[[Path], None]) -> None:
                 shutil.rmtree(target)
             os.replace(entry, target)
         staged.rmdir()
+        add_to_run_record(output, {FINISHED: step})
     if signals.received is not None:
         logger.warning(
             "%s received while the final model was moved in: it is complete in %s", signals.received, output

@@ -876,7 +876,7 @@ def _save_final(recipe: UnifiedRecipe, model, cards, output: Path, state, base_m
         if recipe.matryoshka is not None:
             record_matryoshka_dims(folder, recipe.matryoshka.dims)
 
-    save_final_model(output, save)
+    save_final_model(output, save, state.global_step)
     _model_card(recipe, cards, output, _best_line(recipe, state))
 
 
