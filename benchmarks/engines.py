@@ -32,7 +32,12 @@ from pathlib import Path
 from _common import REPO, header, write_results
 
 ENGINE_MODULES = {
-    "hf_trainer": ["neoembed.train.trainer", "neoembed.train.holdout"],
+    "hf_trainer": [
+        "neoembed.train.trainer",
+        "neoembed.train.hf_trainer",
+        "neoembed.train.callbacks",
+        "neoembed.train.holdout",
+    ],
     "accelerate_loop": [
         "neoembed.loop",
         "neoembed.cde.trainer",

@@ -33,6 +33,7 @@ STOP_AT = 3
 def _unified(out: Path) -> None:
     from neoembed.recipe import load_recipe
     from neoembed.runs import TrainingInterrupted
+    from neoembed.train import callbacks as callbacks_mod
     from neoembed.train import trainer as trainer_mod
     from neoembed.train.recipe import UnifiedRecipe
 
@@ -48,20 +49,20 @@ def _unified(out: Path) -> None:
             "report_to=[wandb, trackio]",
         ],
     )
-    on_log = trainer_mod._MetricsCallback.on_log
+    on_log = callbacks_mod.MetricsCallback.on_log
 
     def on_log_then_sigterm(self, args, state, control, logs=None, **kwargs):
         on_log(self, args, state, control, logs=logs, **kwargs)
         if state.global_step == STOP_AT:
             os.kill(os.getpid(), signal.SIGTERM)
 
-    trainer_mod._MetricsCallback.on_log = on_log_then_sigterm
+    callbacks_mod.MetricsCallback.on_log = on_log_then_sigterm
     try:
         trainer_mod.train(recipe, recipe_dir=TINY.parent)
     except TrainingInterrupted:
         pass
     finally:
-        trainer_mod._MetricsCallback.on_log = on_log
+        callbacks_mod.MetricsCallback.on_log = on_log
     _process_end()
     trainer_mod.train(recipe, recipe_dir=TINY.parent, resume=True)
     _process_end()

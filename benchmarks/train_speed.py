@@ -42,12 +42,12 @@ if cfg["kind"] == "plain":
 else:
     from neoembed.data.sampler import PowerLawDatasetBatchSampler
     from neoembed.losses import CachedInfoNCELoss, InfoNCELoss
-    from neoembed.train.trainer import _trainer_class
+    from neoembed.train.hf_trainer import unified_trainer_class
     from datasets import DatasetDict
     loss = (CachedInfoNCELoss(model, mini_batch_size=cfg["mini"]) if cfg["kind"] == "cached" else InfoNCELoss(model))
     args = SentenceTransformerTrainingArguments(
         **common, multi_dataset_batch_sampler=PowerLawDatasetBatchSampler.with_settings(0.5, cfg["steps"]))
-    trainer = _trainer_class()(model=model, args=args, train_dataset=DatasetDict({"d": ds}), loss=loss,
+    trainer = unified_trainer_class()(model=model, args=args, train_dataset=DatasetDict({"d": ds}), loss=loss,
                               batch_sizes={}, samplers=[], settings=None, keep=None)
 t0 = time.perf_counter()
 trainer.train()

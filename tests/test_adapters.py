@@ -153,7 +153,7 @@ def test_case4_lora_run_stopped_by_a_signal_resumes_and_finishes(tmp_path, tiny_
     from safetensors.torch import load_file
 
     from neoembed.runs import TrainingInterrupted
-    from neoembed.train import trainer as trainer_mod
+    from neoembed.train import callbacks as callbacks_mod
 
     def recipe(out):
         overrides = [f"model={tiny_official}", f"output_dir={out}", "steps=6", "save_steps=2"]
@@ -165,7 +165,7 @@ def test_case4_lora_run_stopped_by_a_signal_resumes_and_finishes(tmp_path, tiny_
         return {r["step"]: r["loss"] for r in rows if "loss" in r}
 
     full = train(recipe(tmp_path / "full"), recipe_dir=TINY.parent)
-    on_log = trainer_mod._MetricsCallback.on_log
+    on_log = callbacks_mod.MetricsCallback.on_log
 
     def on_log_then_sigterm(self, args, state, control, logs=None, **kwargs):
         on_log(self, args, state, control, logs=logs, **kwargs)
@@ -173,13 +173,13 @@ def test_case4_lora_run_stopped_by_a_signal_resumes_and_finishes(tmp_path, tiny_
             os.kill(os.getpid(), signal.SIGTERM)
 
     out = tmp_path / "stopped"
-    monkeypatch.setattr(trainer_mod._MetricsCallback, "on_log", on_log_then_sigterm)
+    monkeypatch.setattr(callbacks_mod.MetricsCallback, "on_log", on_log_then_sigterm)
     with pytest.raises(TrainingInterrupted, match="continue with --resume"):
         train(recipe(out), recipe_dir=TINY.parent)
     saved = load_file(str(out / "checkpoint-4" / "model.safetensors"))
     assert any("lora_A" in k for k in saved)  # the checkpoint is the adapter run's, not a merged copy
     assert not (out / "model.safetensors").exists()
-    monkeypatch.setattr(trainer_mod._MetricsCallback, "on_log", on_log)
+    monkeypatch.setattr(callbacks_mod.MetricsCallback, "on_log", on_log)
     train(recipe(out), recipe_dir=TINY.parent, resume=True)
     assert losses(out) == pytest.approx(losses(full), abs=1e-6) and sorted(losses(out)) == [1, 2, 3, 4, 5, 6]
     for name in ("model.safetensors", "adapter/adapter_model.safetensors"):

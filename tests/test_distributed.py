@@ -534,10 +534,10 @@ def test_the_unified_trainers_progress_line_prints_once_not_once_per_process():
 
     from transformers import TrainerState
 
-    from neoembed.train.trainer import _PlainProgress
+    from neoembed.train.callbacks import PlainProgress
 
     out = io.StringIO()
-    progress = _PlainProgress(out)
+    progress = PlainProgress(out)
     for first in (True, False):
         state = TrainerState(global_step=3, max_steps=10, is_world_process_zero=first)
         progress.on_log(None, state, None, logs={"loss": 1.0})

@@ -735,10 +735,10 @@ def test_case2_training_warns_when_masking_drops_nearly_every_negative(tmp_path,
     names the fraction it saw."""
     from types import SimpleNamespace
 
-    from neoembed.train.trainer import _MetricsCallback
+    from neoembed.train.callbacks import MetricsCallback
 
     counts = {"false_negatives_masked": 60.0, "false_negative_fraction": 1.0}
-    callback = _MetricsCallback(tmp_path, [], [], {}, main=True, counts=lambda: counts)
+    callback = MetricsCallback(tmp_path, [], [], {}, main=True, counts=lambda: counts)
     args = SimpleNamespace(per_device_train_batch_size=4, world_size=1)
     with caplog.at_level("WARNING", logger="neoembed.train.trainer"):
         callback.on_log(args, SimpleNamespace(global_step=3), SimpleNamespace(), logs={"loss": 0.0})

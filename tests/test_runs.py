@@ -387,9 +387,9 @@ def test_poor_truncated_checkpoint_is_skipped_by_name(tmp_path, tiny_official, f
 def test_poor_sigint_and_sigterm_exit_130_and_143_after_checkpointing(
     tmp_path, tiny_official, capsys, monkeypatch
 ):
-    from neoembed.train import trainer as trainer_mod
+    from neoembed.train import callbacks as callbacks_mod
 
-    on_log = trainer_mod._MetricsCallback.on_log
+    on_log = callbacks_mod.MetricsCallback.on_log
     sent = {}
 
     def on_log_then_signal(self, args, state, control, logs=None, **kwargs):
@@ -397,7 +397,7 @@ def test_poor_sigint_and_sigterm_exit_130_and_143_after_checkpointing(
         if state.global_step == 1:
             os.kill(os.getpid(), sent["signal"])
 
-    monkeypatch.setattr(trainer_mod._MetricsCallback, "on_log", on_log_then_signal)
+    monkeypatch.setattr(callbacks_mod.MetricsCallback, "on_log", on_log_then_signal)
     for sig, code in ((signal.SIGINT, 130), (signal.SIGTERM, 143)):
         sent["signal"] = sig
         out = tmp_path / sig.name

@@ -12,7 +12,7 @@ import pytest
 
 from neoembed.recipe import load_recipe
 from neoembed.runs import TrainingInterrupted, check_trackers
-from neoembed.train import trainer as trainer_mod
+from neoembed.train import callbacks as callbacks_mod
 from neoembed.train.recipe import UnifiedRecipe
 from neoembed.train.trainer import train
 
@@ -20,17 +20,17 @@ TINY = Path(__file__).resolve().parents[1] / "recipes" / "tiny.yaml"
 
 
 def _interrupted_then_resumed(recipe, monkeypatch, at: int = 2) -> None:
-    on_log = trainer_mod._MetricsCallback.on_log
+    on_log = callbacks_mod.MetricsCallback.on_log
 
     def on_log_then_sigterm(self, args, state, control, logs=None, **kwargs):
         on_log(self, args, state, control, logs=logs, **kwargs)
         if state.global_step == at:
             os.kill(os.getpid(), signal.SIGTERM)
 
-    monkeypatch.setattr(trainer_mod._MetricsCallback, "on_log", on_log_then_sigterm)
+    monkeypatch.setattr(callbacks_mod.MetricsCallback, "on_log", on_log_then_sigterm)
     with pytest.raises(TrainingInterrupted):
         train(recipe, recipe_dir=TINY.parent)
-    monkeypatch.setattr(trainer_mod._MetricsCallback, "on_log", on_log)
+    monkeypatch.setattr(callbacks_mod.MetricsCallback, "on_log", on_log)
     train(recipe, recipe_dir=TINY.parent, resume=True)
 
 
@@ -142,7 +142,7 @@ def test_recipe_hyperparameters_reach_wandb_once_and_trackio_on_every_start():
     wandb._wandb = SimpleNamespace(run=object(), config=_Config())
     trackio._trackio, trackio._initialized = SimpleNamespace(config=_Config()), True
     recipe = load_recipe(TINY, UnifiedRecipe, [])
-    callback = trainer_mod._RecipeHyperparameters([wandb, trackio], recipe, main=True)
+    callback = callbacks_mod.RecipeHyperparameters([wandb, trackio], recipe, main=True)
     for step in (0, 4):  # a first start, then a resume
         wandb._wandb.config.clear()
         trackio._trackio.config.clear()

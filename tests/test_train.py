@@ -339,9 +339,9 @@ def test_sigterm_in_process_checkpoints_then_resume_finishes(tmp_path, tiny_offi
     import os
     import signal
 
-    from neoembed.train import trainer as trainer_mod
+    from neoembed.train import callbacks as callbacks_mod
 
-    on_log = trainer_mod._MetricsCallback.on_log
+    on_log = callbacks_mod.MetricsCallback.on_log
 
     def on_log_then_sigterm(self, args, state, control, logs=None, **kwargs):
         on_log(self, args, state, control, logs=logs, **kwargs)
@@ -350,14 +350,14 @@ def test_sigterm_in_process_checkpoints_then_resume_finishes(tmp_path, tiny_offi
 
     out = tmp_path / "sig"
     recipe = _recipe(out, tiny_official, "datasets=[{card: pydoc_names, max_rows: 64}]", "save_steps=100")
-    monkeypatch.setattr(trainer_mod._MetricsCallback, "on_log", on_log_then_sigterm)
+    monkeypatch.setattr(callbacks_mod.MetricsCallback, "on_log", on_log_then_sigterm)
     before = signal.getsignal(signal.SIGTERM)
     from neoembed.runs import TrainingInterrupted
 
     with pytest.raises(TrainingInterrupted) as stopped:
         train(recipe, recipe_dir=TINY.parent)
     assert stopped.value.exit_code == 143  # what a shell reports for SIGTERM: the run did not finish
-    monkeypatch.setattr(trainer_mod._MetricsCallback, "on_log", on_log)
+    monkeypatch.setattr(callbacks_mod.MetricsCallback, "on_log", on_log)
     ckpts = [p.name for p in out.glob("checkpoint-*")]
     assert ckpts in (["checkpoint-2"], ["checkpoint-3"]) and not (out / "model.safetensors").exists()
     assert signal.getsignal(signal.SIGTERM) == before  # our handler is removed after training

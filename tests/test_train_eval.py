@@ -16,7 +16,7 @@ from neoembed.eval.runner import EvalConfig, run_mteb
 from neoembed.eval.training import MtebEvaluator
 from neoembed.recipe import load_recipe
 from neoembed.runs import TrainingInterrupted
-from neoembed.train import trainer as trainer_mod
+from neoembed.train import callbacks as callbacks_mod
 from neoembed.train.recipe import UnifiedRecipe
 from neoembed.train.trainer import train
 
@@ -107,7 +107,7 @@ def test_keep_best_survives_rotation_and_an_interrupted_resumed_run(
     card = (full / "README.md").read_text()
     assert f"checkpoint of step {best_step} of 8" in card and f"{scores[best_step]:.6g}" in card
 
-    on_log = trainer_mod._MetricsCallback.on_log
+    on_log = callbacks_mod.MetricsCallback.on_log
 
     def on_log_then_sigterm(self, args, state, control, logs=None, **kwargs):
         on_log(self, args, state, control, logs=logs, **kwargs)
@@ -116,7 +116,7 @@ def test_keep_best_survives_rotation_and_an_interrupted_resumed_run(
 
     out = tmp_path / "resumed"
     recipe = _recipe(out, tiny_official, trecqa, *best)
-    monkeypatch.setattr(trainer_mod._MetricsCallback, "on_log", on_log_then_sigterm)
+    monkeypatch.setattr(callbacks_mod.MetricsCallback, "on_log", on_log_then_sigterm)
     with pytest.raises(TrainingInterrupted):
         _train(recipe)
     # the newest checkpoint (the step after the signal's) and the best one: rotation (save_total_limit 1) spared it
@@ -124,7 +124,7 @@ def test_keep_best_survives_rotation_and_an_interrupted_resumed_run(
         f"checkpoint-{best_step}",
         f"checkpoint-{best_step + 2}",
     ]
-    monkeypatch.setattr(trainer_mod._MetricsCallback, "on_log", on_log)
+    monkeypatch.setattr(callbacks_mod.MetricsCallback, "on_log", on_log)
     _train(recipe, resume=True)
     assert _rows(out, "eval_ndcg_at_10") == pytest.approx(scores, abs=1e-9)  # each step once, same scores
     assert sorted(p.name for p in out.glob("checkpoint-*")) == kept

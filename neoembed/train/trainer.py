@@ -2,7 +2,8 @@
 
 What is ours: the InfoNCE losses (``neoembed.losses``), the power-law dataset sampler
 (``neoembed.data.sampler``), per-dataset batch sizes, and the run guarantees that pre-training and CDE get from
-:mod:`neoembed.loop`, here through callbacks and one override: the output folder is checked first
+:mod:`neoembed.loop`, here through callbacks (:mod:`neoembed.train.callbacks`) and the trainer's overrides
+(:mod:`neoembed.train.hf_trainer`): the output folder is checked first
 (:func:`neoembed.runs.prepare_output_dir`: never silently reused), checkpoints are written to a staging folder,
 sealed with a checksum marker and renamed (a kill never leaves half of one to resume from; a full disk ends in a
 clear error), ``metrics.jsonl`` and TensorBoard are trimmed to the resumed step, SIGTERM / Ctrl-C checkpoint and
@@ -21,19 +22,14 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import os
-import shutil
-import time
 from pathlib import Path
 
 import torch
-from transformers import TrainerCallback
 
 from neoembed.adapters import (
     add_lora,
     count_parameters,
-    load_training_checkpoint,
     merge_lora,
     require_peft,
     save_adapter,
@@ -48,7 +44,6 @@ from neoembed.data.cards import (
 )
 from neoembed.data.check import require_hub
 from neoembed.data.sampler import (
-    NoDuplicatesBatchSampler,
     PowerLawDatasetBatchSampler,
     dataset_probabilities,
     plan_no_duplicates,
@@ -60,30 +55,25 @@ from neoembed.recipe import RecipeError, resolve_recipe_path
 from neoembed.record import write_run_record
 from neoembed.runs import (
     TRACKER_PROJECT,
-    MetricsLog,
     StopSignal,
     TrainingInterrupted,
     TrainingStopped,
     check_pair_counts,
     check_trackers,
     check_weight_files,
-    commit_checkpoint,
     launched_main,
     list_checkpoints,
     note_early_stop,
     prepare_output_dir,
-    progress_line,
-    recipe_hyperparameters,
     resume_defaults,
     resume_settings,
     run_identity,
     save_final_model,
-    stage_checkpoint,
-    tensorboard_hparams,
     verify_checkpoint,
-    write_failed,
 )
 from neoembed.sentence import record_matryoshka_dims
+from neoembed.train.callbacks import MetricsCallback, add_callbacks, is_terminal, resume_logs, tracker_env
+from neoembed.train.hf_trainer import unified_trainer_class
 from neoembed.train.holdout import (
     check_same_holdout,
     held_card_names,
@@ -162,329 +152,10 @@ def _check_batch(name: str, bs: int, rows: int, negatives: int) -> None:
         )
 
 
-class _MetricsCallback(TrainerCallback):
-    """Appends step, loss, learning rate, dataset, samples/s and peak memory to metrics.jsonl (through
-    :class:`~neoembed.runs.MetricsLog`, which also reports a run stuck at loss 0); stops on NaN."""
-
-    def __init__(
-        self, output: Path, samplers: list, names: list[str], batch_sizes: dict, main: bool, counts
-    ):
-        self.log = MetricsLog(output, (), main)  # TensorBoard is transformers' own callback here
-        # ``samplers``: the list the trainer appends its batch sampler to (which dataset each step drew from)
-        self.samplers, self.names, self.batch_sizes = samplers, names, batch_sizes
-        self.last_time, self.last_step, self.nan_step = time.perf_counter(), 0, None
-        self.loss_counts = counts  # what the loss masked since the last row: its MaskTally's pop
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.last_step = state.global_step  # a resumed run starts at its checkpoint's step
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        logs = logs or {}
-        scores = {
-            k: float(v)
-            for k, v in logs.items()
-            if k.startswith("eval_") and isinstance(v, int | float) and not k.endswith("_per_second")
-        }
-        if scores:  # an evaluation (neoembed.eval.training): its own row, at the step it scored
-            self.log.write({"step": state.global_step, **scores})
-        if "loss" not in logs:
-            return
-        if not math.isfinite(float(logs["loss"])):
-            self.nan_step, control.should_training_stop = state.global_step, True
-        now, step = time.perf_counter(), state.global_step
-        history = self.samplers[-1].history if self.samplers else []
-        dataset = self.names[history[(step - 1) % len(history)]] if history else None
-        steps = max(step - self.last_step, 1)
-        samples = steps * (self.batch_sizes.get(dataset, args.per_device_train_batch_size)) * args.world_size
-        if torch.cuda.is_available():
-            peak = torch.cuda.max_memory_allocated() / 2**20
-        else:
-            import resource
-
-            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        row = {
-            "step": step,
-            "loss": float(logs["loss"]),
-            "learning_rate": float(logs.get("learning_rate", float("nan"))),
-            "grad_norm": float(logs["grad_norm"]) if "grad_norm" in logs else None,
-            "dataset": dataset,
-            "samples_per_s": samples / max(now - self.last_time, 1e-9),
-            "peak_memory_mib": round(peak, 1),
-            "world_size": args.world_size,
-        }
-        counts = self.loss_counts()  # what the loss masked (false negatives), when it masks anything
-        row.update(counts)
-        if counts.get("false_negative_fraction", 0.0) >= 0.99:
-            logger.warning(
-                "false-negative masking dropped %.1f%% of the scored negatives up to step %d: the loss has almost "
-                "nothing to contrast; lower false_negatives.margin",
-                100 * counts["false_negative_fraction"],
-                step,
-            )
-        self.log.write(row)
-        self.last_time, self.last_step = now, step
-
-
-TRACKER_IDS = "trackers.json"
-# tracker -> the environment variables with which transformers' integration continues a run of that id
-RESUME_ENV = {"mlflow": {"MLFLOW_RUN_ID": "{id}"}, "wandb": {"WANDB_RUN_ID": "{id}", "WANDB_RESUME": "allow"}}
-
-
-class _TrackerIdsCallback(TrainerCallback):
-    """Writes the id of each tracked run (MLflow, W&B) to ``OUTPUT/trackers.json`` once the trackers have started,
-    so that ``--resume`` continues the same tracked run (:func:`_tracker_env`) instead of opening a new one."""
-
-    def __init__(self, callbacks: list, output: Path, main: bool):
-        self.callbacks, self.output, self.main = callbacks, output, main
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        ids = {}
-        for cb in self.callbacks:
-            run = None
-            if type(cb).__name__ == "MLflowCallback" and getattr(cb, "_initialized", False):
-                run = cb._ml_flow.active_run()
-                ids["mlflow"] = run.info.run_id if run is not None else None
-            elif type(cb).__name__ == "WandbCallback" and getattr(cb, "_wandb", None) is not None:
-                ids["wandb"] = cb._wandb.run.id if cb._wandb.run is not None else None
-        ids = {k: v for k, v in ids.items() if v}
-        if ids and self.main:
-            from neoembed.record import atomic_write_text
-
-            atomic_write_text(self.output / TRACKER_IDS, json.dumps(ids, indent=1) + "\n")
-
-
-class _RecipeHyperparameters(TrainerCallback):
-    """The recipe as ``a.b`` hyperparameters (:func:`~neoembed.runs.recipe_hyperparameters`: the run loop's keys)
-    to each tracker transformers started, at a run's first start (a resumed run has them; MLflow refuses a
-    changed parameter; Trackio gets them again), beside the TrainingArguments and model config transformers sends
-    itself."""
-
-    def __init__(self, callbacks: list, recipe: UnifiedRecipe, main: bool):
-        self.callbacks, self.recipe, self.main = callbacks, recipe, main
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        if not self.main:
-            return
-        values = recipe_hyperparameters(self.recipe)
-        for cb in self.callbacks:
-            name = type(cb).__name__
-            if name == "TrackioCallback" and getattr(cb, "_initialized", False):  # a resumed run too: it
-                cb._trackio.config.update(values, allow_val_change=True)  # starts with a new config
-            elif state.global_step > 0:
-                continue
-            elif name == "TensorBoardCallback" and cb.tb_writer is not None:
-                tensorboard_hparams(cb.tb_writer, values)
-            elif name == "MLflowCallback" and getattr(cb, "_initialized", False):
-                _mlflow_params(cb, values)
-            elif name == "WandbCallback" and getattr(getattr(cb, "_wandb", None), "run", None) is not None:
-                cb._wandb.config.update(values, allow_val_change=True)
-
-
-def _mlflow_params(cb, values: dict) -> None:
-    """MLflow parameters in its batches; a value over its length limit (a long datasets list) is left out, said once."""
-    limit = cb._MAX_PARAM_VAL_LENGTH
-    long = [k for k, v in values.items() if len(str(v)) > limit]
-    if long:
-        logger.warning(
-            "MLflow: %s longer than %d characters, not logged (run_record.json has them)", long, limit
-        )
-    items = [(k, v) for k, v in values.items() if k not in long]
-    for i in range(0, len(items), cb._MAX_PARAMS_TAGS_PER_BATCH):
-        cb._ml_flow.log_params(dict(items[i : i + cb._MAX_PARAMS_TAGS_PER_BATCH]))
-
-
-@contextlib.contextmanager
-def _tracker_env(output: Path, resume: bool):
-    """The W&B / Trackio project (:data:`~neoembed.runs.TRACKER_PROJECT`, as in the run loop) and, on resume, the
-    environment that makes transformers' MLflow / W&B integrations continue the recorded runs (a variable the user
-    set wins); restored afterwards."""
-    saved = output / TRACKER_IDS
-    ids = json.loads(saved.read_text()) if resume and saved.is_file() else {}
-    env = {k: v.format(id=ids[t]) for t, kv in RESUME_ENV.items() if t in ids for k, v in kv.items()}
-    env |= {"WANDB_PROJECT": TRACKER_PROJECT, "TRACKIO_PROJECT": TRACKER_PROJECT}
-    env = {k: v for k, v in env.items() if k not in os.environ}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for k in env:
-            os.environ.pop(k, None)
-
-
-class _PlainProgress(TrainerCallback):
-    """Output that is not a terminal (CI, a scheduler's log) gets no progress bar (its redraws are noise there)
-    but one plain line per logging step and per evaluation: step of total, loss, rate and time left."""
-
-    def __init__(self, stream=None):
-        import sys
-
-        self.stream = stream or sys.stderr
-        self.t0, self.first = time.perf_counter(), 0
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.t0, self.first = time.perf_counter(), state.global_step
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if not state.is_world_process_zero:  # one line per step, not one per process
-            return
-        step = state.global_step
-        values = {
-            k: v
-            for k, v in (logs or {}).items()
-            if (k in ("loss", "learning_rate") or k.startswith("eval_"))
-            and not k.endswith(("_runtime", "_per_second"))
-        }
-        if values:
-            rate = (step - self.first) / max(time.perf_counter() - self.t0, 1e-9)
-            print(progress_line(step, state.max_steps, values, rate), file=self.stream, flush=True)
-
-
-class _SignalCallback(TrainerCallback):
-    """On SIGTERM or Ctrl-C: finish the current step, write a checkpoint, stop."""
-
-    def __init__(self, stop: StopSignal):
-        self.stop = stop
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if self.stop.anywhere(args.device):  # every process stops at this step, a signal to one of them too
-            control.should_save, control.should_training_stop = True, True
-
-
-def _nan_at_this_step(state) -> bool:
-    logged = next((h for h in reversed(state.log_history) if "loss" in h), None)
-    return (
-        logged is not None
-        and logged.get("step") == state.global_step
-        and not math.isfinite(float(logged["loss"]))
-    )
-
-
-class _CheckpointLoads:
-    """Mixed into the unified trainer (before sentence-transformers' trainer): how a checkpoint's weights come
-    back, on resume and for keep_best's final model."""
-
-    def _load_from_checkpoint(self, checkpoint_path: str) -> None:
-        # a LoRA run's checkpoints hold PEFT's layer names, which sentence-transformers' fresh model lacks
-        model = getattr(self.model, "_orig_mod", self.model)
-        if getattr(model, "neoembed_lora_config", None) is None:
-            return super()._load_from_checkpoint(checkpoint_path)
-        return load_training_checkpoint(model, checkpoint_path)
-
-    def _load_best_model(self):
-        # sentence-transformers logs a failed load and goes on with the last step's weights while the state
-        # and the model card name the best step: a best step without its checkpoint stops the run instead
-        best, folder = self.state.best_global_step, self.state.best_model_checkpoint
-        if not folder or Path(folder).name != f"checkpoint-{best}" or not Path(folder).is_dir():
-            raise TrainingStopped(
-                f"keep_best: the best step {best} has no checkpoint ({folder}); no final model was saved. "
-                "Evaluate only at saved steps (eval.steps a multiple of save_steps)"
-            )
-        self.model.model_card_data.set_best_model_step(best)
-        self._load_from_checkpoint(folder)
-
-
-def _trainer_class():
-    from sentence_transformers import SentenceTransformerTrainer
-
-    class UnifiedTrainer(_CheckpointLoads, SentenceTransformerTrainer):
-        """Per-dataset batch sizes, the sampler handed to the metrics callback (through ``samplers``) for logging
-        which dataset each step used, and checkpoints written to a staging folder, sealed with a checksum marker
-        and renamed (neoembed.runs). All of it travels as constructor arguments, per trainer."""
-
-        def __init__(
-            self,
-            *args,
-            batch_sizes: dict,
-            samplers: list,
-            settings: dict | None,
-            keep: int | None,
-            no_duplicates: dict[str, bool] | None = None,
-            **kwargs,
-        ):
-            # ``keep``: save_total_limit, applied here (transformers gets none: its end-of-run clean-up would also
-            # delete the newest checkpoint of an interrupted run kept for --resume); ``no_duplicates``: card name ->
-            # no text twice in its batches
-            self.neoembed_batch_sizes, self.neoembed_samplers = batch_sizes, samplers
-            self.neoembed_keep = keep
-            self.neoembed_no_duplicates = no_duplicates or {}
-            self.neoembed_settings, self._neoembed_staging = settings, None
-            super().__init__(*args, **kwargs)
-
-        def get_batch_sampler(self, dataset, **kwargs):  # sentence-transformers passes keywords only
-            if any(self.train_dataset[n] is dataset for n, u in self.neoembed_no_duplicates.items() if u):
-                return NoDuplicatesBatchSampler(dataset, **kwargs)
-            return super().get_batch_sampler(dataset, **kwargs)
-
-        def get_multi_dataset_batch_sampler(self, dataset, batch_samplers, generator=None, seed=0):
-            names = list(self.train_dataset.keys())
-            for name, sampler in zip(names, batch_samplers, strict=True):
-                sampler.batch_size = self.neoembed_batch_sizes.get(name, sampler.batch_size)
-                if isinstance(sampler, NoDuplicatesBatchSampler):
-                    logger.info("card %s: a text repeats across rows, so no batch holds it twice", name)
-            sampler = super().get_multi_dataset_batch_sampler(dataset, batch_samplers, generator, seed)
-            self.neoembed_samplers.append(sampler)
-            return sampler
-
-        def _get_output_dir(self, trial):
-            # transformers writes a checkpoint into <this>/checkpoint-N: the staging folder while one is written
-            if self._neoembed_staging is not None:
-                return str(self._neoembed_staging)
-            return super()._get_output_dir(trial)
-
-        def _save_checkpoint(self, model, trial):
-            if _nan_at_this_step(self.state):  # a NaN step at a save step: its state is not a checkpoint
-                return
-            step, output = self.state.global_step, Path(self.args.output_dir)
-            main = self.args.should_save
-            staged = output / f".checkpoint-{step}.partial"
-            if main:
-                stage_checkpoint(output, step)
-            self.accelerator.wait_for_everyone()
-            self._neoembed_staging = staged
-            try:
-                super()._save_checkpoint(model, trial)
-            except Exception as e:  # a full disk, say: the staging folder goes, the last checkpoint stays
-                raise write_failed(staged, step, e) from e
-            finally:
-                self._neoembed_staging = None
-            self.accelerator.wait_for_everyone()
-            _point_at_best(self.state, staged / f"checkpoint-{step}", output, main)
-            if main:
-                commit_checkpoint(
-                    staged / f"checkpoint-{step}", step, None, self.neoembed_settings, output=output
-                )
-                shutil.rmtree(staged, ignore_errors=True)  # the emptied staging folder (commit may have gone)
-                _rotate(output, self.neoembed_keep, self.state.best_global_step)
-            self.accelerator.wait_for_everyone()
-
-    return UnifiedTrainer
-
-
 def _query_prompt(recipe: UnifiedRecipe, cards) -> str:
     """The prefix every training query carried ("" when cards differ or instructions are off)."""
     instructions = [card.instruction if recipe.instructions else None for card, _ in cards]
     return training_prompts(instructions, recipe.template)["query"]
-
-
-def _point_at_best(state, checkpoint: Path, output: Path, main: bool) -> None:
-    """transformers records the best checkpoint under the folder it wrote to (the staging folder): every rank's
-    state (each loads the best model at the end) and, on the main process, the trainer_state.json about to be
-    sealed (the one a resume reads) name the checkpoint's final place."""
-    if not state.best_global_step:
-        return
-    state.best_model_checkpoint = str(output / f"checkpoint-{state.best_global_step}")
-    if main:
-        state.save_to_json(str(checkpoint / "trainer_state.json"))
-
-
-def _rotate(output: Path, keep: int | None, best_step: int | None) -> None:
-    """``save_total_limit``: the ``keep`` newest checkpoints stay, and the best one (``keep_best``) besides."""
-    if not keep:
-        return
-    best = output / f"checkpoint-{best_step}" if best_step else None
-    for old in list_checkpoints(output)[:-keep]:
-        if old != best:
-            shutil.rmtree(old, ignore_errors=True)
 
 
 def _best_line(recipe: UnifiedRecipe, state) -> str:
@@ -565,7 +236,7 @@ def _training_args(recipe: UnifiedRecipe, output: Path, full_sizes: list[int]):
         multi_dataset_batch_sampler=PowerLawDatasetBatchSampler.with_settings(
             recipe.alpha, recipe.steps, full_sizes
         ),
-        disable_tqdm=not _is_terminal(),  # a bar on a terminal; elsewhere _PlainProgress's lines
+        disable_tqdm=not is_terminal(),  # a bar on a terminal; elsewhere PlainProgress's lines
         dataloader_pin_memory=torch.cuda.is_available(),
         use_cpu=join_on_cpu(),
     )
@@ -590,27 +261,6 @@ def _eval_args(recipe: UnifiedRecipe) -> dict:
             "greater_is_better": recipe.keep_best.mode == "max",
         }
     return out
-
-
-def _purge_tensorboard(trainer, step: int) -> None:
-    """On resume: transformers' TensorBoard writer hides the events logged after the resumed checkpoint."""
-    import functools
-
-    from transformers.integrations import TensorBoardCallback
-
-    for cb in trainer.callback_handler.callbacks:
-        if isinstance(cb, TensorBoardCallback) and cb._SummaryWriter is not None:
-            cb._SummaryWriter = functools.partial(cb._SummaryWriter, purge_step=step + 1)
-
-
-def _resume_logs(trainer, checkpoint: Path, output: Path, main: bool) -> None:
-    """On resume: the metrics and TensorBoard events logged after ``checkpoint`` go (its step is logged again)."""
-    from neoembed.runs import trim_metrics
-
-    step = json.loads((checkpoint / "trainer_state.json").read_text())["global_step"]
-    trim_metrics(output / "metrics.jsonl", step) if main else None
-    _purge_tensorboard(trainer, step)
-    logger.warning("resuming from %s (step %d)", checkpoint, step)
 
 
 def _write_run_record(
@@ -703,14 +353,11 @@ def train(
     check_weight_files(recipe.model)
     model = load(recipe.model, pooling=recipe.pooling, compile=recipe.compile)
     base_max_length = _training_length(model, recipe)  # the saved model gets base_max_length back
-    if recipe.adapter is not None:
-        a = recipe.adapter
-        add_lora(model, a.r, a.alpha, a.dropout, a.target_modules)
-        logger.info("LoRA adapter: %d of %d parameters train", *count_parameters(model))
-    with _tracker_env(output, checkpoint is not None):  # before sentence-transformers' trainer sets a project
+    _add_adapter(model, recipe)
+    with tracker_env(output, checkpoint is not None):  # before sentence-transformers' trainer sets a project
         samplers: list = []
         tally = MaskTally()  # what false-negative masking drops, logged with each metrics row
-        trainer = _trainer_class()(
+        trainer = unified_trainer_class()(
             model=model,
             args=_training_args(recipe, output, full_sizes),
             train_dataset=datasets,
@@ -723,13 +370,15 @@ def train(
             no_duplicates=no_duplicates,
         )
         output.mkdir(parents=True, exist_ok=True)
-        metrics = _MetricsCallback(output, samplers, list(datasets.keys()), batch_sizes, main, tally.pop)
+        metrics = MetricsCallback(output, samplers, list(datasets.keys()), batch_sizes, main, tally.pop)
         stop = StopSignal()
-        _add_callbacks(trainer, recipe, metrics, stop, output, main)
+        add_callbacks(trainer, recipe, metrics, stop, output, main)
         if checkpoint is not None:
-            _resume_logs(trainer, checkpoint, output, main)
+            resume_logs(trainer, checkpoint, output, main)
         if main:
-            _write_run_record(recipe, output, cards, reports, datasets, settings, batch_sizes, (held, holdout))
+            _write_run_record(
+                recipe, output, cards, reports, datasets, settings, batch_sizes, (held, holdout)
+            )
         _fit(trainer, checkpoint, stop, recipe, output, main)
     if metrics.nan_step is not None:
         raise TrainingStopped(
@@ -743,6 +392,14 @@ def train(
         _note_early_stop(recipe, trainer.state, output)
         _save_final(recipe, model, cards, output, trainer.state, base_max_length)
     return output
+
+
+def _add_adapter(model, recipe: UnifiedRecipe) -> None:
+    """The recipe's LoRA adapter (``adapter:``) on ``model``, if it asks for one."""
+    if recipe.adapter is not None:
+        a = recipe.adapter
+        add_lora(model, a.r, a.alpha, a.dropout, a.target_modules)
+        logger.info("LoRA adapter: %d of %d parameters train", *count_parameters(model))
 
 
 def _note_early_stop(recipe: UnifiedRecipe, state, output: Path) -> None:
@@ -763,30 +420,6 @@ def _training_data(recipe: UnifiedRecipe, recipe_dir: Path | None):
     sizes = {name: len(d) for name, d in datasets.items()}
     datasets, held = split_holdout(recipe, datasets, cards, batch_sizes)
     return datasets, cards, batch_sizes, reports, held, holdout_record(recipe, held, sizes, datasets)
-
-
-def _add_callbacks(
-    trainer, recipe: UnifiedRecipe, metrics: _MetricsCallback, stop: StopSignal, output: Path, main: bool
-) -> None:
-    trainer.add_callback(metrics)
-    trainer.add_callback(_SignalCallback(stop))
-    if not _is_terminal():  # transformers' own printer would add a raw dict per log beside our line
-        from transformers.trainer_callback import PrinterCallback
-
-        trainer.remove_callback(PrinterCallback)
-        trainer.add_callback(_PlainProgress())
-    trainer.add_callback(_TrackerIdsCallback(trainer.callback_handler.callbacks, output, main))
-    trainer.add_callback(_RecipeHyperparameters(trainer.callback_handler.callbacks, recipe, main))
-    if recipe.keep_best is not None and recipe.keep_best.patience is not None:
-        from transformers import EarlyStoppingCallback  # its count travels in the checkpoint's trainer state
-
-        trainer.add_callback(EarlyStoppingCallback(early_stopping_patience=recipe.keep_best.patience))
-
-
-def _is_terminal() -> bool:
-    import sys
-
-    return sys.stderr.isatty()
 
 
 def _check_first_module(recipe: UnifiedRecipe) -> None:
