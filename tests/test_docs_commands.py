@@ -15,6 +15,8 @@ command fails here until someone says how it runs:
 - ``install``: a ``pip install`` line: every extra it names is in ``pyproject.toml``.
 - ``ci``: the README's test line, which is what ``.ci/run`` runs (checked to be the same text).
 - ``readme``: a line of the README repeated word for word on the site's home page; proven as the README's.
+- ``tour``: a line of the home page's tour that another page runs word for word, with nothing before it on the
+  home page that it reads; proven there (each run once: every launch costs an interpreter start).
 - ``own-data``: docs/own-data.md's page, run in order by ``tests/test_own_data.py``.
 - ``shape``: needs what cannot exist here (a stage-2 pre-trained NeoBERT, a trained cross-encoder, a literal
   ``...``); parsed only.
@@ -112,15 +114,15 @@ HOW = {
         " && pytest": "readme",
         "neoembed convert chandar-lab/NeoBERT runs/neobert": "hub",
         "neoembed mteb --model my-model --tasks STS13,SciFact --precision bf16": "hub",
-        "neoembed mteb --model my-model --data-dir ../shared/data/mteb": "run",
+        "neoembed mteb --model my-model --data-dir ../shared/data/mteb": "tour",
         "neoembed train neobert-unified steps=500 optimizer.lr=2e-5 loss.name=cached_infonce": "hub",
         'neoembed train neobert-unified "matryoshka.dims=[768,256,64]" false_negatives.margin=0.1': "hub",
-        "neoembed train neobert-unified --dry-run": "run",
+        "neoembed train neobert-unified --dry-run": "tour",
         "neoembed train tiny": "run",
         "neoembed train tiny --resume": "run",
-        "neoembed mine tests/data_cards/msrp_pairs.yaml --model MODEL --out runs/mined/": "run",
+        "neoembed mine tests/data_cards/msrp_pairs.yaml --model MODEL --out runs/mined/": "tour",
         "neoembed train cde": "hub",
-        "neoembed pretrain pretrain-tiny": "run",
+        "neoembed pretrain pretrain-tiny": "tour",
         "neoembed preprocess docs/ runs/shards-mydomain --tokenizer chandar-lab/NeoBERT": "hub",
         "neoembed pretrain pretrain-tiny tokenizer=chandar-lab/NeoBERT data.sources='[{path: runs/shards-mydomain}]'"
         " output_dir=runs/pretrain-mydomain": "hub",
@@ -329,6 +331,12 @@ def test_the_readme_test_line_is_what_ci_runs():
     assert line in (REPO / ".ci" / "run").read_text()
     repeated = [line for how in HOW.values() for line, mode in how.items() if mode == "readme"]
     assert repeated and set(repeated) <= set(HOW["README.md"]), repeated  # the home page's copies of the README
+
+
+def test_the_home_pages_tour_lines_run_on_their_pages():
+    tour = [line for line, mode in HOW["index.md"].items() if mode == "tour"]
+    run = {line for page, how in HOW.items() if page != "index.md" for line, mode in how.items() if mode == "run"}
+    assert tour and set(tour) <= run, sorted(set(tour) - run)
 
 
 # ------------------------------------------------------------------------------------------------ running
