@@ -257,6 +257,13 @@ def test_case5_glue_stopped_by_a_signal_resumes_past_a_torn_checkpoint(
     assert result["steps"] == full["steps"] == 10 and result["best_step"] == full["best_step"]
     assert result["validation"]["validation"] == pytest.approx(full["validation"]["validation"], abs=1e-6)
     assert (out / "model" / "config.json").is_file() and not list_checkpoints(out)
+    # resumed once more: nothing left to run (with its checkpoints removed, it trained again from step 0)
+    written = (out / "results.json").stat().st_mtime_ns
+    with pytest.raises(SystemExit) as again:
+        main()
+    said = capsys.readouterr()
+    assert again.value.code == 0 and "its run finished at step 10, nothing left to run" in said.out, said
+    assert (out / "results.json").stat().st_mtime_ns == written
 
 
 def test_glue_carve_refuses_an_existing_validation_split(tmp_path, msrp_rows, tiny_official):

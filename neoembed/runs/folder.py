@@ -111,10 +111,11 @@ def _from_record(output: Path, key: str) -> Any:
 
 def _finished(output: Path, saved: dict | None, settings: dict | None) -> int | None:
     """The step at which ``output``'s run saved its final model, where resuming it with ``settings`` has
-    nothing left to run: the same ``steps`` (more would train on), and the newest complete checkpoint, if any, at
-    that step (one behind it: later files were removed or torn, and the run goes on from there)."""
+    nothing left to run: the same ``steps`` (more would train on; None: a caller that checks before it knows its
+    settings, as ``neoembed glue`` does), and the newest complete checkpoint, if any, at that step (one behind it:
+    later files were removed or torn, and the run goes on from there)."""
     finished = _from_record(output, FINISHED)
-    if finished is None or (saved or {}).get("steps") != (settings or {}).get("steps"):
+    if finished is None or (settings is not None and (saved or {}).get("steps") != settings.get("steps")):
         return None
     ckpts = list_checkpoints(output)
     newest = next((c for c in reversed(ckpts) if verify_checkpoint(c) is None), None)
