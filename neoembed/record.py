@@ -31,8 +31,9 @@ __all__ = [
 
 #: the file every command that produces results writes beside them
 RUN_RECORD = "run_record.json"
-#: the run record's key for the step at which the run's final model was saved (absent: the run has not finished)
-FINISHED = "finished_step"
+#: the run record's key for a finished run: the step its final model was saved at and the entries that model put
+#: in the output folder (absent: the run has not finished)
+FINISHED = "finished"
 
 PACKAGES = (
     "neoembed",

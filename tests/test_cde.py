@@ -418,6 +418,15 @@ def test_cde_resume_equals_uninterrupted(tmp_path, tiny_official):
     assert _losses(part) == pytest.approx(_losses(full), rel=1e-6)
     # the same seed gives identical losses
     assert _losses(full)[:3] == _losses(part)[:3]
+    from neoembed.runs import RunFinished  # once finished, a resume has nothing left to run
+
+    with pytest.raises(RunFinished, match="finished at step 6, nothing left to run"):
+        train_cde(
+            _recipe(part, tiny_official, "steps=6", "save_steps=3"),
+            recipe_dir=CDE_TINY.parent,
+            resume=True,
+            progress=False,
+        )
 
 
 def test_cli_train_dispatches_cde_and_rejects_bad_recipes(tmp_path, tiny_official, run_neoembed):

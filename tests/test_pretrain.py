@@ -303,6 +303,10 @@ def test_resume_equals_uninterrupted_and_final_model(tmp_path, shards):
     assert "model.NeoBERT" in (tmp_path / "official" / "config.json").read_text()
     with pytest.raises(OutputDirError, match="--resume"):
         pretrain(_recipe(tmp_path / "full", shards, "steps=6", "save_steps=3"), progress=False)
+    from neoembed.runs import RunFinished  # the run loop keeps no checkpoint at the last step: still finished
+
+    with pytest.raises(RunFinished, match="finished at step 6, nothing left to run"):
+        pretrain(_recipe(tmp_path / "full", shards, "steps=6", "save_steps=3"), resume=True, progress=False)
 
 
 def test_padded_mode_and_mixture_train(tmp_path, shards):

@@ -232,7 +232,7 @@ def test_resuming_a_finished_run_says_so_and_writes_nothing(
     from neoembed.runs import RunFinished
 
     ref, _ = finished
-    assert json.loads((ref / "run_record.json").read_text())["finished_step"] == 4
+    assert json.loads((ref / "run_record.json").read_text())["finished"]["step"] == 4
     before = _snapshot(ref)
     with pytest.raises(RunFinished, match=r"finished at step 4, nothing left to run; .*steps=8"):
         train(_recipe(ref, tiny_official), recipe_dir=TINY.parent, resume=True)
@@ -244,7 +244,7 @@ def test_resuming_a_finished_run_says_so_and_writes_nothing(
     shutil.copytree(ref, extended)
     train(_recipe(extended, tiny_official, "steps=6"), recipe_dir=TINY.parent, resume=True)
     assert _steps(extended)[-1] == 6
-    assert json.loads((extended / "run_record.json").read_text())["finished_step"] == 6
+    assert json.loads((extended / "run_record.json").read_text())["finished"]["step"] == 6
 
 
 def test_resume_on_another_process_count_is_refused_where_the_batch_is_per_process(

@@ -17,7 +17,6 @@ from neoembed.runs.checkpoints import (
     CHECKPOINT_MARKER,
     find_resume_checkpoint,
     list_checkpoints,
-    verify_checkpoint,
 )
 from neoembed.runs.errors import OutputDirError, RunFinished
 from neoembed.runs.lock import launched_main
@@ -112,14 +111,15 @@ def _from_record(output: Path, key: str) -> Any:
 def _finished(output: Path, saved: dict | None, settings: dict | None) -> int | None:
     """The step at which ``output``'s run saved its final model, where resuming it with ``settings`` has
     nothing left to run: the same ``steps`` (more would train on; None: a caller that checks before it knows its
-    settings, as ``neoembed glue`` does), and the newest complete checkpoint, if any, at that step (one behind it:
-    later files were removed or torn, and the run goes on from there)."""
+    settings, as ``neoembed glue`` does), and every entry the final save put in the folder still there (one gone:
+    the final model was removed, and the run goes on from its newest complete checkpoint)."""
     finished = _from_record(output, FINISHED)
-    if finished is None or (settings is not None and (saved or {}).get("steps") != settings.get("steps")):
+    if not isinstance(finished, dict):
         return None
-    ckpts = list_checkpoints(output)
-    newest = next((c for c in reversed(ckpts) if verify_checkpoint(c) is None), None)
-    return int(finished) if not ckpts or (newest and int(newest.name.split("-")[1]) == int(finished)) else None
+    if settings is not None and (saved or {}).get("steps") != settings.get("steps"):
+        return None
+    entries = finished.get("entries") or []
+    return int(finished["step"]) if all((output / name).exists() for name in entries) else None
 
 
 def _saved_settings(output: Path) -> dict[str, Any] | None:

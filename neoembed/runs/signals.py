@@ -107,7 +107,8 @@ class _FinalSaveSignals(_Handlers):
 def save_final_model(output: str | Path, save: Callable[[Path], None], step: int) -> None:
     """Write a run's final model all or nothing: ``save(folder)`` writes it into ``output/.final.partial``,
     whose entries are then moved into ``output`` (renames, with SIGINT / SIGTERM held until they are done); then
-    the run record says the run finished at ``step`` (which a later ``--resume`` reads: :class:`RunFinished`).
+    the run record says the run finished at ``step`` with these entries (a later ``--resume`` reads it:
+    :class:`RunFinished`).
 
     A signal while ``save`` runs removes the partial folder and raises :class:`FinalSaveInterrupted` (exit 130 /
     143) naming the checkpoint that ``--resume`` continues from; so does any error (re-raised as it is)."""
@@ -125,13 +126,14 @@ def save_final_model(output: str | Path, save: Callable[[Path], None], step: int
             shutil.rmtree(staged, ignore_errors=True)
             raise
         signals.deferring = True
-        for entry in sorted(staged.iterdir()):
+        entries = sorted(staged.iterdir())
+        for entry in entries:
             target = output / entry.name
             if target.is_dir() and not target.is_symlink():
                 shutil.rmtree(target)
             os.replace(entry, target)
         staged.rmdir()
-        add_to_run_record(output, {FINISHED: step})
+        add_to_run_record(output, {FINISHED: {"step": step, "entries": [e.name for e in entries]}})
     if signals.received is not None:
         logger.warning(
             "%s received while the final model was moved in: it is complete in %s", signals.received, output
