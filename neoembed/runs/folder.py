@@ -168,7 +168,8 @@ def _check_steps(ckpt: Path, saved: dict | None, settings: dict | None) -> None:
 
 
 def _check_same_run(out: Path, saved: dict | None, settings: dict | None, defaults: dict | None) -> None:
-    """``--resume``: the folder's run must have had these ``settings`` (``steps`` may change: :func:`_check_steps`)."""
+    """``--resume``: the folder's run must have had these ``settings`` (``steps`` may change:
+    :func:`_check_steps`)."""
     if settings is None or saved is None:
         return
     diff = _differences(
