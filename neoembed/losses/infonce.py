@@ -105,8 +105,6 @@ class _InfoNCEMixin:
                 tally.add(found if known is None else found & ~known, found.numel() - len(found))
             return found if known is None else known | found
 
-        if tally is not None:
-            tally.calls += 1
         return joined
 
     def _contrast(self, queries: Matrix, docs: list[Matrix], mask: MaskFn | None, offset: int) -> Tensor:

@@ -133,15 +133,17 @@ class MaskTally:
     def _zero(self) -> None:
         self.masked: Tensor | float = 0.0  # summed on the device, read on the host once per pop
         self.scored = 0  # negatives the masking looked at (every candidate but each query's own positive)
-        self.calls = 0
+        self.calls = 0  # chunks of query rows masked
 
     def add(self, masked: Tensor, scored: int) -> None:
+        """One chunk of rows: ``masked`` (bool) the negatives masking dropped, ``scored`` how many it looked at."""
         self.masked = self.masked + masked.sum()
         self.scored += scored
+        self.calls += 1
 
     def pop(self) -> dict[str, float]:
-        """Masked false negatives and their fraction of the scored negatives, then zeros; {} with no call since
-        the last pop (nothing to log)."""
+        """Masked false negatives and their fraction of the scored negatives, then zeros; {} with nothing added
+        since the last pop (nothing to log)."""
         if not self.calls:
             return {}
         masked = float(self.masked)
