@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from neoembed.eval.runner import EvalConfig, run_mteb
 from neoembed.eval.training import MtebEvaluator
 from neoembed.recipe import load_recipe
-from neoembed.runs import TrainingInterrupted
+from neoembed.runs import RunFinished, TrainingInterrupted
 from neoembed.train import callbacks as callbacks_mod
 from neoembed.train.recipe import UnifiedRecipe
 from neoembed.train.trainer import train
@@ -324,20 +324,17 @@ def test_keep_best_patience_ends_the_run_at_the_first_unbeaten_evaluations(tmp_p
     assert expected is not None and expected < 8, (
         scores
     )  # the trajectory has an unbeaten evaluation to stop at
-    out = _train(
-        _recipe(
-            tmp_path / "early",
-            tiny_official,
-            trecqa,
-            "keep_best={metric: ndcg_at_10, mode: min, patience: 1}",
-            "steps=8",
-        )
-    )
+    early = ("keep_best={metric: ndcg_at_10, mode: min, patience: 1}", "steps=8")
+    out = _train(_recipe(tmp_path / "early", tiny_official, trecqa, *early))
     assert sorted(_rows(out, "eval_ndcg_at_10")) == [s for s in sorted(scores) if s <= expected]
     assert json.loads((out / "run_record.json").read_text())["stopped_early"] == {
         "step": expected,
         "patience": 1,
     }
+    # finished, and not to be resumed "with more steps": its patience count would stop it again
+    with pytest.raises(RunFinished, match=rf"finished at step {expected}, .*patience=1 ended it early") as e:
+        _train(_recipe(tmp_path / "early", tiny_official, trecqa, *early), resume=True)
+    assert "resume with more steps" not in str(e.value)
 
 
 def test_an_unknown_eval_task_is_refused_before_training(tmp_path, tiny_official, trecqa):

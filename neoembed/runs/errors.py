@@ -44,9 +44,15 @@ class RunFinished(Exception):
     line prints the message and exits 0, so a job script that always passes ``--resume`` (a preemptible queue)
     ends cleanly once its run is done."""
 
-    def __init__(self, output: Path, step: int, steps: int | None):
+    def __init__(self, output: Path, step: int, steps: int | None, stopped_early: dict | None = None):
         self.output, self.step = output, step
         more = f"; to train on, resume with more steps (steps={2 * step})" if steps is not None else ""
+        # an early stop's patience count is resumed too: more steps stop at the next unbeaten evaluation
+        if stopped_early:
+            more = (
+                f" (keep_best.patience={stopped_early.get('patience')} ended it early); more steps would stop "
+                "again at the next evaluation that is not a new best"
+            )
         super().__init__(f"{output}: its run finished at step {step}, nothing left to run{more}")
 
 

@@ -240,7 +240,8 @@ def prepare_output_dir(
         saved = _saved_settings(out)
         _check_same_run(out, saved, settings, defaults)
         if (finished := _finished(out, saved, settings)) is not None:
-            raise RunFinished(out, finished, (settings or {}).get("steps"))
+            early = _from_record(out, "stopped_early")
+            raise RunFinished(out, finished, (settings or {}).get("steps"), early)
         if not checkpoints:
             return None
         ckpt = find_resume_checkpoint(out)
