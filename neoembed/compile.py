@@ -156,7 +156,7 @@ def _pad_to(t: torch.Tensor, rows: int, cols: int, value: int) -> torch.Tensor:
 
 
 PAD_KEYS = {"input_ids": None, "attention_mask": 0, "token_type_ids": 0}  # None: the model's pad token
-PASSTHROUGH_KEYS = ("inputs_embeds", "position_ids", "cu_seq_lens_q", "positionless_prefix")
+PASSTHROUGH_KEYS = ("inputs_embeds", "position_ids", "cu_seq_lens_q")
 
 
 def pad_to_buckets(
@@ -164,7 +164,7 @@ def pad_to_buckets(
 ) -> tuple[dict, tuple[int, int]] | tuple[None, None]:
     """``inputs`` with ``input_ids``, ``attention_mask`` (and ``token_type_ids``) padded to ``(bucket_batch(B),
     bucket_length(L))``, and the original ``(B, L)``; ``(None, None)`` when the input is not plain token input
-    (``inputs_embeds``, packed input or CDE's position-less prefix pass through untouched)."""
+    (``inputs_embeds``, packed input or given positions pass through untouched)."""
     ids, mask = inputs.get("input_ids"), inputs.get("attention_mask")
     plain = (
         isinstance(ids, torch.Tensor)

@@ -150,7 +150,7 @@ def test_compiled_layers_on_the_varlen_path_compile_once_for_every_batch(monkeyp
     monkeypatch.setattr(attention_neobert, "_flash_varlen", lambda: None)
     monkeypatch.setattr(attention_neobert, "_torch_varlen", lambda: cpu_varlen)
     monkeypatch.setattr(
-        mn, "attention_backend", lambda config, x, packed, out: "varlen" if packed else "sdpa"
+        mn, "attention_function", lambda config, x, packed, out: "neobert_varlen" if packed else "sdpa"
     )
     model = _model(padding_free=True).eval()
     counter = CompileCounter()

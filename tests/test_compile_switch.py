@@ -91,7 +91,7 @@ def test_bucketed_encode_equals_plain_encode(tiny_official, sentences):
         want = model.encode(sentences, batch_size=b, convert_to_tensor=True)
         assert g.shape == want.shape == (len(sentences), 64)
         torch.testing.assert_close(g, want, rtol=1e-5, atol=1e-5)
-    assert all(len(shape) == 2 for shape in seen[n_seen:])  # really unbucketed: (T, D) packed tokens
+    assert all(shape[0] == 1 for shape in seen[n_seen:])  # really unbucketed: (1, T, D) packed tokens
 
 
 def test_bucketing_cuts_the_output_back_and_passes_other_input_through(tiny_official):

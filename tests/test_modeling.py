@@ -119,20 +119,21 @@ def test_packed_attention_equals_block_diagonal_attention(slack):
     length-1 sequences among the others, however the sequences are grouped."""
     import torch.nn.functional as F
 
-    from neoembed.modeling.attention_neobert import AttentionInputs, grouped_attention, length_groups
+    from neoembed.modeling.attention_neobert import grouped_attention_forward, length_groups
 
     lengths = [1, 400, 200, 0, 190, 3, 60, 64, 400, 300, 7, 150]
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(sum(lengths), 2, 8, generator=g, requires_grad=True) for _ in range(3))
     cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
-    no_rotation = torch.ones(sum(lengths), 1, 4), torch.zeros(sum(lengths), 1, 4)  # cos 1, sin 0
     groups, order = length_groups(lengths, slack=slack)
     assert len(groups) == {1.0: 10, 1e9: 1}.get(slack, len(groups))  # 10 distinct non-zero lengths
     # packed in another order, the tokens are permuted into groups; the padding-free layout packs longest first
     assert order is not None and length_groups(sorted(lengths, reverse=True), slack=slack)[1] is None
-    inputs = AttentionInputs("grouped", *no_rotation, cu_seqlens=cu, lengths=tuple(lengths))
-    inputs.groups, inputs.order = groups, order
-    packed, _ = grouped_attention(q, k, v, inputs)
+    # (1, H, T, Dh) in and (1, T, H, Dh) out, as transformers' AttentionInterface passes and takes them
+    packed, _ = grouped_attention_forward(
+        None, *(t.transpose(0, 1)[None] for t in (q, k, v)), None, cu_seq_lens_q=cu, groups=groups, order=order
+    )
+    packed = packed[0]
     doc = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
     same_doc = doc[:, None] == doc[None, :]  # (T, T)
     reference = F.scaled_dot_product_attention(
@@ -567,17 +568,25 @@ def test_version_and_auto_registration():
 
 
 # ------------------------------------------------------------------------ position-less prefix (CDE)
-def _prefix_model():
-    from neoembed.cde.modeling_cde import register_positionless_prefix
+def _prefix_model(prefix: int):
+    from neoembed.cde.modeling_cde import use_positionless_prefix
 
     torch.manual_seed(0)
     model = NeoBERTModel(tiny_config()).eval()
-    register_positionless_prefix(model)  # CDE's attention backend lives with CDE
+    assert use_positionless_prefix(model, prefix)  # CDE's attention lives with CDE
     return model
 
 
+def _with_prefix(model, x, mask, prefix: int, offset: int = 0):
+    """As CDE's second stage calls the backbone: every prefix slot at position 0, the text's from ``offset``,
+    a 4-D key mask (the padded layout)."""
+    text = torch.arange(x.shape[1] - prefix) + offset
+    pos = torch.cat([torch.zeros(prefix, dtype=torch.long), text])[None].expand(x.shape[0], -1)
+    return model(inputs_embeds=x, attention_mask=mask[:, None, None, :].bool(), position_ids=pos).last_hidden_state
+
+
 def test_positionless_prefix_is_a_set_and_text_is_shift_invariant():
-    model = _prefix_model()
+    model = _prefix_model(6)
     g = torch.Generator().manual_seed(0)
     ctx = torch.randn(2, 6, 32, generator=g)
     text_ids, text_mask = random_batch([9, 5], seed=1)
@@ -586,36 +595,31 @@ def test_positionless_prefix_is_a_set_and_text_is_shift_invariant():
     mask = torch.cat([torch.ones(2, 6, dtype=torch.long), text_mask], dim=1)
     m = text_mask.bool()
     with torch.no_grad():
-        out = model(inputs_embeds=x, attention_mask=mask, positionless_prefix=6).last_hidden_state
+        out = _with_prefix(model, x, mask, 6)
         perm = torch.randperm(6, generator=g)
         x_perm = torch.cat([ctx[:, perm], text], dim=1)
-        out_perm = model(inputs_embeds=x_perm, attention_mask=mask, positionless_prefix=6).last_hidden_state
+        out_perm = _with_prefix(model, x_perm, mask, 6)
         assert (out[:, 6:] - out_perm[:, 6:])[m].abs().max() <= EQ
         assert (out[:, :6][:, perm] - out_perm[:, :6]).abs().max() <= EQ
-        shifted = model(
-            inputs_embeds=x,
-            attention_mask=mask,
-            positionless_prefix=6,
-            position_ids=torch.arange(9)[None] + 17,
-        ).last_hidden_state
+        shifted = _with_prefix(model, x, mask, 6, offset=17)
         assert (out[:, 6:] - shifted[:, 6:])[m].abs().max() <= EQ
         changed = x.clone()
         changed[:, 2] += 1.0
-        out_changed = model(
-            inputs_embeds=changed, attention_mask=mask, positionless_prefix=6
-        ).last_hidden_state
+        out_changed = _with_prefix(model, changed, mask, 6)
         assert (out[:, 6:] - out_changed[:, 6:])[m].abs().max() > 1e-3
 
 
 def test_positionless_prefix_of_text_only_model_matches_plain_text():
     """With no prefix tokens attended (masked out), the text part equals the plain encoder on the text."""
-    model = _prefix_model()
+    model = _prefix_model(3)
     ids, mask = random_batch([7, 4])
     with torch.no_grad():
-        plain = model(input_ids=ids, attention_mask=mask).last_hidden_state
+        plain = NeoBERTModel(model.config).eval()
+        plain.load_state_dict(model.state_dict())
+        plain = plain(input_ids=ids, attention_mask=mask).last_hidden_state
         x = torch.cat([torch.randn(2, 3, 32), model.encoder(ids)], dim=1)
         full_mask = torch.cat([torch.zeros(2, 3, dtype=torch.long), mask], dim=1)
-        out = model(inputs_embeds=x, attention_mask=full_mask, positionless_prefix=3).last_hidden_state
+        out = _with_prefix(model, x, full_mask, 3)
     assert (out[:, 3:] - plain)[mask.bool()].abs().max() <= EQ
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModel
+from transformers import AttentionInterface, AutoModel
 
 from neoembed.modeling import NeoBERTConfig, NeoBERTModel
 
@@ -86,7 +86,6 @@ def test_autocast_packs_into_the_varlen_kernel_not_a_loop_per_sequence(monkeypat
     """fp32 weights under bf16 autocast (accelerate's mixed precision): the embeddings are fp32 but the
     projections hand attention bf16 q, k, v, so the packed layout must take the varlen kernel; the per-sequence
     loop made packed pre-training 10x slower than padded on an H200."""
-    import neoembed.modeling.attention_neobert as mn
 
     torch.manual_seed(0)
     cfg = NeoBERTConfig(hidden_size=256, num_hidden_layers=2, num_attention_heads=4, intermediate_size=1024)
@@ -96,7 +95,7 @@ def test_autocast_packs_into_the_varlen_kernel_not_a_loop_per_sequence(monkeypat
     def refuse(*_):
         raise AssertionError("the packed layout ran the CPU's grouped attention under autocast")
 
-    monkeypatch.setitem(mn.ATTENTION_BACKENDS, "grouped", refuse)
+    monkeypatch.setitem(AttentionInterface._global_mapping, "neobert_grouped", refuse)
     with torch.autocast("cuda", dtype=torch.bfloat16):
         model.config.padding_free = False
         padded = model(input_ids=ids, attention_mask=mask).last_hidden_state.float()
@@ -118,8 +117,10 @@ def test_fp32_packed_layout_on_cuda_runs_in_length_groups(monkeypatch):
     model = NeoBERTModel(cfg).cuda().train()
     ids, mask = _batch([17, 300, 64, 5, 290, 33], cfg.vocab_size, "cuda")
     calls = []
-    grouped = mn.ATTENTION_BACKENDS["grouped"]
-    monkeypatch.setitem(mn.ATTENTION_BACKENDS, "grouped", lambda *a: calls.append(1) or grouped(*a))
+    grouped = mn.grouped_attention_forward
+    monkeypatch.setitem(
+        AttentionInterface._global_mapping, "neobert_grouped", lambda *a, **k: calls.append(1) or grouped(*a, **k)
+    )
     runs = {}
     for padding_free in (False, True):
         model.zero_grad()

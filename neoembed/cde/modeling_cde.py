@@ -22,10 +22,8 @@ training a fraction ``context_dropout`` of the context vectors is replaced by it
 
 from __future__ import annotations
 
-import inspect
 import json
 import logging
-import math
 import os
 import sys
 from typing import Any
@@ -53,33 +51,39 @@ def _mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
 
 
-def register_positionless_prefix(backbone: nn.Module) -> None:
-    """Give a NeoBERT backbone the ``positionless_prefix`` attention backend, in the registry of the modeling
-    file it was loaded from (neoembed's, or the copy beside a model loaded with ``trust_remote_code``).
+def use_positionless_prefix(backbone: nn.Module, prefix: int) -> bool:
+    """Give every block of a NeoBERT backbone an attention whose first ``prefix`` positions have no position:
+    a subclass of the backbone's own ``NeoBERTAttention`` (from the modeling file it was loaded from, neoembed's
+    or the copy beside a model loaded with ``trust_remote_code``). Returns whether the backbone is one.
 
     A pair of tokens interacts through rotated q/k only when both are text tokens (relative positions among the
     text); any pair involving one of the first P (prefix) tokens uses the unrotated q/k. So permuting the prefix
-    permutes nothing else, and shifting all text positions changes nothing. The RoPE tables in the attention
-    inputs cover the text positions only.
+    permutes nothing else, and shifting all text positions changes nothing. The backbone's RoPE tables cover every
+    position; the prefix's are not read.
     """
-    register = getattr(type(backbone), "register_attention_backend", None)
-    if register is None:  # a modeling file saved before attention backends were registered handles it itself
-        return
-    apply_rope = sys.modules[type(backbone).__module__].apply_rope
+    modeling = sys.modules[type(backbone).__module__]
+    base, blocks = getattr(modeling, "NeoBERTAttention", None), getattr(backbone, "transformer_encoder", None)
+    if base is None or blocks is None:
+        return False
+    apply_rope = modeling.apply_rope
 
-    def positionless_prefix_attention(q, k, v, inputs):
-        P = inputs.prefix  # q, k, v: (B, L, H, Dh), not rotated
-        q_text, k_text = (apply_rope(t[:, P:], inputs.cos, inputs.sin).transpose(1, 2) for t in (q, k))
-        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, L, Dh)
-        scale = 1.0 / math.sqrt(q.shape[-1])
-        scores = (q @ k.transpose(-1, -2)) * scale
-        scores[..., P:, P:] = (q_text @ k_text.transpose(-1, -2)) * scale
-        if inputs.key_mask is not None:
-            scores = scores.masked_fill(~inputs.key_mask, torch.finfo(scores.dtype).min)
-        probs = scores.float().softmax(dim=-1).to(q.dtype)
-        return (probs @ v).transpose(1, 2), probs
+    class PositionlessPrefixAttention(base):
+        def forward(self, q, k, v, position_embeddings, attention_mask, implementation, **kwargs):
+            if "cu_seq_lens_q" in kwargs:
+                raise ValueError("CDE's position-less prefix needs the padded layout, not packed input")
+            P, (cos, sin) = prefix, position_embeddings  # q, k, v: (B, L, H, Dh), not rotated
+            q_text, k_text = (apply_rope(t[:, P:], cos[:, P:], sin[:, P:]).transpose(1, 2) for t in (q, k))
+            q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, L, Dh)
+            scores = (q @ k.transpose(-1, -2)) * self.scaling
+            scores[..., P:, P:] = (q_text @ k_text.transpose(-1, -2)) * self.scaling
+            if attention_mask is not None:
+                scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
+            probs = scores.float().softmax(dim=-1).to(q.dtype)
+            return (probs @ v).transpose(1, 2), probs
 
-    register("positionless_prefix", positionless_prefix_attention)
+    for block in blocks:
+        block.attention = PositionlessPrefixAttention(block.attention.config)
+    return True
 
 
 class ContextualDocumentEmbedder(InputModule):
@@ -121,10 +125,8 @@ class ContextualDocumentEmbedder(InputModule):
         self.output_mlp = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.Linear(d, d))
         nn.init.zeros_(self.output_mlp[2].weight)  # the output starts as the plain mean of the text tokens
         nn.init.zeros_(self.output_mlp[2].bias)
-        forward = inspect.signature(second_stage.forward).parameters
-        self._rope_prefix = "positionless_prefix" in forward  # NeoBERT: a position-less prefix
-        if self._rope_prefix:
-            register_positionless_prefix(second_stage)
+        # NeoBERT: a position-less prefix of the N context vectors and the soft prompt
+        self._rope_prefix = use_positionless_prefix(second_stage, self.n_context + self.n_soft_prompt)
         self._warned_truncation = False
         # set while neoembed.cde.model.save_cde_adapter saves: the stages' adapters alone over this base
         self.adapter_base: str | None = None
@@ -289,13 +291,12 @@ class ContextualDocumentEmbedder(InputModule):
         x = torch.cat([prefix.unsqueeze(0).expand(B, -1, -1), tokens], dim=1)
         mask = torch.cat([attention_mask.new_ones(B, P), attention_mask], dim=1)
         text_pos = torch.arange(L, device=input_ids.device) + position_offset
+        # every prefix slot at position 0: with absolute positions that keeps E a set; NeoBERT's prefix
+        # attention reads no position of the prefix, and needs the padded layout (a 4-D mask keeps it)
+        pos = torch.cat([text_pos.new_zeros(P), text_pos])[None].expand(B, -1)
         if self._rope_prefix:
-            out = self.second_stage(
-                inputs_embeds=x, attention_mask=mask, positionless_prefix=P, position_ids=text_pos[None]
-            )
-        else:  # absolute positions: every prefix slot at position 0 keeps E a set
-            pos = torch.cat([text_pos.new_zeros(P), text_pos])[None].expand(B, -1)
-            out = self.second_stage(inputs_embeds=x, attention_mask=mask, position_ids=pos)
+            mask = mask[:, None, None, :].bool()
+        out = self.second_stage(inputs_embeds=x, attention_mask=mask, position_ids=pos)
         hidden = out.last_hidden_state[:, P:]
         pool_mask = attention_mask
         if self.exclude_prompt and prompt_length is not None:

@@ -2,22 +2,24 @@
 """NeoBERT's attention functions, bundled beside every saved model with ``modeling_neobert.py`` (which imports
 this file: transformers copies it along). Imports only torch and transformers.
 
-A backend is ``fn(q, k, v, inputs) -> (out, weights or None)`` registered by name in ``ATTENTION_BACKENDS``;
-q, k, v are (B, L, H, Dh) padded or (T, H, Dh) packed, q and k not yet rotated: RoPE belongs to the backend, so
-that a backend may fuse it into its kernel or (CDE's position-less prefix) rotate only part of the sequence.
-``eager`` and ``sdpa`` run the padded layout; ``varlen`` (CUDA: flash-attn's or torch's varlen kernel) and
-``grouped`` (CPU: sequences of similar length padded together, one SDPA call per group) the packed one.
+Each function has the signature of transformers' ``AttentionInterface``: ``fn(module, query, key, value,
+attention_mask, scaling=None, dropout=0.0, **kwargs) -> (out, weights or None)``, with query, key and value
+``(B, H, L, Dh)`` (already rotated: RoPE belongs to the attention module) and ``out`` ``(B, L, H, Dh)``. The padded
+layout runs transformers' own ``sdpa`` or :func:`eager_attention_forward` (the one that returns the weights).
+Packed sequences are ``(1, H, T, Dh)`` with the standard flash keyword arguments (``cu_seq_lens_q``,
+``max_length_q``, and the host ``lengths`` of the sequences) and run one of the two functions registered here
+under their names: ``neobert_varlen`` (CUDA in half precision: flash-attn's or torch's varlen kernel) and
+``neobert_grouped`` (CPU: sequences of similar length padded together, one SDPA call per group).
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
-import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from transformers import AttentionInterface
 
 from .configuration_neobert import ATTN_IMPLEMENTATIONS, NeoBERTConfig
 
@@ -37,64 +39,13 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 # ---------------------------------------------------------------------------------------------- attention
-@dataclass
-class AttentionInputs:
-    """What every block's attention needs, built once per forward by the model (never by a block).
-
-    ``backend`` names the function in ``ATTENTION_BACKENDS`` that runs; RoPE tables and masks are already on
-    the right device. Padded layouts carry ``key_mask``; packed layouts carry ``cu_seqlens`` and the lengths.
-    """
-
-    backend: str
-    cos: torch.Tensor  # (..., L or T, 1, Dh/2) float32, broadcast over heads (NeoBERTRotaryEmbedding's)
-    sin: torch.Tensor
-    key_mask: torch.Tensor | None = None  # (B, 1, 1, L) bool, padded layouts; None attends to every key
-    cu_seqlens: torch.Tensor | None = None  # (B+1,) int32, packed layouts
-    lengths: tuple[int, ...] = ()  # per sequence, on the host (packed layouts)
-    max_seqlen: int = 0
-    groups: tuple = ()  # the grouped backend's plan (:func:`length_groups`), built once per forward
-    order: tuple | None = None  # (order, inverse) of the grouped backend's tokens, or None: already grouped
-    output_attentions: bool = False
-    prefix: int = 0  # CDE's position-less prefix (its backend is registered by neoembed.cde)
-
-
-#: name -> ``fn(q, k, v, inputs) -> (out, weights or None)``; q, k, v: (B, L, H, Dh) padded or (T, H, Dh)
-#: packed, q and k not yet rotated: RoPE belongs to the backend, so that a backend may fuse it into its kernel
-#: or (CDE's position-less prefix) rotate only part of the sequence.
-ATTENTION_BACKENDS: dict = {}
-
-
-def register_attention_backend(name: str):
-    """Decorator adding an attention function to ``ATTENTION_BACKENDS`` under ``name``."""
-
-    def register(fn):
-        ATTENTION_BACKENDS[name] = fn
-        return fn
-
-    return register
-
-
-def _rotate(q, k, inputs: AttentionInputs):
-    return apply_rope(q, inputs.cos, inputs.sin), apply_rope(k, inputs.cos, inputs.sin)
-
-
-@register_attention_backend("eager")
-def eager_attention(q, k, v, inputs: AttentionInputs):
-    """softmax(q kᵀ / √Dh + mask) v, written out; the only backend that returns the attention weights."""
-    q, k = _rotate(q, k, inputs)
-    q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, L, Dh)
-    scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
-    if inputs.key_mask is not None:
-        scores = scores.masked_fill(~inputs.key_mask, torch.finfo(scores.dtype).min)
-    probs = scores.float().softmax(dim=-1).to(q.dtype)
-    return (probs @ v).transpose(1, 2), probs
-
-
-@register_attention_backend("sdpa")
-def sdpa_attention(q, k, v, inputs: AttentionInputs):
-    q, k = _rotate(q, k, inputs)
-    q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, L, Dh)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=inputs.key_mask).transpose(1, 2), None
+def eager_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """softmax(q kᵀ · scaling + mask) v, written out; ``attention_mask`` a bool key mask (True: attend)."""
+    scores = (query @ key.transpose(-1, -2)) * (query.shape[-1] ** -0.5 if scaling is None else scaling)
+    if attention_mask is not None:
+        scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
+    probs = scores.float().softmax(dim=-1).to(query.dtype)
+    return (probs @ value).transpose(1, 2), probs
 
 
 #: how much more attention work (Σ padded length² against Σ length²) a group of the ``grouped`` backend may do
@@ -147,18 +98,18 @@ def length_groups(lengths: list[int] | tuple[int, ...], device=None, slack: floa
     return tuple(groups), (order.to(device), order.argsort().to(device))
 
 
-@register_attention_backend("grouped")
-def grouped_attention(q, k, v, inputs: AttentionInputs):
+def grouped_attention_forward(module, query, key, value, attention_mask=None, groups=(), order=None, **kwargs):
     """Packed layout on CPU (or float32 on CUDA): one SDPA call per group of similar-length sequences
-    (:func:`length_groups`), each padded to its longest; a loop over single sequences costs a call each."""
-    if not inputs.groups:
-        return torch.zeros_like(q), None
-    q, k = _rotate(q, k, inputs)
-    if inputs.order is not None:  # into group order (index_copy: its backward selects, never adds)
-        q, k, v = (torch.empty_like(t).index_copy(0, inputs.order[1], t) for t in (q, k, v))
-    parts = zip(inputs.groups, *(t.split([g[0] for g in inputs.groups]) for t in (q, k, v)), strict=True)
+    (:func:`length_groups`: ``groups`` and ``order``, planned once per forward), each padded to its longest; a
+    loop over single sequences costs a call each."""
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (T, H, Dh)
+    if not groups:
+        return torch.zeros_like(q)[None], None
+    if order is not None:  # into group order (index_copy: its backward selects, never adds)
+        q, k, v = (torch.empty_like(t).index_copy(0, order[1], t) for t in (q, k, v))
+    parts = zip(groups, *(t.split([g[0] for g in groups]) for t in (q, k, v)), strict=True)
     out = torch.cat([_group_attention(g, *qkv) for g, *qkv in parts])
-    return (out if inputs.order is None else torch.empty_like(out).index_copy(0, inputs.order[0], out)), None
+    return (out if order is None else torch.empty_like(out).index_copy(0, order[0], out))[None], None
 
 
 def _group_attention(group, q, k, v):
@@ -175,22 +126,22 @@ def _group_attention(group, q, k, v):
     return out.new_zeros(size + 1, *out.shape[1:]).index_copy(0, packed, out)[:size]
 
 
-@register_attention_backend("varlen")
-def varlen_attention(q, k, v, inputs: AttentionInputs):
+def varlen_attention_forward(module, query, key, value, attention_mask=None, **kwargs):
     """Packed layout on CUDA in half precision: flash-attn's varlen kernel, else torch's own."""
-    q, k = _rotate(q, k, inputs)
-    return _varlen_kernel(q, k, v, inputs), None
+    return _varlen_kernel(query, key, value, kwargs), None
 
 
 @torch.compiler.disable
-def _varlen_kernel(q, k, v, inputs: AttentionInputs) -> torch.Tensor:
-    # opaque to torch.compile, and the inputs read only in here: a traced read of the host int max_seqlen would
-    # specialise the compiled layer on it, so every batch with another longest text would compile again
-    cu, n = inputs.cu_seqlens, inputs.max_seqlen
+def _varlen_kernel(query, key, value, kwargs: dict) -> torch.Tensor:
+    # opaque to torch.compile (a graph break), with nothing before or after it in its caller (each would be a graph
+    # of its own), and the host int max_length_q read only in here: a traced read would specialise the compiled
+    # layer on it, so every batch with another longest text would compile again
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (T, H, Dh), as the varlen kernels take them
+    cu, n = kwargs["cu_seq_lens_q"], kwargs["max_length_q"]
     flash = _flash_varlen()
     if flash is not None:
-        return flash(q, k, v, cu, cu, n, n, causal=False)
-    return _torch_varlen()(q, k, v, cu, cu, n, n)
+        return flash(q, k, v, cu, cu, n, n, causal=False)[None]
+    return _torch_varlen()(q, k, v, cu, cu, n, n)[None]
 
 
 @functools.cache
@@ -213,8 +164,14 @@ def _torch_varlen():
     return varlen_attn
 
 
-def attention_backend(config: NeoBERTConfig, x: torch.Tensor, packed: bool, output_attentions: bool) -> str:
-    """The registry name for this forward, from the configured implementation and the layout."""
+#: neoembed's functions in transformers' AttentionInterface (a copy beside a saved model registers its own)
+PACKED_FUNCTIONS = {"neobert_grouped": grouped_attention_forward, "neobert_varlen": varlen_attention_forward}
+for _name, _fn in PACKED_FUNCTIONS.items():
+    AttentionInterface.register(_name, _fn)
+
+
+def attention_function(config: NeoBERTConfig, x: torch.Tensor, packed: bool, output_attentions: bool) -> str:
+    """The AttentionInterface name for this forward, from the configured implementation and the layout."""
     implementation = config._attn_implementation or "sdpa"
     if implementation not in ATTN_IMPLEMENTATIONS:
         raise ValueError(
@@ -226,10 +183,10 @@ def attention_backend(config: NeoBERTConfig, x: torch.Tensor, packed: bool, outp
     dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else x.dtype
     half = x.is_cuda and dtype in (torch.float16, torch.bfloat16)
     if half and (_flash_varlen() is not None or _torch_varlen() is not None):
-        return "varlen"
+        return "neobert_varlen"
     if implementation == "flash_attention_2":
         raise RuntimeError(
             "attn_implementation='flash_attention_2' needs a CUDA device, float16/bfloat16 activations and "
             "the flash-attn package; use attn_implementation='sdpa' (padding_free=True) elsewhere."
         )
-    return "grouped"
+    return "neobert_grouped"

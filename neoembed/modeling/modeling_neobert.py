@@ -3,22 +3,23 @@
 encoder -> heads (masked LM, sequence and token classification).
 
 Imports only torch and transformers: this file is copied next to every saved model, with
-``configuration_neobert.py`` and ``attention_neobert.py`` (the attention backends), which it imports.
+``configuration_neobert.py`` and ``attention_neobert.py`` (the attention functions), which it imports.
 
 Shapes: B batch, L padded length, T packed tokens (sum of real lengths), D width, H heads, Dh = D / H.
 
 Attention runs in one of two layouts, chosen once per forward (``NeoBERTModel._plan``):
 
-* padded: ``(B, L, D)`` with a key-padding mask ``(B, 1, 1, L)``;
-* padding-free (``config.padding_free``, or ``flash_attention_2``): the real tokens of every sequence packed
-  into one ``(T, D)`` sequence for every linear layer; attention is confined to each sequence by
-  ``cu_seqlens``. Outputs are scattered back to ``(B, L, D)``, so callers do not care. Input that is already
-  packed (``position_ids`` / ``cu_seq_lens_q``, as transformers' ``DataCollatorWithFlattening`` emits it) stays
-  packed.
+* padded: ``(B, L, D)`` with a key-padding mask ``(B, 1, 1, L)`` (none where nothing is padded);
+* packed (``config.padding_free``, or ``flash_attention_2``): the real tokens of every sequence in one
+  ``(1, T, D)`` sequence for every linear layer, attention confined to each sequence by the standard flash
+  keyword arguments (``cu_seq_lens_q``, ``max_length_q``). Outputs are scattered back to ``(B, L, D)``, so
+  callers do not care. Input that comes packed (``cu_seq_lens_q``, or ``position_ids`` restarting at 0 in one
+  row: transformers' ``DataCollatorWithFlattening``) stays packed.
 
-``NeoBERTAttention`` runs the backend named in the forward's ``AttentionInputs``, looked up in
-``ATTENTION_BACKENDS`` (``attention_neobert.py``). Other code may register more (``neoembed.cde`` registers
-CDE's position-less prefix).
+``NeoBERTAttention`` rotates q and k and calls the function transformers' ``AttentionInterface`` holds under the
+forward's name: ``sdpa`` or ``eager`` padded, neoembed's ``neobert_grouped`` / ``neobert_varlen`` packed
+(``attention_neobert.py``). A subclass may replace the attention of every block (``neoembed.cde``'s position-less
+prefix).
 
 The hot path never asks the host: a padded forward makes no data-dependent sync (value checks of the input
 run on host tensors only, outside compilation); dropping padding or reading packed boundaries costs one sync,
@@ -43,20 +44,19 @@ from transformers.modeling_outputs import (
     TokenClassifierOutput,
 )
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, dynamic_rope_update
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 try:
     from transformers.modeling_layers import GradientCheckpointingLayer
 except ImportError:  # pragma: no cover - older transformers
     GradientCheckpointingLayer = nn.Module  # type: ignore[misc,assignment]
 
-from .attention_neobert import (  # noqa: F401 - apply_rope and the backends: this module's public names too
-    ATTENTION_BACKENDS,
-    AttentionInputs,
+from .attention_neobert import (  # noqa: F401 - apply_rope and the functions: this module's public names too
     apply_rope,
-    attention_backend,
+    attention_function,
+    eager_attention_forward,
     length_groups,
     length_order,
-    register_attention_backend,
 )
 from .configuration_neobert import NeoBERTConfig
 
@@ -155,23 +155,22 @@ class NeoBERTRotaryEmbedding(nn.Module):
 
 
 class NeoBERTAttention(nn.Module):
-    """Multi-head self-attention over projected q, k, v, run by the backend the forward's inputs name.
+    """Multi-head self-attention over projected q, k, v: RoPE, then the AttentionInterface function the forward
+    names. The q/k/v and output projections belong to the block (``qkv``, ``wo``: the official parameter names)."""
 
-    The q/k/v and output projections belong to the block (``qkv``, ``wo``: the official parameter names)."""
+    is_causal = False  # read by transformers' attention functions
 
     def __init__(self, config: NeoBERTConfig):
         super().__init__()
-        self.config = config
+        self.config, self.scaling = config, config.head_dim**-0.5
 
-    def forward(self, q, k, v, inputs: AttentionInputs):
-        backend = ATTENTION_BACKENDS.get(inputs.backend)
-        if backend is None:
-            cde = inputs.backend == "positionless_prefix"
-            hint = " (import neoembed.cde to register CDE's)" if cde else ""
-            raise ValueError(
-                f"unknown attention backend {inputs.backend!r}; registered: {sorted(ATTENTION_BACKENDS)}{hint}"
-            )
-        return backend(q, k, v, inputs)
+    def forward(self, q, k, v, position_embeddings, attention_mask, implementation: str, **kwargs):
+        # q, k, v: (B, L, H, Dh) padded or (1, T, H, Dh) packed; cos, sin broadcast over the heads
+        cos, sin = position_embeddings
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        attention = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, L, Dh)
+        return attention(self, q, k, v, attention_mask, scaling=self.scaling, **kwargs)
 
 
 # ------------------------------------------------------------------------------------------------ SwiGLU
@@ -213,10 +212,11 @@ class NeoBERTBlock(GradientCheckpointingLayer):
         self.attention_norm = NeoBERTRMSNorm(config.hidden_size, config.norm_eps)
         self.ffn_norm = NeoBERTRMSNorm(config.hidden_size, config.norm_eps)
 
-    def forward(self, x: torch.Tensor, inputs: AttentionInputs):
-        # x: (B, L, D) padded or (T, D) packed; per head the official layout is [q | k | v]
+    def forward(self, x: torch.Tensor, attention: dict):
+        # x: (B, L, D) padded or (1, T, D) packed; per head the official layout is [q | k | v]; ``attention``: the
+        # attention module's arguments, built once per forward by the model
         qkv = self.qkv(self.attention_norm(x)).unflatten(-1, (self.num_heads, 3 * self.head_dim))
-        attn, weights = self.attention(*qkv.chunk(3, dim=-1), inputs)
+        attn, weights = self.attention(*qkv.chunk(3, dim=-1), **attention)
         # residuals added into the fresh projection outputs (no third tensor; autograd-safe: a linear layer's
         # backward does not read its output)
         x = self.wo(attn.flatten(-2)).add_(x)
@@ -235,19 +235,6 @@ class NeoBERTPreTrainedModel(PreTrainedModel):
     # read by sentence-transformers (is_backend_compatible): with flash attention it then packs each batch itself
     # (DataCollatorWithFlattening: position_ids, cu_seq_lens_q/k, max_length_q/k), which forward() accepts
     _supports_attention_backend = True
-
-    @classmethod
-    def _can_set_attn_implementation(cls) -> bool:
-        # Every forward reads config._attn_implementation to pick its backend, so set_attn_implementation takes
-        # effect at once. (transformers' own check looks for its ALL_ATTENTION_FUNCTIONS in this file's source;
-        # NeoBERT's backends live in ATTENTION_BACKENDS, with RoPE and the packed layouts inside them.)
-        return True
-
-    @staticmethod
-    def register_attention_backend(name: str, fn) -> None:
-        """Add an attention backend to the registry of the module this model class comes from (a folder loaded
-        with ``trust_remote_code`` has its own copy of this file, hence its own registry)."""
-        register_attention_backend(name)(fn)
 
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
@@ -338,10 +325,10 @@ def _check_inputs(config: NeoBERTConfig, input_ids, attention_mask, inputs_embed
             f"inputs_embeds must be (batch, length, {config.hidden_size}), got {tuple(inputs_embeds.shape)}"
         )
     B, L = ref.shape[:2]
-    if attention_mask is not None and attention_mask.shape not in ((B, L), (B, 1, L, L)):
+    if attention_mask is not None and attention_mask.shape not in ((B, L), (B, 1, L, L), (B, 1, 1, L)):
         raise ValueError(
             f"attention_mask shape {tuple(attention_mask.shape)} does not match input shape {(B, L)}: pass "
-            f"{(B, L)} (1 = token, 0 = padding) or a bool {(B, 1, L, L)} mask (True = attend)"
+            f"{(B, L)} (1 = token, 0 = padding) or a bool {(B, 1, L, L)} or {(B, 1, 1, L)} mask (True = attend)"
         )
     if attention_mask is not None and attention_mask.dim() == 4 and attention_mask.dtype != torch.bool:
         raise TypeError(f"a 4-D attention_mask must be bool (True = attend), got {attention_mask.dtype}")
@@ -374,27 +361,24 @@ def _key_padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | Non
 
 @dataclass
 class Layout:
-    """How the tokens the blocks see relate to the caller's ``(B, L)`` grid."""
+    """How the tokens the blocks see relate to the caller's ``(B, L)`` grid: padded (the grid itself) or packed
+    (``(1, T)``: the real tokens of every sequence in one row)."""
 
     batch: int
     length: int
-    indices: torch.Tensor | None = (
-        None  # (T,) flat positions of the packed tokens in the grid; None: no scatter
-    )
-    padding: torch.Tensor | None = None  # (B, L, 1) bool, padded layout: True at padding
-    packed_input: bool = False  # input came packed as (1, T): return (1, T, D)
-    flat: bool = False  # (B*L, D) without padding (flash attention): unflatten back
+    packed: bool = False
+    indices: torch.Tensor | None = None  # packed: (T,) flat grid positions of the tokens; None: the whole grid
+    padding: torch.Tensor | None = None  # padded: (B, L, 1) bool, True at padding
+    packed_input: bool = False  # the input came packed as (1, T): returned as (1, T, D)
 
     def unpack(self, h: torch.Tensor) -> torch.Tensor:
         """Back to the caller's layout: (B, L, D), or (1, T, D) for input that came packed."""
-        if self.packed_input:
-            return h[None]
-        if self.flat:
-            return h.unflatten(0, (self.batch, self.length))
-        if self.indices is None:
+        if not self.packed or self.packed_input:
             return h  # the tensor itself (a hidden state a caller may retain_grad on)
+        if self.indices is None:
+            return h[0].unflatten(0, (self.batch, self.length))
         out = h.new_zeros(self.batch * self.length, h.shape[-1])
-        return out.index_copy(0, self.indices, h).unflatten(0, (self.batch, self.length))
+        return out.index_copy(0, self.indices, h[0]).unflatten(0, (self.batch, self.length))
 
     def output(self, h: torch.Tensor) -> torch.Tensor:
         """The last hidden state: padding positions are zeros in every layout, so that the layouts agree."""
@@ -439,20 +423,16 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
         cu_seq_lens_k: torch.Tensor | None = None,
         max_length_q: int | None = None,
         max_length_k: int | None = None,
-        positionless_prefix: int = 0,
         **kwargs,
     ) -> BaseModelOutput | tuple:
         """Encode a batch.
 
         Args:
             input_ids: (B, L) token ids, or (1, T) packed ids with ``cu_seq_lens_q`` / ``position_ids``.
-            attention_mask: (B, L) with 1 for tokens and 0 for padding, or a bool (B, 1, L, L) mask, True where a
-                query attends to a key (transformers' prepared 4-D mask; padded layout, output not zeroed).
+            attention_mask: (B, L) with 1 for tokens and 0 for padding, or a bool (B, 1, L or 1, L) mask, True
+                where a query attends to a key (a prepared 4-D mask; padded layout, output not zeroed).
             position_ids: RoPE positions (default: 0, 1, … per sequence).
             inputs_embeds: (B, L, D) instead of ``input_ids``.
-            positionless_prefix: the first P positions of every row are a position-less set (CDE's context
-                vectors, run by the attention backend ``neoembed.cde`` registers); ``position_ids`` then covers
-                the L − P text positions.
         """
         for name in ("token_type_ids", "seq_idx"):
             kwargs.pop(name, None)  # tokenizers and flattening collators may send these; NeoBERT has no use
@@ -463,16 +443,14 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
         )
         _check_inputs(self.config, input_ids, attention_mask, inputs_embeds)
         x = self.encoder(input_ids) if inputs_embeds is None else inputs_embeds
-        plan, to_read = self._plan(
-            x, attention_mask, position_ids, cu_seq_lens_q, positionless_prefix, output_attentions
-        )
+        plan, to_read = self._plan(x, attention_mask, position_ids, cu_seq_lens_q, output_attentions)
         host = None if to_read is None else to_read.tolist()  # the forward's one host sync (a graph break)
-        x, layout, inputs = self._prepare(
-            plan, host, x, attention_mask, position_ids, cu_seq_lens_k, positionless_prefix, output_attentions
+        x, layout, attention = self._prepare(
+            plan, host, x, attention_mask, position_ids, cu_seq_lens_k, output_attentions
         )
         hidden_states, attentions = [layout.unpack(x)] if output_hidden_states else None, []
         for block in self.transformer_encoder:
-            x, weights = block(x, inputs)
+            x, weights = block(x, attention)
             attentions.append(weights)
             if output_hidden_states:
                 hidden_states.append(layout.unpack(x))
@@ -484,20 +462,16 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
         return out if return_dict else out.to_tuple()
 
     # ------------------------------------------------------------------------------ layouts, once per forward
-    def _plan(self, x, attention_mask, position_ids, cu_q, prefix, output_attentions):
-        """The layout this forward takes, and the device tensor it must read on the host to build it (or None):
-        the lengths of a padded batch to drop its padding, or the boundaries of packed input."""
+    def _plan(self, x, attention_mask, position_ids, cu_q, output_attentions):
+        """Where this forward's layout comes from, and the device tensor it must read on the host to build it (or
+        None): the lengths of a padded batch to drop its padding, or the boundaries of packed input."""
         B, L = x.shape[:2]
-        if prefix and cu_q is not None:
-            raise ValueError("positionless_prefix does not combine with packed input (cu_seq_lens_q)")
-        if prefix:
-            return "prefix", None
         if cu_q is not None:
             return "packed_input", cu_q
         if position_ids is not None and attention_mask is None and B == 1 and L > 1:
             return "maybe_packed", position_ids[0]  # positions restarting at 0 mark packed sequences
         if attention_mask is not None and attention_mask.dim() == 4:
-            return "padded", None  # the caller's own (B, 1, L, L) mask: only the padded layout applies it
+            return "padded", None  # the caller's own 4-D mask: only the padded layout applies it
         implementation = self.config._attn_implementation or "sdpa"
         want_packed = self.config.drops_padding and (
             implementation == "flash_attention_2" or not output_attentions
@@ -506,45 +480,49 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
         if not want_packed or torch.compiler.is_exporting():
             return "padded", None
         if attention_mask is None:
-            return ("flat" if implementation == "flash_attention_2" else "unpadded"), None
+            return ("whole_rows" if implementation == "flash_attention_2" else "unpadded"), None
         return "padding_free", attention_mask.sum(dim=1)
 
-    def _prepare(self, plan, host, x, attention_mask, position_ids, cu_k, prefix, output_attentions):
-        """Build the layout and the attention inputs from the plan and what was read on the host."""
+    def _prepare(self, plan, host, x, attention_mask, position_ids, cu_k, output_attentions):
+        """The layout, the blocks' input and the attention arguments, from the plan and what was read on the
+        host: packed (given packed, or a padded batch's real tokens) or padded."""
         B, L = x.shape[:2]
-        if plan == "prefix":
-            return self._prefix_layout(x, attention_mask, position_ids, prefix, output_attentions)
         if plan == "packed_input":
-            return self._packed_input_layout(x, position_ids, cu_k, [int(c) for c in host])
+            return self._packed_input(x, position_ids, cu_k, [int(c) for c in host])
         if plan == "maybe_packed":
             starts = [i for i, p in enumerate(host) if p == 0]
             if len(starts) > 1 or (starts and starts[0] != 0):
-                return self._packed_input_layout(x, position_ids, cu_k, [*starts, L])
+                return self._packed_input(x, position_ids, cu_k, [*starts, L])
         if plan == "padding_free":
             lengths = [int(n) for n in host]
             if any(n < L for n in lengths):  # (no min(..., default=): dynamo breaks the graph on it)
-                return self._padding_free_layout(x, attention_mask, position_ids, lengths)
-            plan = "flat" if self.config._attn_implementation == "flash_attention_2" else "unpadded"
-        if plan == "flat":
-            return self._flat_layout(x, position_ids)
+                return self._padding_free(x, attention_mask, position_ids, lengths)
+            plan = "whole_rows" if self.config._attn_implementation == "flash_attention_2" else "unpadded"
+        if plan == "whole_rows":  # flash attention on a batch without padding: each row one packed sequence
+            pos = torch.arange(L, device=x.device).repeat(B) if position_ids is None else position_ids.expand(B, L)
+            layout = Layout(B, L, packed=True)
+            return x.flatten(0, 1)[None], layout, self._packed_attention(x, pos.flatten(), [L] * B)
         if plan == "unpadded":
             attention_mask = None  # no padding: no mask to build or apply
-        self._check_length(L)
+        if position_ids is None:  # given positions are the caller's (CDE's position-less prefix has none)
+            self._check_length(L)
         pos = torch.arange(L, device=x.device)[None] if position_ids is None else position_ids
-        backend = attention_backend(self.config, x, False, output_attentions)
-        inputs = AttentionInputs(backend, *self._rope(pos), key_mask=_key_padding_mask(attention_mask))
-        inputs.output_attentions = output_attentions
+        attention = {
+            "position_embeddings": self._rope(pos),
+            "attention_mask": _key_padding_mask(attention_mask),
+            "implementation": attention_function(self.config, x, False, output_attentions),
+        }
         padding = (
             None if attention_mask is None or attention_mask.dim() == 4 else (attention_mask == 0)[..., None]
         )
-        return x, Layout(B, L, padding=padding), inputs
+        return x, Layout(B, L, padding=padding), attention
 
-    def _padding_free_layout(self, x, attention_mask, position_ids, lengths: list[int]):
+    def _padding_free(self, x, attention_mask, position_ids, lengths: list[int]):
         """Gather the real tokens of a padded batch into one sequence (attention confined to each sequence);
         for the CPU's grouped attention the rows are packed longest first, so that its groups are slices."""
         B, L = x.shape[:2]
-        backend = attention_backend(self.config, x, True, False)
-        rows = length_order(lengths) if backend == "grouped" else list(range(B))
+        implementation = attention_function(self.config, x, True, False)
+        rows = length_order(lengths) if implementation == "neobert_grouped" else list(range(B))
         reorder = torch.tensor(rows, device=x.device) if rows != list(range(B)) else None
         mask = attention_mask.bool() if reorder is None else attention_mask.bool()[reorder]
         lengths = [lengths[i] for i in rows]
@@ -556,18 +534,10 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
         # shifts every position of a row alike and changes nothing)
         pos = torch.arange(L, device=x.device) if position_ids is None else position_ids
         pos = pos.expand(B, L).flatten()[indices]
-        inputs = self._packed_inputs(x, pos, lengths, backend)
-        return x.flatten(0, 1)[indices], Layout(B, L, indices=indices), inputs
+        attention = self._packed_attention(x, pos, lengths, implementation)
+        return x.flatten(0, 1)[indices][None], Layout(B, L, packed=True, indices=indices), attention
 
-    def _flat_layout(self, x, position_ids):
-        """flash attention on a batch without padding: every row is one sequence of length L."""
-        B, L = x.shape[:2]
-        pos = (
-            torch.arange(L, device=x.device).repeat(B) if position_ids is None else position_ids.expand(B, L)
-        )
-        return x.flatten(0, 1), Layout(B, L, flat=True), self._packed_inputs(x, pos.flatten(), [L] * B)
-
-    def _packed_input_layout(self, x, position_ids, cu_k, bounds: list[int]):
+    def _packed_input(self, x, position_ids, cu_k, bounds: list[int]):
         """Input already packed by a flattening collator: (1, T) with sequence boundaries (read on the host)."""
         B, T = x.shape[:2]
         if B != 1:
@@ -579,40 +549,31 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
             raise ValueError(f"cu_seq_lens_q {bounds} does not describe {T} packed tokens")
         if position_ids is None:
             position_ids = torch.cat([torch.arange(n, device=x.device) for n in lengths])[None]
-        return x[0], Layout(1, T, packed_input=True), self._packed_inputs(x, position_ids[0], lengths)
+        layout = Layout(1, T, packed=True, packed_input=True)
+        return x, layout, self._packed_attention(x, position_ids[0], lengths)
 
-    def _packed_inputs(self, x, pos, lengths: list[int], backend: str | None = None) -> AttentionInputs:
+    def _packed_attention(self, x, pos, lengths: list[int], implementation: str | None = None) -> dict:
+        """The attention arguments of packed sequences: the standard flash keywords, and the grouped function's
+        plan (:func:`length_groups`)."""
         for n in lengths:
             self._check_length(n)
         cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32).to(
             x.device, non_blocking=True
         )
-        backend = backend or attention_backend(self.config, x, True, False)
-        groups, order = length_groups(lengths, x.device) if backend == "grouped" else ((), None)
-        return AttentionInputs(
-            backend,
-            *self._rope(pos),
-            cu_seqlens=cu,
-            lengths=tuple(lengths),
-            max_seqlen=max([0, *lengths]),
-            groups=groups,
-            order=order,
-        )
-
-    def _prefix_layout(self, x, attention_mask, position_ids, prefix, output_attentions):
-        B, L = x.shape[:2]
-        if not 0 < prefix <= L:
-            raise ValueError(f"positionless_prefix={prefix} must lie in [0, {L}]")
-        self._check_length(L - prefix)
-        pos = torch.arange(L - prefix, device=x.device)[None] if position_ids is None else position_ids
-        if pos.shape[-1] != L - prefix:
-            raise ValueError(
-                f"with positionless_prefix, position_ids must cover the {L - prefix} text positions"
-            )
-        key_mask = _key_padding_mask(attention_mask)
-        inputs = AttentionInputs("positionless_prefix", *self._rope(pos), key_mask, prefix=prefix)
-        inputs.output_attentions = output_attentions
-        return x, Layout(B, L), inputs
+        implementation = implementation or attention_function(self.config, x, True, False)
+        groups, order = length_groups(lengths, x.device) if implementation == "neobert_grouped" else ((), None)
+        longest = max([0, *lengths])
+        return {
+            "position_embeddings": self._rope(pos),
+            "attention_mask": None,
+            "implementation": implementation,
+            "cu_seq_lens_q": cu,
+            "cu_seq_lens_k": cu,
+            "max_length_q": longest,
+            "max_length_k": longest,
+            "groups": groups,
+            "order": order,
+        }
 
     def _rope(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         cos, sin = self.rotary_emb(self.rotary_emb.inv_freq, position_ids)
