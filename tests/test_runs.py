@@ -610,6 +610,28 @@ def test_resume_accepts_a_run_recorded_before_a_field_existed_while_it_is_at_its
         prepare_output_dir(out, settings=now, **{**kw, "defaults": None})
 
 
+def test_resume_may_change_gradcaches_piece_size_but_not_the_loss(tmp_path):
+    """A run that ran out of memory resumes with smaller GradCache pieces (the same loss and gradients):
+    ``loss.mini_batch_size`` and CDE's ``chunk_size`` may change; the temperature may not."""
+    from neoembed.cde.recipe import CDERecipe
+
+    kw = {"overwrite": False, "resume": True, "checkpoints": False}
+    unified = UnifiedRecipe(seed=0, model="m", datasets=[{"card": "c"}], loss={"name": "cached_infonce"})
+    cde = CDERecipe(seed=0, model="m", datasets=[{"card": "c"}], chunk_size=8)
+    for recipe, memory, other in (
+        (unified, {"loss": {"name": "cached_infonce", "mini_batch_size": 4}}, {"temperature": 0.5}),
+        (cde, {"chunk_size": 2}, {"temperature": 0.5}),
+        (cde, {"chunk_size": None}, {"temperature": 0.5}),  # plain backpropagation: the same loss too
+    ):
+        out = tmp_path / f"run-{len(list(tmp_path.iterdir()))}"
+        out.mkdir()
+        (out / "run_record.json").write_text(json.dumps({"resume_settings": resume_settings(recipe)}))
+        smaller = type(recipe).model_validate({**recipe.model_dump(), **memory})
+        assert prepare_output_dir(out, settings=resume_settings(smaller), **kw) is None
+        with pytest.raises(OutputDirError, match="temperature"):
+            prepare_output_dir(out, settings=resume_settings(smaller.model_copy(update=other)), **kw)
+
+
 def _stage(out: Path, step: int, payload: bytes) -> Path:
     staged = stage_checkpoint(out, step)
     (staged / "sub").mkdir()

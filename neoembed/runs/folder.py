@@ -30,6 +30,9 @@ logger = logging.getLogger(__name__)
 RECORD = RUN_RECORD
 # Recipe keys that say where and how often a run writes, not what it computes: a resume may change them. ``eval``
 # (evaluation during training) restores every random stream after scoring, so it does not move the training either.
+# GradCache's piece sizes (``loss.mini_batch_size``, CDE's ``chunk_size``) are memory settings: the same loss and
+# gradients in other pieces (float rounding differs, and with dropout the draws each text gets), so a run that ran
+# out of memory resumes with smaller pieces.
 NON_TRAJECTORY_KEYS = frozenset(
     {
         "output_dir",
@@ -39,6 +42,8 @@ NON_TRAJECTORY_KEYS = frozenset(
         "report_to",
         "clustering.cache_dir",
         "eval",
+        "loss.mini_batch_size",
+        "chunk_size",
     }
 )
 
