@@ -337,6 +337,23 @@ def test_keep_best_patience_ends_the_run_at_the_first_unbeaten_evaluations(tmp_p
     assert "resume with more steps" not in str(e.value)
 
 
+def test_an_eval_task_on_an_unreachable_hub_is_refused_before_training(monkeypatch, trecqa):
+    """An mteb task name reads its data from the hub: offline, `neoembed train` trained the first eval.steps and
+    then failed the evaluation with "please report it" (#43, a walk's W18). Now it is refused at the start; local
+    task folders need no hub, and HF_HUB_OFFLINE (mteb reads the local cache) probes nothing."""
+    from neoembed.data import check
+    from neoembed.data.cards import HubUnreachable
+    from neoembed.recipe import EvalSettings
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(check, "hub_unreachable_reason", lambda: "ConnectError (no network)")
+    with pytest.raises(HubUnreachable, match=r"eval.tasks \['STS16'\] read their data from the Hugging Face hub"):
+        MtebEvaluator(EvalSettings(steps=2, tasks=["STS16", str(trecqa)]), TINY.parent)
+    assert MtebEvaluator(EvalSettings(steps=2, tasks=[str(trecqa)]), TINY.parent).tasks == [str(trecqa)]
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    MtebEvaluator(EvalSettings(steps=2, tasks=["STS16"]), TINY.parent)
+
+
 def test_an_unknown_eval_task_is_refused_before_training(tmp_path, tiny_official, trecqa):
     """eval.tasks naming no task folder, card or mteb task trained every step up to the first evaluation, then
     died in mteb's KeyError ("please report it") with no checkpoint (#43, a walk's T27)."""

@@ -14,7 +14,7 @@ import math
 import re
 from pathlib import Path
 
-from sentence_transformers.evaluation import SentenceEvaluator
+from sentence_transformers.sentence_transformer.evaluation import SentenceEvaluator
 
 from neoembed.eval.runner import EvalConfig, run_mteb
 from neoembed.recipe import resolve_recipe_path
@@ -112,6 +112,22 @@ def _check_tasks(tasks: list[str], metric: str = "main_score") -> None:
                     f"does not have: use main_score (its main score is {task.metadata.main_score}), or a score of "
                     f"its type, or evaluate on tasks of the type {metric!r} belongs to ({', '.join(sorted(types))})"
                 )
+    _check_hub([t for t in tasks if not Path(t).exists()])
+
+
+def _check_hub(named: list[str]) -> None:
+    """mteb task names read their data from the hub: an unreachable hub is said before training, not as a failed
+    evaluation after the first ``eval.steps`` (``HF_HUB_OFFLINE`` set: mteb reads the local cache, no probe)."""
+    from neoembed.data.cards import HubUnreachable, hub_offline_mode
+    from neoembed.data.check import hub_unreachable_reason
+
+    if not named or hub_offline_mode() or (down := hub_unreachable_reason()) is None:
+        return
+    raise HubUnreachable(
+        f"eval.tasks {named} read their data from the Hugging Face hub, which cannot be reached ({down}): "
+        "connect to the network, give the tasks as local task folders or cards (docs/evaluation.md), or, if "
+        "their datasets are in your local cache, set HF_HUB_OFFLINE=1"
+    )
 
 
 def _task_path(task: str, recipe_dir: Path | None) -> str:
