@@ -92,7 +92,7 @@ def test_autocast_packs_into_the_varlen_kernel_not_a_loop_per_sequence(monkeypat
     model = NeoBERTModel(cfg).cuda().train()
     ids, mask = _batch([17, 300, 64, 5], cfg.vocab_size, "cuda")
 
-    def refuse(*_):
+    def refuse(*_, **__):
         raise AssertionError("the packed layout ran the CPU's grouped attention under autocast")
 
     monkeypatch.setitem(AttentionInterface._global_mapping, "neobert_grouped", refuse)
