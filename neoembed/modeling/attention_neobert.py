@@ -7,8 +7,7 @@ attention_mask, scaling=None, dropout=0.0, **kwargs) -> (out, weights or None)``
 ``(B, H, L, Dh)`` (already rotated: RoPE belongs to the attention module) and ``out`` ``(B, L, H, Dh)``. The padded
 layout runs transformers' own ``sdpa`` or :func:`eager_attention_forward` (the one that returns the weights).
 Packed sequences are ``(1, H, T, Dh)`` with the standard flash keyword arguments (``cu_seq_lens_q``,
-``max_length_q``, and the host ``lengths`` of the sequences) and run one of the two functions registered here
-under their names: ``neobert_varlen`` (CUDA in half precision: flash-attn's or torch's varlen kernel) and
+``max_length_q``) and run one of the two functions registered here under their names: ``neobert_varlen`` (CUDA in half precision: flash-attn's or torch's varlen kernel) and
 ``neobert_grouped`` (CPU: sequences of similar length padded together, one SDPA call per group).
 """
 
@@ -48,7 +47,7 @@ def eager_attention_forward(module, query, key, value, attention_mask, scaling=N
     return (probs @ value).transpose(1, 2), probs
 
 
-#: how much more attention work (Σ padded length² against Σ length²) a group of the ``grouped`` backend may do
+#: how much more attention work (Σ padded length² against Σ length²) a group of ``neobert_grouped`` may do
 #: than its sequences alone: fewer, larger SDPA calls for a little padding (benchmarks/cpu_attention.py)
 GROUP_SLACK = 1.5
 
@@ -59,7 +58,7 @@ def length_order(lengths: list[int] | tuple[int, ...]) -> list[int]:
 
 
 def length_groups(lengths: list[int] | tuple[int, ...], device=None, slack: float | None = None):
-    """The ``grouped`` backend's plan for packed sequences of these lengths (host ints): sequences in
+    """The plan of ``neobert_grouped`` for packed sequences of these lengths (host ints): sequences in
     :func:`length_order` cut greedily into groups, each padded to its longest while that costs at most
     ``slack`` times the group's own attention work. Returns ``(groups, order)``: per group its token count, its
     (b, Lg) grid, the grid positions of its tokens, the packed position of each grid position (the token count
