@@ -147,6 +147,33 @@ def test_packed_attention_equals_block_diagonal_attention(slack):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
 
 
+def test_every_attention_call_goes_through_transformers_attention_interface(monkeypatch):
+    """No private registry: the function a forward runs is the one transformers' AttentionInterface holds under its
+    name (a replacement registered there is what runs, padded and packed), and switching the implementation is
+    transformers' own set_attn_implementation (no override of its check)."""
+    from transformers import AttentionInterface
+
+    from neoembed.modeling import modeling_neobert as mn
+
+    assert "_can_set_attn_implementation" not in vars(mn.NeoBERTPreTrainedModel)
+    model = NeoBERTModel(tiny_config()).eval()
+    ids, mask = random_batch([7, 4])
+    seen = []
+    for name in ("sdpa", "neobert_grouped"):
+        original = AttentionInterface._global_mapping[name]
+        monkeypatch.setitem(
+            AttentionInterface._global_mapping, name, lambda *a, n=name, f=original, **k: seen.append(n) or f(*a, **k)
+        )
+    with torch.no_grad():
+        for padding_free in (False, True):
+            model.config.padding_free = padding_free
+            model(input_ids=ids, attention_mask=mask)
+        assert seen == ["sdpa"] * 2 + ["neobert_grouped"] * 2  # one call per block
+        model.set_attn_implementation("eager")
+        out = model(input_ids=ids, attention_mask=mask, output_attentions=True)
+    assert model.config._attn_implementation == "eager" and len(seen) == 4 and out.attentions[0] is not None
+
+
 def test_each_sequence_alone_equals_batch():
     torch.manual_seed(0)
     model = NeoBERTModel(tiny_config()).eval()
