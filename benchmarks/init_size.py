@@ -3,6 +3,7 @@ report on (#44).
 
     python benchmarks/init_size.py                       # MSRP and STS2012 pairs, 1/2/4/8 passes, 2 seeds
     python benchmarks/init_size.py --passes 1 --seeds 0 --data sts2012_pairs    # a quick check of the path
+    python benchmarks/init_size.py --data msrp_pairs --passes 8 --add      # the record's missing cells only
 
 For each pair set of ../shared/data/train (msrp_pairs, sts2012_pairs; never trecqa_pairs, whose TrecQA dev split
 the own-data page reports): a seeded fifth of the rows (at most 300) is held out as a retrieval task (each held-out
@@ -72,9 +73,12 @@ def score(folder: Path) -> float:
     return float(load_run(folder)[TASK]["main_score"])
 
 
-def run_set(name: str, passes: list[int], seeds: list[int], save: Callable[[dict], None]) -> dict:
+def run_set(
+    name: str, passes: list[int], seeds: list[int], save: Callable[[dict], None], done: dict | None = None
+) -> dict:
     """One pair set; ``save(result so far)`` after every trained model, so a run stopped early keeps the cells
-    it measured."""
+    it measured. ``done``: this set's result in the record (``--add``): its base scores and cells are kept, and
+    only the cells it lacks are trained."""
     work = Path(tempfile.mkdtemp(prefix=f"init-size-{name}-"))
     try:
         n_held = write_inputs(name, work)
@@ -82,11 +86,15 @@ def run_set(name: str, passes: list[int], seeds: list[int], save: Callable[[dict
         recipe = yaml.safe_load((work / "mydata" / "pairs-recipe.yaml").read_text(encoding="utf8"))
         card = yaml.safe_load((work / "mydata" / "pairs.yaml").read_text(encoding="utf8"))
         task = ["--tasks", "heldout-task.yaml"]
+        if done is not None:
+            if (done["init_steps"], done["rows_trained"]) != (recipe["steps"], recipe_rows(work)):
+                sys.exit(f"{name}: init sizes this set differently from the record: --add cannot extend it")
+            return _train_cells(work, recipe, passes, seeds, {**done, "after": dict(done["after"])}, save)
         neoembed("mteb", "--model", BASE, *task, "--output", "results/base", cwd=work)
         neoembed("mteb", "--model", BASE, *task, "--query-prompt", card["instruction"], "--output",
                  "results/base-prompt", cwd=work)  # fmt: skip
         result = {
-            "rows_trained": sum(1 for _ in (work / "pairs.jsonl").open()),
+            "rows_trained": recipe_rows(work),
             "rows_held_out": n_held,
             "init_steps": recipe["steps"],
             "batch_size": recipe["batch_size"],
@@ -94,17 +102,29 @@ def run_set(name: str, passes: list[int], seeds: list[int], save: Callable[[dict
             "base_with_instruction": score(work / "results" / "base-prompt"),
             "after": {},
         }
-        for k in passes:
-            for seed in seeds:
-                run = f"runs/p{k}-s{seed}"
-                neoembed("train", "mydata/pairs-recipe.yaml", f"steps={k * recipe['steps']}", f"seed={seed}",
-                         f"output_dir={run}", cwd=work)  # fmt: skip
-                neoembed("mteb", "--model", run, *task, "--output", f"results/p{k}-s{seed}", cwd=work)
-                result["after"].setdefault(k, {})[seed] = score(work / "results" / f"p{k}-s{seed}")
-                save(result)
-        return result
+        return _train_cells(work, recipe, passes, seeds, result, save)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def recipe_rows(work: Path) -> int:
+    return sum(1 for _ in (work / "pairs.jsonl").open())
+
+
+def _train_cells(work: Path, recipe: dict, passes, seeds, result: dict, save: Callable[[dict], None]) -> dict:
+    """Train and score each (passes, seed) cell ``result`` lacks (JSON keys are strings)."""
+    for k in passes:
+        for seed in seeds:
+            if str(seed) in result["after"].get(str(k), {}) or seed in result["after"].get(k, {}):
+                continue
+            run = f"runs/p{k}-s{seed}"
+            neoembed("train", "mydata/pairs-recipe.yaml", f"steps={k * recipe['steps']}", f"seed={seed}",
+                     f"output_dir={run}", cwd=work)  # fmt: skip
+            neoembed("mteb", "--model", run, "--tasks", "heldout-task.yaml", "--output", f"results/p{k}-s{seed}",
+                     cwd=work)  # fmt: skip
+            result["after"].setdefault(str(k), {})[str(seed)] = score(work / "results" / f"p{k}-s{seed}")
+            save(result)
+    return result
 
 
 def markdown(results: dict, complete: bool = True) -> str:
@@ -150,14 +170,22 @@ def main() -> None:
     p.add_argument("--data", nargs="+", default=["msrp_pairs", "sts2012_pairs"])
     p.add_argument("--passes", type=int, nargs="+", default=[1, 2, 4, 8])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    p.add_argument("--add", action="store_true", help="keep the record's cells and measure only those it lacks")
     args = p.parse_args()
     if "trecqa_pairs" in args.data:
         sys.exit("trecqa_pairs is the own-data page's report: choose the rule on other pairs")
     results: dict[str, dict] = {}
     head = header()
+    if args.add:  # the record's cells stay, with the commit and command that measured them
+        old = json.loads((Path(__file__).resolve().parent / "results" / "init_size_cpu.json").read_text())
+        results = old["results"]
+        head["carried"] = old["header"].get("carried") or {k: old["header"][k] for k in ("commit", "command")}
 
     def save(complete: bool) -> str:
         md = markdown(results, complete)
+        if head.get("carried"):
+            c = head["carried"]
+            md += f"\nCells this command did not train are carried from the record of `{c['commit']}` (`{c['command']}`).\n"
         write_results("init_size_cpu", {"header": head, "complete": complete, "results": results}, md)
         return md
 
@@ -167,7 +195,7 @@ def main() -> None:
             results[name] = result
             save(False)
 
-        results[name] = run_set(name, args.passes, args.seeds, partial)
+        results[name] = run_set(name, args.passes, args.seeds, partial, results.get(name) if args.add else None)
     print(save(True))
 
 
