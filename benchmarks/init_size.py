@@ -179,13 +179,15 @@ def main() -> None:
     if args.add:  # the record's cells stay, with the commit and command that measured them
         old = json.loads((Path(__file__).resolve().parent / "results" / "init_size_cpu.json").read_text())
         results = old["results"]
-        head["carried"] = old["header"].get("carried") or {k: old["header"][k] for k in ("commit", "command")}
+        earlier = old["header"].get("carried") or []  # a record extended before names its own sources
+        earlier = [earlier] if isinstance(earlier, dict) else earlier
+        head["carried"] = [*earlier, {k: old["header"][k] for k in ("commit", "command")}]
 
     def save(complete: bool) -> str:
         md = markdown(results, complete)
         if head.get("carried"):
-            c = head["carried"]
-            md += f"\nCells this command did not train are carried from the record of `{c['commit']}` (`{c['command']}`).\n"
+            sources = "; ".join(f"`{c['commit']}` (`{c['command']}`)" for c in head["carried"])
+            md += f"\nCells this command did not train are carried from the records of {sources}.\n"
         write_results("init_size_cpu", {"header": head, "complete": complete, "results": results}, md)
         return md
 
