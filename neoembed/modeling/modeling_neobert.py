@@ -366,17 +366,17 @@ class Layout:
 
     batch: int
     length: int
-    packed: bool = False
-    indices: torch.Tensor | None = None  # packed: (T,) flat grid positions of the tokens; None: the whole grid
+    indices: torch.Tensor | None = None  # packed from a padded grid: (T,) flat grid positions of the tokens
+    whole_rows: bool = False  # packed from a grid without padding: each row one sequence
     padding: torch.Tensor | None = None  # padded: (B, L, 1) bool, True at padding
-    packed_input: bool = False  # the input came packed as (1, T): returned as (1, T, D)
 
     def unpack(self, h: torch.Tensor) -> torch.Tensor:
-        """Back to the caller's layout: (B, L, D), or (1, T, D) for input that came packed."""
-        if not self.packed or self.packed_input:
-            return h  # the tensor itself (a hidden state a caller may retain_grad on)
-        if self.indices is None:
+        """Back to the caller's layout: (B, L, D), or (1, T, D) for input that came packed (returned as is, as
+        padded input is)."""
+        if self.whole_rows:
             return h[0].unflatten(0, (self.batch, self.length))
+        if self.indices is None:
+            return h  # the tensor itself (a hidden state a caller may retain_grad on)
         out = h.new_zeros(self.batch * self.length, h.shape[-1])
         return out.index_copy(0, self.indices, h[0]).unflatten(0, (self.batch, self.length))
 
@@ -500,7 +500,7 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
             plan = "whole_rows" if self.config._attn_implementation == "flash_attention_2" else "unpadded"
         if plan == "whole_rows":  # flash attention on a batch without padding: each row one packed sequence
             pos = torch.arange(L, device=x.device).repeat(B) if position_ids is None else position_ids.expand(B, L)
-            layout = Layout(B, L, packed=True)
+            layout = Layout(B, L, whole_rows=True)
             return x.flatten(0, 1)[None], layout, self._packed_attention(x, pos.flatten(), [L] * B)
         if plan == "unpadded":
             attention_mask = None  # no padding: no mask to build or apply
@@ -535,7 +535,7 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
         pos = torch.arange(L, device=x.device) if position_ids is None else position_ids
         pos = pos.expand(B, L).flatten()[indices]
         attention = self._packed_attention(x, pos, lengths, implementation)
-        return x.flatten(0, 1)[indices][None], Layout(B, L, packed=True, indices=indices), attention
+        return x.flatten(0, 1)[indices][None], Layout(B, L, indices=indices), attention
 
     def _packed_input(self, x, position_ids, cu_k, bounds: list[int]):
         """Input already packed by a flattening collator: (1, T) with sequence boundaries (read on the host)."""
@@ -549,8 +549,7 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
             raise ValueError(f"cu_seq_lens_q {bounds} does not describe {T} packed tokens")
         if position_ids is None:
             position_ids = torch.cat([torch.arange(n, device=x.device) for n in lengths])[None]
-        layout = Layout(1, T, packed=True, packed_input=True)
-        return x, layout, self._packed_attention(x, position_ids[0], lengths)
+        return x, Layout(1, T), self._packed_attention(x, position_ids[0], lengths)
 
     def _packed_attention(self, x, pos, lengths: list[int], implementation: str | None = None) -> dict:
         """The attention arguments of packed sequences: the standard flash keywords, and the grouped function's
