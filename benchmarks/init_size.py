@@ -87,14 +87,14 @@ def run_set(
         card = yaml.safe_load((work / "mydata" / "pairs.yaml").read_text(encoding="utf8"))
         task = ["--tasks", "heldout-task.yaml"]
         if done is not None:
-            if (done["init_steps"], done["rows_trained"]) != (recipe["steps"], recipe_rows(work)):
+            if (done["init_steps"], done["rows_trained"]) != (recipe["steps"], _rows(work)):
                 sys.exit(f"{name}: init sizes this set differently from the record: --add cannot extend it")
-            return _train_cells(work, recipe, passes, seeds, {**done, "after": dict(done["after"])}, save)
+            return _train_cells(work, recipe, passes, seeds, done, save)
         neoembed("mteb", "--model", BASE, *task, "--output", "results/base", cwd=work)
         neoembed("mteb", "--model", BASE, *task, "--query-prompt", card["instruction"], "--output",
                  "results/base-prompt", cwd=work)  # fmt: skip
         result = {
-            "rows_trained": recipe_rows(work),
+            "rows_trained": _rows(work),
             "rows_held_out": n_held,
             "init_steps": recipe["steps"],
             "batch_size": recipe["batch_size"],
@@ -107,15 +107,15 @@ def run_set(
         shutil.rmtree(work, ignore_errors=True)
 
 
-def recipe_rows(work: Path) -> int:
+def _rows(work: Path) -> int:
     return sum(1 for _ in (work / "pairs.jsonl").open())
 
 
 def _train_cells(work: Path, recipe: dict, passes, seeds, result: dict, save: Callable[[dict], None]) -> dict:
-    """Train and score each (passes, seed) cell ``result`` lacks (JSON keys are strings)."""
+    """Train and score each (passes, seed) cell ``result`` lacks (keyed by strings, as in the JSON record)."""
     for k in passes:
         for seed in seeds:
-            if str(seed) in result["after"].get(str(k), {}) or seed in result["after"].get(k, {}):
+            if str(seed) in result["after"].get(str(k), {}):
                 continue
             run = f"runs/p{k}-s{seed}"
             neoembed("train", "mydata/pairs-recipe.yaml", f"steps={k * recipe['steps']}", f"seed={seed}",
@@ -199,7 +199,7 @@ def main() -> None:
 
         results[name] = run_set(name, args.passes, args.seeds, partial, results.get(name) if args.add else None)
     # complete: every set has the same cells (--add may leave one set short of another's)
-    cells = {frozenset((str(k), len(v)) for k, v in r["after"].items()) for r in results.values()}
+    cells = {frozenset((k, len(v)) for k, v in r["after"].items()) for r in results.values()}
     print(save(len(cells) == 1))
 
 
