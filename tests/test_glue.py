@@ -122,6 +122,22 @@ def _glue(*args):
     return result.output
 
 
+def test_a_process_other_than_the_main_one_writes_nothing_before_the_run(tmp_path, tiny_official, monkeypatch):
+    """A 2-process `neoembed glue`: the main process checks that --out is empty; a second process that wrote the
+    run record first made the main one refuse the folder as used (seen as a flaky exit 2)."""
+    import neoembed.glue.cli as glue_cli
+
+    seen = []
+    monkeypatch.setattr(glue_cli, "_run", lambda *a: seen.append(sorted(p.name for p in out.rglob("*"))))
+    monkeypatch.setenv("RANK", "1")
+    out = tmp_path / "out"
+    _glue("MRPC", *_on(tiny_official, tmp_path / "data", out))
+    assert seen == [[]]
+    monkeypatch.setenv("RANK", "0")
+    _glue("MRPC", *_on(tiny_official, tmp_path / "data", out))
+    assert seen[1] == ["run_record.json"]
+
+
 def test_run_transfer_and_resumable_grid(tmp_path, msrp_rows, tiny_official, monkeypatch):
     """MRPC on the fixture, STS-B from its checkpoint (3 -> 1 labels: a fresh classifier), and a 2-point grid
     that a second call reads back instead of training again."""

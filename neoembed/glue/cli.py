@@ -88,6 +88,7 @@ def _start(settings, spec, model: str, out: Path, data_dir, carve, from_, grid: 
     """The run in ``out`` (checked and locked): the transfer source, the run record, then the run(s)."""
     from neoembed.glue.run import record, resolve_from
     from neoembed.hub import resolve_packaged
+    from neoembed.runs.lock import launched_main
 
     source = resolve_from(from_) if from_ else None
     if settings.transfer_from and source is None:
@@ -98,9 +99,12 @@ def _start(settings, spec, model: str, out: Path, data_dir, carve, from_, grid: 
         )
     backbone = source or resolve_packaged(model)
     data = {"data_dir": data_dir, "carve": carve}
-    fresh = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
-    record(out, settings, backbone, source, grid)
+    # the main process alone: another one's record could reach the folder before the main one has checked it
+    main = launched_main()
+    fresh = main and not out.exists()
+    if main:
+        out.mkdir(parents=True, exist_ok=True)
+        record(out, settings, backbone, source, grid)
     try:
         _run(settings, spec, backbone, out, data, source, grid)
     except BaseException:
