@@ -853,3 +853,25 @@ def test_resume_on_changed_card_data_is_refused_naming_the_card(tmp_path, tiny_o
         path.write_text(json.dumps(record))
     train(_recipe(out, tiny_official, cards), recipe_dir=TINY.parent, resume=True)
     assert _steps(out) == [1, 2, 3, 4]
+
+
+def test_a_signal_handled_during_the_stop_reduction_stops_every_process_one_step_later(monkeypatch):
+    """`StopSignal.anywhere` on 2 processes: SIGTERM to one of them, handled while it waited in the all-reduce of
+    the stop flags, came too late for the other's answer. Answering True there made this process checkpoint and
+    stop alone while the other went on to its next gradient reduction (a hang, seen once in CI); both now stop at
+    the next step."""
+    import torch.distributed as dist
+
+    from neoembed.runs.signals import StopSignal
+
+    stop = StopSignal()
+
+    def all_reduce(flag, op):  # the other process's flag is 0: it has received nothing
+        if stop.received is None:
+            stop.handle(signal.SIGTERM, None)  # Python runs the handler once the blocking call returns
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda: 2)
+    monkeypatch.setattr(dist, "all_reduce", all_reduce)
+    assert stop.anywhere() is False and stop.received == "SIGTERM"  # the other process was told 0: go on
+    assert stop.anywhere() is True  # this process's flag is in this reduction: every process stops here

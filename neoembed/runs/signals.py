@@ -56,7 +56,9 @@ class StopSignal(_Handlers):
         """Whether this process or any other of the run received a signal: one 1-element all-reduce when several
         processes run, so that all stop at the same step (one stopping alone would leave the others waiting in
         their next collective, and one never told would go on to save its final model early). A process told by
-        another records SIGTERM."""
+        another records SIGTERM. The answer is the reduced flag, not this process's own: a signal handled while
+        the all-reduce waited (where a process spends its waits) came too late for the others' answer, so it
+        stops every process at the next step."""
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
@@ -64,8 +66,10 @@ class StopSignal(_Handlers):
 
             flag = torch.tensor([float(self.received is not None)], device=device)
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            if flag.item() > 0 and self.received is None:
+            agreed = flag.item() > 0
+            if agreed and self.received is None:
                 self.received = "SIGTERM"
+            return agreed
         return self.received is not None
 
 
