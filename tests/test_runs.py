@@ -611,17 +611,21 @@ def test_resume_accepts_a_run_recorded_before_a_field_existed_while_it_is_at_its
 
 
 def test_resume_may_change_gradcaches_piece_size_but_not_the_loss(tmp_path):
-    """A run that ran out of memory resumes with smaller GradCache pieces (the same loss and gradients):
-    ``loss.mini_batch_size`` and CDE's ``chunk_size`` may change; the temperature may not."""
+    """A run that ran out of memory resumes with smaller GradCache pieces or with GradCache turned on (the same
+    loss and gradients): ``loss.mini_batch_size``, ``loss.name`` between ``infonce`` and ``cached_infonce`` (the
+    remedy the out-of-memory message gives) and CDE's ``chunk_size`` may change; the temperature may not."""
     from neoembed.cde.recipe import CDERecipe
 
     kw = {"overwrite": False, "resume": True, "checkpoints": False}
     unified = UnifiedRecipe(seed=0, model="m", datasets=[{"card": "c"}], loss={"name": "cached_infonce"})
+    plain = UnifiedRecipe(seed=0, model="m", datasets=[{"card": "c"}])
     cde = CDERecipe(seed=0, model="m", datasets=[{"card": "c"}], chunk_size=8)
     for recipe, memory, other in (
         (unified, {"loss": {"name": "cached_infonce", "mini_batch_size": 4}}, {"temperature": 0.5}),
         (cde, {"chunk_size": 2}, {"temperature": 0.5}),
         (cde, {"chunk_size": None}, {"temperature": 0.5}),  # plain backpropagation: the same loss too
+        (unified, {"loss": {"name": "infonce"}}, {"temperature": 0.5}),
+        (plain, {"loss": {"name": "cached_infonce", "mini_batch_size": 4}}, {"temperature": 0.5}),
     ):
         out = tmp_path / f"run-{len(list(tmp_path.iterdir()))}"
         out.mkdir()

@@ -447,7 +447,7 @@ def test_out_of_memory_is_answered_with_advice(tmp_path, tiny_official, monkeypa
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
     monkeypatch.setattr(SentenceTransformerTrainer, "train", oom)
-    with pytest.raises(TrainingStopped, match="loss.mini_batch_size=32.*max_length"):
+    with pytest.raises(TrainingStopped, match="loss.mini_batch_size=32.*--resume continues.*max_length"):
         train(_recipe(tmp_path / "oom", tiny_official), recipe_dir=TINY.parent)
 
 

@@ -46,6 +46,9 @@ NON_TRAJECTORY_KEYS = frozenset(
         "chunk_size",
     }
 )
+#: trajectory settings whose values differ but train the same run: GradCache computes its plain loss's gradients
+#: (tests/test_losses.py), so a run that ran out of memory resumes with ``loss.name=cached_infonce``, and back
+SAME_TRAJECTORY: dict[str, dict[Any, Any]] = {"loss.name": {"cached_infonce": "infonce"}}
 
 
 def resume_settings(recipe: Any, per_process_batch: bool = False) -> dict[str, Any]:
@@ -148,8 +151,14 @@ def _differences(saved: dict[str, Any], now: dict[str, Any], defaults: dict[str,
         f"{k}: {json.dumps(saved.get(k, missing), default=str)} in the folder's run, "
         f"{json.dumps(now.get(k, missing), default=str)} now"
         for k in keys
-        if saved.get(k, missing) != now.get(k, missing)
+        if _trajectory(k, saved.get(k, missing)) != _trajectory(k, now.get(k, missing))
     ]
+
+
+def _trajectory(key: str, value: Any) -> Any:
+    """``value`` of setting ``key`` as the run it trains (:data:`SAME_TRAJECTORY`)."""
+    same = SAME_TRAJECTORY.get(key, {})
+    return same.get(value, value) if isinstance(value, str) else value
 
 
 def _check_steps(ckpt: Path, saved: dict | None, settings: dict | None) -> None:

@@ -305,8 +305,9 @@ def _fit(trainer, checkpoint: Path | None, stop: StopSignal, recipe: UnifiedReci
             trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
     except torch.OutOfMemoryError as e:
         raise TrainingStopped(
-            "out of memory: lower batch_size, enable GradCache with loss.name=cached_infonce loss.mini_batch_size=32 (same loss, memory of "
-            f"one mini-batch), or shorten max_length (now {recipe.max_length}). ({e})"
+            "out of memory: enable GradCache with loss.name=cached_infonce loss.mini_batch_size=32 (same loss, "
+            "memory of one mini-batch; --resume continues this run from its last checkpoint with it), lower "
+            f"batch_size, or shorten max_length (now {recipe.max_length}). ({e})"
         ) from None
     finally:
         if main and (output / "metrics.jsonl").exists():
