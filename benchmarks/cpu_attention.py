@@ -4,7 +4,7 @@
     python benchmarks/cpu_attention.py --quick      # fewer repetitions
 
 On CPU the packed layout confines attention to each sequence by grouping sequences of similar length and padding
-each group to its longest (``modeling_neobert.length_groups``): ``slack`` bounds a group's attention work
+each group to its longest (``attention_neobert.length_groups``): ``slack`` bounds a group's attention work
 (Σ padded length²) against its sequences' own (Σ length²). Slack 0 is one SDPA call per sequence (what the
 backend did before), slack ∞ one call for the batch (attention as padded, the linear layers still packed).
 Measured side by side in one process, forward + backward of the whole model, on the token lengths of real

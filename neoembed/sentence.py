@@ -4,7 +4,7 @@
 with input checks and a finiteness check on its outputs. What it saves is a plain sentence-transformers folder
 built from stock modules (Transformer -> Pooling -> optional Normalize). For NeoBERT, ``config.json`` carries
 ``model_type: neobert`` and an ``auto_map`` to ``configuration_neobert.py`` / ``modeling_neobert.py`` (which
-imports ``attention_neobert.py``), written beside the weights: the folder loads with ``SentenceTransformer(path)``
+imports ``attention_neobert.py`` and ``layout_neobert.py``), written beside the weights: the folder loads with ``SentenceTransformer(path)``
 in a process that imported ``neoembed``, and with ``trust_remote_code=True`` where neoembed is not installed.
 """
 

@@ -137,8 +137,7 @@ def test_compiled_layers_on_the_varlen_path_compile_once_for_every_batch(monkeyp
     for the CUDA kernel; the recompilations counted are dynamo's own."""
     from torch._dynamo.testing import CompileCounter
 
-    from neoembed.modeling import attention_neobert
-    from neoembed.modeling import modeling_neobert as mn
+    from neoembed.modeling import attention_neobert, layout_neobert
 
     def cpu_varlen(q, k, v, cu, _cu, n, _n):
         lengths = cu.diff().tolist()
@@ -150,7 +149,7 @@ def test_compiled_layers_on_the_varlen_path_compile_once_for_every_batch(monkeyp
     monkeypatch.setattr(attention_neobert, "_flash_varlen", lambda: None)
     monkeypatch.setattr(attention_neobert, "_torch_varlen", lambda: cpu_varlen)
     monkeypatch.setattr(
-        mn, "attention_function", lambda config, x, packed, out: "neobert_varlen" if packed else "sdpa"
+        layout_neobert, "attention_function", lambda config, x, packed, out: "neobert_varlen" if packed else "sdpa"
     )
     model = _model(padding_free=True).eval()
     counter = CompileCounter()

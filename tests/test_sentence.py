@@ -51,7 +51,8 @@ def test_saved_folder_layout(saved):
     cfg = json.loads((path / "config.json").read_text())
     assert cfg["model_type"] == "neobert"
     assert cfg["auto_map"]["AutoModel"] == "modeling_neobert.NeoBERTModel"
-    assert (path / "modeling_neobert.py").is_file() and (path / "configuration_neobert.py").is_file()
+    bundled = ("modeling_neobert.py", "configuration_neobert.py", "attention_neobert.py", "layout_neobert.py")
+    assert all((path / name).is_file() for name in bundled)  # the model's file and every file it imports
     modules = json.loads((path / "modules.json").read_text())
     assert all(m["type"].startswith("sentence_transformers.") for m in modules)  # stock modules only
     card = (path / "README.md").read_text()

@@ -1,5 +1,5 @@
 # Copyright 2026 the neoembed developers. MIT License.
-"""NeoBERT's attention functions, bundled beside every saved model with ``modeling_neobert.py`` (which imports
+"""NeoBERT's rotary embedding and attention functions, bundled beside every saved model with ``modeling_neobert.py`` (which imports
 this file: transformers copies it along). Imports only torch and transformers.
 
 Each function has the signature of transformers' ``AttentionInterface``: ``fn(module, query, key, value,
@@ -18,9 +18,65 @@ import itertools
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 from transformers import AttentionInterface
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, dynamic_rope_update
 
 from .configuration_neobert import ATTN_IMPLEMENTATIONS, NeoBERTConfig
+
+
+class NeoBERTRotaryEmbedding(nn.Module):
+    """RoPE's inverse frequencies (Dh/2,) and their cos/sin at given positions.
+
+    ``config.rope_parameters`` picks the variant: ``default`` (the paper's RoPE, base ``rope_theta``) or one of
+    the scalings transformers defines (``yarn``, ``linear``, ``dynamic``, ...), computed by transformers' own
+    functions so that the keys mean what they mean in every transformers model. The frequencies stay float32
+    whatever dtype the model is cast to: in bfloat16, positions in the thousands would be off by radians."""
+
+    inv_freq: torch.Tensor
+    original_inv_freq: torch.Tensor
+
+    def __init__(self, config: NeoBERTConfig, device=None):
+        super().__init__()
+        self.config = config
+        self.rope_type = config.rope_type
+        # read by transformers' dynamic_rope_update (the "dynamic" scaling recomputes past this length)
+        self.max_seq_len_cached = self.original_max_seq_len = config.max_position_embeddings
+        init = self.compute_default_rope_parameters
+        if self.rope_type != "default":
+            init = ROPE_INIT_FUNCTIONS[self.rope_type]
+        inv_freq, self.attention_scaling = init(config, device)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.register_buffer("original_inv_freq", inv_freq.clone(), persistent=False)
+
+    @staticmethod
+    def compute_default_rope_parameters(
+        config: NeoBERTConfig, device=None, **kwargs
+    ) -> tuple[torch.Tensor, float]:
+        """The paper's frequencies ``base ** (-2i / Dh)``, and a cos/sin scale of 1."""
+        dim, base = config.head_dim, config.rope_parameters["rope_theta"]
+        exponents = torch.arange(0, dim, 2, dtype=torch.int64).to(device=device, dtype=torch.float32) / dim
+        return 1.0 / (base**exponents), 1.0
+
+    @torch.no_grad()
+    @dynamic_rope_update
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of shape ``(*position_ids.shape, Dh/2)``, float32 (``x`` gives only the device)."""
+        angles = position_ids.to(torch.float32).unsqueeze(-1) * self.inv_freq.to(x.device, torch.float32)
+        cos, sin = torch.cos(angles), torch.sin(angles)
+        if self.attention_scaling != 1.0:
+            cos, sin = cos * self.attention_scaling, sin * self.attention_scaling
+        return cos, sin
+
+    def _apply(self, fn, recurse=True):
+        # a cast of the whole model (.to(torch.bfloat16), .half()) moves the frequencies but keeps them float32
+        kept = {name: buf for name, buf in self._buffers.items() if buf is not None}
+        super()._apply(fn, recurse)
+        for name, buf in kept.items():
+            moved = self._buffers[name]
+            if moved.dtype != torch.float32 and buf.dtype == torch.float32:
+                self._buffers[name] = buf.to(moved.device)
+        return self
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -2,12 +2,13 @@
 """NeoBERT (Le Breton et al., 2025), top to bottom: RMSNorm -> RoPE -> attention -> SwiGLU -> block ->
 encoder -> heads (masked LM, sequence and token classification).
 
-Imports only torch and transformers: this file is copied next to every saved model, with
-``configuration_neobert.py`` and ``attention_neobert.py`` (the attention functions), which it imports.
+Imports only torch and transformers: this file is copied next to every saved model, with the files it imports:
+``configuration_neobert.py``, ``attention_neobert.py`` (RoPE and the attention functions) and
+``layout_neobert.py`` (the layouts and the input checks).
 
 Shapes: B batch, L padded length, T packed tokens (sum of real lengths), D width, H heads, Dh = D / H.
 
-Attention runs in one of two layouts, chosen once per forward (``NeoBERTModel._plan``):
+Attention runs in one of two layouts, chosen once per forward (``layout_neobert.plan_layout``):
 
 * padded: ``(B, L, D)`` with a key-padding mask ``(B, 1, 1, L)`` (none where nothing is padded);
 * packed (``config.padding_free``, or ``flash_attention_2``): the real tokens of every sequence in one
@@ -29,9 +30,7 @@ hidden state are zeros in every layout.
 
 from __future__ import annotations
 
-import itertools
 import warnings
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -43,7 +42,6 @@ from transformers.modeling_outputs import (
     SequenceClassifierOutput,
     TokenClassifierOutput,
 )
-from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, dynamic_rope_update
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 try:
@@ -51,14 +49,9 @@ try:
 except ImportError:  # pragma: no cover - older transformers
     GradientCheckpointingLayer = nn.Module  # type: ignore[misc,assignment]
 
-from .attention_neobert import (  # noqa: F401 - apply_rope and the functions: this module's public names too
-    apply_rope,
-    attention_function,
-    eager_attention_forward,
-    length_groups,
-    length_order,
-)
+from .attention_neobert import NeoBERTRotaryEmbedding, apply_rope, eager_attention_forward
 from .configuration_neobert import NeoBERTConfig
+from .layout_neobert import check_inputs, plan_layout, prepare_layout
 
 __all__ = [
     "NeoBERTForMaskedLM",
@@ -97,61 +90,6 @@ class NeoBERTRMSNorm(nn.Module):
         # one fused kernel (CUDA) that accumulates half-precision input in float32 and rounds once: the float32
         # copy, cast back and separate product of the plain form were 3 of the eager forward's 4 memory passes
         return F.rms_norm(x, (x.shape[-1],), self.weight.to(x.dtype), self.eps)
-
-
-# --------------------------------------------------------------------------------------------------- RoPE
-class NeoBERTRotaryEmbedding(nn.Module):
-    """RoPE's inverse frequencies (Dh/2,) and their cos/sin at given positions.
-
-    ``config.rope_parameters`` picks the variant: ``default`` (the paper's RoPE, base ``rope_theta``) or one of
-    the scalings transformers defines (``yarn``, ``linear``, ``dynamic``, ...), computed by transformers' own
-    functions so that the keys mean what they mean in every transformers model. The frequencies stay float32
-    whatever dtype the model is cast to: in bfloat16, positions in the thousands would be off by radians."""
-
-    inv_freq: torch.Tensor
-    original_inv_freq: torch.Tensor
-
-    def __init__(self, config: NeoBERTConfig, device=None):
-        super().__init__()
-        self.config = config
-        self.rope_type = config.rope_type
-        # read by transformers' dynamic_rope_update (the "dynamic" scaling recomputes past this length)
-        self.max_seq_len_cached = self.original_max_seq_len = config.max_position_embeddings
-        init = self.compute_default_rope_parameters
-        if self.rope_type != "default":
-            init = ROPE_INIT_FUNCTIONS[self.rope_type]
-        inv_freq, self.attention_scaling = init(config, device)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
-        self.register_buffer("original_inv_freq", inv_freq.clone(), persistent=False)
-
-    @staticmethod
-    def compute_default_rope_parameters(
-        config: NeoBERTConfig, device=None, **kwargs
-    ) -> tuple[torch.Tensor, float]:
-        """The paper's frequencies ``base ** (-2i / Dh)``, and a cos/sin scale of 1."""
-        dim, base = config.head_dim, config.rope_parameters["rope_theta"]
-        exponents = torch.arange(0, dim, 2, dtype=torch.int64).to(device=device, dtype=torch.float32) / dim
-        return 1.0 / (base**exponents), 1.0
-
-    @torch.no_grad()
-    @dynamic_rope_update
-    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin of shape ``(*position_ids.shape, Dh/2)``, float32 (``x`` gives only the device)."""
-        angles = position_ids.to(torch.float32).unsqueeze(-1) * self.inv_freq.to(x.device, torch.float32)
-        cos, sin = torch.cos(angles), torch.sin(angles)
-        if self.attention_scaling != 1.0:
-            cos, sin = cos * self.attention_scaling, sin * self.attention_scaling
-        return cos, sin
-
-    def _apply(self, fn, recurse=True):
-        # a cast of the whole model (.to(torch.bfloat16), .half()) moves the frequencies but keeps them float32
-        kept = {name: buf for name, buf in self._buffers.items() if buf is not None}
-        super()._apply(fn, recurse)
-        for name, buf in kept.items():
-            moved = self._buffers[name]
-            if moved.dtype != torch.float32 and buf.dtype == torch.float32:
-                self._buffers[name] = buf.to(moved.device)
-        return self
 
 
 class NeoBERTAttention(nn.Module):
@@ -306,86 +244,6 @@ class NeoBERTPreTrainedModel(PreTrainedModel):
         )
 
 
-def _check_inputs(config: NeoBERTConfig, input_ids, attention_mask, inputs_embeds) -> None:
-    """Shape and dtype checks always; value checks only on host tensors outside compilation, where they cost no
-    device sync and no graph break (on CUDA an out-of-range id still fails, in the embedding lookup)."""
-    if (input_ids is None) == (inputs_embeds is None):
-        raise ValueError("pass exactly one of input_ids or inputs_embeds")
-    ref = input_ids if input_ids is not None else inputs_embeds
-    if input_ids is not None:
-        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
-            raise ValueError(
-                f"input_ids must be a 2-D (batch, length) tensor, got "
-                f"{tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__}"
-            )
-        if input_ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
-            raise TypeError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}")
-    elif inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != config.hidden_size:
-        raise ValueError(
-            f"inputs_embeds must be (batch, length, {config.hidden_size}), got {tuple(inputs_embeds.shape)}"
-        )
-    B, L = ref.shape[:2]
-    if attention_mask is not None and attention_mask.shape not in ((B, L), (B, 1, L, L), (B, 1, 1, L)):
-        raise ValueError(
-            f"attention_mask shape {tuple(attention_mask.shape)} does not match input shape {(B, L)}: pass "
-            f"{(B, L)} (1 = token, 0 = padding) or a bool {(B, 1, L, L)} or {(B, 1, 1, L)} mask (True = attend)"
-        )
-    if attention_mask is not None and attention_mask.dim() == 4 and attention_mask.dtype != torch.bool:
-        raise TypeError(f"a 4-D attention_mask must be bool (True = attend), got {attention_mask.dtype}")
-    if torch.compiler.is_compiling() or ref.device.type != "cpu":
-        return
-    if input_ids is not None and input_ids.numel():
-        low, high = int(input_ids.min()), int(input_ids.max())
-        if low < 0 or high >= config.vocab_size:
-            raise ValueError(
-                f"input_ids must lie in [0, {config.vocab_size}); got min {low}, max {high}. "
-                "Is the tokenizer the model's own?"
-            )
-    if attention_mask is not None and attention_mask.dtype != torch.bool:
-        if bool(((attention_mask != 0) & (attention_mask != 1)).any()):
-            raise ValueError(
-                "attention_mask must hold only 0 and 1 (1 = token, 0 = padding), not an additive mask"
-            )
-
-
-def _key_padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
-    """(B, 1, 1, L) bool key mask. Fully padded rows attend to every position (finite garbage that callers
-    ignore) instead of to nothing (NaN). Built without asking the host whether there is padding."""
-    if attention_mask is None:
-        return None
-    if attention_mask.dim() == 4:  # already (B, 1, L, L), e.g. packed rows' block-diagonal mask: as given
-        return attention_mask
-    mask = attention_mask.bool()
-    return (mask | ~mask.any(dim=1, keepdim=True))[:, None, None, :]
-
-
-@dataclass
-class Layout:
-    """How the tokens the blocks see relate to the caller's ``(B, L)`` grid: padded (the grid itself) or packed
-    (``(1, T)``: the real tokens of every sequence in one row)."""
-
-    batch: int
-    length: int
-    indices: torch.Tensor | None = None  # packed from a padded grid: (T,) flat grid positions of the tokens
-    whole_rows: bool = False  # packed from a grid without padding: each row one sequence
-    padding: torch.Tensor | None = None  # padded: (B, L, 1) bool, True at padding
-
-    def unpack(self, h: torch.Tensor) -> torch.Tensor:
-        """Back to the caller's layout: (B, L, D), or (1, T, D) for input that came packed (returned as is, as
-        padded input is)."""
-        if self.whole_rows:
-            return h[0].unflatten(0, (self.batch, self.length))
-        if self.indices is None:
-            return h  # the tensor itself (a hidden state a caller may retain_grad on)
-        out = h.new_zeros(self.batch * self.length, h.shape[-1])
-        return out.index_copy(0, self.indices, h[0]).unflatten(0, (self.batch, self.length))
-
-    def output(self, h: torch.Tensor) -> torch.Tensor:
-        """The last hidden state: padding positions are zeros in every layout, so that the layouts agree."""
-        h = self.unpack(h)
-        return h if self.padding is None else h.masked_fill(self.padding, 0.0)
-
-
 class NeoBERTModel(NeoBERTPreTrainedModel):
     """The NeoBERT encoder: token embedding (no position embedding) -> blocks -> final RMSNorm."""
 
@@ -441,12 +299,14 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
         output_attentions, output_hidden_states, return_dict = self._output_flags(
             output_attentions, output_hidden_states, return_dict
         )
-        _check_inputs(self.config, input_ids, attention_mask, inputs_embeds)
+        check_inputs(self.config, input_ids, attention_mask, inputs_embeds)
         x = self.encoder(input_ids) if inputs_embeds is None else inputs_embeds
-        plan, to_read = self._plan(x, attention_mask, position_ids, cu_seq_lens_q, output_attentions)
+        plan, to_read = plan_layout(
+            self.config, x, attention_mask, position_ids, cu_seq_lens_q, output_attentions
+        )
         host = None if to_read is None else to_read.tolist()  # the forward's one host sync (a graph break)
-        x, layout, attention = self._prepare(
-            plan, host, x, attention_mask, position_ids, cu_seq_lens_k, output_attentions
+        x, layout, attention = prepare_layout(
+            self, plan, host, x, attention_mask, position_ids, cu_seq_lens_k, output_attentions
         )
         hidden_states, attentions = [layout.unpack(x)] if output_hidden_states else None, []
         for block in self.transformer_encoder:
@@ -461,124 +321,12 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
         )
         return out if return_dict else out.to_tuple()
 
-    # ------------------------------------------------------------------------------ layouts, once per forward
-    def _plan(self, x, attention_mask, position_ids, cu_q, output_attentions):
-        """Where this forward's layout comes from, and the device tensor it must read on the host to build it (or
-        None): the lengths of a padded batch to drop its padding, or the boundaries of packed input."""
-        B, L = x.shape[:2]
-        if cu_q is not None:
-            return "packed_input", cu_q
-        if position_ids is not None and attention_mask is None and B == 1 and L > 1:
-            return "maybe_packed", position_ids[0]  # positions restarting at 0 mark packed sequences
-        if attention_mask is not None and attention_mask.dim() == 4:
-            return "padded", None  # the caller's own 4-D mask: only the padded layout applies it
-        implementation = self.config._attn_implementation or "sdpa"
-        want_packed = self.config.drops_padding and (
-            implementation == "flash_attention_2" or not output_attentions
-        )
-        # Packing needs the lengths on the host: a traced export has none, so it keeps the padded layout.
-        if not want_packed or torch.compiler.is_exporting():
-            return "padded", None
-        if attention_mask is None:
-            return ("whole_rows" if implementation == "flash_attention_2" else "unpadded"), None
-        return "padding_free", attention_mask.sum(dim=1)
-
-    def _prepare(self, plan, host, x, attention_mask, position_ids, cu_k, output_attentions):
-        """The layout, the blocks' input and the attention arguments, from the plan and what was read on the
-        host: packed (given packed, or a padded batch's real tokens) or padded."""
-        B, L = x.shape[:2]
-        if plan == "packed_input":
-            return self._packed_input(x, position_ids, cu_k, [int(c) for c in host])
-        if plan == "maybe_packed":
-            starts = [i for i, p in enumerate(host) if p == 0]
-            if len(starts) > 1 or (starts and starts[0] != 0):
-                return self._packed_input(x, position_ids, cu_k, [*starts, L])
-        if plan == "padding_free":
-            lengths = [int(n) for n in host]
-            if any(n < L for n in lengths):  # (no min(..., default=): dynamo breaks the graph on it)
-                return self._padding_free(x, attention_mask, position_ids, lengths)
-            plan = "whole_rows" if self.config._attn_implementation == "flash_attention_2" else "unpadded"
-        if plan == "whole_rows":  # flash attention on a batch without padding: each row one packed sequence
-            pos = torch.arange(L, device=x.device).repeat(B) if position_ids is None else position_ids.expand(B, L)
-            layout = Layout(B, L, whole_rows=True)
-            return x.flatten(0, 1)[None], layout, self._packed_attention(x, pos.flatten(), [L] * B)
-        if plan == "unpadded":
-            attention_mask = None  # no padding: no mask to build or apply
-        if position_ids is None:  # given positions are the caller's (CDE's position-less prefix has none)
-            self._check_length(L)
-        pos = torch.arange(L, device=x.device)[None] if position_ids is None else position_ids
-        attention = {
-            "position_embeddings": self._rope(pos),
-            "attention_mask": _key_padding_mask(attention_mask),
-            "implementation": attention_function(self.config, x, False, output_attentions),
-        }
-        padding = (
-            None if attention_mask is None or attention_mask.dim() == 4 else (attention_mask == 0)[..., None]
-        )
-        return x, Layout(B, L, padding=padding), attention
-
-    def _padding_free(self, x, attention_mask, position_ids, lengths: list[int]):
-        """Gather the real tokens of a padded batch into one sequence (attention confined to each sequence);
-        for the CPU's grouped attention the rows are packed longest first, so that its groups are slices."""
-        B, L = x.shape[:2]
-        implementation = attention_function(self.config, x, True, False)
-        rows = length_order(lengths) if implementation == "neobert_grouped" else list(range(B))
-        reorder = torch.tensor(rows, device=x.device) if rows != list(range(B)) else None
-        mask = attention_mask.bool() if reorder is None else attention_mask.bool()[reorder]
-        lengths = [lengths[i] for i in rows]
-        # nonzero_static: the count is known on the host already, so no second sync for the output size
-        indices = torch.nonzero_static(mask.flatten(), size=sum(lengths)).flatten()
-        if reorder is not None:  # positions in the reordered grid -> the caller's grid
-            indices = reorder[indices // L] * L + indices % L
-        # a token keeps its column as position, as in the padded layout (RoPE is relative: left padding
-        # shifts every position of a row alike and changes nothing)
-        pos = torch.arange(L, device=x.device) if position_ids is None else position_ids
-        pos = pos.expand(B, L).flatten()[indices]
-        attention = self._packed_attention(x, pos, lengths, implementation)
-        return x.flatten(0, 1)[indices][None], Layout(B, L, indices=indices), attention
-
-    def _packed_input(self, x, position_ids, cu_k, bounds: list[int]):
-        """Input already packed by a flattening collator: (1, T) with sequence boundaries (read on the host)."""
-        B, T = x.shape[:2]
-        if B != 1:
-            raise ValueError(f"packed input must have batch size 1, got {B}")
-        if cu_k is not None and cu_k.shape != (len(bounds),):
-            raise ValueError("cu_seq_lens_k must equal cu_seq_lens_q (NeoBERT is self-attention only)")
-        lengths = [b - a for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
-        if not bounds or bounds[0] != 0 or bounds[-1] != T or any(n < 0 for n in lengths):
-            raise ValueError(f"cu_seq_lens_q {bounds} does not describe {T} packed tokens")
-        if position_ids is None:
-            position_ids = torch.cat([torch.arange(n, device=x.device) for n in lengths])[None]
-        return x, Layout(1, T), self._packed_attention(x, position_ids[0], lengths)
-
-    def _packed_attention(self, x, pos, lengths: list[int], implementation: str | None = None) -> dict:
-        """The attention arguments of packed sequences: the standard flash keywords, and the grouped function's
-        plan (:func:`length_groups`)."""
-        for n in lengths:
-            self._check_length(n)
-        cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32).to(
-            x.device, non_blocking=True
-        )
-        implementation = implementation or attention_function(self.config, x, True, False)
-        groups, order = length_groups(lengths, x.device) if implementation == "neobert_grouped" else ((), None)
-        longest = max([0, *lengths])
-        return {
-            "position_embeddings": self._rope(pos),
-            "attention_mask": None,
-            "implementation": implementation,
-            "cu_seq_lens_q": cu,
-            "cu_seq_lens_k": cu,
-            "max_length_q": longest,
-            "max_length_k": longest,
-            "groups": groups,
-            "order": order,
-        }
-
-    def _rope(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def rope(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """RoPE's (cos, sin) at ``position_ids``, broadcast over the heads."""
         cos, sin = self.rotary_emb(self.rotary_emb.inv_freq, position_ids)
         return cos.unsqueeze(-2), sin.unsqueeze(-2)  # broadcast over heads
 
-    def _check_length(self, length: int) -> None:
+    def check_length(self, length: int) -> None:
         """RoPE has no hard limit (transformers' models run past their trained length), but quality drops there."""
         limit = self.config.max_sequence_length
         if length > limit:
