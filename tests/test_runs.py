@@ -879,3 +879,41 @@ def test_a_signal_handled_during_the_stop_reduction_stops_every_process_one_step
     monkeypatch.setattr(dist, "all_reduce", all_reduce)
     assert stop.anywhere() is False and stop.received == "SIGTERM"  # the other process was told 0: go on
     assert stop.anywhere() is True  # this process's flag is in this reduction: every process stops here
+
+
+def test_walk_overwrite_refuses_a_folder_holding_what_the_run_reads(
+    tmp_path, tiny_official, capsys, monkeypatch
+):
+    """`train model=RUN output_dir=RUN --overwrite` (or the model a checkpoint of RUN) cleared RUN and then found
+    no model; `mteb --model RUN --output RUN` advised --overwrite, which did the same; `mine` into the folder of
+    its own card deleted the card. A used folder holding what the run reads is refused whatever the flags, and
+    nothing in it changes."""
+    from neoembed.runs import claim_results_dir
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_official, run)
+    shutil.copytree(tiny_official, run / "checkpoint-2")
+    (run / "run_record.json").write_text("{}")  # a folder neoembed wrote: --overwrite would clear it
+    before = _snapshot(run)
+    for model in (run, run / "checkpoint-2"):
+        code, err = _cli(
+            capsys, monkeypatch, "train", str(TINY), f"model={model}", f"output_dir={run}", "--overwrite"
+        )
+        assert code == 2 and f"holds {model}, which this run reads" in err, err
+    code, err = _cli(capsys, monkeypatch, "mteb", "--model", str(run), "--output", str(run), "--overwrite",
+                     "--tasks", "STS16", "--data-dir", str(REPO / "tests" / "shared" / "data" / "mteb"))  # fmt: skip
+    assert code == 2 and "which this run reads" in err, err
+    with pytest.raises(OutputDirError, match="which this run reads"):
+        claim_results_dir(run, str(run), overwrite=True)
+    card = run / "cards" / "mine.yaml"
+    card.parent.mkdir()
+    card.write_text("name: mine\n")
+    with pytest.raises(OutputDirError, match="which this run reads"):
+        prepare_output_dir(
+            run, overwrite=True, resume=False, checkpoints=False, inputs=("hub/model-id", card)
+        )
+    assert _snapshot(run) == {**before, **{k: v for k, v in _snapshot(run).items() if k.startswith("cards")}}
+    other = tmp_path / "other"
+    shutil.copytree(run, other)
+    assert prepare_output_dir(other, overwrite=True, resume=False, inputs=(run, "hub/model-id")) is None
+    assert not any(other.iterdir())  # a folder that holds no input is still cleared

@@ -51,6 +51,7 @@ from neoembed.data.cards import (
     card_fingerprints,
     explain_data_errors,
     load_recipe_cards,
+    local_data_paths,
     prepare_card,
 )
 from neoembed.data.check import require_hub
@@ -399,6 +400,7 @@ def train_cde(
         settings=settings,
         defaults=resume_defaults(recipe) | data,  # a run recorded before data.* resumes as before
         main_process=acc.is_main_process,
+        inputs=(recipe.model, *local_data_paths(cards)),
     )
     check_weight_files(recipe.model)
     with acc.main_process_first():  # with a cache, the other processes read what the first one computed

@@ -41,7 +41,15 @@ import yaml
 from pydantic import ValidationError
 
 from neoembed._version import __version__
-from neoembed.data.cards import DataCard, DataCardError, build_pairs, find_card, load_card, load_rows
+from neoembed.data.cards import (
+    DataCard,
+    DataCardError,
+    build_pairs,
+    find_card,
+    load_card,
+    load_rows,
+    local_data_paths,
+)
 from neoembed.instructions import format_with_instruction
 from neoembed.mine.encode import ForkedWorkers, fast_encode, fast_encode_supported
 from neoembed.mine.filters import select_negatives, text_key
@@ -113,7 +121,8 @@ def mine_negatives(
     fingerprint = run_fingerprint(src_path, model, cfg, corpus, corpus_card)
     state = out / ".mine"
     fresh = not out.exists() or (out.is_dir() and not any(out.iterdir()))
-    if prepare_run_folder(out, state, name, fingerprint, resume, overwrite):
+    inputs = (src_path, *local_data_paths([(src, folder)]), model, corpus_card[2] if corpus_card else None)
+    if prepare_run_folder(out, state, name, fingerprint, resume, overwrite, inputs):
         logger.warning("%s already holds a finished run (%s.yaml); nothing to do", out, name)
         return MineResult(
             out / f"{name}.yaml",

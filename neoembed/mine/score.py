@@ -28,7 +28,15 @@ import numpy as np
 import yaml
 from pydantic import Field
 
-from neoembed.data.cards import DataCard, DataCardError, build_pairs, find_card, load_card, load_rows
+from neoembed.data.cards import (
+    DataCard,
+    DataCardError,
+    build_pairs,
+    find_card,
+    load_card,
+    load_rows,
+    local_data_paths,
+)
 from neoembed.mine.settings import check_model_kind, describe_changes, model_kind, prepare_run_folder
 from neoembed.progress import bar as progress_bar
 from neoembed.recipe import StrictModel
@@ -155,7 +163,8 @@ def score_card(
     state = out / ".score"
     if resume:
         _check_same_run(out, state, name, fingerprint)
-    if prepare_run_folder(out, state, name, fingerprint, resume, overwrite):
+    inputs = (src_path, *local_data_paths([(src, folder)]), teacher)
+    if prepare_run_folder(out, state, name, fingerprint, resume, overwrite, inputs):
         logger.warning("%s already holds a finished run (%s.yaml); nothing to do", out, name)
         rows = len((out / f"{name}.jsonl").read_text().splitlines())
         return ScoreResult(out / f"{name}.yaml", out / f"{name}.jsonl", rows, kind)

@@ -136,17 +136,19 @@ def run_fingerprint(src_path: Path, model, cfg: MineConfig, corpus, corpus_card)
 
 
 def prepare_run_folder(
-    out: Path, state: Path, name: str, fingerprint: dict, resume: bool, overwrite: bool
+    out: Path, state: Path, name: str, fingerprint: dict, resume: bool, overwrite: bool, inputs: tuple = ()
 ) -> bool:
     """Create ``out`` for a fresh run, or check that ``resume`` continues the same run. True: already finished.
 
     The folder rules are every writer's (:func:`neoembed.runs.prepare_output_dir`: a non-empty folder needs
     ``--resume`` or ``--overwrite``, and ``--overwrite`` clears only a folder that ``neoembed mine`` wrote); on
-    resume the mining settings must equal the interrupted run's."""
+    resume the mining settings must equal the interrupted run's. ``inputs``: the card, its data and the model,
+    which ``out`` may not hold."""
     settings = state / "settings.json"
     clearable = (f"{name}.yaml", f"{state.name}/{settings.name}")
     prepare_output_dir(
-        out, overwrite=overwrite, resume=resume, checkpoints=False, what="--out", clearable=clearable
+        out, overwrite=overwrite, resume=resume, checkpoints=False, what="--out", clearable=clearable,
+        inputs=inputs,
     )
     if resume and not settings.is_file():
         if (out / f"{name}.yaml").is_file():

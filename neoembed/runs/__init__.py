@@ -51,6 +51,8 @@ from neoembed.runs.errors import (
 from neoembed.runs.folder import (
     NON_TRAJECTORY_KEYS,
     RECORD,
+    check_inputs_outside,
+    check_known_settings,
     prepare_output_dir,
     resume_defaults,
     resume_settings,
@@ -126,6 +128,8 @@ __all__ = [
     "progress_line",
     "prune_checkpoints",
     "recipe_hyperparameters",
+    "check_inputs_outside",
+    "check_known_settings",
     "resume_defaults",
     "resume_settings",
     "run_identity",

@@ -104,6 +104,29 @@ def resume_defaults(recipe: Any, per_process_batch: bool = False) -> dict[str, A
 
 
 
+def check_known_settings(out: Path, settings: dict[str, Any], defaults: dict[str, Any] | None = None) -> None:
+    """``--resume`` where the folder's run recorded settings the caller derives only later (GLUE's steps come from
+    its rows): each of ``settings`` must equal the folder's run's (a key the folder's run predates passes at its
+    ``defaults`` value), before a finished run is reported done or a run loads anything."""
+    saved = _saved_settings(out)
+    if saved is not None:
+        _check_same_run(out, {k: v for k, v in saved.items() if k in settings}, settings, defaults)
+
+
+def check_inputs_outside(out: Path, inputs, what: str) -> None:
+    """Refuse an output folder that holds (or is) one of the local ``inputs`` a run reads: clearing it, or the
+    run's own writes, would destroy them. Names that are not local paths (hub ids) pass."""
+    for item in inputs:
+        if item is None or not Path(item).exists():
+            continue
+        path, folder = Path(item).resolve(), out.resolve()
+        if path == folder or folder in path.parents:
+            raise OutputDirError(
+                f"{what} {out} holds {item}, which this run reads: writing there (or --overwrite, which clears it) "
+                f"would destroy it; choose a new {what}"
+            )
+
+
 def _describe(folder: Path, limit: int = 5) -> str:
     names = sorted(p.name for p in folder.iterdir())
     return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
@@ -219,6 +242,7 @@ def prepare_output_dir(
     what: str = "output_dir",
     main_process: bool | None = None,
     clearable: tuple[str, ...] = (RECORD,),
+    inputs: tuple[str | Path, ...] = (),
 ) -> Path | None:
     """Check (and with ``overwrite``, clear) an output folder before anything is loaded or written.
 
@@ -234,7 +258,8 @@ def prepare_output_dir(
     :class:`RunFinished` where the folder's run finished and ``settings`` ask for no more steps. Only the main
     process (``main_process``, default: the launch's, :func:`~neoembed.runs.lock.launched_main`) checks a fresh
     folder and clears: the others would find its first writes; with ``resume`` every process reads the checkpoint
-    to load."""
+    to load. ``inputs``: the local files or folders the run reads (its model, its card); a used folder that holds
+    one of them is refused whatever the flags, as ``--overwrite`` would delete what the run is about to read."""
     if main_process is None:
         main_process = launched_main()
     out = Path(path)
@@ -263,6 +288,8 @@ def prepare_output_dir(
         return ckpt
     if not main_process:  # the main process checks and clears: its first writes could look like a used folder
         return None
+    if used:
+        check_inputs_outside(out, inputs, what)
     if used and not overwrite:
         raise OutputDirError(
             f"{what} {out} is not empty (it holds {_describe(out)}): pass --resume to continue the run it holds, "

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from neoembed.record import atomic_write_text, file_sha256
 from neoembed.runs.errors import OutputDirError
-from neoembed.runs.folder import RECORD, _clear, _describe
+from neoembed.runs.folder import RECORD, _clear, _describe, check_inputs_outside
 
 if TYPE_CHECKING:
     pass
@@ -52,6 +52,7 @@ def claim_results_dir(output: str | Path, model: str, overwrite: bool, write: bo
     identity = model_identity(model)
     record = out / MODEL_RECORD
     if out.is_dir() and any(out.iterdir()):
+        check_inputs_outside(out, (model,), "results folder")
         try:
             saved = json.loads(record.read_text()) if record.is_file() else None
         except ValueError:

@@ -349,6 +349,7 @@ def train(
         settings=settings,
         defaults=resume_defaults(recipe, per_process_batch=True) | data,  # a run from before data.* resumes
         main_process=main,
+        inputs=(recipe.model, *local_data_paths(cards)),
     )
     check_same_holdout(output, holdout, resuming=checkpoint is not None)
     check_weight_files(recipe.model)
