@@ -280,6 +280,16 @@ def test_case5_glue_stopped_by_a_signal_resumes_past_a_torn_checkpoint(
     said = capsys.readouterr()
     assert again.value.code == 0 and "its run finished at step 10, nothing left to run" in said.out, said
     assert (out / "results.json").stat().st_mtime_ns == written
+    # the finished run resumed with another setting: refused by name (it was reported done, exit 0, and the
+    # setting never ran: walk case 28)
+    monkeypatch.setattr(
+        sys, "argv", ["neoembed", "glue", *args, "learning_rate=1e-3", "--out", str(out), "--resume"]
+    )
+    with pytest.raises(SystemExit) as changed:
+        main()
+    err = capsys.readouterr().err
+    assert changed.value.code == 2 and "learning_rate: 2e-05 in the folder's run, 0.001 now" in err, err
+    assert (out / "results.json").stat().st_mtime_ns == written
 
 
 def test_glue_carve_refuses_an_existing_validation_split(tmp_path, msrp_rows, tiny_official):

@@ -63,7 +63,13 @@ def glue_command(
     from neoembed.glue.run import GlueRecipe
     from neoembed.recipe import load_recipe
     from neoembed.record import RUN_RECORD
-    from neoembed.runs import output_lock, prepare_output_dir
+    from neoembed.runs import (
+        check_known_settings,
+        output_lock,
+        prepare_output_dir,
+        resume_defaults,
+        resume_settings,
+    )
 
     settings = load_recipe(recipe or f"glue/{spec.name}", GlueRecipe, overrides or [])
     if get_task(settings.task) is not spec:
@@ -73,6 +79,8 @@ def glue_command(
     out = out or Path("runs") / "glue" / spec.name
     # a second run (or resume) into this folder is refused before it touches it
     with output_lock(out, what="--out"):
+        if resume and out.is_dir():  # the recipe's settings now; those derived from the rows when they load
+            check_known_settings(out, resume_settings(settings), resume_defaults(settings))
         prepare_output_dir(
             out,
             overwrite=overwrite,
@@ -80,6 +88,7 @@ def glue_command(
             checkpoints=False,
             clearable=(RUN_RECORD,),
             what="--out",
+            inputs=(model, from_),
         )
         _start(settings, spec, model, out, data_dir, carve, from_, grid)
 
