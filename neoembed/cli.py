@@ -318,6 +318,12 @@ def main() -> None:
             f"error: {type(e).__name__}: {e}{hint}; if the cause is not yours, please report it", err=True
         )
         raise SystemExit(1) from None
+    if code == 130:  # typer turns a Ctrl-C that no command caught into exit 130, without a word
+        typer.echo(
+            "interrupted by Ctrl-C: rerun the same command to continue (`neoembed mine` and `neoembed score` with "
+            "--resume; `neoembed mteb` reuses the tasks it finished)",
+            err=True,
+        )
     raise SystemExit(code if isinstance(code, int) else 0)
 
 

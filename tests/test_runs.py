@@ -917,3 +917,18 @@ def test_walk_overwrite_refuses_a_folder_holding_what_the_run_reads(
     shutil.copytree(run, other)
     assert prepare_output_dir(other, overwrite=True, resume=False, inputs=(run, "hub/model-id")) is None
     assert not any(other.iterdir())  # a folder that holds no input is still cleared
+
+
+def test_walk_ctrl_c_in_a_command_without_its_own_handler_says_how_to_continue(capsys, monkeypatch, tmp_path):
+    """`neoembed mteb` and `neoembed mine` stopped by Ctrl-C exited 130 without a word: typer turns the
+    KeyboardInterrupt into a returned 130, so the command line's own message never ran."""
+    import neoembed.eval.cli as eval_cli
+
+    def ctrl_c(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(eval_cli, "_run", ctrl_c)
+    data = str(REPO / "tests" / "shared" / "data" / "mteb")
+    code, said = _cli(capsys, monkeypatch, "mteb", "--model", "packaged:all-MiniLM-L6-v2", "--tasks", "STS16",
+                      "--data-dir", data, "--output", str(tmp_path / "results"))  # fmt: skip
+    assert code == 130 and "interrupted by Ctrl-C: rerun the same command to continue" in said, said
