@@ -290,3 +290,43 @@ def test_cde_masks_the_answer_of_the_same_question_on_another_row(trecqa):
     recipe = SimpleNamespace(filtering=SimpleNamespace(enabled=False), mask_duplicates=True)
     mask = step_mask(recipe, src, [0, 1, 2, 3], batch["positive"] + batch["negative"])
     assert mask.equal(_hand_mask_by_question(batch)) and mask[0, 1] and mask[1, 0]
+
+
+def test_walk_rows_sharing_one_query_and_no_negatives_are_refused_before_the_model_loads(tmp_path, trecqa, tiny):
+    """`neoembed init` on rows that all ask one question, then `train`: the loss was 0 and the gradient 0 at
+    every step (each row's in-batch candidates are the question's other answers, which the duplicate mask takes
+    out), and the run ended "done", exit 0, with the base weights. Refused now, naming the card and the fix; one
+    shared positive likewise (copies of it score alike: zero gradient); real pairs pass."""
+    from neoembed.data.cards import DataCardError
+    from neoembed.data.sampler import check_contrast
+    from neoembed.train.trainer import train
+
+    answers = list(dict.fromkeys(r["positive"] for r in trecqa))[:8]
+    one_query = {"query": [trecqa[0]["query"]] * 8, "positive": answers}
+    batch = {"query": one_query["query"][:4], "positive": answers[:4]}
+    loss = InfoNCELoss(tiny, temperature=0.07)
+    features = [tiny.tokenize(batch[c]) for c in ("query", "positive")]
+    assert loss(features, None).item() == 0.0  # what such a run trains on
+    with pytest.raises(DataCardError, match="all 8 rows have the same query.*mask_duplicates: false"):
+        check_contrast(Dataset.from_dict(one_query), "one", mask_duplicates=True)
+    check_contrast(Dataset.from_dict(one_query), "one", mask_duplicates=False)  # other answers are negatives
+    with pytest.raises(DataCardError, match="all 8 rows have the same positive"):
+        check_contrast(Dataset.from_dict({"query": answers, "positive": [answers[0]] * 8}), "p", False)
+    real = trecqa[:32]
+    check_contrast(Dataset.from_dict({c: [r[c] for r in real] for c in ("query", "positive")}), "t", True)
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"query": "same", "positive": a}) + "\n" for a in answers))
+    (tmp_path / "one.yaml").write_text(
+        "name: one\nsource:\n  local: {path: rows.jsonl, format: json}\ncolumns: {query: query, positive: positive}\n"
+        "license: test\n"
+    )
+    from neoembed.recipe import load_recipe
+    from neoembed.train.recipe import UnifiedRecipe
+
+    out = tmp_path / "run"
+    recipe = load_recipe(TINY, UnifiedRecipe, ["model=no-such-model", f"output_dir={out}", f"card_dirs=[{tmp_path}]",
+                                               "datasets=[{card: one}]", "batch_size=4"])  # fmt: skip
+    with pytest.raises(DataCardError, match="card one: all 8 rows have the same query"):
+        train(recipe, recipe_dir=TINY.parent)
+    assert not out.exists()

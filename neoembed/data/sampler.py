@@ -121,6 +121,32 @@ def duplicate_free_rows(dataset, limit: int, label_columns: tuple[str, ...] = ("
     return count
 
 
+def check_contrast(
+    dataset, name: str, mask_duplicates: bool, label_columns: tuple[str, ...] = ("label",)
+) -> None:
+    """Refuse, before any model loads, a dataset on which InfoNCE learns nothing: rows without hard negatives that
+    all share one positive (the candidates are copies of it: equal scores, zero gradient) or, with
+    ``mask_duplicates``, one query (each row's in-batch candidates are the same query's other answers, which the
+    mask takes out: the loss is 0 at every step). Decided on the texts' hashes, a block of rows at a time."""
+    from neoembed.data.errors import DataCardError
+
+    columns = [c for c in dataset.column_names if c not in label_columns]
+    if len(columns) != 2 or len(dataset) < 2:
+        return
+    hashes = text_hashes(dataset, columns)
+    checks = (("positive", 1, "its candidates are copies of that positive and the gradient is 0"),)
+    if mask_duplicates:
+        checks += (("query", 0, "mask_duplicates takes the query's other answers out and the loss is 0"),)
+    for what, j, why in checks:
+        first = hashes[0, j]
+        if all(np.all(hashes[s : s + _HASH_BATCH, j] == first) for s in range(0, len(hashes), _HASH_BATCH)):
+            fix = "add hard negatives" + (", or set mask_duplicates: false" if what == "query" else "")
+            raise DataCardError(
+                f"card {name}: all {len(dataset)} rows have the same {what} and no hard negatives, so {why} at "
+                f"every step: give the rows distinct {what}s or {fix}"
+            )
+
+
 def plan_no_duplicates(mode: bool | str, dataset, batch_size: int, name: str) -> bool:
     """Whether dataset ``name`` gets batches without a repeated text (recipe key ``no_duplicates``), decided
     before any model loads. "auto": where a text repeats and ``batch_size`` rows free of repeats exist (else a
@@ -135,7 +161,8 @@ def plan_no_duplicates(mode: bool | str, dataset, batch_size: int, name: str) ->
         f"answers counts once), fewer than its batch size {batch_size}"
     )
     if mode == "auto":
-        logger.warning("%s, so its batches may hold a text twice; lower its batch_size to avoid it", problem)
+        fix = "lower its batch_size to avoid it" if free >= 2 else "no batch of two rows avoids it"
+        logger.warning("%s, so its batches may hold a text twice; %s", problem, fix)
         return False
     from neoembed.data.errors import DataCardError
 

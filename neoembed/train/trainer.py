@@ -45,6 +45,7 @@ from neoembed.data.cards import (
 from neoembed.data.check import require_hub
 from neoembed.data.sampler import (
     PowerLawDatasetBatchSampler,
+    check_contrast,
     dataset_probabilities,
     plan_no_duplicates,
 )
@@ -338,6 +339,9 @@ def train(
     # bad data, a used output folder and truncated weights fail before the model loads
     datasets, cards, batch_sizes, reports, held, holdout = _training_data(recipe, recipe_dir)
     full_sizes = [reports[name].full_size or len(datasets[name]) for name in datasets]
+    for n, d in datasets.items():
+        if recipe.distillation is None:  # distillation learns from the teacher's scores
+            check_contrast(d, n, recipe.mask_duplicates)
     no_duplicates = {
         n: plan_no_duplicates(recipe.no_duplicates, d, batch_sizes[n], n) for n, d in datasets.items()
     }
