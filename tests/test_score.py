@@ -168,3 +168,21 @@ def test_score_stopped_by_a_signal_keeps_its_shards_and_says_resume(
     monkeypatch.setattr(score_module, "_score_shard", real)
     resumed = score_card(card, str(teacher), out, config=CONFIG, resume=True, progress=False)
     assert resumed.data.read_bytes() == whole.data.read_bytes() and not (out / ".score").exists()
+
+
+def test_walk_a_card_without_negatives_refused_leaves_no_run_behind(card, teacher, tmp_path):
+    """`neoembed score` on a card without hard negatives is refused, but left OUT/.score/settings.json: the
+    corrected command into the same --out was then refused as "not empty: --resume to continue the run it holds",
+    and --resume as another card's run."""
+    from neoembed.data.cards import DataCardError
+
+    raw = yaml.safe_load(card.read_text())
+    raw["columns"].pop("negatives")
+    bare = card.with_name("bare.yaml")
+    bare.write_text(yaml.safe_dump({**raw, "name": "bare"}))
+    out = tmp_path / "scored"
+    with pytest.raises(DataCardError, match="no hard negatives to score against"):
+        score_card(bare, str(teacher), out, config=CONFIG, progress=False)
+    assert not out.exists()
+    result = score_card(card, str(teacher), out, config=CONFIG, progress=False)
+    assert result.rows == 40

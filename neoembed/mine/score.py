@@ -164,6 +164,7 @@ def score_card(
     if resume:
         _check_same_run(out, state, name, fingerprint)
     inputs = (src_path, *local_data_paths([(src, folder)]), teacher)
+    fresh = not out.exists() or (out.is_dir() and not any(out.iterdir()))
     if prepare_run_folder(out, state, name, fingerprint, resume, overwrite, inputs):
         logger.warning("%s already holds a finished run (%s.yaml); nothing to do", out, name)
         rows = len((out / f"{name}.jsonl").read_text().splitlines())
@@ -171,6 +172,10 @@ def score_card(
     pairs = build_pairs(src, load_rows(src, folder, cfg.max_rows), cfg.max_negatives, with_instruction=False)
     k = sum(c.startswith("negative_") for c in pairs.column_names)
     if k == 0:
+        if fresh:  # refused before any work: leave no run behind that a corrected command would be refused by
+            shutil.rmtree(state, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                out.rmdir()
         raise DataCardError(
             f"card {src.name} has no hard negatives to score against: mine some first "
             f"(neoembed mine {src_path} --model MODEL --out DIR), then score the mined card"
