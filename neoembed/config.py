@@ -1,13 +1,44 @@
-"""The one strict base of every typed config in neoembed: recipes, loss settings, data cards, mining.
+"""The one strict base of every typed config in neoembed (recipes, loss settings, data cards, mining), and the
+YAML reader of every file they come from.
 
-It sits on the lowest floor (pydantic only), so that every foundation module can build on it.
+It sits on the lowest floor (pydantic and PyYAML only), so that every foundation module can build on it.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+import yaml
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["StrictModel"]
+__all__ = ["StrictModel", "load_yaml"]
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping: PyYAML keeps the last, so a recipe with
+    ``steps:`` twice ran with whichever came second, without a word."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: set = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # ``<<: *base``: its keys may be overridden here
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, str) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    "while reading a mapping",
+                    node.start_mark,
+                    f"found the key {key!r} twice",
+                    key_node.start_mark,
+                )
+            seen.add(key) if isinstance(key, str) else None
+        return super().construct_mapping(node, deep)
+
+
+def load_yaml(text: str) -> Any:
+    """``text`` as YAML (safe types only); a key repeated in a mapping is a :class:`yaml.YAMLError` naming it
+    and its line."""
+    return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
 
 
 class StrictModel(BaseModel):

@@ -36,7 +36,7 @@ from pydantic import (
     model_validator,
 )
 
-from neoembed.config import StrictModel
+from neoembed.config import StrictModel, load_yaml
 from neoembed.instructions import DEFAULT_INSTRUCTION_SET
 
 __all__ = [
@@ -260,7 +260,7 @@ def load_recipe(
     else:
         path = resolve_named_file(source, "recipes")
         try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+            data = load_yaml(path.read_text(encoding="utf-8")) or {}
         except yaml.YAMLError as e:
             raise RecipeError(f"{path} is not valid YAML ({e}); fix the line it names") from None
         except UnicodeDecodeError as e:
@@ -309,7 +309,7 @@ def command_settings(schema, config_file: Path | None, given: dict, overrides: l
     data: dict = {}
     if config_file is not None:
         try:
-            data = yaml.safe_load(Path(config_file).read_text(encoding="utf-8")) or {}
+            data = load_yaml(Path(config_file).read_text(encoding="utf-8")) or {}
         except yaml.YAMLError as e:
             raise RecipeError(f"--config {config_file} is not valid YAML ({e})") from None
         if not isinstance(data, dict):

@@ -566,3 +566,23 @@ def test_a_filter_on_a_value_that_is_not_a_number_names_it(tmp_path, capsys, mon
     )
     code, msg = _cli(capsys, monkeypatch, "data", "check", str(card))
     assert code != 0 and "'high' in column 'score'" in msg and "'score > 2'" in msg, msg
+
+
+def test_walk_a_key_given_twice_in_a_recipe_or_a_card_is_refused_with_its_line(tmp_path, capsys, monkeypatch):
+    """A recipe with `steps: 8` and later `steps: 3` ran 3 steps (PyYAML keeps the last key), a card's `size:`
+    twice likewise, without a word. Both are refused now, naming the key and its line; YAML merge keys may still
+    be overridden."""
+    from neoembed.config import load_yaml
+    from neoembed.data.cards import DataCardError, load_card
+
+    repo = Path(__file__).resolve().parents[1]
+    recipe = tmp_path / "twice.yaml"
+    recipe.write_text((repo / "recipes" / "tiny.yaml").read_text() + "\nsteps: 3\n")
+    assert "steps:" in (repo / "recipes" / "tiny.yaml").read_text()
+    code, err = _cli(capsys, monkeypatch, "train", str(recipe), "--dry-run")
+    assert code == 2 and "found the key 'steps' twice" in err and "line" in err, err
+    card = tmp_path / "card.yaml"
+    card.write_text((repo / "recipes" / "tiny" / "cards" / "pydoc_names.yaml").read_text() + "size: 5\n")
+    with pytest.raises(DataCardError, match="found the key 'size' twice"):
+        load_card(card)
+    assert load_yaml("base: &b {x: 1}\nd:\n  <<: *b\n  x: 2\n")["d"] == {"x": 2}

@@ -54,6 +54,7 @@ import yaml
 from pydantic import ValidationError
 
 from neoembed.card_schema import CardSchemaError, TrainingCard, parse_spec
+from neoembed.config import load_yaml
 from neoembed.data.columns import _locate_non_finite
 from neoembed.data.errors import (
     DataCardError,
@@ -126,7 +127,7 @@ def load_card(path: str | Path) -> tuple[DataCard, Path]:
     """Validate a card file; returns the card and its folder (local paths resolve against it)."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf8")) or {}
+        raw = load_yaml(path.read_text(encoding="utf8")) or {}
     except yaml.YAMLError as e:
         raise DataCardError(f"{path} is not valid YAML: {e}") from e
     except UnicodeDecodeError as e:
