@@ -586,3 +586,19 @@ def test_walk_a_key_given_twice_in_a_recipe_or_a_card_is_refused_with_its_line(t
     with pytest.raises(DataCardError, match="found the key 'size' twice"):
         load_card(card)
     assert load_yaml("base: &b {x: 1}\nd:\n  <<: *b\n  x: 2\n")["d"] == {"x": 2}
+
+
+def test_walk_preprocess_refuses_lengths_below_one_and_warns_of_an_empty_subset(tmp_path, capsys, monkeypatch):
+    """`preprocess --min-lengths=-5` wrote subsets/gt-5 and `--min-lengths 0,100000` an empty subsets/gt100000,
+    exit 0 without a word; pre-training refused that subset only later."""
+    rows = Path(__file__).resolve().parents[1] / "recipes" / "tiny" / "rows" / "pydoc_details.jsonl"
+    common = ["--tokenizer", str(TINY / "model"), "--column", "positive"]
+    for bad in ("-5", "0,100"):
+        code, err = _cli(capsys, monkeypatch, "preprocess", str(rows), str(tmp_path / "bad"), *common,
+                         f"--min-lengths={bad}")  # fmt: skip
+        assert code == 2 and "--min-lengths needs positive lengths" in err, err
+        assert not (tmp_path / "bad").exists()
+    code, said = _cli(capsys, monkeypatch, "preprocess", str(rows), str(tmp_path / "ok"), *common,
+                      "--min-lengths", "8,100000")  # fmt: skip
+    assert code == 0 and "no document is longer than 100000 tokens (the longest has" in said, said
+    assert "no document is longer than 8 tokens" not in said

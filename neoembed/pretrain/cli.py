@@ -46,11 +46,12 @@ def preprocess_command(
     from neoembed.hub import check_model_source
     from neoembed.runs import output_lock
 
+    lengths = _ints(min_lengths, "--min-lengths")
+    if lengths and min(lengths) < 1:  # "longer than 0" is every document, "-5" a folder named gt-5
+        raise typer.BadParameter(f"--min-lengths needs positive lengths such as 1024,2048; got {min_lengths!r}")
     check_model_source(tokenizer, tokenizer=True)  # offline or a typo: said before transformers imports
     with output_lock(out, what="OUT"):
-        _preprocess(
-            source, out, tokenizer, column, max_docs, shard_tokens, _ints(min_lengths, "--min-lengths")
-        )
+        _preprocess(source, out, tokenizer, column, max_docs, shard_tokens, lengths)
 
 
 def _preprocess(source, out: Path, tokenizer, column, max_docs, shard_tokens, lengths) -> None:
@@ -80,6 +81,12 @@ def _preprocess(source, out: Path, tokenizer, column, max_docs, shard_tokens, le
         typer.echo(
             f"subset {out / 'subsets' / f'gt{n}'}: {info['documents']} documents, {info['tokens']:,} tokens"
         )
+        if not info["documents"]:  # pre-training refuses an empty corpus: say so now, with the lengths there are
+            typer.echo(
+                f"warning: no document is longer than {n} tokens (the longest has {stats.get('max', 0)}): "
+                f"this subset cannot be pre-trained on; pick a smaller --min-lengths",
+                err=True,
+            )
 
 
 def _drop_unstarted(out: Path, fresh: bool) -> None:
