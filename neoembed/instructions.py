@@ -43,12 +43,25 @@ def instruction_prefix(instruction: str | None, template: str = DEFAULT_TEMPLATE
     """
     if not instruction:
         return ""
+    return check_template(template)[: -len("{text}")].format(instruction=instruction)
+
+
+def check_template(template: str) -> str:
+    """``template`` if it places an instruction before the text: it contains ``{instruction}``, ends with
+    ``{text}`` (prompts are prefixes) and names no other field; else a ValueError saying which."""
     if "{instruction}" not in template or not template.endswith("{text}"):
         raise ValueError(
             f"instruction template {template!r} must contain '{{instruction}}' and end with '{{text}}' "
             "(prompts are prefixes)"
         )
-    return template[: -len("{text}")].format(instruction=instruction)
+    try:
+        template[: -len("{text}")].format(instruction="")
+    except (KeyError, IndexError, ValueError) as e:
+        raise ValueError(
+            f"instruction template {template!r} may name only {{instruction}} and a final {{text}} (got "
+            f"{type(e).__name__}: {e}); write a literal brace as {{{{ or }}}}"
+        ) from None
+    return template
 
 
 def format_with_instruction(instruction: str | None, text: str, template: str = DEFAULT_TEMPLATE) -> str:

@@ -37,7 +37,7 @@ from pydantic import (
 )
 
 from neoembed.config import StrictModel, load_yaml
-from neoembed.instructions import DEFAULT_INSTRUCTION_SET
+from neoembed.instructions import DEFAULT_INSTRUCTION_SET, check_template
 
 __all__ = [
     "AdapterConfig",
@@ -52,6 +52,7 @@ __all__ = [
     "RecipeError",
     "RunSettings",
     "StrictModel",
+    "Template",
     "apply_overrides",
     "check_keep_best",
     "kind_union",
@@ -74,6 +75,9 @@ Beta = Annotated[float, Field(ge=0, lt=1)]
 Temperature = Annotated[float, Field(ge=1e-3, le=10)]
 #: a seed every generator accepts (NumPy takes 0 .. 2**32 - 1)
 Seed = Annotated[int, Field(ge=0, lt=2**32)]
+#: an instruction template: ``{instruction}``, then a final ``{text}``, no other field (checked at load, not when
+#: the first row is formatted, where an unknown field read as an error of the data file)
+Template = Annotated[str, AfterValidator(check_template)]
 
 
 class Recipe(StrictModel):

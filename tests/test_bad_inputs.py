@@ -588,7 +588,9 @@ def test_walk_a_key_given_twice_in_a_recipe_or_a_card_is_refused_with_its_line(t
     assert load_yaml("base: &b {x: 1}\nd:\n  <<: *b\n  x: 2\n")["d"] == {"x": 2}
 
 
-def test_walk_preprocess_refuses_lengths_below_one_and_warns_of_an_empty_subset(tmp_path, capsys, monkeypatch):
+def test_walk_preprocess_refuses_lengths_below_one_and_warns_of_an_empty_subset(
+    tmp_path, capsys, monkeypatch
+):
     """`preprocess --min-lengths=-5` wrote subsets/gt-5 and `--min-lengths 0,100000` an empty subsets/gt100000,
     exit 0 without a word; pre-training refused that subset only later."""
     rows = Path(__file__).resolve().parents[1] / "recipes" / "tiny" / "rows" / "pydoc_details.jsonl"
@@ -602,3 +604,18 @@ def test_walk_preprocess_refuses_lengths_below_one_and_warns_of_an_empty_subset(
                       "--min-lengths", "8,100000")  # fmt: skip
     assert code == 0 and "no document is longer than 100000 tokens (the longest has" in said, said
     assert "no document is longer than 8 tokens" not in said
+
+
+def test_walk_a_template_naming_an_unknown_field_is_a_recipe_error(capsys, monkeypatch):
+    """`train tiny "template=Instruct: {instruction} {lang}{text}"` passed --dry-run, then the run blamed the
+    data file ("pydoc_names.jsonl: cannot be read as data: KeyError: 'lang'"). The recipe key is refused now."""
+    code, err = _cli(
+        capsys, monkeypatch, "train", "tiny", "template=Instruct: {instruction} {lang}{text}", "--dry-run"
+    )
+    assert (
+        code == 2 and "'template'" in err and "may name only {instruction}" in err and "jsonl" not in err
+    ), err
+    code, _ = _cli(
+        capsys, monkeypatch, "train", "tiny", "template=Instruct: {instruction} {{x}} {text}", "--dry-run"
+    )
+    assert code == 0  # a literal brace, escaped

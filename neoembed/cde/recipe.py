@@ -17,6 +17,7 @@ from neoembed.recipe import (
     RunSettings,
     StrictModel,
     Temperature,
+    Template,
     check_keep_best,
 )
 
@@ -72,7 +73,7 @@ class CDERecipe(RunSettings):
     )
     # LoRA on both stages' encoders; the head (MLP, soft prompt, null context) trains fully; saved merged
     adapter: AdapterConfig | None = None
-    template: str = DEFAULT_TEMPLATE
+    template: Template = DEFAULT_TEMPLATE
     instructions: bool = True  # the card's instruction before every query
     prompts: dict[str, str] = {"query": "", "document": ""}  # stored with the model; "document" prefixes
     # documents and context documents in training

@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from neoembed.instructions import DEFAULT_TEMPLATE
-from neoembed.recipe import StrictModel
+from neoembed.recipe import StrictModel, Template
 from neoembed.record import atomic_write_text, file_sha256
 from neoembed.runs import OutputDirError, prepare_output_dir
 
@@ -51,7 +51,7 @@ class MineConfig(StrictModel):
     search_batch: int = Field(4096, ge=1)
     pooling: Literal["mean", "cls"] | None = None  # None: a saved model's own, mean for a plain checkpoint
     max_length: int | None = Field(256, ge=8)
-    template: str = DEFAULT_TEMPLATE
+    template: Template = DEFAULT_TEMPLATE
     max_rows: int | None = Field(None, ge=1)
     cross_encoder: str | None = None
     cross_encoder_batch_size: int = Field(64, ge=1)

@@ -20,6 +20,7 @@ from neoembed.recipe import (
     RecipeError,
     RunSettings,
     Temperature,
+    Template,
     check_keep_best,
 )
 
@@ -63,7 +64,7 @@ class UnifiedRecipe(RunSettings):
     optimizer: OptimizerConfig = OptimizerConfig()
     eval: EvalSettings | None = None
     adapter: AdapterConfig | None = None
-    template: str = DEFAULT_TEMPLATE
+    template: Template = DEFAULT_TEMPLATE
     instructions: bool = True  # False: no instruction before queries (an ablation)
     instruction_overrides: dict[str, str] = {}  # card name -> instruction replacing the card's own
 
