@@ -51,6 +51,7 @@ __all__ = [
     "Recipe",
     "RecipeError",
     "RunSettings",
+    "OutputDir",
     "StrictModel",
     "Template",
     "apply_overrides",
@@ -73,6 +74,8 @@ Beta = Annotated[float, Field(ge=0, lt=1)]
 #: a contrastive temperature: cosine / tau stays a finite logit in fp16 (|1 / 0.001| = 1000; below that the
 #: softmax is a hard max and the loss explodes), and above 10 every logit is ~0 and nothing is learned
 Temperature = Annotated[float, Field(ge=1e-3, le=10)]
+#: a run's output folder: an empty string would be the current folder, written into and cleared by --overwrite
+OutputDir = Annotated[str, Field(min_length=1)]
 #: a seed every generator accepts (NumPy takes 0 .. 2**32 - 1)
 Seed = Annotated[int, Field(ge=0, lt=2**32)]
 #: an instruction template: ``{instruction}``, then a final ``{text}``, no other field (checked at load, not when
@@ -411,12 +414,13 @@ class RunSettings(Recipe):
     # off by default: on the quickstart's job on a GPU it costs more than it saves (train_defaults_cuda.md)
     compile: CompileSetting = False
     save_steps: PositiveInt = 500
-    save_total_limit: NonNegativeInt | None = 3
+    # null keeps every checkpoint; 0 is refused (transformers reads it as "no limit" too)
+    save_total_limit: PositiveInt | None = 3
     logging_steps: PositiveInt = 10
     # each tracker an optional extra: pip install -e '.[mlflow]'. The run is named after output_dir's folder; a
     # resumed run continues the same tracked run (ids kept in OUTPUT/trackers.json)
     report_to: list[Tracker] = []
-    output_dir: str = "runs/unified"
+    output_dir: OutputDir = "runs/unified"
     keep_best: KeepBest | None = None  # see check_keep_best
 
 

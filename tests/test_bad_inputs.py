@@ -619,3 +619,15 @@ def test_walk_a_template_naming_an_unknown_field_is_a_recipe_error(capsys, monke
         capsys, monkeypatch, "train", "tiny", "template=Instruct: {instruction} {{x}} {text}", "--dry-run"
     )
     assert code == 0  # a literal brace, escaped
+
+
+def test_walk_an_empty_output_dir_and_a_zero_checkpoint_limit_are_refused(capsys, monkeypatch):
+    """`output_dir=''` trained into the current folder ("done: ."), and `save_total_limit=0` kept every
+    checkpoint (0 read as no limit); both are refused by key now, for every kind of recipe."""
+    for recipe in ("tiny", "cde-tiny", "pretrain-tiny"):
+        command = "pretrain" if recipe.startswith("pretrain") else "train"
+        for key, said in (("output_dir=", "at least 1 character"), ("save_total_limit=0", "greater than 0")):
+            value = key + ("''" if key.endswith("=") else "")
+            dry = [] if command == "pretrain" else ["--dry-run"]  # a bad recipe stops before anything loads
+            code, err = _cli(capsys, monkeypatch, command, recipe, value, *dry)
+            assert code == 2 and f"'{key.rstrip('=0')}'" in err and said in err, (recipe, value, err)

@@ -14,6 +14,7 @@ from neoembed.recipe import (
     EvalSettings,
     Fraction,
     OptimizerConfig,
+    OutputDir,
     RunSettings,
     StrictModel,
     Temperature,
@@ -67,7 +68,7 @@ class CDERecipe(RunSettings):
     clustering: ClusteringConfig = ClusteringConfig()
     filtering: FilteringConfig = FilteringConfig()
     optimizer: OptimizerConfig = OptimizerConfig()
-    output_dir: str = "runs/cde"
+    output_dir: OutputDir = "runs/cde"
     eval: EvalSettings | None = (
         None  # scored as `neoembed mteb` scores a CDE model (a corpus sample as context)
     )

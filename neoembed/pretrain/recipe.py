@@ -6,7 +6,15 @@ from typing import Literal
 
 from pydantic import Field, NonNegativeInt, PositiveInt, field_validator, model_validator
 
-from neoembed.recipe import Fraction, OptimizerConfig, Precision, RunSettings, StrictModel, check_keep_best
+from neoembed.recipe import (
+    Fraction,
+    OptimizerConfig,
+    OutputDir,
+    Precision,
+    RunSettings,
+    StrictModel,
+    check_keep_best,
+)
 
 __all__ = [
     "BatchConfig",
@@ -126,7 +134,7 @@ class PretrainRecipe(RunSettings):
     precision: Precision = "bf16"
     save_steps: PositiveInt = 10_000
     logging_steps: PositiveInt = 100
-    output_dir: str = "runs/pretrain"
+    output_dir: OutputDir = "runs/pretrain"
     eval: PretrainEval | None = None
 
     @model_validator(mode="after")
