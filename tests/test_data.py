@@ -65,6 +65,11 @@ def test_nested_columns_filter_and_instruction(tmp_path):
         "negative_2": "a star",
     }
     assert len(pairs) == 1  # the filter kept score > 4 only
+    # a filter that keeps nothing is named (walk case: "the dataset is empty", of a file with rows)
+    (tmp_path / "c.yaml").write_text((tmp_path / "c.yaml").read_text().replace("score > 4", "score > 100"))
+    card, folder = load_card(tmp_path / "c.yaml")
+    with pytest.raises(DataCardError, match=r"its filter 'score > 100' keeps none of its 2 rows"):
+        load_rows(card, folder)
 
 
 def test_hub_card_offline_is_a_clear_error(monkeypatch):

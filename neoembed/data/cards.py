@@ -289,7 +289,12 @@ def _apply_filter(card: DataCard, ds):
 
     # batched, one column: Python sees a block of that column's values at a time, not every row as a dict
     keep = lambda values: [x is not None and fn(number(x), v) for x in values]  # noqa: E731
-    return ds.filter(keep, batched=True, batch_size=10_000, input_columns=[col])
+    kept = ds.filter(keep, batched=True, batch_size=10_000, input_columns=[col])
+    if len(ds) and not len(kept):  # else reported as "the dataset is empty", which the file is not
+        raise DataCardError(
+            f"card {card.name}: its filter {card.filter!r} keeps none of its {len(ds)} rows: loosen the filter"
+        )
+    return kept
 
 
 def prepare_card(
