@@ -80,7 +80,7 @@ def test_data_lost_a_used_output_is_refused_without_overwrite(tmp_path, capsys, 
     code, err = run()  # not "pass --overwrite to replace the quickstart it holds": it holds none (#43, Q04)
     assert code == 2 and "holds files no quickstart wrote" in err and str(tmp_path) in err
     code, err = run("--overwrite")  # a folder no quickstart wrote is never cleared
-    assert code == 2 and "no neoembed command wrote it" in err
+    assert code == 2 and "is not this command's folder" in err
     (tmp_path / "notes.txt").unlink()
     (tmp_path / "quickstart.json").write_text("{}")  # an earlier quickstart's folder
     (tmp_path / "results").mkdir()

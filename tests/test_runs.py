@@ -563,7 +563,7 @@ def test_prepare_output_dir_rules(tmp_path):
     (out / "notes.txt").write_text("mine")
     with pytest.raises(OutputDirError, match=r"not empty \(it holds notes.txt\)"):
         prepare_output_dir(out, overwrite=False, resume=False)
-    with pytest.raises(OutputDirError, match="no neoembed command wrote it"):
+    with pytest.raises(OutputDirError, match="is not this command's folder"):
         prepare_output_dir(out, overwrite=True, resume=False)  # never clears a folder that is not ours
     assert (out / "notes.txt").is_file()
     (out / "run_record.json").write_text(json.dumps({"resume_settings": {"steps": 8, "seed": 0}}))

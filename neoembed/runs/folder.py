@@ -298,8 +298,8 @@ def prepare_output_dir(
     if used and overwrite:
         if not any((out / name).is_file() for name in clearable):
             raise OutputDirError(
-                f"--overwrite: {out} holds {_describe(out)} but no {' or '.join(clearable)}, so no neoembed "
-                "command wrote it; "
+                f"--overwrite: {out} holds {_describe(out)} but no {' or '.join(clearable)} (what this command "
+                "writes), so it is not this command's folder; "
                 f"neoembed clears only its own folders: choose a new {what}, or empty this one yourself"
             )
         logger.warning("--overwrite: clearing %s (%s)", out, _describe(out))
