@@ -107,11 +107,9 @@ def mine_negatives(
     ``out``; without either a non-empty ``out`` is refused.
     """
     cfg = config or MineConfig()
-    model = resolve_packaged(str(model))  # the packaged MiniLM by name, on every path below
-    if cfg.cross_encoder is not None:
-        cfg = cfg.model_copy(update={"cross_encoder": resolve_packaged(cfg.cross_encoder)})
     require_module("faiss", "faiss", "neoembed mine")  # its index; checked before any model loads
-    check_model_kind(model, "bi-encoder", "--model")  # each model fits its role, before either loads
+    # each model fits its role, before either loads (the packaged MiniLM by name: its folder, on every path)
+    check_model_kind(model := resolve_packaged(str(model)), "bi-encoder", "--model")
     if cfg.cross_encoder is not None:
         check_model_kind(cfg.cross_encoder, "cross-encoder", "--cross-encoder")
     out = Path(out)
@@ -128,11 +126,8 @@ def mine_negatives(
     inputs = (src_path, *local_data_paths([(src, folder)]), model, corpus_card[2] if corpus_card else None)
     if prepare_run_folder(out, state, name, fingerprint, resume, overwrite, inputs):
         logger.warning("%s already holds a finished run (%s.yaml); nothing to do", out, name)
-        return MineResult(
-            out / f"{name}.yaml",
-            out / f"{name}.jsonl",
-            load_card(out / f"{name}.yaml")[0].provenance["counts"],
-        )
+        counts = load_card(out / f"{name}.yaml")[0].provenance["counts"]
+        return MineResult(out / f"{name}.yaml", out / f"{name}.jsonl", counts)
     with _nothing_left_on_refusal(out, state, fresh):
         data = _load_pairs(src, folder, cfg, corpus, corpus_card)
         _check_enough_documents(src.name, data, cfg.num_negatives)

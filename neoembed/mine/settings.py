@@ -7,10 +7,11 @@ import contextlib
 import hashlib
 import json
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
+from neoembed.hub import resolve_packaged
 from neoembed.instructions import DEFAULT_TEMPLATE
 from neoembed.recipe import StrictModel, Template
 from neoembed.record import atomic_write_text, file_sha256
@@ -53,7 +54,7 @@ class MineConfig(StrictModel):
     max_length: int | None = Field(256, ge=8)
     template: Template = DEFAULT_TEMPLATE
     max_rows: int | None = Field(None, ge=1)
-    cross_encoder: str | None = None
+    cross_encoder: Annotated[str, AfterValidator(resolve_packaged)] | None = None
     cross_encoder_batch_size: int = Field(64, ge=1)
     workers: int = Field(
         1, ge=1

@@ -339,12 +339,7 @@ def train(
     # bad data, a used output folder and truncated weights fail before the model loads
     datasets, cards, batch_sizes, reports, held, holdout = _training_data(recipe, recipe_dir)
     full_sizes = [reports[name].full_size or len(datasets[name]) for name in datasets]
-    for n, d in datasets.items():
-        if recipe.distillation is None:  # distillation learns from the teacher's scores
-            check_contrast(d, n, recipe.mask_duplicates)
-    no_duplicates = {
-        n: plan_no_duplicates(recipe.no_duplicates, d, batch_sizes[n], n) for n, d in datasets.items()
-    }
+    no_duplicates = _batch_plans(recipe, datasets, batch_sizes)
     settings = resume_settings(recipe, per_process_batch=True) | (data := card_fingerprints(cards))
     checkpoint = prepare_output_dir(
         output,
@@ -398,6 +393,16 @@ def train(
         _note_early_stop(recipe, trainer.state, output)
         _save_final(recipe, model, cards, output, trainer.state, base_max_length)
     return output
+
+
+def _batch_plans(recipe: UnifiedRecipe, datasets: dict, batch_sizes: dict) -> dict[str, bool]:
+    """Per dataset, whether its batches hold no text twice (:func:`plan_no_duplicates`), after refusing a
+    dataset that leaves InfoNCE nothing to contrast (:func:`check_contrast`; distillation learns from the
+    teacher's scores)."""
+    for name, dataset in datasets.items():
+        if recipe.distillation is None:
+            check_contrast(dataset, name, recipe.mask_duplicates)
+    return {n: plan_no_duplicates(recipe.no_duplicates, d, batch_sizes[n], n) for n, d in datasets.items()}
 
 
 def _add_adapter(model, recipe: UnifiedRecipe) -> None:
