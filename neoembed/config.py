@@ -24,14 +24,18 @@ class _StrictLoader(yaml.SafeLoader):
             if key_node.tag == "tag:yaml.org,2002:merge":  # ``<<: *base``: its keys may be overridden here
                 continue
             key = self.construct_object(key_node, deep=deep)
-            if isinstance(key, str) and key in seen:
+            try:
+                repeated = key in seen
+            except TypeError:  # an unhashable key: PyYAML's own check names it
+                continue
+            if repeated:
                 raise yaml.constructor.ConstructorError(
                     "while reading a mapping",
                     node.start_mark,
                     f"found the key {key!r} twice",
                     key_node.start_mark,
                 )
-            seen.add(key) if isinstance(key, str) else None
+            seen.add(key)
         return super().construct_mapping(node, deep)
 
 
