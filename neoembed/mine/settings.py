@@ -148,7 +148,12 @@ def prepare_run_folder(
     settings = state / "settings.json"
     clearable = (f"{name}.yaml", f"{state.name}/{settings.name}")
     prepare_output_dir(
-        out, overwrite=overwrite, resume=resume, checkpoints=False, what="--out", clearable=clearable,
+        out,
+        overwrite=overwrite,
+        resume=resume,
+        checkpoints=False,
+        what="--out",
+        clearable=clearable,
         inputs=inputs,
     )
     if resume and not settings.is_file():

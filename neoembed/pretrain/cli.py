@@ -48,7 +48,9 @@ def preprocess_command(
 
     lengths = _ints(min_lengths, "--min-lengths")
     if lengths and min(lengths) < 1:  # "longer than 0" is every document, "-5" a folder named gt-5
-        raise typer.BadParameter(f"--min-lengths needs positive lengths such as 1024,2048; got {min_lengths!r}")
+        raise typer.BadParameter(
+            f"--min-lengths needs positive lengths such as 1024,2048; got {min_lengths!r}"
+        )
     check_model_source(tokenizer, tokenizer=True)  # offline or a typo: said before transformers imports
     with output_lock(out, what="OUT"):
         _preprocess(source, out, tokenizer, column, max_docs, shard_tokens, lengths)
@@ -81,7 +83,9 @@ def _preprocess(source, out: Path, tokenizer, column, max_docs, shard_tokens, le
         typer.echo(
             f"subset {out / 'subsets' / f'gt{n}'}: {info['documents']} documents, {info['tokens']:,} tokens"
         )
-        if not info["documents"]:  # pre-training refuses an empty corpus: say so now, with the lengths there are
+        if not info[
+            "documents"
+        ]:  # pre-training refuses an empty corpus: say so now, with the lengths there are
             typer.echo(
                 f"warning: no document is longer than {n} tokens (the longest has {stats.get('max', 0)}): "
                 f"this subset cannot be pre-trained on; pick a smaller --min-lengths",
