@@ -59,6 +59,7 @@ from neoembed.mine.settings import (
     MineConfig,
     check_model_kind,
     model_kind,
+    nothing_left_on_refusal,
     prepare_run_folder,
     run_fingerprint,
 )
@@ -128,7 +129,7 @@ def mine_negatives(
         logger.warning("%s already holds a finished run (%s.yaml); nothing to do", out, name)
         counts = load_card(out / f"{name}.yaml")[0].provenance["counts"]
         return MineResult(out / f"{name}.yaml", out / f"{name}.jsonl", counts)
-    with _nothing_left_on_refusal(out, state, fresh):
+    with nothing_left_on_refusal(out, state, fresh):
         data = _load_pairs(src, folder, cfg, corpus, corpus_card)
         _check_enough_documents(src.name, data, cfg.num_negatives)
         if cfg.nlist is not None and cfg.index.startswith("ivf") and cfg.nlist > len(data.corpus):
@@ -139,7 +140,7 @@ def mine_negatives(
     query_texts = [format_with_instruction(src.instruction, q, cfg.template) for q in data.queries]
     from neoembed.loading import load
 
-    with _nothing_left_on_refusal(out, state, fresh):  # an unusable model: nothing mined, nothing kept
+    with nothing_left_on_refusal(out, state, fresh):  # an unusable model: nothing mined, nothing kept
         encoder = load(
             str(model), pooling=cfg.pooling, max_seq_length=cfg.max_length, padding_free=_padding_free()
         )
@@ -160,7 +161,7 @@ def mine_negatives(
         "settings": cfg.model_dump(exclude={"workers", "keep_embeddings", "name"}),
         "fingerprint": fingerprint,  # what --resume into this finished run compares (prepare_run_folder)
     }
-    with _nothing_left_on_refusal(out, state, fresh, NothingToMine):  # a full disk keeps the embeddings
+    with nothing_left_on_refusal(out, state, fresh, NothingToMine):  # a full disk keeps the embeddings
         result = _write(out, name, src, data, (negatives, row_scores), reasons, provenance, cfg.num_negatives)
     if not cfg.keep_embeddings:
         del corpus_emb, query_emb
@@ -170,18 +171,6 @@ def mine_negatives(
 
 class NothingToMine(ValueError):
     """A mining run that would write a card with no rows (exit 2); the message says why and what to change."""
-
-
-@contextlib.contextmanager
-def _nothing_left_on_refusal(out: Path, state: Path, fresh: bool, errors=(ValueError, OSError)):
-    """A refused run leaves nothing behind: its state folder, and ``out`` itself when this run created it."""
-    try:
-        yield
-    except errors:
-        shutil.rmtree(state, ignore_errors=True)
-        if fresh and out.is_dir() and not any(out.iterdir()):
-            out.rmdir()
-        raise
 
 
 def _check_enough_documents(card: str, data: _Pairs, k: int) -> None:

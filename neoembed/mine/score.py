@@ -38,7 +38,13 @@ from neoembed.data.cards import (
     local_data_paths,
 )
 from neoembed.hub import resolve_packaged
-from neoembed.mine.settings import check_model_kind, describe_changes, model_kind, prepare_run_folder
+from neoembed.mine.settings import (
+    check_model_kind,
+    describe_changes,
+    model_kind,
+    nothing_left_on_refusal,
+    prepare_run_folder,
+)
 from neoembed.progress import bar as progress_bar
 from neoembed.recipe import StrictModel
 from neoembed.record import atomic_write_text, file_sha256
@@ -171,17 +177,16 @@ def score_card(
         logger.warning("%s already holds a finished run (%s.yaml); nothing to do", out, name)
         rows = len((out / f"{name}.jsonl").read_text().splitlines())
         return ScoreResult(out / f"{name}.yaml", out / f"{name}.jsonl", rows, kind)
-    pairs = build_pairs(src, load_rows(src, folder, cfg.max_rows), cfg.max_negatives, with_instruction=False)
-    k = sum(c.startswith("negative_") for c in pairs.column_names)
-    if k == 0:
-        if fresh:  # refused before any work: leave no run behind that a corrected command would be refused by
-            shutil.rmtree(state, ignore_errors=True)
-            with contextlib.suppress(OSError):
-                out.rmdir()
-        raise DataCardError(
-            f"card {src.name} has no hard negatives to score against: mine some first "
-            f"(neoembed mine {src_path} --model MODEL --out DIR), then score the mined card"
+    with nothing_left_on_refusal(out, state, fresh):  # else a corrected command is refused by what it left
+        pairs = build_pairs(
+            src, load_rows(src, folder, cfg.max_rows), cfg.max_negatives, with_instruction=False
         )
+        k = sum(c.startswith("negative_") for c in pairs.column_names)
+        if k == 0:
+            raise DataCardError(
+                f"card {src.name} has no hard negatives to score against: mine some first "
+                f"(neoembed mine {src_path} --model MODEL --out DIR), then score the mined card"
+            )
     with _FinalSaveSignals():  # SIGINT / SIGTERM raise _Signalled at once: the shards on disk are kept
         try:
             scores = _score_shards(pairs, k, state, teacher, kind, cfg, progress)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import shutil
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -22,6 +23,7 @@ __all__ = [
     "check_model_kind",
     "describe_changes",
     "model_kind",
+    "nothing_left_on_refusal",
     "prepare_run_folder",
     "run_fingerprint",
 ]
@@ -134,6 +136,18 @@ def run_fingerprint(src_path: Path, model, cfg: MineConfig, corpus, corpus_card)
         "model": str(model),
         "settings": cfg.model_dump(exclude={"workers", "keep_embeddings", "max_batch_tokens"}),
     }
+
+
+@contextlib.contextmanager
+def nothing_left_on_refusal(out: Path, state: Path, fresh: bool, errors=(ValueError, OSError)):
+    """A refused run (mine, score) leaves nothing behind: its state folder, and ``out`` itself when this run created it."""
+    try:
+        yield
+    except errors:
+        shutil.rmtree(state, ignore_errors=True)
+        if fresh and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
+        raise
 
 
 def prepare_run_folder(
