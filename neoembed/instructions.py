@@ -36,6 +36,7 @@ __all__ = [
 ]
 
 
+@functools.lru_cache(maxsize=1024)  # called for every row a card builds: a few instructions and one template
 def instruction_prefix(instruction: str | None, template: str = DEFAULT_TEMPLATE) -> str:
     """The text placed before every input for ``instruction`` (``""`` for no instruction).
 
