@@ -4,7 +4,7 @@ What the loop owns (so that the trainers cannot disagree on it):
 
 - **resume**: accelerate's state (models, optimizer, scheduler and every registered object, the RNG of every
   process) plus ``trainer_state.json`` (the step and the caller's own state, such as data positions);
-- **one checkpoint format**: ``checkpoint-N/state`` (``accelerator.save_state``) and ``trainer_state.json``,
+- **one checkpoint format**, every ``save_steps`` steps and at the last step: ``checkpoint-N/state`` (``accelerator.save_state``) and ``trainer_state.json``,
   written to ``.checkpoint-N.partial``, sealed with a checksum marker and renamed (:mod:`neoembed.runs`); a full
   disk ends in :class:`~neoembed.runs.CheckpointWriteError` with the previous checkpoint intact; a caller's
   ``save_model(folder)`` adds a loadable model at the checkpoint's root (CDE: ``neoembed mteb --model RUN/checkpoint-N``);
@@ -62,7 +62,16 @@ from neoembed.runs import (
     write_failed,
 )
 
-__all__ = ["RunLoop", "StepOutput", "accelerator", "adamw", "check_launch", "join_on_cpu"]
+__all__ = [
+    "RunLoop",
+    "StepOutput",
+    "accelerator",
+    "adamw",
+    "check_launch",
+    "join_on_cpu",
+    "mean_loss_and_stop",
+    "schedule",
+]
 
 
 def join_on_cpu() -> bool:
@@ -118,6 +127,29 @@ def accelerator(cpu: bool = False, **kwargs):
     acc = Accelerator(cpu=cpu or join_on_cpu(), **kwargs)
     check_launch(acc.num_processes)
     return acc
+
+
+def schedule(opt, optimizer, steps: int):
+    """The learning-rate schedule of a recipe's :class:`~neoembed.recipe.OptimizerConfig` over ``steps`` steps,
+    as transformers computes it (``constant`` keeps its warm-up)."""
+    from transformers import get_scheduler
+
+    name = opt.schedule if opt.schedule != "constant" else "constant_with_warmup"
+    return get_scheduler(name, optimizer, num_warmup_steps=opt.warmup_steps, num_training_steps=steps)
+
+
+def mean_loss_and_stop(loss: float, stop_requested: bool, world: int, device):
+    """The loss averaged over the processes, and whether any process asked to stop: one small all-reduce."""
+    import torch
+
+    stats = torch.tensor([loss, 1.0 if stop_requested else 0.0], dtype=torch.float64)
+    if world == 1:
+        return stats
+    stats_dev = stats.to(device)
+    torch.distributed.all_reduce(stats_dev)
+    stats = stats_dev.cpu()
+    stats[0] /= world
+    return stats
 
 
 def adamw(model, opt):
@@ -353,6 +385,17 @@ class RunLoop:
         self.optimizer.zero_grad(set_to_none=True)
         return (float(grad_norm) if grad_norm is not None else None), lr
 
+    def log_hyperparameters(self) -> None:
+        """The recipe as ``recipe.a.b`` hyperparameters, to TensorBoard and every tracker at a run's first start;
+        a resumed run has them already (MLflow refuses a changed parameter, W&B keeps its config), except
+        Trackio's, whose resumed run starts with a new config."""
+        hyperparameters = recipe_hyperparameters(self.recipe)
+        if self.step == 0:
+            self.metrics.hyperparameters(hyperparameters)
+        for tracker in self.trackers:
+            if self.step == 0 or tracker.name == "trackio":
+                tracker.store_init_configuration(hyperparameters)
+
     def run(
         self,
         step_fn: Callable[[int, bool], StepOutput],
@@ -366,12 +409,7 @@ class RunLoop:
         self.trackers = _start_trackers(
             self.recipe.report_to, self.output, self.step > 0, self.acc.is_main_process
         )
-        hyperparameters = recipe_hyperparameters(self.recipe)
-        if self.step == 0:  # a resumed run has them already (MLflow refuses a changed parameter)...
-            self.metrics.hyperparameters(hyperparameters)
-        for tracker in self.trackers:  # ... except Trackio's, whose resumed run starts a new config
-            if self.step == 0 or tracker.name == "trackio":
-                tracker.store_init_configuration(hyperparameters)
+        self.log_hyperparameters()
         shown = self.progress and self.acc.is_main_process
         plain = (
             shown and not sys.stderr.isatty()
@@ -400,11 +438,11 @@ class RunLoop:
                         values = {k: row[k] for k in ("loss", "learning_rate", "lr") if k in row}
                         print(progress_line(self.step, r.steps, values, rate), file=sys.stderr, flush=True)
                     sums, t0 = {}, time.perf_counter()
-                saving = self.step % r.save_steps == 0 and self.step < r.steps
+                saving = self.step % r.save_steps == 0 or self.step == r.steps  # mteb and keep_best name the last
                 evaluation, patience_out = getattr(r, "eval", None), False
                 if self.evaluate is not None and evaluation is not None:
                     if self.step % evaluation.steps == 0 or self.step == r.steps:
-                        patience_out = self._evaluate(saved=saving or self.step == r.steps)
+                        patience_out = self._evaluate(saved=saving)
                 if out.stop:
                     stopped = self.save()
                     break

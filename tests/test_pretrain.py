@@ -483,8 +483,8 @@ def test_progress_is_a_plain_line_per_logging_step_when_not_a_terminal(tmp_path,
 def test_mlflow_tracks_the_run_loop_and_a_resume_continues_the_same_run(
     tmp_path, shards, held_out, monkeypatch
 ):
-    """accelerate's MLflow tracker against a local file store: a run of 4 steps (checkpoint at 2), resumed from
-    checkpoint-2 to 6 steps: one MLflow run, continued, whose latest value per step equals metrics.jsonl (the
+    """accelerate's MLflow tracker against a local file store: a run of 4 steps (checkpoints at 2 and 4), resumed
+    from checkpoint-4 to 6 steps: one MLflow run, continued, whose values per step equal metrics.jsonl (the
     eval_ scores too)."""
     from mlflow.tracking import MlflowClient
 
@@ -510,17 +510,13 @@ def test_mlflow_tracks_the_run_loop_and_a_resume_continues_the_same_run(
     for m in history:
         by_step.setdefault(m.step, []).append(m.value)
     assert sorted(by_step) == sorted(losses) == list(range(1, 7))
-    # the first run logged steps 3-4 after its last checkpoint (2) and the resume ran them again: MLflow keeps both
-    # values (its store cannot drop metrics); the last is the resumed run's. A SIGTERM'd run logs nothing after its
-    # checkpoint, so a resume after it logs every step once.
-    assert {s: len(v) for s, v in by_step.items()} == {1: 1, 2: 1, 3: 2, 4: 2, 5: 1, 6: 1}
+    # the first run checkpointed its last step (4) too, and the resume continues from it: every step logged once
+    assert {s: len(v) for s, v in by_step.items()} == {1: 1, 2: 1, 3: 1, 4: 1, 5: 1, 6: 1}
     assert {s: v[-1] for s, v in by_step.items()} == pytest.approx(losses, rel=1e-6)
     evals = {r["step"]: r["eval_mlm_loss"] for r in _rows(out) if "eval_mlm_loss" in r}
     tracked = {m.step: m.value for m in client.get_metric_history(runs[0].info.run_id, "eval_mlm_loss")}
     assert sorted(evals) == [2, 4, 6]
-    assert tracked == pytest.approx(
-        evals, rel=1e-6
-    )  # step 4 twice (as the losses): the latest is the resumed run's
+    assert tracked == pytest.approx(evals, rel=1e-6)
 
 
 @pytest.fixture(scope="module")

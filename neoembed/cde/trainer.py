@@ -55,7 +55,7 @@ from neoembed.data.cards import (
     prepare_card,
 )
 from neoembed.data.check import require_hub
-from neoembed.loop import RunLoop, StepOutput, accelerator, adamw, check_engine
+from neoembed.loop import RunLoop, StepOutput, accelerator, adamw, check_engine, mean_loss_and_stop, schedule
 from neoembed.model_card import base_model_name, based_on
 from neoembed.recipe import resolve_recipe_path
 from neoembed.runs import (
@@ -311,19 +311,6 @@ def _stages(module, acc):
     return stages(module, wrap)
 
 
-def _scheduler(recipe: CDERecipe, optimizer):
-    """The unified recipe's schedule, as its trainer (transformers) computes it."""
-    from transformers import get_scheduler
-
-    opt = recipe.optimizer
-    return get_scheduler(
-        opt.schedule if opt.schedule != "constant" else "constant_with_warmup",
-        optimizer,
-        num_warmup_steps=opt.warmup_steps,
-        num_training_steps=recipe.steps,
-    )
-
-
 def _run_record(
     recipe: CDERecipe, cards, sources: list[Source], module, per_epoch: int
 ) -> tuple[list[Path], dict]:
@@ -421,7 +408,7 @@ def train_cde(
         recipe,
         output,
         optimizer=optimizer,
-        scheduler=_scheduler(recipe, optimizer),
+        scheduler=schedule(recipe.optimizer, optimizer, recipe.steps),
         parameters=module.parameters,
         grad_clip=recipe.optimizer.grad_clip,
         settings=settings,
@@ -527,7 +514,7 @@ def _cde_step(recipe: CDERecipe, acc, module, sources: list[Source], batches: Co
                 )
             else:
                 loss = full_backprop_step(module, ctx, qb, db, loss_fn, dropped, model_stages)
-        stats = _mean_loss_and_stop(float(loss), stop_requested, world, device)
+        stats = mean_loss_and_stop(float(loss), stop_requested, world, device)
         masked = float(mask.float().mean()) if mask is not None else 0.0
         return StepOutput(
             loss=float(stats[0]), stop=bool(stats[1] > 0), sums={"loss": float(stats[0]), "masked": masked}
@@ -556,15 +543,3 @@ def _autocast(precision: str, device: torch.device):
     return torch.autocast(
         device_type=device.type, dtype={"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
     )
-
-
-def _mean_loss_and_stop(loss: float, stop_requested: bool, world: int, device) -> torch.Tensor:
-    """The loss averaged over the processes, and whether any process asked to stop: one small all-reduce."""
-    stats = torch.tensor([loss, 1.0 if stop_requested else 0.0], dtype=torch.float64)
-    if world == 1:
-        return stats
-    stats_dev = stats.to(device)
-    torch.distributed.all_reduce(stats_dev)
-    stats = stats_dev.cpu()
-    stats[0] /= world
-    return stats
