@@ -225,10 +225,10 @@ def block_neoembed() -> str:
 @pytest.fixture
 def sigterm_at(monkeypatch):
     """``sigterm_at(module, name, step)``: ``module.name`` builds a run loop's ``(step_fn, row_fn)`` (CDE's
-    ``_cde_step``, pre-training's ``_mlm_step``); a SIGTERM arrives during optimizer step ``step`` (1-based), so the
-    loop finishes the next step, checkpoints and stops."""
+    ``_cde_step``, pre-training's ``_mlm_step``, the unified trainer's ``unified_step``); a SIGTERM (or ``sig``)
+    arrives during optimizer step ``step`` (1-based), so the loop finishes the next step, checkpoints and stops."""
 
-    def patch(module, name: str, step: int) -> None:
+    def patch(module, name: str, step: int, sig: int = signal.SIGTERM) -> None:
         real = getattr(module, name)
 
         def patched(*args, **kwargs):
@@ -236,7 +236,7 @@ def sigterm_at(monkeypatch):
 
             def interrupting(i, stop):
                 if i + 1 == step:
-                    os.kill(os.getpid(), signal.SIGTERM)
+                    os.kill(os.getpid(), sig)
                 return step_fn(i, stop)
 
             return interrupting, row_fn

@@ -143,17 +143,14 @@ def test_cde_adapters_alone_load_with_neoembed_and_plain_sentence_transformers(
     torch.testing.assert_close(torch.tensor(plain), torch.tensor(expected), atol=1e-5, rtol=0)
 
 
-def test_case4_lora_run_stopped_by_a_signal_resumes_and_finishes(tmp_path, tiny_official, monkeypatch):
+def test_case4_lora_run_stopped_by_a_signal_resumes_and_finishes(tmp_path, tiny_official, monkeypatch, sigterm_at):
     """A LoRA run's checkpoints hold PEFT's layer names (``qkv.base_layer.weight``, ``lora_A``): ``--resume`` after a
     SIGTERM failed with "does not match NeoBERTModel: missing keys". It resumes now, exactly: the same losses and
     the same final model (merged, and the adapter alone) as the run that was never stopped."""
-    import os
-    import signal
-
     from safetensors.torch import load_file
 
     from neoembed.runs import TrainingInterrupted
-    from neoembed.train import callbacks as callbacks_mod
+    from neoembed.train import trainer as trainer_mod
 
     def recipe(out):
         overrides = [f"model={tiny_official}", f"output_dir={out}", "steps=6", "save_steps=2"]
@@ -165,21 +162,17 @@ def test_case4_lora_run_stopped_by_a_signal_resumes_and_finishes(tmp_path, tiny_
         return {r["step"]: r["loss"] for r in rows if "loss" in r}
 
     full = train(recipe(tmp_path / "full"), recipe_dir=TINY.parent)
-    on_log = callbacks_mod.MetricsCallback.on_log
-
-    def on_log_then_sigterm(self, args, state, control, logs=None, **kwargs):
-        on_log(self, args, state, control, logs=logs, **kwargs)
-        if state.global_step == 3 and logs and "loss" in logs:
-            os.kill(os.getpid(), signal.SIGTERM)
-
     out = tmp_path / "stopped"
-    monkeypatch.setattr(callbacks_mod.MetricsCallback, "on_log", on_log_then_sigterm)
+    real = trainer_mod.unified_step
+    sigterm_at(trainer_mod, "unified_step", 3)  # step 4 ends the run with checkpoint-4
     with pytest.raises(TrainingInterrupted, match="continue with --resume"):
         train(recipe(out), recipe_dir=TINY.parent)
-    saved = load_file(str(out / "checkpoint-4" / "model.safetensors"))
-    assert any("lora_A" in k for k in saved)  # the checkpoint is the adapter run's, not a merged copy
+    saved = load_file(str(out / "checkpoint-4" / "state" / "model.safetensors"))
+    assert any("lora_A" in k for k in saved)  # the state resumed from is the adapter run's, not a merged copy
+    loadable = load_file(str(out / "checkpoint-4" / "model.safetensors"))
+    assert not any("lora" in k for k in loadable)  # beside it, the merged model that loads anywhere
     assert not (out / "model.safetensors").exists()
-    monkeypatch.setattr(callbacks_mod.MetricsCallback, "on_log", on_log)
+    monkeypatch.setattr(trainer_mod, "unified_step", real)
     train(recipe(out), recipe_dir=TINY.parent, resume=True)
     assert losses(out) == pytest.approx(losses(full), abs=1e-6) and sorted(losses(out)) == [1, 2, 3, 4, 5, 6]
     for name in ("model.safetensors", "adapter/adapter_model.safetensors"):

@@ -243,7 +243,7 @@ def _probed_run(
 )
 def test_unified_trainer_reduces_gradients_once_per_step_in_ddp_buckets(tmp_path, loss):
     """3 optimizer steps of `neoembed train tiny` on 2 processes: each step one DDP bucket reduction holding every
-    parameter's bytes once, one 4-byte stop flag, and no other all-reduce of a gradient (the cached loss: 4 GradCache mini-batches a
+    parameter's bytes once, one 16-byte reduction of the loss and the stop flag, and no other all-reduce of a gradient (the cached loss: 4 GradCache mini-batches a
     step, replayed under no_sync but the last). The ranks' reduced gradients agree."""
     records, folder = _probed_run(tmp_path, 2, ["train", "tiny", "steps=3", *loss], grads=True)
     for record in records:
@@ -254,12 +254,10 @@ def test_unified_trainer_reduces_gradients_once_per_step_in_ddp_buckets(tmp_path
             buckets = [e for e in events if e["op"] == "ddp_hook"]
             reduces = [e for e in events if e["op"] == "all_reduce"]
             assert len(buckets) == 1 and buckets[0]["bytes"] == param_bytes, (step, buckets, param_bytes)
-            # the bucket's, and the stop flag's (4 bytes: a signal to one process stops them all at one step),
-            # reduced at each step's end, after its update, so in the next step's window; the loss for logging
-            # travels by all_gather
+            # the bucket's, and the loss with the stop flag (two float64: a signal to one process stops them all
+            # at one step), reduced together once in the step, after the backward pass
             reduced = sorted((e["kind"], e["bytes"]) for e in reduces)
-            flag = [("", 4)] if step > 1 else []
-            assert reduced == [*flag, ("ddp_bucket", param_bytes)], (step, reduced)
+            assert reduced == [("", 16), ("ddp_bucket", param_bytes)], (step, reduced)
     g0, g1 = (torch.load(folder / f"grads-rank{r}.pt") for r in (0, 1))
     assert len(g0) == records[0]["params"]["tensors"]
     for a, b in zip(g0, g1, strict=True):
@@ -527,21 +525,28 @@ def test_a_sharded_engine_not_verified_for_a_trainer_is_refused_before_the_model
     assert {"unified", "cde", "glue", "pretrain"} == set(ENGINE_SUPPORT)
 
 
-def test_the_unified_trainers_progress_line_prints_once_not_once_per_process():
-    """Under torchrun each process printed every progress line (the run loop's trainers print on the main process
-    only): the unified trainer's plain lines now come from the first process alone."""
-    import io
+def test_the_unified_trainers_progress_line_prints_once_not_once_per_process(tmp_path, capsys):
+    """Under torchrun each process printed every progress line: the run loop, which the unified trainer runs on,
+    prints them from the first process alone."""
+    from types import SimpleNamespace
 
-    from transformers import TrainerState
+    from neoembed.loop import RunLoop, StepOutput
+    from neoembed.recipe import load_recipe
+    from neoembed.train.recipe import UnifiedRecipe
 
-    from neoembed.train.callbacks import PlainProgress
-
-    out = io.StringIO()
-    progress = PlainProgress(out)
+    recipe = load_recipe("tiny", UnifiedRecipe, ["steps=3", "save_steps=100", f"output_dir={tmp_path}"])
+    optimizer = SimpleNamespace(step=lambda: None, zero_grad=lambda set_to_none: None)
+    scheduler = SimpleNamespace(step=lambda: None, get_last_lr=lambda: [1e-3])
     for first in (True, False):
-        state = TrainerState(global_step=3, max_steps=10, is_world_process_zero=first)
-        progress.on_log(None, state, None, logs={"loss": 1.0})
-    assert out.getvalue().count("\n") == 1 and "step 3/10" in out.getvalue()
+        acc = SimpleNamespace(
+            is_main_process=first, register_for_checkpointing=lambda obj: None, clip_grad_norm_=lambda p, c: 0.0
+        )
+        (tmp_path / str(first)).mkdir()
+        loop = RunLoop(acc, recipe, tmp_path / str(first), optimizer=optimizer, scheduler=scheduler,
+                       parameters=list, grad_clip=1.0, settings=None)  # fmt: skip
+        loop.run(lambda step, stop: StepOutput(1.0, False, {"loss": 1.0}), lambda sums, *a: {"loss": 1.0})
+    err = capsys.readouterr().err
+    assert err.count("step 3/3") == 1, err
 
 
 def test_sigterm_to_one_process_stops_every_process_at_one_checkpoint(tmp_path):

@@ -731,17 +731,19 @@ def test_case2_false_negative_margin_that_masks_every_negative_refused(margin, m
 
 
 def test_case2_training_warns_when_masking_drops_nearly_every_negative(tmp_path, caplog):
-    """A margin below the refusal can still mask almost everything on a given model: the metrics callback
-    names the fraction it saw."""
+    """A margin below the refusal can still mask almost everything on a given model: the logged row's
+    warning names the fraction it saw."""
     from types import SimpleNamespace
 
-    from neoembed.train.callbacks import MetricsCallback
+    from neoembed.train.engine import unified_step
 
     counts = {"false_negatives_masked": 60.0, "false_negative_fraction": 1.0}
-    callback = MetricsCallback(tmp_path, [], [], {}, main=True, counts=lambda: counts)
-    args = SimpleNamespace(per_device_train_batch_size=4, world_size=1)
-    with caplog.at_level("WARNING", logger="neoembed.train.trainer"):
-        callback.on_log(args, SimpleNamespace(global_step=3), SimpleNamespace(), logs={"loss": 0.0})
+    acc = SimpleNamespace(num_processes=1, device="cpu", skip_first_batches=lambda loader, n: loader)
+    tally = SimpleNamespace(pop=lambda: counts)
+    _, row_fn = unified_step(acc, None, [], SimpleNamespace(history=[]), [], {}, 3, tally)
+    with caplog.at_level("WARNING", logger="neoembed.train.engine"):
+        row = row_fn({"loss": 0.0, "steps": 1, "samples": 4}, 1.0, None, 0.0)
+    assert row["false_negative_fraction"] == 1.0
     assert "dropped 100.0% of the scored negatives up to step 3" in caplog.text
     assert "false_negatives.margin" in caplog.text
 

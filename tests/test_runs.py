@@ -385,27 +385,20 @@ def test_poor_truncated_checkpoint_is_skipped_by_name(tmp_path, tiny_official, f
 
 
 def test_poor_sigint_and_sigterm_exit_130_and_143_after_checkpointing(
-    tmp_path, tiny_official, capsys, monkeypatch
+    tmp_path, tiny_official, capsys, monkeypatch, sigterm_at
 ):
-    from neoembed.train import callbacks as callbacks_mod
+    from neoembed.train import trainer as trainer_mod
 
-    on_log = callbacks_mod.MetricsCallback.on_log
-    sent = {}
-
-    def on_log_then_signal(self, args, state, control, logs=None, **kwargs):
-        on_log(self, args, state, control, logs=logs, **kwargs)
-        if state.global_step == 1:
-            os.kill(os.getpid(), sent["signal"])
-
-    monkeypatch.setattr(callbacks_mod.MetricsCallback, "on_log", on_log_then_signal)
+    real = trainer_mod.unified_step
     for sig, code in ((signal.SIGINT, 130), (signal.SIGTERM, 143)):
-        sent["signal"] = sig
+        monkeypatch.setattr(trainer_mod, "unified_step", real)
+        sigterm_at(trainer_mod, "unified_step", 1, sig)
         out = tmp_path / sig.name
         args = ["train", str(TINY), f"model={tiny_official}", f"output_dir={out}", *RUN]
         got, err = _cli(capsys, monkeypatch, *args)
         assert got == code, err
         assert f"stopped by {sig.name}" in err and "--resume" in err and "Traceback" not in err
-        # the signal lands in step 1's logging, after its step end: the next step ends the run
+        # the signal lands in step 1, after its stop flag was read: the next step ends the run
         (ckpt,) = list_checkpoints(out)
         assert ckpt.name in ("checkpoint-1", "checkpoint-2") and str(ckpt) in err
         assert verify_checkpoint(ckpt) is None and not (out / "model.safetensors").exists()

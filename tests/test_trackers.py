@@ -4,33 +4,25 @@ read back; a resumed run continues the same tracked run without logging a step t
 from __future__ import annotations
 
 import json
-import os
-import signal
 from pathlib import Path
 
 import pytest
 
 from neoembed.recipe import load_recipe
 from neoembed.runs import TrainingInterrupted, check_trackers
-from neoembed.train import callbacks as callbacks_mod
+from neoembed.train import trainer as trainer_mod
 from neoembed.train.recipe import UnifiedRecipe
 from neoembed.train.trainer import train
 
 TINY = Path(__file__).resolve().parents[1] / "recipes" / "tiny.yaml"
 
 
-def _interrupted_then_resumed(recipe, monkeypatch, at: int = 2) -> None:
-    on_log = callbacks_mod.MetricsCallback.on_log
-
-    def on_log_then_sigterm(self, args, state, control, logs=None, **kwargs):
-        on_log(self, args, state, control, logs=logs, **kwargs)
-        if state.global_step == at:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    monkeypatch.setattr(callbacks_mod.MetricsCallback, "on_log", on_log_then_sigterm)
+def _interrupted_then_resumed(recipe, monkeypatch, sigterm_at, at: int = 2) -> None:
+    real = trainer_mod.unified_step
+    sigterm_at(trainer_mod, "unified_step", at)
     with pytest.raises(TrainingInterrupted):
         train(recipe, recipe_dir=TINY.parent)
-    monkeypatch.setattr(callbacks_mod.MetricsCallback, "on_log", on_log)
+    monkeypatch.setattr(trainer_mod, "unified_step", real)
     train(recipe, recipe_dir=TINY.parent, resume=True)
 
 
@@ -38,8 +30,8 @@ def _tensorboard_scalars(folder: Path, tag: str) -> dict[int, float]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     found: dict[int, float] = {}
-    for events in sorted(folder.rglob("events.out.tfevents.*")):
-        acc = EventAccumulator(str(events.parent))
+    for run in sorted({events.parent for events in folder.rglob("events.out.tfevents.*")}):
+        acc = EventAccumulator(str(run))  # a run folder's event files read together, as TensorBoard reads them
         acc.Reload()
         if tag in acc.Tags()["scalars"]:
             for e in acc.Scalars(tag):
@@ -48,7 +40,9 @@ def _tensorboard_scalars(folder: Path, tag: str) -> dict[int, float]:
     return found
 
 
-def test_mlflow_file_store_and_tensorboard_read_back_across_a_resume(tmp_path, tiny_official, monkeypatch):
+def test_mlflow_file_store_and_tensorboard_read_back_across_a_resume(
+    tmp_path, tiny_official, monkeypatch, sigterm_at
+):
     from mlflow.tracking import MlflowClient
 
     uri = (tmp_path / "mlruns").as_uri()
@@ -67,8 +61,7 @@ def test_mlflow_file_store_and_tensorboard_read_back_across_a_resume(tmp_path, t
             "report_to=[mlflow, tensorboard]",
         ],
     )
-    _interrupted_then_resumed(recipe, monkeypatch)
-    assert "MLFLOW_RUN_ID" not in os.environ  # set for the resumed run only
+    _interrupted_then_resumed(recipe, monkeypatch, sigterm_at)
     losses = {r["step"]: r["loss"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
     assert sorted(losses) == list(range(1, 9))
     client = MlflowClient(uri)
@@ -87,7 +80,6 @@ def test_mlflow_file_store_and_tensorboard_read_back_across_a_resume(tmp_path, t
     )
     assert json.loads(params["recipe.datasets"])[0]["card"] == "pydoc_names"
     assert params["recipe.max_length"] == str(recipe.max_length)  # apart from the model config's max_length
-    assert params["learning_rate"] == str(recipe.optimizer.lr)  # transformers' own arguments beside them
     hparams = _tensorboard_hparams(out)
     assert hparams["recipe.optimizer.lr"].number_value == pytest.approx(recipe.optimizer.lr)
     assert json.loads(hparams["recipe.report_to"].string_value) == ["mlflow", "tensorboard"]
@@ -98,8 +90,8 @@ def _tensorboard_hparams(folder: Path) -> dict:
     from tensorboard.plugins.hparams import plugin_data_pb2
 
     found = []
-    for events in sorted(folder.rglob("events.out.tfevents.*")):
-        acc = EventAccumulator(str(events.parent))
+    for run in sorted({events.parent for events in folder.rglob("events.out.tfevents.*")}):
+        acc = EventAccumulator(str(run))  # a run folder's event files read together, as TensorBoard reads them
         acc.Reload()
         try:
             content = acc.PluginTagToContent("hparams")["_hparams_/session_start_info"]
@@ -126,29 +118,29 @@ def test_a_named_tracker_that_is_not_installed_fails_before_anything_loads(monke
         load_recipe(TINY, UnifiedRecipe, ["report_to=[neptune]"])
 
 
-def test_recipe_hyperparameters_reach_wandb_once_and_trackio_on_every_start():
+def test_recipe_hyperparameters_reach_wandb_once_and_trackio_on_every_start(tmp_path):
     """W&B keeps a resumed run's config, Trackio starts it anew: the recipe goes to W&B at the first start and to
     Trackio at every start (the offline runs themselves: benchmarks/trackers_offline.py)."""
     from types import SimpleNamespace
 
-    class _Config(dict):
-        def update(self, values, allow_val_change=False):
-            assert allow_val_change
-            super().update(values)
+    from neoembed.loop import RunLoop
 
-    WandbCallback = type("WandbCallback", (), {})  # matched by name, as transformers' integrations are
-    TrackioCallback = type("TrackioCallback", (), {})
-    wandb, trackio = WandbCallback(), TrackioCallback()
-    wandb._wandb = SimpleNamespace(run=object(), config=_Config())
-    trackio._trackio, trackio._initialized = SimpleNamespace(config=_Config()), True
-    recipe = load_recipe(TINY, UnifiedRecipe, [])
-    callback = callbacks_mod.RecipeHyperparameters([wandb, trackio], recipe, main=True)
+    class Tracker:
+        def __init__(self, name):
+            self.name, self.config = name, {}
+
+        def store_init_configuration(self, values):
+            self.config.update(values)
+
+    recipe = load_recipe(TINY, UnifiedRecipe, [f"output_dir={tmp_path}"])
+    loop = RunLoop.__new__(RunLoop)
+    loop.recipe, loop.metrics = recipe, SimpleNamespace(hyperparameters=lambda values: None)
     for step in (0, 4):  # a first start, then a resume
-        wandb._wandb.config.clear()
-        trackio._trackio.config.clear()
-        callback.on_train_begin(None, SimpleNamespace(global_step=step), None)
-        assert trackio._trackio.config["recipe.temperature"] == recipe.temperature
-        assert ("recipe.temperature" in wandb._wandb.config) == (step == 0)
+        loop.step, loop.trackers = step, [Tracker("wandb"), Tracker("trackio")]
+        loop.log_hyperparameters()
+        wandb, trackio = loop.trackers
+        assert trackio.config["recipe.temperature"] == recipe.temperature
+        assert ("recipe.temperature" in wandb.config) == (step == 0)
 
 
 def _main(monkeypatch, capsys, *argv) -> tuple[int, str]:

@@ -329,35 +329,28 @@ def test_nan_loss_stops_without_saving(tmp_path, tiny_official):
         "steps=6",
         "save_steps=100",
     )
-    with pytest.raises(TrainingStopped, match="NaN at step"):
+    with pytest.raises(TrainingStopped, match="loss is nan at step .*: training stopped before the update"):
         train(recipe, recipe_dir=TINY.parent)
     assert not (tmp_path / "nan" / "model.safetensors").exists()
 
 
-def test_sigterm_in_process_checkpoints_then_resume_finishes(tmp_path, tiny_official, monkeypatch):
-    """SIGTERM mid-run (sent from inside step 2's logging): a checkpoint after that step, then --resume ends."""
-    import os
+def test_sigterm_in_process_checkpoints_then_resume_finishes(tmp_path, tiny_official, monkeypatch, sigterm_at):
+    """SIGTERM mid-run (sent from inside step 2): a checkpoint after the next step, then --resume ends."""
     import signal
 
-    from neoembed.train import callbacks as callbacks_mod
-
-    on_log = callbacks_mod.MetricsCallback.on_log
-
-    def on_log_then_sigterm(self, args, state, control, logs=None, **kwargs):
-        on_log(self, args, state, control, logs=logs, **kwargs)
-        if state.global_step == 2:
-            os.kill(os.getpid(), signal.SIGTERM)
+    from neoembed.train import trainer as trainer_mod
 
     out = tmp_path / "sig"
     recipe = _recipe(out, tiny_official, "datasets=[{card: pydoc_names, max_rows: 64}]", "save_steps=100")
-    monkeypatch.setattr(callbacks_mod.MetricsCallback, "on_log", on_log_then_sigterm)
+    real = trainer_mod.unified_step
+    sigterm_at(trainer_mod, "unified_step", 2)
     before = signal.getsignal(signal.SIGTERM)
     from neoembed.runs import TrainingInterrupted
 
     with pytest.raises(TrainingInterrupted) as stopped:
         train(recipe, recipe_dir=TINY.parent)
     assert stopped.value.exit_code == 143  # what a shell reports for SIGTERM: the run did not finish
-    monkeypatch.setattr(callbacks_mod.MetricsCallback, "on_log", on_log)
+    monkeypatch.setattr(trainer_mod, "unified_step", real)
     ckpts = [p.name for p in out.glob("checkpoint-*")]
     assert ckpts in (["checkpoint-2"], ["checkpoint-3"]) and not (out / "model.safetensors").exists()
     assert signal.getsignal(signal.SIGTERM) == before  # our handler is removed after training
@@ -439,14 +432,16 @@ def test_accelerate_two_processes_run_the_recipe(tmp_path, tiny_official):
 
 
 def test_out_of_memory_is_answered_with_advice(tmp_path, tiny_official, monkeypatch):
-    from sentence_transformers import SentenceTransformerTrainer
-
+    from neoembed.train import trainer as trainer_mod
     from neoembed.train.trainer import TrainingStopped
 
-    def oom(self, *args, **kwargs):
-        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    def oom(*args, **kwargs):
+        def step_fn(step, stop):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    monkeypatch.setattr(SentenceTransformerTrainer, "train", oom)
+        return step_fn, lambda *a: {}
+
+    monkeypatch.setattr(trainer_mod, "unified_step", oom)
     with pytest.raises(TrainingStopped, match="loss.mini_batch_size=32.*--resume continues.*max_length"):
         train(_recipe(tmp_path / "oom", tiny_official), recipe_dir=TINY.parent)
 

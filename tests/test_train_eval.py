@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
-import signal
 from pathlib import Path
 
 import pytest
@@ -16,7 +14,7 @@ from neoembed.eval.runner import EvalConfig, run_mteb
 from neoembed.eval.training import MtebEvaluator
 from neoembed.recipe import load_recipe
 from neoembed.runs import RunFinished, TrainingInterrupted
-from neoembed.train import callbacks as callbacks_mod
+from neoembed.train import trainer as trainer_mod
 from neoembed.train.recipe import UnifiedRecipe
 from neoembed.train.trainer import train
 
@@ -93,7 +91,7 @@ def test_scores_logged_during_training_equal_neoembed_mteb_on_the_checkpoints(
 
 
 def test_keep_best_survives_rotation_and_an_interrupted_resumed_run(
-    tmp_path, tiny_official, trecqa, monkeypatch
+    tmp_path, tiny_official, trecqa, monkeypatch, sigterm_at
 ):
     # min: a middle step wins here; 8 steps leave room to interrupt after it
     best = ("keep_best={metric: ndcg_at_10, mode: min}", "save_total_limit=1", "steps=8")
@@ -107,16 +105,10 @@ def test_keep_best_survives_rotation_and_an_interrupted_resumed_run(
     card = (full / "README.md").read_text()
     assert f"checkpoint of step {best_step} of 8" in card and f"{scores[best_step]:.6g}" in card
 
-    on_log = callbacks_mod.MetricsCallback.on_log
-
-    def on_log_then_sigterm(self, args, state, control, logs=None, **kwargs):
-        on_log(self, args, state, control, logs=logs, **kwargs)
-        if state.global_step == best_step + 1 and logs and "loss" in logs:
-            os.kill(os.getpid(), signal.SIGTERM)
-
     out = tmp_path / "resumed"
     recipe = _recipe(out, tiny_official, trecqa, *best)
-    monkeypatch.setattr(callbacks_mod.MetricsCallback, "on_log", on_log_then_sigterm)
+    real = trainer_mod.unified_step
+    sigterm_at(trainer_mod, "unified_step", best_step + 1)
     with pytest.raises(TrainingInterrupted):
         _train(recipe)
     # the newest checkpoint (the step after the signal's) and the best one: rotation (save_total_limit 1) spared it
@@ -124,7 +116,7 @@ def test_keep_best_survives_rotation_and_an_interrupted_resumed_run(
         f"checkpoint-{best_step}",
         f"checkpoint-{best_step + 2}",
     ]
-    monkeypatch.setattr(callbacks_mod.MetricsCallback, "on_log", on_log)
+    monkeypatch.setattr(trainer_mod, "unified_step", real)
     _train(recipe, resume=True)
     assert _rows(out, "eval_ndcg_at_10") == pytest.approx(scores, abs=1e-9)  # each step once, same scores
     assert sorted(p.name for p in out.glob("checkpoint-*")) == kept

@@ -1,15 +1,14 @@
-"""The unified contrastive trainer: sentence-transformers' trainer with thin overrides.
+"""The unified contrastive trainer, on the run loop that CDE, pre-training and GLUE run on (:mod:`neoembed.loop`).
 
 What is ours: the InfoNCE losses (``neoembed.losses``), the power-law dataset sampler
-(``neoembed.data.sampler``), per-dataset batch sizes, and the run guarantees that pre-training and CDE get from
-:mod:`neoembed.loop`, here through callbacks (:mod:`neoembed.train.callbacks`) and the trainer's overrides
-(:mod:`neoembed.train.hf_trainer`): the output folder is checked first
-(:func:`neoembed.runs.prepare_output_dir`: never silently reused), checkpoints are written to a staging folder,
-sealed with a checksum marker and renamed (a kill never leaves half of one to resume from; a full disk ends in a
-clear error), ``metrics.jsonl`` and TensorBoard are trimmed to the resumed step, SIGTERM / Ctrl-C checkpoint and
-exit 143 / 130, a NaN loss stops, a loss stuck at 0 is reported. Everything else (optimiser, schedule, mixed
-precision, DDP through accelerate, checkpoint contents and exact resume) is the sentence-transformers /
-transformers trainer.
+(``neoembed.data.sampler``), per-dataset batch sizes, the data checks before the model loads, the holdout, and
+the saved model (its query prompt, its model card). Batches and the step are :mod:`neoembed.train.engine`'s
+(sentence-transformers' collator, samplers and losses under accelerate); the run guarantees are the loop's:
+the output folder is checked first (:func:`neoembed.runs.prepare_output_dir`: never silently reused),
+checkpoints are written to a staging folder, sealed with a checksum marker and renamed (a kill never leaves half
+of one to resume from; a full disk ends in a clear error), a resume is exact, ``metrics.jsonl`` and TensorBoard
+are trimmed to the resumed step, SIGTERM / Ctrl-C checkpoint and exit 143 / 130, a NaN loss stops before the
+update, a loss stuck at 0 is reported.
 
     neoembed train tiny                       # a shipped recipe by name
     neoembed train my.yaml steps=500 batch_size=64 optimizer.lr=2e-5
@@ -20,9 +19,10 @@ transformers trainer.
 from __future__ import annotations
 
 import contextlib
+import copy
+import functools
 import json
 import logging
-import os
 from pathlib import Path
 
 import torch
@@ -43,38 +43,24 @@ from neoembed.data.cards import (
     prepare_card,
 )
 from neoembed.data.check import require_hub
-from neoembed.data.sampler import (
-    PowerLawDatasetBatchSampler,
-    check_contrast,
-    dataset_probabilities,
-    plan_no_duplicates,
-)
-from neoembed.loop import check_engine, check_launch, join_on_cpu
+from neoembed.data.sampler import check_contrast, dataset_probabilities, plan_no_duplicates
+from neoembed.loop import RunLoop, adamw, check_engine, schedule
 from neoembed.losses import MaskTally, build_loss
 from neoembed.model_card import base_model_name, training_prompts
 from neoembed.recipe import RecipeError, resolve_recipe_path
-from neoembed.record import write_run_record
 from neoembed.runs import (
-    TRACKER_PROJECT,
-    StopSignal,
-    TrainingInterrupted,
     TrainingStopped,
     check_pair_counts,
     check_trackers,
     check_weight_files,
     launched_main,
-    list_checkpoints,
-    note_early_stop,
     prepare_output_dir,
     resume_defaults,
     resume_settings,
-    run_identity,
     save_final_model,
-    verify_checkpoint,
 )
 from neoembed.sentence import record_matryoshka_dims
-from neoembed.train.callbacks import MetricsCallback, add_callbacks, is_terminal, resume_logs, tracker_env
-from neoembed.train.hf_trainer import unified_trainer_class
+from neoembed.train.engine import batches, place_model_in_loss, unified_step
 from neoembed.train.holdout import (
     check_same_holdout,
     held_card_names,
@@ -159,13 +145,13 @@ def _query_prompt(recipe: UnifiedRecipe, cards) -> str:
     return training_prompts(instructions, recipe.template)["query"]
 
 
-def _best_line(recipe: UnifiedRecipe, state) -> str:
+def _best_line(best: dict | None) -> str:
     """The model card's sentence on which checkpoint the final model is (``keep_best``)."""
-    if recipe.keep_best is None or not state.best_global_step:
+    if best is None:
         return ""
     return (
-        f" The final model is the checkpoint of step {state.best_global_step} of {state.global_step}, the best by "
-        f"{recipe.keep_best.metric} ({recipe.keep_best.mode}): {state.best_metric:.6g}."
+        f" The final model is the checkpoint of step {best['step']} of {best['last_step']}, the best by "
+        f"eval_{best['metric']} ({best['mode']}): {best['value']:.6g}."
     )
 
 
@@ -205,114 +191,43 @@ def _model_card(recipe: UnifiedRecipe, cards, output: Path, best: str = "") -> N
     atomic_write_text(output / "README.md", text)
 
 
-def _training_args(recipe: UnifiedRecipe, output: Path, full_sizes: list[int]):
-    from sentence_transformers import SentenceTransformerTrainingArguments
-
-    opt = recipe.optimizer
-    args = SentenceTransformerTrainingArguments(
-        output_dir=str(output),
-        max_steps=recipe.steps,
-        per_device_train_batch_size=recipe.batch_size,
-        learning_rate=opt.lr,
-        adam_beta1=opt.betas[0],
-        adam_beta2=opt.betas[1],
-        adam_epsilon=opt.eps,
-        weight_decay=opt.weight_decay,
-        warmup_steps=opt.warmup_steps,
-        lr_scheduler_type=opt.schedule if opt.schedule != "constant" else "constant_with_warmup",
-        max_grad_norm=opt.grad_clip,
-        bf16=recipe.precision == "bf16",
-        fp16=recipe.precision == "fp16",
-        save_strategy="steps",
-        save_steps=recipe.save_steps,
-        logging_steps=recipe.logging_steps,
-        logging_nan_inf_filter=False,  # a NaN loss must reach the callback that stops the run
-        report_to=list(recipe.report_to) or "none",
-        run_name=output.name,  # the tracked run's name, as the run loop names it
-        project=os.environ.get("TRACKIO_PROJECT", TRACKER_PROJECT),  # Trackio's project, as the run loop's
-        **_eval_args(recipe),
-        seed=recipe.seed,
-        data_seed=recipe.seed,
-        dataloader_drop_last=True,
-        multi_dataset_batch_sampler=PowerLawDatasetBatchSampler.with_settings(
-            recipe.alpha, recipe.steps, full_sizes
-        ),
-        disable_tqdm=not is_terminal(),  # a bar on a terminal; elsewhere PlainProgress's lines
-        dataloader_pin_memory=torch.cuda.is_available(),
-        use_cpu=join_on_cpu(),
-    )
-    # keep_best: set after the arguments' own check, which asks the opposite of ours (save_steps a multiple of
-    # eval_steps, so an evaluated step may have no checkpoint); check_keep_best asks for a checkpoint at every
-    # evaluated step, and transformers then always finds the best one to load
-    args.load_best_model_at_end = recipe.keep_best is not None
-    check_launch(args.world_size)  # every launched process joined (join_on_cpu: also without CUDA)
-    return args
-
-
-def _eval_args(recipe: UnifiedRecipe) -> dict:
-    """Evaluation every ``eval.steps`` (the evaluator is neoembed.eval.training's) and, with ``keep_best``,
-    transformers' best-model tracking, which survives a resume in trainer_state.json (``load_best_model_at_end``
-    is set by :func:`_training_args`)."""
-    if recipe.eval is None:
-        return {"eval_strategy": "no"}
-    out = {"eval_strategy": "steps", "eval_steps": recipe.eval.steps}
-    if recipe.keep_best is not None:
-        out |= {
-            "metric_for_best_model": f"eval_{recipe.keep_best.metric}",
-            "greater_is_better": recipe.keep_best.mode == "max",
-        }
-    return out
-
-
-def _write_run_record(
-    recipe: UnifiedRecipe,
-    output: Path,
-    cards,
-    reports: dict,
-    datasets,
-    settings: dict,
-    batch_sizes: dict,
-    holdout: tuple[dict, dict],
-) -> None:
-    """``run_record.json``, and the holdout's task folders (``eval/holdout-<card>/``) that it describes."""
-    held, holdout_identity = holdout
-    write_holdout_tasks(output, held, cards, recipe)
-    write_run_record(
-        output,
-        "train",
-        recipe=recipe,
-        data_files=[f for f in local_data_paths(cards) if f.is_file()],
-        extra={
-            "base_model": base_model_name(recipe.model),  # the model card's hub id (None: a local model)
-            "cards": {
-                c.name: {"pinned": c.pinned, "license": c.license, "data": reports[c.name].as_dict()}
-                for c, _ in cards
-            },
-            "negatives_per_query": {n: d.num_columns - 2 for n, d in datasets.items()},
-            "batch_size": batch_sizes,  # queries per step of each dataset
-            "holdout": holdout_identity,  # eval.holdout: each card's held-out rows (indices, seed, hash of texts)
-            "world_size": settings["processes"],  # the launched count (check_launch: every process joined)
-            **run_identity(settings),
+def _record_extra(recipe: UnifiedRecipe, cards, reports: dict, datasets, batch_sizes: dict, holdout: dict) -> dict:
+    """What the unified trainer adds to the loop's ``run_record.json``."""
+    return {
+        "base_model": base_model_name(recipe.model),  # the model card's hub id (None: a local model)
+        "cards": {
+            c.name: {"pinned": c.pinned, "license": c.license, "data": reports[c.name].as_dict()} for c, _ in cards
         },
+        "negatives_per_query": {n: d.num_columns - 2 for n, d in datasets.items()},
+        "batch_size": batch_sizes,  # queries per step of each dataset
+        "holdout": holdout,  # eval.holdout: each card's held-out rows (indices, seed, hash of texts)
+    }
+
+
+def _accelerator(recipe: UnifiedRecipe):
+    """accelerate with the recipe's precision (autocast, and fp16's loss scaling) and every process joined."""
+    from neoembed.loop import accelerator
+
+    return accelerator(mixed_precision={"fp32": "no", "bf16": "bf16", "fp16": "fp16"}[recipe.precision])
+
+
+def _check_checkpoint_format(checkpoint: Path | None) -> None:
+    """A checkpoint of the unified trainer before it ran on the loop (transformers' layout: no ``state/``)
+    holds no state the loop can restore: refused with what to do, before the model loads."""
+    if checkpoint is not None and not (checkpoint / "state").is_dir():
+        raise RecipeError(
+            f"{checkpoint} was written by an earlier neoembed (transformers' checkpoint layout), which this "
+            "version cannot resume: its weights load as a model (set model= to it and start a new run in another "
+            "output_dir), or finish the run with the neoembed version that started it"
+        )
+
+
+def _oom_advice(recipe: UnifiedRecipe, error: BaseException) -> TrainingStopped:
+    return TrainingStopped(
+        "out of memory: enable GradCache with loss.name=cached_infonce loss.mini_batch_size=32 (same loss, "
+        "memory of one mini-batch; --resume continues this run from its last checkpoint with it), lower "
+        f"batch_size, or shorten max_length (now {recipe.max_length}). ({error})"
     )
-
-
-def _fit(trainer, checkpoint: Path | None, stop: StopSignal, recipe: UnifiedRecipe, output: Path, main: bool):
-    """``trainer.train`` with the stop signals caught, out-of-memory explained, and the curves plotted."""
-    from neoembed.plots import plot_training_curves
-
-    try:
-        with stop:
-            trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
-    except torch.OutOfMemoryError as e:
-        raise TrainingStopped(
-            "out of memory: enable GradCache with loss.name=cached_infonce loss.mini_batch_size=32 (same loss, "
-            "memory of one mini-batch; --resume continues this run from its last checkpoint with it), lower "
-            f"batch_size, or shorten max_length (now {recipe.max_length}). ({e})"
-        ) from None
-    finally:
-        if main and (output / "metrics.jsonl").exists():
-            plot_training_curves(output / "metrics.jsonl", output / "training_curves.png", title=output.name)
 
 
 def train(
@@ -321,6 +236,7 @@ def train(
     resume: bool = False,
     overwrite: bool = False,
     evaluator=None,
+    progress: bool = True,
 ) -> Path:
     """Run the unified recipe; returns the output folder (final model, metrics, run record, model card).
 
@@ -332,10 +248,9 @@ def train(
     from neoembed.recipe import seed_everything
     from neoembed.sentence import load
 
-    seed_everything(recipe.seed)
     _check_extras(recipe, evaluator)
+    seed_everything(recipe.seed)
     output = Path(recipe.output_dir)
-    main = launched_main()
     # bad data, a used output folder and truncated weights fail before the model loads
     datasets, cards, batch_sizes, reports, held, holdout = _training_data(recipe, recipe_dir)
     full_sizes = [reports[name].full_size or len(datasets[name]) for name in datasets]
@@ -347,52 +262,69 @@ def train(
         resume=resume,
         settings=settings,
         defaults=resume_defaults(recipe, per_process_batch=True) | data,  # a run from before data.* resumes
-        main_process=main,
+        main_process=launched_main(),
         inputs=(recipe.model, *local_data_paths(cards)),
     )
+    _check_checkpoint_format(checkpoint)
     check_same_holdout(output, holdout, resuming=checkpoint is not None)
     check_weight_files(recipe.model)
-    model = load(recipe.model, pooling=recipe.pooling, compile=recipe.compile)
+    acc = _accelerator(recipe)  # after the folder's checks: a resume on another process count is named there
+    model = load(recipe.model, pooling=recipe.pooling, compile=recipe.compile, device=str(acc.device))
     base_max_length = _training_length(model, recipe)  # the saved model gets base_max_length back
     _add_adapter(model, recipe)
-    with tracker_env(output, checkpoint is not None):  # before sentence-transformers' trainer sets a project
-        samplers: list = []
-        tally = MaskTally()  # what false-negative masking drops, logged with each metrics row
-        trainer = unified_trainer_class()(
-            model=model,
-            args=_training_args(recipe, output, full_sizes),
-            train_dataset=datasets,
-            loss=build_loss(recipe.loss.name, model, recipe, tally),
-            batch_sizes=batch_sizes,
-            samplers=samplers,
-            settings=settings,
-            keep=recipe.save_total_limit,
-            evaluator=evaluator,
-            no_duplicates=no_duplicates,
-        )
-        output.mkdir(parents=True, exist_ok=True)
-        metrics = MetricsCallback(output, samplers, list(datasets.keys()), batch_sizes, main, tally.pop)
-        stop = StopSignal()
-        add_callbacks(trainer, recipe, metrics, stop, output, main)
-        if checkpoint is not None:
-            resume_logs(trainer, checkpoint, output, main)
-        if main:
-            _write_run_record(
-                recipe, output, cards, reports, datasets, settings, batch_sizes, (held, holdout)
-            )
-        _fit(trainer, checkpoint, stop, recipe, output, main)
-    if metrics.nan_step is not None:
-        raise TrainingStopped(
-            f"the loss became NaN at step {metrics.nan_step}; training stopped and the NaN state was not saved. "
-            f"The last good checkpoint is {_last_checkpoint(output) or '(none yet)'}: resume from it with a lower "
-            "learning rate, or use bf16/fp32 instead of fp16."
-        )
-    if stop.received is not None:
-        raise TrainingInterrupted(stop.received, _last_checkpoint(output))
-    if main:
-        _note_early_stop(recipe, trainer.state, output)
-        _save_final(recipe, model, cards, output, trainer.state, base_max_length)
+    seed_everything(recipe.seed)
+    tally = MaskTally()  # what false-negative masking drops, logged with each metrics row
+    loss_fn = build_loss(recipe.loss.name, model, recipe, tally)
+    model.train()
+    optimizer = adamw(model, recipe.optimizer)
+    wrapped, optimizer = acc.prepare(model, optimizer)
+    place_model_in_loss(loss_fn, model, wrapped)
+    loader, sampler = batches(
+        acc, model, datasets, batch_sizes, no_duplicates,
+        alpha=recipe.alpha, steps=recipe.steps, full_sizes=full_sizes, seed=recipe.seed,
+    )  # fmt: skip
+    loop = RunLoop(
+        acc,
+        recipe,
+        output,
+        optimizer=optimizer,
+        scheduler=schedule(recipe.optimizer, optimizer, recipe.steps),
+        parameters=wrapped.parameters,
+        grad_clip=recipe.optimizer.grad_clip,
+        settings=settings,
+        progress=progress,
+        nan_advice="Lower optimizer.lr, or use bf16/fp32 instead of fp16",
+        evaluate=_evaluation(evaluator, model, output),
+        save_model=functools.partial(_save_checkpoint_model, model, recipe),  # checkpoint-N loads as a model
+    )
+    if acc.is_main_process:
+        write_holdout_tasks(output, held, cards, recipe)
+    data_files = [f for f in local_data_paths(cards) if f.is_file()]
+    extra = _record_extra(recipe, cards, reports, datasets, batch_sizes, holdout)
+    loop.start(checkpoint, "train", data_files=data_files, extra=extra)
+    names = list(datasets.keys())
+    try:
+        loop.run(*unified_step(acc, loss_fn, loader, sampler, names, batch_sizes, loop.step, tally))
+    except torch.OutOfMemoryError as e:
+        raise _oom_advice(recipe, e) from None
+    loop.finish(lambda: _save_final(recipe, model, cards, output, loop, base_max_length))
     return output
+
+
+def _evaluation(evaluator, model, output: Path):
+    """``evaluate(step)`` for the loop: the evaluator (``neoembed.eval.training``) on the model being trained."""
+    if evaluator is None:
+        return None
+    return lambda step: evaluator(model, output_path=str(output / "eval"), steps=step)
+
+
+def _save_checkpoint_model(model, recipe: UnifiedRecipe, folder: Path) -> None:
+    """The model at a checkpoint, loadable as it is (``neoembed mteb --model RUN/checkpoint-N``); with an
+    adapter, a merged copy, so that the model being trained keeps its adapter."""
+    if recipe.adapter is not None:
+        model = copy.deepcopy(model)
+        merge_lora(model)
+    model.save(str(folder))
 
 
 def _batch_plans(recipe: UnifiedRecipe, datasets: dict, batch_sizes: dict) -> dict[str, bool]:
@@ -411,15 +343,6 @@ def _add_adapter(model, recipe: UnifiedRecipe) -> None:
         a = recipe.adapter
         add_lora(model, a.r, a.alpha, a.dropout, a.target_modules)
         logger.info("LoRA adapter: %d of %d parameters train", *count_parameters(model))
-
-
-def _note_early_stop(recipe: UnifiedRecipe, state, output: Path) -> None:
-    """``keep_best.patience`` ended the run before ``steps``: said on the console and in the run record, as the
-    run loop says it."""
-    patience = recipe.keep_best.patience if recipe.keep_best is not None else None
-    if patience is None or state.global_step >= recipe.steps:
-        return
-    note_early_stop(output, state.global_step, patience, recipe.keep_best.metric, state.best_global_step)
 
 
 def _training_data(recipe: UnifiedRecipe, recipe_dir: Path | None):
@@ -504,9 +427,9 @@ def _check_extras(recipe: UnifiedRecipe, evaluator) -> None:
         )
 
 
-def _save_final(recipe: UnifiedRecipe, model, cards, output: Path, state, base_max_length) -> None:
+def _save_final(recipe: UnifiedRecipe, model, cards, output: Path, loop, base_max_length) -> None:
     """The final model, all or nothing (:func:`neoembed.runs.save_final_model`): with keep_best, the best
-    checkpoint's weights (loaded back by transformers); a LoRA adapter alone in ``adapter/``, then merged into the
+    checkpoint's weights (loaded back by the loop); a LoRA adapter alone in ``adapter/``, then merged into the
     saved weights; the query instruction as the saved ``query`` prompt and the base model's max_seq_length (the
     recipe's max_length was for training); then the model card."""
 
@@ -520,10 +443,6 @@ def _save_final(recipe: UnifiedRecipe, model, cards, output: Path, state, base_m
         if recipe.matryoshka is not None:
             record_matryoshka_dims(folder, recipe.matryoshka.dims)
 
-    save_final_model(output, save, state.global_step)
-    _model_card(recipe, cards, output, _best_line(recipe, state))
-
-
-def _last_checkpoint(output: Path) -> Path | None:
-    complete = [c for c in list_checkpoints(output) if verify_checkpoint(c) is None]
-    return complete[-1] if complete else None
+    model.eval()
+    save_final_model(output, save, loop.step)
+    _model_card(recipe, cards, output, _best_line(loop.best_record()))
