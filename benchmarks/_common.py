@@ -125,3 +125,28 @@ def write_results(stem: str, payload: dict, markdown: str) -> tuple[Path, Path]:
     )
     atomic_write_text(m, md)
     return j, m
+
+
+def unified_engine(model, loss, dataset, *, steps: int, batch: int, out: str, lr: float = 2e-5, seed: int = 0):
+    """neoembed's unified training engine (:mod:`neoembed.train.engine` on the run loop) on one dataset, as
+    ``neoembed train`` runs it but without cards, checkpoints or evaluation: returns a callable that trains
+    ``steps`` steps of ``batch`` rows (what the step benchmarks time against sentence-transformers' trainer)."""
+    from neoembed.loop import RunLoop, accelerator, adamw, schedule
+    from neoembed.recipe import load_recipe
+    from neoembed.train.engine import batches, place_model_in_loss, unified_step
+    from neoembed.train.recipe import UnifiedRecipe
+
+    never = str(10**9)  # no checkpoint, one logged row at the end
+    overrides = [f"steps={steps}", f"save_steps={never}", f"logging_steps={never}", f"optimizer.lr={lr}",
+                 "optimizer.schedule=linear", "optimizer.weight_decay=0", f"output_dir={out}", f"seed={seed}"]
+    recipe = load_recipe("tiny", UnifiedRecipe, overrides)
+    acc = accelerator()
+    optimizer = adamw(model, recipe.optimizer)
+    wrapped, optimizer = acc.prepare(model, optimizer)
+    place_model_in_loss(loss, model, wrapped)
+    loader, sampler = batches(acc, model, {"d": dataset}, {"d": batch}, {}, alpha=0.5, steps=steps,
+                              full_sizes=[len(dataset)], seed=seed)  # fmt: skip
+    loop = RunLoop(acc, recipe, Path(out), optimizer=optimizer, scheduler=schedule(recipe.optimizer, optimizer, steps),
+                   parameters=wrapped.parameters, grad_clip=recipe.optimizer.grad_clip, settings=None, progress=False)
+    model.train()
+    return lambda: loop.run(*unified_step(acc, loss, loader, sampler, ["d"], {"d": batch}, 0, None))

@@ -1,10 +1,13 @@
-"""The two run engines side by side, to choose one for unified, CDE, pre-training and GLUE (issue #41, item 2):
+"""The run engines side by side, to choose one for unified, CDE, pre-training and GLUE (issue #41, item 2):
 
-(a) Hugging Face's Trainer (under sentence-transformers' SentenceTransformerTrainer), today the unified
-    trainer's engine;
-(b) one accelerate loop (neoembed/loop.py's RunLoop), today CDE's, pre-training's and GLUE's engine.
+(a) Hugging Face's Trainer (under sentence-transformers' SentenceTransformerTrainer), the unified trainer's
+    engine until it moved onto (b) (the side-by-side of the choice: results/engines_cpu.md, at 9487f41);
+(b) one accelerate loop (neoembed/loop.py's RunLoop), now every trainer's engine.
 
     cd benchmarks && python engines.py              # CPU, a few minutes: tiny.yaml and cde-tiny.yaml, 3 runs each
+    cd benchmarks && python engines.py --skip-timing --stem engines_cpu_after   # the counts only, another record
+
+At a commit after the move, (a) has no modules left: the counts are those of the one engine.
 
 Measured by the script: the overrides of ``_``-prefixed methods of transformers / sentence-transformers /
 accelerate classes that neoembed's classes define (found by importing the modules and walking each class's MRO),
@@ -32,14 +35,12 @@ from pathlib import Path
 from _common import REPO, header, write_results
 
 ENGINE_MODULES = {
-    "hf_trainer": [
-        "neoembed.train.trainer",
-        "neoembed.train.hf_trainer",
-        "neoembed.train.callbacks",
-        "neoembed.train.holdout",
-    ],
+    "hf_trainer": [],  # neoembed.train.{trainer,hf_trainer,callbacks,holdout} before the unified trainer moved
     "accelerate_loop": [
         "neoembed.loop",
+        "neoembed.train.trainer",
+        "neoembed.train.engine",
+        "neoembed.train.holdout",
         "neoembed.cde.trainer",
         "neoembed.pretrain.trainer",
         "neoembed.glue.run",
@@ -170,7 +171,7 @@ def markdown(payload: dict) -> str:
     out += [f"\n## Step time and peak memory (`neoembed train`, {payload['steps']} steps, median of steps 2.. "
             f"and of {payload['reps']} runs)\n",
             "| engine | recipe | s / step | peak RSS MiB |", "|---|---|---|---|"]  # fmt: skip
-    for engine, recipe in (("hf_trainer", "tiny"), ("accelerate_loop", "cde-tiny")):
+    for engine, recipe in (("accelerate_loop", "tiny"), ("accelerate_loop", "cde-tiny")):
         if recipe in t:
             out.append(
                 f"| {engine} | {recipe} | {t[recipe]['step_s']:.3f} | {t[recipe]['peak_rss_mib']:.0f} |"
@@ -186,6 +187,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--skip-timing", action="store_true", help="only the static counts (seconds, not minutes)")
+    p.add_argument("--stem", default="engines_cpu", help="the record's name in results/")
     a = p.parse_args()
     # the static counts first: they read the source, which must be the commit the header names
     payload = {"header": header(), "steps": a.steps, "reps": a.reps, "private_overrides": private_overrides(),
@@ -193,7 +195,7 @@ def main() -> None:
     payload["timing"] = (
         {} if a.skip_timing else {r: measure(r, a.steps, a.reps) for r in ("tiny", "cde-tiny")}
     )
-    j, m = write_results("engines_cpu", payload, markdown(payload))
+    j, m = write_results(a.stem, payload, markdown(payload))
     print(f"wrote {j} and {m}")
 
 

@@ -187,6 +187,7 @@ def loss_markdown(rows: list[dict]) -> str:
 
 STEP_RUN = r"""
 import gzip, json, resource, sys, time, torch
+from types import SimpleNamespace
 cfg = json.loads(sys.argv[1])
 torch.manual_seed(0)
 from datasets import Dataset, DatasetDict
@@ -208,14 +209,21 @@ if cfg["impl"] == "sentence-transformers":
     trainer = SentenceTransformerTrainer(model=model, args=SentenceTransformerTrainingArguments(**common),
                                          train_dataset=ds, loss=loss)
 else:
-    from neoembed.data.sampler import PowerLawDatasetBatchSampler
     from neoembed.losses import CachedInfoNCELoss, InfoNCELoss
-    from neoembed.train.hf_trainer import unified_trainer_class
     loss = CachedInfoNCELoss(model, mini_batch_size=cfg["mini"]) if cfg["cached"] else InfoNCELoss(model)
-    args = SentenceTransformerTrainingArguments(
-        **common, multi_dataset_batch_sampler=PowerLawDatasetBatchSampler.with_settings(0.5, cfg["steps"]))
-    trainer = unified_trainer_class()(model=model, args=args, train_dataset=DatasetDict({"d": ds}), loss=loss,
-                              batch_sizes={}, samplers=[], settings=None, keep=None)
+    try:  # the unified trainer's engine since it runs on the run loop; a tree from before it: its Trainer
+        sys.path.insert(0, cfg["benchmarks"])
+        from neoembed.train.engine import batches  # noqa: F401  (only trees that have it)
+        from _common import unified_engine
+        trainer = SimpleNamespace(train=unified_engine(model, loss, ds, steps=cfg["steps"],
+                                                       batch=cfg["batch"], out=cfg["out"]))
+    except ImportError:
+        from neoembed.data.sampler import PowerLawDatasetBatchSampler
+        from neoembed.train.hf_trainer import unified_trainer_class
+        args = SentenceTransformerTrainingArguments(
+            **common, multi_dataset_batch_sampler=PowerLawDatasetBatchSampler.with_settings(0.5, cfg["steps"]))
+        trainer = unified_trainer_class()(model=model, args=args, train_dataset=DatasetDict({"d": ds}), loss=loss,
+                                          batch_sizes={}, samplers=[], settings=None, keep=None)
 t0 = time.perf_counter()
 trainer.train()
 dt = time.perf_counter() - t0
@@ -251,7 +259,8 @@ def _step_in_child(cfg: dict, pythonpath: str | None = None) -> dict:
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
     with tempfile.TemporaryDirectory() as out:
-        cmd = [sys.executable, "-c", STEP_RUN, json.dumps({**cfg, "out": out})]
+        cfg = {**cfg, "out": out, "benchmarks": str(Path(__file__).resolve().parent)}
+        cmd = [sys.executable, "-c", STEP_RUN, json.dumps(cfg)]
         run = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     if run.returncode != 0:
         return {"error": (run.stderr or run.stdout).strip().splitlines()[-1:]}

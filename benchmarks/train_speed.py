@@ -17,11 +17,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 from _common import SHARED, header, write_results
 
 RUN = r"""
 import json, resource, sys, time, torch
+from types import SimpleNamespace
 cfg = json.loads(sys.argv[1])
 torch.manual_seed(0)
 from datasets import Dataset
@@ -40,15 +42,11 @@ if cfg["kind"] == "plain":
     trainer = SentenceTransformerTrainer(model=model, args=SentenceTransformerTrainingArguments(**common),
                                          train_dataset=ds, loss=loss)
 else:
-    from neoembed.data.sampler import PowerLawDatasetBatchSampler
+    sys.path.insert(0, cfg["benchmarks"])
+    from _common import unified_engine
     from neoembed.losses import CachedInfoNCELoss, InfoNCELoss
-    from neoembed.train.hf_trainer import unified_trainer_class
-    from datasets import DatasetDict
     loss = (CachedInfoNCELoss(model, mini_batch_size=cfg["mini"]) if cfg["kind"] == "cached" else InfoNCELoss(model))
-    args = SentenceTransformerTrainingArguments(
-        **common, multi_dataset_batch_sampler=PowerLawDatasetBatchSampler.with_settings(0.5, cfg["steps"]))
-    trainer = unified_trainer_class()(model=model, args=args, train_dataset=DatasetDict({"d": ds}), loss=loss,
-                              batch_sizes={}, samplers=[], settings=None, keep=None)
+    trainer = SimpleNamespace(train=unified_engine(model, loss, ds, steps=cfg["steps"], batch=cfg["batch"], out=cfg["out"]))
 t0 = time.perf_counter()
 trainer.train()
 dt = time.perf_counter() - t0
@@ -83,6 +81,7 @@ def main() -> None:
         "batch": 32,
         "mini": 8,
         "out": tempfile.mkdtemp(prefix="neoembed-train-speed-"),
+        "benchmarks": str(Path(__file__).resolve().parent),
     }
     reps = 3
     results: dict[str, list[dict]] = {"unified": [], "plain": []}
@@ -103,6 +102,7 @@ def main() -> None:
         "model": "packaged all-MiniLM-L6-v2" if args.model == default_model else args.model,
         "data": "../shared/data/train/msrp_pairs/train.jsonl.gz",
         "out": "(temporary folder)",
+        "benchmarks": "benchmarks",
     }
     payload = {
         "header": header(),
