@@ -131,7 +131,7 @@ def unified_engine(model, loss, dataset, *, steps: int, batch: int, out: str, lr
     """neoembed's unified training engine (:mod:`neoembed.train.engine` on the run loop) on one dataset, as
     ``neoembed train`` runs it but without cards, checkpoints or evaluation: returns a callable that trains
     ``steps`` steps of ``batch`` rows (what the step benchmarks time against sentence-transformers' trainer)."""
-    from neoembed.loop import RunLoop, accelerator, adamw, schedule
+    from neoembed.loop import RunLoop, accelerator, adamw
     from neoembed.recipe import load_recipe
     from neoembed.train.engine import batches, place_model_in_loss, unified_step
     from neoembed.train.recipe import UnifiedRecipe
@@ -146,7 +146,7 @@ def unified_engine(model, loss, dataset, *, steps: int, batch: int, out: str, lr
     place_model_in_loss(loss, model, wrapped)
     loader, sampler = batches(acc, model, {"d": dataset}, {"d": batch}, {}, alpha=0.5, steps=steps,
                               full_sizes=[len(dataset)], seed=seed)  # fmt: skip
-    loop = RunLoop(acc, recipe, Path(out), optimizer=optimizer, scheduler=schedule(recipe.optimizer, optimizer, steps),
-                   parameters=wrapped.parameters, grad_clip=recipe.optimizer.grad_clip, settings=None, progress=False)
+    loop = RunLoop(acc, recipe, Path(out), optimizer=optimizer, parameters=wrapped.parameters, settings=None,
+                   progress=False)
     model.train()
     return lambda: loop.run(*unified_step(acc, loss, loader, sampler, ["d"], {"d": batch}, 0, None))

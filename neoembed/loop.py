@@ -222,10 +222,10 @@ class RunLoop:
         output: Path,
         *,
         optimizer,
-        scheduler,
         parameters: Callable[[], Any],
-        grad_clip: float,
         settings: dict | None,
+        scheduler=None,
+        grad_clip: float | None = None,
         registered: tuple = (),
         trainer_state: Callable[[], dict] = dict,
         desc: str = "train",
@@ -235,6 +235,10 @@ class RunLoop:
         save_model: Callable[[Path], None] | None = None,
     ):
         self.acc, self.recipe, self.output = accelerator, recipe, Path(output)
+        # by default the recipe's optimizer block: its schedule over recipe.steps and its clipping
+        if scheduler is None:
+            scheduler = schedule(recipe.optimizer, optimizer, recipe.steps)
+        grad_clip = recipe.optimizer.grad_clip if grad_clip is None else grad_clip
         self.optimizer, self.scheduler, self.parameters, self.grad_clip = (
             optimizer,
             scheduler,

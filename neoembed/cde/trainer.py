@@ -55,7 +55,7 @@ from neoembed.data.cards import (
     prepare_card,
 )
 from neoembed.data.check import require_hub
-from neoembed.loop import RunLoop, StepOutput, accelerator, adamw, check_engine, mean_loss_and_stop, schedule
+from neoembed.loop import RunLoop, StepOutput, accelerator, adamw, check_engine, mean_loss_and_stop
 from neoembed.model_card import base_model_name, based_on
 from neoembed.recipe import resolve_recipe_path
 from neoembed.runs import (
@@ -408,9 +408,7 @@ def train_cde(
         recipe,
         output,
         optimizer=optimizer,
-        scheduler=schedule(recipe.optimizer, optimizer, recipe.steps),
         parameters=module.parameters,
-        grad_clip=recipe.optimizer.grad_clip,
         settings=settings,
         registered=(module, optimizer),
         desc="cde",

@@ -340,7 +340,6 @@ def pretrain(
         optimizer=optimizer,
         scheduler=scheduler,
         parameters=objective.parameters,
-        grad_clip=recipe.optimizer.grad_clip,
         settings=settings,
         trainer_state=trainer_state,
         desc="pretrain",

@@ -44,7 +44,7 @@ from neoembed.data.cards import (
 )
 from neoembed.data.check import require_hub
 from neoembed.data.sampler import check_contrast, dataset_probabilities, plan_no_duplicates
-from neoembed.loop import RunLoop, adamw, check_engine, schedule
+from neoembed.loop import RunLoop, adamw, check_engine
 from neoembed.losses import MaskTally, build_loss
 from neoembed.model_card import base_model_name, training_prompts
 from neoembed.recipe import RecipeError, resolve_recipe_path
@@ -288,9 +288,7 @@ def train(
         recipe,
         output,
         optimizer=optimizer,
-        scheduler=schedule(recipe.optimizer, optimizer, recipe.steps),
         parameters=wrapped.parameters,
-        grad_clip=recipe.optimizer.grad_clip,
         settings=settings,
         progress=progress,
         nan_advice="Lower optimizer.lr, or use bf16/fp32 instead of fp16",
