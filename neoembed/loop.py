@@ -4,10 +4,12 @@ What the loop owns (so that the trainers cannot disagree on it):
 
 - **resume**: accelerate's state (models, optimizer, scheduler and every registered object, the RNG of every
   process) plus ``trainer_state.json`` (the step and the caller's own state, such as data positions);
-- **one checkpoint format**, every ``save_steps`` steps and at the last step: ``checkpoint-N/state`` (``accelerator.save_state``) and ``trainer_state.json``,
-  written to ``.checkpoint-N.partial``, sealed with a checksum marker and renamed (:mod:`neoembed.runs`); a full
-  disk ends in :class:`~neoembed.runs.CheckpointWriteError` with the previous checkpoint intact; a caller's
-  ``save_model(folder)`` adds a loadable model at the checkpoint's root (CDE: ``neoembed mteb --model RUN/checkpoint-N``);
+- **one checkpoint format**, every ``save_steps`` steps and at the last step: ``checkpoint-N/state``
+  (``accelerator.save_state``) and ``trainer_state.json``, written to ``.checkpoint-N.partial``, sealed with a
+  checksum marker and renamed (:mod:`neoembed.runs`); a full disk ends in
+  :class:`~neoembed.runs.CheckpointWriteError` with the previous checkpoint intact; a caller's
+  ``save_model(folder)`` adds a loadable model at the checkpoint's root (``neoembed mteb --model
+  RUN/checkpoint-N``);
 - **the update**: gradient clipping, optimizer and scheduler step, after a NaN/inf check that stops before the
   weights change (:class:`~neoembed.runs.TrainingStopped`);
 - **stop signals**: SIGTERM / Ctrl-C finish the step, checkpoint, and raise
