@@ -58,6 +58,7 @@ from neoembed.mine.search import EmbeddingShards, search, write_shard
 from neoembed.mine.settings import (
     MineConfig,
     check_model_kind,
+    fresh_folder,
     model_kind,
     nothing_left_on_refusal,
     prepare_run_folder,
@@ -123,7 +124,7 @@ def mine_negatives(
         corpus_card = (*load_card(corpus_path), corpus_path)
     fingerprint = run_fingerprint(src_path, model, cfg, corpus, corpus_card)
     state = out / ".mine"
-    fresh = not out.exists() or (out.is_dir() and not any(out.iterdir()))
+    fresh = fresh_folder(out)
     inputs = (src_path, *local_data_paths([(src, folder)]), model, corpus_card[2] if corpus_card else None)
     if prepare_run_folder(out, state, name, fingerprint, resume, overwrite, inputs):
         logger.warning("%s already holds a finished run (%s.yaml); nothing to do", out, name)

@@ -41,6 +41,7 @@ from neoembed.hub import resolve_packaged
 from neoembed.mine.settings import (
     check_model_kind,
     describe_changes,
+    fresh_folder,
     model_kind,
     nothing_left_on_refusal,
     prepare_run_folder,
@@ -172,7 +173,7 @@ def score_card(
     if resume:
         _check_same_run(out, state, name, fingerprint)
     inputs = (src_path, *local_data_paths([(src, folder)]), teacher)
-    fresh = not out.exists() or (out.is_dir() and not any(out.iterdir()))
+    fresh = fresh_folder(out)
     if prepare_run_folder(out, state, name, fingerprint, resume, overwrite, inputs):
         logger.warning("%s already holds a finished run (%s.yaml); nothing to do", out, name)
         rows = len((out / f"{name}.jsonl").read_text().splitlines())

@@ -22,6 +22,7 @@ __all__ = [
     "MineConfig",
     "check_model_kind",
     "describe_changes",
+    "fresh_folder",
     "model_kind",
     "nothing_left_on_refusal",
     "prepare_run_folder",
@@ -136,6 +137,12 @@ def run_fingerprint(src_path: Path, model, cfg: MineConfig, corpus, corpus_card)
         "model": str(model),
         "settings": cfg.model_dump(exclude={"workers", "keep_embeddings", "max_batch_tokens"}),
     }
+
+
+def fresh_folder(out: Path) -> bool:
+    """Whether ``out`` is absent or empty: a run that creates it removes it again when refused
+    (:func:`nothing_left_on_refusal`). Asked before :func:`prepare_run_folder` creates it."""
+    return not out.exists() or (out.is_dir() and not any(out.iterdir()))
 
 
 @contextlib.contextmanager
