@@ -83,9 +83,8 @@ def _preprocess(source, out: Path, tokenizer, column, max_docs, shard_tokens, le
         typer.echo(
             f"subset {out / 'subsets' / f'gt{n}'}: {info['documents']} documents, {info['tokens']:,} tokens"
         )
-        if not info[
-            "documents"
-        ]:  # pre-training refuses an empty corpus: say so now, with the lengths there are
+        # pre-training refuses an empty corpus: say so now, with the lengths there are
+        if not info["documents"]:
             typer.echo(
                 f"warning: no document is longer than {n} tokens (the longest has {stats.get('max', 0)}): "
                 f"this subset cannot be pre-trained on; pick a smaller --min-lengths",
