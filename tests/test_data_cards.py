@@ -341,7 +341,7 @@ def test_an_unknown_expected_loss_counts_and_warns_but_never_stops_the_run(caplo
     record = report.as_dict()  # what the run record keeps for the card
     assert record["expected_loss"] == "unknown" and record["loss"] == pytest.approx(0.1)
     assert (
-        "36 of 40 rows kept (dropped: positive missing: 4; measured 10.00%, expected: unknown)"
+        "36 of 40 rows kept (dropped: positive missing: 4 (first: row 3); measured 10.00%, expected: unknown)"
         in record["line"]
     )
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
@@ -351,7 +351,7 @@ def test_an_unknown_expected_loss_counts_and_warns_but_never_stops_the_run(caplo
         and "expected_loss: 0.1 in the card" in warned[0]
     )
     # a number keeps today's strict rule: the same card and rows with expected_loss 0 stop
-    with pytest.raises(DataCardError, match=r"positive missing: 4; 10.00% vs 0.00% expected.*or `unknown`"):
+    with pytest.raises(DataCardError, match=r"positive missing: 4 \(first: row 3\); 10.00% vs 0.00% expected.*or `unknown`"):
         build_pairs_report(med.model_copy(update={"expected_loss": 0.0}), rows)
     # no usable rows is still an error, unknown or not
     blank = datasets.Dataset.from_list([{**r, "exp": " "} for r in rows.to_list()], features=rows.features)
@@ -662,14 +662,16 @@ def test_data_check_reports_rows_dropped_per_reason(tmp_path):
     assert r.exit_code == 1 and "reaches a str in row 0" in r.output
 
 
-def test_data_check_shows_an_unknown_expected_loss_and_how_to_pin_it(tmp_path):
+@pytest.mark.parametrize("missing", [None, float("nan")], ids=["null", "NaN"])  # NaN: pandas' missing text
+def test_data_check_shows_an_unknown_expected_loss_and_how_to_pin_it(tmp_path, missing):
     rows = _qa_rows(20)
-    rows[2]["a"] = None
+    rows[2]["a"] = missing
     _card(tmp_path, rows, {"query": "q", "positive": "a"}, expected_loss="unknown")
     r = _check(str(tmp_path / "c.yaml"), offline=True)
     assert r.exit_code == 0, r.output
     assert "expected_loss: unknown (no published share)" in r.output
-    assert "19 of 20 rows kept (dropped: positive missing: 1; measured 5.00%, expected: unknown)" in r.output
+    line = "19 of 20 rows kept (dropped: positive missing: 1 (first: row 2); measured 5.00%, expected: unknown)"
+    assert line in r.output
     assert "set expected_loss: 0.05 in the card and cite `neoembed data check probe`" in r.output
 
 

@@ -49,6 +49,7 @@ class DropReport:
     # (by the texts' hashes); what ``neoembed.runs.check_pair_counts`` warns about, counted in the build's map
     same_as_query: int = 0
     distinct_pairs: int = 0
+    first_dropped: dict[str, int] = field(default_factory=dict)  # reason -> the first row it drops (0-based)
 
     @property
     def loss(self) -> float:
@@ -85,7 +86,11 @@ class DropReport:
         }
 
     def line(self) -> str:
-        drops = ", ".join(f"{k}: {v}" for k, v in self.dropped.items() if v) or "none"
+        drops = ", ".join(
+            f"{k}: {v}" + (f" (first: row {self.first_dropped[k]})" if k in self.first_dropped else "")
+            for k, v in self.dropped.items()
+            if v
+        ) or "none"
         if self.expected_loss == UNKNOWN:
             share = f"measured {100 * self.loss:.2f}%, expected: unknown"
         else:
@@ -136,6 +141,7 @@ def build_pairs_report(
     for code in sorted(set(_codes(drop)), key=lambda c: int((drop == c).argmax())):  # first row first
         reason = _REASONS[code - 1]
         report.dropped[reason] = report.dropped.get(reason, 0) + int((drop == code).sum())
+        report.first_dropped[reason] = int((drop == code).argmax())
     counts = _negative_counts(read)[drop == 0]
     k = _negatives_per_query(counts, max_negatives) if reader.negs else 0
     short = int((counts < k).sum())
