@@ -3,10 +3,12 @@
 Each line of a ``bash`` block is listed in ``HOW`` with the way it is proven, so that a new or changed documented
 command fails here until someone says how it runs:
 
-- ``run``: executed as written by bash, in the page's order, in a scratch copy of the repository (with
-  ``../shared`` beside it: a link to the repository's copy, ``tests/shared``), exit 0, with the installed
-  ``neoembed`` console script first on ``PATH`` (a process per command, as a user's shell starts it);
-  placeholders (``MODEL``, ``my-model``, ...) are swapped for the fixtures in ``PLACEHOLDERS``, and a line that consumes what a hub-only
+- ``run``: executed as written, in the page's order, in a scratch copy of the repository (with
+  ``../shared`` beside it: a link to the repository's copy, ``tests/shared``), exit 0. A plain ``neoembed ARGS``
+  line runs in the test's interpreter as the console script runs it (``run_neoembed``: every start would cost
+  an import of torch, transformers and sentence-transformers; ``tests/test_cli_smoke.py`` starts the real
+  script); any other line (a launcher, a redirection, ``&&``) by bash, with the installed ``neoembed`` console
+  script first on ``PATH``; placeholders (``MODEL``, ``my-model``, ...) are swapped for the fixtures in ``PLACEHOLDERS``, and a line that consumes what a hub-only
   line above it would have written gets that output from a local stand-in (``STAND_INS``). Afterwards the copy
   holds nothing that git would show as untracked.
 - ``slow``: the same, under ``-m slow`` (minutes).
@@ -21,7 +23,7 @@ command fails here until someone says how it runs:
 - ``shape``: needs what cannot exist here (a stage-2 pre-trained NeoBERT, a trained cross-encoder, a literal
   ``...``); parsed only.
 
-Each page's ``python`` blocks run too, after its ``run`` lines, in one interpreter per page, with the hub's NeoBERT
+Each page's ``python`` blocks run too, after its ``run`` lines, in a fresh interpreter per page, with the hub's NeoBERT
 swapped for the tiny checkpoint in the official layout (``PYTHON_STAND_INS``) and the names a fragment leaves to
 the reader defined first (``PYTHON_PRELUDES``).
 
@@ -38,7 +40,6 @@ import shutil
 import subprocess
 import sys
 import tomllib
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -305,6 +306,9 @@ def test_the_checker_catches_stale_commands():
     page = "```python\nx = 1\n```\ntext\n```bash\nx && neoembed quickstart  # go\n```\nsee `neoembed train tiny`"
     assert _command_lines(page) == ["neoembed quickstart", "neoembed train tiny"]  # the block after python too
     assert shell_lines(page) == ["x && neoembed quickstart"]
+    # a line runs in this interpreter only where bash would just split it into words
+    assert not _needs_bash("""neoembed train tiny "dims=[32,16]" 'datasets=[{card: c.yaml}]'""")
+    assert all(_needs_bash(f"neoembed {x}") for x in ("a > b", "a && b", '"$X"', "x=[1]", "~/x", "a; b", "*.yaml"))
 
 
 def test_every_documented_shell_line_says_how_it_runs():
@@ -371,15 +375,45 @@ def _as_run_here(line: str, tiny_official: Path) -> str:
 
 
 def _environment() -> dict:
-    """The commands' environment: offline, one thread each (two pages run at once), this interpreter's
-    ``neoembed`` console script first on ``PATH``."""
+    """The environment of the lines bash runs: offline, one thread each (the suite's other worker shares the
+    cores), this interpreter's ``neoembed`` console script first on ``PATH``."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", NEOEMBED_DEBUG="")
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
     return env
 
 
+def _needs_bash(command: str) -> bool:
+    """Whether bash would do more with ``command`` than split it into words: an operator, redirection,
+    expansion or glob outside quotes (or an expansion inside double quotes)."""
+    quote = None
+    for c in command:
+        if quote == "'":
+            quote = None if c == "'" else quote
+        elif quote == '"':
+            if c == '"':
+                quote = None
+            elif c in "$`\\":
+                return True
+        elif c in "'\"":
+            quote = c
+        elif c in "|&;<>()$`*?~{}[]\\!":
+            return True
+    return False
+
+
+def _run_line(command: str, root: Path, env: dict, run_neoembed) -> tuple[int, str, str]:
+    """``command`` in ``root``: (exit code, stdout, stderr). A plain ``neoembed ARGS`` line in this interpreter
+    (``run_neoembed``, ``env``'s debug switch), anything else by bash in ``env``."""
+    args = shlex.split(command)
+    if args[0] == "neoembed" and not _needs_bash(command):
+        r = run_neoembed(args[1:], cwd=root, env={"NEOEMBED_DEBUG": env["NEOEMBED_DEBUG"]})
+        return r.exit_code, r.stdout, r.stderr
+    r = subprocess.run(["bash", "-c", command], cwd=root, env=env, capture_output=True, text=True)
+    return r.returncode, r.stdout, r.stderr
+
+
 def _run_page(
-    page: str, modes: set[str], tmp_path: Path, shared: Path, tiny_official: Path, env: dict
+    page: str, modes: set[str], tmp_path: Path, shared: Path, tiny_official: Path, env: dict, run_neoembed
 ) -> list[str]:
     """Runs the page's lines of ``modes`` in order in a scratch copy, in ``env`` (``_environment``); returns what
     went wrong."""
@@ -390,11 +424,11 @@ def _run_page(
             continue
         for command in [*STAND_INS.get(line, []), line]:
             command = _as_run_here(command, tiny_official)
-            r = subprocess.run(["bash", "-c", command], cwd=root, env=env, capture_output=True, text=True)
-            if r.returncode != 0:
-                wrong.append(f"{page}: {command}\n  exit {r.returncode}\n{r.stdout[-1500:]}\n{r.stderr[-3000:]}")
+            code, out, err = _run_line(command, root, env, run_neoembed)
+            if code != 0:
+                wrong.append(f"{page}: {command}\n  exit {code}\n{out[-1500:]}\n{err[-3000:]}")
                 return wrong
-    if modes & {"run"} and (why := _run_python_blocks(page, root, tiny_official, env)) is not None:
+    if modes & {"run"} and (why := _run_python_blocks(page, root, tiny_official, env, run_neoembed)) is not None:
         return [why]
     left = [s for s in subprocess.run(
         ["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True, check=True
@@ -414,15 +448,16 @@ def python_blocks(page: str) -> list[str]:
     return ["\n".join(lines) for language, lines in fenced_blocks(path.read_text(encoding="utf8")) if language == "python"]
 
 
-def _run_python_blocks(page: str, root: Path, tiny_official: Path, env: dict) -> str | None:
-    """The page's python blocks in order in one interpreter; None if they ran, else what failed."""
+def _run_python_blocks(page: str, root: Path, tiny_official: Path, env: dict, run_neoembed) -> str | None:
+    """The page's python blocks in order in one fresh interpreter (as a reader's script runs them); None if they
+    ran, else what failed."""
     blocks = python_blocks(page)
     if not blocks:
         return None
     for command in PYTHON_SETUP.get(page, []):
-        r = subprocess.run(["bash", "-c", command], cwd=root, env=env, capture_output=True, text=True)
-        if r.returncode != 0:
-            return f"{page}: {command}\n  exit {r.returncode}\n{r.stderr[-3000:]}"
+        code, _, err = _run_line(command, root, env, run_neoembed)
+        if code != 0:
+            return f"{page}: {command}\n  exit {code}\n{err[-3000:]}"
     code = PYTHON_PRELUDES.get(page, "") + "\n".join(blocks)
     for name, value in PYTHON_STAND_INS.items():
         code = code.replace(name, value.replace("{tiny_official}", str(tiny_official)))
@@ -430,28 +465,30 @@ def _run_python_blocks(page: str, root: Path, tiny_official: Path, env: dict) ->
     return None if r.returncode == 0 else f"{page}: python blocks\n{code}\n{r.stderr[-3000:]}"
 
 
-def _run_pages(modes: set[str], tmp_path, shared_dir, tiny_official) -> None:
+def _run_pages(modes: set[str], tmp_path, shared_dir, tiny_official, run_neoembed) -> None:
+    """Every page with lines of ``modes`` or python blocks, one after the other (the lines that run in this
+    interpreter change its working folder)."""
     pages = [page for page, how in HOW.items() if modes & set(how.values()) or python_blocks(page)]
     pages += [page.name for page in PAGES if page.name not in HOW and python_blocks(page.name)]
     env = _environment()
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        results = pool.map(lambda p: _run_page(p, modes, tmp_path, shared_dir, tiny_official, env), pages)
-        wrong = [w for result in results for w in result]
+    wrong = [w for p in pages for w in _run_page(p, modes, tmp_path, shared_dir, tiny_official, env, run_neoembed)]
     assert not wrong, "\n\n".join(wrong)
 
 
-def test_documented_commands_run_as_written(tmp_path, shared_dir, tiny_official):
+def test_documented_commands_run_as_written(tmp_path, shared_dir, tiny_official, run_neoembed):
     pytest.importorskip("faiss")  # the pages that mine install it (test_install_lines_name_extras_that_exist)
-    _run_pages({"run"}, tmp_path, shared_dir, tiny_official)
+    _run_pages({"run"}, tmp_path, shared_dir, tiny_official, run_neoembed)
 
 
 @pytest.mark.slow
-def test_documented_slow_commands_run_as_written(tmp_path, shared_dir, tiny_official):
+def test_documented_slow_commands_run_as_written(tmp_path, shared_dir, tiny_official, run_neoembed):
     pytest.importorskip("faiss")
-    _run_pages({"run", "slow"}, tmp_path, shared_dir, tiny_official)
+    _run_pages({"run", "slow"}, tmp_path, shared_dir, tiny_official, run_neoembed)
 
 
-def _hub_lines_offline(page: str, tmp_path: Path, shared: Path, tiny_official: Path, env: dict) -> list[str]:
+def _hub_lines_offline(
+    page: str, tmp_path: Path, shared: Path, tiny_official: Path, env: dict, run_neoembed
+) -> list[str]:
     """The page's hub-only lines (a launcher's inner command) by bash, offline; returns what went wrong. A
     stand-in a line needs runs first and must succeed."""
     root, wrong = None, []
@@ -460,36 +497,31 @@ def _hub_lines_offline(page: str, tmp_path: Path, shared: Path, tiny_official: P
             continue
         root = root or _scratch_copy(tmp_path / page, shared)
         for command in [*STAND_INS.get(line, []), re.sub(r"^.*-m neoembed ", "neoembed ", line)]:
-            r = subprocess.run(
-                ["bash", "-c", _as_run_here(command, tiny_official)], cwd=root, env=env, capture_output=True,
-                text=True,
-            )  # fmt: skip
-            said = r.stdout + r.stderr
+            code, out, err = _run_line(_as_run_here(command, tiny_official), root, env, run_neoembed)
+            said = out + err
             if command not in line:  # a stand-in
-                ok = r.returncode == 0
+                ok = code == 0
             else:
                 # the hub named by a message written for it: the generic handler's "please report it" (an
                 # unexpected error, whose text may mention the hub in passing) does not count
                 ok = (
-                    r.returncode in (1, 2)
+                    code in (1, 2)
                     and "hub" in said.lower()
                     and "Traceback" not in said
                     and "please report it" not in said
                 )
             if not ok:
-                wrong.append(f"{page}: {command}: exit {r.returncode}\n{said[-1500:]}")
+                wrong.append(f"{page}: {command}: exit {code}\n{said[-1500:]}")
     return wrong
 
 
-def test_hub_only_commands_say_so_offline(tmp_path, shared_dir, tiny_official):
+def test_hub_only_commands_say_so_offline(tmp_path, shared_dir, tiny_official, run_neoembed):
     """Each page's hub-only lines, offline (the hub is unreachable here): each must stop with exit 1 or 2 and a
     message that names the hub, not a traceback."""
     pages = [page for page, how in HOW.items() if "hub" in how.values()]
     assert sum(list(how.values()).count("hub") for how in HOW.values()) >= 20
     env = _environment()
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        results = pool.map(lambda p: _hub_lines_offline(p, tmp_path, shared_dir, tiny_official, env), pages)
-        wrong = [w for result in results for w in result]
+    wrong = [w for p in pages for w in _hub_lines_offline(p, tmp_path, shared_dir, tiny_official, env, run_neoembed)]
     assert not wrong, "\n\n".join(wrong)
 
 
