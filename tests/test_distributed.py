@@ -213,16 +213,21 @@ def test_two_nodes_give_every_gradient_of_one_process_for_each_loss(tmp_path):
 
 
 def _probed_run(
-    tmp_path: Path, processes: int, args: list[str], grads: bool = False, out_option: str | None = None
+    tmp_path: Path,
+    processes: int,
+    args: list[str],
+    grads: bool = False,
+    out_option: str | None = None,
+    save_steps: int = 1000,
 ) -> tuple[list[dict], Path]:
-    """A real training run under benchmarks/_probe; returns each process's record (rank order) and its folder.
-    ``out_option``: the option naming the output folder (``--out`` for ``neoembed glue``); default the recipe's
-    ``output_dir`` key."""
+    """A real training run under benchmarks/_probe; returns each process's record (rank order) and its folder
+    (the run's output folder is ``run`` in it). ``out_option``: the option naming the output folder (``--out`` for
+    ``neoembed glue``); default the recipe's ``output_dir`` key."""
     folder = tmp_path / f"probe-{processes}-{len(list(tmp_path.iterdir()))}"
     folder.mkdir()
     env = _env(NEOEMBED_PROBE_DIR=str(folder), NEOEMBED_PROBE_GRADS="1" if grads else "0")
     env["PYTHONPATH"] = os.pathsep.join([str(PROBE), env["PYTHONPATH"]])
-    where = [f"output_dir={folder / 'run'}", "save_steps=1000"]
+    where = [f"output_dir={folder / 'run'}", f"save_steps={save_steps}"]
     if out_option is not None:
         where = [out_option, str(folder / "run")]
     r = subprocess.run(
@@ -351,11 +356,12 @@ CDE = ["train", "cde-tiny", "optimizer.grad_clip=1.0e+9"]
 @pytest.fixture(scope="module")
 def cde_runs(tmp_path_factory) -> dict[str, tuple[list[dict], Path]]:
     """`neoembed train cde-tiny` (clipping off) probed: 1 process for 1 step; 2 processes for 3 steps, with and
-    without gathering the documents."""
+    without gathering the documents (without: a checkpoint at step 2, which test_two_processes_run_the_cde_recipe
+    resumes)."""
     tmp = tmp_path_factory.mktemp("cde")
     return {
         "one": _probed_run(tmp, 1, [*CDE, "steps=1"], grads=True),
-        "two": _probed_run(tmp, 2, [*CDE, "steps=3"], grads=True),
+        "two": _probed_run(tmp, 2, [*CDE, "steps=3"], grads=True, save_steps=2),
         "two_gathered": _probed_run(tmp, 2, [*CDE, "steps=3", "gather_across_devices=true"], grads=True),
     }
 
@@ -395,6 +401,30 @@ def test_cde_gradients_equal_on_one_and_two_processes_when_gathered(cde_runs):
     assert _mismatches(g1, g_control, "cde, not gathered")  # the check can fail
     bad = _mismatches(g1, g2, "cde, gathered")
     assert not bad, bad
+
+
+def test_two_processes_run_the_cde_recipe(cde_runs, tmp_path, run_neoembed):
+    """`neoembed train cde-tiny` on 2 processes: every step logged with both, the one checkpoint format of
+    neoembed.loop (accelerate's state + trainer_state.json, sealed by its marker), a model that loads; CDE's batch
+    is global (split over the processes), so its checkpoint resumes on one process."""
+    import neoembed
+    from neoembed.runs import verify_checkpoint
+
+    out = cde_runs["two"][1] / "run"
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [1, 2, 3] and all(row["world_size"] == 2 for row in rows)
+    checkpoint = out / "checkpoint-2"
+    assert (checkpoint / "trainer_state.json").is_file() and (checkpoint / "state").is_dir()
+    assert verify_checkpoint(checkpoint) is None
+    assert neoembed.load(out).n_context == 8
+    assert os.environ.get("WORLD_SIZE") is None  # nothing leaked into this process
+    one = tmp_path / "one"
+    shutil.copytree(checkpoint, one / "checkpoint-2")
+    r = run_neoembed([*CDE, "steps=3", "save_steps=2", f"output_dir={one}", "--resume"], cwd=REPO)
+    assert r.exit_code == 0, r.stderr[-3000:]
+    rows = [json.loads(line) for line in (one / "metrics.jsonl").read_text().splitlines()]
+    assert [(row["step"], row["world_size"]) for row in rows] == [(3, 1)]
+    assert neoembed.load(one).n_context == 8
 
 
 PRETRAIN = ["pretrain", "pretrain-tiny", "steps=1", "schedule.warmup_steps=0", "optimizer.grad_clip=1.0e+9"]
@@ -589,26 +619,30 @@ def test_sigterm_to_one_process_stops_every_process_at_one_checkpoint(tmp_path):
 
 
 def test_a_run_on_two_processes_resumes_bit_identically(tmp_path):
-    """`neoembed train tiny` on 2 processes with gathered negatives, 8 steps; the same run resumed on 2 processes
-    from its step-4 checkpoint logs the same losses at steps 5-8 and ends at the same weights, bit for bit (each
-    rank's sampler, RNG and optimizer state come back, not only rank 0's)."""
+    """`neoembed train tiny` on 2 processes with gathered negatives, 8 steps: every step logged with both
+    processes, the model saved; the same run resumed on 2 processes from its step-4 checkpoint logs the same
+    losses at steps 5-8 and ends at the same weights, bit for bit (each rank's sampler, RNG and optimizer state
+    come back, not only rank 0's)."""
     from safetensors.torch import load_file
 
-    def run(out: Path, *extra: str) -> list[float]:
+    def run(out: Path, *extra: str) -> list[dict]:
         r = subprocess.run(
             [*_launch(2), "-m", "neoembed", "train", "tiny", f"output_dir={out}", "steps=8", "save_steps=4",
              "gather_across_devices=true", *extra],
             capture_output=True, text=True, timeout=600, env=_env(), cwd=REPO,
         )  # fmt: skip
         assert r.returncode == 0, r.stderr[-3000:]
-        rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-        return [row["loss"] for row in rows if "loss" in row]
+        return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
 
     full, resumed = tmp_path / "full", tmp_path / "resumed"
-    losses = run(full)
+    rows = run(full)
+    assert [row["step"] for row in rows] == list(range(1, 9))
+    assert all(row["world_size"] == 2 for row in rows)  # really two processes
+    assert (full / "model.safetensors").is_file()
+    losses = [row["loss"] for row in rows if "loss" in row]
     assert len(losses) == 8
     resumed.mkdir()
     shutil.copytree(full / "checkpoint-4", resumed / "checkpoint-4")
-    assert run(resumed, "--resume") == losses[4:]
+    assert [row["loss"] for row in run(resumed, "--resume") if "loss" in row] == losses[4:]
     a, b = load_file(full / "model.safetensors"), load_file(resumed / "model.safetensors")
     assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)

@@ -406,31 +406,6 @@ def test_sigterm_checkpoints_then_resume_finishes(tmp_path, tiny_official):
     assert steps[-1] == 150 and (out / "model.safetensors").is_file()
 
 
-def test_accelerate_two_processes_run_the_recipe(tmp_path, tiny_official):
-    out = tmp_path / "ddp"
-    r = subprocess.run(
-        [
-            *_launch(2),
-            "-m",
-            "neoembed",
-            "train",
-            "tiny",
-            f"model={tiny_official}",
-            f"output_dir={out}",
-            "steps=4",
-            "save_steps=100",
-            "gather_across_devices=true",
-        ],
-        cwd=REPO,
-        **_LAUNCH_KW,
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [row["step"] for row in rows] == [1, 2, 3, 4]
-    assert all(row["world_size"] == 2 for row in rows)  # really two processes
-    assert (out / "model.safetensors").is_file()
-
-
 def test_out_of_memory_is_answered_with_advice(tmp_path, tiny_official, monkeypatch):
     from neoembed.train import trainer as trainer_mod
     from neoembed.train.trainer import TrainingStopped
