@@ -319,7 +319,9 @@ def test_rows_dropped_for_missing_or_empty_text_are_counted_per_reason(tmp_path)
     assert report.dropped == {"query missing": 2, "positive empty": 2} and len(pairs) == 36
     assert report.as_dict()["loss"] == pytest.approx(0.1)
     card, folder = _card(tmp_path, rows, {"query": "q", "positive": "a"}, expected_loss=0.05)
-    with pytest.raises(DataCardError, match=r"query missing: 2, positive empty: 2; 10.00% vs 5.00% expected"):
+    # each reason names the first row it drops
+    why = r"query missing: 2 \(first: row 3\), positive empty: 2 \(first: row 5\); 10.00% vs 5.00% expected"
+    with pytest.raises(DataCardError, match=why):
         prepare_card(card, folder)
 
 
