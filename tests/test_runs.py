@@ -213,6 +213,43 @@ def test_case_1_a_finished_run_is_not_replaced_without_a_flag(
     assert "Traceback" not in err and _snapshot(ref) == before  # nothing deleted, rotated or added
 
 
+@pytest.mark.parametrize("trainer", ["train", "cde", "pretrain"])
+def test_a_used_folder_or_nothing_to_resume_is_refused_before_the_data_is_read(tmp_path, monkeypatch, trainer):
+    """The flags against the folder need no run settings: each trainer says them before it reads its data (a
+    card of millions of rows takes minutes to prepare), where it used to say them after."""
+    import importlib
+
+    from neoembed.cde.recipe import CDERecipe
+    from neoembed.pretrain.recipe import PretrainRecipe
+
+    module, reads, recipe_file, kind, run = {
+        "train": ("neoembed.train.trainer", "_training_data", TINY, UnifiedRecipe, "train"),
+        "cde": ("neoembed.cde.trainer", "prepare_sources", REPO / "recipes" / "cde-tiny.yaml", CDERecipe, "train_cde"),
+        "pretrain": (
+            "neoembed.pretrain.trainer", "_open_sources", REPO / "recipes" / "pretrain-tiny.yaml", PretrainRecipe,
+            "pretrain",
+        ),
+    }[trainer]  # fmt: skip
+    module = importlib.import_module(module)
+
+    def read(*args, **kwargs):
+        raise AssertionError("the data was read before the folder was checked")
+
+    monkeypatch.setattr(module, reads, read)
+    used = tmp_path / "used"
+    used.mkdir()
+    (used / "notes.txt").write_text("mine")
+    for out, flags, said in (
+        (used, {}, "is not empty"),
+        (tmp_path / "none", {"resume": True}, "does not exist, there is no run to continue"),
+        (used, {"overwrite": True}, "but no run_record.json"),
+    ):
+        recipe = load_recipe(recipe_file, kind, [f"output_dir={out}"])
+        with pytest.raises(OutputDirError, match=said):
+            getattr(module, run)(recipe, **flags)
+    assert (used / "notes.txt").read_text() == "mine"
+
+
 def test_case_2_resume_refuses_another_run_and_names_the_differences(tmp_path, tiny_official, finished):
     ref, _ = finished
     before = _snapshot(ref)

@@ -173,10 +173,11 @@ def test_resume_equals_uninterrupted_and_seed_repeats(tmp_path, tiny_official):
 
 
 def test_bad_input_fails_before_training(tmp_path, tiny_official):
+    out = tmp_path / "out"  # tmp_path holds the cards: a used folder is refused before any data is read
     with pytest.raises(DataCardError, match="not found"):
-        train(_recipe(tmp_path, tiny_official, "datasets=[{card: no_such_card}]"), recipe_dir=TINY.parent)
+        train(_recipe(out, tiny_official, "datasets=[{card: no_such_card}]"), recipe_dir=TINY.parent)
     with pytest.raises(DataCardError, match="batch size 500 is larger than the dataset"):
-        train(_recipe(tmp_path, tiny_official, "batch_size=500"), recipe_dir=TINY.parent)
+        train(_recipe(out, tiny_official, "batch_size=500"), recipe_dir=TINY.parent)
     bad = tmp_path / "bad.yaml"
     bad.write_text(
         "name: bad\nsource: {local: {path: "
@@ -184,7 +185,7 @@ def test_bad_input_fails_before_training(tmp_path, tiny_official):
         + "}}\ncolumns: {query: question, positive: positive}\n"
     )
     with pytest.raises(DataCardError, match="column 'question'"):
-        train(_recipe(tmp_path, tiny_official, f"datasets=[{{card: {bad}}}]"), recipe_dir=TINY.parent)
+        train(_recipe(out, tiny_official, f"datasets=[{{card: {bad}}}]"), recipe_dir=TINY.parent)
     empty = tmp_path / "empty.jsonl"
     empty.write_text('{"query": "", "positive": ""}\n')
     card = tmp_path / "empty.yaml"
@@ -192,18 +193,18 @@ def test_bad_input_fails_before_training(tmp_path, tiny_official):
         f"name: empty\nsource: {{local: {{path: {empty}}}}}\ncolumns: {{query: query, positive: positive}}\n"
     )
     with pytest.raises(DataCardError, match="no usable rows"):
-        train(_recipe(tmp_path, tiny_official, f"datasets=[{{card: {card}}}]"), recipe_dir=TINY.parent)
+        train(_recipe(out, tiny_official, f"datasets=[{{card: {card}}}]"), recipe_dir=TINY.parent)
     with pytest.raises(DataCardError, match=r"instruction_overrides names card\(s\) \['qqp'\]"):
         train(
-            _recipe(tmp_path, tiny_official, "instruction_overrides={qqp: Find it.}"), recipe_dir=TINY.parent
+            _recipe(out, tiny_official, "instruction_overrides={qqp: Find it.}"), recipe_dir=TINY.parent
         )
     with pytest.raises(DataCardError, match="appears twice"):
         train(
-            _recipe(tmp_path, tiny_official, "datasets=[{card: pydoc_names}, {card: pydoc_names}]"),
+            _recipe(out, tiny_official, "datasets=[{card: pydoc_names}, {card: pydoc_names}]"),
             recipe_dir=TINY.parent,
         )
     with pytest.raises(RecipeError, match="unknown key 'stepz'"):
-        _recipe(tmp_path, tiny_official, "stepz=3")
+        _recipe(out, tiny_official, "stepz=3")
 
 
 def test_instructions_go_before_queries_and_can_be_overridden(tmp_path, tiny_official):

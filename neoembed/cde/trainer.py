@@ -60,6 +60,7 @@ from neoembed.model_card import base_model_name, based_on
 from neoembed.recipe import resolve_recipe_path
 from neoembed.runs import (
     TrainingStopped,
+    check_output_flags,
     check_pairs,
     check_weight_files,
     prepare_output_dir,
@@ -378,6 +379,7 @@ def train_cde(
     acc = _accelerator(recipe)
     seed_everything(recipe.seed)
     output = Path(recipe.output_dir)
+    check_output_flags(output, overwrite=overwrite, resume=resume)  # before the data: a big card takes minutes
     sources, cards = prepare_sources(recipe, recipe_dir)
     settings = resume_settings(recipe) | (data := card_fingerprints(cards))
     checkpoint = prepare_output_dir(

@@ -47,6 +47,7 @@ from neoembed.pretrain.recipe import PretrainRecipe
 from neoembed.pretrain.schedule import lr_lambda
 from neoembed.runs import (
     TrainingStopped,
+    check_output_flags,
     check_weight_files,
     prepare_output_dir,
     resume_defaults,
@@ -305,6 +306,7 @@ def pretrain(
     check_trackers(recipe.report_to)  # a missing tracker fails before data or the model load
     accelerator = _accelerator(recipe)
     output = Path(recipe.output_dir)
+    check_output_flags(output, overwrite=overwrite, resume=resume)  # before the tokenizer and shards load
     seed_everything(recipe.seed)
     corpora, streams, weights = _open_sources(recipe)
     held = _open_held_out(recipe, corpora)

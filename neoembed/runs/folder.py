@@ -263,19 +263,8 @@ def prepare_output_dir(
     if main_process is None:
         main_process = launched_main()
     out = Path(path)
-    if resume and overwrite:
-        raise OutputDirError("--resume and --overwrite exclude each other: continue the run, or replace it")
-    if out.exists() and not out.is_dir():
-        raise OutputDirError(f"{what} {out} is a file, not a folder: choose a folder path")
-    if out.is_dir() and not os.access(out, os.W_OK | os.X_OK):
-        raise OutputDirError(f"{what} {out} is not writable: choose another {what}, or make it writable")
-    used = out.is_dir() and any(out.iterdir())
+    used = _check_flags(out, overwrite, resume, what)
     if resume:
-        if not used:
-            raise OutputDirError(
-                f"--resume: {what} {out} {'is empty' if out.is_dir() else 'does not exist'}, there is no run to "
-                "continue: start without --resume"
-            )
         saved = _saved_settings(out)
         _check_same_run(out, saved, settings, defaults)
         if (finished := _finished(out, saved, settings)) is not None:
@@ -290,18 +279,58 @@ def prepare_output_dir(
         return None
     if used:
         check_inputs_outside(out, inputs, what)
-    if used and not overwrite:
+        _check_used(out, overwrite, what, clearable)
+        logger.warning("--overwrite: clearing %s (%s)", out, _describe(out))
+        _clear(out)
+    return None
+
+
+def check_output_flags(
+    path: str | Path,
+    *,
+    overwrite: bool,
+    resume: bool,
+    what: str = "output_dir",
+    clearable: tuple[str, ...] = (RECORD,),
+) -> None:
+    """What :func:`prepare_output_dir` refuses without the run's settings (the flags against the folder: nothing
+    to resume, a used folder without --resume or --overwrite, an --overwrite of a folder that is not neoembed's),
+    for a trainer to say before it reads its data: the settings a resume compares include the data's
+    fingerprints, and preparing a card of millions of rows takes minutes. Clears nothing; the main process only
+    (the others would find its first writes)."""
+    out = Path(path)
+    used = _check_flags(out, overwrite, resume, what)
+    if used and not resume and launched_main():
+        _check_used(out, overwrite, what, clearable)
+
+
+def _check_flags(out: Path, overwrite: bool, resume: bool, what: str) -> bool:
+    """The flags against the folder's state; returns whether the folder is used (not missing, not empty)."""
+    if resume and overwrite:
+        raise OutputDirError("--resume and --overwrite exclude each other: continue the run, or replace it")
+    if out.exists() and not out.is_dir():
+        raise OutputDirError(f"{what} {out} is a file, not a folder: choose a folder path")
+    if out.is_dir() and not os.access(out, os.W_OK | os.X_OK):
+        raise OutputDirError(f"{what} {out} is not writable: choose another {what}, or make it writable")
+    used = out.is_dir() and any(out.iterdir())
+    if resume and not used:
+        raise OutputDirError(
+            f"--resume: {what} {out} {'is empty' if out.is_dir() else 'does not exist'}, there is no run to "
+            "continue: start without --resume"
+        )
+    return used
+
+
+def _check_used(out: Path, overwrite: bool, what: str, clearable: tuple[str, ...]) -> None:
+    """A used folder without --resume: an error, unless --overwrite and the folder is this command's."""
+    if not overwrite:
         raise OutputDirError(
             f"{what} {out} is not empty (it holds {_describe(out)}): pass --resume to continue the run it holds, "
             f"--overwrite to replace it, or choose a new {what}"
         )
-    if used and overwrite:
-        if not any((out / name).is_file() for name in clearable):
-            raise OutputDirError(
-                f"--overwrite: {out} holds {_describe(out)} but no {' or '.join(clearable)} (what this command "
-                "writes), so it is not this command's folder; "
-                f"neoembed clears only its own folders: choose a new {what}, or empty this one yourself"
-            )
-        logger.warning("--overwrite: clearing %s (%s)", out, _describe(out))
-        _clear(out)
-    return None
+    if not any((out / name).is_file() for name in clearable):
+        raise OutputDirError(
+            f"--overwrite: {out} holds {_describe(out)} but no {' or '.join(clearable)} (what this command "
+            "writes), so it is not this command's folder; "
+            f"neoembed clears only its own folders: choose a new {what}, or empty this one yourself"
+        )

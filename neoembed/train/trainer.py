@@ -50,6 +50,7 @@ from neoembed.model_card import base_model_name, training_prompts
 from neoembed.recipe import RecipeError, resolve_recipe_path
 from neoembed.runs import (
     TrainingStopped,
+    check_output_flags,
     check_pair_counts,
     check_trackers,
     check_weight_files,
@@ -251,6 +252,7 @@ def train(
     _check_extras(recipe, evaluator)
     seed_everything(recipe.seed)
     output = Path(recipe.output_dir)
+    check_output_flags(output, overwrite=overwrite, resume=resume)  # before the data: a big card takes minutes
     # bad data, a used output folder and truncated weights fail before the model loads
     datasets, cards, batch_sizes, reports, held, holdout = _training_data(recipe, recipe_dir)
     full_sizes = [reports[name].full_size or len(datasets[name]) for name in datasets]
