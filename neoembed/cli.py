@@ -73,9 +73,9 @@ _formatwarning = warnings.formatwarning
 def _plain_own_warning(message, category, filename, lineno, line=None) -> str:
     """neoembed's own warnings as a plain "warning: ..." line: they are messages to the user, and the source line
     the warnings module adds (``--verbose`` keeps it) reads as a crash. Other libraries' keep their form."""
-    from neoembed.progress import is_own_file
+    from neoembed.progress import is_own_warning
 
-    if is_own_file(filename):
+    if is_own_warning(category, filename):
         return f"warning: {message}\n"
     return _formatwarning(message, category, filename, lineno, line)
 

@@ -157,13 +157,19 @@ def library_noise(*loggers: str):
         for name, level in levels.items():
             logging.getLogger(name).setLevel(level)
     for w in caught:
-        if is_own_file(w.filename):
+        if is_own_warning(w.category, w.filename):
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
 
 def is_own_file(filename: str) -> bool:
     """Whether ``filename`` is a module of neoembed (where a warning was issued)."""
     return Path(filename).resolve().is_relative_to(_PACKAGE)
+
+
+def is_own_warning(category: type[Warning], filename: str) -> bool:
+    """Whether a warning is neoembed's: issued in its modules, or of a class it defines (such as
+    :class:`neoembed.sentence.TruncationWarning`, attributed to whichever library called ``encode``)."""
+    return is_own_file(filename) or category.__module__.split(".")[0] == "neoembed"
 
 
 _PACKAGE = Path(__file__).resolve().parent

@@ -37,6 +37,7 @@ __all__ = [
     "DTYPES",
     "EmbeddingModel",
     "NonFiniteEmbeddingError",
+    "TruncationWarning",
     "build_prompts",
     "convert_to_sentence_transformer",
     "load",
@@ -63,6 +64,11 @@ DTYPES = {
     "bf16": torch.bfloat16,
     "bfloat16": torch.bfloat16,
 }
+
+
+class TruncationWarning(UserWarning):
+    """Texts longer than the model's ``max_seq_length`` were truncated. A class of neoembed's own, so that the
+    command line prints it as neoembed's plain "warning: ..." line whichever library called ``encode``."""
 
 
 class NonFiniteEmbeddingError(FloatingPointError):
@@ -151,6 +157,7 @@ class EmbeddingModel(SentenceTransformer):
             warnings.warn(
                 f"{too_long} text(s) exceed max_seq_length={limit} tokens and are truncated "
                 "(raise model.max_seq_length to keep more)",
+                TruncationWarning,
                 stacklevel=3,
             )
 

@@ -811,6 +811,9 @@ def test_case1_cli_refuses_then_overwrite_rescores(minilm_path, sts_slice, tmp_p
     cli += ["--precision", "fp32", "--output", str(out)]
     r = run_neoembed([*cli, "--truncate-dim", "16"])
     assert r.exit_code == 0, r.stderr
+    # mteb's notices about the prompts neoembed gave it and about its own deprecated calls stay off the console
+    for noise in ("Model prompts specified", "most often need to be configured", "DeprecationWarning", "FutureWarning"):
+        assert noise not in r.stderr, r.stderr
     short = load_json(out / "STS16.json")
     assert "dims: 16" in (out / "summary.md").read_text().splitlines()[0]
     r = run_neoembed(cli)

@@ -135,3 +135,15 @@ def test_library_noise_keeps_other_libraries_off_the_console_and_neoembeds_on():
         [sys.executable, "-c", code, "v"], capture_output=True, text=True, check=True
     ).stderr
     assert all(s in loud for s in ("torchvision", "pre-processing", "axis name", "exceed max_seq_length"))
+
+
+def test_neoembeds_own_warning_class_prints_plainly_whichever_library_called():
+    """The truncation warning names the caller of ``encode`` (mteb's wrapper, under ``neoembed mteb``): it printed
+    as another library's warning, with mteb's source line; its class says it is neoembed's."""
+    from neoembed.cli import _plain_own_warning
+    from neoembed.sentence import TruncationWarning
+
+    elsewhere = "/site-packages/mteb/models/sentence_transformer_wrapper.py"
+    said = _plain_own_warning("39 text(s) exceed max_seq_length=64 tokens", TruncationWarning, elsewhere, 344)
+    assert said == "warning: 39 text(s) exceed max_seq_length=64 tokens\n"
+    assert "UserWarning" in _plain_own_warning("a library's", UserWarning, elsewhere, 344)

@@ -108,6 +108,8 @@ def _mteb_wrapper(
     ``max_batch_tokens``, every encode call fills its batches to that many tokens (:mod:`neoembed.batching`)."""
     from mteb.models import SentenceTransformerEncoderWrapper
 
+    from neoembed.progress import library_noise
+
     class _Wrapper(SentenceTransformerEncoderWrapper):
         def encode(self, inputs, **kwargs):
             if context is not None:
@@ -120,8 +122,11 @@ def _mteb_wrapper(
                 seen.setdefault("dims", set()).add(int(out.shape[-1]))
             return out
 
-    with warnings.catch_warnings():  # mteb nags when a model has no generic query/document prompts
-        warnings.simplefilter("ignore", UserWarning)
+    # mteb warns and logs when given prompts (neoembed chose them; the summary's first line says which), when a
+    # model has no generic query/document prompts, and about its own deprecated calls: not the user's to act on.
+    # Its warnings name this module as their caller, so library_noise would take them for neoembed's own.
+    with library_noise(SentenceTransformerEncoderWrapper.__module__), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
         return _Wrapper(model, model_prompts=prompts)
 
 
