@@ -369,6 +369,16 @@ class KeepBest(StrictModel):
     mode: Literal["max", "min"] = "max"
     patience: PositiveInt | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _a_mapping(cls, value):
+        if not isinstance(value, dict | KeepBest):  # ``keep_best=true`` read as a switch
+            raise ValueError(
+                "keep_best names the score to keep the best checkpoint by: {metric: eval_main_score} (optionally "
+                "mode: max or min, patience: N evaluations without a new best)"
+            )
+        return value
+
 
 def check_keep_best(recipe: Any, example: str = "eval: {steps: N, tasks: [...], metric: ...}") -> None:
     """``keep_best`` needs an ``eval:`` block, and a checkpoint at every step it evaluates (``eval.steps`` a

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from neoembed.eval.runner import EvalConfig, run_mteb
 from neoembed.eval.training import MtebEvaluator
-from neoembed.recipe import load_recipe
+from neoembed.recipe import RecipeError, load_recipe
 from neoembed.runs import RunFinished, TrainingInterrupted
 from neoembed.train import trainer as trainer_mod
 from neoembed.train.recipe import UnifiedRecipe
@@ -125,6 +125,9 @@ def test_keep_best_survives_rotation_and_an_interrupted_resumed_run(
 
 
 def test_keep_best_without_eval_is_refused_with_the_fix(tmp_path, tiny_official, trecqa):
+    for switch in ("true", "ndcg_at_10"):  # a switch or a bare name: the form is shown
+        with pytest.raises(RecipeError, match=r"keep_best names the score .*\{metric: eval_main_score\}"):
+            load_recipe(TINY, UnifiedRecipe, [f"model={tiny_official}", f"keep_best={switch}"])
     with pytest.raises(Exception, match="add an eval: block"):
         load_recipe(TINY, UnifiedRecipe, [f"model={tiny_official}", "keep_best={metric: ndcg_at_10}"])
     with pytest.raises(Exception, match="eval.steps 2 must be a multiple of save_steps 3"):
@@ -271,7 +274,6 @@ def test_a_held_out_slice_is_never_trained_on_and_scores_as_neoembed_mteb_and_ke
 def test_a_bad_holdout_is_refused_before_the_model_loads(tmp_path, tiny_official):
     """rows > 0, cards of the recipe, and a card left with a batch to train on: each refused naming the fix."""
     from neoembed.data.cards import DataCardError
-    from neoembed.recipe import RecipeError
     from neoembed.train.holdout import check_same_holdout
 
     missing_model = str(tmp_path / "no-model")  # reaching the model would be another error
