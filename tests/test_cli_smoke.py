@@ -4,8 +4,10 @@ problem on stderr, no traceback.
 
 The other command-line tests run ``neoembed.cli.main`` in the test's interpreter (``run_neoembed`` in
 ``conftest.py``); these check what that cannot: the console script and ``python -m neoembed`` as entry points, and
-the exit status a shell sees. Each line stops at its input check, so the file takes seconds; the documented
-commands, run to completion by bash in ``test_docs_commands.py``, are the real-process runs of every family.
+the exit status a shell sees. Each line stops at its input check, so the file takes seconds. Runs to completion in
+a process of their own: ``tests/test_wheel.py`` (train, CDE and pre-training from the installed wheel), the
+launched runs of ``tests/test_distributed.py`` (``-m neoembed train``/``pretrain``/``glue``) and the documented
+lines that bash runs in ``test_docs_commands.py`` (launchers, redirections, ``&&``).
 """
 
 from __future__ import annotations
