@@ -141,8 +141,9 @@ class PlainProgress:
 def library_noise(*loggers: str):
     """Another library's warnings, and the log records of ``loggers`` below ERROR, kept off the console while the
     block runs (torch's ONNX exporter prints a dozen notices about its own internals on every export; ``""`` is
-    the root logger); neoembed's own warnings still show. With ``neoembed --verbose`` (neoembed's logger at DEBUG)
-    everything shows."""
+    the root logger); neoembed's own warnings, told by their class (:func:`is_own_category`), still show: the file
+    a library's warning names is often the neoembed module that called it. With ``neoembed --verbose``
+    (neoembed's logger at DEBUG) everything shows."""
     if logging.getLogger("neoembed").isEnabledFor(logging.DEBUG):
         yield
         return
@@ -157,7 +158,7 @@ def library_noise(*loggers: str):
         for name, level in levels.items():
             logging.getLogger(name).setLevel(level)
     for w in caught:
-        if is_own_warning(w.category, w.filename):
+        if is_own_category(w.category):
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
 
@@ -166,10 +167,15 @@ def is_own_file(filename: str) -> bool:
     return Path(filename).resolve().is_relative_to(_PACKAGE)
 
 
+def is_own_category(category: type[Warning]) -> bool:
+    """Whether a warning class is one neoembed defines (such as :class:`neoembed.sentence.TruncationWarning`,
+    attributed to whichever library called ``encode``)."""
+    return category.__module__.split(".")[0] == "neoembed"
+
+
 def is_own_warning(category: type[Warning], filename: str) -> bool:
-    """Whether a warning is neoembed's: issued in its modules, or of a class it defines (such as
-    :class:`neoembed.sentence.TruncationWarning`, attributed to whichever library called ``encode``)."""
-    return is_own_file(filename) or category.__module__.split(".")[0] == "neoembed"
+    """Whether a warning is neoembed's: of a class it defines, or issued in its modules."""
+    return is_own_category(category) or is_own_file(filename)
 
 
 _PACKAGE = Path(__file__).resolve().parent

@@ -115,19 +115,22 @@ def test_library_noise_keeps_other_libraries_off_the_console_and_neoembeds_on():
         "import logging, warnings, sys\n"
         "from neoembed.cli import _console_logging\n"
         "from neoembed.progress import library_noise\n"
+        "from neoembed.sentence import TruncationWarning\n"
         "import neoembed.progress as own\n"
         "_console_logging(verbose=sys.argv[1] == 'v')\n"
         "with library_noise('torch.onnx', ''):\n"
         "    logging.getLogger('torch.onnx._internal.x').warning('torchvision is not installed')\n"
         "    logging.warning('Please consider to run pre-processing')\n"
         "    warnings.warn('axis name batch will not be used', UserWarning)\n"
-        "    warnings.warn_explicit('1 text(s) exceed max_seq_length', UserWarning, own.__file__, 7)\n"
+        "    warnings.warn_explicit('1 text(s) exceed max_seq_length', TruncationWarning, own.__file__, 7)\n"
+        "    warnings.warn_explicit('a library warning that names its neoembed caller', UserWarning, own.__file__, 8)\n"
         "logging.getLogger('torch.onnx').error('after the block: shown')\n"
     )
     quiet = subprocess.run(
         [sys.executable, "-c", code, "q"], capture_output=True, text=True, check=True
     ).stderr
     assert "torchvision" not in quiet and "pre-processing" not in quiet and "axis name" not in quiet
+    assert "names its neoembed caller" not in quiet  # the file a library's warning names does not make it ours
     # neoembed's own warning: kept, as one plain line without the warnings module's source line
     assert "warning: 1 text(s) exceed max_seq_length\n" in quiet and "UserWarning" not in quiet
     assert "after the block: shown" in quiet  # the loggers' levels are restored

@@ -13,7 +13,6 @@ import logging
 import sys
 import time
 import traceback
-import warnings
 from pathlib import Path
 
 import torch
@@ -123,10 +122,8 @@ def _mteb_wrapper(
             return out
 
     # mteb warns and logs when given prompts (neoembed chose them; the summary's first line says which), when a
-    # model has no generic query/document prompts, and about its own deprecated calls: not the user's to act on.
-    # Its warnings name this module as their caller, so library_noise would take them for neoembed's own.
-    with library_noise(SentenceTransformerEncoderWrapper.__module__), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    # model has no generic query/document prompts, and about its own deprecated calls: not the user's to act on
+    with library_noise(SentenceTransformerEncoderWrapper.__module__):
         return _Wrapper(model, model_prompts=prompts)
 
 

@@ -59,12 +59,19 @@ __all__ = [
     "NeoBERTForTokenClassification",
     "NeoBERTModel",
     "NeoBERTPreTrainedModel",
+    "NeoBERTWarning",
 ]
 
 #: Parameter-name prefixes of the task heads on top of the encoder (``model.``): the official masked-LM
 #: ``decoder`` and the official classifier's ``dense`` / ``classifier``. A checkpoint may lack them (they start
 #: fresh) or hold another head's (dropped); the encoder's own weights must match exactly.
 HEAD_KEY_PREFIXES = ("decoder.", "dense.", "classifier.")
+
+
+class NeoBERTWarning(UserWarning):
+    """A warning about the model's own use (a checkpoint without its decoder, a sequence past the supported
+    length). Its own class, so that neoembed tells it from the libraries' warnings whichever code called the model
+    (``neoembed.progress.is_own_category``); defined here, as this file also runs as remote code without neoembed."""
 
 
 # --------------------------------------------------------------------------------------------------- norm
@@ -207,6 +214,7 @@ class NeoBERTPreTrainedModel(PreTrainedModel):
             warnings.warn(
                 "the checkpoint has no masked-LM decoder: it was initialised randomly (fine for pre-training, "
                 "not for scoring masked tokens)",
+                NeoBERTWarning,
                 stacklevel=2,
             )
         return model
@@ -337,6 +345,7 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
             )
             warnings.warn(
                 f"a sequence exceeds the {limit} tokens this model supports; its outputs degrade: {hint}",
+                NeoBERTWarning,
                 stacklevel=3,
             )
 
