@@ -350,6 +350,33 @@ def test_batch_order_changes_per_epoch_and_is_seeded():
         ContextualBatches([np.zeros(4, dtype=int)], [0], 8)
 
 
+def test_clustering_cache_written_by_two_runs_at_once_holds_one_of_them(tmp_path, monkeypatch):
+    """Two runs that miss the same cache key together (a sweep sharing the default cache) each write their own
+    file: the second finishing between the first's write and its rename neither breaks the first nor leaves a
+    torn file; a later run reads the stored clustering without computing."""
+    import neoembed.cde.batching as batching
+
+    def result(seed):
+        rng = np.random.default_rng(seed)
+        return np.arange(4), rng.normal(size=(2, 3)), rng.normal(size=(4, 3)), rng.normal(size=(4, 3))
+
+    savez, calls = np.savez, []
+
+    def interleaved(file, **arrays):  # the other run stores its result while this one is between write and rename
+        savez(file, **arrays)
+        calls.append(file)
+        if len(calls) == 1:
+            batching.cached_clustering(tmp_path, "k", lambda: result(1))
+
+    monkeypatch.setattr(batching.np, "savez", interleaved)
+    first = batching.cached_clustering(tmp_path, "k", lambda: result(0))
+    assert len(calls) == 2 and [p.name for p in tmp_path.iterdir()] == ["k.npz"]
+    monkeypatch.undo()
+    stored = batching.cached_clustering(tmp_path, "k", lambda: pytest.fail("computed again"))
+    for a, b in zip(stored, first, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 # --------------------------------------------------------------------------------------------- the trainer
 def _recipe(tmp_path, tiny_official, *overrides):
     return load_recipe(CDE_TINY, CDERecipe, [f"model={tiny_official}", f"output_dir={tmp_path}", *overrides])

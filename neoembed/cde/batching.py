@@ -24,6 +24,8 @@ import hashlib
 import json
 import logging
 import math
+import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -188,14 +190,20 @@ def cached_clustering(cache_dir: Path | None, key: str, compute):
     if cache_dir is not None:
         path = Path(cache_dir) / f"{key}.npz"
         if path.is_file():
-            z = np.load(path)
-            return z["assign"], z["centroids"], z["q"], z["d"]
+            with np.load(path) as z:
+                return z["assign"], z["centroids"], z["q"], z["d"]
     assign, centroids, q, d = compute()
     if cache_dir is not None:
         Path(cache_dir).mkdir(parents=True, exist_ok=True)
-        tmp = Path(cache_dir) / f"{key}.tmp.npz"
-        np.savez(tmp, assign=assign, centroids=centroids, q=q, d=d)
-        tmp.replace(Path(cache_dir) / f"{key}.npz")
+        # a name of its own: runs started together (a sweep sharing the default cache) write the same key at once
+        fd, tmp = tempfile.mkstemp(prefix=f"{key}.", suffix=".tmp.npz", dir=cache_dir)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                np.savez(f, assign=assign, centroids=centroids, q=q, d=d)
+            os.replace(tmp, Path(cache_dir) / f"{key}.npz")
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
     return assign, centroids, q, d
 
 
