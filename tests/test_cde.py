@@ -382,6 +382,14 @@ def _recipe(tmp_path, tiny_official, *overrides):
     return load_recipe(CDE_TINY, CDERecipe, [f"model={tiny_official}", f"output_dir={tmp_path}", *overrides])
 
 
+@pytest.fixture(scope="module")
+def cached(tmp_path_factory) -> str:
+    """An override that gives the module's runs one clustering cache (cde-tiny keeps none): the runs whose subject
+    is not the teacher pass read the clustering the first of them stored
+    (test_clustering_cache_written_by_two_runs_at_once_holds_one_of_them)."""
+    return f"clustering.cache_dir={tmp_path_factory.mktemp('teacher-cache')}"
+
+
 def _losses(out: Path):
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return [r["loss"] for r in rows if "loss" in r]  # not the eval_ rows
@@ -422,14 +430,14 @@ def test_tiny_cde_recipe_trains_saves_reloads(tmp_path, tiny_official, fake_hub)
     assert np.abs(pushed.encode(DOCS, dataset_embeddings=e) - a).max() <= 1e-6
 
 
-def test_cde_resume_equals_uninterrupted(tmp_path, tiny_official):
+def test_cde_resume_equals_uninterrupted(tmp_path, tiny_official, cached):
     full = tmp_path / "full"
     train_cde(
-        _recipe(full, tiny_official, "steps=6", "save_steps=3"), recipe_dir=CDE_TINY.parent, progress=False
+        _recipe(full, tiny_official, "steps=6", "save_steps=3", cached), recipe_dir=CDE_TINY.parent, progress=False
     )
     part = tmp_path / "part"
     train_cde(
-        _recipe(part, tiny_official, "steps=6", "save_steps=3"), recipe_dir=CDE_TINY.parent, progress=False
+        _recipe(part, tiny_official, "steps=6", "save_steps=3", cached), recipe_dir=CDE_TINY.parent, progress=False
     )
     # drop everything after checkpoint-3 and resume from it
     import shutil
@@ -438,7 +446,7 @@ def test_cde_resume_equals_uninterrupted(tmp_path, tiny_official):
         if p.name not in ("checkpoint-3", "metrics.jsonl", "run_record.json"):
             shutil.rmtree(p) if p.is_dir() else p.unlink()
     train_cde(
-        _recipe(part, tiny_official, "steps=6", "save_steps=3"),
+        _recipe(part, tiny_official, "steps=6", "save_steps=3", cached),
         recipe_dir=CDE_TINY.parent,
         resume=True,
         progress=False,
@@ -450,7 +458,7 @@ def test_cde_resume_equals_uninterrupted(tmp_path, tiny_official):
 
     with pytest.raises(RunFinished, match="finished at step 6, nothing left to run"):
         train_cde(
-            _recipe(part, tiny_official, "steps=6", "save_steps=3"),
+            _recipe(part, tiny_official, "steps=6", "save_steps=3", cached),
             recipe_dir=CDE_TINY.parent,
             resume=True,
             progress=False,
@@ -568,7 +576,7 @@ def _mteb_cli(model: Path, task: Path, out: Path, monkeypatch) -> float:
 
 
 def test_cde_evaluation_during_training_scores_what_neoembed_mteb_scores(
-    tmp_path, tiny_official, shared_dir, monkeypatch
+    tmp_path, tiny_official, shared_dir, monkeypatch, cached
 ):
     """eval: in a CDE recipe: the score logged at step N equals `neoembed mteb --model RUN/checkpoint-N` (a
     seeded corpus sample as the context), and at the last step `neoembed mteb` on the final model; evaluating
@@ -576,7 +584,7 @@ def test_cde_evaluation_during_training_scores_what_neoembed_mteb_scores(
     from neoembed.eval.training import MtebEvaluator
 
     task = shared_dir / "data" / "mteb" / "STS16"
-    common = ("steps=4", "save_steps=2", "datasets=[{card: pydoc_names, max_rows: 32}]")
+    common = ("steps=4", "save_steps=2", "datasets=[{card: pydoc_names, max_rows: 32}]", cached)
     train_cde(_recipe(tmp_path / "plain", tiny_official, *common), recipe_dir=CDE_TINY.parent, progress=False)
     recipe = _recipe(tmp_path / "run", tiny_official, *common, f"eval={{steps: 2, tasks: [{task}]}}")
     out = train_cde(
@@ -601,7 +609,7 @@ def test_cde_evaluation_during_training_scores_what_neoembed_mteb_scores(
     assert (out / "eval" / "step-4" / "STS16.json").is_file()
 
 
-def test_lora_on_both_stages_merged_equals_unmerged_and_trains_from_a_recipe(tmp_path, tiny_official):
+def test_lora_on_both_stages_merged_equals_unmerged_and_trains_from_a_recipe(tmp_path, tiny_official, cached):
     """adapter: in a CDE recipe: LoRA in both stages' encoders (the head trains fully); the merged model's
     embeddings equal the unmerged one's, and the run saves an ordinary (merged) CDE model."""
     import neoembed
@@ -631,7 +639,7 @@ def test_lora_on_both_stages_merged_equals_unmerged_and_trains_from_a_recipe(tmp
     after = model.encode(DOCS, dataset_embeddings=model.encode_context(DOCS[:4]))
     assert np.abs(before - after).max() <= 1e-5
     out = train_cde(
-        _recipe(tmp_path / "run", tiny_official, "steps=2", "save_steps=1", "adapter={r: 4, alpha: 8}"),
+        _recipe(tmp_path / "run", tiny_official, "steps=2", "save_steps=1", "adapter={r: 4, alpha: 8}", cached),
         recipe_dir=CDE_TINY.parent,
         progress=False,
     )
@@ -659,7 +667,7 @@ def test_lora_on_both_stages_merged_equals_unmerged_and_trains_from_a_recipe(tmp
 
 
 def test_cde_keep_best_survives_an_interruption_and_becomes_the_final_model(
-    tmp_path, tiny_official, shared_dir, monkeypatch, sigterm_at
+    tmp_path, tiny_official, shared_dir, monkeypatch, sigterm_at, cached
 ):
     """keep_best in a CDE recipe: the best evaluated checkpoint stays through save_total_limit 1, a SIGTERM at
     step 4 and --resume keep it (trainer_state.json), and its model is the final one; best.json, the run record
@@ -672,7 +680,7 @@ def test_cde_keep_best_survives_an_interruption_and_becomes_the_final_model(
     task = shared_dir / "data" / "mteb" / "STS16"
     settings = (
         "steps=6", "save_steps=2", "save_total_limit=1", "datasets=[{card: pydoc_names, max_rows: 32}]",
-        f"eval={{steps: 2, tasks: [{task}]}}", "keep_best={metric: main_score, mode: min}",
+        f"eval={{steps: 2, tasks: [{task}]}}", "keep_best={metric: main_score, mode: min}", cached,
     )  # fmt: skip
 
     def run(out: Path, resume: bool = False) -> Path:

@@ -357,11 +357,13 @@ CDE = ["train", "cde-tiny", "optimizer.grad_clip=1.0e+9"]
 def cde_runs(tmp_path_factory) -> dict[str, tuple[list[dict], Path]]:
     """`neoembed train cde-tiny` (clipping off) probed: 1 process for 1 step; 2 processes for 3 steps, with and
     without gathering the documents (without: a checkpoint at step 2, which test_two_processes_run_the_cde_recipe
-    resumes)."""
+    resumes). The run on 1 process stores its clustering in a cache, which the run without gathering reads; the
+    gathered run, whose gradients must equal 1 process's, has every process compute it (cde-tiny's default)."""
     tmp = tmp_path_factory.mktemp("cde")
+    cache = f"clustering.cache_dir={tmp / 'teacher-cache'}"
     return {
-        "one": _probed_run(tmp, 1, [*CDE, "steps=1"], grads=True),
-        "two": _probed_run(tmp, 2, [*CDE, "steps=3"], grads=True, save_steps=2),
+        "one": _probed_run(tmp, 1, [*CDE, "steps=1", cache], grads=True),
+        "two": _probed_run(tmp, 2, [*CDE, "steps=3", cache], grads=True, save_steps=2),
         "two_gathered": _probed_run(tmp, 2, [*CDE, "steps=3", "gather_across_devices=true"], grads=True),
     }
 
