@@ -60,7 +60,7 @@ def test_anchor_all_sts(minilm, shared_dir, tmp_path):
         )
 
 
-SMALL_ROWS = {"MSRP": 150, "TrecQA": 8, "STS16": 100}
+SMALL_ROWS = {"MSRP": 80, "TrecQA": 8, "STS16": 100}
 
 
 @pytest.fixture(scope="module")
@@ -192,8 +192,9 @@ def test_local_sts_task_gets_the_papers_sts_instruction(tiny_official, small, tm
     assert with_paper.scores["MySTS"]["main_score"] != without.scores["MySTS"]["main_score"]
 
 
-def test_task_folders_in_groups_and_training_data_skipped(minilm, shared_dir, tmp_path):
-    """--data-dir ../shared/data: the tasks of mteb/ and eval/; train/ holds training pairs, skipped unless named."""
+def test_task_folders_in_groups_and_training_data_skipped(minilm, shared_dir, small, tmp_path):
+    """--data-dir ../shared/data: the tasks of mteb/ and eval/; train/ holds training pairs, skipped unless named.
+    (Run on the same layout holding the small slices of eval/.)"""
     from neoembed.eval.runner import task_folders
 
     data = shared_dir / "data"
@@ -201,7 +202,12 @@ def test_task_folders_in_groups_and_training_data_skipped(minilm, shared_dir, tm
         **{t: data / "mteb" / t for t in ("SICK-R", "STS12", "STS13", "STS14", "STS15", "STS16")},
         **{t: data / "eval" / t for t in ("MSRP", "TrecQA")},
     }
-    report = _run(minilm, tmp_path / "out", data_dir=data, tasks=["TrecQA", "msrp_pairs"])
+    layout = tmp_path / "data"
+    (layout / "train").mkdir(parents=True)
+    (layout / "eval").symlink_to(small / "eval", target_is_directory=True)
+    (layout / "train" / "msrp_pairs").symlink_to(data / "train" / "msrp_pairs", target_is_directory=True)
+    assert set(task_folders(layout)) == {"MSRP", "TrecQA"}
+    report = _run(minilm, tmp_path / "out", data_dir=layout, tasks=["TrecQA", "msrp_pairs"])
     assert report.scores["TrecQA"]["type"] == "Reranking"
     assert "not an evaluation task" in report.failed["msrp_pairs"]  # named explicitly: an error, not a skip
 
