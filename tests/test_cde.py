@@ -377,6 +377,32 @@ def test_clustering_cache_written_by_two_runs_at_once_holds_one_of_them(tmp_path
         np.testing.assert_array_equal(a, b)
 
 
+def test_teacher_pass_shows_one_progress_line_and_encodes_the_same_with_or_without_it(monkeypatch, capsys):
+    """The teacher encodes in chunks of TEACHER_CHUNK texts with its own bars off (sentence-transformers' bars piled
+    their redraws into a run's log); with progress, neoembed's line counts the texts (plain lines where stderr is
+    not a terminal), and the embeddings are the same either way."""
+    import neoembed.cde.batching as batching
+    import neoembed.progress
+
+    class Teacher:
+        calls: list = []
+
+        def encode(self, texts, batch_size, convert_to_numpy, show_progress_bar):
+            self.calls.append((len(texts), show_progress_bar))
+            return np.array([[len(t), 1.0, i % 3] for i, t in enumerate(texts)], dtype=np.float32)
+
+    monkeypatch.setattr(batching, "TEACHER_CHUNK", 4)
+    monkeypatch.setattr(neoembed.progress, "PLAIN_DELAY", 0.0)
+    texts = [f"text {'x' * i}" for i in range(10)]
+    quiet = teacher_embeddings(Teacher(), texts)
+    assert capsys.readouterr().err == ""
+    shown = teacher_embeddings(Teacher(), texts, progress=True)
+    np.testing.assert_array_equal(shown, quiet)
+    assert Teacher.calls == [(4, False), (4, False), (2, False)] * 2
+    err = capsys.readouterr().err
+    assert "teacher embeddings" in err and "10/10" in err and "\r" not in err, err
+
+
 # --------------------------------------------------------------------------------------------- the trainer
 def _recipe(tmp_path, tiny_official, *overrides):
     return load_recipe(CDE_TINY, CDERecipe, [f"model={tiny_official}", f"output_dir={tmp_path}", *overrides])

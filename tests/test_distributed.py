@@ -424,6 +424,7 @@ def test_two_processes_run_the_cde_recipe(cde_runs, tmp_path, run_neoembed):
     shutil.copytree(checkpoint, one / "checkpoint-2")
     r = run_neoembed([*CDE, "steps=3", "save_steps=2", f"output_dir={one}", "--resume"], cwd=REPO)
     assert r.exit_code == 0, r.stderr[-3000:]
+    assert "Batches" not in r.stderr  # the teacher pass's library bars stay off the console
     rows = [json.loads(line) for line in (one / "metrics.jsonl").read_text().splitlines()]
     assert [(row["step"], row["world_size"]) for row in rows] == [(3, 1)]
     assert neoembed.load(one).n_context == 8

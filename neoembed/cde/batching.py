@@ -48,9 +48,25 @@ def normalise(x: np.ndarray) -> np.ndarray:
     return (x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)).astype(np.float32)
 
 
+TEACHER_CHUNK = 1024  # texts per teacher call: the unit of the progress line, the same with or without it
+
+
 def teacher_embeddings(teacher, texts: list[str], batch_size: int = 64, progress: bool = False) -> np.ndarray:
-    """Unit-length float32 teacher embeddings of ``texts``."""
-    e = teacher.encode(texts, batch_size=batch_size, convert_to_numpy=True, show_progress_bar=progress)
+    """Unit-length float32 teacher embeddings of ``texts``, encoded :data:`TEACHER_CHUNK` texts at a time whether
+    or not ``progress`` shows it (so a run's clustering does not depend on its console): with ``progress``,
+    neoembed's progress line (a bar on a terminal, plain lines with the time left in a log), not the
+    library's per-call bars."""
+    from neoembed.progress import bar
+
+    parts = []
+    with bar(total=len(texts), desc="teacher embeddings", unit="text", disable=not progress) as shown:
+        for start in range(0, len(texts), TEACHER_CHUNK):
+            chunk = texts[start : start + TEACHER_CHUNK]
+            parts.append(
+                teacher.encode(chunk, batch_size=batch_size, convert_to_numpy=True, show_progress_bar=False)
+            )
+            shown.update(len(chunk))
+    e = np.concatenate(parts) if parts else np.zeros((0, teacher.get_embedding_dimension()))
     return normalise(np.asarray(e, dtype=np.float32))
 
 
