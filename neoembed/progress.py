@@ -86,6 +86,7 @@ class PlainProgress:
         self.n, self.initial, self.interval, self.delay = initial, initial, interval, delay
         self.stream = stream if stream is not None else sys.stderr
         self.closed = self.shown = False
+        self.printed = None  # the count the last line showed
         self.start = time.perf_counter()
         self.last = self.start
 
@@ -113,6 +114,8 @@ class PlainProgress:
     def close(self) -> None:
         if not self.closed:
             self.closed = True
+            if self.shown and self.n == self.printed:  # the last line already says where it ended
+                return
             if self.shown or time.perf_counter() - self.start >= self.delay:
                 self._line()
 
@@ -134,7 +137,7 @@ class PlainProgress:
         if self.total and rate > 0:
             parts.append(f"left {tqdm.format_interval(max(self.total - self.n, 0) / rate)}")
         print("  ".join(parts), file=self.stream, flush=True)
-        self.shown = True
+        self.shown, self.printed = True, self.n
 
 
 @contextmanager
