@@ -85,8 +85,8 @@ class PlainProgress:
         self.iterable, self.desc, self.unit, self.total = iterable, desc, unit.strip(), total
         self.n, self.initial, self.interval, self.delay = initial, initial, interval, delay
         self.stream = stream if stream is not None else sys.stderr
-        self.closed = self.shown = False
-        self.printed = None  # the count the last line showed
+        self.closed = False
+        self.printed = None  # the count the last line showed; None before the first line
         self.start = time.perf_counter()
         self.last = self.start
 
@@ -107,17 +107,19 @@ class PlainProgress:
     def update(self, n: int = 1) -> None:
         self.n += n
         now = time.perf_counter()
-        if now - (self.last if self.shown else self.start) >= (self.interval if self.shown else self.delay):
+        shown = self.printed is not None
+        if now - (self.last if shown else self.start) >= (self.interval if shown else self.delay):
             self.last = now
             self._line()
 
     def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            if self.shown and self.n == self.printed:  # the last line already says where it ended
-                return
-            if self.shown or time.perf_counter() - self.start >= self.delay:
-                self._line()
+        if self.closed:
+            return
+        self.closed = True
+        # a stage past its delay ends with a line, unless its last line already says where it ended
+        late = self.printed is not None or time.perf_counter() - self.start >= self.delay
+        if late and self.n != self.printed:
+            self._line()
 
     def _line(self) -> None:
         from tqdm import tqdm
@@ -137,7 +139,7 @@ class PlainProgress:
         if self.total and rate > 0:
             parts.append(f"left {tqdm.format_interval(max(self.total - self.n, 0) / rate)}")
         print("  ".join(parts), file=self.stream, flush=True)
-        self.shown, self.printed = True, self.n
+        self.printed = self.n
 
 
 @contextmanager

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -360,13 +361,15 @@ def test_clustering_cache_written_by_two_runs_at_once_holds_one_of_them(tmp_path
         rng = np.random.default_rng(seed)
         return np.arange(4), rng.normal(size=(2, 3)), rng.normal(size=(4, 3)), rng.normal(size=(4, 3))
 
-    savez, calls = np.savez, []
+    savez, calls, other_process = np.savez, [], os.getpid() + 1
 
     def interleaved(file, **arrays):  # the other run stores its result while this one is between write and rename
         savez(file, **arrays)
         calls.append(file)
         if len(calls) == 1:
-            batching.cached_clustering(tmp_path, "k", lambda: result(1))
+            with monkeypatch.context() as m:
+                m.setattr(os, "getpid", lambda: other_process)
+                batching.cached_clustering(tmp_path, "k", lambda: result(1))
 
     monkeypatch.setattr(batching.np, "savez", interleaved)
     first = batching.cached_clustering(tmp_path, "k", lambda: result(0))

@@ -25,11 +25,12 @@ import json
 import logging
 import math
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from neoembed.progress import bar
 
 __all__ = [
     "ContextualBatches",
@@ -56,8 +57,6 @@ def teacher_embeddings(teacher, texts: list[str], batch_size: int = 64, progress
     or not ``progress`` shows it (so a run's clustering does not depend on its console): with ``progress``,
     neoembed's progress line (a bar on a terminal, plain lines with the time left in a log), not the
     library's per-call bars."""
-    from neoembed.progress import bar
-
     parts = []
     with bar(total=len(texts), desc="teacher embeddings", unit="text", disable=not progress) as shown:
         for start in range(0, len(texts), TEACHER_CHUNK):
@@ -66,8 +65,7 @@ def teacher_embeddings(teacher, texts: list[str], batch_size: int = 64, progress
                 teacher.encode(chunk, batch_size=batch_size, convert_to_numpy=True, show_progress_bar=False)
             )
             shown.update(len(chunk))
-    e = np.concatenate(parts) if parts else np.zeros((0, teacher.get_embedding_dimension()))
-    return normalise(np.asarray(e, dtype=np.float32))
+    return normalise(np.concatenate(parts).astype(np.float32, copy=False))
 
 
 def reduce_dimensions(x: np.ndarray, dims: int | None) -> np.ndarray:
@@ -211,15 +209,10 @@ def cached_clustering(cache_dir: Path | None, key: str, compute):
     assign, centroids, q, d = compute()
     if cache_dir is not None:
         Path(cache_dir).mkdir(parents=True, exist_ok=True)
-        # a name of its own: runs started together (a sweep sharing the default cache) write the same key at once
-        fd, tmp = tempfile.mkstemp(prefix=f"{key}.", suffix=".tmp.npz", dir=cache_dir)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                np.savez(f, assign=assign, centroids=centroids, q=q, d=d)
-            os.replace(tmp, Path(cache_dir) / f"{key}.npz")
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        # one temporary file per process: runs started together (a sweep sharing the default cache) write one key
+        tmp = Path(cache_dir) / f".{key}.tmp{os.getpid()}.npz"
+        np.savez(tmp, assign=assign, centroids=centroids, q=q, d=d)
+        os.replace(tmp, Path(cache_dir) / f"{key}.npz")
     return assign, centroids, q, d
 
 
