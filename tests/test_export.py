@@ -526,3 +526,28 @@ def test_an_onnx_export_refuses_torch_options(tiny_export):
             ValueError, match=rf"is an ONNX export, which does not take {next(iter(options))}"
         ):
             neoembed.load(out, backend="onnx", **options)
+
+
+def test_export_refuses_a_cde_model_before_loading_it(tiny_official, tmp_path, monkeypatch, capsys):
+    """A CDE folder crashed the export after loading (its module has no ``auto_model``, "please report it")."""
+    from neoembed.cde.model import ContextualSentenceTransformer
+
+    cde = tmp_path / "cde"
+    ContextualSentenceTransformer.from_backbone(str(tiny_official), n_context=4).save(str(cde))
+    import neoembed.export.onnx as onnx
+
+    monkeypatch.setattr(onnx, "load", lambda *a, **k: pytest.fail("the model was loaded"))
+    assert _cli(monkeypatch, "export", str(cde), str(tmp_path / "out")) == 2
+    err = capsys.readouterr().err
+    assert "is a CDE model" in err and "please report" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_export_names_a_first_module_it_cannot_write(tmp_path):
+    import torch
+
+    from neoembed.export.onnx import _write
+
+    with pytest.raises(ValueError, match="first module is a transformer; m's is Identity"):
+        _write([torch.nn.Identity()], "m", tmp_path / "out", "onnx", None)
+    assert not (tmp_path / "out").exists()

@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 
+from neoembed.cde.model import is_cde_folder
+from neoembed.cde.modeling_cde import ADAPTER_BASE
 from neoembed.export.cpu import int8_saturates, isa_suffix
 from neoembed.export.runtime import DEFAULT_FILE, ONNX_SUBFOLDER, OUTPUT_NAME, PACKED_INPUTS
 from neoembed.loading import load
@@ -269,6 +271,7 @@ def export(
         raise ValueError(f"unknown --format {fmt!r}: choose one of {', '.join(FORMATS)}")
     if quantize is not None and quantize not in QUANTIZATIONS:
         raise ValueError(f"unknown --quantize {quantize!r}: choose one of {', '.join(QUANTIZATIONS)}")
+    _refuse_cde(Path(model_path))
     out = Path(out)
     check_output(out, overwrite)
     staged = staging_folder(out)
@@ -291,6 +294,15 @@ def export(
     return record
 
 
+def _refuse_cde(path: Path) -> None:
+    """A CDE folder (or its LoRA adapters) is two encoders and a per-corpus context: one graph cannot serve it."""
+    if is_cde_folder(path) or (path / ADAPTER_BASE).is_file():
+        raise ValueError(
+            f"{path} is a CDE model: neoembed export writes the graph of one encoder, and a CDE model encodes "
+            "through two stages and a per-corpus context (docs/cde.md); serve it with neoembed.load"
+        )
+
+
 def _move_in(staged: Path, out: Path) -> None:
     """Rename the finished export to OUT; a previous export there (``--overwrite``) is moved aside first."""
     if out.is_dir() and any(out.iterdir()):
@@ -306,6 +318,11 @@ def _move_in(staged: Path, out: Path) -> None:
 
 
 def _write(model, model_path: str, out: Path, fmt: str, quantize: str | None) -> dict[str, Any]:
+    if getattr(model[0], "auto_model", None) is None:
+        raise ValueError(
+            f"neoembed export writes the graph of a model whose first module is a transformer; {model_path}'s "
+            f"is {type(model[0]).__name__}"
+        )
     model.save(str(out))
     portable_module_types(out / "modules.json")
     graph = out / ONNX_SUBFOLDER / DEFAULT_FILE
