@@ -436,6 +436,32 @@ def test_case6_mine_models_of_the_wrong_kind_refused(card, tiny_official, minilm
     assert not (tmp_path / "out").exists()
 
 
+def test_cde_model_refused_by_mine_and_score_before_it_loads(card, tiny_official, tmp_path):
+    """A CDE folder as mine's ``--model`` was refused with "does not take padding_free ... Drop it" (an option
+    the user never gave), and as score's ``--teacher`` after loading, with a Python-API message, leaving a
+    folder that refused the corrected command: now each is refused before it loads, naming why."""
+    from neoembed.cde.model import ContextualSentenceTransformer
+    from neoembed.mine.score import ScoreConfig, score_card
+
+    cde = tmp_path / "cde"
+    ContextualSentenceTransformer.from_backbone(str(tiny_official), n_context=4).save(str(cde))
+    cases = [
+        (lambda out: mine_negatives(card, cde, out, config=MineConfig(**SETTINGS), progress=False), "--model"),
+        (
+            lambda out: mine_negatives(
+                card, tiny_official, out, config=MineConfig(**SETTINGS, cross_encoder=str(cde)), progress=False
+            ),
+            "--cross-encoder",
+        ),
+        (lambda out: score_card(card, str(cde), out, ScoreConfig(), progress=False), "--teacher"),
+    ]
+    for i, (run, flag) in enumerate(cases):
+        out = tmp_path / f"out{i}"
+        with pytest.raises(ValueError, match=f"{flag} {cde} is a CDE model: it embeds a text only against"):
+            run(out)
+        assert not out.exists()
+
+
 def test_cli_mine_writes_a_card_and_refuses_a_non_empty_folder(
     card, tiny_official, tmp_path, monkeypatch, capsys
 ):

@@ -45,6 +45,7 @@ from neoembed.mine.settings import (
     model_kind,
     nothing_left_on_refusal,
     prepare_run_folder,
+    refuse_cde,
 )
 from neoembed.progress import bar as progress_bar
 from neoembed.recipe import StrictModel
@@ -96,7 +97,9 @@ class ScoringInterrupted(TrainingInterrupted):
 def teacher_kind(teacher: str, kind: str = "auto") -> str:
     """``kind``, or for ``auto`` what the folder holds (:func:`neoembed.mine.miner.model_kind`: a
     sentence-transformers CrossEncoder or a sequence-classification checkpoint is a cross-encoder, anything else
-    a bi-encoder). A local folder of the other kind than ``kind`` names is refused, before it loads."""
+    a bi-encoder). A local folder of the other kind than ``kind`` names, or a CDE folder, is refused, before it
+    loads."""
+    refuse_cde(teacher, "--teacher", "a bi-encoder or a cross-encoder")
     found = model_kind(teacher)
     if kind != "auto":
         if found is not None and found[0] != kind:

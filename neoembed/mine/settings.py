@@ -26,6 +26,7 @@ __all__ = [
     "model_kind",
     "nothing_left_on_refusal",
     "prepare_run_folder",
+    "refuse_cde",
     "run_fingerprint",
 ]
 
@@ -103,10 +104,23 @@ def model_kind(path: str | Path) -> tuple[str, str] | None:
     return None
 
 
+def refuse_cde(path: str | Path, flag: str, wanted: str) -> None:
+    """Refuse (ValueError, exit 2) a CDE folder before it loads: it embeds a text only against a corpus
+    context, which mining and scoring do not give it."""
+    from neoembed.cde.model import is_cde_folder  # torch: imported when a command runs, not for its --help
+
+    if Path(path).is_dir() and is_cde_folder(path):
+        raise ValueError(
+            f"{flag} {path} is a CDE model: it embeds a text only against a corpus context, which mining and "
+            f"scoring do not build. Pass {wanted} (neoembed mteb scores a CDE model)"
+        )
+
+
 def check_model_kind(path: str | Path, wanted: str, flag: str) -> None:
     """Refuse (ValueError, exit 2) a local model of the wrong kind for ``flag``'s role, before it loads: a
-    cross-encoder built on a bi-encoder scores with a randomly initialised head, and a bi-encoder built on a
-    cross-encoder embeds with a backbone trained for another task."""
+    cross-encoder built on a bi-encoder scores with a randomly initialised head, a bi-encoder built on a
+    cross-encoder embeds with a backbone trained for another task, and a CDE model needs a context."""
+    refuse_cde(path, flag, f"a {wanted}")
     found = model_kind(path)
     if found is None or found[0] == wanted:
         return
