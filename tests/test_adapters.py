@@ -74,6 +74,11 @@ def test_lora_run_saves_merged_and_adapter_and_loads_without_neoembed(
     assert sorted(config["target_modules"]) == ["qkv", "w12", "w3", "wo"] and config["r"] == 4
     assert config["base_model_name_or_path"] == str(tiny_official)
     assert neoembed.load(out / "adapter").encode(TEXTS) == pytest.approx(emb, abs=1e-5)
+    # with the run's query prompt (its card's instruction) and token limit: it was saved with neither
+    alone = neoembed.load(out / "adapter")
+    assert alone.prompts == merged.prompts and merged.prompts["query"]
+    assert alone.max_seq_length == merged.max_seq_length == neoembed.load(tiny_official).max_seq_length
+    assert alone.encode_query(TEXTS) == pytest.approx(merged.encode_query(TEXTS), abs=1e-5)
     short = neoembed.load(out / "adapter", truncate_dim=8).encode(TEXTS)  # its options reach the base model
     assert short == pytest.approx(neoembed.load(out, truncate_dim=8).encode(TEXTS), abs=1e-5)
     assert short.shape == (len(TEXTS), 8)

@@ -434,11 +434,12 @@ def _save_final(recipe: UnifiedRecipe, model, cards, output: Path, loop, base_ma
     recipe's max_length was for training); then the model card."""
 
     def save(folder: Path) -> None:
+        # prompts and token limit first: the adapter folder loads as the same model as the merged one
+        model.prompts = {**model.prompts, "query": _query_prompt(recipe, cards), "document": ""}
+        model.max_seq_length = base_max_length
         if recipe.adapter is not None:
             save_adapter(model, folder / "adapter")
             merge_lora(model)
-        model.prompts = {**model.prompts, "query": _query_prompt(recipe, cards), "document": ""}
-        model.max_seq_length = base_max_length
         model.save(str(folder))
         if recipe.matryoshka is not None:
             record_matryoshka_dims(folder, recipe.matryoshka.dims)
