@@ -31,7 +31,6 @@ from typing import Any
 import torch
 
 from neoembed.cde.model import is_cde_folder
-from neoembed.cde.modeling_cde import ADAPTER_BASE
 from neoembed.export.cpu import int8_saturates, isa_suffix
 from neoembed.export.runtime import DEFAULT_FILE, ONNX_SUBFOLDER, OUTPUT_NAME, PACKED_INPUTS
 from neoembed.loading import load
@@ -295,8 +294,9 @@ def export(
 
 
 def _refuse_cde(path: Path) -> None:
-    """A CDE folder (or its LoRA adapters) is two encoders and a per-corpus context: one graph cannot serve it."""
-    if is_cde_folder(path) or (path / ADAPTER_BASE).is_file():
+    """A CDE folder (its adapters alone too: their modules.json names the same module) is two encoders and a
+    per-corpus context: one graph cannot serve it."""
+    if is_cde_folder(path):
         raise ValueError(
             f"{path} is a CDE model: neoembed export writes the graph of one encoder, and a CDE model encodes "
             "through two stages and a per-corpus context (docs/cde.md); serve it with neoembed.load"
