@@ -45,6 +45,7 @@ __all__ = [
     "pooling_mode",
     "resolve_packaged",
     "resolve_dtype",
+    "set_max_seq_length",
 ]
 
 logger = logging.getLogger(__name__)
@@ -356,10 +357,25 @@ def load(
             )  # fmt: skip
     check_vocab(model, name_or_path)
     if max_seq_length is not None:
-        model.max_seq_length = max_seq_length
+        set_max_seq_length(model, max_seq_length, name_or_path)
     if padding_free is not None and _is_neobert(model):
         model[0].auto_model.config.padding_free = bool(padding_free)
     return apply_speedups(model, compile_mode, bucketing, cuda_graphs)
+
+
+def set_max_seq_length(model: SentenceTransformer, max_seq_length: int, name) -> None:
+    """``model.max_seq_length = max_seq_length``, refused past learned absolute positions (BERT, MiniLM, RoBERTa):
+    they embed no token past their table, so a longer limit would fail at the first long text, deep in the
+    embedding lookup (``neoembed train`` refuses its ``max_length`` the same way). NeoBERT's rotary positions have
+    no table (its config has no ``max_position_embeddings``)."""
+    config = getattr(getattr(model[0], "auto_model", None), "config", None)
+    positions = getattr(config, "max_position_embeddings", None)
+    if isinstance(positions, int) and max_seq_length > positions:
+        raise ValueError(
+            f"max_seq_length={max_seq_length} (--max-length on the command line) exceeds the {positions} "
+            f"positions of {name} (its config's max_position_embeddings): use at most {positions}"
+        )
+    model.max_seq_length = max_seq_length
 
 
 #: the key of ``config_sentence_transformers.json`` listing a Matryoshka-trained model's dimensions

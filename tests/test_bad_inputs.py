@@ -392,6 +392,24 @@ def test_max_length_beyond_the_models_positions_is_refused_by_key(tmp_path, mini
     assert not (tmp_path / "run").exists()
 
 
+def test_max_length_beyond_the_models_positions_is_refused_by_load_and_mteb(
+    tmp_path, minilm_path, shared_dir, capsys, monkeypatch
+):
+    """``neoembed.load(..., max_seq_length=1000)`` and ``neoembed mteb --max-length 1000`` on MiniLM (512 learned
+    positions) were accepted: a text past 512 tokens then failed at encode ("The size of tensor a (902) must
+    match the size of tensor b (512)"), in mteb after the shorter tasks had run."""
+    import neoembed
+
+    with pytest.raises(ValueError, match=r"max_seq_length=1000 .* exceeds the 512 positions"):
+        neoembed.load(minilm_path, max_seq_length=1000)
+    assert neoembed.load(minilm_path, max_seq_length=512).max_seq_length == 512
+    out = tmp_path / "results"
+    code, msg = _cli(capsys, monkeypatch, "mteb", "--model", str(minilm_path), "--tasks", "STS16", "--data-dir",
+                     str(shared_dir / "data" / "mteb"), "--max-length", "1000", "--output", str(out))  # fmt: skip
+    assert code == 2 and "--max-length on the command line) exceeds the 512 positions" in msg, msg
+    assert not out.exists()
+
+
 # ------------------------------------------- a walk of fresh bad inputs (#43): each refused before any work
 def _no_model(monkeypatch):
     import neoembed.loading

@@ -49,6 +49,7 @@ def _is_cde(model) -> bool:
 
 def _load_model(cfg: EvalConfig):
     from neoembed.loading import load
+    from neoembed.sentence import set_max_seq_length
 
     if cfg.backend == "onnx":
         model = load(cfg.model, truncate_dim=cfg.truncate_dim, backend="onnx", file_name=cfg.onnx_file)
@@ -56,7 +57,7 @@ def _load_model(cfg: EvalConfig):
         device = cfg.device or ("cpu" if cfg.quantize else None)  # int8 kernels are CPU ones
         model = load(cfg.model, device=device, truncate_dim=cfg.truncate_dim, quantize=cfg.quantize)
     if cfg.max_length:
-        model.max_seq_length = cfg.max_length
+        set_max_seq_length(model, cfg.max_length, cfg.model)
     return model
 
 
