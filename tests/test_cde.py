@@ -552,6 +552,12 @@ def test_mteb_runs_cde_models_with_a_seeded_context_per_task(saved_cde, shared_d
         assert first.scores[task]["cde_context"] == "corpus" and null.scores[task]["cde_context"] == "null"
         assert np.isfinite(null.scores[task]["main_score"])
     assert other.scores["STS13"]["main_score"] != first.scores["STS13"]["main_score"]  # the context matters
+    # so a result is reused only under its seed: another seed into the same folder reported seed 3's scores
+    assert first.scores["STS13"]["cde_seed"] == 3 and "cde_seed" not in null.scores["STS13"]
+    from neoembed.runs import OutputDirError
+
+    with pytest.raises(OutputDirError, match=r"cde_seed \(--seed"):
+        run_mteb(EvalConfig(model=str(saved_cde), output=tmp_path / "a", data_dir=data, seed=4))
 
 
 def test_run_mteb_leaves_no_context_on_the_model(saved_cde, shared_dir, tmp_path):

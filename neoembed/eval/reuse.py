@@ -33,6 +33,7 @@ FLAGS = {
     "max_length": "--max-length",
     "query_prompt": "--query-prompt",
     "cde_context": "--cde-context",
+    "cde_seed": "--seed (it draws a CDE model's context sample)",
     "instruction": "the task's instruction (--instructions, or its card)",
     "prompts": "the task's prompts (--instructions, --query-prompt)",
 }

@@ -274,6 +274,8 @@ def scoring_settings(cfg: EvalConfig, label: str, model=None, precision: str | N
     settings["query_prompt"] = query_prompt_text(cfg.query_prompt, model)
     if _is_cde(model):
         settings["cde_context"] = cfg.cde_context
+        if cfg.cde_context != "null":  # the seed draws the context sample from each task's texts
+            settings["cde_seed"] = cfg.seed
     return settings
 
 
