@@ -109,7 +109,7 @@ def refuse_cde(path: str | Path, flag: str, wanted: str) -> None:
     context, which mining and scoring do not give it."""
     from neoembed.cde.model import is_cde_folder  # torch: imported when a command runs, not for its --help
 
-    if Path(path).is_dir() and is_cde_folder(path):
+    if is_cde_folder(path):  # reads PATH/modules.json: False for a hub id
         raise ValueError(
             f"{flag} {path} is a CDE model: it embeds a text only against a corpus context, which mining and "
             f"scoring do not build. Pass {wanted} (neoembed mteb scores a CDE model)"
