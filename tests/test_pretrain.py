@@ -247,6 +247,29 @@ def test_preprocess_real_text_stats_subsets_and_resume(tmp_path, tokenizer, shar
         preprocess(str(MSRP), out, tokenizer, column="positive", shard_tokens=999, progress=False)
 
 
+def test_corpus_files_written_with_a_byte_order_mark_read_as_without_one(tmp_path):
+    """A UTF-8 byte-order mark (Windows editors write one) is not text: it was refused in JSON lines ("Unexpected
+    UTF-8 BOM") and kept as the first character of a .txt document."""
+    from neoembed.pretrain.data import iter_documents
+
+    texts = [json.loads(line)["positive"].strip() for line in gzip.open(MSRP, "rt")][:5]
+    lines = "".join(json.dumps({"text": t}) + "\n" for t in texts)
+    writes = {
+        "a.txt": lambda p, enc: p.write_text(texts[0], encoding=enc),
+        "b.jsonl": lambda p, enc: p.write_text(lines, encoding=enc),
+        "c.json": lambda p, enc: p.write_text(json.dumps([{"text": t} for t in texts]), encoding=enc),
+        "d.jsonl.gz": lambda p, enc: p.write_bytes(gzip.compress(lines.encode(enc))),
+    }
+    read = {}
+    for enc in ("utf-8", "utf-8-sig"):
+        folder = tmp_path / enc
+        folder.mkdir()
+        for name, write in writes.items():
+            write(folder / name, enc)
+        read[enc] = list(iter_documents(str(folder)))
+    assert read["utf-8-sig"] == read["utf-8"] == [texts[0], *texts, *texts, *texts]
+
+
 # ----------------------------------------------------------------------------------------- training loop
 def _recipe(out: Path, shards: Path, *overrides) -> PretrainRecipe:
     return load_recipe(

@@ -123,14 +123,15 @@ def _check_text(path: Path, text: str) -> str:
 
 
 def _read_file(path: Path, column: str) -> Iterator[str]:
+    # utf-8-sig: a byte-order mark (what Windows editors write first) is dropped, not read as text or as JSON
     name = path.name.lower()
     if name.endswith(TEXT_SUFFIXES):
-        text = _check_text(path, path.read_text(encoding="utf8", errors="replace"))
+        text = _check_text(path, path.read_text(encoding="utf-8-sig", errors="replace"))
         if text.strip():
             yield text
         return
     opener = gzip.open if name.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf8") as f:
+    with opener(path, "rt", encoding="utf-8-sig") as f:
         if name.endswith((".json", ".json.gz")) and f.read(1) == "[":
             f.seek(0)
             rows = json.load(f)
