@@ -164,7 +164,13 @@ def convert(
         bool,
         typer.Option("--sentence", help="Write a sentence-transformers folder (Transformer -> Pooling)."),
     ] = False,
-    pooling: Annotated[str, typer.Option("--pooling", help="Pooling for --sentence: mean or cls.")] = "mean",
+    pooling: Annotated[
+        str | None,
+        typer.Option(
+            "--pooling",
+            help="Pooling for --sentence: mean or cls (default: mean; a sentence-transformers SRC keeps its own).",
+        ),
+    ] = None,
     overwrite: Annotated[
         bool, typer.Option("--overwrite", help="Replace the model in a non-empty DST (a model folder).")
     ] = False,

@@ -562,11 +562,14 @@ def _kind(name_or_path: str, tokenizer: str | None) -> str:
     return "sentence" if hub_modules_json(name_or_path) else "hf"
 
 
-def convert_to_sentence_transformer(src: str | Path, dst: str | Path, pooling: str = "mean") -> str:
-    """An official (or neoembed) NeoBERT checkpoint -> a sentence-transformers folder; returns a report."""
-    from neoembed.modeling.convert import resolve_checkpoint
+def convert_to_sentence_transformer(src: str | Path, dst: str | Path, pooling: str | None = None) -> str:
+    """An official (or neoembed) NeoBERT checkpoint -> a sentence-transformers folder; returns a report.
+    ``pooling``: mean (the default) or cls; a sentence-transformers ``src`` keeps its own unless another is
+    asked for, which is refused (see :func:`load`)."""
+    from neoembed.modeling.convert import require_config, resolve_checkpoint
 
     folder = resolve_checkpoint(src)
+    require_config(folder)  # a CDE model keeps its encoders in subfolders: say so before loading it
     model = load(str(folder), pooling=pooling)
     if not _is_neobert(model):
         raise ValueError(
@@ -575,8 +578,11 @@ def convert_to_sentence_transformer(src: str | Path, dst: str | Path, pooling: s
     model.model_card_data.base_model = base_model_name(src)
     model.save(str(dst))
     files = sorted(p.name for p in Path(dst).iterdir())
+    pooler = next((m for m in model if isinstance(m, Pooling)), None)
+    own = pooler.pooling_mode if pooler is not None else None
+    pooled = next((name for name, mode in POOLING_MODES.items() if mode == own), own)
     return (
-        f"converted {src} -> {dst} (sentence-transformers: Transformer -> Pooling[{pooling}])\n"
+        f"converted {src} -> {dst} (sentence-transformers: Transformer -> Pooling[{pooled}])\n"
         f"  files: {', '.join(files)}\n"
         f"  loads with neoembed.load({str(dst)!r}), or SentenceTransformer(path, trust_remote_code=True) without neoembed"
     )

@@ -114,6 +114,31 @@ def test_case3_convert_sentence_cli_loads_both_ways(tiny_official, tmp_path, blo
     assert np.abs(_encode_in_subprocess(code, out) - expected).max() <= 1e-6
 
 
+def test_convert_sentence_keeps_a_folders_pooling_and_names_a_cde_models_checkpoints(
+    tiny_official, tmp_path, run_neoembed
+):
+    """``--pooling`` defaulted to mean, so converting a cls-pooled folder was refused ("pooling='mean' would be
+    ignored") for an option never given; a CDE folder was refused as one with "no config.json", and nothing more."""
+    cls = tmp_path / "cls"
+    r = run_neoembed(["convert", str(tiny_official), str(cls), "--sentence", "--pooling", "cls"], env=_env())
+    assert r.exit_code == 0 and "Pooling[cls]" in r.stdout, r.stderr[-3000:]
+    again = tmp_path / "again"
+    r = run_neoembed(["convert", str(cls), str(again), "--sentence"], env=_env())
+    assert r.exit_code == 0 and "Pooling[cls]" in r.stdout, r.stderr[-3000:]
+    assert np.allclose(neoembed.load(again).encode(TEXTS), neoembed.load(cls).encode(TEXTS), atol=1e-6)
+    r = run_neoembed(["convert", str(cls), str(tmp_path / "mean"), "--sentence", "--pooling", "mean"], env=_env())
+    assert r.exit_code == 2 and "pools by 'cls'" in r.stderr, r.stderr[-3000:]
+
+    from neoembed.cde.model import ContextualSentenceTransformer
+
+    cde = tmp_path / "cde"
+    ContextualSentenceTransformer.from_backbone(str(tiny_official), n_context=4).save(str(cde))
+    for extra in ([], ["--sentence"]):
+        r = run_neoembed(["convert", str(cde), str(tmp_path / "out"), *extra], env=_env())
+        assert r.exit_code == 2, (extra, r.stdout[-2000:], r.stderr[-3000:])
+        assert "not a checkpoint" in r.stderr and "first_stage/, second_stage/" in r.stderr, r.stderr[-3000:]
+
+
 def test_fixture_mean_pooling_matches_official_hidden_states(tiny, tiny_expected):
     ids, mask = tiny_expected["input_ids"], tiny_expected["attention_mask"]
     with torch.no_grad():

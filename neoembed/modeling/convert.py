@@ -20,7 +20,7 @@ from safetensors.torch import load_file, save_file
 from neoembed.modeling.configuration_neobert import NeoBERTConfig
 from neoembed.modeling.modeling_neobert import NeoBERTForMaskedLM, NeoBERTModel
 
-__all__ = ["OFFICIAL_AUTO_MAP", "convert_checkpoint", "load_state_dict", "resolve_checkpoint"]
+__all__ = ["OFFICIAL_AUTO_MAP", "convert_checkpoint", "load_state_dict", "require_config", "resolve_checkpoint"]
 
 OFFICIAL_AUTO_MAP = {
     "AutoConfig": "model.NeoBERTConfig",
@@ -127,14 +127,35 @@ def official_config_dict(config: NeoBERTConfig) -> dict:
     }
 
 
+def require_config(folder: Path) -> Path:
+    """``folder/config.json``, or a ``FileNotFoundError`` saying what the folder is instead."""
+    config_file = folder / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"{folder} has no config.json{_modules_hint(folder)}")
+    return config_file
+
+
+def _modules_hint(folder: Path) -> str:
+    """For a sentence-transformers folder whose encoders live in subfolders (a CDE model's two stages): what it
+    is and which of its subfolders are checkpoints that convert takes."""
+    modules = folder / "modules.json"
+    if not modules.is_file():
+        return ""
+    types = [str(m.get("type", "?")).rsplit(".", 1)[-1] for m in json.loads(modules.read_text())]
+    inner = sorted(p.parent.name for p in folder.glob("*/config.json"))
+    where = f"; its checkpoints are in {', '.join(s + '/' for s in inner)}" if inner else ""
+    return (
+        f": it is a sentence-transformers model of modules {types}, not a checkpoint. convert takes a NeoBERT "
+        f"checkpoint{where}"
+    )
+
+
 def convert_checkpoint(src: str | Path, dst: str | Path, to: str = "neoembed") -> str:
     """Convert ``src`` (folder or hub id, either layout) into ``dst`` in layout ``to``; returns a report."""
     if to not in ("neoembed", "official"):
         raise ValueError(f"unknown target layout {to!r}; valid: 'neoembed', 'official'")
     folder = resolve_checkpoint(src)
-    config_file = folder / "config.json"
-    if not config_file.is_file():
-        raise FileNotFoundError(f"{folder} has no config.json")
+    config_file = require_config(folder)
     raw = json.loads(config_file.read_text())
     if raw.get("model_type") != "neobert":
         raise ValueError(f"{src} is not a NeoBERT checkpoint (model_type={raw.get('model_type')!r})")
