@@ -157,7 +157,7 @@ class EmbeddingModel(SentenceTransformer):
         if too_long:
             warnings.warn(
                 f"{too_long} text(s) exceed max_seq_length={limit} tokens and are truncated "
-                "(raise model.max_seq_length to keep more)",
+                "(raise model.max_seq_length, or --max-length on the command line, to keep more)",
                 TruncationWarning,
                 stacklevel=3,
             )
@@ -367,10 +367,20 @@ def set_max_seq_length(model: SentenceTransformer, max_seq_length: int, name) ->
     """``model.max_seq_length = max_seq_length``, refused past learned absolute positions (BERT, MiniLM, RoBERTa):
     they embed no token past their table, so a longer limit would fail at the first long text, deep in the
     embedding lookup (``neoembed train`` refuses its ``max_length`` the same way). NeoBERT's rotary positions have
-    no table (its config has no ``max_position_embeddings``)."""
+    no table: past the length it supports (``max_length`` times its RoPE scaling's factor, e.g. YaRN's) they
+    extrapolate, with a warning."""
     config = getattr(getattr(model[0], "auto_model", None), "config", None)
-    positions = getattr(config, "max_position_embeddings", None)
-    if isinstance(positions, int) and max_seq_length > positions:
+    positions = getattr(config, "max_position_embeddings", None)  # NeoBERT's aliases its max_length
+    if getattr(config, "model_type", None) == "neobert":
+        supported = config.max_sequence_length
+        if max_seq_length > supported:
+            logger.warning(
+                "max_seq_length=%d (--max-length on the command line) is longer than the %d tokens %s supports "
+                "(trained at %d%s): rotary positions extrapolate past it, and quality there is not measured",
+                max_seq_length, supported, name, config.max_length,
+                "" if supported == config.max_length else ", times its RoPE scaling's factor",
+            )  # fmt: skip
+    elif isinstance(positions, int) and max_seq_length > positions:
         raise ValueError(
             f"max_seq_length={max_seq_length} (--max-length on the command line) exceeds the {positions} "
             f"positions of {name} (its config's max_position_embeddings): use at most {positions}"

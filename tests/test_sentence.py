@@ -175,6 +175,25 @@ def test_max_seq_length_defaults_to_model_maximum(tiny, tiny_official):
     assert neoembed.load(tiny_official, max_seq_length=128).max_seq_length == 128
 
 
+def test_a_neobert_max_length_past_what_it_supports_warns_and_is_kept(tiny_official, caplog):
+    """``max_seq_length`` / ``--max-length`` past NeoBERT's supported length was refused as past "positions" it
+    does not have (rotary: ``max_position_embeddings`` only aliases ``max_length``), a YaRN-extended model's
+    too; it is kept with a warning, and within a RoPE scaling's reach with none."""
+    from neoembed.sentence import set_max_seq_length
+
+    with caplog.at_level("WARNING", logger="neoembed.sentence"):
+        model = neoembed.load(tiny_official, max_seq_length=8192)
+    assert model.max_seq_length == 8192
+    assert "longer than the 4096 tokens" in caplog.text and "extrapolate" in caplog.text
+    model[0].auto_model.config.rope_parameters = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0}
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="neoembed.sentence"):
+        set_max_seq_length(model, 8192, "yarn")
+        assert not caplog.text
+        set_max_seq_length(model, 8193, "yarn")
+    assert "longer than the 8192 tokens yarn supports (trained at 4096, times its RoPE" in caplog.text
+
+
 def test_prompts_survive_save_and_query_differs_by_instruction(saved, tiny):
     path, _ = saved
     model = neoembed.load(path)
