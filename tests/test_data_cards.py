@@ -113,6 +113,19 @@ def test_a_card_whose_paths_cannot_work_fails_the_schema_check():
     assert any("set.neg[0].text" in p for p in problems)
 
 
+def test_a_data_folders_own_card_is_named_as_one_with_the_command_that_writes_a_data_card(shared_dir, tmp_path):
+    """``neoembed mine`` / ``train`` / ``data check`` on the ``card.yaml`` beside a folder's rows listed every key
+    as unknown, with no word on what the file is; the command the error gives writes a card that loads."""
+    from neoembed.data.starter import write_starter
+
+    folder = shared_dir / "data" / "train" / "trecqa_pairs"
+    with pytest.raises(DataCardError, match="describes a data folder") as e:
+        load_card(folder / "card.yaml")
+    assert f"neoembed init {folder / 'train.jsonl.gz'} --out DIR" in str(e.value)
+    card, _ = load_card(write_starter(folder / "train.jsonl.gz", tmp_path).card)
+    assert card.columns.query == "query" and card.columns.negatives == ["negative"]
+
+
 def _features(t) -> datasets.Features | object:
     """A compact declared type as a ``datasets`` feature."""
     if isinstance(t, dict) and "class_label" in t:

@@ -47,6 +47,7 @@ import logging
 import operator
 import random
 import re
+import shlex
 from dataclasses import asdict
 from pathlib import Path
 
@@ -78,6 +79,7 @@ from neoembed.data.pairs import (
     hashed_repeats,
     text_hash,
 )
+from neoembed.data.starter import DATA_SUFFIXES
 from neoembed.instructions import DEFAULT_TEMPLATE
 from neoembed.recipe import RecipeError, format_validation_error, resolve_named_file
 
@@ -137,7 +139,7 @@ def load_card(path: str | Path) -> tuple[DataCard, Path]:
     try:
         card = DataCard.model_validate(raw)
     except ValidationError as e:
-        raise DataCardError(format_validation_error(e, DataCard, str(path))) from None
+        raise DataCardError(format_validation_error(e, DataCard, str(path)) + _dataset_card_hint(raw, path)) from None
     if card.filter and not _FILTER.match(card.filter):
         raise DataCardError(
             f"{path}: filter {card.filter!r} must look like '<column> <op> <number>' (op: {list(_OPS)})"
@@ -148,6 +150,20 @@ def load_card(path: str | Path) -> tuple[DataCard, Path]:
     except CardSchemaError as e:
         raise DataCardError(f"{path}: {e}") from None
     return card, path.parent
+
+
+def _dataset_card_hint(raw, path: Path) -> str:
+    """A folder's own ``card.yaml`` (a dataset card: what the data is, its splits and licence) read as a data card
+    fails on every key: say what it is and how to get a data card for its rows."""
+    if not isinstance(raw, dict) or "columns" in raw or not {"task_type", "splits", "format"} & set(raw):
+        return ""
+    data = sorted(p.name for p in path.parent.iterdir() if p.name.lower().endswith(DATA_SUFFIXES))
+    example = f"neoembed init {shlex.quote(str(path.parent / data[0]))} --out DIR" if data else "neoembed init"
+    return (
+        f"\n{path} describes a data folder (a dataset card: task_type, splits, format), not a data card, which says "
+        f"where the rows are and which column is which. `{example}` writes a data card for a file of rows "
+        "(docs/own-data.md)"
+    )
 
 
 def load_recipe_cards(

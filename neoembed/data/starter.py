@@ -34,14 +34,19 @@ class Starter:
     columns: dict
 
 
+FORMATS = {
+    "json": (".jsonl", ".json", ".jsonl.gz", ".json.gz"),
+    "csv": (".csv", ".csv.gz"),
+    "parquet": (".parquet",),
+}
+DATA_SUFFIXES = tuple(s for suffixes in FORMATS.values() for s in suffixes)  # the files init reads
+
+
 def _format(path: Path) -> str:
     name = path.name.lower()
-    if name.endswith((".jsonl", ".json", ".jsonl.gz", ".json.gz")):
-        return "json"
-    if name.endswith((".csv", ".csv.gz")):
-        return "csv"
-    if name.endswith(".parquet"):
-        return "parquet"
+    for fmt, suffixes in FORMATS.items():
+        if name.endswith(suffixes):
+            return fmt
     raise ValueError(f"{path}: neoembed init reads .jsonl, .jsonl.gz, .json, .csv or .parquet files")
 
 
