@@ -9,6 +9,7 @@ import gzip
 import io
 import json
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -82,21 +83,22 @@ def test_init_recognises_triplets_and_refuses_what_it_cannot_read(tmp_path):
 def test_init_writes_commands_that_run_where_it_says(tmp_path, shared_dir, tiny_official, run_neoembed):
     """The card's and the recipe's comments name the commands to run and the folder to run them from (the one
     `neoembed init` ran in: card_dirs and output_dir are relative to it); each runs there as written, and so do the
-    commands init prints. Every key of both files carries a comment."""
+    commands init prints, quoted for the shell (the folder here has a space in its name). Every key of both files
+    carries a comment."""
     _write_data(tmp_path, shared_dir)
-    init = ["init", "pairs.jsonl", "--out", "mydata", "--model", str(tiny_official)]
+    init = ["init", "pairs.jsonl", "--out", "my data", "--model", str(tiny_official)]
     r = run_neoembed(init, cwd=tmp_path)
     assert r.exit_code == 0, r.stderr[-3000:]
     printed = [line.strip() for line in r.stdout.splitlines() if line.strip().startswith("neoembed ")]
-    files = [(tmp_path / "mydata" / name).read_text() for name in ("pairs.yaml", "pairs-recipe.yaml")]
+    files = [(tmp_path / "my data" / name).read_text() for name in ("pairs.yaml", "pairs-recipe.yaml")]
     said = r"^#.*?(neoembed (?:data|train) .+)$"
     written = [m for text in files for m in re.findall(said, text, flags=re.M)]
     assert all("from the folder you ran `neoembed init` in" in text for text in files)
     assert set(printed) <= set(written) and any("--dry-run" in c for c in written), (printed, written)
     for command in sorted(written, key=lambda c: "--dry-run" not in c):  # the dry run before the training
-        r = run_neoembed(command.split()[1:], cwd=tmp_path)
+        r = run_neoembed(shlex.split(command)[1:], cwd=tmp_path)
         assert r.exit_code == 0, f"{command}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
-    dry_run = run_neoembed(written[1].split()[1:], cwd=tmp_path).stdout
+    dry_run = run_neoembed(shlex.split(written[1])[1:], cwd=tmp_path).stdout
     assert "pairs  rows 64 (counted)" in dry_run  # the card was found
     assert (tmp_path / "runs" / "pairs" / "model.safetensors").is_file()
     logged = (tmp_path / "runs" / "pairs" / "metrics.jsonl").read_text().splitlines()

@@ -11,6 +11,7 @@ so a run without network takes seconds, not the hub client's retries for every c
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -164,9 +165,10 @@ def init_command(
 
     load_recipe(starter.recipe, UnifiedRecipe)
     cols = starter.columns
+    card, recipe = shlex.quote(str(starter.card)), shlex.quote(str(starter.recipe))
     typer.echo(
         f"{starter.rows} rows: query={cols['query']}, positive={cols['positive']}, "
         f"negatives={cols['negatives'] or 'none (in-batch only)'}\n"
         f"wrote {starter.card} and {starter.recipe}; edit the instruction and licence, then:\n"
-        f"  neoembed data check {starter.card}\n  neoembed train {starter.recipe}"
+        f"  neoembed data check {card}\n  neoembed train {recipe}"
     )
