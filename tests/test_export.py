@@ -543,6 +543,32 @@ def test_export_refuses_a_cde_model_before_loading_it(tiny_official, tmp_path, m
     assert not (tmp_path / "out").exists()
 
 
+def test_export_refuses_a_lora_adapter_and_names_the_merged_model_beside_it(
+    tiny_official, tmp_path, monkeypatch, capsys
+):
+    """``neoembed export RUN/adapter`` loaded the base model with the adapter, then failed in transformers' save
+    ("PEFT >= 0.22.0"); with that PEFT it writes the adapter alone, no graph. The merged model beside it exports."""
+    import neoembed
+    import neoembed.export.onnx as onnx
+    from neoembed.adapters import add_lora, merge_lora, save_adapter
+
+    model = neoembed.load(tiny_official)
+    add_lora(model, r=4, alpha=8)
+    run = tmp_path / "run"
+    save_adapter(model, run / "adapter")
+    merge_lora(model)
+    model.save(str(run))
+    load = onnx.load
+    monkeypatch.setattr(onnx, "load", lambda *a, **k: pytest.fail("the adapter was loaded"))
+    assert _cli(monkeypatch, "export", str(run / "adapter"), str(tmp_path / "out")) == 2
+    err = capsys.readouterr().err
+    assert "is a LoRA adapter saved alone" in err and f"{run} holds it" in err, err
+    assert not (tmp_path / "out").exists()
+    monkeypatch.setattr(onnx, "load", load)
+    assert _cli(monkeypatch, "export", str(run), str(tmp_path / "out")) == 0
+    assert (tmp_path / "out" / "export.json").is_file()
+
+
 def test_export_names_a_first_module_it_cannot_write(tmp_path):
     import torch
 

@@ -271,6 +271,7 @@ def export(
     if quantize is not None and quantize not in QUANTIZATIONS:
         raise ValueError(f"unknown --quantize {quantize!r}: choose one of {', '.join(QUANTIZATIONS)}")
     _refuse_cde(Path(model_path))
+    _refuse_adapter(Path(model_path))
     out = Path(out)
     check_output(out, overwrite)
     staged = staging_folder(out)
@@ -301,6 +302,21 @@ def _refuse_cde(path: Path) -> None:
             f"{path} is a CDE model: neoembed export writes the graph of one encoder, and a CDE model encodes "
             "through two stages and a per-corpus context (docs/cde.md); serve it with neoembed.load"
         )
+
+
+def _refuse_adapter(path: Path) -> None:
+    """A LoRA adapter saved alone is applied to its base model as it loads: saved again, transformers writes the
+    adapter alone (and with PEFT older than it wants, fails), so there is no graph of it to write. The merged model
+    is what exports, and ``neoembed train`` writes it beside ``adapter/``."""
+    if not (path / "adapter_config.json").is_file():
+        return
+    run = path.resolve().parent
+    merged = (run / "modules.json").is_file() and any(run.glob("*.safetensors"))
+    where = f": {run} holds it (written beside the adapter)" if merged else ""
+    raise ValueError(
+        f"{path} is a LoRA adapter saved alone (adapter_config.json), applied to its base model as it loads: "
+        f"export the model with the adapter merged into its weights instead{where}"
+    )
 
 
 def _move_in(staged: Path, out: Path) -> None:
