@@ -273,7 +273,8 @@ def test_matryoshka_recipe_trains_saves_and_reloads_truncated(tmp_path, tiny_off
     run = CliRunner().invoke(app, [*cli, "--truncate-dim", "16", "--output", str(tmp_path / "mteb")])
     assert run.exit_code == 0, run.output
     assert json.loads((tmp_path / "mteb" / "summary.json").read_text())["n_tasks"] == 1
-    assert json.loads((tmp_path / "mteb" / "run_record.json").read_text())["recipe"]["truncate_dim"] == "16"
+    recorded = json.loads((tmp_path / "mteb" / "run_record.json").read_text())["recipe"]
+    assert recorded["truncate_dim"] == 16 and recorded["max_batch_tokens"] is None  # unset: null, not "None"
     # the score is the 16-d embeddings' (the lines above pass if the truncation is ignored: #43's bad case 1)
     short = json.loads((tmp_path / "mteb" / "STS16.json").read_text())
     assert short["embedding_dim"] == 16 and short["truncate_dim"] == 16

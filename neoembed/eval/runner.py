@@ -441,7 +441,7 @@ def _write_record(cfg: EvalConfig, output: Path, extra: dict) -> None:
     write_run_record(
         output,
         "mteb",
-        recipe={k: str(v) for k, v in vars(cfg).items()},
+        recipe=json.loads(json.dumps(vars(cfg), default=str)),  # paths as text; None, numbers, lists as themselves
         seed=cfg.seed,
         data_files=data_files,
         extra=extra,
