@@ -63,10 +63,15 @@ def test_lora_run_saves_merged_and_adapter_and_loads_without_neoembed(
         "datasets=[{card: pydoc_names, max_rows: 64}]",
     ]
     recipe = load_recipe(
-        TINY, UnifiedRecipe, [*overrides, "steps=4", "save_steps=2", "adapter={r: 4, alpha: 8}"]
+        TINY,
+        UnifiedRecipe,
+        [*overrides, "steps=4", "save_steps=2", "adapter={r: 4, alpha: 8}", "matryoshka={dims: [64, 8]}"],
     )
     train(recipe, recipe_dir=TINY.parent)
     merged = neoembed.load(out)
+    from neoembed.sentence import matryoshka_dims
+
+    assert matryoshka_dims(out / "adapter") == matryoshka_dims(out) == [64, 8]  # adapter/ had none
     emb = merged.encode(TEXTS)
     assert not torch.allclose(torch.tensor(emb), torch.tensor(neoembed.load(tiny_official).encode(TEXTS)))
     # the adapter alone: neoembed.load finds its base model and applies it; the merged model's embeddings

@@ -331,15 +331,16 @@ def _save_model(model, recipe: CDERecipe, folder: Path, training: bool = False) 
     """The model as an ordinary CDE folder. With an adapter it is saved merged (loads anywhere, without PEFT),
     the final model also with the adapters alone in ``adapter/``; during training (a checkpoint) a merged copy is
     saved, so that the model being trained keeps its adapter."""
+    saved = [folder]
     if recipe.adapter is not None:
         if training:
             model = copy.deepcopy(model)
         else:
-            save_cde_adapter(model, folder / "adapter")
+            saved.append(save_cde_adapter(model, folder / "adapter"))
         merge_lora(model)
     model.save(str(folder))
-    if recipe.matryoshka is not None:
-        record_matryoshka_dims(folder, recipe.matryoshka.dims)
+    for written in saved if recipe.matryoshka is not None else ():
+        record_matryoshka_dims(written, recipe.matryoshka.dims)
 
 
 def _check_extras(recipe: CDERecipe) -> None:

@@ -437,12 +437,13 @@ def _save_final(recipe: UnifiedRecipe, model, cards, output: Path, loop, base_ma
         # prompts and token limit first: the adapter folder loads as the same model as the merged one
         model.prompts = {**model.prompts, "query": _query_prompt(recipe, cards), "document": ""}
         model.max_seq_length = base_max_length
+        saved = [folder]
         if recipe.adapter is not None:
-            save_adapter(model, folder / "adapter")
+            saved.append(save_adapter(model, folder / "adapter"))
             merge_lora(model)
         model.save(str(folder))
-        if recipe.matryoshka is not None:
-            record_matryoshka_dims(folder, recipe.matryoshka.dims)
+        for written in saved if recipe.matryoshka is not None else ():
+            record_matryoshka_dims(written, recipe.matryoshka.dims)
 
     model.eval()
     save_final_model(output, save, loop.step)
