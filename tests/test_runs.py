@@ -273,6 +273,8 @@ def test_resuming_a_finished_run_says_so_and_writes_nothing(
     before = _snapshot(ref)
     with pytest.raises(RunFinished, match=r"finished at step 4, nothing left to run; .*steps=8"):
         train(_recipe(ref, tiny_official), recipe_dir=TINY.parent, resume=True)
+    with pytest.raises(RunFinished):  # the same model folder, spelled with a trailing slash: not another run
+        train(_recipe(ref, f"{tiny_official}/"), recipe_dir=TINY.parent, resume=True)
     code, said = _cli(capsys, monkeypatch, "train", str(TINY), f"model={tiny_official}", f"output_dir={ref}",
                       *RUN, "--resume")  # fmt: skip
     assert code == 0 and "its run finished at step 4, nothing left to run" in said, said

@@ -179,9 +179,13 @@ def _differences(saved: dict[str, Any], now: dict[str, Any], defaults: dict[str,
 
 
 def _trajectory(key: str, value: Any) -> Any:
-    """``value`` of setting ``key`` as the run it trains (:data:`SAME_TRAJECTORY`)."""
-    same = SAME_TRAJECTORY.get(key, {})
-    return same.get(value, value) if isinstance(value, str) else value
+    """``value`` of setting ``key`` as the run it trains (:data:`SAME_TRAJECTORY`); a local path as the folder or
+    file it names (``models/base/`` and ``./models/base`` are one model)."""
+    if not isinstance(value, str):
+        return value
+    if value not in SAME_TRAJECTORY.get(key, {}) and os.path.exists(value):
+        return str(Path(value).resolve())
+    return SAME_TRAJECTORY.get(key, {}).get(value, value)
 
 
 def _check_steps(ckpt: Path, saved: dict | None, settings: dict | None) -> None:
