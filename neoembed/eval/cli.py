@@ -144,7 +144,15 @@ def mteb_command(
     ] = None,
     output: Output = None,
     overwrite: Overwrite = False,
-    seed: Annotated[int, typer.Option("--seed", min=0)] = 42,
+    seed: Annotated[
+        int,
+        typer.Option(
+            "--seed",
+            min=0,
+            help="Draws a CDE model's context sample. mteb's own subsampling (classification, clustering) keeps "
+            "each task's seed, 42, as its published scores do.",
+        ),
+    ] = 42,
     device: Annotated[str | None, typer.Option("--device")] = None,
     cde_context: CdeContext = "corpus",
     embedding_precision: EmbeddingPrecision = "fp32",
