@@ -194,6 +194,27 @@ def test_a_neobert_max_length_past_what_it_supports_warns_and_is_kept(tiny_offic
     assert "longer than the 8192 tokens yarn supports (trained at 4096, times its RoPE" in caplog.text
 
 
+def test_train_warns_past_a_neobert_length_counting_its_rope_scaling(tiny_official, tmp_path, caplog):
+    """``neoembed train``'s check (config.json, before the model loads) warned past ``max_length`` even where a
+    YaRN scaling extends it; it reads the length the model supports, as :func:`set_max_seq_length` does."""
+    import json
+    import shutil
+    from types import SimpleNamespace
+
+    from neoembed.train.trainer import _check_max_length
+
+    model = tmp_path / "yarn"
+    shutil.copytree(tiny_official, model)
+    config = json.loads((model / "config.json").read_text())
+    config["rope_scaling"] = {"type": "yarn", "factor": 2.0}
+    (model / "config.json").write_text(json.dumps(config))
+    with caplog.at_level("WARNING", logger="neoembed.train.trainer"):
+        _check_max_length(SimpleNamespace(model=str(model), max_length=8192))
+        assert not caplog.text
+        _check_max_length(SimpleNamespace(model=str(model), max_length=8193))
+    assert "longer than the 8192 tokens" in caplog.text
+
+
 def test_prompts_survive_save_and_query_differs_by_instruction(saved, tiny):
     path, _ = saved
     model = neoembed.load(path)

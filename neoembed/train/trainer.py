@@ -396,18 +396,23 @@ def _check_max_length(recipe: UnifiedRecipe) -> None:
     if not config.is_file():
         return
     cfg = json.loads(config.read_text())
-    positions, trained = cfg.get("max_position_embeddings"), cfg.get("max_length")
+    positions = cfg.get("max_position_embeddings")
     if isinstance(positions, int) and recipe.max_length > positions:
         raise RecipeError(
             f"max_length={recipe.max_length} exceeds the {positions} positions of model {recipe.model} "
             "(config.json max_position_embeddings): lower max_length"
         )
-    if isinstance(trained, int) and recipe.max_length > trained:
+    if cfg.get("model_type") != "neobert":
+        return
+    from neoembed.modeling import NeoBERTConfig
+
+    supported = NeoBERTConfig.from_dict(cfg).max_sequence_length  # max_length x its RoPE scaling (YaRN) factor
+    if recipe.max_length > supported:
         logger.warning(
-            "max_length=%d is longer than the %d tokens model %s was trained at (rotary positions extrapolate; "
+            "max_length=%d is longer than the %d tokens model %s supports (rotary positions extrapolate; "
             "quality beyond its length is not measured)",
             recipe.max_length,
-            trained,
+            supported,
             recipe.model,
         )
 
