@@ -272,7 +272,7 @@ def train(
     check_weight_files(recipe.model)
     acc = _accelerator(recipe)  # after the folder's checks: a resume on another process count is named there
     model = load(recipe.model, pooling=recipe.pooling, compile=recipe.compile, device=str(acc.device))
-    base_max_length = _training_length(model, recipe)  # the saved model gets base_max_length back
+    final = (_training_length(model, recipe), _query_prompt(recipe, cards))  # what the saved model carries
     _add_adapter(model, recipe)
     seed_everything(recipe.seed)
     tally = MaskTally()  # what false-negative masking drops, logged with each metrics row
@@ -294,8 +294,8 @@ def train(
         settings=settings,
         progress=progress,
         nan_advice="Lower optimizer.lr, or use bf16/fp32 instead of fp16",
-        evaluate=_evaluation(evaluator, model, output),
-        save_model=functools.partial(_save_checkpoint_model, model, recipe),  # checkpoint-N loads as a model
+        evaluate=_evaluation(evaluator, model, output, final),
+        save_model=functools.partial(_save_checkpoint_model, model, recipe, final),
     )
     if acc.is_main_process:
         write_holdout_tasks(output, held, cards, recipe)
@@ -307,24 +307,51 @@ def train(
         loop.run(*unified_step(acc, loss_fn, loader, sampler, names, batch_sizes, loop.step, tally))
     except torch.OutOfMemoryError as e:
         raise _oom_advice(recipe, e) from None
-    loop.finish(lambda: _save_final(recipe, model, cards, output, loop, base_max_length))
+    loop.finish(lambda: _save_final(recipe, model, cards, output, loop, final))
     return output
 
 
-def _evaluation(evaluator, model, output: Path):
-    """``evaluate(step)`` for the loop: the evaluator (``neoembed.eval.training``) on the model being trained."""
+def _set_final(model, limit: int | None, query_prompt: str) -> tuple:
+    """Give ``model`` what the final model is saved with: the base model's token limit (``max_length`` is for the
+    training batches) and the query instruction as its ``query`` prompt; returns what it replaced."""
+    before = (model.max_seq_length, model.prompts)
+    model.prompts = {**model.prompts, "query": query_prompt, "document": ""}
+    model.max_seq_length = limit
+    return before
+
+
+@contextlib.contextmanager
+def _as_final(model, final: tuple):
+    """``model`` as the final model (:func:`_set_final`), so that a score taken during training and a
+    checkpoint's scores are the scores of the model they stand for."""
+    before = _set_final(model, *final)
+    try:
+        yield model
+    finally:
+        model.max_seq_length, model.prompts = before
+
+
+def _evaluation(evaluator, model, output: Path, final: tuple):
+    """``evaluate(step)`` for the loop: the evaluator (``neoembed.eval.training``) on the model being trained, as
+    the final model would be saved."""
     if evaluator is None:
         return None
-    return lambda step: evaluator(model, output_path=str(output / "eval"), steps=step)
+
+    def evaluate(step: int) -> dict:
+        with _as_final(model, final):
+            return evaluator(model, output_path=str(output / "eval"), steps=step)
+
+    return evaluate
 
 
-def _save_checkpoint_model(model, recipe: UnifiedRecipe, folder: Path) -> None:
-    """The model at a checkpoint, loadable as it is (``neoembed mteb --model RUN/checkpoint-N``); with an
-    adapter, a merged copy, so that the model being trained keeps its adapter."""
-    if recipe.adapter is not None:
-        model = copy.deepcopy(model)
-        merge_lora(model)
-    model.save(str(folder))
+def _save_checkpoint_model(model, recipe: UnifiedRecipe, final: tuple, folder: Path) -> None:
+    """The model at a checkpoint, loadable as it is (``neoembed mteb --model RUN/checkpoint-N``) and as the final
+    model would be saved; with an adapter, a merged copy, so that the model being trained keeps its adapter."""
+    with _as_final(model, final):
+        if recipe.adapter is not None:
+            model = copy.deepcopy(model)
+            merge_lora(model)
+        model.save(str(folder))
 
 
 def _batch_plans(recipe: UnifiedRecipe, datasets: dict, batch_sizes: dict) -> dict[str, bool]:
@@ -432,16 +459,14 @@ def _check_extras(recipe: UnifiedRecipe, evaluator) -> None:
         )
 
 
-def _save_final(recipe: UnifiedRecipe, model, cards, output: Path, loop, base_max_length) -> None:
+def _save_final(recipe: UnifiedRecipe, model, cards, output: Path, loop, final: tuple) -> None:
     """The final model, all or nothing (:func:`neoembed.runs.save_final_model`): with keep_best, the best
     checkpoint's weights (loaded back by the loop); a LoRA adapter alone in ``adapter/``, then merged into the
     saved weights; the query instruction as the saved ``query`` prompt and the base model's max_seq_length (the
     recipe's max_length was for training); then the model card."""
 
     def save(folder: Path) -> None:
-        # prompts and token limit first: the adapter folder loads as the same model as the merged one
-        model.prompts = {**model.prompts, "query": _query_prompt(recipe, cards), "document": ""}
-        model.max_seq_length = base_max_length
+        _set_final(model, *final)  # first: the adapter folder loads as the same model as the merged one
         saved = [folder]
         if recipe.adapter is not None:
             saved.append(save_adapter(model, folder / "adapter"))
