@@ -156,35 +156,51 @@ def quickstart_command(
     overwrite: Annotated[
         bool, typer.Option("--overwrite", help="Replace an earlier quickstart's data, model and results.")
     ] = False,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume",
+            help="Continue an interrupted quickstart in --output: its training from the newest checkpoint "
+            "(same --steps and --model).",
+        ),
+    ] = False,
 ) -> None:
     """Build a retrieval set from Python's own documentation, fine-tune, and compare nDCG@10 before/after.
-    --output must be new or empty, or hold an earlier quickstart (replaced with --overwrite)."""
+    --output must be new or empty, or hold an earlier quickstart (replaced with --overwrite, continued with
+    --resume)."""
     t0 = time.perf_counter()  # before the command's own imports, so that "other" counts them
     from neoembed.runs import output_lock
 
     with output_lock(output, what="--output"):
-        _claim_output(output, overwrite)
-        _run(output, steps, model, t0)
+        _claim_output(output, overwrite, resume)
+        _run(output, steps, model, t0, resume)
 
 
 MARKER = "quickstart.json"
 
 
-def _claim_output(output: Path, overwrite: bool) -> None:
-    """A used --output is refused unless --overwrite, and cleared only if a quickstart wrote it (its marker, or
-    the run record of its model); the marker is written at once, so an interrupted quickstart is one too."""
+def _claim_output(output: Path, overwrite: bool, resume: bool = False) -> None:
+    """A used --output is refused unless --overwrite or --resume, and cleared (--overwrite) or continued (--resume)
+    only if a quickstart wrote it (its marker, or the run record of its model); the marker is written at once, so
+    an interrupted quickstart is one too."""
     import json
 
     from neoembed.record import RUN_RECORD, atomic_write_text
     from neoembed.runs import OutputDirError, prepare_output_dir
 
+    if resume and overwrite:
+        raise OutputDirError("--resume and --overwrite exclude each other: continue the quickstart, or replace it")
     if output.is_dir() and any(output.iterdir()) and not overwrite:
         if not any((output / name).is_file() for name in (MARKER, f"model/{RUN_RECORD}")):
             raise OutputDirError(f"--output {output} holds files no quickstart wrote: choose a new --output")
+        if resume:
+            return  # the training's own --resume checks model/ (its settings, its newest checkpoint)
         raise OutputDirError(
-            f"--output {output} is not empty: pass --overwrite to replace the quickstart it holds (its data, "
-            "model and results), or choose a new --output"
+            f"--output {output} is not empty: pass --resume to continue the quickstart it holds, --overwrite to "
+            "replace it (its data, model and results), or choose a new --output"
         )
+    if resume:
+        raise OutputDirError(f"--resume: --output {output} holds no quickstart to continue: start without --resume")
     prepare_output_dir(
         output,
         overwrite=overwrite,
@@ -195,8 +211,9 @@ def _claim_output(output: Path, overwrite: bool) -> None:
     atomic_write_text(output / MARKER, json.dumps({"written_by": "neoembed quickstart"}) + "\n")
 
 
-def _run(output: Path, steps: int | None, model: str | None, t0: float) -> None:
+def _run(output: Path, steps: int | None, model: str | None, t0: float, resume: bool = False) -> None:
     from neoembed.eval.runner import EvalConfig, run_mteb
+    from neoembed.runs import RunFinished
     from neoembed.train.trainer import train
 
     timings: dict[str, float] = {}
@@ -240,8 +257,11 @@ def _run(output: Path, steps: int | None, model: str | None, t0: float) -> None:
         f"3/4 fine-tuning with the unified recipe ({recipe.steps} steps, batch {recipe.batch_size}) ..."
     )
     with _stage(timings, "train"):
-        # --output was claimed above: model/ is new (or cleared with --overwrite)
-        trained = train(recipe, recipe_dir=recipe_path.parent, overwrite=True)
+        # --output was claimed above: model/ is new (or cleared with --overwrite), or continued (--resume)
+        try:
+            trained = train(recipe, recipe_dir=recipe_path.parent, overwrite=not resume, resume=resume)
+        except RunFinished:  # --resume after the training finished (stopped while scoring it): score it now
+            trained = Path(recipe.output_dir)
     typer.echo("4/4 nDCG@10 after fine-tuning ...")
     with _stage(timings, "evaluate after"):
         after = evaluate(str(trained), output / "results" / "after")

@@ -51,6 +51,30 @@ def test_quickstart_end_to_end_tiny_backbone(tmp_path, tiny_official):
     assert (tmp_path / "results" / "quickstart.md").is_file()
 
 
+def test_an_interrupted_quickstart_continues_with_resume(tmp_path, tiny_official, run_neoembed, sigterm_at):
+    """A signal in the quickstart's training said "continue with --resume", which quickstart did not take: a rerun
+    was refused and --overwrite threw the checkpoint away (#43)."""
+    from neoembed.train import trainer as trainer_mod
+
+    out = tmp_path / "q"
+    args = ["quickstart", "--output", str(out), "--steps", "4", "--model", str(tiny_official)]
+    real = trainer_mod.unified_step
+    sigterm_at(trainer_mod, "unified_step", 2)
+    r = run_neoembed(args)
+    assert r.exit_code == 143 and "continue with --resume" in r.stderr, r.stderr[-2000:]
+    trainer_mod.unified_step = real  # sigterm_at's monkeypatch puts it back after the test as well
+    r = run_neoembed(args)
+    assert r.exit_code == 2 and "pass --resume to continue" in r.stderr, r.stderr[-2000:]
+    r = run_neoembed([*args, "--resume"])
+    assert r.exit_code == 0 and "after 4 steps" in r.stdout, r.stderr[-3000:]
+    record = json.loads((out / "model" / "run_record.json").read_text())
+    assert record["finished"]["step"] == 4
+    r = run_neoembed([*args, "--resume"])  # finished: scored and reported again, nothing trained
+    assert r.exit_code == 0 and "after 4 steps" in r.stdout, r.stderr[-3000:]
+    r = run_neoembed(["quickstart", "--output", str(tmp_path / "new"), "--resume"])
+    assert r.exit_code == 2 and "holds no quickstart to continue" in r.stderr
+
+
 @pytest.mark.slow
 def test_quickstart_end_to_end_short(tmp_path):
     """The README's command with its real backbone (packaged MiniLM), 2 steps instead of the recipe's 120."""
