@@ -270,6 +270,26 @@ def test_corpus_files_written_with_a_byte_order_mark_read_as_without_one(tmp_pat
     assert read["utf-8-sig"] == read["utf-8"] == [texts[0], *texts, *texts, *texts]
 
 
+def test_a_corpus_whose_files_changed_is_other_inputs_and_a_finished_folder_says_so(tmp_path, tokenizer, caplog):
+    """A rerun of preprocess on a corpus folder that gained a file returned the old shards without a word (the
+    fingerprint was the source string), and the same folder named by its absolute path was refused: a resume
+    would skip documents of a corpus that changed under it."""
+    texts = [json.loads(line)["positive"] for line in gzip.open(MSRP, "rt")][:40]
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts[:20]))
+    out = tmp_path / "shards"
+    kwargs = {"shard_tokens": 1_000, "progress": False}
+    first = preprocess(str(corpus), out, tokenizer, **kwargs)
+    with caplog.at_level("INFO", logger="neoembed.pretrain.data"):
+        again = preprocess(str(corpus.resolve()), out, tokenizer, **kwargs)  # the same folder, spelled otherwise
+    assert again == first and "already holds the finished shards of these inputs" in caplog.text
+    (corpus / "b.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts[20:]))
+    with pytest.raises(ValueError, match=r"other inputs .*files: .*\(a corpus whose files changed"):
+        preprocess(str(corpus), out, tokenizer, **kwargs)
+    assert preprocess(str(corpus), tmp_path / "fresh", tokenizer, **kwargs)["documents"] == 40
+
+
 # ----------------------------------------------------------------------------------------- training loop
 def _recipe(out: Path, shards: Path, *overrides) -> PretrainRecipe:
     return load_recipe(

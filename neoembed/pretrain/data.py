@@ -22,6 +22,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,6 +46,7 @@ __all__ = [
     "preprocess",
 ]
 
+logger = logging.getLogger(__name__)
 TEXT_SUFFIXES = (".txt", ".md", ".rst")
 JSON_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz")
 
@@ -200,11 +202,27 @@ def _save_npy(path: Path, array: np.ndarray) -> None:
     os.replace(tmp, path)
 
 
+def _source_fingerprint(source: str) -> dict:
+    """A local corpus (a file or folder) as the path it resolves to and its files' names, sizes and modification
+    times: a rerun resumes by skipping the documents already written, which is right only on the same files, and a
+    finished folder is reused only for them. A corpus card or hub id: its name (the card's files are its own)."""
+    path = Path(source)
+    if source.startswith("hub:") or path.suffix in (".yaml", ".yml") or not path.exists():
+        return {"source": source}
+    files = _local_files(path)
+    root = path if path.is_dir() else path.parent
+    listed = [(f.relative_to(root).as_posix(), f.stat().st_size, f.stat().st_mtime_ns) for f in files]
+    return {
+        "source": str(path.resolve()),
+        "files": hashlib.sha256(json.dumps(listed).encode()).hexdigest(),
+    }
+
+
 def _shard_meta(out: Path, source: str, tokenizer, column: str, max_docs: int | None, shard_tokens: int):
     """The ``meta.json`` a shard folder gets, and the progress to resume from; refuses a folder that holds
     shards of other inputs (a resume must reread exactly the documents it skips)."""
     fingerprint = {
-        "source": str(source),
+        **_source_fingerprint(str(source)),
         "column": column,
         "tokenizer": getattr(tokenizer, "name_or_path", None),
         "vocab_size": len(tokenizer),
@@ -231,7 +249,8 @@ def _shard_meta(out: Path, source: str, tokenizer, column: str, max_docs: int | 
         if diff:
             raise ValueError(
                 f"{out} already holds shards made from other inputs or another tokenizer ({'; '.join(diff)}): "
-                "rerun with the same inputs to resume, or choose a new output folder"
+                "rerun with the same inputs to resume (a corpus whose files changed is other inputs), or choose "
+                "a new output folder"
             )
         meta["complete"] = old.get("complete", False)
         if (out / "progress.json").exists():
@@ -332,6 +351,8 @@ def preprocess(
             )
         meta["complete"] = True
         atomic_write_text(out / "meta.json", json.dumps(meta, indent=2) + "\n")
+    else:
+        logger.info("%s already holds the finished shards of these inputs: nothing tokenized", out)
     corpus = ShardedCorpus(out)
     stats = length_stats(corpus.lengths)
     atomic_write_text(out / "stats.json", json.dumps(stats, indent=2) + "\n")
