@@ -7,6 +7,7 @@ commands, so ``neoembed --help`` stays fast.
 from __future__ import annotations
 
 import logging
+import sys
 import warnings
 from pathlib import Path
 from typing import Annotated
@@ -275,6 +276,15 @@ def _eof_message(e: BaseException) -> str:
     )
 
 
+#: how a command stopped by Ctrl-C continues (one not named keeps nothing to continue from)
+CONTINUE = {
+    "mine": "continue with the same command and --resume",
+    "score": "continue with the same command and --resume",
+    "mteb": "rerun the same command: it reuses the tasks it finished",
+    "preprocess": "rerun the same command: it resumes after the last shard it wrote",
+}
+
+
 def main() -> None:
     """Run the command line; the one place where errors become messages and exit codes.
 
@@ -291,7 +301,7 @@ def main() -> None:
 
     usage, aborts = _click_exceptions()
 
-    debug = bool(os.environ.get("NEOEMBED_DEBUG"))
+    debug = os.environ.get("NEOEMBED_DEBUG", "").strip().lower() not in ("", "0", "false", "no", "off")
     hint = "\n(NEOEMBED_DEBUG=1 shows the traceback)"
     try:
         code = app(standalone_mode=False)
@@ -325,11 +335,8 @@ def main() -> None:
         )
         raise SystemExit(1) from None
     if code == 130:  # typer turns a Ctrl-C that no command caught into exit 130, without a word
-        typer.echo(
-            "interrupted by Ctrl-C: rerun the same command to continue (`neoembed mine` and `neoembed score` with "
-            "--resume; `neoembed mteb` reuses the tasks it finished)",
-            err=True,
-        )
+        command = next((a for a in sys.argv[1:] if not a.startswith("-")), "")
+        typer.echo(f"interrupted by Ctrl-C: {CONTINUE.get(command, 'rerun the command to start again')}", err=True)
     raise SystemExit(code if isinstance(code, int) else 0)
 
 

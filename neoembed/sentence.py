@@ -157,7 +157,8 @@ class EmbeddingModel(SentenceTransformer):
         if too_long:
             warnings.warn(
                 f"{too_long} text(s) exceed max_seq_length={limit} tokens and are truncated "
-                "(raise model.max_seq_length, or --max-length on the command line, to keep more)",
+                "(raise the model's max_seq_length to keep more: max_length in a recipe, --max-length on the "
+                "command line)",
                 TruncationWarning,
                 stacklevel=3,
             )

@@ -649,3 +649,13 @@ def test_walk_an_empty_output_dir_and_a_zero_checkpoint_limit_are_refused(capsys
             dry = [] if command == "pretrain" else ["--dry-run"]  # a bad recipe stops before anything loads
             code, err = _cli(capsys, monkeypatch, command, recipe, value, *dry)
             assert code == 2 and f"'{key.rstrip('=0')}'" in err and said in err, (recipe, value, err)
+
+
+def test_debug_spelled_off_stays_off_and_mteb_names_the_missing_model(capsys, monkeypatch):
+    """``NEOEMBED_DEBUG=0`` turned tracebacks on (any value did); ``neoembed mteb`` without ``--model`` printed its
+    whole help page and never said what was missing."""
+    monkeypatch.setenv("NEOEMBED_DEBUG", "0")
+    code, msg = _cli(capsys, monkeypatch, "train", "tiny", "stepz=4", "--dry-run")
+    assert code == 2 and "Traceback" not in msg and "NEOEMBED_DEBUG=1 shows the traceback" in msg, msg
+    code, msg = _cli(capsys, monkeypatch, "mteb", "--tasks", "STS16")
+    assert code == 2 and "error: --model is required" in msg, msg[-500:]

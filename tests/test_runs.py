@@ -963,4 +963,10 @@ def test_walk_ctrl_c_in_a_command_without_its_own_handler_says_how_to_continue(c
     data = str(REPO / "tests" / "shared" / "data" / "mteb")
     code, said = _cli(capsys, monkeypatch, "mteb", "--model", "packaged:all-MiniLM-L6-v2", "--tasks", "STS16",
                       "--data-dir", data, "--output", str(tmp_path / "results"))  # fmt: skip
-    assert code == 130 and "interrupted by Ctrl-C: rerun the same command to continue" in said, said
+    assert code == 130 and "interrupted by Ctrl-C: rerun the same command: it reuses the tasks it finished" in said
+    # ppl keeps nothing to continue from: it said "rerun the same command to continue" all the same
+    import neoembed.pretrain.cli as pretrain_cli
+
+    monkeypatch.setattr(pretrain_cli, "_ppl", ctrl_c)
+    code, said = _cli(capsys, monkeypatch, "ppl", "--model", "m", "--data", "d", "--out", str(tmp_path / "ppl"))
+    assert code == 130 and "interrupted by Ctrl-C: rerun the command to start again" in said, said

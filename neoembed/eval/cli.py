@@ -178,6 +178,7 @@ def mteb_command(
     settings = command_settings(MtebSettings, config, given, set_ or [])
     if settings.model is None:
         typer.echo(ctx.get_help())
+        typer.echo("\nerror: --model is required (or model: in the --config file)", err=True)
         raise typer.Exit(2)
     _evaluate(settings)
 
