@@ -184,6 +184,13 @@ def convert(
 
     if Path(src).exists() and Path(src).resolve() == dst.resolve():
         raise OutputDirError(f"convert: SRC and DST are the same folder ({dst}): choose a new DST")
+    if pooling is not None and not sentence:
+        raise ValueError("--pooling sets the pooling of a --sentence folder; a checkpoint has none: add --sentence")
+    if sentence and to != "neoembed":
+        raise ValueError(
+            "--sentence writes a sentence-transformers folder (neoembed layout) and --to official a plain "
+            "official checkpoint: choose one"
+        )
     check_model_source(src)  # offline or a typo: said before torch and transformers import
     check_weight_files(src)
     from neoembed.modeling.convert import convert_checkpoint

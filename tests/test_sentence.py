@@ -128,6 +128,9 @@ def test_convert_sentence_keeps_a_folders_pooling_and_names_a_cde_models_checkpo
     assert np.allclose(neoembed.load(again).encode(TEXTS), neoembed.load(cls).encode(TEXTS), atol=1e-6)
     r = run_neoembed(["convert", str(cls), str(tmp_path / "mean"), "--sentence", "--pooling", "mean"], env=_env())
     assert r.exit_code == 2 and "pools by 'cls'" in r.stderr, r.stderr[-3000:]
+    for extra, said in ((["--pooling", "cls"], "add --sentence"), (["--sentence", "--to", "official"], "choose one")):
+        r = run_neoembed(["convert", str(tiny_official), str(tmp_path / "ignored"), *extra], env=_env())
+        assert r.exit_code == 2 and said in r.stderr and not (tmp_path / "ignored").exists(), r.stderr[-2000:]
 
     from neoembed.cde.model import ContextualSentenceTransformer
 
