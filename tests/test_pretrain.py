@@ -270,6 +270,15 @@ def test_corpus_files_written_with_a_byte_order_mark_read_as_without_one(tmp_pat
     assert read["utf-8-sig"] == read["utf-8"] == [texts[0], *texts, *texts, *texts]
 
 
+def test_a_corpus_row_without_the_column_is_named_by_its_line(tmp_path):
+    """It was a KeyError (printed in quotes) naming a 0-based row that skipped blank lines: "row 2" for line 4."""
+    from neoembed.pretrain.data import iter_documents
+
+    (tmp_path / "b.jsonl").write_text('{"text": "a"}\n\n{"text": "b"}\n{"content": "x"}\n')
+    with pytest.raises(ValueError, match=r"b\.jsonl, line 4, has no column 'text' \(columns: \['content'\]\)"):
+        list(iter_documents(str(tmp_path)))
+
+
 def test_a_corpus_whose_files_changed_is_other_inputs_and_a_finished_folder_says_so(tmp_path, tokenizer, caplog):
     """A rerun of preprocess on a corpus folder that gained a file returned the old shards without a word (the
     fingerprint was the source string), and the same folder named by its absolute path was refused: a resume

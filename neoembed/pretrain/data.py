@@ -136,15 +136,13 @@ def _read_file(path: Path, column: str) -> Iterator[str]:
     with opener(path, "rt", encoding="utf-8-sig") as f:
         if name.endswith((".json", ".json.gz")) and f.read(1) == "[":
             f.seek(0)
-            rows = json.load(f)
+            rows = ((f"row {i}", row) for i, row in enumerate(json.load(f), 1))
         else:
             f.seek(0)
-            rows = (json.loads(line) for line in f if line.strip())
-        for i, row in enumerate(rows):
+            rows = ((f"line {n}", json.loads(line)) for n, line in enumerate(f, 1) if line.strip())
+        for where, row in rows:
             if column not in row:
-                raise KeyError(
-                    f"{path} row {i} has no column {column!r} (columns: {sorted(row)}); pass --column"
-                )
+                raise ValueError(f"{path}, {where}, has no column {column!r} (columns: {sorted(row)}); pass --column")
             if isinstance(row[column], str) and row[column].strip():
                 yield row[column]
 
