@@ -659,3 +659,19 @@ def test_debug_spelled_off_stays_off_and_mteb_names_the_missing_model(capsys, mo
     assert code == 2 and "Traceback" not in msg and "NEOEMBED_DEBUG=1 shows the traceback" in msg, msg
     code, msg = _cli(capsys, monkeypatch, "mteb", "--tasks", "STS16")
     assert code == 2 and "error: --model is required" in msg, msg[-500:]
+
+
+def test_the_dry_run_refuses_what_the_run_refuses_before_loading_a_model(tmp_path, capsys, monkeypatch):
+    """``--dry-run`` passed a ``max_rows`` below the batch size and an ``instruction_overrides`` naming no card of
+    the recipe (exit 0), both of which the real run then refused; it showed the card's 200 rows as if all trained."""
+    out = f"output_dir={tmp_path / 'run'}"
+    for override, said in (
+        ("datasets=[{card: pydoc_names, max_rows: 8}]", "batch size 16 is larger than the dataset (8 rows kept by"),
+        ("instruction_overrides.nosuch=x", "instruction_overrides names card(s) ['nosuch']"),
+    ):
+        code, msg = _cli(capsys, monkeypatch, "train", "tiny", out, override, "--dry-run")
+        assert code == 2 and said in msg, msg[-1000:]
+    code, msg = _cli(capsys, monkeypatch, "train", "tiny", out, "datasets=[{card: pydoc_names, max_rows: 64}]",
+                     "--dry-run")  # fmt: skip
+    assert code == 0 and "rows 200 (counted), 64 used" in msg, msg[-1000:]
+    assert not (tmp_path / "run").exists()

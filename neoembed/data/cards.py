@@ -105,6 +105,7 @@ __all__ = [
     "prepare_card",
     "load_card",
     "load_card_rows",
+    "check_instruction_overrides",
     "load_recipe_cards",
     "load_rows",
     "text_hash",
@@ -164,6 +165,17 @@ def _dataset_card_hint(raw, path: Path) -> str:
         f"where the rows are and which column is which. `{example}` writes a data card for a file of rows "
         "(docs/own-data.md)"
     )
+
+
+def check_instruction_overrides(overrides: dict, cards: list[DataCard]) -> None:
+    """A recipe's ``instruction_overrides`` may name only the cards it trains on (a typo would leave the card's own
+    instruction in place without a word)."""
+    names = [card.name for card in cards]
+    unknown = sorted(set(overrides) - set(names))
+    if unknown:
+        raise DataCardError(
+            f"instruction_overrides names card(s) {unknown} that the recipe does not train on; valid: {names}"
+        )
 
 
 def load_recipe_cards(

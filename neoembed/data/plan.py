@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from neoembed.card_schema import resolve_spec_type
-from neoembed.data.cards import DataCardError, load_card_rows, load_recipe_cards
+from neoembed.data.cards import DataCardError, check_instruction_overrides, load_card_rows, load_recipe_cards
 
 __all__ = ["PlanRow", "dry_run", "plan"]
 
@@ -30,6 +30,7 @@ class PlanRow:
     steps: float | None = None
     batch: int | None = None  # queries per step (None: set by the negatives the rows carry)
     texts: int | None = None  # texts per step: batch x (2 + negatives)
+    used: int | None = None  # rows trained on: max_rows of them where the entry sets it
 
 
 def _negatives(card, max_negatives: int | None) -> tuple[str, int | None]:
@@ -53,12 +54,10 @@ def plan(recipe, recipe_dir: Path | None = None) -> list[PlanRow]:
     from neoembed.recipe import resolve_recipe_path
 
     search = [Path(resolve_recipe_path(d, recipe_dir)) for d in recipe.card_dirs]  # as training resolves them
+    loaded = load_recipe_cards(recipe.datasets, search, recipe.distillation is not None)
+    check_instruction_overrides(recipe.instruction_overrides, [card for card, _ in loaded])
     out = []
-    for entry, (card, folder) in zip(
-        recipe.datasets,
-        load_recipe_cards(recipe.datasets, search, recipe.distillation is not None),
-        strict=True,
-    ):
+    for entry, (card, folder) in zip(recipe.datasets, loaded, strict=True):
         problems = card.schema_problems()
         if problems:
             raise DataCardError(
@@ -75,6 +74,13 @@ def plan(recipe, recipe_dir: Path | None = None) -> list[PlanRow]:
         negatives, count = _negatives(card, entry.max_negatives)
         batch = recipe.dataset_batch_size(entry, count)  # the trainer's rule, on the declared negatives
         texts = batch * (2 + count) if batch is not None and count is not None else None
+        used = min(rows, entry.max_rows) if rows and entry.max_rows else rows  # pi_i counts the full size
+        if batch is not None and used is not None and batch > used:  # the trainer refuses it after loading
+            raise DataCardError(
+                f"card {card.name}: batch size {batch} is larger than the dataset ({used} rows"
+                f"{' kept by max_rows' if used != rows else ''}); lower batch_size (or this dataset's batch_size) "
+                "or add data"
+            )
         out.append(
             PlanRow(
                 card.name,
@@ -86,6 +92,7 @@ def plan(recipe, recipe_dir: Path | None = None) -> list[PlanRow]:
                 card.pinned,
                 batch=batch,
                 texts=texts,
+                used=used,
             )
         )
     known = [r for r in out if r.rows]
@@ -108,6 +115,7 @@ def dry_run(recipe, recipe_dir: Path | None = None) -> str:
     width = max(len(r.name) for r in rows)
     for r in rows:
         n = f"{r.rows:,} ({r.rows_from})" if r.rows else "unknown"
+        n += f", {r.used:,} used" if r.used is not None and r.used != r.rows else ""
         pi = f"{r.probability:.4f}" if r.probability is not None else "  -   "
         steps = f"{r.steps:7.1f}" if r.steps is not None else "      -"
         batch = f"{r.batch} ({r.texts} texts)" if r.texts is not None else str(r.batch or "from rows")

@@ -37,6 +37,7 @@ from neoembed.adapters import (
 from neoembed.data.cards import (
     DataCardError,
     card_fingerprints,
+    check_instruction_overrides,
     explain_data_errors,
     load_recipe_cards,
     local_data_paths,
@@ -84,12 +85,7 @@ def prepare_datasets(recipe: UnifiedRecipe, recipe_dir: Path | None = None, repo
     search = [Path(resolve_recipe_path(d, recipe_dir)) for d in recipe.card_dirs]
     loaded = load_recipe_cards(recipe.datasets, search, scored=recipe.distillation is not None)  # cards first
     require_hub([card for card, _ in loaded])  # no network: one probe and a clear error, not retries per card
-    names = [card.name for card, _ in loaded]
-    unknown = sorted(set(recipe.instruction_overrides) - set(names))
-    if unknown:
-        raise DataCardError(
-            f"instruction_overrides names card(s) {unknown} that the recipe does not train on; valid: {names}"
-        )
+    check_instruction_overrides(recipe.instruction_overrides, [card for card, _ in loaded])
     out, cards, sizes, lines = {}, [], {}, {}
     for entry, (card, folder) in zip(recipe.datasets, loaded, strict=True):
         if card.name in recipe.instruction_overrides:
