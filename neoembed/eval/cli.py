@@ -132,9 +132,14 @@ def mteb_command(
     ] = None,
     instructions: Instructions = "released",
     query_prompt: QueryPrompt = "saved",
-    batch_size: Annotated[int, typer.Option("--batch-size", min=1)] = 32,
+    batch_size: Annotated[
+        int, typer.Option("--batch-size", min=1, help="Texts per mteb data chunk (--max-batch-tokens sizes encoding).")
+    ] = 32,
     max_batch_tokens: MaxBatchTokens = None,
-    max_length: Annotated[int | None, typer.Option("--max-length", min=1)] = None,
+    max_length: Annotated[
+        int | None,
+        typer.Option("--max-length", min=1, help="Tokens kept of each text (default: the model's max_seq_length)."),
+    ] = None,
     truncate_dim: Annotated[
         int | None,
         typer.Option("--truncate-dim", min=1, help="Evaluate the first N dimensions (Matryoshka)."),
@@ -153,7 +158,9 @@ def mteb_command(
             "each task's seed, 42, as its published scores do.",
         ),
     ] = 42,
-    device: Annotated[str | None, typer.Option("--device")] = None,
+    device: Annotated[
+        str | None, typer.Option("--device", help="cpu, cuda or cuda:N (default: cuda if available).")
+    ] = None,
     cde_context: CdeContext = "corpus",
     embedding_precision: EmbeddingPrecision = "fp32",
     rescore: Rescore = None,

@@ -18,7 +18,7 @@ Model = Annotated[str, _opt("--model", "Embedding model (folder or hub id) used 
 Out = Annotated[Path, _opt("--out", "Output folder (must be empty unless --resume or --overwrite).")]
 Corpus = Annotated[str | None, _opt("--corpus", "Another card whose documents join the card's positives.")]
 CardDir = Annotated[list[str] | None, _opt("--card-dir", "Folder searched for card names (repeatable).")]
-NumNegatives = Annotated[int, _opt("--num-negatives", None, "Ranks", "-k")]
+NumNegatives = Annotated[int, _opt("--num-negatives", "Hard negatives kept per query.", "Ranks", "-k")]
 RangeMin = Annotated[int, _opt("--range-min", "Skip the most similar ranks (0 = top).", "Ranks")]
 RangeMax = Annotated[int, _opt("--range-max", "Search depth: ranks below this.", "Ranks")]
 MaxFraction = Annotated[
@@ -48,8 +48,15 @@ HnswM = Annotated[int, _opt("--hnsw-m", "hnsw: links per node.", "Index")]
 EfSearch = Annotated[int, _opt("--ef-search", "hnsw: search breadth.", "Index")]
 Gpu = Annotated[str, _opt("--gpu", "auto, on or off (faiss-gpu index).", "Index")]
 ShardSize = Annotated[int, _opt("--shard-size", "Documents per embedding shard on disk.", "Run")]
-BatchSize = Annotated[int, _opt("--batch-size", None, "Run")]
-MaxLength = Annotated[int, _opt("--max-length", None, "Run")]
+BatchSize = Annotated[
+    int,
+    _opt(
+        "--batch-size",
+        "score: pairs per cross-encoder batch. mine: unused (--max-batch-tokens sizes its encoding batches).",
+        "Run",
+    ),
+]
+MaxLength = Annotated[int, _opt("--max-length", "Tokens kept of each text (longer ones are truncated).", "Run")]
 MaxBatchTokens = Annotated[
     int | None,
     typer.Option(
@@ -59,7 +66,7 @@ MaxBatchTokens = Annotated[
         rich_help_panel="Run",
     ),
 ]
-MaxRows = Annotated[int | None, _opt("--max-rows", None, "Run")]
+MaxRows = Annotated[int | None, _opt("--max-rows", "A seeded random sample of N of the card's rows.", "Run")]
 Workers = Annotated[int, _opt("--workers", "Encoding processes (CPU) or GPUs.", "Run")]
 Name = Annotated[str | None, _opt("--name", "Name of the written card.", "Run")]
 Settings = Annotated[
@@ -74,7 +81,7 @@ ConfigFile = Annotated[
     _opt("--config", "YAML of mining settings (num_negatives, index, ...); options and key=value override it.", "Run"),
 ]
 Resume = Annotated[bool, _opt("--resume", "Continue an interrupted run in --out.", "Run")]
-Overwrite = Annotated[bool, _opt("--overwrite", "Replace the mining run in a non-empty --out.", "Run")]
+Overwrite = Annotated[bool, _opt("--overwrite", "Replace the run (mining or scoring) in a non-empty --out.", "Run")]
 
 
 def mine_command(
