@@ -309,6 +309,16 @@ def given_on_command_line(ctx, values: dict) -> dict:
     return {k: v for k, v in values.items() if getattr(ctx.get_parameter_source(k), "name", "") == "COMMANDLINE"}
 
 
+def _paths_beside(value, folder: Path):
+    """A --config file's value with its relative paths resolved as a recipe's are (:func:`resolve_recipe_path`):
+    the working folder's first, else the one beside the file."""
+    if isinstance(value, str):
+        return resolve_recipe_path(value, folder)
+    if isinstance(value, list):
+        return [resolve_recipe_path(v, folder) if isinstance(v, str) else v for v in value]
+    return value
+
+
 def command_settings(schema, config_file: Path | None, given: dict, overrides: list[str]):
     """A command's settings (``neoembed mine``, ``neoembed mteb``): ``schema`` validated from --config's mapping,
     the options ``given`` on the command line and ``key=value`` overrides, in that order of precedence (lowest
@@ -321,6 +331,7 @@ def command_settings(schema, config_file: Path | None, given: dict, overrides: l
             raise RecipeError(f"--config {config_file} is not valid YAML ({e})") from None
         if not isinstance(data, dict):
             raise RecipeError(f"--config {config_file} must hold key: value lines, got a {type(data).__name__}")
+        data = {k: _paths_beside(v, Path(config_file).parent) for k, v in data.items()}
     twice = sorted({o.split("=", 1)[0].strip() for o in overrides if "=" in o} & set(given))
     if twice:
         raise RecipeError(f"{', '.join(twice)} set both as an option and as key=value: keep one")

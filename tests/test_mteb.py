@@ -970,6 +970,15 @@ def test_mteb_settings_from_config_options_and_set(tmp_path, run_neoembed, monke
         r = run_neoembed([*args, *bad])
         assert r.exit_code == 2 and said in r.output, (bad, r.output)
     assert len(seen) == 1
+    # a config's relative paths are taken beside it when the working folder has none (as a recipe's are): they
+    # were the working folder's only ("--data-dir mdata does not exist", run from another folder)
+    folder = tmp_path / "cfg"
+    (folder / "mdata").mkdir(parents=True)
+    (folder / "m.yaml").write_text("model: ../model\ntasks: [STS16]\ndata_dir: mdata\ninstructions: none\n")
+    monkeypatch.chdir(tmp_path)
+    r = run_neoembed(["mteb", "--config", "cfg/m.yaml", "--output", out, "--overwrite"])
+    assert r.exit_code == 0, r.output
+    assert (Path(seen[-1].data_dir), seen[-1].model) == ((folder / "mdata").resolve(), str(model.resolve()))
 
 
 def test_compare_of_runs_over_different_tasks_adds_their_shared_mean(tmp_path, caplog):
