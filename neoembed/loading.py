@@ -17,6 +17,7 @@ from neoembed.cde.model import ContextualSentenceTransformer, is_cde_folder, loa
 from neoembed.compile import resolve_compile_mode
 from neoembed.export.runtime import load_onnx
 from neoembed.export.torch_int8 import QUANTIZE, quantize_int8
+from neoembed.runs.checks import check_device
 from neoembed.sentence import (
     EmbeddingModel,
     apply_speedups,
@@ -67,6 +68,7 @@ def load(
         raise ValueError(
             f"file_name={file_name!r} picks the graph of an ONNX export: pass backend='onnx' with it"
         )
+    check_device(_named(args, kwargs).get("device"), flag="device")  # torch's own error is an AssertionError
     if str(name_or_path).startswith("packaged:"):  # the packaged all-MiniLM-L6-v2 (neoembed[quickstart])
         name_or_path = resolve_packaged(str(name_or_path))
     if backend == "onnx":

@@ -675,3 +675,14 @@ def test_the_dry_run_refuses_what_the_run_refuses_before_loading_a_model(tmp_pat
                      "--dry-run")  # fmt: skip
     assert code == 0 and "rows 200 (counted), 64 used" in msg, msg[-1000:]
     assert not (tmp_path / "run").exists()
+
+
+def test_load_on_a_device_the_machine_lacks_names_it(minilm_path):
+    """``neoembed.load(..., device="cuda")`` on a machine without CUDA failed deep in torch ("AssertionError: Torch
+    not compiled with CUDA enabled"); the command line already said what was wrong. (cuda:99: absent anywhere.)"""
+    import neoembed
+
+    with pytest.raises(ValueError, match=r"device cuda:99: this machine has \d+ CUDA device\(s\)"):
+        neoembed.load(minilm_path, device="cuda:99")
+    with pytest.raises(ValueError, match=r"device 'gpu0' is not a device"):
+        neoembed.load(minilm_path, device="gpu0")

@@ -30,10 +30,10 @@ def check_device(device: str | None, flag: str = "--device") -> None:
     ):
         have = torch.cuda.device_count() if torch.cuda.is_available() else 0
         raise ValueError(
-            f"{flag} {device}: this machine has {have} CUDA device(s); use --device cpu or another GPU"
+            f"{flag} {device}: this machine has {have} CUDA device(s); use {flag} cpu or another GPU"
         )
     if dev.type == "mps" and not torch.backends.mps.is_available():
-        raise ValueError(f"{flag} {device}: MPS is not available on this machine; use --device cpu")
+        raise ValueError(f"{flag} {device}: MPS is not available on this machine; use {flag} cpu")
     if dev.type not in ("cpu", "cuda", "mps"):
         raise ValueError(f"{flag} {device!r}: neoembed runs on cpu, cuda or mps")
 
