@@ -122,6 +122,20 @@ def _glue(*args):
     return result.output
 
 
+def test_the_hub_unreachable_names_data_dir(monkeypatch):
+    """Offline without --data-dir, glue said only "Couldn't reach 'nyu-mll/glue' on the Hub" (the walk's case)."""
+    import datasets
+
+    from neoembed.data.errors import HubUnreachable
+
+    def unreachable(*args, **kwargs):  # what datasets raises offline (a ConnectionError naming the cause)
+        raise ConnectionError("Couldn't reach 'nyu-mll/glue' on the Hub (LocalEntryNotFoundError)")
+
+    monkeypatch.setattr(datasets, "load_dataset", unreachable)
+    with pytest.raises(HubUnreachable, match=r"Couldn't reach .* Offline, pass --data-dir DIR .*mrpc/train-"):
+        load_splits(get_task("MRPC"), None, None)
+
+
 def test_a_process_other_than_the_main_one_writes_nothing_before_the_run(tmp_path, tiny_official, monkeypatch):
     """A 2-process `neoembed glue`: the main process checks that --out is empty; a second process that wrote the
     run record first made the main one refuse the folder as used (seen as a flaky exit 2)."""

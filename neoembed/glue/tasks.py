@@ -182,7 +182,17 @@ def load_splits(task: GlueTask, data_dir: str | Path | None, carve: str | None, 
         return DatasetDict(train=parts["train"], validation=parts["test"])
     wanted = ("train", *task.validation)
     if data_dir is None:
-        hub = load_dataset(HUB_DATASET, task.name)
+        try:
+            hub = load_dataset(HUB_DATASET, task.name)
+        except Exception as e:
+            from neoembed.data.errors import HubUnreachable, is_unreachable
+
+            if not is_unreachable(e):
+                raise
+            raise HubUnreachable(
+                f"{e}: the GLUE data could not be downloaded. Offline, pass --data-dir DIR with the task's splits in "
+                f"the {HUB_DATASET} layout (DIR/{task.name}/train-*.parquet, ...) or as DIR/train.jsonl, ... (docs/glue.md)"
+            ) from None
         return DatasetDict({split: hub[split] for split in wanted})
     found = local_splits(data_dir, task, wanted)
     return DatasetDict(
