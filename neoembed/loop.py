@@ -255,6 +255,9 @@ class RunLoop:
         check_trackers(recipe.report_to)
         self.trackers: list = []
         self.step = 0
+        # the sums of the steps since the last logged row (and their seconds): a checkpoint keeps them
+        self._window: dict[str, float] = {}
+        self._window_seconds, self._t0 = 0.0, None
         # objects that are not accelerate-prepared (the scheduler; CDE's model and optimizer) travel in its state
         for obj in (scheduler, *registered):
             accelerator.register_for_checkpointing(obj)
@@ -265,6 +268,8 @@ class RunLoop:
         load_state(state)  # the caller's checks first (an exact resume needs the same global batch)
         self.acc.load_state(str(checkpoint / "state"))
         self.step = int(state["step"])
+        window = state.get("log_window") or {}  # the logging window the checkpoint fell inside
+        self._window, self._window_seconds = dict(window.get("sums", {})), float(window.get("seconds", 0.0))
         self.best = state.get("best")
         self.stale = int(state.get("evaluations_since_best", 0))
         self.metrics.truncate(self.step)
@@ -366,6 +371,8 @@ class RunLoop:
                 if self.save_model is not None:  # a loadable model beside the state (neoembed mteb reads it)
                     self.save_model(staged)
                 state = {"step": step, **self.trainer_state(), "best": self.best}
+                seconds = time.perf_counter() - self._t0 if self._t0 is not None else 0.0
+                state["log_window"] = {"sums": self._window, "seconds": seconds}
                 state["evaluations_since_best"] = self.stale
                 atomic_write_text(staged / "trainer_state.json", json.dumps(state, indent=2) + "\n")
         except Exception as e:  # a full disk, say: the staging folder goes, the last checkpoint stays
@@ -422,8 +429,9 @@ class RunLoop:
         )  # not a terminal: a line per logging step, not a bar's redraws
         bar = tqdm(total=r.steps, initial=self.step, desc=self.desc, disable=not shown or plain)
         first, start = self.step, time.perf_counter()
-        sums: dict[str, float] = {}
-        t0, stopped = time.perf_counter(), None
+        # a resumed run's first row averages its whole window, the steps before the checkpoint included
+        sums, self._t0 = self._window, time.perf_counter() - self._window_seconds
+        stopped = None
         with StopSignal() as stop:
             while self.step < r.steps:
                 out = step_fn(self.step, stop.received is not None)
@@ -434,7 +442,7 @@ class RunLoop:
                     sums[k] = sums.get(k, 0.0) + v
                 if self.step % r.logging_steps == 0 or self.step == r.steps:
                     now = time.perf_counter()
-                    row = {"step": self.step, **row_fn(sums, now - t0, grad_norm, lr)}
+                    row = {"step": self.step, **row_fn(sums, now - self._t0, grad_norm, lr)}
                     self.metrics.write(row)
                     for tracker in self.trackers:
                         tracker.log({k: v for k, v in row.items() if k != "step"}, step=self.step)
@@ -443,7 +451,8 @@ class RunLoop:
                         rate = (self.step - first) / max(now - start, 1e-9)
                         values = {k: row[k] for k in ("loss", "learning_rate", "lr") if k in row}
                         print(progress_line(self.step, r.steps, values, rate), file=sys.stderr, flush=True)
-                    sums, t0 = {}, time.perf_counter()
+                    sums.clear()
+                    self._t0 = time.perf_counter()
                 saving = self.step % r.save_steps == 0 or self.step == r.steps  # mteb and keep_best name the last
                 evaluation, patience_out = getattr(r, "eval", None), False
                 if self.evaluate is not None and evaluation is not None:

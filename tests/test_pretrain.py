@@ -361,6 +361,21 @@ def test_resume_equals_uninterrupted_and_final_model(tmp_path, shards):
         pretrain(_recipe(tmp_path / "full", shards, "steps=6", "save_steps=3"), resume=True, progress=False)
 
 
+def test_a_resumed_runs_first_row_averages_its_whole_logging_window(tmp_path, shards):
+    """A checkpoint inside a logging window (save at 3, rows every 2 steps): the resumed run's row at step 4
+    averaged step 4 alone where the uninterrupted run's averages steps 3 and 4; the window's sums now travel in
+    the checkpoint, so the rows are the uninterrupted run's."""
+    settings = ("steps=4", "save_steps=3", "logging_steps=2")
+    full = pretrain(_recipe(tmp_path / "full", shards, *settings), progress=False)
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    shutil.copytree(full / "checkpoint-3", resumed / "checkpoint-3")
+    (resumed / "metrics.jsonl").write_text(json.dumps(_rows(full)[0]) + "\n")
+    pretrain(_recipe(resumed, shards, *settings), resume=True, progress=False)
+    keys = ("step", "loss", "masked_accuracy")
+    assert [[r[k] for k in keys] for r in _rows(resumed)] == [[r[k] for k in keys] for r in _rows(full)]
+
+
 def test_padded_mode_and_mixture_train(tmp_path, shards):
     out = pretrain(
         _recipe(
