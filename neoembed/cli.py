@@ -283,7 +283,21 @@ def _eof_message(e: BaseException) -> str:
     )
 
 
-#: how a command stopped by Ctrl-C continues (one not named keeps nothing to continue from)
+class _Terminated(BaseException):
+    """SIGTERM in a command without a handler of its own (train, score and export checkpoint or keep their work
+    and say so): reported here with how the command continues, not as a silent exit."""
+
+
+def _on_sigterm(signum, frame) -> None:
+    raise _Terminated
+
+
+def _how_to_continue() -> str:
+    command = next((a for a in sys.argv[1:] if not a.startswith("-")), "")
+    return CONTINUE.get(command, "rerun the command to start again")
+
+
+#: how a command stopped by Ctrl-C or SIGTERM continues (one not named keeps nothing to continue from)
 CONTINUE = {
     "mine": "continue with the same command and --resume",
     "score": "continue with the same command and --resume",
@@ -310,8 +324,16 @@ def main() -> None:
 
     debug = os.environ.get("NEOEMBED_DEBUG", "").strip().lower() not in ("", "0", "false", "no", "off")
     hint = "\n(NEOEMBED_DEBUG=1 shows the traceback)"
+    import signal
+    import threading
+
+    main_thread = threading.current_thread() is threading.main_thread()  # signal handlers can be set only there
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None
     try:
         code = app(standalone_mode=False)
+    except _Terminated:
+        typer.echo(f"stopped by SIGTERM: {_how_to_continue()}", err=True)
+        raise SystemExit(143) from None
     except usage as e:  # usage errors (a bad option value): click's own message, exit 2
         e.show()
         raise SystemExit(e.exit_code) from None
@@ -341,9 +363,11 @@ def main() -> None:
             f"error: {type(e).__name__}: {e}{hint}; if the cause is not yours, please report it", err=True
         )
         raise SystemExit(1) from None
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
     if code == 130:  # typer turns a Ctrl-C that no command caught into exit 130, without a word
-        command = next((a for a in sys.argv[1:] if not a.startswith("-")), "")
-        typer.echo(f"interrupted by Ctrl-C: {CONTINUE.get(command, 'rerun the command to start again')}", err=True)
+        typer.echo(f"interrupted by Ctrl-C: {_how_to_continue()}", err=True)
     raise SystemExit(code if isinstance(code, int) else 0)
 
 

@@ -970,3 +970,13 @@ def test_walk_ctrl_c_in_a_command_without_its_own_handler_says_how_to_continue(c
     monkeypatch.setattr(pretrain_cli, "_ppl", ctrl_c)
     code, said = _cli(capsys, monkeypatch, "ppl", "--model", "m", "--data", "d", "--out", str(tmp_path / "ppl"))
     assert code == 130 and "interrupted by Ctrl-C: rerun the command to start again" in said, said
+    # SIGTERM (what a scheduler sends) in such a command exited 143 without a word (mine kept its shards)
+    import os
+    import signal
+
+    monkeypatch.setattr(eval_cli, "_run", lambda *a, **k: os.kill(os.getpid(), signal.SIGTERM))
+    before = signal.getsignal(signal.SIGTERM)
+    code, said = _cli(capsys, monkeypatch, "mteb", "--model", "packaged:all-MiniLM-L6-v2", "--tasks", "STS16",
+                      "--data-dir", data, "--output", str(tmp_path / "results"))  # fmt: skip
+    assert code == 143 and "stopped by SIGTERM: rerun the same command: it reuses the tasks it finished" in said
+    assert signal.getsignal(signal.SIGTERM) is before  # the process's own handler is put back
