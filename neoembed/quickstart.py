@@ -257,7 +257,10 @@ def _run(output: Path, steps: int | None, model: str | None, t0: float, resume: 
         f"3/4 fine-tuning with the unified recipe ({recipe.steps} steps, batch {recipe.batch_size}) ..."
     )
     with _stage(timings, "train"):
-        # --output was claimed above: model/ is new (or cleared with --overwrite), or continued (--resume)
+        # --output was claimed above: model/ is new (or cleared with --overwrite), or continued (--resume; a
+        # quickstart stopped before its training started has no model/ to continue: it starts there)
+        model_dir = Path(recipe.output_dir)
+        resume = resume and model_dir.is_dir() and any(model_dir.iterdir())
         try:
             trained = train(recipe, recipe_dir=recipe_path.parent, overwrite=not resume, resume=resume)
         except RunFinished:  # --resume after the training finished (stopped while scoring it): score it now

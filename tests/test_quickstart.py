@@ -73,6 +73,11 @@ def test_an_interrupted_quickstart_continues_with_resume(tmp_path, tiny_official
     assert r.exit_code == 0 and "after 4 steps" in r.stdout, r.stderr[-3000:]
     r = run_neoembed(["quickstart", "--output", str(tmp_path / "new"), "--resume"])
     assert r.exit_code == 2 and "holds no quickstart to continue" in r.stderr
+    early = tmp_path / "early"  # stopped before its training started: nothing in model/ to continue from
+    early.mkdir()
+    (early / "quickstart.json").write_text('{"written_by": "neoembed quickstart"}\n')
+    r = run_neoembed(["quickstart", "--output", str(early), "--steps", "2", "--model", str(tiny_official), "--resume"])
+    assert r.exit_code == 0 and "after 2 steps" in r.stdout, r.stderr[-3000:]
 
 
 @pytest.mark.slow
