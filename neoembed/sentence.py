@@ -30,6 +30,7 @@ import neoembed.modeling  # noqa: F401  (registers NeoBERT with the Auto classes
 from neoembed.hub import hub_modules_json, resolve_packaged
 from neoembed.instructions import DEFAULT_TEMPLATE, instruction_prefix
 from neoembed.model_card import LOADING_HEADING, PACKAGED_MINILM, base_model_name, with_loading_section
+from neoembed.modeling.positions import position_limit
 from neoembed.pooling import POOLING_MODES, pooling_mode
 
 __all__ = [
@@ -365,27 +366,23 @@ def load(
 
 
 def set_max_seq_length(model: SentenceTransformer, max_seq_length: int, name) -> None:
-    """``model.max_seq_length = max_seq_length``, refused past learned absolute positions (BERT, MiniLM, RoBERTa):
-    they embed no token past their table, so a longer limit would fail at the first long text, deep in the
-    embedding lookup (``neoembed train`` refuses its ``max_length`` the same way). NeoBERT's rotary positions have
-    no table: past the length it supports (``max_length`` times its RoPE scaling's factor, e.g. YaRN's) they
-    extrapolate, with a warning."""
+    """``model.max_seq_length = max_seq_length``, refused past learned absolute positions, where the first long
+    text would fail deep in the embedding lookup, and kept with a warning past NeoBERT's supported length
+    (:func:`position_limit`; ``neoembed train`` checks its ``max_length`` by the same rule)."""
     config = getattr(getattr(model[0], "auto_model", None), "config", None)
-    positions = getattr(config, "max_position_embeddings", None)  # NeoBERT's aliases its max_length
-    if getattr(config, "model_type", None) == "neobert":
-        supported = config.max_sequence_length
-        if max_seq_length > supported:
-            logger.warning(
-                "max_seq_length=%d (--max-length on the command line) is longer than the %d tokens %s supports "
-                "(trained at %d%s): rotary positions extrapolate past it, and quality there is not measured",
-                max_seq_length, supported, name, config.max_length,
-                "" if supported == config.max_length else ", times its RoPE scaling's factor",
-            )  # fmt: skip
-    elif isinstance(positions, int) and max_seq_length > positions:
+    limit, fails = position_limit(config)
+    if limit is not None and max_seq_length > limit and fails:
         raise ValueError(
-            f"max_seq_length={max_seq_length} (--max-length on the command line) exceeds the {positions} "
-            f"positions of {name} (its config's max_position_embeddings): use at most {positions}"
+            f"max_seq_length={max_seq_length} (--max-length on the command line) exceeds the {limit} "
+            f"positions of {name} (its config's max_position_embeddings): use at most {limit}"
         )
+    if limit is not None and max_seq_length > limit:
+        logger.warning(
+            "max_seq_length=%d (--max-length on the command line) is longer than the %d tokens %s supports "
+            "(trained at %d%s): rotary positions extrapolate past it, and quality there is not measured",
+            max_seq_length, limit, name, config.max_length,
+            "" if limit == config.max_length else ", times its RoPE scaling's factor",
+        )  # fmt: skip
     model.max_seq_length = max_seq_length
 
 

@@ -48,6 +48,7 @@ from neoembed.data.sampler import check_contrast, dataset_probabilities, plan_no
 from neoembed.loop import RunLoop, adamw, check_engine
 from neoembed.losses import MaskTally, build_loss
 from neoembed.model_card import base_model_name, training_prompts
+from neoembed.modeling.positions import position_limit
 from neoembed.recipe import RecipeError, resolve_recipe_path
 from neoembed.runs import (
     TrainingStopped,
@@ -418,26 +419,21 @@ def _check_max_length(recipe: UnifiedRecipe) -> None:
     config = Path(str(recipe.model)) / "config.json"
     if not config.is_file():
         return
-    cfg = json.loads(config.read_text())
-    positions = cfg.get("max_position_embeddings")
-    if isinstance(positions, int) and recipe.max_length > positions:
+    limit, fails = position_limit(json.loads(config.read_text()))
+    if limit is None or recipe.max_length <= limit:
+        return
+    if fails:
         raise RecipeError(
-            f"max_length={recipe.max_length} exceeds the {positions} positions of model {recipe.model} "
+            f"max_length={recipe.max_length} exceeds the {limit} positions of model {recipe.model} "
             "(config.json max_position_embeddings): lower max_length"
         )
-    if cfg.get("model_type") != "neobert":
-        return
-    from neoembed.modeling import NeoBERTConfig
-
-    supported = NeoBERTConfig.from_dict(cfg).max_sequence_length  # max_length x its RoPE scaling (YaRN) factor
-    if recipe.max_length > supported:
-        logger.warning(
-            "max_length=%d is longer than the %d tokens model %s supports (rotary positions extrapolate; "
-            "quality beyond its length is not measured)",
-            recipe.max_length,
-            supported,
-            recipe.model,
-        )
+    logger.warning(
+        "max_length=%d is longer than the %d tokens model %s supports (rotary positions extrapolate; "
+        "quality beyond its length is not measured)",
+        recipe.max_length,
+        limit,
+        recipe.model,
+    )
 
 
 def _check_extras(recipe: UnifiedRecipe, evaluator) -> None:
