@@ -3,7 +3,7 @@ that a recipe validates before torch loads)."""
 
 from __future__ import annotations
 
-__all__ = ["POOLING_MODES", "pooling_mode"]
+__all__ = ["POOLING_MODES", "pooling_mode", "pooling_name"]
 
 #: pooling name (recipes, ``load(pooling=...)``) -> sentence-transformers' ``Pooling`` mode. A new pooling is one
 #: entry here and its test (tests/test_sentence.py::test_cls_pooling_and_normalize, test_fixture_mean_pooling_matches_official_hidden_states).
@@ -18,3 +18,8 @@ def pooling_mode(name: str) -> str:
     if name not in POOLING_MODES:
         raise ValueError(f"unknown pooling {name!r}; valid: {sorted(POOLING_MODES)}")
     return POOLING_MODES[name]
+
+
+def pooling_name(mode: str) -> str:
+    """The registered name of a sentence-transformers pooling mode (the mode itself where none is registered)."""
+    return next((name for name, m in POOLING_MODES.items() if m == mode), mode)

@@ -31,7 +31,7 @@ from neoembed.hub import hub_modules_json, resolve_packaged
 from neoembed.instructions import DEFAULT_TEMPLATE, instruction_prefix
 from neoembed.model_card import LOADING_HEADING, PACKAGED_MINILM, base_model_name, with_loading_section
 from neoembed.modeling.positions import position_limit
-from neoembed.pooling import POOLING_MODES, pooling_mode
+from neoembed.pooling import POOLING_MODES, pooling_mode, pooling_name
 
 __all__ = [
     "POOLING_MODES",
@@ -274,12 +274,11 @@ def _check_saved_pooling(model: SentenceTransformer, name_or_path: str, pooling:
     pooler = next((m for m in model if isinstance(m, Pooling)), None)
     if pooling is None or pooler is None:
         return
-    own = pooler.pooling_mode
-    if own != pooling_mode(pooling):
-        names = [name for name, mode in POOLING_MODES.items() if mode == own] or [own]
+    own = pooling_name(pooler.pooling_mode)
+    if pooler.pooling_mode != pooling_mode(pooling):
         raise ValueError(
-            f"{name_or_path} is a saved sentence-transformers model that pools by {names[0]!r}; pooling="
-            f"{pooling!r} would be ignored. Drop pooling (the model's own), or set pooling={names[0]!r}"
+            f"{name_or_path} is a saved sentence-transformers model that pools by {own!r}; pooling="
+            f"{pooling!r} would be ignored. Drop pooling (the model's own), or set pooling={own!r}"
         )
 
 
@@ -587,8 +586,7 @@ def convert_to_sentence_transformer(src: str | Path, dst: str | Path, pooling: s
     model.save(str(dst))
     files = sorted(p.name for p in Path(dst).iterdir())
     pooler = next((m for m in model if isinstance(m, Pooling)), None)
-    own = pooler.pooling_mode if pooler is not None else None
-    pooled = next((name for name, mode in POOLING_MODES.items() if mode == own), own)
+    pooled = pooling_name(pooler.pooling_mode) if pooler is not None else None
     return (
         f"converted {src} -> {dst} (sentence-transformers: Transformer -> Pooling[{pooled}])\n"
         f"  files: {', '.join(files)}\n"
