@@ -209,7 +209,7 @@ def _source_fingerprint(source: str) -> dict:
         return {"source": source}
     files = _local_files(path)
     root = path if path.is_dir() else path.parent
-    listed = [(f.relative_to(root).as_posix(), f.stat().st_size, f.stat().st_mtime_ns) for f in files]
+    listed = [(f.relative_to(root).as_posix(), st.st_size, st.st_mtime_ns) for f in files for st in [f.stat()]]
     return {
         "source": str(path.resolve()),
         "files": hashlib.sha256(json.dumps(listed).encode()).hexdigest(),
