@@ -6,8 +6,8 @@ the B x N logits alone need gigabytes, and a broadcast cosine (B x N x d) cannot
 scalar, so its gradients can be formed while the rows are walked: for a chunk of rows, the logits
 ``cos(r_i, c_j) / tau``, their log-sum-exp, and ``softmax - target`` times the other side give the chunk's
 loss and its share of both gradients; the chunk is then dropped, and the backward pass only scales what was
-formed. Peak memory: the embeddings, an fp32 copy of each matrix given in segments or in lower precision,
-their gradients and one chunk of logits and masks; work: the three
+formed. Peak memory: the embeddings, their gradients and one chunk of logits and masks (plus an fp32 copy of a
+matrix that comes in lower precision or in many separate pieces); work: the three
 matrix products of the plain composition (normalise, matmul, masked_fill, cross_entropy), to which the
 result and its gradients are equal within fp32 rounding.
 
@@ -18,9 +18,11 @@ query-query, document-query, document-document). ``mask(rows, cos)`` gets the sl
 their (len(rows), N) fp32 cosines and returns the entries to drop (True), or None.
 
 A matrix may be given as a list of segments (the mini-batches GradCache embedded, or the columns
-positive, negative_1, ...): they are joined once into one fp32 buffer (the copy that bf16 embeddings need
-anyway), so that a chunk costs a few large matrix products, not a few per segment, and each segment's
-gradient comes back as a view of one buffer. The row matrices' segments must have equal lengths.
+positive, negative_1, ...). Segments that lie one after another in one buffer are read as one matrix in
+place; up to :data:`MAX_PARTS` buffers are scored buffer by buffer into one chunk of logits; more, or
+lower precision, are joined once into one fp32 buffer (the copy bf16 embeddings need anyway), so that a
+chunk costs a few large matrix products, not a few per mini-batch. Each segment's gradient comes back as a
+view of one buffer. The row matrices' segments must have equal lengths.
 """
 
 from __future__ import annotations
@@ -93,52 +95,112 @@ def _inverse_norms(x: Tensor) -> Tensor:
 def _normalise_backward(grad_unit: Tensor, x: Tensor, inv: Tensor) -> Tensor:
     """In place: the gradient w.r.t. x of a loss whose gradient w.r.t. x / max(|x|, eps) is ``grad_unit``."""
     # d(x/|x|) = (I - u u^T) / |x|; below eps F.normalize divides by the constant eps, so no projection
-    along = (x * grad_unit).sum(dim=1) * inv * inv * (inv < 1.0 / _EPS)
+    along = torch.bmm(x[:, None, :], grad_unit[:, :, None]).view(-1) * inv * inv * (inv < 1.0 / _EPS)
     grad_unit.mul_(inv[:, None])
     return grad_unit.addcmul_(x, (along * inv)[:, None], value=-1.0)
 
 
+#: at most this many separate buffers are scored in place; more (GradCache's mini-batches as they come) are
+#: joined first, since a chunk costs a few matrix products per buffer
+MAX_PARTS = 16
+
+
+def _runs(segments: Sequence[Tensor]) -> list[Tensor]:
+    """The segments as matrices without a copy: each run of segments that lie one after another in one
+    buffer (the views of a split, GradCache's mini-batches written into one, their first dimensions for
+    Matryoshka) becomes one matrix."""
+    runs: list[list[Tensor]] = []
+    for s in segments:
+        prev = runs[-1][-1] if runs else None
+        adjacent = (
+            prev is not None
+            and s.dim() == 2
+            and s.stride() == prev.stride()
+            and s.stride(1) == 1
+            and s.shape[1] == prev.shape[1]
+            and s.untyped_storage().data_ptr() == prev.untyped_storage().data_ptr()
+            and s.data_ptr() == prev.data_ptr() + len(prev) * prev.stride(0) * prev.element_size()
+        )
+        if adjacent:
+            runs[-1].append(s)
+        else:
+            runs.append([s])
+    return [_as_one(run) for run in runs]
+
+
+def _as_one(run: list[Tensor]) -> Tensor:
+    first = run[0].detach()
+    if len(run) == 1:
+        return first
+    rows = sum(len(s) for s in run)
+    return first.new_empty(0).set_(
+        first.untyped_storage(), first.storage_offset(), (rows, first.shape[1]), first.stride()
+    )
+
+
 class _Side:
-    """One matrix of the loss, its segments (GradCache's mini-batches) joined in one fp32 buffer, with its
-    inverse norms and (when wanted) one gradient buffer. Joined, a chunk costs a few matrix products whatever
-    the number of segments (scored segment by segment, B = 65,536 in mini-batches of 1,024 needs 36x the
-    operations of sentence-transformers' loss); the join is the fp32 copy that bf16 embeddings need anyway."""
+    """One matrix of the loss, with its inverse norms and (when wanted) one gradient buffer. Its segments are
+    read in place when they are fp32 already and lie in at most :data:`MAX_PARTS` buffers (the columns
+    positive, negative_1, ..., each one tensor); otherwise they are joined into one fp32 buffer (the copy
+    that bf16 embeddings need anyway), since a chunk costs a few matrix products per buffer: scored mini-batch
+    by mini-batch, B = 65,536 in mini-batches of 1,024 needs 36x the operations of one product."""
 
     def __init__(self, segments: Sequence[Tensor], want_grad: bool):
         dtype = torch.float64 if any(s.dtype == torch.float64 for s in segments) else torch.float32
         self.lengths = [len(s) for s in segments]
-        if len(segments) == 1:
-            self.x = segments[0].detach().to(dtype)
-        else:
-            self.x = torch.cat([s.detach() for s in segments]).to(dtype)
-        self.inv = _inverse_norms(self.x)
-        self.grad = torch.zeros_like(self.x) if want_grad else None
+        parts = _runs(segments) if all(s.dtype == dtype for s in segments) else []
+        if not parts or len(parts) > MAX_PARTS:
+            parts = [torch.cat([s.detach() for s in segments]).to(dtype)]
+        self.parts = parts
+        self.bounds = [0]
+        for part in parts:
+            self.bounds.append(self.bounds[-1] + len(part))
+        self.inv = torch.cat([_inverse_norms(part) for part in parts])
+        self.grad = parts[0].new_zeros(self.bounds[-1], parts[0].shape[1]) if want_grad else None
 
     def __len__(self) -> int:
-        return len(self.x)
+        return self.bounds[-1]
+
+    def _spans(self):
+        return zip(self.parts, self.bounds[:-1], self.bounds[1:], strict=True)
 
     def units(self, lo: int, hi: int) -> Tensor:
         """Rows ``lo:hi`` divided by their norms (a copy of one chunk)."""
-        return self.x[lo:hi] * self.inv[lo:hi, None]
+        rows = [
+            part[max(lo, a) - a : min(hi, b) - a] for part, a, b in self._spans() if max(lo, a) < min(hi, b)
+        ]
+        return (rows[0] if len(rows) == 1 else torch.cat(rows)) * self.inv[lo:hi, None]
 
     def cos(self, units: Tensor) -> Tensor:
         """(len(units), len(self)) cosines of unit rows with this side's vectors."""
-        return (units @ self.x.T).mul_(self.inv[None, :])
+        if len(self.parts) == 1:
+            out = units @ self.parts[0].T
+        else:
+            out = units.new_empty(len(units), len(self))
+            for part, a, b in self._spans():
+                torch.mm(units, part.T, out=out[:, a:b])
+        return out.mul_(self.inv[None, :])
 
     def add_row_grads(self, lo: int, hi: int, grad: Tensor) -> None:
         self.grad[lo:hi] += grad
 
     def add_col_grads(self, p: Tensor, units: Tensor) -> None:
         """Column gradients ``p^T units``."""
-        self.grad.addmm_(p.T, units)
+        for _, a, b in self._spans():
+            self.grad[a:b].addmm_(p[:, a:b].T, units)
 
     def times(self, p: Tensor) -> Tensor:
         """``p`` (rows x len(self)) times this side's vectors."""
-        return p @ self.x
+        out = None
+        for part, a, b in self._spans():
+            out = p[:, a:b] @ part if out is None else out.addmm_(p[:, a:b], part)
+        return out
 
     def backward(self, weight: float) -> list[Tensor]:
         """The gradient of each segment (views of one buffer)."""
-        return list(_normalise_backward(self.grad, self.x, self.inv).mul_(weight).split(self.lengths))
+        for part, a, b in self._spans():
+            _normalise_backward(self.grad[a:b], part, self.inv[a:b]).mul_(weight)
+        return list(self.grad.split(self.lengths))
 
 
 class _ChunkedSoftmaxCE(torch.autograd.Function):
@@ -169,7 +231,7 @@ class _ChunkedSoftmaxCE(torch.autograd.Function):
         total = torch.zeros((), dtype=torch.float64, device=tensors[0].device)
         for start in range(0, n, step):
             total += _chunk(blocks, rows, cols, slice(start, min(n, start + step)), tau, offset, want)
-        out = total.to(rows[0].x.dtype) * (weight * tau)
+        out = total.to(rows[0].inv.dtype) * (weight * tau)
         if want:
             grads = [g for side in rows + cols for g in side.backward(weight)]
             ctx.save_for_backward(*grads)
@@ -197,14 +259,20 @@ def _chunk(blocks, rows, cols, sl, tau, offset, want) -> Tensor:
         if drop is not None:
             cos.masked_fill_(drop, float("-inf"))
         logits.append(cos)
-    lse = torch.logsumexp(torch.stack([torch.logsumexp(x, dim=1) for x in logits]), dim=0)
-    own = torch.arange(sl.stop - sl.start, device=lse.device)
+    own = torch.arange(sl.stop - sl.start, device=units[0].device)
     target = own + sl.start + offset
-    loss = (lse - logits[0][own, target]).sum(dtype=torch.float64)
+    picked = logits[0][own, target]
+    # logsumexp by hand, so that exp(logits - max) is formed in place of the logits: no second chunk-sized
+    # buffer, and it is the softmax up to a per-row scale; a row with every entry masked is shifted by 0, as
+    # torch.logsumexp does
+    top = torch.stack([x.amax(dim=1) for x in logits]).amax(dim=0)
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    sums = sum(x.sub_(top[:, None]).exp_().sum(dim=1) for x in logits)
+    loss = (top + sums.log() - picked).sum(dtype=torch.float64)
     if want:
         grad_units = [None] * len(rows)
         for k, (block, p) in enumerate(zip(blocks, logits, strict=True)):
-            p.sub_(lse[:, None]).exp_()  # this block's share of the softmax, in place of its logits
+            p.div_(sums[:, None])  # this block's share of the softmax, in place of its logits
             if k == 0:
                 p[own, target] -= 1.0
             side = cols[block.col]

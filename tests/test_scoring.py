@@ -46,16 +46,25 @@ def _data(b=23, n_cols=4, d=12, dtype=torch.float64, seed=0):
     return q, c, mask
 
 
+def _cut_into(x, segments: int, layout: str):
+    """``x`` as ``segments`` views of its buffer ("adjacent"), or as separate tensors; one segment: ``x``."""
+    if segments == 1:
+        return x
+    parts = list(x.tensor_split(segments))
+    return parts if layout == "adjacent" else [p.clone() for p in parts]
+
+
 @pytest.mark.parametrize("chunk", [None, 1, 5, 23])
-@pytest.mark.parametrize("segments", [1, 3])
+@pytest.mark.parametrize(
+    ("segments", "layout"), [(1, ""), (3, "adjacent"), (3, "separate"), (20, "separate")]
+)
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
-def test_chunked_loss_and_gradients_equal_the_plain_composition(chunk, segments, reduction):
+def test_chunked_loss_and_gradients_equal_the_plain_composition(chunk, segments, layout, reduction):
     q, c, mask = _data()
     ref, ref_g = _grads(lambda q, c: _plain(q, c, 0.07, mask, reduction), q, c)
 
     def chunked(q, c):
-        cols = list(c.tensor_split(segments)) if segments > 1 else c
-        rows = list(q.tensor_split(segments)) if segments > 1 else q
+        cols, rows = _cut_into(c, segments, layout), _cut_into(q, segments, layout)
         block = Block(0, 0, lambda sl, cos: mask[sl])
         return contrastive_loss([rows], [cols], [block], 0.07, reduction=reduction, chunk=chunk)
 
@@ -197,6 +206,38 @@ def test_no_chunk_of_logits_exceeds_its_budget(monkeypatch):
     assert torch.allclose(loss, _plain(q.detach(), c.detach(), 0.07), rtol=1e-6)
 
 
+@pytest.mark.parametrize("layout", ["adjacent", "separate"])
+def test_fp32_matrices_in_few_buffers_are_read_in_place(monkeypatch, layout):
+    """The memory claim of the cached loss at B = 65k: beside the embeddings, only their gradients and one
+    chunk. fp32 matrices given in at most MAX_PARTS buffers (GradCache's columns, each one buffer) are
+    scored in place: no operation in the forward or backward pass makes a new tensor as large as a matrix
+    except the two gradient buffers."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Large(TorchDispatchMode):
+        def __init__(self, numel):
+            super().__init__()
+            self.numel, self.made = numel, []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            fresh = not func._schema.is_mutable and not any(r.alias_info for r in func._schema.returns)
+            for t in out if isinstance(out, (tuple, list)) else [out]:
+                if fresh and isinstance(t, torch.Tensor) and t.numel() >= self.numel:
+                    self.made.append(str(func))
+            return out
+
+    monkeypatch.setattr(scoring, "CHUNK_ELEMENTS", 8 * 192)  # 8 rows a chunk
+    q, c, _ = _data(b=64, n_cols=3, d=32, dtype=torch.float32)
+    rows = [x.requires_grad_() for x in _cut_into(q, 4, layout)]
+    cols = [x.requires_grad_() for x in _cut_into(c, 12, layout)]
+    with Large(q.numel()) as large:
+        loss = contrastive_loss([rows], [cols], [Block(0, 0)], 0.07)
+        loss.backward()
+    assert large.made == ["aten.new_zeros.default"] * 2, large.made
+    assert torch.allclose(loss, _plain(q, c, 0.07), rtol=1e-5)
+
+
 def test_the_operations_of_a_chunk_do_not_grow_with_the_segments(monkeypatch):
     """GradCache hands the loss its mini-batches as segments: a chunk scored segment by segment made
     B = 65,536 in mini-batches of 1,024 launch 36x the kernels of sentence-transformers' loss (8.9 s against
@@ -216,8 +257,9 @@ def test_the_operations_of_a_chunk_do_not_grow_with_the_segments(monkeypatch):
     q, c, _ = _data(b=64, n_cols=3, dtype=torch.float32)
 
     def ops(segments: int) -> int:
-        rows = [x.requires_grad_() for x in q.clone().tensor_split(segments)]
-        cols = [x.requires_grad_() for x in c.clone().tensor_split(3 * segments)]
+        # separate tensors, as GradCache's mini-batches come (beyond MAX_PARTS of them, joined)
+        rows = [x.clone().requires_grad_() for x in q.tensor_split(segments)]
+        cols = [x.clone().requires_grad_() for x in c.tensor_split(3 * segments)]
         with Count() as count:
             contrastive_loss([rows], [cols], [Block(0, 0)], 0.07).backward()
         return count.n
