@@ -101,6 +101,31 @@ def test_cached_equals_plain_loss_and_gradients(tiny, columns, mini_batch_size):
             torch.testing.assert_close(p.grad, grads_plain[n], rtol=1e-4, atol=1e-6, msg=n)
 
 
+def test_cached_pass_writes_each_column_into_one_buffer(tiny, monkeypatch):
+    """The gradient-free pass hands the scoring each column's mini-batches as views of one buffer, which it
+    reads in place (no copy of the batch's embeddings beside their gradients), and the loss is unchanged."""
+    from neoembed import scoring
+
+    seen = []
+    runs = scoring._runs
+
+    def record(segments):
+        out = runs(segments)
+        seen.append((len(segments), len(out)))
+        return out
+
+    monkeypatch.setattr(scoring, "_runs", record)
+    columns = ("query", "positive", "negative")
+    cached = CachedInfoNCELoss(tiny, mini_batch_size=2)
+    loss = cached(_features(tiny, columns), torch.zeros(5))
+    loss.backward()
+    # queries: 3 mini-batches in one buffer; candidates: 6 mini-batches in two (positive, negative)
+    assert seen == [(3, 1), (6, 2)]
+    with torch.no_grad():
+        plain = InfoNCELoss(tiny)(_features(tiny, columns), torch.zeros(5))
+    assert loss.item() == pytest.approx(plain.item())
+
+
 def test_masking_changes_the_loss_and_can_be_turned_off(tiny):
     cols = ("query", "positive")
     with torch.no_grad():

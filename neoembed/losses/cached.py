@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from sentence_transformers.sentence_transformer.losses import (
     CachedMultipleNegativesRankingLoss,
 )
@@ -16,7 +18,8 @@ from neoembed.losses.masks import MaskTally
 class CachedInfoNCELoss(_InfoNCEMixin, CachedMultipleNegativesRankingLoss):
     """GradCache InfoNCE: embeddings computed in mini-batches without graph, loss and embedding gradients on
     the full batch, then a second chunked pass backpropagates them. Same loss and gradients as
-    :class:`InfoNCELoss` at the memory of one mini-batch."""
+    :class:`InfoNCELoss` with the activations of one mini-batch: beside them, the batch's embeddings, their
+    gradients and one row chunk of logits (:mod:`neoembed.scoring`)."""
 
     def __init__(
         self,
@@ -43,6 +46,29 @@ class CachedInfoNCELoss(_InfoNCEMixin, CachedMultipleNegativesRankingLoss):
         )
 
     embedding_loss = staticmethod(info_nce)  # the same loss as InfoNCELoss's
+
+    def embed_minibatch_iter(
+        self, sentence_feature, with_grad, copy_random_state, random_states=None, ranges=None
+    ) -> Iterator[tuple[Tensor, object]]:
+        """sentence-transformers' mini-batch pass; without gradient (the pass whose embeddings the loss
+        scores), each mini-batch is written into one buffer per column, so that the scoring reads the column
+        in place instead of joining a copy of the whole batch's embeddings."""
+        batches = super().embed_minibatch_iter(
+            sentence_feature, with_grad, copy_random_state, random_states=random_states, ranges=ranges
+        )
+        if with_grad or ranges is None:
+            yield from batches
+            return
+        total, buffer, at = sum(end - begin for begin, end in ranges), None, 0
+        for reps, random_state in batches:
+            if buffer is None:
+                buffer = reps.new_empty(total, *reps.shape[1:])
+            if at + len(reps) > len(buffer):  # ranges that do not add up: scored as given
+                yield reps, random_state
+                continue
+            buffer[at : at + len(reps)] = reps
+            yield buffer[at : at + len(reps)], random_state
+            at += len(reps)
 
     @classmethod
     def from_recipe(cls, model, recipe, tally: MaskTally | None = None) -> CachedInfoNCELoss:
