@@ -3,6 +3,7 @@
     python benchmarks/scale.py loss                 # every cell of the issue (hours of 2-core CPU at 16k-65k)
     python benchmarks/scale.py loss --max-batch 4096 --reps 3
     python benchmarks/scale.py loss --before        # adds the pre-#39 broadcast cosine at B = 256, N = 1024
+    python benchmarks/scale.py loss --min-batch 65536   # only the 65k cell (scale_loss_cpu_from65536.*)
     python benchmarks/scale.py step                 # (d) training steps against sentence-transformers' trainer
     python benchmarks/scale.py step --before-tree ../neoembed-parent   # adds neoembed at another checkout
     python benchmarks/scale.py step --model tiny-neobert   # one model's cells (scale_step_cpu_tiny-neobert.*)
@@ -133,9 +134,19 @@ def _cell_in_child(impl, kind, batch, negatives, reps) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def loss_table(max_batch: int, reps: int, before: bool, memory_limit: int) -> list[dict]:
+def bound_bytes(batch: int, negatives: int) -> int:
+    """The issue's memory bound of the chunked loss: the embeddings, their gradients, one row chunk of fp32
+    logits and its bool mask."""
+    from neoembed.scoring import chunk_rows
+
+    candidates = batch * (negatives + 1)
+    embeddings = 4 * DIM * (batch + candidates)
+    return 2 * embeddings + 5 * chunk_rows(batch, candidates) * candidates
+
+
+def loss_table(max_batch: int, reps: int, before: bool, memory_limit: int, min_batch: int = 0) -> list[dict]:
     rows = []
-    cells = [c for c in CELLS if c[1] <= max_batch]
+    cells = [c for c in CELLS if min_batch <= c[1] <= max_batch]
     if before:
         cells = [("plain", 256, 3), *cells]
     for kind, batch, negatives in cells:
@@ -167,9 +178,12 @@ def loss_markdown(rows: list[dict]) -> str:
         "",
         "Loss + backward on random fp32 embeddings, d = 768; peak = resident-set rise above the embeddings;",
         "time = median of the calls. `broadcast`: the scoring before #39 (F.cosine_similarity over B x N x d).",
+        "`/ bound`: neoembed's peak with the embeddings, over the embeddings + their gradients + one row chunk of",
+        "fp32 logits and bool masks (the issue's target for the cached loss: <= 1.2).",
         "",
-        "| loss | B | negatives | N | neoembed peak | ST peak | peak ratio | neoembed time | ST time | time ratio |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| loss | B | negatives | N | neoembed peak | ST peak | peak ratio | neoembed time | ST time | time ratio "
+        "| / bound |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         ne, st = r["neoembed"], r["sentence-transformers"]
@@ -178,10 +192,14 @@ def loss_markdown(rows: list[dict]) -> str:
         pr = f"{ne['peak_bytes'] / max(st['peak_bytes'], 1):.2f}" if both else "—"
         tr = f"{ne['seconds'] / st['seconds']:.2f}" if both else "—"
         size = f"{r['batch']} | {r['negatives']} | {r['candidates']}"
-        out.append(f"| {r['loss']} | {size} | {nm} | {sm} | {pr} | {nt} | {stt} | {tr} |")
+        bound = "—"
+        if "peak_bytes" in ne:
+            embeddings = 4 * DIM * (r["batch"] + r["candidates"])
+            bound = f"{(ne['peak_bytes'] + embeddings) / bound_bytes(r['batch'], r['negatives']):.2f}"
+        out.append(f"| {r['loss']} | {size} | {nm} | {sm} | {pr} | {nt} | {stt} | {tr} | {bound} |")
         if "broadcast" in r:
             bm, bt = _fmt(r["broadcast"])
-            out.append(f"| broadcast (before) | {size} | {bm} | | | {bt} | | |")
+            out.append(f"| broadcast (before) | {size} | {bm} | | | {bt} | | | |")
     return "\n".join(out) + "\n"
 
 
@@ -351,6 +369,7 @@ def main() -> None:
     sub = parser.add_subparsers(dest="part", required=True)
     loss = sub.add_parser("loss", help="(a) loss + backward against sentence-transformers' MNRL / CachedMNRL")
     loss.add_argument("--max-batch", type=int, default=65536)
+    loss.add_argument("--min-batch", type=int, default=0, help="only cells from this batch (own record)")
     loss.add_argument("--reps", type=int, default=3)
     loss.add_argument("--before", action="store_true", help="add the pre-#39 broadcast cosine at B = 256")
     loss.add_argument("--memory-gb", type=float, default=20.0, help="skip cells whose logits need more")
@@ -367,8 +386,9 @@ def main() -> None:
         stem = "scale_step_cpu" + (f"_{args.model}" if args.model else "")
         paths = write_results(stem, {"header": header(), "rows": rows}, step_markdown(rows))
     else:
-        rows = loss_table(args.max_batch, args.reps, args.before, int(args.memory_gb * 2**30))
-        paths = write_results("scale_loss_cpu", {"header": header(), "rows": rows}, loss_markdown(rows))
+        rows = loss_table(args.max_batch, args.reps, args.before, int(args.memory_gb * 2**30), args.min_batch)
+        stem = "scale_loss_cpu" + (f"_from{args.min_batch}" if args.min_batch else "")
+        paths = write_results(stem, {"header": header(), "rows": rows}, loss_markdown(rows))
     print("wrote", *paths)
 
 
