@@ -145,3 +145,37 @@ def test_the_model_card_states_the_texts_per_step(tmp_path):
     assert "128 texts per step (query, positive and hard negatives)" in (tmp_path / "README.md").read_text()
     _model_card(load_recipe("tiny", UnifiedRecipe), [], tmp_path)
     assert "batch size 16," in (tmp_path / "README.md").read_text()
+
+
+def test_the_dry_run_counts_a_local_list_of_negatives_as_the_trainer_does(tmp_path):
+    """A local card whose negatives are one list column, without a declared schema: the dry run counted it as
+    one negative (and printed the batch of one); it now reads the rows' own list lengths, the count most rows
+    carry, as the trainer does, and the batch that gives."""
+    from neoembed.data.cards import load_card_rows
+    from neoembed.data.pairs import build_pairs_report
+
+    rows = [
+        {
+            "q": f"question {i}",
+            "p": f"answer {i}",
+            "negs": [f"wrong {i}.{j}" for j in range(3 if i < 7 else 2)],
+        }
+        for i in range(10)
+    ]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cards = tmp_path / "cards"
+    cards.mkdir()
+    (cards / "lists.yaml").write_text(
+        "name: lists\nsource:\n  local: {path: ../rows.jsonl, format: json}\n"
+        "columns: {query: q, positive: p, negatives: [negs]}\nlicense: CC0-1.0\nexpected_loss: 0.3\n"
+    )
+    card, folder = load_card(find_card("lists", [cards]))
+    for cap, k in ((None, 3), (2, 2)):
+        recipe = _recipe(
+            datasets=[{"card": "lists", "max_negatives": cap}], batch_texts=20, card_dirs=[str(cards)]
+        )
+        (row,) = plan(recipe)
+        _, report = build_pairs_report(card, load_card_rows(card, folder).rows, max_negatives=cap)
+        assert report.negatives_per_query == k
+        assert row.negatives.startswith(f"{k} (lists)")
+        assert (row.batch, row.texts) == (20 // (2 + k), 20 // (2 + k) * (2 + k))

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from neoembed.card_schema import resolve_spec_type
+from neoembed.card_schema import CardSchemaError, resolve_spec_type
 from neoembed.data.cards import DataCardError, check_instruction_overrides, load_card_rows, load_recipe_cards
 
 __all__ = ["PlanRow", "dry_run", "plan"]
@@ -33,20 +33,52 @@ class PlanRow:
     used: int | None = None  # rows trained on: max_rows of them where the entry sets it
 
 
-def _negatives(card, max_negatives: int | None) -> tuple[str, int | None]:
-    """Negatives per query as far as the declared schema tells (text, and the count where it is fixed): fixed
-    columns count one each; a list column has as many as its rows carry (the loader then uses the count most rows
-    have)."""
+def _negatives(card, max_negatives: int | None, rows=None) -> tuple[str, int | None]:
+    """Negatives per query (text, and the count where it is known): a string column counts one; a list column
+    as many as its rows carry (the trainer uses the count most rows have). Hub data is described by its declared
+    schema (a list column's count unknown); local ``rows`` (a loaded dataset) by their own features, and a
+    top-level list column's count read from its lengths."""
     if not card.columns.negatives or max_negatives == 0:
         return "0", 0
-    fixed, lists = 0, 0
-    features = card.schema_.features if card.schema_ is not None else None
+    if card.schema_ is not None:
+        features = card.schema_.features
+    elif rows is not None:
+        from neoembed.data.check import compact_features
+
+        features = compact_features(rows.features)
+    else:
+        features = None
+    fixed, lists = 0, []
     for spec in card.columns.negatives:
-        t = resolve_spec_type(spec, features) if features is not None else "string"
-        fixed, lists = (fixed + 1, lists) if not isinstance(t, list) else (fixed, lists + 1)
+        try:
+            t = resolve_spec_type(spec, features) if features is not None else "string"
+        except CardSchemaError as e:  # local rows without the path: the trainer would refuse them too
+            raise DataCardError(f"card {card.name}: negatives: {e}") from None
+        fixed, lists = (fixed + 1, lists) if not isinstance(t, list) else (fixed, [*lists, spec])
     text = str(fixed) if not lists else f"{fixed}+list" if fixed else "list (the count most rows carry)"
-    count = None if lists else fixed if max_negatives is None else min(fixed, max_negatives)
+    count = fixed if not lists else _list_count(rows, fixed, lists, max_negatives)
+    if lists and count is not None:
+        text = f"{count} (lists)"
+    elif count is not None and max_negatives is not None:
+        count = min(count, max_negatives)
     return (f"{text}, at most {max_negatives}" if max_negatives is not None else text), count
+
+
+def _list_count(rows, fixed: int, lists: list[str], cap: int | None) -> int | None:
+    """The trainer's negatives per query for local rows whose list columns are top-level (the count most rows
+    carry, capped), from the Arrow list lengths; None for hub data or a nested path."""
+    if rows is None or any(spec not in rows.column_names for spec in lists):
+        return None
+    import numpy as np
+    import pyarrow.compute as pc
+
+    from neoembed.data.pairs import _negatives_per_query
+
+    table = rows.select_columns(lists).with_format("arrow")[:]  # the card's filter (an index) applied
+    counts = np.full(len(table), fixed, dtype=np.int64)
+    for spec in lists:
+        counts += pc.fill_null(pc.list_value_length(table.column(spec)), 0).to_numpy()
+    return _negatives_per_query(counts, cap)
 
 
 def plan(recipe, recipe_dir: Path | None = None) -> list[PlanRow]:
@@ -63,15 +95,17 @@ def plan(recipe, recipe_dir: Path | None = None) -> list[PlanRow]:
             raise DataCardError(
                 f"card {card.name}: its paths do not fit its declared schema: {'; '.join(problems)}"
             )
+        local = None
         if card.source.local is not None:  # local data is cheap to count, and counting is exact
-            rows, rows_from = load_card_rows(card, folder).full_size, "counted"
+            local = load_card_rows(card, folder)
+            rows, rows_from = local.full_size, "counted"
         else:
             declared = card.size or (card.schema_.num_rows if card.schema_ is not None else None)
             rows, rows_from = declared, "declared" if declared else "unknown"
         instruction = (
             recipe.instruction_overrides.get(card.name, card.instruction) if recipe.instructions else None
         )
-        negatives, count = _negatives(card, entry.max_negatives)
+        negatives, count = _negatives(card, entry.max_negatives, local.rows if local is not None else None)
         batch = recipe.dataset_batch_size(entry, count)  # the trainer's rule, on the declared negatives
         texts = batch * (2 + count) if batch is not None and count is not None else None
         used = min(rows, entry.max_rows) if rows and entry.max_rows else rows  # pi_i counts the full size
