@@ -82,6 +82,12 @@ def contrastive_loss(
     lengths = [len(s) for s in row_segs[0]]
     if any([len(s) for s in segs] != lengths for segs in row_segs):
         raise ValueError("every row matrix needs segments of the same lengths")
+    n_rows, n_targets = sum(lengths), sum(len(s) for s in col_segs[blocks[0].col])
+    if offset + n_rows > n_targets:
+        raise ValueError(
+            f"row i's positive is column offset + i: {n_rows} rows at offset {offset} need at least "
+            f"{offset + n_rows} candidates, got {n_targets}"
+        )
     layout = (len(lengths), [len(s) for s in col_segs])
     spec = (tuple(blocks), float(temperature), int(offset), reduction, chunk, layout)
     flat = [t for segs in row_segs for t in segs] + [t for segs in col_segs for t in segs]

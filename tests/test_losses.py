@@ -146,7 +146,9 @@ def test_loss_registry_builds_from_a_recipe_and_fails_loudly(tiny):
     from neoembed.recipe import RecipeError, load_recipe
     from neoembed.train.recipe import UnifiedRecipe
 
-    recipe = load_recipe("tiny", UnifiedRecipe, ["temperature=0.05", "loss.name=cached_infonce", "loss.mini_batch_size=4"])
+    recipe = load_recipe(
+        "tiny", UnifiedRecipe, ["temperature=0.05", "loss.name=cached_infonce", "loss.mini_batch_size=4"]
+    )
     assert recipe.loss.name == "cached_infonce"
     plain = build_loss("infonce", tiny, recipe)
     cached = build_loss("cached_infonce", tiny, recipe)
@@ -164,7 +166,10 @@ def test_loss_registry_builds_from_a_recipe_and_fails_loudly(tiny):
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["loss=cached_infonce"], r"write loss: \{name: cached_infonce\} \(on the command line: loss.name=cached_infonce\)"),
+        (
+            ["loss=cached_infonce"],
+            r"write loss: \{name: cached_infonce\} \(on the command line: loss.name=cached_infonce\)",
+        ),
         (
             ["cache_mini_batch_size=4"],
             r"write loss: \{name: cached_infonce, mini_batch_size: 4\} \(on the command line: "
@@ -330,3 +335,63 @@ def test_a_call_leaves_no_state_on_the_loss(tiny, cls):
     assert snapshot() == before
     assert again == pytest.approx(first, rel=1e-6)
     assert tally.calls == 3 and tally.scored == 2 * 5 * 4 + 5 * 9  # every candidate but the own positive
+
+
+def test_walk_one_column_batch_gets_the_losses_own_message(tiny):
+    """L17: with duplicate masking on (the default) a one-column batch failed with an IndexError in the key
+    builder, before the loss's own message."""
+    for loss in (InfoNCELoss(tiny), CachedInfoNCELoss(tiny, mini_batch_size=2)):
+        with pytest.raises(ValueError, match="query and a positive column, got 1"):
+            loss(_features(tiny, ("query",)), torch.zeros(5))
+
+
+def test_walk_nan_teacher_scores_are_refused_naming_the_batch_rows(tiny):
+    """L18: NaN teacher scores made the loss NaN (and the weights with it); sentence-transformers' own check
+    runs once per loss object, and Margin-MSE has none."""
+    columns = ("query", "positive", "negative")
+    scores = torch.tensor([[0.9, 0.1], [0.8, 0.2], [0.7, 0.3], [0.6, 0.4], [0.5, 0.5]])
+    for name in ("kl", "margin_mse"):
+        loss = InfoNCELoss(tiny, distillation={"loss": name})
+        assert torch.isfinite(
+            loss(_features(tiny, columns), scores)
+        )  # the same loss object, first a clean batch
+        bad = scores.clone()
+        bad[3, 1] = float("nan")
+        with pytest.raises(ValueError, match=r"batch row\(s\) \[3\] are NaN or infinite"):
+            loss(_features(tiny, columns), bad)
+
+
+def test_walk_loss_arguments_are_checked_when_the_loss_is_built(tiny):
+    """L19-L22, L24: wrong values and types failed at the first forward, deep inside, or were taken silently
+    (improved_contrastive="no" switched the improved loss on)."""
+    for bad in (0, -4, 2.5):
+        with pytest.raises(ValueError, match="mini_batch_size takes a positive whole number"):
+            CachedInfoNCELoss(tiny, mini_batch_size=bad)
+    with pytest.raises(TypeError, match="false_negatives takes a dict"):
+        InfoNCELoss(tiny, false_negatives=0.1)
+    with pytest.raises(TypeError, match="distillation takes a dict"):
+        InfoNCELoss(tiny, distillation="kl")
+    with pytest.raises(TypeError, match="improved_contrastive takes True or False"):
+        InfoNCELoss(tiny, improved_contrastive="no")
+    for bad in (float("nan"), float("inf"), 0.0):
+        with pytest.raises(ValueError, match="temperature must be a positive finite number"):
+            InfoNCELoss(tiny, temperature=bad)
+    with pytest.raises(TypeError, match="temperature takes a number"):
+        InfoNCELoss(tiny, temperature="0.07")
+    with pytest.raises(ValueError, match="3 rows at offset 0 need at least 3 candidates, got 2"):
+        info_nce(torch.randn(3, 8), torch.randn(2, 8), 0.05)
+    from neoembed.losses import with_matryoshka
+
+    as_list = with_matryoshka(
+        tiny, InfoNCELoss(tiny), [32, 16]
+    )  # the dims alone, as MatryoshkaLoss takes them
+    assert list(as_list.matryoshka_dims) == [32, 16]
+
+
+def test_walk_distillation_on_rows_without_negatives_is_refused(tiny):
+    """Distilling over a positive alone computes 0 whatever the teacher says (a softmax over one candidate, a
+    margin with no negative): refused instead of training on nothing."""
+    for name in ("kl", "margin_mse"):
+        loss = InfoNCELoss(tiny, distillation={"loss": name})
+        with pytest.raises(ValueError, match="these rows have none"):
+            loss(_features(tiny, ("query", "positive")), torch.ones(5, 1))

@@ -109,14 +109,19 @@ def build_loss(name: str, model, recipe, tally=None):
     return loss if matryoshka is None else with_matryoshka(model, loss, matryoshka)
 
 
-def with_matryoshka(model, loss, config: MatryoshkaConfig | dict):
+def with_matryoshka(model, loss, config: MatryoshkaConfig | dict | list[int]):
     """``loss`` at every nested dimension of ``config``, weighted and summed: sentence-transformers'
     ``MatryoshkaLoss``, which reuses one forward pass for all dimensions (the plain loss) or decorates the GradCache
     scoring (the cached loss: each mini-batch still encoded twice). A dimension wider than the model is refused
     first, with the fix."""
     from sentence_transformers.sentence_transformer.losses import MatryoshkaLoss
 
+    # the dims alone, as sentence-transformers' MatryoshkaLoss takes them
+    if isinstance(config, (list, tuple)):
+        config = {"dims": list(config)}
     config = MatryoshkaConfig(**config) if isinstance(config, dict) else config
+    if not isinstance(config, MatryoshkaConfig):
+        raise TypeError(f"with_matryoshka takes a list of dims, a dict or a MatryoshkaConfig, not {config!r}")
     config.check_width(model.get_embedding_dimension())
     dims, weights = zip(*config.pairs(), strict=True)
     return MatryoshkaLoss(model, loss, list(dims), list(weights))

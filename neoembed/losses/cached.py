@@ -37,6 +37,10 @@ class CachedInfoNCELoss(_InfoNCEMixin, CachedMultipleNegativesRankingLoss):
     ) -> None:
         self._setup(temperature, mask_duplicates, reduction)
         self._setup_objective(false_negatives, improved_contrastive, distillation, tally)
+        if isinstance(mini_batch_size, bool) or not isinstance(mini_batch_size, int) or mini_batch_size < 1:
+            raise ValueError(
+                f"mini_batch_size takes a positive whole number of rows, not {mini_batch_size!r}"
+            )
         super().__init__(
             model,
             scale=1.0 / temperature,

@@ -132,13 +132,27 @@ class DistillationConfig(StrictModel):
 
     def term(self, queries: Tensor, docs: list[Tensor], teacher: Tensor | None) -> Tensor:
         """The weighted distillation loss; teacher scores of the wrong shape are an error saying what to fix."""
+        if len(docs) < 2:  # one candidate: its softmax is 1 and it has no margin, whatever the scores
+            raise ValueError(
+                "distillation compares each row's positive with its hard negatives, and these rows have none: "
+                "the loss would be 0 whatever the teacher says. Train on rows with hard negatives, or without "
+                "distillation"
+            )
         want = (len(queries), len(docs))
         if teacher is None or tuple(teacher.shape) != want:
             got = "none" if teacher is None else tuple(teacher.shape)
             raise ValueError(
                 f"distillation needs each row's teacher scores (positive, then each of its {len(docs) - 1} hard "
                 f"negatives): expected labels of shape {want}, got {got}. Declare the card's score column "
-                "(columns.scores) or add one with `neoembed score CARD --teacher MODEL`"
+                "(columns.scores) or add one with `neoembed score CARD --teacher MODEL`; in a "
+                "sentence-transformers dataset, a label column holding each row's list of scores"
+            )
+        finite = teacher.isfinite().all(dim=1)
+        if not bool(finite.all()):  # the batch's rows: the card check names the file's rows before training
+            rows = (~finite).nonzero().flatten().tolist()
+            raise ValueError(
+                f"teacher scores of batch row(s) {rows[:10]} are NaN or infinite: the loss would be NaN and the "
+                "weights with it. Drop those rows or rescore them (`neoembed data check CARD` names them in a card)"
             )
         return self.weight * DISTILLATION_LOSSES[self.loss](queries, docs, teacher, self)
 

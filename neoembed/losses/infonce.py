@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Iterable
 from typing import NamedTuple
 
@@ -71,6 +73,14 @@ class _InfoNCEMixin:
             false_negatives = FalseNegativeConfig(**false_negatives)
         if isinstance(distillation, dict):
             distillation = DistillationConfig(**distillation)
+        for name, value, kind in (
+            ("false_negatives", false_negatives, FalseNegativeConfig),
+            ("distillation", distillation, DistillationConfig),
+        ):
+            if value is not None and not isinstance(value, kind):
+                raise TypeError(f"{name} takes a dict or a {kind.__name__} (or None), not {value!r}")
+        if not isinstance(improved_contrastive, bool):
+            raise TypeError(f"improved_contrastive takes True or False, not {improved_contrastive!r}")
         self.distillation = distillation
         self.false_negatives = false_negatives
         self.improved_contrastive = improved_contrastive
@@ -119,8 +129,10 @@ class _InfoNCEMixin:
     def _setup(self, temperature: float, mask_duplicates: bool, reduction: str) -> None:
         if reduction not in ("mean", "sum"):
             raise ValueError(f"unknown reduction {reduction!r}; valid: 'mean', 'sum'")
-        if temperature <= 0:
-            raise ValueError(f"temperature must be positive, got {temperature}")
+        if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
+            raise TypeError(f"temperature takes a number (e.g. 0.07), not {temperature!r}")
+        if not 0 < temperature < math.inf:  # NaN fails too
+            raise ValueError(f"temperature must be a positive finite number, got {temperature}")
         self.tau = temperature
         self.mask_duplicates = mask_duplicates
         self.reduction = reduction
@@ -131,6 +143,10 @@ class _InfoNCEMixin:
 
     def _batch_keys(self, sentence_features: list[dict[str, Tensor]]) -> Keys | None:
         """The batch's text keys for the duplicate mask, or None when duplicates are not masked."""
+        if len(sentence_features) < 2:
+            raise ValueError(
+                f"InfoNCE needs a query and a positive column, got {len(sentence_features)} column(s)"
+            )
         if not self.mask_duplicates:
             return None
         pos = text_keys(sentence_features[1])
