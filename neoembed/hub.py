@@ -53,6 +53,8 @@ def check_model_source(name: str, tokenizer: bool = False) -> None:
 
 def resolve_packaged(name: str) -> str:
     """The packaged copy's folder for a :data:`PACKAGED_MINILM` name when it is installed; any other name as is."""
+    if name.startswith("packaged:") and name not in PACKAGED_MINILM:
+        raise ValueError(f"{name} is not a packaged model; the one packaged is {PACKAGED_MINILM[0]}")
     if name not in PACKAGED_MINILM:
         return name
     try:

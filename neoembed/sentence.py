@@ -11,13 +11,12 @@ in a process that imported ``neoembed``, and with ``trust_remote_code=True`` whe
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import logging
 import numbers
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -27,6 +26,14 @@ from sentence_transformers.base.modules.normalize import Normalize
 from sentence_transformers.sentence_transformer.modules import Pooling
 
 import neoembed.modeling  # noqa: F401  (registers NeoBERT with the Auto classes)
+from neoembed.encode_checks import (
+    NonFiniteEmbeddingError,
+    TruncationWarning,
+    check_finite,
+    check_items,
+    empty_result,
+    warn_truncation,
+)
 from neoembed.hub import hub_modules_json, resolve_packaged
 from neoembed.instructions import DEFAULT_TEMPLATE, instruction_prefix
 from neoembed.model_card import LOADING_HEADING, PACKAGED_MINILM, base_model_name, with_loading_section
@@ -68,15 +75,6 @@ DTYPES = {
 }
 
 
-class TruncationWarning(UserWarning):
-    """Texts longer than the model's ``max_seq_length`` were truncated. A class of neoembed's own, so that the
-    command line prints it as neoembed's plain "warning: ..." line whichever library called ``encode``."""
-
-
-class NonFiniteEmbeddingError(FloatingPointError):
-    """Raised when an encoder returns NaN or inf embeddings (typically float16 overflow)."""
-
-
 def build_prompts(
     query_instruction: str | None = None,
     document_instruction: str | None = None,
@@ -95,6 +93,9 @@ def build_prompts(
     return prompts
 
 
+_ENCODE = inspect.signature(SentenceTransformer.encode)
+
+
 class EmbeddingModel(SentenceTransformer):
     """A SentenceTransformer that refuses bad input and non-finite output with a clear message.
 
@@ -104,19 +105,22 @@ class EmbeddingModel(SentenceTransformer):
     - NaN or inf embeddings raise :class:`NonFiniteEmbeddingError` with advice."""
 
     def encode(self, inputs, *args, **kwargs):  # type: ignore[override]
-        single = isinstance(inputs, str)
-        items = [inputs] if single else inputs
-        if isinstance(items, Sequence) and not isinstance(items, str):
-            if len(items) == 0:
-                return self._empty(kwargs)
-            for i, item in enumerate(items):
-                if not isinstance(item, str):
-                    raise TypeError(
-                        f"encode() takes strings; item {i} is {type(item).__name__}: {str(item)[:80]!r}"
-                    )
-            self._warn_truncation(items)
+        if isinstance(inputs, np.ndarray) and inputs.ndim == 1:  # an array of strings, as a list
+            inputs = inputs.tolist()
+        items = [inputs] if isinstance(inputs, str) else inputs
+        if isinstance(items, Sequence):
+            call = _ENCODE.bind_partial(self, inputs, *args, **kwargs).arguments
+            if len(items) == 0 and call.get("output_value", "sentence_embedding") == "sentence_embedding":
+                width = call.get("truncate_dim") or self.get_embedding_dimension() or 0
+                return empty_result(
+                    width, call.get("precision"), call.get("convert_to_tensor", False),
+                    call.get("convert_to_numpy", True),
+                )  # fmt: skip
+            check_items(items)
+            prompt = self._resolve_prompt(call.get("prompt"), call.get("prompt_name"))
+            warn_truncation(self.tokenizer, items, self.max_seq_length, prompt)
         out = super().encode(inputs, *args, **kwargs)
-        _check_finite(out)
+        check_finite(out)
         return out
 
     def get_model_kwargs(self) -> list[str]:
@@ -128,41 +132,15 @@ class EmbeddingModel(SentenceTransformer):
         (``encode(texts, max_batch_tokens=N)``) batches filled to ``N`` tokens, longest texts first: see
         :mod:`neoembed.batching`. Sentence embeddings only: other outputs keep count batches."""
         if max_batch_tokens is None or kwargs.get("output_value") != "sentence_embedding":
-            return super()._inference(inputs, **kwargs)
+            out = super()._inference(inputs, **kwargs)
+            check_finite(out)  # before encode quantizes: a NaN has no int8 or binary code
+            return out
         from neoembed.batching import encode_token_budget
 
         kwargs.pop("output_value")
-        return encode_token_budget(self, inputs, max_batch_tokens, **kwargs)
-
-    def _empty(self, kwargs: dict[str, Any]):
-        dim = self.get_embedding_dimension() or 0
-        if kwargs.get("convert_to_tensor"):
-            return torch.empty(0, dim)
-        if kwargs.get("convert_to_numpy", True):
-            return np.empty((0, dim), dtype=np.float32)
-        return []
-
-    def _warn_truncation(self, texts: Sequence[str]) -> None:
-        limit = self.max_seq_length
-        if not limit:
-            return
-        # a WordPiece/BPE token covers at least one character, so only long strings can overflow
-        candidates = [t for t in texts if len(t) + 2 > limit]
-        if not candidates:
-            return
-        tokenizer = self.tokenizer
-        lengths = tokenizer(
-            candidates, add_special_tokens=True, truncation=False, return_length=True, verbose=False
-        )["length"]
-        too_long = sum(int(n) > limit for n in lengths)
-        if too_long:
-            warnings.warn(
-                f"{too_long} text(s) exceed max_seq_length={limit} tokens and are truncated "
-                "(raise the model's max_seq_length to keep more: max_length in a recipe, --max-length on the "
-                "command line)",
-                TruncationWarning,
-                stacklevel=3,
-            )
+        out = encode_token_budget(self, inputs, max_batch_tokens, **kwargs)
+        check_finite(out)  # before encode quantizes: a NaN has no int8 or binary code
+        return out
 
     def _create_model_card(self, path, model_name=None, train_datasets="deprecated") -> None:
         # sentence-transformers writes its generated card, or the card the model was loaded with (a trainer's,
@@ -177,22 +155,6 @@ class EmbeddingModel(SentenceTransformer):
         if neobert or LOADING_HEADING in text:
             model_id = self.model_card_data.model_id or model_name or str(path)
             readme.write_text(with_loading_section(text, model_id, neobert), encoding="utf8")
-
-
-def _check_finite(out: Any) -> None:
-    tensors = out if isinstance(out, list) else [out]
-    for t in tensors:
-        if isinstance(t, torch.Tensor):
-            bad = not bool(torch.isfinite(t).all())
-        elif isinstance(t, np.ndarray) and np.issubdtype(t.dtype, np.floating):
-            bad = not bool(np.isfinite(t).all())
-        else:
-            continue
-        if bad:
-            raise NonFiniteEmbeddingError(
-                "the encoder returned NaN or inf embeddings. With float16 this is usually an overflow: load the "
-                "model with dtype='bf16' (same range as float32) or dtype='fp32'."
-            )
 
 
 def _is_neobert(model: SentenceTransformer) -> bool:
@@ -316,7 +278,8 @@ def load(
             the prompts a saved model already has.
         include_prompt: whether pooling includes the prompt's tokens.
         tokenizer: a tokenizer folder or hub id for checkpoints saved without tokenizer files.
-        padding_free: NeoBERT only: override ``config.padding_free`` (default: the checkpoint's, True).
+        padding_free: NeoBERT only: override ``config.padding_free`` (default: the checkpoint's, True); True for
+            another model is refused (it runs padded batches).
         attn_implementation: ``"sdpa"``, ``"eager"`` or ``"flash_attention_2"``.
         trust_remote_code: for third-party models with remote code. Never switched on implicitly: neoembed's own
             modules are imported as installed code (a folder naming ``neoembed.*`` module types needs no remote
@@ -359,15 +322,30 @@ def load(
     check_vocab(model, name_or_path)
     if max_seq_length is not None:
         set_max_seq_length(model, max_seq_length, name_or_path)
+    _set_padding_free(model, padding_free, name_or_path)
+    return apply_speedups(model, compile_mode, bucketing, cuda_graphs)
+
+
+def _set_padding_free(model: SentenceTransformer, padding_free: bool | None, name) -> None:
+    """NeoBERT's layout; True for another model is refused (False asks for the padded batches it runs)."""
+    if padding_free and not _is_neobert(model):
+        raise ValueError(
+            f"padding_free is NeoBERT's option; {name} is not a NeoBERT model and runs padded batches"
+        )
     if padding_free is not None and _is_neobert(model):
         model[0].auto_model.config.padding_free = bool(padding_free)
-    return apply_speedups(model, compile_mode, bucketing, cuda_graphs)
 
 
 def set_max_seq_length(model: SentenceTransformer, max_seq_length: int, name) -> None:
     """``model.max_seq_length = max_seq_length``, refused past learned absolute positions, where the first long
     text would fail deep in the embedding lookup, and kept with a warning past NeoBERT's supported length
     (:func:`position_limit`; ``neoembed train`` checks its ``max_length`` by the same rule)."""
+    if (
+        isinstance(max_seq_length, bool)
+        or not isinstance(max_seq_length, numbers.Integral)
+        or max_seq_length < 1
+    ):
+        raise ValueError(f"max_seq_length takes a positive whole number of tokens, not {max_seq_length!r}")
     config = getattr(getattr(model[0], "auto_model", None), "config", None)
     limit, fails = position_limit(config)
     if limit is not None and max_seq_length > limit and fails:
@@ -434,6 +412,11 @@ def _prompt_options(model, prompts, default_prompt_name, include_prompt) -> None
     _check_prompts(prompts)
     if prompts:
         model.prompts = {**model.prompts, **prompts}
+    if default_prompt_name is not None and default_prompt_name not in model.prompts:
+        raise ValueError(
+            f"default_prompt_name {default_prompt_name!r} is not one of the model's prompts "
+            f"{sorted(model.prompts)}: name one of them, or add it with prompts={{...}}"
+        )
     if default_prompt_name is not None:
         model.default_prompt_name = default_prompt_name
     if not include_prompt:

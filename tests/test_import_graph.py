@@ -34,6 +34,7 @@ FLOORS = {
     "neoembed.export.cpu": 1,
     "neoembed.batching": 1,
     "neoembed.model_card": 1,
+    "neoembed.encode_checks": 1,
     # floor 2: the bi-encoder, data, run plumbing (output folders, checkpoints, signals, metrics)
     "neoembed.sentence": 2,
     "neoembed.data": 2,

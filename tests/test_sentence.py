@@ -126,9 +126,14 @@ def test_convert_sentence_keeps_a_folders_pooling_and_names_a_cde_models_checkpo
     r = run_neoembed(["convert", str(cls), str(again), "--sentence"], env=_env())
     assert r.exit_code == 0 and "Pooling[cls]" in r.stdout, r.stderr[-3000:]
     assert np.allclose(neoembed.load(again).encode(TEXTS), neoembed.load(cls).encode(TEXTS), atol=1e-6)
-    r = run_neoembed(["convert", str(cls), str(tmp_path / "mean"), "--sentence", "--pooling", "mean"], env=_env())
+    r = run_neoembed(
+        ["convert", str(cls), str(tmp_path / "mean"), "--sentence", "--pooling", "mean"], env=_env()
+    )
     assert r.exit_code == 2 and "pools by 'cls'" in r.stderr, r.stderr[-3000:]
-    for extra, said in ((["--pooling", "cls"], "add --sentence"), (["--sentence", "--to", "official"], "choose one")):
+    for extra, said in (
+        (["--pooling", "cls"], "add --sentence"),
+        (["--sentence", "--to", "official"], "choose one"),
+    ):
         r = run_neoembed(["convert", str(tiny_official), str(tmp_path / "ignored"), *extra], env=_env())
         assert r.exit_code == 2 and said in r.stderr and not (tmp_path / "ignored").exists(), r.stderr[-2000:]
 
@@ -449,3 +454,62 @@ def test_a_module_type_neoembed_no_longer_has_is_named_not_trusted(saved, tmp_pa
         ValueError, match=r"names the module type 'neoembed.sentence.RemovedPooling', which this"
     ):
         neoembed.load(old)
+
+
+def test_walk_an_empty_call_has_the_shape_and_dtype_of_its_options(tiny):
+    """E8: encode([]) gave (0, full width) float32 whatever truncate_dim or precision the call asked for, and an
+    empty array of strings gave shape (0,)."""
+    assert tiny.encode([], truncate_dim=8).shape == (0, 8)
+    for precision, width, dtype in (("int8", 64, np.int8), ("ubinary", 8, np.uint8), ("binary", 8, np.int8)):
+        empty = tiny.encode([], precision=precision)
+        some = tiny.encode(["a", "b"], precision=precision)
+        assert empty.shape == (0, width) == (0, some.shape[1]) and empty.dtype == some.dtype == dtype
+    assert tiny.encode(np.array([], dtype=str)).shape == (0, 64)
+    strings = np.array(["an array", "of strings"])
+    assert np.array_equal(tiny.encode(strings), tiny.encode(list(strings)))
+
+
+def test_walk_truncation_counts_the_prompt(tiny_official):
+    """E9: a prompt that pushed a text past max_seq_length truncated it with no warning: the text was measured
+    without its prompt."""
+    model = neoembed.load(tiny_official, max_seq_length=16, prompts={"query": "a b c d e f g h i j k "})
+    text = "one two three four five six seven eight nine"  # fits alone, not after the prompt
+    for kwargs in ({}, {"prompt_name": "query"}, {"prompt": "a b c d e f g h i j k "}):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model.encode([text], **kwargs)
+        said = [str(w.message) for w in caught if "max_seq_length" in str(w.message)]
+        assert len(said) == (1 if kwargs else 0), (kwargs, said)
+        assert not kwargs or "with their prompt" in said[0]
+
+
+def test_walk_nan_is_found_before_quantization(tiny_official):
+    """E10: NaN embeddings asked for as int8 or binary codes came back as codes (0s, -128s)."""
+    model = neoembed.load(tiny_official)
+    with torch.no_grad():
+        model[0].auto_model.layer_norm.weight[0] = float("nan")
+    for kwargs in (
+        {"precision": "int8"},
+        {"precision": "ubinary"},
+        {"precision": "int8", "max_batch_tokens": 64},
+    ):
+        with pytest.raises(NonFiniteEmbeddingError, match="bf16"):
+            model.encode(["nan please", "and again"], **kwargs)
+
+
+def test_walk_load_options_a_model_cannot_take_are_refused(tiny_official, minilm_path):
+    """E3-E6: a misspelt packaged name reached the hub client, max_seq_length 0 meant no truncation (and -5 an
+    OverflowError), padding_free=True was dropped for a model without it, and a default_prompt_name naming no
+    prompt left every text without one."""
+    with pytest.raises(ValueError, match="the one packaged is packaged:all-MiniLM-L6-v2"):
+        neoembed.load("packaged:all-MiniLM-L6")
+    for bad in (0, -5, 2.5):
+        with pytest.raises(ValueError, match="max_seq_length takes a positive whole number"):
+            neoembed.load(tiny_official, max_seq_length=bad)
+    with pytest.raises(ValueError, match="padding_free is NeoBERT's option"):
+        neoembed.load(minilm_path, padding_free=True)
+    neoembed.load(minilm_path, padding_free=False)  # padded: what it runs (mining asks for it on CPU)
+    with pytest.raises(ValueError, match=r"default_prompt_name 'qurey' is not one of the model's prompts"):
+        neoembed.load(minilm_path, prompts={"query": "query: "}, default_prompt_name="qurey")
+    model = neoembed.load(minilm_path, prompts={"query": "query: "}, default_prompt_name="query")
+    assert np.allclose(model.encode(["x"]), model.encode(["query: x"], prompt=""))

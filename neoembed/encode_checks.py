@@ -1,0 +1,100 @@
+"""What ``EmbeddingModel.encode`` (:mod:`neoembed.sentence`) checks around sentence-transformers' own encode:
+items that are not strings, texts the model truncates (counted with the prompt they are encoded with), the shape
+of an empty result, and NaN or inf embeddings (found before quantization turns them into codes)."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = [
+    "NonFiniteEmbeddingError",
+    "TruncationWarning",
+    "check_finite",
+    "check_items",
+    "empty_result",
+    "warn_truncation",
+]
+
+
+class TruncationWarning(UserWarning):
+    """Texts longer than the model's ``max_seq_length`` were truncated. A class of neoembed's own, so that the
+    command line prints it as neoembed's plain "warning: ..." line whichever library called ``encode``."""
+
+
+class NonFiniteEmbeddingError(FloatingPointError):
+    """Raised when an encoder returns NaN or inf embeddings (typically float16 overflow)."""
+
+
+def check_items(items: Sequence) -> None:
+    for i, item in enumerate(items):
+        if not isinstance(item, str):
+            raise TypeError(f"encode() takes strings; item {i} is {type(item).__name__}: {str(item)[:80]!r}")
+
+
+def warn_truncation(tokenizer, texts: Sequence[str], limit: int | None, prompt: str | None) -> None:
+    """One :class:`TruncationWarning` when any of ``texts``, after ``prompt``, has more than ``limit`` tokens."""
+    if not limit:
+        return
+    prompt = prompt or ""
+    # a WordPiece/BPE token covers at least one character, so only long strings can overflow
+    candidates = [prompt + t for t in texts if len(prompt) + len(t) + 2 > limit]
+    if not candidates:
+        return
+    lengths = tokenizer(
+        candidates, add_special_tokens=True, truncation=False, return_length=True, verbose=False
+    )["length"]
+    too_long = sum(int(n) > limit for n in lengths)
+    if too_long:
+        with_prompt = " with their prompt" if prompt else ""
+        warnings.warn(
+            f"{too_long} text(s){with_prompt} exceed max_seq_length={limit} tokens and are truncated "
+            "(raise the model's max_seq_length to keep more: max_length in a recipe, --max-length on the "
+            "command line)",
+            TruncationWarning,
+            stacklevel=3,
+        )
+
+
+#: bytes per stored value and dtype of each sentence-transformers precision (binary: 8 dimensions a byte)
+_PRECISIONS = {
+    "float32": (1, np.float32),
+    "int8": (1, np.int8),
+    "uint8": (1, np.uint8),
+    "binary": (8, np.int8),
+    "ubinary": (8, np.uint8),
+}
+
+
+def empty_result(width: int, precision: str, convert_to_tensor: bool, convert_to_numpy: bool):
+    """What encoding no text returns: shape (0, the width the call would give), in its precision's dtype."""
+    per_byte, dtype = _PRECISIONS.get(precision or "float32", (1, np.float32))
+    width = -(-width // per_byte)
+    if convert_to_tensor:
+        return torch.from_numpy(np.empty((0, width), dtype=dtype))
+    if convert_to_numpy:
+        return np.empty((0, width), dtype=dtype)
+    return []
+
+
+def check_finite(out: Any) -> None:
+    tensors = out if isinstance(out, list) else [out]
+    for t in tensors:
+        if isinstance(t, dict):  # token embeddings and the like: sentence-transformers' per-text outputs
+            check_finite([v for v in t.values() if isinstance(v, (torch.Tensor, np.ndarray))])
+            continue
+        if isinstance(t, torch.Tensor) and t.is_floating_point():
+            bad = not bool(torch.isfinite(t).all())
+        elif isinstance(t, np.ndarray) and np.issubdtype(t.dtype, np.floating):
+            bad = not bool(np.isfinite(t).all())
+        else:
+            continue
+        if bad:
+            raise NonFiniteEmbeddingError(
+                "the encoder returned NaN or inf embeddings. With float16 this is usually an overflow: load the "
+                "model with dtype='bf16' (same range as float32) or dtype='fp32'."
+            )
