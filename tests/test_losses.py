@@ -395,3 +395,46 @@ def test_walk_distillation_on_rows_without_negatives_is_refused(tiny):
         loss = InfoNCELoss(tiny, distillation={"loss": name})
         with pytest.raises(ValueError, match="these rows have none"):
             loss(_features(tiny, ("query", "positive")), torch.ones(5, 1))
+
+
+def test_cached_mini_batches_by_tokens_equal_the_plain_loss(tiny, monkeypatch):
+    """sentence-transformers' ``mini_batch_num_tokens`` (mini-batches filled to a token budget, so that long
+    documents take more, smaller ones) reaches its GradCache pass: the same loss and gradients as the plain
+    loss, over more mini-batches than the row count gives; a recipe key of the cached loss only."""
+    from neoembed.recipe import RecipeError, load_recipe
+    from neoembed.train.recipe import UnifiedRecipe
+
+    tiny.train()
+    for m in tiny.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    columns, labels = ("query", "positive", "negative"), torch.zeros(5)
+    tiny.zero_grad()
+    plain = InfoNCELoss(tiny)(_features(tiny, columns), labels)
+    plain.backward()
+    want = {n: p.grad.clone() for n, p in tiny.named_parameters() if p.grad is not None}
+    seen = []
+    embed = CachedInfoNCELoss.embed_minibatch_iter
+
+    def record(self, *args, ranges=None, **kwargs):
+        seen.append(len(ranges))
+        return embed(self, *args, ranges=ranges, **kwargs)
+
+    monkeypatch.setattr(CachedInfoNCELoss, "embed_minibatch_iter", record)
+    tiny.zero_grad()
+    cached = CachedInfoNCELoss(tiny, mini_batch_size=5, mini_batch_num_tokens=12)
+    loss = cached(_features(tiny, columns), labels)
+    loss.backward()
+    assert loss.item() == pytest.approx(plain.item(), rel=1e-5)
+    assert max(seen) > 1  # 5 rows a mini-batch by count: one; by 12 tokens: several
+    for n, p in tiny.named_parameters():
+        if n in want:
+            torch.testing.assert_close(p.grad, want[n], rtol=1e-4, atol=1e-6, msg=n)
+    recipe = load_recipe(
+        "tiny", UnifiedRecipe, ["loss.name=cached_infonce", "loss.mini_batch_num_tokens=256"]
+    )
+    assert CachedInfoNCELoss.from_recipe(tiny, recipe).mini_batch_num_tokens == 256
+    with pytest.raises(RecipeError, match="loss.mini_batch_num_tokens is read by cached_infonce only"):
+        load_recipe("tiny", UnifiedRecipe, ["loss.mini_batch_num_tokens=256"])
+    with pytest.raises(ValueError, match="mini_batch_num_tokens takes a positive whole number"):
+        CachedInfoNCELoss(tiny, mini_batch_num_tokens=0)

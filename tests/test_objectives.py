@@ -673,7 +673,7 @@ def test_the_registries_hold_one_entry_per_objective():
     from neoembed.train.recipe import UnifiedRecipe
 
     assert {name: loss_class(name) for name in LOSSES} == {"infonce": InfoNCELoss, "cached_infonce": CachedInfoNCELoss}
-    assert {name: entry.options for name, entry in LOSSES.items()} == {"infonce": (), "cached_infonce": ("mini_batch_size",)}
+    assert {name: entry.options for name, entry in LOSSES.items()} == {"infonce": (), "cached_infonce": ("mini_batch_size", "mini_batch_num_tokens")}
     assert DISTILLATION_LOSSES == {"margin_mse": margin_mse, "kl": kl_distillation}
     fields = UnifiedRecipe.model_fields
     options = {"matryoshka": MatryoshkaConfig, "false_negatives": FalseNegativeConfig}

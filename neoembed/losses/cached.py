@@ -28,6 +28,7 @@ class CachedInfoNCELoss(_InfoNCEMixin, CachedMultipleNegativesRankingLoss):
         mask_duplicates: bool = True,
         reduction: str = "mean",
         mini_batch_size: int = 32,
+        mini_batch_num_tokens: int | None = None,
         gather_across_devices: bool = False,
         show_progress_bar: bool = False,
         false_negatives: FalseNegativeConfig | dict | None = None,
@@ -41,10 +42,19 @@ class CachedInfoNCELoss(_InfoNCEMixin, CachedMultipleNegativesRankingLoss):
             raise ValueError(
                 f"mini_batch_size takes a positive whole number of rows, not {mini_batch_size!r}"
             )
+        if mini_batch_num_tokens is not None and (
+            isinstance(mini_batch_num_tokens, bool)
+            or not isinstance(mini_batch_num_tokens, int)
+            or mini_batch_num_tokens < 1
+        ):
+            raise ValueError(
+                f"mini_batch_num_tokens takes a positive whole number of tokens, not {mini_batch_num_tokens!r}"
+            )
         super().__init__(
             model,
             scale=1.0 / temperature,
             mini_batch_size=mini_batch_size,
+            mini_batch_num_tokens=mini_batch_num_tokens,
             gather_across_devices=gather_across_devices,
             show_progress_bar=show_progress_bar,
         )
@@ -77,7 +87,11 @@ class CachedInfoNCELoss(_InfoNCEMixin, CachedMultipleNegativesRankingLoss):
     @classmethod
     def from_recipe(cls, model, recipe, tally: MaskTally | None = None) -> CachedInfoNCELoss:
         return cls(
-            model, **_recipe_settings(recipe), mini_batch_size=recipe.loss.mini_batch_size, tally=tally
+            model,
+            **_recipe_settings(recipe),
+            mini_batch_size=recipe.loss.mini_batch_size,
+            mini_batch_num_tokens=recipe.loss.mini_batch_num_tokens,
+            tally=tally,
         )
 
     def calculate_loss(
@@ -97,5 +111,6 @@ class CachedInfoNCELoss(_InfoNCEMixin, CachedMultipleNegativesRankingLoss):
             "mask_duplicates": self.mask_duplicates,
             "reduction": self.reduction,
             "mini_batch_size": self.mini_batch_size,
+            "mini_batch_num_tokens": self.mini_batch_num_tokens,
             **_objective_config(self),
         }

@@ -35,7 +35,9 @@ class LossEntry(NamedTuple):
 #: loss name in a recipe -> its entry; a new loss is one class, one entry here and its test
 LOSSES: dict[str, LossEntry] = {
     "infonce": LossEntry("neoembed.losses.infonce:InfoNCELoss"),
-    "cached_infonce": LossEntry("neoembed.losses.cached:CachedInfoNCELoss", ("mini_batch_size",)),
+    "cached_infonce": LossEntry(
+        "neoembed.losses.cached:CachedInfoNCELoss", ("mini_batch_size", "mini_batch_num_tokens")
+    ),
 }
 
 
@@ -56,6 +58,9 @@ class LossConfig(StrictModel):
 
     name: str = "infonce"
     mini_batch_size: PositiveInt = 32  # cached_infonce: texts per GradCache mini-batch
+    # cached_infonce: mini-batches filled to this many tokens instead (sentence-transformers' option), so that a
+    # batch of long documents takes more, smaller mini-batches and one of short texts fewer
+    mini_batch_num_tokens: PositiveInt | None = None
 
     @field_validator("name")
     @classmethod
