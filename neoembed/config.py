@@ -6,12 +6,13 @@ It sits on the lowest floor (pydantic and PyYAML only), so that every foundation
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["StrictModel", "load_yaml"]
+__all__ = ["StrictModel", "check_positive_int", "load_yaml"]
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -50,3 +51,11 @@ class StrictModel(BaseModel):
     infinite (``alpha=nan`` or ``lr=inf`` fail here, by key, not inside a run)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+def check_positive_int(value: Any, what: str, unit: str = "") -> int:
+    """``value`` as an int when it is a positive whole number (a bool is not), else an error naming ``what``: the
+    check of a Python argument that a recipe's ``PositiveInt`` makes of its key."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{what} takes a positive whole number{unit}, not {value!r}")
+    return int(value)

@@ -26,6 +26,7 @@ from sentence_transformers.base.modules.normalize import Normalize
 from sentence_transformers.sentence_transformer.modules import Pooling
 
 import neoembed.modeling  # noqa: F401  (registers NeoBERT with the Auto classes)
+from neoembed.config import check_positive_int
 from neoembed.encode_checks import (
     NonFiniteEmbeddingError,
     TruncationWarning,
@@ -340,12 +341,7 @@ def set_max_seq_length(model: SentenceTransformer, max_seq_length: int, name) ->
     """``model.max_seq_length = max_seq_length``, refused past learned absolute positions, where the first long
     text would fail deep in the embedding lookup, and kept with a warning past NeoBERT's supported length
     (:func:`position_limit`; ``neoembed train`` checks its ``max_length`` by the same rule)."""
-    if (
-        isinstance(max_seq_length, bool)
-        or not isinstance(max_seq_length, numbers.Integral)
-        or max_seq_length < 1
-    ):
-        raise ValueError(f"max_seq_length takes a positive whole number of tokens, not {max_seq_length!r}")
+    check_positive_int(max_seq_length, "max_seq_length", " of tokens")
     config = getattr(getattr(model[0], "auto_model", None), "config", None)
     limit, fails = position_limit(config)
     if limit is not None and max_seq_length > limit and fails:

@@ -9,6 +9,7 @@ from sentence_transformers.sentence_transformer.losses import (
 )
 from torch import Tensor
 
+from neoembed.config import check_positive_int
 from neoembed.losses.config import DistillationConfig, FalseNegativeConfig
 from neoembed.losses.contrastive import info_nce
 from neoembed.losses.infonce import _InfoNCEMixin, _objective_config, _recipe_settings, _unpack
@@ -38,18 +39,9 @@ class CachedInfoNCELoss(_InfoNCEMixin, CachedMultipleNegativesRankingLoss):
     ) -> None:
         self._setup(temperature, mask_duplicates, reduction)
         self._setup_objective(false_negatives, improved_contrastive, distillation, tally)
-        if isinstance(mini_batch_size, bool) or not isinstance(mini_batch_size, int) or mini_batch_size < 1:
-            raise ValueError(
-                f"mini_batch_size takes a positive whole number of rows, not {mini_batch_size!r}"
-            )
-        if mini_batch_num_tokens is not None and (
-            isinstance(mini_batch_num_tokens, bool)
-            or not isinstance(mini_batch_num_tokens, int)
-            or mini_batch_num_tokens < 1
-        ):
-            raise ValueError(
-                f"mini_batch_num_tokens takes a positive whole number of tokens, not {mini_batch_num_tokens!r}"
-            )
+        check_positive_int(mini_batch_size, "mini_batch_size", " of rows")
+        if mini_batch_num_tokens is not None:
+            check_positive_int(mini_batch_num_tokens, "mini_batch_num_tokens", " of tokens")
         super().__init__(
             model,
             scale=1.0 / temperature,
