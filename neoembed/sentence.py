@@ -120,9 +120,7 @@ class EmbeddingModel(SentenceTransformer):
             check_items(items)
             prompt = self._resolve_prompt(call.get("prompt"), call.get("prompt_name"))
             warn_truncation(self.tokenizer, items, self.max_seq_length, prompt)
-        out = super().encode(inputs, *args, **kwargs)
-        check_finite(out)
-        return out
+        return super().encode(inputs, *args, **kwargs)  # _inference checks the embeddings' finiteness
 
     def get_model_kwargs(self) -> list[str]:
         # ``max_batch_tokens`` travels through sentence-transformers' ``encode`` to :meth:`_inference`
@@ -134,13 +132,14 @@ class EmbeddingModel(SentenceTransformer):
         :mod:`neoembed.batching`. Sentence embeddings only: other outputs keep count batches."""
         if max_batch_tokens is None or kwargs.get("output_value") != "sentence_embedding":
             out = super()._inference(inputs, **kwargs)
-            check_finite(out)  # before encode quantizes: a NaN has no int8 or binary code
-            return out
-        from neoembed.batching import encode_token_budget
+        else:
+            from neoembed.batching import encode_token_budget
 
-        kwargs.pop("output_value")
-        out = encode_token_budget(self, inputs, max_batch_tokens, **kwargs)
-        check_finite(out)  # before encode quantizes: a NaN has no int8 or binary code
+            kwargs.pop("output_value")
+            out = encode_token_budget(self, inputs, max_batch_tokens, **kwargs)
+        # every encode comes here (its process pool and distributed evaluation too), before it quantizes: a NaN
+        # has no int8 or binary code
+        check_finite(out)
         return out
 
     def _create_model_card(self, path, model_name=None, train_datasets="deprecated") -> None:
