@@ -69,9 +69,6 @@ class CachedInfoNCELoss(_InfoNCEMixin, CachedMultipleNegativesRankingLoss):
         for reps, random_state in batches:
             if buffer is None:
                 buffer = reps.new_empty(total, *reps.shape[1:])
-            if at + len(reps) > len(buffer):  # ranges that do not add up: scored as given
-                yield reps, random_state
-                continue
             buffer[at : at + len(reps)] = reps
             yield buffer[at : at + len(reps)], random_state
             at += len(reps)
