@@ -55,12 +55,12 @@ def _negatives(card, max_negatives: int | None, rows=None) -> tuple[str, int | N
         except CardSchemaError as e:  # local rows without the path: the trainer would refuse them too
             raise DataCardError(f"card {card.name}: negatives: {e}") from None
         fixed, lists = (fixed + 1, lists) if not isinstance(t, list) else (fixed, [*lists, spec])
-    text = str(fixed) if not lists else f"{fixed}+list" if fixed else "list (the count most rows carry)"
-    count = fixed if not lists else _list_count(rows, fixed, lists, max_negatives)
-    if lists and count is not None:
-        text = f"{count} (lists)"
-    elif count is not None and max_negatives is not None:
-        count = min(count, max_negatives)
+    if not lists:
+        text, count = str(fixed), fixed if max_negatives is None else min(fixed, max_negatives)
+    else:
+        count = _list_count(rows, fixed, lists, max_negatives)  # capped already; None where unknown
+        unknown = f"{fixed}+list" if fixed else "list (the count most rows carry)"
+        text = f"{count} (lists)" if count is not None else unknown
     return (f"{text}, at most {max_negatives}" if max_negatives is not None else text), count
 
 
