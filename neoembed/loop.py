@@ -110,13 +110,24 @@ ENGINE_SUPPORT = {
 
 def check_engine(trainer: str) -> None:
     """Refuse, before any model loads, a DeepSpeed or FSDP launch of a trainer not verified on that engine
-    (:data:`ENGINE_SUPPORT`): a sharded engine that silently reduces gradients twice or not at all trains wrong."""
+    (:data:`ENGINE_SUPPORT`): a sharded engine that silently reduces gradients twice or not at all trains wrong.
+    A verified one is refused without CUDA, where accelerate would run DDP in its place."""
+    import torch
+
     verified, why = ENGINE_SUPPORT[trainer]
     for engine, variable in SHARDED_ENGINES.items():
-        if os.environ.get(variable, "false").lower() == "true" and engine not in verified:
+        if os.environ.get(variable, "false").lower() != "true":
+            continue
+        if engine not in verified:
             raise ValueError(
                 f"{trainer} training under {engine} is not supported: {why}. Launch it with DDP (`accelerate "
                 "launch --multi_gpu` or torchrun; docs/distributed.md)"
+            )
+        if not torch.cuda.is_available():  # accelerate shards on accelerator devices only
+            raise ValueError(
+                f"{engine} needs CUDA: on a machine without it accelerate would not shard, and the processes would "
+                "train as plain DDP on the CPU (or each alone). Launch without the engine's config "
+                "(`ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes N ...`; docs/distributed.md)"
             )
 
 

@@ -554,8 +554,21 @@ def test_a_sharded_engine_not_verified_for_a_trainer_is_refused_before_the_model
     assert not (tmp_path / "out").exists()
     monkeypatch.delenv(f"ACCELERATE_USE_{engine}")
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     check_engine("pretrain")  # verified: passes
     assert {"unified", "cde", "glue", "pretrain"} == set(ENGINE_SUPPORT)
+
+
+def test_a_verified_sharded_engine_without_cuda_is_refused_not_run_as_ddp(tmp_path, capsys, monkeypatch):
+    """accelerate shards on accelerator devices only: on a CPU machine a DeepSpeed launch of pre-training (verified
+    on one GPU) trained as plain DDP under DeepSpeed's name. It is refused before data or a model loads."""
+    from test_runs import _cli
+
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    code, msg = _cli(capsys, monkeypatch, "pretrain", "pretrain-tiny", f"output_dir={tmp_path / 'out'}")
+    assert code == 2 and "DeepSpeed needs CUDA" in msg and "plain DDP" in msg, msg
+    assert not (tmp_path / "out").exists()
 
 
 def test_the_unified_trainers_progress_line_prints_once_not_once_per_process(tmp_path, capsys):
@@ -572,7 +585,9 @@ def test_the_unified_trainers_progress_line_prints_once_not_once_per_process(tmp
     scheduler = SimpleNamespace(step=lambda: None, get_last_lr=lambda: [1e-3])
     for first in (True, False):
         acc = SimpleNamespace(
-            is_main_process=first, register_for_checkpointing=lambda obj: None, clip_grad_norm_=lambda p, c: 0.0
+            is_main_process=first,
+            register_for_checkpointing=lambda obj: None,
+            clip_grad_norm_=lambda p, c: 0.0,
         )
         (tmp_path / str(first)).mkdir()
         loop = RunLoop(acc, recipe, tmp_path / str(first), optimizer=optimizer, scheduler=scheduler,
