@@ -29,7 +29,7 @@ LINES = [
     ("train", ["train", "tiny", "steps=-1"], 2, "'steps': Input should be greater than 0"),
     ("pretrain", ["pretrain", "pretrain-tiny", "steps=-1"], 2, "'steps': Input should be greater than 0"),
     ("mteb", ["mteb", "compare", "{tmp}/a", "{tmp}/b"], 2, "holds no neoembed mteb results"),
-    ("data", ["data", "check", "{tmp}/card.yaml"], 1, "it is neither a file nor a shipped name"),
+    ("data", ["data", "check", "{tmp}/card.yaml"], 2, "it is neither a file nor a shipped name"),
     ("mine", ["mine", "{tmp}/card.yaml", "--model", "x", "--out", "{tmp}/m"], 2, "not found"),
     ("glue", ["glue", "WNLI", "--model", "x", "--out", "{tmp}/g"], 2, "WNLI is excluded"),
     ("usage", ["train", "tiny", "--no-such-option"], 2, "No such option: --no-such-option"),

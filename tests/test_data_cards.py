@@ -687,7 +687,8 @@ def test_data_check_shows_an_unknown_expected_loss_and_how_to_pin_it(tmp_path, m
     assert "expected_loss: unknown (no published share)" in r.output
     line = "19 of 20 rows kept (dropped: positive missing: 1 (first: row 2); measured 5.00%, expected: unknown)"
     assert line in r.output
-    assert "set expected_loss: 0.05 in the card and cite `neoembed data check probe`" in r.output
+    assert "set expected_loss: 0.05 in the card and cite this card's `neoembed data check` output" in r.output
+    assert "data check probe" not in r.output  # the card's name is no command: `data check probe` fails
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])

@@ -1,7 +1,8 @@
 """``neoembed data check CARD...``: a card's paths against its declared schema (offline), the declared schema against
 the live dataset (hub reachable), then the rows the data gives, with every dropped row counted.
 
-Exit code 1 when any card is invalid, its paths cannot work, the live dataset differs from the declared schema, the
+Exit code 2 when a card named is neither a file nor a shipped name (bad input, as in every command); 1 when
+any card is invalid, its paths cannot work, the live dataset differs from the declared schema, the
 hub rejects the card's repository, config or split, or the data loses more rows than the card expects (a card with
 ``expected_loss: unknown`` never fails for that: its measured share is printed with how to pin it). A hub that
 cannot be reached at all is not the card's fault: the card is then checked against its declared schema only.
@@ -42,18 +43,24 @@ def check_command(
     from neoembed.data.check import HubStatus
 
     hub = HubStatus("offline mode" if offline or hub_offline_mode() else None)
-    failures = 0
+    failures = missing = 0
     for name in cards:
         try:
-            card, folder = load_card(find_card(name))
+            path = find_card(name)
+        except DataCardError as e:
+            typer.echo(f"NOT FOUND {name}: {e}", err=True)
+            missing += 1
+            continue
+        try:
+            card, folder = load_card(path)
         except DataCardError as e:
             typer.echo(f"INVALID {name}: {e}", err=True)
             failures += 1
             continue
         failures += not _check_card(card, folder, hub, load, max_rows, sample)
-    if failures:
-        typer.echo(f"{failures} of {len(cards)} card(s) failed", err=True)
-        raise typer.Exit(1)
+    if failures or missing:
+        typer.echo(f"{failures + missing} of {len(cards)} card(s) failed", err=True)
+        raise typer.Exit(2 if missing else 1)  # a card that is not there is bad input, as everywhere
 
 
 def _check_card(card, folder, hub: HubStatus, load: bool, max_rows: int | None, sample: int) -> bool:

@@ -69,7 +69,7 @@ class DropReport:
         return (
             f"card {self.card}: expected_loss is unknown (its evidence publishes no share), so the run goes on: "
             f"measured {100 * self.loss:.2f}% ({n:,} dropped of {where}). To pin it, set expected_loss: "
-            f"{_round_up(self.loss)} in the card and cite `neoembed data check {self.card}` and its output in notes"
+            f"{_round_up(self.loss)} in the card and cite this card's `neoembed data check` output in its notes"
         )
 
     def as_dict(self) -> dict:
