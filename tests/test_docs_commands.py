@@ -92,21 +92,21 @@ HOW = {
     "evaluation.md": {
         "neoembed mteb --model my-model": "hub",
         "neoembed mteb --model my-model --tasks STS13,SciFact --precision bf16 --instructions none": "hub",
-        "neoembed mteb --model my-model --data-dir ../shared/data/mteb": "run",
-        "neoembed mteb --model my-model --data-dir ../shared/data/eval": "run",
-        "neoembed mteb --model my-model --data-dir ../shared/data": "slow",
+        "neoembed mteb --model my-model --data-dir tests/shared/data/mteb": "run",
+        "neoembed mteb --model my-model --data-dir tests/shared/data/eval": "run",
+        "neoembed mteb --model my-model --data-dir tests/shared/data": "slow",
         "neoembed mteb compare results/model-a results/model-b": "run",
     },
     "export.md": {
         'pip install -e ".[onnx]"': "install",
         "neoembed export runs/my-model runs/exported/ --format onnx --quantize int8": "run",
-        "neoembed mteb --model runs/my-model --data-dir ../shared/data/eval --embedding-precision binary": "run",
+        "neoembed mteb --model runs/my-model --data-dir tests/shared/data/eval --embedding-precision binary": "run",
     },
     "glue.md": {
         "neoembed glue MNLI --model chandar-lab/NeoBERT --out runs/glue/mnli": "hub",
         "neoembed glue RTE --model chandar-lab/NeoBERT --from runs/glue/mnli": "hub",
         "neoembed glue CoLA --model chandar-lab/NeoBERT --grid --out runs/glue/cola-grid": "hub",
-        "neoembed glue MRPC --model all-MiniLM-L6-v2 --data-dir ../shared/data/eval/MSRP --carve test epochs=3": "slow",
+        "neoembed glue MRPC --model all-MiniLM-L6-v2 --data-dir tests/shared/data/eval/MSRP --carve test epochs=3": "slow",
     },
     "index.md": {  # the site's home page: the README's two lines, then the tour
         'python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 && pip install -e ".[quickstart]"'
@@ -115,7 +115,7 @@ HOW = {
         " && pytest": "readme",
         "neoembed convert chandar-lab/NeoBERT runs/neobert": "hub",
         "neoembed mteb --model my-model --tasks STS13,SciFact --precision bf16": "hub",
-        "neoembed mteb --model my-model --data-dir ../shared/data/mteb": "tour",
+        "neoembed mteb --model my-model --data-dir tests/shared/data/mteb": "tour",
         "neoembed train neobert-unified steps=500 optimizer.lr=2e-5 loss.name=cached_infonce": "hub",
         'neoembed train neobert-unified "matryoshka.dims=[768,256,64]" false_negatives.margin=0.1': "hub",
         "neoembed train neobert-unified --dry-run": "tour",
@@ -199,8 +199,8 @@ STAND_INS = {
         "neoembed convert {tiny_official} runs/neobert"
     ],
     "neoembed mteb compare results/model-a results/model-b": [
-        "neoembed mteb --model recipes/tiny/model --data-dir ../shared/data/eval --output results/model-a",
-        "neoembed mteb --model {tiny_official} --data-dir ../shared/data/eval --output results/model-b",
+        "neoembed mteb --model recipes/tiny/model --data-dir tests/shared/data/eval --output results/model-a",
+        "neoembed mteb --model {tiny_official} --data-dir tests/shared/data/eval --output results/model-b",
     ],
 }
 
