@@ -143,7 +143,9 @@ HOW = {
         "neoembed data check mydata/pairs.yaml": "own-data",
         "neoembed train mydata/pairs-recipe.yaml --dry-run": "own-data",
         "neoembed train mydata/pairs-recipe.yaml": "own-data",
+        "neoembed mteb --model packaged:all-MiniLM-L6-v2 --tasks mydata/heldout-task.yaml --output results/base": "own-data",
         "neoembed mteb --model runs/pairs --tasks mydata/heldout-task.yaml --output results/pairs": "own-data",
+        "neoembed mteb compare results/base results/pairs": "own-data",
     },
     "pretraining.md": {
         "neoembed preprocess refinedweb data/refinedweb --tokenizer chandar-lab/NeoBERT --min-lengths 1024,2048": "hub",

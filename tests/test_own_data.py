@@ -39,7 +39,7 @@ def _write_data(folder: Path, shared_dir: Path) -> None:
 
 def test_the_own_data_page_runs_as_written(tmp_path, shared_dir, tiny_official, run_neoembed):
     commands = _page_commands()
-    assert [c.split()[1] for c in commands] == ["init", "data", "train", "train", "mteb"]
+    assert [c.split()[1] for c in commands] == ["init", "data", "train", "train", "mteb", "mteb", "mteb"]
     _write_data(tmp_path, shared_dir)
     for command in commands:
         argv = command.replace("packaged:all-MiniLM-L6-v2", str(tiny_official)).split()
@@ -49,8 +49,10 @@ def test_the_own_data_page_runs_as_written(tmp_path, shared_dir, tiny_official, 
         assert r.exit_code == 0, f"{command}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
     card = (tmp_path / "mydata" / "pairs.yaml").read_text()
     assert "query: query" in card and "positive: positive" in card and "size: 64" in card
-    scores = json.loads((tmp_path / "results" / "pairs" / "MyHeldout.json").read_text())
-    assert 0.0 <= scores["main_score"] <= 1.0
+    for run in ("base", "pairs"):  # before and after, both scored
+        scores = json.loads((tmp_path / "results" / run / "MyHeldout.json").read_text())
+        assert 0.0 <= scores["main_score"] <= 1.0
+    assert (tmp_path / "results" / "compare" / "compare.png").is_file()
     from sentence_transformers import SentenceTransformer
 
     model = SentenceTransformer(str(tmp_path / "runs" / "pairs"), trust_remote_code=True)
