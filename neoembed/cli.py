@@ -194,6 +194,8 @@ def convert(
     check_model_source(src)  # offline or a typo: said before torch and transformers import
     check_weight_files(src)
     from neoembed.modeling.convert import convert_checkpoint
+    from neoembed.record import readable_weights
+
     with output_lock(dst, what="DST"):
         prepare_output_dir(
             dst, overwrite=overwrite, resume=False, what="DST", clearable=(RUN_RECORD, "config.json")
@@ -204,6 +206,7 @@ def convert(
             report = convert_to_sentence_transformer(src, dst, pooling=pooling)
         else:
             report = convert_checkpoint(src, dst, to=to)
+        readable_weights(dst)
     typer.echo(report)
 
 

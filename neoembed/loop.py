@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from neoembed.record import add_to_run_record, atomic_write_text, write_run_record
+from neoembed.record import add_to_run_record, atomic_write_text, readable_weights, write_run_record
 from neoembed.runs import (
     TRACKER_PROJECT,
     MetricsLog,
@@ -317,6 +317,7 @@ class RunLoop:
             self.acc.wait_for_everyone()
         if self.acc.is_main_process:
             save_final()
+            readable_weights(self.output)
             if self.best is not None:
                 best = self.best_record()
                 atomic_write_text(self.output / "best.json", json.dumps(best, indent=1) + "\n")

@@ -60,6 +60,18 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def readable_weights(folder: str | Path) -> None:
+    """Give the ``*.safetensors`` files under ``folder`` that only their owner can read the mode any other file
+    written there gets (0666 less the umask). safetensors 0.8 writes through a temporary file created 0600 and
+    renames it (its issue #782; sentence-transformers #4010): a saved model's weights were unreadable to a
+    service account or a container's user while its config was not."""
+    mask = os.umask(0)
+    os.umask(mask)
+    for path in Path(folder).rglob("*.safetensors"):
+        if path.stat().st_mode & 0o777 == 0o600 and 0o666 & ~mask != 0o600:
+            path.chmod(0o666 & ~mask)
+
+
 def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
     """The file's SHA-256, read once per process while its inode, size and modification time stay the same (a
     run start hashes its data for the resume check and again for the run record)."""

@@ -64,6 +64,9 @@ def test_export_writes_where_sentence_transformers_looks(tiny_export):
     # module paths every sentence-transformers release imports (5.x, whose ONNX backend runs, and 6.x)
     types = [m["type"] for m in json.loads((out / "modules.json").read_text())]
     assert types == ["sentence_transformers.models.Transformer", "sentence_transformers.models.Pooling"]
+    # the torch weights beside the graphs are as readable as the config (safetensors 0.8 writes 0600)
+    config = (out / "config.json").stat().st_mode & 0o777
+    assert {w.stat().st_mode & 0o777 for w in out.rglob("*.safetensors")} == {config}
 
 
 def test_neobert_onnx_matches_torch_on_real_sentences(tiny_export, shared_dir):

@@ -35,6 +35,7 @@ from neoembed.export.cpu import int8_saturates, isa_suffix
 from neoembed.export.runtime import DEFAULT_FILE, ONNX_SUBFOLDER, OUTPUT_NAME, PACKED_INPUTS
 from neoembed.loading import load
 from neoembed.progress import library_noise
+from neoembed.record import readable_weights
 from neoembed.runs import TrainingInterrupted
 from neoembed.runs.signals import _FinalSaveSignals, _Signalled
 
@@ -321,6 +322,7 @@ def _refuse_adapter(path: Path) -> None:
 
 def _move_in(staged: Path, out: Path) -> None:
     """Rename the finished export to OUT; a previous export there (``--overwrite``) is moved aside first."""
+    readable_weights(staged)
     if out.is_dir() and any(out.iterdir()):
         aside = out.parent / f".{out.name}.export-old"
         shutil.rmtree(aside, ignore_errors=True)

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from neoembed.record import atomic_write_text, file_sha256
+from neoembed.record import atomic_write_text, file_sha256, readable_weights
 from neoembed.runs.errors import CheckpointWriteError, OutputDirError
 
 if TYPE_CHECKING:
@@ -111,6 +111,7 @@ def commit_checkpoint(
     checkpoints are kept, and the one of step ``protect``. A kill at any point leaves either the previous
     checkpoints or the new one complete. ``output``: the run folder (default: the staging folder's parent)."""
     output = Path(output) if output is not None else staged.parent
+    readable_weights(staged)
     files = {
         p.relative_to(staged).as_posix(): {"size": p.stat().st_size, "sha256": file_sha256(p)}
         for p in _files(staged)
