@@ -168,7 +168,7 @@ HOW = {
         "neoembed train neobert-unified --dry-run": "run",
         "accelerate launch --num_processes 8 -m neoembed train neobert-unified gather_across_devices=true": "hub",
         'neoembed train tiny output_dir=runs/tiny-mrl "matryoshka.dims=[32,16,8]" loss.name=cached_infonce': "run",
-        "neoembed train tiny output_dir=runs/tiny-fn false_negatives.margin=0.1 improved_contrastive=true": "run",
+        "neoembed train tiny output_dir=runs/tiny-fn false_negatives.margin=0.01 improved_contrastive=true": "run",
         "neoembed mine recipes/tiny/cards/pydoc_names.yaml --model recipes/tiny/model --out runs/pydoc-mined -k 2"
         " --max-length 64": "run",
         'neoembed train tiny output_dir=runs/tiny-kd "datasets=[{card: runs/pydoc-mined/pydoc_names_mined.yaml}]"'

@@ -711,7 +711,7 @@ def test_the_objective_recipes_of_the_training_docs_run_as_written(tmp_path, mon
         assert result.exit_code == 0, (line, result.output, result.exception)
     assert matryoshka_dims(tmp_path / "tiny-mrl") == [32, 16, 8]
     logged = [json.loads(r) for r in (tmp_path / "tiny-fn" / "metrics.jsonl").read_text().splitlines()]
-    assert all("false_negative_fraction" in r for r in logged)
+    assert logged and all(0.2 < r["false_negative_fraction"] < 0.99 for r in logged), logged  # training.md
     kd = json.loads((tmp_path / "tiny-kd" / "run_record.json").read_text())
     assert kd["recipe"]["distillation"]["loss"] == "kl"
 
