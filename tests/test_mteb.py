@@ -192,6 +192,30 @@ def test_local_sts_task_gets_the_papers_sts_instruction(tiny_official, small, tm
     assert with_paper.scores["MySTS"]["main_score"] != without.scores["MySTS"]["main_score"]
 
 
+def test_a_task_file_edited_in_place_is_scored_as_it_is_now(tiny_official, small, tmp_path):
+    """#43 walk, E3: a task folder scored once, then its gold scores changed in place, was scored again (into a
+    new output) from what datasets had cached for the same path: the old score, silently."""
+    import random
+
+    import neoembed
+
+    folder = tmp_path / "data" / "MySTS"
+    _dataset_card(folder, name="MySTS", task_type="sts", splits={"test": SMALL_ROWS["STS16"]})
+    rows = [json.loads(line) for line in gzip.open(small / "mteb" / "STS16" / "test.jsonl.gz", "rt")]
+    _write_jsonl_gz(folder / "test.jsonl.gz", rows)
+    model = neoembed.load(tiny_official)
+    before = _run(model, tmp_path / "a", data_dir=tmp_path / "data", instructions="none")
+    gold = [r["score"] for r in rows]
+    random.Random(0).shuffle(gold)
+    _write_jsonl_gz(folder / "test.jsonl.gz", [dict(r, score=g) for r, g in zip(rows, gold, strict=True)])
+    after = _run(model, tmp_path / "b", data_dir=tmp_path / "data", instructions="none")
+    fresh = tmp_path / "copy" / "MySTS"  # the same rows at a path never scored: what "after" must equal
+    shutil.copytree(folder, fresh)
+    expected = _run(model, tmp_path / "c", data_dir=tmp_path / "copy", instructions="none")
+    score = {k: r.scores["MySTS"]["main_score"] for k, r in (("before", before), ("after", after), ("fresh", expected))}
+    assert score["after"] == score["fresh"] != score["before"], score
+
+
 def test_task_folders_in_groups_and_training_data_skipped(minilm, shared_dir, small, tmp_path):
     """--data-dir ../shared/data: the tasks of mteb/ and eval/; train/ holds training pairs, skipped unless named.
     (Run on the same layout holding the small slices of eval/.)"""

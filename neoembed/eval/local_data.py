@@ -125,7 +125,12 @@ def local_dataset_repo(
     for alias in aliases:
         if alias and alias not in configs and "default" in configs:
             configs[alias] = configs["default"]
-    key = hashlib.sha256(f"{folder.resolve()}|{sorted(aliases)}".encode()).hexdigest()[:16]
+    # the files' sizes and modification times in the key: datasets caches what it built from the links by their
+    # paths, so a file edited in place would otherwise be scored as it was
+    stamps = sorted(
+        (str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for f in configs.values() for p in f.values()
+    )
+    key = hashlib.sha256(f"{folder.resolve()}|{sorted(aliases)}|{stamps}".encode()).hexdigest()[:16]
     root = Path(cache_dir or Path(tempfile.gettempdir()) / "neoembed-local-data") / key
     root.mkdir(parents=True, exist_ok=True)
     entries = [_config_entry(name, files, root) for name, files in configs.items()]
