@@ -280,7 +280,7 @@ def test_a_mined_negative_that_is_another_rows_positive_is_masked_by_the_loss(mi
     assert float(info_nce(q, torch.cat(docs), 0.07)) != pytest.approx(expected, rel=1e-5)
 
 
-def test_interrupted_run_resumed_equals_uninterrupted(mined, card, tiny_official, tmp_path, monkeypatch):
+def test_interrupted_run_resumed_equals_uninterrupted(mined, card, tiny_official, tmp_path, monkeypatch, caplog):
     import neoembed.mine.miner as miner
 
     result, _ = mined
@@ -304,9 +304,12 @@ def test_interrupted_run_resumed_equals_uninterrupted(mined, card, tiny_official
         mine_negatives(card, tiny_official, out, config=cfg.model_copy(update={"range_max": 17}), resume=True)
     monkeypatch.setattr(miner, "_encode", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
     calls.clear()
+    first = out / ".mine" / "corpus-00000.npy"  # the same size, other bytes: searched as it was (#43 walk, A23)
+    np.save(first, np.zeros_like(np.load(first)))
     resumed = mine_negatives(card, tiny_official, out, config=cfg, resume=True, progress=False)
     n_shards = len(list((result.card.parent / ".mine").glob("*-*.npy")))
-    assert len(calls) == n_shards - 2  # the two shards on disk were not embedded again
+    assert len(calls) == n_shards - 1  # the intact shard on disk was not embedded again, the altered one was
+    assert "corpus-00000.npy does not match its checksum: computing it again" in caplog.text
     assert resumed.data.read_bytes() == result.data.read_bytes()
     assert yaml.safe_load(resumed.card.read_text()) == yaml.safe_load(result.card.read_text())
     assert not (out / ".mine").exists()  # state removed once finished

@@ -162,7 +162,14 @@ def test_score_stopped_by_a_signal_keeps_its_shards_and_says_resume(
     )
     kept = sorted(p.name for p in (out / ".score").iterdir())  # no half-written shard, no card
     assert (
-        kept == ["scores-00000.npy", "scores-00001.npy", "settings.json"]
+        kept
+        == [
+            "scores-00000.npy",
+            "scores-00000.npy.sha256",
+            "scores-00001.npy",
+            "scores-00001.npy.sha256",
+            "settings.json",
+        ]
         and not (out / "toy_scored.yaml").exists()
     )
     monkeypatch.setattr(score_module, "_score_shard", real)

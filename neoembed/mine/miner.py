@@ -54,7 +54,7 @@ from neoembed.hub import resolve_packaged
 from neoembed.instructions import format_with_instruction
 from neoembed.mine.encode import ForkedWorkers, fast_encode, fast_encode_supported
 from neoembed.mine.filters import select_negatives, text_key
-from neoembed.mine.search import EmbeddingShards, search, write_shard
+from neoembed.mine.search import EmbeddingShards, search, shards_to_write, write_shard
 from neoembed.mine.settings import (
     MineConfig,
     check_model_kind,
@@ -329,7 +329,7 @@ def _embed_sharded(model, texts, state: Path, kind: str, cfg: MineConfig, pool, 
     counts texts, batch by batch (a single shard holds up to ``shard_size`` texts: a whole pass on small data)."""
     n_shards = max(1, math.ceil(len(texts) / cfg.shard_size))
     paths = [state / f"{kind}-{s:05d}.npy" for s in range(n_shards)]
-    todo = [s for s in range(n_shards) if not paths[s].is_file()]
+    todo = shards_to_write(paths)
     kept = sum(
         len(texts[s * cfg.shard_size : (s + 1) * cfg.shard_size]) for s in range(n_shards) if s not in todo
     )

@@ -38,6 +38,7 @@ from neoembed.data.cards import (
     local_data_paths,
 )
 from neoembed.hub import resolve_packaged
+from neoembed.mine.search import shards_to_write, write_shard
 from neoembed.mine.settings import (
     check_model_kind,
     describe_changes,
@@ -241,13 +242,11 @@ def _score_shards(pairs, k: int, state: Path, teacher: str, kind: str, cfg: Scor
     """Every row's scores, shard by shard into ``state/scores-NNNNN.npy``; shards on disk are kept."""
     n_shards = max(1, math.ceil(len(pairs) / cfg.shard_size))
     paths = [state / f"scores-{s:05d}.npy" for s in range(n_shards)]
-    todo = [s for s in range(n_shards) if not paths[s].is_file()]
+    todo = shards_to_write(paths)
     score = _scorer(teacher, kind, cfg) if todo else None
     for s in progress_bar(todo, desc="scoring", unit="shard", disable=not progress):
         rows = pairs[s * cfg.shard_size : (s + 1) * cfg.shard_size]
-        tmp = state / f".scores-{s:05d}.tmp{os.getpid()}.npy"
-        np.save(tmp, _score_shard(score, rows, k))
-        os.replace(tmp, paths[s])
+        write_shard(paths[s], _score_shard(score, rows, k))
     return np.concatenate([np.load(p) for p in paths])
 
 

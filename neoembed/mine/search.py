@@ -26,8 +26,9 @@ from pathlib import Path
 import numpy as np
 
 from neoembed.progress import bar as progress_bar
+from neoembed.record import atomic_write_text, file_sha256
 
-__all__ = ["INDEX_KINDS", "EmbeddingShards", "merge_topk", "search", "write_shard"]
+__all__ = ["INDEX_KINDS", "EmbeddingShards", "merge_topk", "search", "shards_to_write", "write_shard"]
 
 logger = logging.getLogger(__name__)
 
@@ -36,10 +37,31 @@ GPU_MAX_K = 2048  # faiss GPU indexes return at most 2048 neighbours per query
 
 
 def write_shard(path: Path, array: np.ndarray) -> None:
-    """Save one shard through a temporary file and a rename: a shard file that exists is complete."""
+    """Save one float32 shard through a temporary file and a rename, then its SHA-256 beside it
+    (``NAME.npy.sha256``): a shard whose checksum file is there and matches is complete and intact."""
     tmp = path.with_name(f".{path.stem}.tmp{os.getpid()}.npy")
     np.save(tmp, np.ascontiguousarray(array, dtype=np.float32))
+    digest = file_sha256(tmp)
     os.replace(tmp, path)
+    atomic_write_text(path.with_name(path.name + ".sha256"), digest + "\n")
+
+
+def shards_to_write(paths: list[Path]) -> list[int]:
+    """The indices of ``paths`` a resumed run must (re)write: missing shards, and shards that do not match the
+    checksum written with them (a truncated or overwritten file would otherwise be searched as it is), each of
+    the latter named in a warning."""
+    todo = []
+    for s, path in enumerate(paths):
+        if not path.is_file():
+            todo.append(s)
+            continue
+        side = path.with_name(path.name + ".sha256")
+        saved = side.read_text().strip() if side.is_file() else None
+        if saved != file_sha256(path):
+            why = "has no checksum (a write cut short)" if saved is None else "does not match its checksum"
+            logger.warning("%s %s: computing it again", path.name, why)
+            todo.append(s)
+    return todo
 
 
 class EmbeddingShards:
