@@ -418,6 +418,10 @@ def test_bad_recipes_name_the_fix(tmp_path, shards):
         _recipe(tmp_path, shards, "masking.ratee=0.1")
     with pytest.raises(RecipeError, match="must exceed schedule.warmup_steps"):
         _recipe(tmp_path, shards, "steps=2")
+    # #43 walk, C17: a rate that masks no token logged loss 0 at every step and said "done"
+    with pytest.raises(RecipeError, match="masked tokens expected per step: most steps would mask none"):
+        _recipe(tmp_path, shards, "masking.rate=0.0001")
+    _recipe(tmp_path, shards, "masking.rate=0.01")  # a few tokens a step: trains
     with pytest.raises(ValueError, match="exceeds the model's maximum"):
         pretrain(_recipe(tmp_path / "x", shards, "data.seq_length=512"), progress=False)
     with pytest.raises(FileNotFoundError, match="neoembed preprocess"):

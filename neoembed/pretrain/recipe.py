@@ -151,6 +151,14 @@ class PretrainRecipe(RunSettings):
                 f"schedule.decay_fraction * steps = {end:g} must exceed schedule.warmup_steps = "
                 f"{self.schedule.warmup_steps}: lower the warm-up or raise steps"
             )
+        per_step = self.masking.rate * self.data.seq_length * self.batch.micro_batch_size * self.batch.grad_accumulation
+        if per_step < 1:  # most steps would mask no token: a loss of 0 and no gradient, logged as training
+            raise ValueError(
+                f"masking.rate {self.masking.rate:g} x data.seq_length {self.data.seq_length} x the sequences of a "
+                f"step per process ({self.batch.micro_batch_size * self.batch.grad_accumulation}) = {per_step:.2g} "
+                "masked tokens expected per step: most steps would mask none and train nothing. Raise masking.rate "
+                "(NeoBERT uses 0.2, BERT 0.15)"
+            )
         if self.eval is not None:
             trained = {s.path for s in self.data.sources} & {s.path for s in self.eval.sources}
             if trained:
