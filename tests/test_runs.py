@@ -181,6 +181,32 @@ def test_sigkill_during_a_checkpoint_write_then_resume_equals_uninterrupted(
     assert not list(out.glob(".checkpoint-*"))  # no staging folder left
 
 
+def test_a_run_stopped_before_its_first_checkpoint_names_the_fix_that_works(tmp_path):
+    """#43 walk, A6 and A13: a run stopped before its first checkpoint (a second Ctrl-C; a full disk at the first
+    save, whose error said "--resume") left its record and metrics. Started again it was refused with "pass
+    --resume", and --resume with "holds no complete checkpoint": each message named the other. Both now name
+    --overwrite, which works."""
+    from neoembed.runs.checkpoints import write_failed
+
+    out = tmp_path / "run"
+    staged = stage_checkpoint(out, 2)
+    (out / "run_record.json").write_text(json.dumps({"command": "neoembed train tiny"}))
+    (out / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n')
+    error = str(write_failed(staged, 2, OSError(28, "No space left on device")))
+    assert "No checkpoint was written before it" in error and "start again with --overwrite" in error, error
+    assert "--resume" not in error
+    with pytest.raises(OutputDirError, match="stopped before its first checkpoint.*pass --overwrite"):
+        prepare_output_dir(out, overwrite=False, resume=False, main_process=True)
+    with pytest.raises(OutputDirError, match="no complete checkpoint"):
+        prepare_output_dir(out, overwrite=False, resume=True, main_process=True)
+    prepare_output_dir(out, overwrite=True, resume=False, main_process=True)  # the fix named: it clears
+    assert not any(out.iterdir())
+    # a command that keeps no checkpoints (mine resumes from its shards) keeps the usual message
+    (out / "run_record.json").write_text("{}")
+    with pytest.raises(OutputDirError, match="pass --resume to continue"):
+        prepare_output_dir(out, overwrite=False, resume=False, checkpoints=False, main_process=True)
+
+
 def test_poor_full_disk_during_a_checkpoint_leaves_the_previous_one_intact(tmp_path, tiny_official, finished):
     """RLIMIT_FSIZE (a file may not grow past 64 KiB) set once checkpoint-2 is published: checkpoint-4's weights
     cannot be written. The run ends with a clear error naming checkpoint-2, which resumes to the same model."""
@@ -618,7 +644,7 @@ def test_only_the_launchs_main_process_checks_a_fresh_folder(tmp_path, monkeypat
     monkeypatch.setenv("RANK", "1")
     assert prepare_output_dir(out, overwrite=False, resume=False) is None
     monkeypatch.setenv("RANK", "0")
-    with pytest.raises(OutputDirError, match="not empty"):
+    with pytest.raises(OutputDirError, match="holds a run stopped before its first checkpoint"):  # used
         prepare_output_dir(out, overwrite=False, resume=False)
 
 

@@ -138,10 +138,14 @@ def write_failed(staged: Path, step: int, error: BaseException) -> CheckpointWri
     intact previous checkpoint."""
     shutil.rmtree(staged, ignore_errors=True)
     previous = [c for c in list_checkpoints(staged.parent) if verify_checkpoint(c) is None]
+    then = (
+        f"The previous checkpoint {previous[-1]} is intact: free some space, then --resume"
+        if previous
+        else "No checkpoint was written before it: free some space, then start again with --overwrite"
+    )
     return CheckpointWriteError(
         f"could not write checkpoint-{step} in {staged.parent}: {type(error).__name__}: {error}. Is the disk "
-        f"full? The previous checkpoint {previous[-1] if previous else '(none)'} is intact: free some space, then "
-        "--resume"
+        f"full? {then}"
     )
 
 

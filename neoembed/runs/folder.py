@@ -17,6 +17,7 @@ from neoembed.runs.checkpoints import (
     CHECKPOINT_MARKER,
     find_resume_checkpoint,
     list_checkpoints,
+    verify_checkpoint,
 )
 from neoembed.runs.errors import OutputDirError, RunFinished
 from neoembed.runs.lock import launched_main
@@ -130,6 +131,14 @@ def check_inputs_outside(out: Path, inputs, what: str) -> None:
 def _describe(folder: Path, limit: int = 5) -> str:
     names = sorted(p.name for p in folder.iterdir())
     return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def _stopped_before_a_checkpoint(output: Path) -> bool:
+    """A run folder whose run started (its record is there), never finished and holds no complete checkpoint:
+    ``--resume`` has nothing to continue from (a second Ctrl-C, or a full disk, before the first save)."""
+    if not (output / RECORD).is_file() or _from_record(output, FINISHED) is not None:
+        return False
+    return not any(verify_checkpoint(c) is None for c in list_checkpoints(output))
 
 
 def _from_record(output: Path, key: str) -> Any:
@@ -283,7 +292,7 @@ def prepare_output_dir(
         return None
     if used:
         check_inputs_outside(out, inputs, what)
-        _check_used(out, overwrite, what, clearable)
+        _check_used(out, overwrite, what, clearable, checkpoints)
         logger.warning("--overwrite: clearing %s (%s)", out, _describe(out))
         _clear(out)
     return None
@@ -325,9 +334,17 @@ def _check_flags(out: Path, overwrite: bool, resume: bool, what: str) -> bool:
     return used
 
 
-def _check_used(out: Path, overwrite: bool, what: str, clearable: tuple[str, ...]) -> None:
-    """A used folder without --resume: an error, unless --overwrite and the folder is this command's."""
+def _check_used(
+    out: Path, overwrite: bool, what: str, clearable: tuple[str, ...], checkpoints: bool = True
+) -> None:
+    """A used folder without --resume: an error, unless --overwrite and the folder is this command's. A command
+    that resumes from checkpoints (``checkpoints``) says when there is none to resume from."""
     if not overwrite:
+        if checkpoints and _stopped_before_a_checkpoint(out):
+            raise OutputDirError(
+                f"{what} {out} holds a run stopped before its first checkpoint ({_describe(out)}): there is nothing "
+                f"to resume; pass --overwrite to start it again, or choose a new {what}"
+            )
         raise OutputDirError(
             f"{what} {out} is not empty (it holds {_describe(out)}): pass --resume to continue the run it holds, "
             f"--overwrite to replace it, or choose a new {what}"
