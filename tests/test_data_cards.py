@@ -292,6 +292,23 @@ def test_one_row_without_its_negative_keeps_the_others_negatives_and_is_counted(
     assert len(pairs) == 64 and pairs.column_names == ["query", "positive"] and report.dropped == {}
 
 
+def test_rows_without_negatives_beside_rows_with_three_get_a_hint_that_keeps_them(tmp_path):
+    """#43 walk, B15: half the rows with 3 negatives, half with none: the error said "max_negatives: 2 or 0 keeps
+    the rows with fewer hard negatives", but 2 drops the rows without any as 3 does (and then said "1 or 0")."""
+    rows = _qa_rows()
+    for i, row in enumerate(rows):
+        row["meta"] = {"neg": [row["meta"]["neg"][0], "an unrelated sentence", "a third one"] if i % 2 else []}
+    card, folder = _card(tmp_path, rows, {"query": "q", "positive": "a", "negatives": ["meta.neg"]})
+    with pytest.raises(DataCardError) as error:
+        prepare_card(card, folder)
+    hint = "max_negatives: N (below 3) for this dataset in the recipe keeps the rows with at least N hard negatives"
+    assert hint in str(error.value) and "max_negatives: 0 keeps every row" in str(error.value), error.value
+    with pytest.raises(DataCardError, match="32 of 64 rows kept"):  # what the old hint offered: still dropped
+        prepare_card(card, folder, max_negatives=2)
+    pairs, report = prepare_card(card, folder, max_negatives=0)
+    assert len(pairs) == 64 and report.dropped == {}
+
+
 @pytest.mark.parametrize(
     "spec, found",
     [("meta", "dict"), ("negs", "list"), ("label", "int")],

@@ -443,8 +443,10 @@ def _check_loss(card: DataCard, report: DropReport, max_negatives: int | None, w
     k = report.negatives_per_query
     neg_hint = ""
     if any(r.startswith("fewer than") for r in report.dropped):
-        fewer = f"max_negatives: {k - 1} or 0" if k > 1 else "max_negatives: 0"
-        neg_hint = f"; {fewer} for this dataset in the recipe keeps the rows with fewer hard negatives"
+        neg_hint = (
+            f"; max_negatives: N (below {k}) for this dataset in the recipe keeps the rows with at least N hard "
+            "negatives, and max_negatives: 0 keeps every row, with in-batch negatives only"
+        )
     raise DataCardError(
         f"card {card.name}: {report.line()}. That is more than the card's expected_loss "
         f"({card.expected_loss}): check the card's column paths against the data, or, if the dataset really "
