@@ -123,6 +123,17 @@ def test_too_few_context_vectors_raise_more_are_truncated(cde, context, caplog):
     assert torch.equal(a, b)
 
 
+def test_a_context_with_nan_is_refused_naming_it(cde, context):
+    """#43 walk, C10: a NaN context gave NaN embeddings and an error advising bf16 or fp32 against a float16
+    overflow, on an fp32 model; the context is named instead, with its first bad row."""
+    bad = context.clone()
+    bad[2, 0] = float("nan")
+    with pytest.raises(ContextMissingError, match=r"NaN or inf in 1 of the 4 context vectors .*first: row 2"):
+        cde.encode(["x"], dataset_embeddings=bad)
+    more = torch.cat([context, torch.full((2, context.shape[1]), float("inf"))])  # rows past those read
+    cde.encode(["x"], dataset_embeddings=more)
+
+
 def test_null_context_is_deterministic(cde):
     a = cde.encode(DOCS, prompt_name="document", dataset_embeddings="null")
     b = cde.encode(DOCS[::-1], prompt_name="document", dataset_embeddings="null")[::-1]

@@ -269,6 +269,12 @@ class ContextualDocumentEmbedder(InputModule):
                 )
                 self._warned_truncation = True
             e = e[: self.n_context]
+        bad = ~torch.isfinite(e).all(dim=1)
+        if bool(bad.any()):  # else the encoder's output is NaN, and its error blames float16
+            raise ContextMissingError(
+                f"dataset_embeddings holds NaN or inf in {int(bad.sum())} of the {self.n_context} context vectors "
+                f"read (first: row {int(bad.nonzero()[0])}): pass the output of model.encode_context(corpus_sample)"
+            )
         e = e.to(device=device, dtype=dtype)
         if self.training and self.context_dropout > 0:
             drop = torch.rand(e.shape[0], device=device) < self.context_dropout
