@@ -392,6 +392,30 @@ def test_missing_graph_names_the_folder_files(tiny_export):
     assert all(s in str(e.value) for s in ("--onnx-file NAME", "file_name=NAME", "model_kwargs={'file_name'"))
 
 
+def test_a_missing_onnx_package_is_named_with_its_extra_before_any_work(
+    tiny_export, tiny_official, tmp_path, monkeypatch, capsys
+):
+    """#43 walk, D12-D14: without onnxscript, `neoembed export` ended in a raw ModuleNotFoundError ("please report
+    it", exit 1), without onnxruntime `--quantize int8` after 14 s of work, and `load(backend="onnx")` raised the
+    bare import error. Each names the extra that installs the package, before any model loads."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    for gone in ("onnxscript", "onnxruntime"):
+        monkeypatch.setattr(
+            importlib.util,
+            "find_spec",
+            lambda name, *a, _gone=gone: None if name == _gone else real(name, *a),
+        )
+        out = tmp_path / gone
+        assert _cli(monkeypatch, "export", str(tiny_official), str(out), "--quantize", "int8") == 2
+        err = capsys.readouterr().err
+        assert f"needs {gone}, which is not installed: pip install -e '.[onnx]'" in err, err
+        assert not out.exists()
+    with pytest.raises(ValueError, match=r"backend='onnx' needs onnxruntime, .* pip install -e '.\[onnx\]'"):
+        neoembed.load(tiny_export[0], backend="onnx")
+
+
 def test_neoembed_mteb_scores_the_onnx_graphs(
     tiny_export, tiny_official, shared_dir, tmp_path, monkeypatch, capsys
 ):

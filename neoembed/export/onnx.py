@@ -37,6 +37,7 @@ from neoembed.loading import load
 from neoembed.progress import library_noise
 from neoembed.record import readable_weights
 from neoembed.runs import TrainingInterrupted
+from neoembed.runs.checks import require_module
 from neoembed.runs.signals import _FinalSaveSignals, _Signalled
 
 logger = logging.getLogger(__name__)
@@ -271,6 +272,9 @@ def export(
         raise ValueError(f"unknown --format {fmt!r}: choose one of {', '.join(FORMATS)}")
     if quantize is not None and quantize not in QUANTIZATIONS:
         raise ValueError(f"unknown --quantize {quantize!r}: choose one of {', '.join(QUANTIZATIONS)}")
+    # torch's exporter needs onnx and onnxscript; the int8 pass is onnxruntime's
+    for module in ("onnx", "onnxscript") + (("onnxruntime",) if quantize else ()):
+        require_module(module, "onnx", "neoembed export" + (f" --quantize {quantize}" if quantize else ""))
     _refuse_cde(Path(model_path))
     _refuse_adapter(Path(model_path))
     out = Path(out)

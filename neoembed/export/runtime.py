@@ -18,6 +18,7 @@ import torch
 from sentence_transformers.base.modules import Transformer
 
 import neoembed.modeling  # noqa: F401  (registers NeoBERT with the Auto classes: the folder's config loads)
+from neoembed.runs.checks import require_module
 from neoembed.sentence import EmbeddingModel
 
 ONNX_SUBFOLDER = "onnx"
@@ -173,6 +174,7 @@ def load_onnx(
 ) -> OnnxEmbeddingModel:
     """An exported folder (``neoembed export``) served by ONNX Runtime: ``file_name`` picks the graph in
     ``onnx/`` (``model.onnx``, ``model_qint8_<isa>.onnx``)."""
+    require_module("onnxruntime", "onnx", "backend='onnx'")
     onnx_file(path, file_name)  # a missing file fails here, naming the folder's graphs
     model_kwargs = {"file_name": file_name} if file_name else None
     model = OnnxEmbeddingModel(str(path), device="cpu", backend="onnx", model_kwargs=model_kwargs)
