@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from neoembed.progress import PLAIN_INTERVAL
 from neoembed.record import add_to_run_record, atomic_write_text, readable_weights, write_run_record
 from neoembed.runs import (
     TRACKER_PROJECT,
@@ -441,6 +442,7 @@ class RunLoop:
         )  # not a terminal: a line per logging step, not a bar's redraws
         bar = tqdm(total=r.steps, initial=self.step, desc=self.desc, disable=not shown or plain)
         first, start = self.step, time.perf_counter()
+        said = start  # when the last plain line was printed
         # a resumed run's first row averages its whole window, the steps before the checkpoint included
         sums, self._t0 = self._window, time.perf_counter() - self._window_seconds
         stopped = None
@@ -463,8 +465,13 @@ class RunLoop:
                         rate = (self.step - first) / max(now - start, 1e-9)
                         values = {k: row[k] for k in ("loss", "learning_rate", "lr") if k in row}
                         print(progress_line(self.step, r.steps, values, rate), file=sys.stderr, flush=True)
+                        said = now
                     sums.clear()
                     self._t0 = time.perf_counter()
+                elif plain and (now := time.perf_counter()) - said >= PLAIN_INTERVAL:  # slow steps: still a line
+                    rate = (self.step - first) / max(now - start, 1e-9)
+                    print(progress_line(self.step, r.steps, {}, rate), file=sys.stderr, flush=True)
+                    said = now
                 saving = self.step % r.save_steps == 0 or self.step == r.steps  # mteb and keep_best name the last
                 evaluation, patience_out = getattr(r, "eval", None), False
                 if self.evaluate is not None and evaluation is not None:

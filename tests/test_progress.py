@@ -144,3 +144,31 @@ def test_neoembeds_own_warning_class_prints_plainly_whichever_library_called():
     said = _plain_own_warning("39 text(s) exceed max_seq_length=64 tokens", TruncationWarning, elsewhere, 344)
     assert said == "warning: 39 text(s) exceed max_seq_length=64 tokens\n"
     assert "UserWarning" in _plain_own_warning("a library's", UserWarning, elsewhere, 344)
+
+
+def test_a_run_logging_rarely_still_prints_a_line_every_interval(tmp_path, capsys, monkeypatch):
+    """#44 walk: where output is not a terminal the run loop printed a line per logging step only, so a quickstart
+    (logging every 10 steps) said nothing for minutes after "fine-tuning ...". Between logging steps it now prints
+    one every PLAIN_INTERVAL seconds (here 0: after every step)."""
+    from types import SimpleNamespace
+
+    import neoembed.loop
+    from neoembed.loop import RunLoop, StepOutput
+    from neoembed.recipe import load_recipe
+    from neoembed.train.recipe import UnifiedRecipe
+
+    monkeypatch.setattr(neoembed.loop, "PLAIN_INTERVAL", 0.0)
+    overrides = ["steps=4", "logging_steps=100", "save_steps=100", f"output_dir={tmp_path}"]
+    recipe = load_recipe("tiny", UnifiedRecipe, overrides)
+    acc = SimpleNamespace(
+        is_main_process=True, register_for_checkpointing=lambda obj: None, clip_grad_norm_=lambda p, c: 0.0
+    )
+    optimizer = SimpleNamespace(step=lambda: None, zero_grad=lambda set_to_none: None)
+    scheduler = SimpleNamespace(step=lambda: None, get_last_lr=lambda: [1e-3])
+    loop = RunLoop(acc, recipe, tmp_path, optimizer=optimizer, scheduler=scheduler, parameters=list,
+                   grad_clip=1.0, settings=None)  # fmt: skip
+    loop.save = lambda: None
+    loop.run(lambda step, stop: StepOutput(1.0, False, {"loss": 1.0}), lambda sums, *a: {"loss": 1.0})
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("step ")]
+    assert [line.split()[1] for line in lines] == ["1/4", "2/4", "3/4", "4/4"], lines
+    assert "loss 1" in lines[-1] and "left" in lines[0]  # the logging step's values; the time left on each
