@@ -92,6 +92,7 @@ def test_quickstart_end_to_end_short(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "PythonDocsRetrieval nDCG@10" in r.stdout and "before" in r.stdout and "after 2 steps" in r.stdout
     assert "all-MiniLM-L6-v2 (packaged)" in r.stdout
+    assert "truncated, as in the quoted numbers" in r.stdout and "max_seq_length=" not in r.stderr
     assert "encode([...]) -> array of shape (2, 384)" in r.stdout
     assert (tmp_path / "model" / "model.safetensors").is_file()
 
@@ -117,3 +118,21 @@ def test_data_lost_a_used_output_is_refused_without_overwrite(tmp_path, capsys, 
     code, err = run()
     assert code == 2 and "--overwrite" in err
     assert (tmp_path / "results" / "quickstart.md").read_text() == "scores"
+
+
+def test_the_truncation_warning_becomes_the_quickstarts_own_line(capsys):
+    """#44 walk: the quickstart printed the encoder's truncation warning, whose fix (a recipe's max_length,
+    --max-length) the quickstart has no way to take; it says the documents are truncated as in the quoted
+    numbers, once, and lets every other warning through."""
+    import warnings
+
+    from neoembed.encode_checks import TruncationWarning
+    from neoembed.quickstart import _truncation_noted
+
+    with pytest.warns(UserWarning, match="another warning") as seen, _truncation_noted():
+        for n in (15, 3):
+            warnings.warn(f"{n} text(s) exceed max_seq_length=256 tokens", TruncationWarning, stacklevel=1)
+        warnings.warn("another warning", UserWarning, stacklevel=1)
+    assert not [w for w in seen if issubclass(w.category, TruncationWarning)]
+    out = capsys.readouterr().out
+    assert out.count("truncated, as in the quoted numbers") == 1, out
