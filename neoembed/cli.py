@@ -56,8 +56,13 @@ def _console_logging(verbose: bool) -> None:
     log.setLevel(logging.DEBUG if verbose else logging.INFO)
     if verbose:
         logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+        warnings.simplefilter("default")  # every warning, deprecations in libraries too, once per place
     else:
         warnings.filterwarnings("once")
+        # as Python's default filters do outside __main__: deprecations are for the code that calls the library
+        # (mteb's own reranking tasks warn on every run), not for a user of the command line
+        for category in (DeprecationWarning, PendingDeprecationWarning):
+            warnings.filterwarnings("ignore", category=category)
         warnings.formatwarning = _plain_own_warning
         # warnings become log records, so that one filter shows each once: the warnings module's "once" forgets
         # what it showed whenever a library enters warnings.catch_warnings (mteb does, at every task)
