@@ -188,8 +188,9 @@ def _evaluate_task(cfg: EvalConfig, model, task, prompts: dict, precision: str, 
             task,
             cache=ResultCache(output / "mteb"),
             overwrite_strategy="always",
-            encode_kwargs={"batch_size": cfg.batch_size},
-            show_progress_bar=sys.stderr.isatty(),  # encoding bars' redraws are noise in a log
+            # encoding bars' redraws are noise in a log; mteb's search wrappers read the encode_kwargs' setting
+            encode_kwargs={"batch_size": cfg.batch_size, "show_progress_bar": sys.stderr.isatty()},
+            show_progress_bar=sys.stderr.isatty(),
         )
     task_result = result.task_results[0]
     score = float(task_result.get_score())
