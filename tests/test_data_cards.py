@@ -292,6 +292,24 @@ def test_one_row_without_its_negative_keeps_the_others_negatives_and_is_counted(
     assert len(pairs) == 64 and pairs.column_names == ["query", "positive"] and report.dropped == {}
 
 
+def test_data_check_notes_repeated_pairs_queries_equal_to_positives_and_a_wrong_size(tmp_path):
+    """#43 walk, B6, B7, B14: every row twice, 20 queries equal to their positive, and a card declaring 500 rows
+    over 64 passed `neoembed data check` without a word (training warns only when most pairs are degenerate;
+    a local card's size is replaced by the count). Each is now a NOTE with its numbers; a clean card has none."""
+    rows = _qa_rows(32)
+    _card(tmp_path, rows + rows, {"query": "q", "positive": "a"})
+    r = _check(str(tmp_path / "c.yaml"), "--sample", "0", offline=True)
+    assert r.exit_code == 0 and "NOTE: 32 of 64 pairs repeat another pair" in r.output, r.output
+    same = [dict(row, a=row["q"]) if i < 5 else row for i, row in enumerate(rows)]
+    _card(tmp_path, same, {"query": "q", "positive": "a"}, size=500)
+    r = _check(str(tmp_path / "c.yaml"), "--sample", "0", offline=True)
+    assert "NOTE: 5 of 32 pairs have the query equal to its positive" in r.output, r.output
+    assert "the card declares size: 500, its data holds 32 rows" in r.output
+    _card(tmp_path, rows, {"query": "q", "positive": "a"}, size=32)
+    r = _check(str(tmp_path / "c.yaml"), "--sample", "0", offline=True)
+    assert r.exit_code == 0 and "NOTE" not in r.output, r.output
+
+
 def test_rows_without_negatives_beside_rows_with_three_get_a_hint_that_keeps_them(tmp_path):
     """#43 walk, B15: half the rows with 3 negatives, half with none: the error said "max_negatives: 2 or 0 keeps
     the rows with fewer hard negatives", but 2 drops the rows without any as 3 does (and then said "1 or 0")."""

@@ -143,9 +143,31 @@ def _rows(card, folder, hub: HubStatus, max_rows: int | None, sample: int) -> bo
     typer.echo(f"   {report.line()}")
     if hint := report.pin_hint():
         typer.echo(f"   WARNING: {hint}")
+    for note in _row_notes(card, report):
+        typer.echo(f"   NOTE: {note}")
     for row in pairs.select(range(min(sample, len(pairs)))):
         typer.echo("   " + " | ".join(f"{k}: {str(v)[:80]!r}" for k, v in row.items()))
     return True
+
+
+def _row_notes(card, report) -> list[str]:
+    """What the kept rows say that training would only warn about later, or never: pairs repeated or with the
+    query equal to its positive (training warns when most are), and a local card whose ``size:`` is not its
+    data's row count (sampling uses the count)."""
+    notes = []
+    kept = report.rows_kept
+    repeats = kept - report.distinct_pairs if report.distinct_pairs else 0  # 0: not counted
+    if repeats:
+        notes.append(f"{repeats} of {kept} pairs repeat another pair (in one batch they mask each other)")
+    if report.same_as_query:
+        notes.append(f"{report.same_as_query} of {kept} pairs have the query equal to its positive")
+    counted = report.full_size if report.sampled else report.rows_read
+    if card.source.local is not None and card.size is not None and counted and card.size != counted:
+        notes.append(
+            f"the card declares size: {card.size:,}, its data holds {counted:,} rows (sampling weighs the count: "
+            "correct or drop size:)"
+        )
+    return notes
 
 
 def init_command(
