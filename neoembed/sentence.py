@@ -177,9 +177,16 @@ def _local_kind(path: Path, tokenizer: str | None) -> str:
     if (path / "modules.json").is_file():
         return "sentence"
     if not (path / "config.json").is_file():
+        steps = sorted(int(p.name[11:]) for p in path.glob("checkpoint-*") if p.name[11:].isdigit() and p.is_dir())
+        run = (  # a run stopped before its final model: each checkpoint folder holds a loadable model
+            f"; it holds a run's checkpoints without a final model: use {path / f'checkpoint-{steps[-1]}'}, or "
+            "finish the run with --resume"
+            if steps
+            else ""
+        )
         raise FileNotFoundError(
             f"{path} is not a model: expected modules.json (a sentence-transformers folder) or config.json and "
-            "weights (a Hugging Face checkpoint)"
+            f"weights (a Hugging Face checkpoint){run}"
         )
     if not any(
         (path / f).is_file()

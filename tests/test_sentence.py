@@ -292,8 +292,14 @@ def test_truncation_warns_once(tiny_official):
 
 
 def test_not_a_model_and_missing_tokenizer(tiny_official, tmp_path, run_neoembed):
-    with pytest.raises(FileNotFoundError, match="is not a model"):
+    with pytest.raises(FileNotFoundError, match="is not a model") as error:
         neoembed.load(tmp_path)
+    assert "without a final model" not in str(error.value)
+    run = tmp_path / "run"  # a run stopped before its final model (#43 walk, D7: export of it gave no hint)
+    for step in (3, 12):
+        (run / f"checkpoint-{step}").mkdir(parents=True)
+    with pytest.raises(FileNotFoundError, match=r"checkpoints without a final model: use .*checkpoint-12, or finish"):
+        neoembed.load(run)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         neoembed.load(tmp_path / "typo")
     # on the command line: the message and exit code 2, no traceback
