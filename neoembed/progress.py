@@ -153,6 +153,7 @@ def library_noise(*loggers: str):
         yield
         return
     levels = {name: logging.getLogger(name).level for name in loggers}
+    root, handlers = logging.getLogger(), list(logging.getLogger().handlers)
     for name in loggers:
         logging.getLogger(name).setLevel(logging.ERROR)
     try:
@@ -162,6 +163,8 @@ def library_noise(*loggers: str):
     finally:
         for name, level in levels.items():
             logging.getLogger(name).setLevel(level)
+        for handler in [h for h in root.handlers if h not in handlers]:  # a library's logging.basicConfig()
+            root.removeHandler(handler)  # would print every later line a second time, as "INFO:name:..."
     for w in caught:
         if is_own_category(w.category):
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)

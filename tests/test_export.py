@@ -288,6 +288,11 @@ def test_cli_refuses_an_output_folder_that_holds_an_export(tiny_export, tiny_off
     assert "already holds another export" in capsys.readouterr().err
     assert _cli(monkeypatch, "export", str(tiny_official), str(out / "new"), "--format", "tflite") == 2
     assert "--format" in capsys.readouterr().err and not (out / "new").exists()
+    # a stage line as each graph is written (#44's walk: 46 s without a word before "wrote ...")
+    assert _cli(monkeypatch, "export", str(tiny_official), str(out.parent / "staged"), "--quantize", "int8") == 0
+    err = capsys.readouterr().err
+    stages = [line for line in err.splitlines() if line.startswith("export: ")]
+    assert len(stages) == 4 and "tracing model.onnx" in stages[0] and "quantizing" in stages[-1], err
 
 
 KILLED_EXPORT = """

@@ -125,7 +125,9 @@ def test_library_noise_keeps_other_libraries_off_the_console_and_neoembeds_on():
         "    warnings.warn('axis name batch will not be used', UserWarning)\n"
         "    warnings.warn_explicit('1 text(s) exceed max_seq_length', TruncationWarning, own.__file__, 7)\n"
         "    warnings.warn_explicit('a library warning that names its neoembed caller', UserWarning, own.__file__, 8)\n"
+        "    logging.basicConfig()\n"  # onnxruntime's quantizer does: a root handler doubling every later line
         "logging.getLogger('torch.onnx').error('after the block: shown')\n"
+        "logging.getLogger('neoembed.export').info('once only')\n"
     )
     quiet = subprocess.run(
         [sys.executable, "-c", code, "q"], capture_output=True, text=True, check=True
@@ -135,6 +137,7 @@ def test_library_noise_keeps_other_libraries_off_the_console_and_neoembeds_on():
     # neoembed's own warning: kept, as one plain line without the warnings module's source line
     assert "warning: 1 text(s) exceed max_seq_length\n" in quiet and "UserWarning" not in quiet
     assert "after the block: shown" in quiet  # the loggers' levels are restored
+    assert quiet.count("once only") == 1, quiet  # and the root logger's handlers (#44's walk: export's last line)
     loud = subprocess.run(
         [sys.executable, "-c", code, "v"], capture_output=True, text=True, check=True
     ).stderr

@@ -348,13 +348,16 @@ def _write(model, model_path: str, out: Path, fmt: str, quantize: str | None) ->
     model.save(str(out))
     portable_module_types(out / "modules.json")
     graph = out / ONNX_SUBFOLDER / DEFAULT_FILE
+    logger.info("export: tracing %s (padded batches) ...", graph.name)  # each stage: seconds to minutes
     names = export_graph(model, graph)
     packed = graph.with_name(PACKED_FILE)
+    logger.info("export: tracing %s (packed rows) ...", packed.name)
     not_packed = export_packed_graph(model, packed)
     graphs = [graph] if not_packed else [graph, packed]
     if quantize == "int8":
         for src in list(graphs):
             dst = src.with_name(f"{src.stem}_qint8_{isa_suffix()}.onnx")
+            logger.info("export: quantizing %s to %s ...", src.name, dst.name)
             quantize_int8(src, dst)
             graphs.append(dst)
     record = {
