@@ -310,6 +310,18 @@ def test_data_check_notes_repeated_pairs_queries_equal_to_positives_and_a_wrong_
     assert r.exit_code == 0 and "NOTE" not in r.output, r.output
 
 
+def test_a_cut_off_json_line_is_named_once_without_the_readers_log_line(tmp_path, caplog):
+    """#43 walk, B16: a JSONL whose last line is cut off was named with its line and fix, but after the JSON
+    reader's own log line ("Failed to load JSON from file ... ArrowInvalid ...")."""
+    _card(tmp_path, _qa_rows(8), {"query": "q", "positive": "a"})
+    with (tmp_path / "d.jsonl").open("a") as f:
+        f.write('{"q": "cut", "a": "of')
+    r = _check(str(tmp_path / "c.yaml"), offline=True)
+    assert r.exit_code == 1 and "line 9: not a JSON object" in r.output, r.output
+    logged = r.output + caplog.text  # the reader logs on its own logger (the console prints it; pytest keeps it)
+    assert "Failed to load JSON" not in logged and "ArrowInvalid" not in logged, logged
+
+
 def test_rows_without_negatives_beside_rows_with_three_get_a_hint_that_keeps_them(tmp_path):
     """#43 walk, B15: half the rows with 3 negatives, half with none: the error said "max_negatives: 2 or 0 keeps
     the rows with fewer hard negatives", but 2 drops the rows without any as 3 does (and then said "1 or 0")."""

@@ -384,7 +384,13 @@ def _prepare(card: DataCard, folder: Path, settings: list, warn: bool, workdir: 
 def explain_data_errors(card, folder: Path):
     """Around the reading of a card's local data (loading and iterating its rows): the datasets library's own
     errors (JSON, Arrow, a decode error met while iterating) become a
-    :class:`~neoembed.data.cards.DataCardError` (exit 2) that names the file, the line and the fix."""
+    :class:`~neoembed.data.cards.DataCardError` (exit 2) that names the file, the line and the fix. The JSON
+    reader's own error log line (pyarrow's message, before the error it raises) is kept off the console: the
+    error raised here says it better."""
+    json_log = logging.getLogger("datasets.packaged_modules.json.json")
+    level = json_log.level
+    if card.source.local is not None:
+        json_log.setLevel(logging.CRITICAL)
     try:
         yield
     except NonFiniteScore as e:
@@ -408,3 +414,5 @@ def explain_data_errors(card, folder: Path):
         reasons = [explain_unreadable(p, e) for p in files]
         named = [r for r in reasons if ", line " in r] or reasons[:1]
         raise DataCardError(f"card {card.name}: {named[0]}") from None
+    finally:
+        json_log.setLevel(level)
