@@ -767,3 +767,22 @@ def test_cde_eval_settings_are_checked_before_anything_loads(tmp_path, tiny_offi
         )
     with pytest.raises(ValueError, match="eval.steps"):
         _recipe(tmp_path, tiny_official, "eval={steps: 0, tasks: [x]}")
+
+
+def test_a_cluster_size_above_a_sources_pairs_is_said_to_make_one_cluster(tmp_path, monkeypatch, caplog):
+    """#43 walk, C4: clustering.cluster_size=100000 over 176 pairs made one cluster per source (k = ceil(n /
+    size)) and the log still said "(clustered)": contextual batches were random ones without a word."""
+    import sentence_transformers
+
+    import neoembed.cde.trainer as trainer
+
+    monkeypatch.setattr(sentence_transformers, "SentenceTransformer", lambda *a, **k: None)
+    rng = np.random.default_rng(0)
+    monkeypatch.setattr(trainer, "teacher_embeddings", lambda t, texts, progress: rng.normal(size=(len(texts), 8)))
+    sources = [trainer.Source("tiny", [f"q{i}" for i in range(12)], [f"d{i}" for i in range(12)], [[]] * 12)]
+    for size, warned in ((100000, True), (4, False)):
+        caplog.clear()
+        overrides = [f"output_dir={tmp_path}", f"clustering.cluster_size={size}", "clustering.dims=8"]
+        trainer._teacher_pass(load_recipe("cde-tiny", CDERecipe, overrides), sources, progress=False)
+        said = "card tiny: 12 pairs and clustering.cluster_size 100000 make one cluster" in caplog.text
+        assert said == warned, caplog.text

@@ -148,6 +148,12 @@ def _teacher_pass(recipe: CDERecipe, sources: list[Source], progress: bool):
     for src in sources:
         offsets.append(offset)
         offset += len(src)
+        if recipe.clustering.enabled and len(src) <= size:  # k = ceil(pairs / size) = 1
+            logger.warning(
+                "card %s: %d pairs and clustering.cluster_size %d make one cluster: its contextual batches are "
+                "random ones. Lower clustering.cluster_size (default: the batch size)",
+                src.name, len(src), size,
+            )  # fmt: skip
         if not need_teacher:
             continue
         key = clustering_key(
