@@ -782,3 +782,18 @@ def test_deepspeed_config_takes_the_recipes_micro_batch_or_is_refused(tmp_path, 
     else:
         assert pt._accelerator(recipe) is fake
         assert config == {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2}
+
+
+def test_a_corpus_smaller_than_a_step_is_said_to_repeat(tmp_path, tokenizer, shards, caplog):
+    """#43 walk, C14: pre-training on a 3-document corpus of 16 tokens, where each step packs 256, trained on the
+    corpus repeated in every step without a word."""
+    from neoembed.pretrain.trainer import _open_sources
+
+    small = tmp_path / "small.jsonl"
+    small.write_text("".join(json.dumps({"text": t}) + "\n" for t in ("hello world", "a b", "x")))
+    preprocess(str(small), tmp_path / "small", tokenizer, progress=False)
+    _open_sources(_recipe(tmp_path / "run", tmp_path / "small"))
+    assert "fewer than one step packs per process (256)" in caplog.text and "repeats it about" in caplog.text
+    caplog.clear()
+    _open_sources(_recipe(tmp_path / "run", shards))  # MSRP's sentences: many steps' worth
+    assert "fewer than one step packs" not in caplog.text

@@ -215,6 +215,14 @@ def _open_sources(recipe: PretrainRecipe):
     from neoembed.pretrain.data import ShardedCorpus
 
     corpora = [ShardedCorpus(s.path) for s in recipe.data.sources]
+    per_step = recipe.data.seq_length * recipe.batch.micro_batch_size * recipe.batch.grad_accumulation
+    for source, corpus in zip(recipe.data.sources, corpora, strict=True):
+        if (tokens := int(corpus.lengths.sum())) < per_step:  # packing repeats it within every step
+            logger.warning(
+                "source %s holds %d tokens, fewer than one step packs per process (%d): each step repeats it about "
+                "%.0f times. Add documents, or lower data.seq_length / batch.micro_batch_size",
+                source.path, tokens, per_step, per_step / max(tokens, 1),
+            )  # fmt: skip
     streams = [
         DocumentStream(c, seed=recipe.seed * 1000 + i, shuffle=recipe.data.shuffle)
         for i, c in enumerate(corpora)
