@@ -40,7 +40,8 @@ class _Handlers:
 
 
 class StopSignal(_Handlers):
-    """SIGTERM / Ctrl-C set a flag; the loop checkpoints after the current step. A second Ctrl-C aborts."""
+    """SIGTERM / Ctrl-C set a flag, which the next step starts with (every process reduces it with that step's
+    loss, so all stop together): the loop checkpoints after that step. A second Ctrl-C aborts."""
 
     def __init__(self):
         self.received: str | None = None
@@ -50,7 +51,7 @@ class StopSignal(_Handlers):
         if self.received is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt
         self.received = signal.Signals(signum).name
-        logger.warning("%s received: checkpointing after this step, then stopping", self.received)
+        logger.warning("%s received: checkpointing after the next step, then stopping", self.received)
 
     def anywhere(self, device=None) -> bool:
         """Whether this process or any other of the run received a signal: one 1-element all-reduce when several
