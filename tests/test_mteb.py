@@ -554,6 +554,10 @@ def test_summaries_state_their_settings_and_comparisons_refuse_mixes(tmp_path):
     a = _write_results(tmp_path / "a", "released")
     write_summary(a, "m")
     assert (a / "summary.md").read_text().startswith("Instructions: released · precision: fp32")
+    assert "(`--instructions none` scores a model without" in (a / "summary.md").read_text()
+    plain = _write_results(tmp_path / "plain", "none")  # the hint names what this run already did (#44's walk)
+    write_summary(plain, "m")
+    assert "--instructions none" not in (plain / "summary.md").read_text()
     assert json.loads((a / "summary.json").read_text())["instructions"] == "released"
     assert "Instructions: released" in compare_runs([a, _write_results(tmp_path / "b", "released")])
     with pytest.raises(ValueError, match=r"different instructions .*a: released.*c: none.*--instructions"):

@@ -115,12 +115,13 @@ def _settings_line(rows: list[dict]) -> str:
         else ""
     )
     prompts = sorted({r.get("query_prompt_label", "unrecorded") for r in rows})
+    none = " (`--instructions none` scores a model without task instructions)"
+    hint = "" if said["instructions"] == ["none"] else none
     return (
         f"Instructions: {', '.join(said['instructions'])} · precision: {', '.join(said['precision'])} · "
         f"query prompt: {', '.join(prompts)} · dims: {', '.join(said['truncate_dim'])} · "
         f"max length: {', '.join(said['max_length'])} · backend: {', '.join(said['backend'])} · "
-        f"embeddings: {', '.join(said['embedding_precision'])} · rescore: {', '.join(said['rescore'])}{note} "
-        "(`--instructions none` scores a model without task instructions)\n\n"
+        f"embeddings: {', '.join(said['embedding_precision'])} · rescore: {', '.join(said['rescore'])}{note}{hint}\n\n"
     )
 
 
