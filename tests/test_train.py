@@ -246,7 +246,7 @@ def test_cli_train_tiny(tmp_path, tiny_official):
     # one console line per card: what it gave, how it is batched, how often it is drawn (pi_i of the full sizes)
     assert "card pydoc_names: 64 of 64 rows kept (dropped: none" in r.stderr
     (line,) = [x for x in r.stderr.splitlines() if x.startswith("card pydoc_signatures: ")]
-    assert line.endswith("1 hard negatives per query; 8 queries per step (24 texts); pi 0.3333"), line  # each card: 200 rows
+    assert line.endswith("1 hard negative per query; 8 queries per step (24 texts); pi 0.3333"), line  # each card: 200 rows
     assert "step 2/2 (100%)" in r.stderr
     assert "Computing widget examples" not in r.stderr  # sentence-transformers' bar: redraws piled into a log
 

@@ -138,9 +138,9 @@ def _rows(card, folder, hub: HubStatus, max_rows: int | None, sample: int) -> bo
     except DataCardError as e:
         typer.echo(f"   DATA ERROR: {e}", err=True)
         return False
-    sampled = f" (a seeded sample of {report.full_size})" if report.sampled else ""
-    typer.echo(f"   {len(pairs)} rows{sampled}; columns {pairs.column_names}")
-    typer.echo(f"   {report.line()}")
+    sampled = f" (read from a seeded sample of {report.full_size:,} rows)" if report.sampled else ""
+    typer.echo(f"   {report.line()}{sampled}")  # the rows kept, once
+    typer.echo(f"   columns {pairs.column_names}")
     if hint := report.pin_hint():
         typer.echo(f"   WARNING: {hint}")
     for note in _row_notes(card, report):

@@ -97,7 +97,7 @@ class DropReport:
             share = f"{100 * self.loss:.2f}% vs {100 * self.expected_loss:.2f}% expected"
         return (
             f"{self.rows_kept} of {self.rows_read} rows kept (dropped: {drops}; {share}); "
-            f"{self.negatives_per_query} hard negatives per query"
+            f"{self.negatives_per_query} hard negative{'s' if self.negatives_per_query != 1 else ''} per query"
         )
 
 

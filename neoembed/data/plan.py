@@ -142,7 +142,7 @@ def dry_run(recipe, recipe_dir: Path | None = None) -> str:
     """The dry run's text: a header, one line per dataset, and what was not known."""
     rows = plan(recipe, recipe_dir)
     lines = [
-        f"dry run: {len(rows)} datasets, {recipe.steps} steps, pi_i ∝ n_i^{recipe.alpha}; no model loaded. Hub datasets "
+        f"dry run: {len(rows)} dataset{'s' if len(rows) != 1 else ''}, {recipe.steps} steps, pi_i ∝ n_i^{recipe.alpha}; no model loaded. Hub datasets "
         "are described by their cards' declared schemas and row counts (offline: nothing downloaded; "
         "`neoembed data check` compares them with the live datasets)."
     ]

@@ -295,7 +295,8 @@ def _run(cfg, out: Path, model: str) -> None:
     if report.skipped:
         typer.echo(f"skipped (results exist; --overwrite to re-run): {', '.join(report.skipped)}")
     if row["n_tasks"]:
-        typer.echo(f"results: {out}  (mean {100 * row['mean']:.2f} over {row['n_tasks']} tasks)")
+        tasks = f"{row['n_tasks']} task{'s' if row['n_tasks'] != 1 else ''}"
+        typer.echo(f"results: {out}  (mean {100 * row['mean']:.2f} over {tasks})")
     if report.failed:
         typer.echo("FAILED tasks:", err=True)
         for name, why in report.failed.items():
