@@ -65,11 +65,24 @@ def readable_weights(folder: str | Path) -> None:
     written there gets (0666 less the umask). safetensors 0.8 writes through a temporary file created 0600 and
     renames it (its issue #782; sentence-transformers #4010): a saved model's weights were unreadable to a
     service account or a container's user while its config was not."""
-    mask = os.umask(0)
-    os.umask(mask)
+    mask = _umask()
     for path in Path(folder).rglob("*.safetensors"):
         if path.stat().st_mode & 0o777 == 0o600 and 0o666 & ~mask != 0o600:
             path.chmod(0o666 & ~mask)
+
+
+def _umask() -> int:
+    """The process's umask, read where Linux shows it: setting it to read it back (the portable way) would give
+    files another thread creates meanwhile a umask of 0."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
