@@ -97,6 +97,11 @@ class BatchConfig(StrictModel):
     micro_batch_size: PositiveInt = 32
     grad_accumulation: PositiveInt = 1
 
+    @property
+    def sequences(self) -> int:
+        """Sequences of one optimizer step on one process."""
+        return self.micro_batch_size * self.grad_accumulation
+
 
 class ScheduleConfig(StrictModel):
     warmup_steps: NonNegativeInt = 2000
@@ -137,6 +142,11 @@ class PretrainRecipe(RunSettings):
     output_dir: OutputDir = "runs/pretrain"
     eval: PretrainEval | None = None
 
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens one optimizer step packs on one process."""
+        return self.batch.sequences * self.data.seq_length
+
     @model_validator(mode="after")
     def _consistent(self):
         misplaced = sorted({"warmup_steps", "schedule"} & self.optimizer.model_fields_set)
@@ -151,13 +161,12 @@ class PretrainRecipe(RunSettings):
                 f"schedule.decay_fraction * steps = {end:g} must exceed schedule.warmup_steps = "
                 f"{self.schedule.warmup_steps}: lower the warm-up or raise steps"
             )
-        per_step = self.masking.rate * self.data.seq_length * self.batch.micro_batch_size * self.batch.grad_accumulation
-        if per_step < 1:  # most steps would mask no token: a loss of 0 and no gradient, logged as training
+        masked = self.masking.rate * self.tokens_per_step
+        if masked < 1:  # most steps would mask no token: a loss of 0 and no gradient, logged as training
             raise ValueError(
                 f"masking.rate {self.masking.rate:g} x data.seq_length {self.data.seq_length} x the sequences of a "
-                f"step per process ({self.batch.micro_batch_size * self.batch.grad_accumulation}) = {per_step:.2g} "
-                "masked tokens expected per step: most steps would mask none and train nothing. Raise masking.rate "
-                "(NeoBERT uses 0.2, BERT 0.15)"
+                f"step per process ({self.batch.sequences}) = {masked:.2g} masked tokens expected per step: most "
+                "steps would mask none and train nothing. Raise masking.rate (NeoBERT uses 0.2, BERT 0.15)"
             )
         if self.eval is not None:
             trained = {s.path for s in self.data.sources} & {s.path for s in self.eval.sources}

@@ -215,7 +215,7 @@ def _open_sources(recipe: PretrainRecipe):
     from neoembed.pretrain.data import ShardedCorpus
 
     corpora = [ShardedCorpus(s.path) for s in recipe.data.sources]
-    per_step = recipe.data.seq_length * recipe.batch.micro_batch_size * recipe.batch.grad_accumulation
+    per_step = recipe.tokens_per_step
     for source, corpus in zip(recipe.data.sources, corpora, strict=True):
         if (tokens := int(corpus.lengths.sum())) < per_step:  # packing repeats it within every step
             logger.warning(
@@ -256,7 +256,7 @@ def _check_shard_vocab(corpora, recipe: PretrainRecipe, tokenizer) -> None:
 def _global_sequences(recipe: PretrainRecipe, accelerator) -> int:
     """The sequences of one optimizer step over every process (announced once)."""
     b, accum, world = recipe.batch.micro_batch_size, recipe.batch.grad_accumulation, accelerator.num_processes
-    n_global, L = b * accum * world, recipe.data.seq_length
+    n_global, L = recipe.batch.sequences * world, recipe.data.seq_length
     kind = "packed" if recipe.data.packing == "packed" else "at most (padded)"
     accelerator.print(
         f"effective batch: {n_global} sequences x {L} tokens = {n_global * L:,} tokens {kind} per step "
