@@ -571,6 +571,18 @@ def test_a_verified_sharded_engine_without_cuda_is_refused_not_run_as_ddp(tmp_pa
     assert not (tmp_path / "out").exists()
 
 
+def test_accelerate_on_cpu_runs_an_fsdp_launch_as_ddp():
+    """Why check_engine refuses a sharded engine without CUDA (docs/distributed.md): accelerate, told to run on
+    the CPU, gives a process of an FSDP launch the plain multi-CPU (DDP) type. When a release shards on CPU, this
+    fails, and the refusal can go."""
+    code = "from accelerate import Accelerator; print(Accelerator(cpu=True).distributed_type.value)"
+    launched = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
+    env = _env(**launched, MASTER_ADDR="127.0.0.1", MASTER_PORT="29617", ACCELERATE_USE_FSDP="true")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines()[-1] == "MULTI_CPU", r.stdout
+
+
 def test_the_unified_trainers_progress_line_prints_once_not_once_per_process(tmp_path, capsys):
     """Under torchrun each process printed every progress line: the run loop, which the unified trainer runs on,
     prints them from the first process alone."""
