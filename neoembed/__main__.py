@@ -1,3 +1,3 @@
-from neoembed.cli import main
+from neoembed.cli import entry
 
-main()
+entry()

@@ -379,5 +379,48 @@ def main() -> None:
     raise SystemExit(code if isinstance(code, int) else 0)
 
 
+def _ended(code: int):
+    """A handler for a signal that comes after the command ended (while the interpreter shuts down: threads
+    joined, exit callbacks run): the output is complete, so say so and exit with the command's own status."""
+    import os
+    import signal
+
+    def handle(signum, frame):
+        sys.stdout.flush()
+        sys.stderr.write(f"{signal.Signals(signum).name} after the command ended: its output is complete\n")
+        sys.stderr.flush()
+        os._exit(code)
+
+    return handle
+
+
+def _ignore_late_signals() -> None:
+    """The last exit callback: past it the interpreter puts back the default handlers, so that a signal while it
+    frees the modules (seconds after a large model) would kill a finished command with 130 / 143 silently."""
+    import signal
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def entry() -> None:
+    """The console script and ``python -m neoembed``: :func:`main`, then a Ctrl-C or SIGTERM during shutdown
+    ends the process with the command's own exit status and a line saying so."""
+    import atexit
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():  # signal handlers can be set only there
+        return main()
+    atexit.register(_ignore_late_signals)  # registered first, so it runs last
+    try:
+        main()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else int(e.code is not None)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, _ended(code))
+        raise
+
+
 if __name__ == "__main__":
-    main()
+    entry()

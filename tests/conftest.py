@@ -91,9 +91,10 @@ def minilm_path() -> Path:
 
 
 class _NeoembedMain:
-    """What ``CliRunner.invoke`` calls: the console script's entry point, ``neoembed.cli.main``, with ``args`` as its
-    argv. Invoking the typer app itself (``typer.testing.CliRunner``) would skip ``main``'s mapping of errors to
-    messages and exit codes (2 for bad input, 130/143 for a stop), which the tests check."""
+    """What ``CliRunner.invoke`` calls: ``neoembed.cli.main``, what the console script runs (``cli.entry`` adds
+    only the handling of a signal during the interpreter's shutdown, which needs a process of its own), with
+    ``args`` as its argv. Invoking the typer app itself (``typer.testing.CliRunner``) would skip ``main``'s
+    mapping of errors to messages and exit codes (2 for bad input, 130/143 for a stop), which the tests check."""
 
     name = "neoembed"
 

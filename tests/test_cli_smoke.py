@@ -52,3 +52,45 @@ def test_both_entry_points_print_the_version(tmp_path):
     for argv in ([str(NEOEMBED)], [sys.executable, "-m", "neoembed"]):
         r = _run([*argv, "--version"], tmp_path)
         assert r.returncode == 0 and r.stdout.strip() == f"neoembed {__version__}", (argv, r.stdout, r.stderr)
+
+
+# A26 (#43): a command whose output is complete, signalled while the interpreter shuts down (a thread still
+# running, the exit callbacks, the modules freed after a large model)
+_LATE = """
+import atexit, signal, sys, threading, time
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as a shell's foreground process has it
+atexit.register(lambda: print("last stage ignores:", [signal.getsignal(s) == signal.SIG_IGN for s in (signal.SIGINT, signal.SIGTERM)]))
+threading.Thread(target=time.sleep, args=(60,)).start()  # a thread that keeps the process in its shutdown
+from neoembed.cli import entry
+sys.argv = ["neoembed", "--version"]
+entry()
+"""
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a26_signal_after_the_command_ended_keeps_its_exit_status(sig, tmp_path):
+    import signal
+    import time
+
+    p = subprocess.Popen(
+        [sys.executable, "-c", _LATE], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert p.stdout.readline().strip() == f"neoembed {__version__}"  # the command ended; the thread holds on
+    time.sleep(0.5)
+    p.send_signal(getattr(signal, sig))
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 0, (p.returncode, out, err)
+    assert f"{sig} after the command ended: its output is complete" in err and "Traceback" not in err, err
+
+
+def test_a26_the_last_exit_callback_ignores_signals(tmp_path):
+    # past the exit callbacks the interpreter restores the default handlers, which would kill a finished command
+    r = subprocess.run(
+        [sys.executable, "-c", _LATE.replace("args=(60,)", "args=(0,)")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert "last stage ignores: [True, True]" in r.stdout, r.stdout
