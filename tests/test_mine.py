@@ -323,6 +323,31 @@ def test_interrupted_run_resumed_equals_uninterrupted(mined, card, tiny_official
     assert resumed.data.read_bytes() == result.data.read_bytes()
 
 
+def test_altered_candidates_are_searched_again_on_resume(mined, card, tiny_official, tmp_path, monkeypatch, caplog):
+    # the search stage's file altered (the same size, other bytes), or a shard embedded again after the search
+    import neoembed.mine.miner as miner
+
+    result, _ = mined
+    cfg = MineConfig(**SETTINGS)
+    out = tmp_path / "out"
+
+    def stop(*args, **kwargs):
+        raise KeyboardInterrupt  # as Ctrl-C after the search
+
+    with monkeypatch.context() as m:
+        m.setattr(miner, "_select", stop)
+        with pytest.raises(KeyboardInterrupt):
+            mine_negatives(card, tiny_official, out, config=cfg, progress=False)
+    saved = out / ".mine" / "candidates.npz"
+    with np.load(saved) as z:
+        altered = {k: z[k] for k in z.files}
+    altered["ids"] = np.zeros_like(altered["ids"])
+    np.savez(saved, **altered)
+    resumed = mine_negatives(card, tiny_official, out, config=cfg, resume=True, progress=False)
+    assert "candidates.npz does not match its checksum or shards: searching again" in caplog.text
+    assert resumed.data.read_bytes() == result.data.read_bytes()
+
+
 def test_two_cpu_workers_equal_one(mined, card, tiny_official, tmp_path, monkeypatch):
     import os
 

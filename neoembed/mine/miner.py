@@ -344,11 +344,25 @@ def _embed_sharded(model, texts, state: Path, kind: str, cfg: MineConfig, pool, 
 
 
 def _candidates(state: Path, corpus_emb, query_emb, cfg: MineConfig, progress):
-    """The search stage, stored in ``state/candidates.npz`` so that a resumed run does not search again."""
+    """The search stage, stored in ``state/candidates.npz`` so that a resumed run does not search again; its
+    checksum file holds its SHA-256 and those of the shards it searched, so that a file altered or cut short, or
+    a shard embedded again since, is searched again (named in a warning)."""
     path = state / "candidates.npz"
+    seal = path.with_name(path.name + ".sha256")
+    inputs = [
+        p.with_name(p.name + ".sha256").read_text().strip() for p in (*corpus_emb.paths, *query_emb.paths)
+    ]
     if path.is_file():
-        with np.load(path) as z:
-            return z["scores"], z["ids"], json.loads(str(z["info"]))
+        saved = seal.read_text().split() if seal.is_file() else None
+        if saved == [file_sha256(path), *inputs]:
+            with np.load(path) as z:
+                return z["scores"], z["ids"], json.loads(str(z["info"]))
+        why = (
+            "has no checksum (a write cut short)"
+            if saved is None
+            else "does not match its checksum or shards"
+        )
+        logger.warning("%s %s: searching again", path.name, why)
     scores, ids, info = search(
         corpus_emb,
         query_emb,
@@ -366,7 +380,9 @@ def _candidates(state: Path, corpus_emb, query_emb, cfg: MineConfig, progress):
     )
     tmp = state / f".candidates.tmp{os.getpid()}.npz"
     np.savez(tmp, scores=scores, ids=ids, info=json.dumps(info))
+    digest = file_sha256(tmp)
     os.replace(tmp, path)
+    atomic_write_text(seal, "\n".join([digest, *inputs]) + "\n")
     return scores, ids, info
 
 
