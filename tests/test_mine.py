@@ -29,7 +29,6 @@ SETTINGS = dict(
     max_score=0.9,
     duplicate_threshold=0.95,
     shard_size=48,
-    batch_size=32,
     max_length=128,
 )
 
@@ -343,8 +342,10 @@ def test_altered_candidates_are_searched_again_on_resume(mined, card, tiny_offic
         altered = {k: z[k] for k in z.files}
     altered["ids"] = np.zeros_like(altered["ids"])
     np.savez(saved, **altered)
-    resumed = mine_negatives(card, tiny_official, out, config=cfg, resume=True, progress=False)
+    unused = MineConfig(**SETTINGS, batch_size=8)  # changes nothing, so it does not stop a resume: warned
+    resumed = mine_negatives(card, tiny_official, out, config=unused, resume=True, progress=False)
     assert "candidates.npz does not match its checksum or shards: searching again" in caplog.text
+    assert "batch_size=8 is not used by mine" in caplog.text
     assert resumed.data.read_bytes() == result.data.read_bytes()
 
 

@@ -52,7 +52,7 @@ BatchSize = Annotated[
     int,
     _opt(
         "--batch-size",
-        "score: pairs per cross-encoder batch. mine: unused (--max-batch-tokens sizes its encoding batches).",
+        "score: pairs per cross-encoder batch. mine: unused, warned (--max-batch-tokens sizes its batches).",
         "Run",
     ),
 ]

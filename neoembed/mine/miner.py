@@ -109,6 +109,7 @@ def mine_negatives(
     ``out``; without either a non-empty ``out`` is refused.
     """
     cfg = config or MineConfig()
+    _warn_unused_batch_size(cfg)
     require_module("faiss", "faiss", "neoembed mine")  # its index; checked before any model loads
     # each model fits its role, before either loads (the packaged MiniLM by name: its folder, on every path)
     check_model_kind(model := resolve_packaged(str(model)), "bi-encoder", "--model")
@@ -341,6 +342,16 @@ def _embed_sharded(model, texts, state: Path, kind: str, cfg: MineConfig, pool, 
         write_shard(paths[s], _encode(model, part, cfg, pool, on_batch=bar.update))
     bar.close()
     return EmbeddingShards(paths, cfg.shard_size)
+
+
+def _warn_unused_batch_size(cfg: MineConfig) -> None:
+    """``batch_size`` set, though token budgets size every encoding batch: kept for the configs that set it
+    (refusing it would break them), named so that nobody tunes it."""
+    if "batch_size" in cfg.model_fields_set:
+        logger.warning(
+            "batch_size=%d is not used by mine: its encoding batches are filled to --max-batch-tokens tokens",
+            cfg.batch_size,
+        )
 
 
 def _candidates(state: Path, corpus_emb, query_emb, cfg: MineConfig, progress):

@@ -50,7 +50,7 @@ class MineConfig(StrictModel):
     pq_m: int = Field(16, ge=1)
     gpu: Literal["auto", "on", "off"] = "auto"
     shard_size: int = Field(50_000, ge=1)
-    batch_size: int = Field(64, ge=1)
+    batch_size: int = Field(64, ge=1)  # unused: the token budget below sizes every encoding batch (warned)
     # tokens per encoding batch (None: the device's default, neoembed.batching); embeddings do not depend on it
     max_batch_tokens: int | None = Field(None, ge=1)
     search_batch: int = Field(4096, ge=1)
@@ -149,7 +149,7 @@ def run_fingerprint(src_path: Path, model, cfg: MineConfig, corpus, corpus_card)
         "card_sha256": file_sha256(src_path),
         "corpus": corpus_id,
         "model": str(model),
-        "settings": cfg.model_dump(exclude={"workers", "keep_embeddings", "max_batch_tokens"}),
+        "settings": cfg.model_dump(exclude={"workers", "keep_embeddings", "max_batch_tokens", "batch_size"}),
     }
 
 
