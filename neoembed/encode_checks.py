@@ -4,6 +4,7 @@ of an empty result, and NaN or inf embeddings (found before quantization turns t
 
 from __future__ import annotations
 
+import numbers
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -16,6 +17,7 @@ __all__ = [
     "TruncationWarning",
     "check_finite",
     "check_items",
+    "check_truncate_dim",
     "empty_result",
     "warn_truncation",
 ]
@@ -34,6 +36,26 @@ def check_items(items: Sequence) -> None:
     for i, item in enumerate(items):
         if not isinstance(item, str):
             raise TypeError(f"encode() takes strings; item {i} is {type(item).__name__}: {str(item)[:80]!r}")
+
+
+def check_truncate_dim(value, width: int | None, loaded: int | None = None) -> int:
+    """``value`` as an int within 1..``width`` (the dimensions the model embeds at); else a ``ValueError``
+    naming it: a negative value would slice dimensions off the end, 0 would give empty embeddings and a value
+    beyond the width none of the narrowing asked for. ``loaded``: the ``truncate_dim`` the model was loaded
+    with, named when it is what bounds ``value``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(
+            f"truncate_dim must be a whole number of dimensions (e.g. 16), not {value!r} "
+            f"({type(value).__name__}): pass an int, or None for the full width"
+        )
+    if value < 1 or (width is not None and value > width):
+        what = (
+            f"the width this model was loaded with (truncate_dim={loaded}; load without it for more)"
+            if loaded is not None
+            else "the model's embedding dimension"
+        )
+        raise ValueError(f"truncate_dim {value} is outside 1..{width or 'the width'}, {what}")
+    return int(value)
 
 
 def warn_truncation(tokenizer, texts: Sequence[str], limit: int | None, prompt: str | None) -> None:

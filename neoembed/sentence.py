@@ -14,7 +14,6 @@ import contextlib
 import inspect
 import json
 import logging
-import numbers
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -32,6 +31,7 @@ from neoembed.encode_checks import (
     TruncationWarning,
     check_finite,
     check_items,
+    check_truncate_dim,
     empty_result,
     warn_truncation,
 )
@@ -111,6 +111,8 @@ class EmbeddingModel(SentenceTransformer):
         items = [inputs] if isinstance(inputs, str) else inputs
         if isinstance(items, Sequence):
             call = _ENCODE.bind_partial(self, inputs, *args, **kwargs).arguments
+            if call.get("truncate_dim") is not None:
+                check_truncate_dim(call["truncate_dim"], self.get_embedding_dimension(), self.truncate_dim)
             if len(items) == 0 and call.get("output_value", "sentence_embedding") == "sentence_embedding":
                 width = call.get("truncate_dim") or self.get_embedding_dimension() or 0
                 return empty_result(
@@ -390,18 +392,12 @@ def set_truncate_dim(model, truncate_dim: int | None) -> None:
     """Embed with the first ``truncate_dim`` dimensions (None: all); a value beyond the width is an error."""
     if truncate_dim is None:
         return
-    if isinstance(truncate_dim, bool) or not isinstance(truncate_dim, numbers.Integral):
-        raise ValueError(
-            f"truncate_dim must be a whole number of dimensions (e.g. 16), not {truncate_dim!r} "
-            f"({type(truncate_dim).__name__}): pass an int, or None for the full width"
-        )
-    model.truncate_dim = None  # the full width, not an earlier truncation's
-    width = model.get_embedding_dimension()
-    if width is not None and not 1 <= truncate_dim <= width:
-        raise ValueError(
-            f"truncate_dim {truncate_dim} is outside 1..{width}, the model's embedding dimension"
-        )
-    model.truncate_dim = int(truncate_dim)
+    before, model.truncate_dim = model.truncate_dim, None  # the full width, not an earlier truncation's
+    try:
+        model.truncate_dim = check_truncate_dim(truncate_dim, model.get_embedding_dimension())
+    except ValueError:
+        model.truncate_dim = before
+        raise
 
 
 def _check_prompts(prompts) -> None:

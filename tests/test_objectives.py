@@ -231,6 +231,27 @@ def test_truncate_dim_of_the_wrong_type_names_the_key(tiny_official):
     assert model.encode(["a sentence"]).shape == (1, 8)
 
 
+def test_encode_truncate_dim_outside_the_width_is_refused(tiny_official):
+    """``encode(truncate_dim=-3)`` sliced three dimensions off the end, 0 gave empty embeddings and 8.5 a bare
+    TypeError from a slice: each is an error naming the key; a model loaded truncated bounds it, and a refused
+    ``set_truncate_dim`` leaves the model's truncation as it was."""
+    from neoembed.sentence import set_truncate_dim
+
+    model = neoembed.load(tiny_official)
+    for bad, said in ((-3, "outside 1..64"), (0, "outside 1..64"), (65, "outside 1..64"), (8.5, "whole number")):
+        with pytest.raises(ValueError, match=rf"truncate_dim.*{said}"):
+            model.encode(["a sentence"], truncate_dim=bad)
+        with pytest.raises(ValueError, match=rf"truncate_dim.*{said}"):
+            model.encode([], truncate_dim=bad)
+    assert model.encode(["a sentence"], truncate_dim=64).shape == (1, 64)
+    set_truncate_dim(model, 16)
+    with pytest.raises(ValueError, match=r"outside 1..16, the width this model was loaded with \(truncate_dim=16"):
+        model.encode(["a sentence"], truncate_dim=32)
+    with pytest.raises(ValueError, match="outside 1..64"):
+        set_truncate_dim(model, 0)
+    assert model.truncate_dim == 16 and model.encode(["a sentence"], truncate_dim=8).shape == (1, 8)
+
+
 def test_matryoshka_recipe_trains_saves_and_reloads_truncated(tmp_path, tiny_official, small_sts):
     """A Matryoshka recipe with GradCache and false-negative masking: metrics count the masked negatives, the saved
     model records its dims, and it loads truncated in neoembed, in plain sentence-transformers and in
