@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from neoembed.cli import app
 from neoembed.glue.run import GlueRecipe, eval_interval, grid_points, lr_lambda
 from neoembed.glue.tasks import TASKS, check_columns, compute_metrics, get_task, load_splits, task_score
-from neoembed.runs import list_checkpoints
+from neoembed.runs import OutputDirError, list_checkpoints
 
 
 @pytest.mark.parametrize(
@@ -208,6 +208,15 @@ def test_run_transfer_and_resumable_grid(tmp_path, msrp_rows, tiny_official, mon
     assert (tmp_path / "g" / "grid.md").read_text() == table
     kept = [p for p in (tmp_path / "g").glob("*/model")]
     assert len(kept) == 1  # only the best run keeps its model
+    # refused before anything runs or the record changes: a resume without --grid trained a single run into the
+    # grid's folder (a walk's gr2); a grid point added wrote the refused grid into the record (g20)
+    record = (tmp_path / "g" / "run_record.json").read_bytes()
+    single = [a for a in grid if a != "--grid"]
+    extended = [a if a != "grid.learning_rate=[1e-5,3e-5]" else "grid.learning_rate=[1e-5,3e-5,1e-4]" for a in grid]
+    for args, said in ((single, "holds a grid search (grid.md): add --grid"), (extended, "grid.learning_rate")):
+        refused = CliRunner().invoke(app, ["glue", *args, "--resume"], env={"HF_HUB_OFFLINE": "1"})
+        assert isinstance(refused.exception, OutputDirError) and said in str(refused.exception), refused.output
+        assert (tmp_path / "g" / "run_record.json").read_bytes() == record
 
 
 def test_bad_input_exits_2(tmp_path, run_neoembed):
@@ -304,6 +313,32 @@ def test_case5_glue_stopped_by_a_signal_resumes_past_a_torn_checkpoint(
     err = capsys.readouterr().err
     assert changed.value.code == 2 and "learning_rate: 2e-05 in the folder's run, 0.001 now" in err, err
     assert (out / "results.json").stat().st_mtime_ns == written
+
+
+def test_a_resume_of_another_kind_or_model_is_refused_before_it_loads(
+    tmp_path, msrp_rows, tiny_official, monkeypatch, capsys
+):
+    """An interrupted single run resumed with another --model crashed loading its checkpoint after rewriting the
+    run record (a walk's g9); resumed with --grid, it started the default grid in the run's folder (gg1)."""
+    import sys
+
+    from neoembed.cli import main
+    from neoembed.hub import resolve_packaged
+
+    args, out, _ = _a_run_stopped_at_step_4(tmp_path, msrp_rows, tiny_official, monkeypatch, capsys)
+    record = (out / "run_record.json").read_bytes()
+    other = [*args[:-4], "--model", "packaged:all-MiniLM-L6-v2", *args[-2:]]
+    cases = (
+        (other, f"fine-tunes {tiny_official}, this command {resolve_packaged('packaged:all-MiniLM-L6-v2')}"),
+        ([*args, "--grid"], "holds a single run, not a grid: resume it without --grid"),
+    )
+    for argv, said in cases:
+        monkeypatch.setattr(sys, "argv", ["neoembed", "glue", *argv, "--out", str(out), "--resume"])
+        with pytest.raises(SystemExit) as refused:
+            main()
+        err = capsys.readouterr().err
+        assert refused.value.code == 2 and said in err, err
+        assert (out / "run_record.json").read_bytes() == record
 
 
 def test_glue_carve_refuses_an_existing_validation_split(tmp_path, msrp_rows, tiny_official):

@@ -60,7 +60,8 @@ def glue_command(
     spec = get_task(task)
     if from_ is None:  # offline or a typo: said before torch and transformers import
         check_model_source(model)
-    from neoembed.glue.run import GlueRecipe
+    from neoembed.glue.run import GlueRecipe, check_same_kind_and_model, resolve_from
+    from neoembed.hub import resolve_packaged
     from neoembed.recipe import load_recipe
     from neoembed.record import RUN_RECORD
     from neoembed.runs import (
@@ -77,9 +78,12 @@ def glue_command(
             f"recipe is for task {settings.task!r}, not {spec.display}: pick the matching --recipe"
         )
     out = out or Path("runs") / "glue" / spec.name
+    source = resolve_from(from_) if from_ else None
+    backbone = source or resolve_packaged(model)
     # a second run (or resume) into this folder is refused before it touches it
     with output_lock(out, what="--out"):
         if resume and out.is_dir():  # the recipe's settings now; those derived from the rows when they load
+            check_same_kind_and_model(out, backbone, grid)
             check_known_settings(out, resume_settings(settings), resume_defaults(settings))
         prepare_output_dir(
             out,
@@ -90,23 +94,23 @@ def glue_command(
             what="--out",
             inputs=(model, from_),
         )
-        _start(settings, spec, model, out, data_dir, carve, from_, grid)
+        _start(settings, spec, backbone, out, data_dir, carve, source, grid)
 
 
-def _start(settings, spec, model: str, out: Path, data_dir, carve, from_, grid: bool) -> None:
-    """The run in ``out`` (checked and locked): the transfer source, the run record, then the run(s)."""
-    from neoembed.glue.run import record, resolve_from
-    from neoembed.hub import resolve_packaged
+def _start(settings, spec, backbone: str, out: Path, data_dir, carve, source: str | None, grid: bool) -> None:
+    """The run in ``out`` (checked and locked): the run record, then the run(s) from ``backbone`` (``source``:
+    the ``--from`` checkpoint it is, if any)."""
+    from neoembed.glue.run import record
     from neoembed.runs.lock import launched_main
 
-    source = resolve_from(from_) if from_ else None
-    if settings.transfer_from and source is None:
+    if source is not None:  # --model is not used: say which model the run starts from
+        typer.echo(f"starting from {source} (--from)", err=True)
+    elif settings.transfer_from:
         typer.echo(
             f"note: the paper starts {spec.display} from the best {settings.transfer_from.upper()} "
             "checkpoint; pass --from to do the same",
             err=True,
         )
-    backbone = source or resolve_packaged(model)
     data = {"data_dir": data_dir, "carve": carve}
     # the main process alone: another one's record could reach the folder before the main one has checked it
     main = launched_main()

@@ -24,13 +24,15 @@ from pydantic import Field, PositiveFloat, PositiveInt
 from neoembed.glue.tasks import GlueTask, check_columns, compute_metrics, load_splits, task_score
 from neoembed.loop import RunLoop, StepOutput, accelerator, adamw, check_engine
 from neoembed.recipe import KeepBest, OptimizerConfig, Recipe, StrictModel, Tracker
-from neoembed.record import atomic_write_text, write_run_record
+from neoembed.record import RUN_RECORD, atomic_write_text, write_run_record
 from neoembed.runs import (
+    OutputDirError,
     find_resume_checkpoint,
     list_checkpoints,
     prepare_output_dir,
     resume_defaults,
     resume_settings,
+    run_identity,
     save_final_model,
 )
 
@@ -456,4 +458,41 @@ def resolve_from(path: str) -> str:
 
 
 def record(out: Path, recipe: GlueRecipe, model: str, source: str | None, grid: bool) -> None:
-    write_run_record(out, "glue", recipe=recipe, extra={"model": model, "from": source, "grid": grid})
+    """The run record of ``out``; a grid's carries the recipe's settings (the grid's lists among them), which a
+    resume compares before any grid point runs."""
+    extra = {"model": model, "from": source, "grid": grid}
+    if grid:
+        extra.update(run_identity(resume_settings(recipe)))
+    write_run_record(out, "glue", recipe=recipe, extra=extra)
+
+
+def check_same_kind_and_model(out: Path, model: str, grid: bool) -> None:
+    """``--resume`` into ``out``: the folder's run must be of the same kind (a grid or a single run) and start from
+    the same ``model`` (``--model``, or ``--from``'s checkpoint), checked before the run record is rewritten or a
+    model loads."""
+    try:
+        saved = json.loads((out / RUN_RECORD).read_text())
+    except (OSError, ValueError):
+        return  # no record (a folder of an older version, or none yet): the settings' check decides
+    # a single run's record is rewritten by its run loop, without the key
+    then = bool(saved.get("grid")) or (out / "grid.json").is_file()
+    if then != grid:
+        raise OutputDirError(
+            f"--resume: --out {out} holds a grid search (grid.md): add --grid to resume it, or choose another --out"
+            if then
+            else f"--resume: --out {out} holds a single run, not a grid: resume it without --grid, or choose "
+            "another --out for the grid"
+        )
+    before = saved.get("model")
+    if before is not None and not _same_model(before, model):
+        raise OutputDirError(
+            f"--resume: the run in {out} fine-tunes {before}, this command {model}: resume with the --model "
+            "(and --from) it started with, or pass --overwrite to start again from the new one"
+        )
+
+
+def _same_model(a: str, b: str) -> bool:
+    """The same hub id, or two paths of one local folder."""
+    if Path(a).exists() and Path(b).exists():
+        return Path(a).resolve() == Path(b).resolve()
+    return a == b
