@@ -212,3 +212,34 @@ def _scheme(uri: str) -> str:
     from urllib.parse import urlparse
 
     return urlparse(uri).scheme
+
+
+def _closed_port() -> int:
+    """A local TCP port nothing listens on (bound, then released)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_unreachable_mlflow_server_fails_in_seconds_before_the_model_loads(monkeypatch, capsys, tmp_path):
+    """A tracking server that does not answer used to fail once the model had loaded, after minutes of
+    mlflow's retries, as an unexpected error (exit 1); it is refused at once (exit 2), naming the URI and the
+    fix."""
+    import os
+    import time
+
+    uri = f"http://127.0.0.1:{_closed_port()}/"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", raising=False)
+    _no_model_loads(monkeypatch)
+    model = TINY.parent / "tiny" / "model"
+    overrides = [f"model={model}", f"output_dir={tmp_path / 'run'}", "report_to=[mlflow]"]
+    start = time.perf_counter()
+    code, err = _main(monkeypatch, capsys, "train", str(TINY), *overrides)
+    assert code == 2, err
+    assert time.perf_counter() - start < 15, "the check waited on mlflow's retries"
+    assert f"the tracking server {uri} (MLFLOW_TRACKING_URI) could not be reached" in err, err
+    assert "Start the server" in err and "set MLFLOW_TRACKING_URI" in err and "please report it" not in err
+    assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ  # the check's quick settings are put back

@@ -15,6 +15,8 @@ its callbacks) and by every command that writes an output folder, one module per
   ``.<folder>.neoembed-lock`` beside it for the whole run; a second writer is refused (exit 2) naming the holder;
 - :mod:`~neoembed.runs.metrics`: ``metrics.jsonl``, ``training_curves.png`` and trackers, trimmed to the resumed
   step, and a report of a run whose loss and gradient stay at zero (:class:`MetricsLog`);
+- :mod:`~neoembed.runs.trackers`: what a tracked run needs from outside, checked before any model loads (a
+  tracking server that answers);
 - :mod:`~neoembed.runs.checks` (inputs checked before any work), :mod:`~neoembed.runs.optim` (parameter groups),
   :mod:`~neoembed.runs.results` (the results folder of one scored model).
 """
@@ -86,6 +88,7 @@ from neoembed.runs.signals import (
     StopSignal,
     save_final_model,
 )
+from neoembed.runs.trackers import check_mlflow_server, mlflow_store
 
 __all__ = [
     "DEGENERATE_ROWS",
@@ -111,6 +114,7 @@ __all__ = [
     "check_device",
     "check_inputs_outside",
     "check_known_settings",
+    "check_mlflow_server",
     "check_mlflow_store",
     "check_pair_counts",
     "check_pairs",
@@ -123,6 +127,7 @@ __all__ = [
     "list_checkpoints",
     "launched_main",
     "lock_path",
+    "mlflow_store",
     "model_identity",
     "output_lock",
     "param_groups",

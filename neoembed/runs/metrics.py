@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from neoembed.record import add_to_run_record, atomic_write_text
+from neoembed.runs.trackers import check_mlflow_server
 
 if TYPE_CHECKING:
     pass
@@ -70,8 +71,9 @@ class MissingTracker(ImportError, ValueError):
 
 
 def check_trackers(report_to) -> None:
-    """Every tracker named in ``report_to`` is known and installed, and MLflow can write where it is pointed:
-    checked before any data or model loads, so a missing package or store costs seconds, not a run."""
+    """Every tracker named in ``report_to`` is known and installed, and MLflow can write where it is pointed
+    (a tracking server answers): checked before any data or model loads, so a missing package or store costs
+    seconds, not a run."""
     import importlib.util
 
     for name in report_to:
@@ -95,7 +97,9 @@ def check_mlflow_store() -> None:
     """The store MLflow will write to is one the installed client can open. mlflow 3.x defaults to a sqlite
     database, which the ``[mlflow]`` extra's client (mlflow-skinny: no sqlalchemy) cannot open, and from 3.10 a
     local folder store needs ``MLFLOW_ALLOW_FILE_STORE=true``; either used to fail only once the model had
-    loaded, with mlflow's own message."""
+    loaded, with mlflow's own message. A tracking server is asked once, without mlflow's retries: one that
+    does not answer used to fail after minutes of them
+    (:func:`~neoembed.runs.trackers.check_mlflow_server`)."""
     import importlib.util
     from urllib.parse import urlparse
 
@@ -118,6 +122,8 @@ def check_mlflow_store() -> None:
             f"report_to: [mlflow]: the tracking URI {uri} ({given}) is a local folder store, which mlflow "
             f"{mlflow.__version__} writes only with MLFLOW_ALLOW_FILE_STORE=true: set it, or set {server}"
         )
+    if scheme in ("http", "https"):
+        check_mlflow_server(uri, given)
 
 
 def note_early_stop(output: Path, step: int, patience: int, metric: str, best_step: int | None) -> None:
