@@ -48,17 +48,22 @@ from typing import Any
 from neoembed.progress import PLAIN_INTERVAL
 from neoembed.record import add_to_run_record, atomic_write_text, readable_weights, write_run_record
 from neoembed.runs import (
+    MLFLOW_STORE_KEY,
+    TRACKER_IDS,
     TRACKER_PROJECT,
     MetricsLog,
     StopSignal,
     TrainingInterrupted,
     TrainingStopped,
+    check_mlflow_resume,
     check_trackers,
     commit_checkpoint,
     list_checkpoints,
+    mlflow_store,
     note_early_stop,
     param_groups,
     progress_line,
+    read_tracker_ids,
     recipe_hyperparameters,
     run_identity,
     stage_checkpoint,
@@ -173,20 +178,21 @@ def adamw(model, opt):
     return torch.optim.AdamW(param_groups(model, opt.weight_decay), lr=opt.lr, betas=opt.betas, eps=opt.eps)
 
 
-TRACKER_IDS = "trackers.json"
-
-
 def _start_trackers(report_to, output: Path, resumed: bool, main: bool) -> list:
-    """accelerate's trackers for ``report_to`` (TensorBoard is MetricsLog's own), each run named after the output
-    folder, in the project :data:`~neoembed.runs.TRACKER_PROJECT` (``WANDB_PROJECT`` / ``TRACKIO_PROJECT`` /
-    ``MLFLOW_EXPERIMENT_NAME`` choose another, as in the unified trainer); a resumed run continues the MLflow / W&B run recorded in ``OUTPUT/trackers.json``."""
+    """accelerate's trackers for ``report_to`` (TensorBoard is MetricsLog's own), each run named after the
+    output folder, in the project :data:`~neoembed.runs.TRACKER_PROJECT` (``WANDB_PROJECT`` /
+    ``TRACKIO_PROJECT`` / ``MLFLOW_EXPERIMENT_NAME`` choose another, as in the unified trainer); a resumed run
+    continues the MLflow / W&B run recorded in ``OUTPUT/trackers.json`` (with the MLflow store it was logged
+    to), once the MLflow run is known to be in the current store. Each tracker's ``continued`` says whether it
+    continues a run."""
     names = [n for n in report_to if n != "tensorboard"]
     if not names or not main:
         return []
     from accelerate.tracking import MLflowTracker, TrackioTracker, WandBTracker
 
-    saved = output / TRACKER_IDS
-    ids = json.loads(saved.read_text()) if resumed and saved.is_file() else {}
+    ids = read_tracker_ids(output) if resumed else {}
+    if resumed and "mlflow" in names:
+        check_mlflow_resume(output)
     make = {
         "mlflow": lambda: MLflowTracker(
             os.environ.get("MLFLOW_EXPERIMENT_NAME", "Default"),
@@ -211,11 +217,16 @@ def _start_trackers(report_to, output: Path, resumed: bool, main: bool) -> list:
     run_ids = {}
     for name, tracker in zip(names, trackers, strict=True):
         if name == "mlflow":
+            import mlflow
+
             run_ids[name] = tracker.active_run.info.run_id
+            run_ids[MLFLOW_STORE_KEY] = mlflow_store(mlflow.get_tracking_uri())
         elif name == "wandb":
             run_ids[name] = tracker.run.id
+        # a run id given (MLFLOW_RUN_ID / WANDB_RUN_ID too) continues a run; else a new one, sent the recipe
+        tracker.continued = resumed and bool(ids.get(name) or os.environ.get(f"{name.upper()}_RUN_ID"))
     output.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(saved, json.dumps(run_ids, indent=1) + "\n")
+    atomic_write_text(output / TRACKER_IDS, json.dumps(run_ids, indent=1) + "\n")
     return trackers
 
 
@@ -414,12 +425,13 @@ class RunLoop:
     def log_hyperparameters(self) -> None:
         """The recipe as ``recipe.a.b`` hyperparameters, to TensorBoard and every tracker at a run's first start;
         a resumed run has them already (MLflow refuses a changed parameter, W&B keeps its config), except
-        Trackio's, whose resumed run starts with a new config."""
+        Trackio's, whose resumed run starts with a new config, and a new tracked run of a resumed one (its id
+        deleted from ``trackers.json``)."""
         hyperparameters = recipe_hyperparameters(self.recipe)
         if self.step == 0:
             self.metrics.hyperparameters(hyperparameters)
         for tracker in self.trackers:
-            if self.step == 0 or tracker.name == "trackio":
+            if not getattr(tracker, "continued", self.step > 0) or tracker.name == "trackio":
                 tracker.store_init_configuration(hyperparameters)
 
     def run(

@@ -67,7 +67,9 @@ def test_mlflow_file_store_and_tensorboard_read_back_across_a_resume(
     client = MlflowClient(uri)
     runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
     assert len(runs) == 1 and runs[0].info.run_name == "tracked"  # one tracked run, continued
-    assert runs[0].info.run_id == json.loads((out / "trackers.json").read_text())["mlflow"]
+    saved = json.loads((out / "trackers.json").read_text())
+    assert runs[0].info.run_id == saved["mlflow"]
+    assert saved["mlflow_tracking_uri"] == uri  # the store the run was logged to, for a resume to check
     history = client.get_metric_history(runs[0].info.run_id, "loss")
     steps = [m.step for m in history]
     assert sorted(steps) == list(range(1, 9)), steps  # every step once
@@ -141,6 +143,11 @@ def test_recipe_hyperparameters_reach_wandb_once_and_trackio_on_every_start(tmp_
         wandb, trackio = loop.trackers
         assert trackio.config["recipe.temperature"] == recipe.temperature
         assert ("recipe.temperature" in wandb.config) == (step == 0)
+    fresh = Tracker("mlflow")
+    fresh.continued = False  # a resume's new MLflow run (its id deleted from trackers.json) gets the recipe
+    loop.trackers = [fresh]
+    loop.log_hyperparameters()
+    assert fresh.config["recipe.temperature"] == recipe.temperature
 
 
 def _main(monkeypatch, capsys, *argv) -> tuple[int, str]:
@@ -243,3 +250,59 @@ def test_unreachable_mlflow_server_fails_in_seconds_before_the_model_loads(monke
     assert f"the tracking server {uri} (MLFLOW_TRACKING_URI) could not be reached" in err, err
     assert "Start the server" in err and "set MLFLOW_TRACKING_URI" in err and "please report it" not in err
     assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ  # the check's quick settings are put back
+
+
+def _run_folder_tracked_in(tmp_path, store: str) -> tuple[Path, str]:
+    """A run folder whose trackers.json continues an MLflow run logged to the folder store ``store``."""
+    from mlflow.tracking import MlflowClient
+
+    uri = (tmp_path / store).as_uri()
+    client = MlflowClient(uri)
+    run_id = client.create_run(client.create_experiment("neoembed-test")).info.run_id
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "trackers.json").write_text(json.dumps({"mlflow": run_id, "mlflow_tracking_uri": uri}))
+    return out, run_id
+
+
+def test_resume_with_another_mlflow_store_is_refused_naming_both_stores(monkeypatch, capsys, tmp_path):
+    """A resume whose MLflow run is not in the current store used to end in "Run '...' not found ... please
+    report it" once the model had loaded; it is refused first (exit 2), naming the run, the store it was
+    logged to, the current store and both fixes."""
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    out, run_id = _run_folder_tracked_in(tmp_path, "mlA")
+    other = (tmp_path / "mlB").as_uri()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", other)
+    _no_model_loads(monkeypatch)
+    model = TINY.parent / "tiny" / "model"
+    overrides = [f"model={model}", f"output_dir={out}", "report_to=[tensorboard, mlflow]"]
+    code, err = _main(monkeypatch, capsys, "train", str(TINY), *overrides, "--resume")
+    assert code == 2, err
+    assert f"MLflow run {run_id}" in err and f"current tracking store {other}" in err, err
+    assert f"set MLFLOW_TRACKING_URI={(tmp_path / 'mlA').as_uri()}" in err, err
+    assert f'delete the "mlflow" entry of {out / "trackers.json"}' in err and "please report it" not in err
+    from neoembed.runs import check_mlflow_resume
+
+    (out / "trackers.json").write_text(json.dumps({"mlflow": run_id}))  # written before the store was kept
+    with pytest.raises(ValueError, match=r"logged to another store \(not recorded\)"):
+        check_mlflow_resume(out)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", (tmp_path / "mlA").as_uri())
+    check_trackers(["mlflow"], out, resume=True)  # back in its store, the run continues
+
+
+def test_unreadable_trackers_json_on_resume_is_named(monkeypatch, capsys, tmp_path):
+    """A damaged trackers.json used to stop a resume with json's bare "Expecting value: line 2 column 1",
+    naming no file; the file is named, with the fix."""
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", (tmp_path / "mlruns").as_uri())
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "trackers.json").write_text('{"mlflow":\n')
+    _no_model_loads(monkeypatch)
+    model = TINY.parent / "tiny" / "model"
+    overrides = [f"model={model}", f"output_dir={out}", "report_to=[mlflow]"]
+    code, err = _main(monkeypatch, capsys, "train", str(TINY), *overrides, "--resume")
+    assert code == 2, err
+    assert f"{out / 'trackers.json'} is unreadable" in err and "delete it" in err, err

@@ -349,11 +349,12 @@ def _save_model(model, recipe: CDERecipe, folder: Path, training: bool = False) 
         record_matryoshka_dims(written, recipe.matryoshka.dims)
 
 
-def _check_extras(recipe: CDERecipe) -> None:
-    """Trackers, faiss and PEFT the recipe needs: checked before data or the model load."""
+def _check_extras(recipe: CDERecipe, resume: bool = False) -> None:
+    """Trackers (and the tracked runs a resume continues), faiss and PEFT the recipe needs: checked before
+    data or the model load."""
     from neoembed.runs import check_trackers
 
-    check_trackers(recipe.report_to)
+    check_trackers(recipe.report_to, Path(recipe.output_dir), resume)
     _require_faiss(recipe)
     if recipe.adapter is not None:
         require_peft()
@@ -382,7 +383,7 @@ def train_cde(
     from neoembed.recipe import seed_everything
     from neoembed.record import atomic_write_text
 
-    _check_extras(recipe)
+    _check_extras(recipe, resume)
     acc = _accelerator(recipe)
     seed_everything(recipe.seed)
     output = Path(recipe.output_dir)

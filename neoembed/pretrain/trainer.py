@@ -311,7 +311,8 @@ def pretrain(
     from neoembed.recipe import seed_everything
     from neoembed.runs import check_trackers
 
-    check_trackers(recipe.report_to)  # a missing tracker fails before data or the model load
+    # a missing tracker, or a tracked run a resume cannot continue, fails before data or the model load
+    check_trackers(recipe.report_to, Path(recipe.output_dir), resume)
     accelerator = _accelerator(recipe)
     output = Path(recipe.output_dir)
     check_output_flags(output, overwrite=overwrite, resume=resume)  # before the tokenizer and shards load

@@ -16,7 +16,7 @@ its callbacks) and by every command that writes an output folder, one module per
 - :mod:`~neoembed.runs.metrics`: ``metrics.jsonl``, ``training_curves.png`` and trackers, trimmed to the resumed
   step, and a report of a run whose loss and gradient stay at zero (:class:`MetricsLog`);
 - :mod:`~neoembed.runs.trackers`: what a tracked run needs from outside, checked before any model loads (a
-  tracking server that answers);
+  tracking server that answers, a readable ``trackers.json``, the MLflow run a resume continues in the store);
 - :mod:`~neoembed.runs.checks` (inputs checked before any work), :mod:`~neoembed.runs.optim` (parameter groups),
   :mod:`~neoembed.runs.results` (the results folder of one scored model).
 """
@@ -88,7 +88,14 @@ from neoembed.runs.signals import (
     StopSignal,
     save_final_model,
 )
-from neoembed.runs.trackers import check_mlflow_server, mlflow_store
+from neoembed.runs.trackers import (
+    MLFLOW_STORE_KEY,
+    TRACKER_IDS,
+    check_mlflow_resume,
+    check_mlflow_server,
+    mlflow_store,
+    read_tracker_ids,
+)
 
 __all__ = [
     "DEGENERATE_ROWS",
@@ -101,6 +108,7 @@ __all__ = [
     "CHECKPOINT_MARKER",
     "CheckpointWriteError",
     "FinalSaveInterrupted",
+    "MLFLOW_STORE_KEY",
     "MetricsLog",
     "MissingTracker",
     "OutputDirError",
@@ -108,12 +116,14 @@ __all__ = [
     "RunFinished",
     "StopSignal",
     "TRACKERS",
+    "TRACKER_IDS",
     "TRACKER_PROJECT",
     "TrainingInterrupted",
     "TrainingStopped",
     "check_device",
     "check_inputs_outside",
     "check_known_settings",
+    "check_mlflow_resume",
     "check_mlflow_server",
     "check_mlflow_store",
     "check_pair_counts",
@@ -136,6 +146,7 @@ __all__ = [
     "note_early_stop",
     "progress_line",
     "prune_checkpoints",
+    "read_tracker_ids",
     "recipe_hyperparameters",
     "resume_defaults",
     "resume_settings",

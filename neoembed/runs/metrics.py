@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from neoembed.record import add_to_run_record, atomic_write_text
-from neoembed.runs.trackers import check_mlflow_server
+from neoembed.runs.trackers import check_mlflow_resume, check_mlflow_server, read_tracker_ids
 
 if TYPE_CHECKING:
     pass
@@ -70,10 +70,11 @@ class MissingTracker(ImportError, ValueError):
     not a fault of neoembed's; still an ImportError for code that catches that."""
 
 
-def check_trackers(report_to) -> None:
+def check_trackers(report_to, output: Path | None = None, resume: bool = False) -> None:
     """Every tracker named in ``report_to`` is known and installed, and MLflow can write where it is pointed
-    (a tracking server answers): checked before any data or model loads, so a missing package or store costs
-    seconds, not a run."""
+    (a tracking server answers); with ``resume``, ``output``'s ``trackers.json`` is readable and the MLflow
+    run it continues is in the current store: checked before any data or model loads, so a missing package
+    or store costs seconds, not a run."""
     import importlib.util
 
     for name in report_to:
@@ -88,6 +89,10 @@ def check_trackers(report_to) -> None:
             )
     if "mlflow" in report_to:  # once every package is known to be there
         check_mlflow_store()
+    if resume and output is not None and any(name != "tensorboard" for name in report_to):
+        read_tracker_ids(output)  # a damaged file is named, before the model loads
+        if "mlflow" in report_to:
+            check_mlflow_resume(output)
 
 
 _DATABASE_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")

@@ -246,7 +246,7 @@ def train(
     from neoembed.recipe import seed_everything
     from neoembed.sentence import load
 
-    _check_extras(recipe, evaluator)
+    _check_extras(recipe, evaluator, resume)
     seed_everything(recipe.seed)
     output = Path(recipe.output_dir)
     check_output_flags(output, overwrite=overwrite, resume=resume)  # before the data: a big card takes minutes
@@ -436,10 +436,11 @@ def _check_max_length(recipe: UnifiedRecipe) -> None:
     )
 
 
-def _check_extras(recipe: UnifiedRecipe, evaluator) -> None:
-    """The engine, trackers, PEFT and the evaluator a recipe needs: checked before data or the model load."""
+def _check_extras(recipe: UnifiedRecipe, evaluator, resume: bool = False) -> None:
+    """The engine, trackers (and the tracked runs a resume continues), PEFT and the evaluator a recipe needs:
+    checked before data or the model load."""
     check_engine("unified")
-    check_trackers(recipe.report_to)
+    check_trackers(recipe.report_to, Path(recipe.output_dir), resume)
     _check_first_module(recipe)
     _check_max_length(recipe)
     if recipe.adapter is not None:
