@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from neoembed.eval.runner import EvalConfig, run_mteb
-from neoembed.eval.summary import compare_runs, summarize, write_summary
+from neoembed.eval.summary import compare_runs, load_run, summarize, write_summary
 from neoembed.instructions import load_instruction_set, task_prompts
 
 ANCHOR_TOL = 0.005
@@ -968,6 +968,43 @@ def test_query_prompt_leaves_task_instructions_and_symmetric_tasks_alone(minilm_
         _run(model, tmp_path / "out", data_dir=cards, instructions="paper", query_prompt="none")
     again = _run(model, tmp_path / "out", data_dir=cards, instructions="paper", query_prompt=SAVED_PROMPT)
     assert sorted(again.skipped) == ["STS16", "TrecQA"]
+
+
+def test_case_saved_then_none_query_prompt_is_one_setting_for_reuse_summary_and_compare(minilm, small, tmp_path):
+    """#43's walk: for a model that saved no query prompt, ``saved`` and ``none`` give the queries the same empty
+    prompt, so a result of one is reused under the other, and the folder is then one setting: its summary names
+    one query prompt and ``compare`` takes it alone, beside itself and beside a ``none`` run. A folder asked for
+    another prompt text is still refused, and one whose results got two texts is not compared."""
+    from neoembed.runs import OutputDirError
+
+    sts, trecqa = str(small / "mteb" / "STS16"), str(small / "eval" / "TrecQA")  # TrecQA: queries get the prompt
+    out = tmp_path / "q1"
+    _run(minilm, out, tasks=[sts])  # --query-prompt saved, the default
+    report = _run(minilm, out, tasks=[sts, trecqa], query_prompt="none")
+    assert report.skipped == ["STS16"] and list(report.scores) == ["TrecQA"]
+    row = write_summary(out, "m")
+    assert row["query_prompt_label"] == 'saved ""' and row["query_prompt_setting"] == "saved"
+    assert 'query prompt: saved "" ·' in (out / "summary.md").read_text().splitlines()[0]
+    assert "| 2 (partial) |" in compare_runs([out], out=tmp_path / "q3")
+    assert 'query prompt: saved "" ·' in compare_runs([out, out])
+    plain = tmp_path / "plain"  # a run of --query-prompt none alone
+    plain.mkdir()
+    shutil.copy(out / "TrecQA.json", plain / "TrecQA.json")
+    assert "| m [plain] |" in compare_runs([out, plain])
+    given = tmp_path / "given"
+    _run(minilm, given, tasks=[sts], query_prompt="query: ")
+    with pytest.raises(OutputDirError, match=r'query_prompt \(--query-prompt\): the results hold "query: "'):
+        _run(minilm, given, tasks=[trecqa], query_prompt="none")
+    with pytest.raises(ValueError, match=r"different query_prompt_setting .*saved \"\".*\"query: \""):
+        compare_runs([out, given])
+    # a folder whose results got two texts (written before the prompt was a reuse setting) says both, compares
+    # with nothing, itself included
+    mixed = tmp_path / "mixed"
+    shutil.copytree(given, mixed)
+    shutil.copy(out / "TrecQA.json", mixed / "TrecQA.json")
+    assert summarize(load_run(mixed), "m")["query_prompt_label"] == '"query: " + none'
+    with pytest.raises(ValueError, match=r'different query_prompt_setting .*mixed: "query: " \+ none'):
+        compare_runs([mixed])
 
 
 def test_mteb_settings_from_config_options_and_set(tmp_path, run_neoembed, monkeypatch):

@@ -45,8 +45,8 @@ def summarize(results: dict[str, dict], model: str, full_suite: dict[str, int] |
     return {
         "model": model,
         **{key: _setting(results, key) for key in COMPARED_SETTINGS},
-        "query_prompt_label": " + ".join(sorted({_prompt_label(e) for e in results.values()})) or "none",
-        "query_prompt_setting": " + ".join(sorted({_prompt_setting(e) for e in results.values()})) or "none",
+        "query_prompt_label": _prompt_label(results),
+        "query_prompt_setting": _prompt_setting(results),
         # tasks of a --rescore run that had no search to rescore (scored on the quantized embeddings alone)
         "rescore_not_applied": sorted(n for n, e in results.items() if e.get("rescore_applied") is False),
         "per_type": {t: sum(by_type[t]) / len(by_type[t]) for t in types},
@@ -89,18 +89,50 @@ def _setting(results: dict[str, dict], key: str) -> str:
     return " + ".join(values) if values else "none"
 
 
-def _prompt_setting(entry: dict) -> str:
-    """The query prompt as the user chose it: ``saved`` (each model its own saved prompt, which differs between a
-    base model and its fine-tune by design), or the text given (none: the empty one)."""
-    if entry.get("query_prompt_source") == "saved":
+def _prompt_text(entry: dict) -> str:
+    return entry.get("query_prompt", SETTING_DEFAULTS["query_prompt"])
+
+
+def _prompt_choices(results: dict[str, dict]) -> set[str]:
+    """Every ``--query-prompt`` choice that scores a run's results as they were scored: the one text their
+    queries got (as JSON), and ``saved`` too where that text is the model's saved prompt, as a result scored
+    with ``saved`` shows (a folder holds one model's scores). Empty where its results got different texts.
+
+    The one definition of a run's query prompt: the reuse check reuses a result under the text its queries
+    got (``saved`` and ``none`` are one setting for a model that saved no prompt); the summary's first line
+    and ``compare`` follow it, so a folder is never refused by its own comparison."""
+    texts = {_prompt_text(entry) for entry in results.values()}
+    if len(texts) != 1:
+        return set()
+    choices = {json.dumps(texts.pop(), ensure_ascii=False)}
+    if any(entry.get("query_prompt_source") == "saved" for entry in results.values()):
+        choices.add("saved")
+    return choices
+
+
+def _prompt_setting(results: dict[str, dict]) -> str:
+    """The query prompt as a user would choose it to score every result of a run: ``saved`` where the
+    model's saved prompt does (each model its own, which differs between a base model and its fine-tune by
+    design), else the text (none: the empty one); where its results got different texts, their labels."""
+    choices = _prompt_choices(results)
+    if "saved" in choices:
         return "saved"
-    return json.dumps(entry.get("query_prompt", SETTING_DEFAULTS["query_prompt"]), ensure_ascii=False)
+    return choices.pop() if choices else _prompt_label(results)
 
 
-def _prompt_label(entry: dict) -> str:
-    """How a result's query prompt is named in a summary's first line: ``saved "<text>"``, ``none`` or the text."""
-    text = entry.get("query_prompt", SETTING_DEFAULTS["query_prompt"])
-    if entry.get("query_prompt_source") == "saved":
+def _prompt_label(results: dict[str, dict]) -> str:
+    """How a run's query prompt is named in a summary's first line: ``saved "<text>"`` where it is the
+    model's saved prompt, else ``none`` or the text; where its results got different texts, each one's."""
+    choices = _prompt_choices(results)
+    texts = choices - {"saved"}
+    if texts or not results:
+        return _text_label(json.loads(texts.pop()) if texts else "", "saved" in choices)
+    labels = {_text_label(_prompt_text(e), e.get("query_prompt_source") == "saved") for e in results.values()}
+    return " + ".join(sorted(labels))
+
+
+def _text_label(text: str, saved: bool) -> str:
+    if saved:
         return f"saved {json.dumps(text, ensure_ascii=False)}"
     return "none" if text == "" else json.dumps(text, ensure_ascii=False)
 
@@ -251,10 +283,8 @@ def _refuse_an_earlier_comparison(out: Path) -> None:
 
 #: settings two models' runs must share to be compared: those the user chooses. A model's own max length and the
 #: text of its own saved query prompt belong to the model (a base model and its fine-tune differ in both), so the
-#: table states them and the query prompt is compared as chosen (``saved``, or a given text)
-ACROSS_MODELS = tuple(k for k in COMPARED_SETTINGS if k not in ("max_length", "query_prompt")) + (
-    "query_prompt_setting",
-)
+#: table states them and the query prompt is compared by :func:`_check_prompts`
+ACROSS_MODELS = tuple(k for k in COMPARED_SETTINGS if k not in ("max_length", "query_prompt"))
 
 
 def _check_comparable(rows: list[dict]) -> None:
@@ -264,11 +294,25 @@ def _check_comparable(rows: list[dict]) -> None:
         values = {r["run"]: r[key] for r in rows}
         if len(set(values.values())) > 1 or any(" + " in v for v in values.values()):
             runs = ", ".join(f"{run}: {v}" for run, v in values.items())
-            flag = "--" + key.removesuffix("_setting").replace("_", "-")
+            flag = "--" + key.replace("_", "-")
             raise ValueError(
                 f"these runs were scored with different {key} ({runs}): their scores are not comparable. "
                 f"Re-run neoembed mteb with one {flag} for every model (--overwrite re-scores a folder)"
             )
+    _check_prompts(rows)
+
+
+def _check_prompts(rows: list[dict]) -> None:
+    """Runs compare when one ``--query-prompt`` choice scores every result of all of them
+    (:func:`_prompt_choices`): ``saved`` (each model its own saved prompt), or one text all queries got."""
+    if set.intersection(*(_prompt_choices(r["tasks"]) for r in rows)):
+        return
+    runs = ", ".join(f"{r['run']}: {r['query_prompt_label']}" for r in rows)
+    raise ValueError(
+        f"these runs were scored with different query_prompt_setting ({runs}): their scores are not "
+        "comparable. Re-run neoembed mteb with one --query-prompt for every model (--overwrite re-scores a "
+        "folder)"
+    )
 
 
 def _plot(rows: list[dict], path: Path) -> None:
