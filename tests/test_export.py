@@ -82,6 +82,20 @@ def test_neobert_onnx_matches_torch_on_real_sentences(tiny_export, shared_dir):
     assert np.abs(single - expected[:4]).max() <= 1e-5
 
 
+def test_a_bf16_folder_exports_an_fp32_graph_that_loads(tiny_official, shared_dir, tmp_path):
+    # the serving page saves bf16; its export was a bf16 graph ONNX Runtime cannot run (no bf16 MatMul on CPU)
+    import onnx
+
+    saved = tmp_path / "bf16"
+    neoembed.load(tiny_official, dtype="bf16").save(str(saved))
+    export(str(saved), tmp_path / "out")
+    graph = onnx.load(str(tmp_path / "out" / "onnx" / "model.onnx"))
+    assert {t.data_type for t in graph.graph.initializer if t.data_type in (1, 10, 16)} == {onnx.TensorProto.FLOAT}
+    texts = _sentences(shared_dir, 8)
+    expected = neoembed.load(saved, dtype="fp32").encode(texts)
+    assert np.abs(neoembed.load(tmp_path / "out", backend="onnx").encode(texts) - expected).max() <= 1e-5
+
+
 def test_neobert_onnx_long_input_4096_tokens(tiny_export, shared_dir):
     out, _ = tiny_export
     long_doc = " ".join(_sentences(shared_dir, 48)) * 6

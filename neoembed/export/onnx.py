@@ -283,7 +283,9 @@ def export(
     with _FinalSaveSignals() as signals:
         try:
             shutil.rmtree(staged, ignore_errors=True)  # left by a killed export
-            record = _write(load(model_path, device="cpu"), str(model_path), staged, fmt, quantize)
+            # fp32 whatever the folder was saved in: ONNX Runtime's CPU kernels have no bf16 MatMul
+            model = load(model_path, device="cpu", dtype="fp32")
+            record = _write(model, str(model_path), staged, fmt, quantize)
             signals.deferring = True  # a signal now waits until OUT is in place
             _move_in(staged, out)
         except _Signalled as e:
