@@ -62,7 +62,7 @@ HOW = {
         "neoembed convert runs/neobert runs/neobert-official --to official": "run",
     },
     "integrations.md": {  # third-party packages; the page's python runs in benchmarks/integrations.py
-        "pip install langchain-huggingface": "install",
+        "pip install langchain-huggingface sentence-transformers": "install",
         "pip install llama-index-embeddings-huggingface": "install",
     },
     "cde.md": {
@@ -208,10 +208,7 @@ STAND_INS = {
 
 PYTHON_STAND_INS = {'"chandar-lab/NeoBERT"': '"{tiny_official}"'}
 PYTHON_SETUP = {"cde.md": ["neoembed train cde-tiny output_dir=runs/cde"]}
-PYTHON_PRELUDES = {
-    "cde.md": "corpus_sample = [f'document {i} of the corpus' for i in range(8)]  # cde-tiny: N = 8\n"
-    "queries, documents = ['what is a list?'], ['A list is a mutable sequence.']\n",
-}
+PYTHON_PRELUDES: dict[str, str] = {}  # lines a page's snippet needs before it runs (none: each defines its own)
 
 
 # ------------------------------------------------------------------------------------------------ reading pages
