@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 
 import numpy as np
 import pandas as pd
@@ -101,14 +102,34 @@ def _hub_layout(root, task, splits):
     return root
 
 
+@pytest.mark.parametrize(
+    ("override", "said"),
+    [
+        ("grid.batch_size=[]", "'grid.batch_size': List should have at least 1 item"),
+        ("grid.weight_decay=[-1]", "'grid.weight_decay.0': Input should be greater than or equal to 0"),
+        ("grid.learning_rate=[1e-5,1e-5]", "'grid.learning_rate': Value error, [1e-05, 1e-05] repeats a value"),
+    ],
+)
+def test_grid_lists_are_checked_with_the_recipe(override, said):
+    # a walk's g12 ("max() arg is an empty sequence"), g14 (after the data loaded, naming no key), g15 (one run
+    # reported twice in grid.md)
+    from neoembed.recipe import RecipeError, load_recipe
+
+    with pytest.raises(RecipeError, match=re.escape(said)):
+        load_recipe("glue/mrpc", GlueRecipe, [override])
+
+
 def test_local_hub_layout_and_carve(tmp_path, msrp_rows, shared_dir):
     folder = _hub_layout(tmp_path / "glue", "mrpc", {"train": msrp_rows[:40], "validation": msrp_rows[40:]})
     splits = load_splits(TASKS["mrpc"], folder, None)
     assert (splits["train"].num_rows, splits["validation"].num_rows) == (40, 24)
     carved = load_splits(TASKS["mrpc"], shared_dir / "data" / "eval" / "MSRP", "test")
     assert (carved["train"].num_rows, carved["validation"].num_rows) == (1380, 345)
-    with pytest.raises(FileNotFoundError, match="--carve"):
+    with pytest.raises(FileNotFoundError, match="can be divided with --carve SPLIT"):
         load_splits(TASKS["mrpc"], shared_dir / "data" / "eval" / "MSRP", None)
+    # --carve given a split the folder lacks: told to name one it holds, not to pass --carve (a walk's g3)
+    with pytest.raises(FileNotFoundError, match=r"no validation split .* give one the folder holds"):
+        load_splits(TASKS["mrpc"], shared_dir / "data" / "eval" / "MSRP", "validation")
 
 
 def _on(model, folder, out) -> list[str]:

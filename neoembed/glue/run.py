@@ -17,9 +17,9 @@ import math
 import shutil
 import sys
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, PositiveFloat, PositiveInt
+from pydantic import Field, PositiveFloat, PositiveInt, field_validator
 
 from neoembed.glue.tasks import GlueTask, check_columns, compute_metrics, load_splits, task_score
 from neoembed.loop import RunLoop, StepOutput, accelerator, adamw, check_engine
@@ -40,11 +40,19 @@ RESULTS = "results.json"
 
 
 class GridConfig(StrictModel):
-    """The search of Table 6's caption: every combination is one run."""
+    """The search of Table 6's caption: every combination is one run (each list non-empty, without repeats:
+    an empty one gave no runs, a repeated value a table with a row twice)."""
 
-    batch_size: list[PositiveInt] = [2, 4, 8, 16, 32]
-    learning_rate: list[PositiveFloat] = [5e-6, 6e-6, 8e-6, 1e-5, 2e-5, 3e-5]
-    weight_decay: list[float] = [1e-2, 1e-5]
+    batch_size: list[PositiveInt] = Field([2, 4, 8, 16, 32], min_length=1)
+    learning_rate: list[PositiveFloat] = Field([5e-6, 6e-6, 8e-6, 1e-5, 2e-5, 3e-5], min_length=1)
+    weight_decay: list[Annotated[float, Field(ge=0)]] = Field([1e-2, 1e-5], min_length=1)
+
+    @field_validator("batch_size", "learning_rate", "weight_decay")
+    @classmethod
+    def _no_repeats(cls, values: list):
+        if len(set(values)) < len(values):
+            raise ValueError(f"{values} repeats a value: list each once")
+        return values
 
 
 class GlueRecipe(Recipe):

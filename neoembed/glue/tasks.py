@@ -139,10 +139,11 @@ def _split_files(folder: Path, split: str) -> tuple[str, list[str]] | None:
 
 
 def local_splits(
-    data_dir: str | Path, task: GlueTask, splits: tuple[str, ...]
+    data_dir: str | Path, task: GlueTask, splits: tuple[str, ...], carve: bool = False
 ) -> dict[str, tuple[str, list[str]]]:
     """The files of each wanted split in ``data_dir`` (or its ``<task>/`` subfolder, as in a hub snapshot);
-    a missing split is an error naming the files looked for and the ones present."""
+    a missing split is an error naming the files looked for and the ones present (``carve``: the split was
+    named by ``--carve``)."""
     root = Path(data_dir)
     if not root.is_dir():
         raise FileNotFoundError(f"--data-dir {root} is not a folder")
@@ -151,11 +152,15 @@ def local_splits(
     missing = [s for s, f in found.items() if f is None]
     if missing:
         present = sorted(p.name for p in folder.iterdir())
+        fix = (
+            "--carve names the split to divide: give one the folder holds (such as --carve test)"
+            if carve
+            else "A folder with a single labelled split (such as a test set) can be divided with --carve SPLIT"
+        )
         raise FileNotFoundError(
             f"{folder} has no {' / '.join(missing)} split for {task.display}: expected files named like "
             f"'{missing[0]}-00000-of-00001.parquet' (the {HUB_DATASET} layout) or '{missing[0]}.jsonl[.gz]' / "
-            f"'.csv' / '.parquet'; found {present}. A folder with a single labelled split (such as a test set) "
-            "can be divided with --carve SPLIT."
+            f"'.csv' / '.parquet'; found {present}. {fix}."
         )
     return found
 
@@ -174,7 +179,7 @@ def load_splits(task: GlueTask, data_dir: str | Path | None, carve: str | None, 
             )
         if data_dir is None:
             raise ValueError("--carve divides a local split: pass --data-dir too")
-        loader, files = local_splits(data_dir, task, (carve,))[carve]
+        loader, files = local_splits(data_dir, task, (carve,), carve=True)[carve]
         _refuse_shadowed_splits(Path(files[0]).parent, task, carve)
         parts = load_dataset(loader, data_files=files, split="train").train_test_split(
             test_size=0.2, seed=seed
