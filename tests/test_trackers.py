@@ -185,6 +185,11 @@ def test_named_tracker_not_installed_names_the_extra(monkeypatch, capsys, tmp_pa
     assert code == 2, err
     assert "report_to: [wandb] needs the wandb package" in err and "neoembed's [wandb] extra" in err
     assert "please report it" not in err and not (tmp_path / "run" / "model.safetensors").exists()
+    # GLUE too, before its data and model load (a walk's t7: transformers' load report came first)
+    glue = ["glue", "MRPC", "--model", str(tiny_official), "--data-dir", "no-such-folder", "report_to=[wandb]"]
+    code, err = _main(monkeypatch, capsys, *glue, "--out", str(tmp_path / "glue"))
+    assert code == 2 and "report_to: [wandb] needs the wandb package" in err, err
+    assert not (tmp_path / "glue").exists()
 
 
 def test_mlflow_store_the_extra_cannot_write_fails_before_the_model_loads(monkeypatch, capsys, tmp_path):

@@ -66,6 +66,7 @@ def glue_command(
     from neoembed.record import RUN_RECORD
     from neoembed.runs import (
         check_known_settings,
+        check_trackers,
         output_lock,
         prepare_output_dir,
         resume_defaults,
@@ -78,6 +79,7 @@ def glue_command(
             f"recipe is for task {settings.task!r}, not {spec.display}: pick the matching --recipe"
         )
     out = out or Path("runs") / "glue" / spec.name
+    check_trackers(settings.report_to, out, resume)  # a missing tracker fails before the data or model load
     source = resolve_from(from_) if from_ else None
     backbone = source or resolve_packaged(model)
     # a second run (or resume) into this folder is refused before it touches it
