@@ -183,10 +183,13 @@ def convert(
 ) -> None:
     """Convert a NeoBERT checkpoint between the official layout and the neoembed layout. DST must be a new or
     empty folder (or --overwrite a model folder)."""
-    from neoembed.hub import check_model_source
+    import shutil
+
+    from neoembed.hub import check_model_source, resolve_packaged
     from neoembed.record import RUN_RECORD
     from neoembed.runs import OutputDirError, check_weight_files, output_lock, prepare_output_dir
 
+    src = resolve_packaged(src)
     if Path(src).exists() and Path(src).resolve() == dst.resolve():
         raise OutputDirError(f"convert: SRC and DST are the same folder ({dst}): choose a new DST")
     if pooling is not None and not sentence:
@@ -203,14 +206,21 @@ def convert(
 
     with output_lock(dst, what="DST"):
         prepare_output_dir(
-            dst, overwrite=overwrite, resume=False, what="DST", clearable=(RUN_RECORD, "config.json")
-        )
-        if sentence:
-            from neoembed.sentence import convert_to_sentence_transformer
+            dst, overwrite=overwrite, resume=False, what="DST", clearable=(RUN_RECORD, "config.json"),
+            resumable=False,
+        )  # fmt: skip
+        try:
+            if sentence:
+                from neoembed.sentence import convert_to_sentence_transformer
 
-            report = convert_to_sentence_transformer(src, dst, pooling=pooling)
-        else:
-            report = convert_checkpoint(src, dst, to=to)
+                report = convert_to_sentence_transformer(src, dst, pooling=pooling)
+            else:
+                report = convert_checkpoint(src, dst, to=to)
+        except BaseException:  # a full disk, a signal: no half-written DST that a rerun would refuse
+            if dst.is_dir():
+                for entry in dst.iterdir():
+                    shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+            raise
         readable_weights(dst)
     typer.echo(report)
 
@@ -251,6 +261,14 @@ _attach_optional()
 
 
 BAD_INPUT_EXIT = 2
+
+
+def _disk_full(e: BaseException) -> bool:
+    """An error of a write to a full disk (or quota): an OSError's errno, or the text safetensors' own error
+    carries from the OS."""
+    import errno
+
+    return getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "No space left on device" in str(e)
 
 
 def _bad_input_types() -> tuple[type[BaseException], ...]:
@@ -362,6 +380,9 @@ def main() -> None:
     except _bad_input_types() as e:
         if debug:
             raise
+        if _disk_full(e):  # not bad input: the command stopped (exit 1), as a run's checkpoint write says
+            typer.echo(f"stopped: the disk is full ({e}): free space, or write to another folder", err=True)
+            raise SystemExit(1) from None
         typer.echo(f"error: {e}{hint}", err=True)
         raise SystemExit(BAD_INPUT_EXIT) from None
     except Exception as e:

@@ -686,3 +686,29 @@ def test_load_on_a_device_the_machine_lacks_names_it(minilm_path):
         neoembed.load(minilm_path, device="cuda:99")
     with pytest.raises(ValueError, match=r"device 'gpu0' is not a device"):
         neoembed.load(minilm_path, device="gpu0")
+
+
+def test_walk_convert_on_a_full_disk_stops_with_1_and_leaves_dst_empty(tmp_path, capsys, monkeypatch):
+    """A convert cut short by a full disk exited 2 (bad input) and left config and code without weights, which a
+    rerun refused with advice to pass --resume, an option convert lacks; a packaged name was sent to the hub."""
+    import errno
+
+    import neoembed.modeling.convert as convert
+
+    real = convert.convert_checkpoint
+
+    def disk_full(src, dst, **kwargs):
+        real(src, dst, **kwargs)
+        raise OSError(errno.ENOSPC, "No space left on device", str(Path(dst) / "model.safetensors"))
+
+    monkeypatch.setattr(convert, "convert_checkpoint", disk_full)
+    dst = tmp_path / "dst"
+    code, said = _cli(capsys, monkeypatch, "convert", str(TINY / "model"), str(dst))
+    assert code == 1 and "stopped: the disk is full" in said and "please report it" not in said, said
+    assert dst.is_dir() and not any(dst.iterdir())
+    (dst / "notes.txt").write_text("someone else's")
+    code, said = _cli(capsys, monkeypatch, "convert", str(TINY / "model"), str(dst))
+    assert code == 2 and "pass --overwrite to replace it" in said and "--resume" not in said, said
+    code, said = _cli(capsys, monkeypatch, "convert", "packaged:all-MiniLM-L6-v2", str(tmp_path / "m"))
+    assert code == 2 and "is not a NeoBERT checkpoint" in said, said
+

@@ -256,6 +256,7 @@ def prepare_output_dir(
     main_process: bool | None = None,
     clearable: tuple[str, ...] = (RECORD,),
     inputs: tuple[str | Path, ...] = (),
+    resumable: bool = True,
 ) -> Path | None:
     """Check (and with ``overwrite``, clear) an output folder before anything is loaded or written.
 
@@ -272,7 +273,8 @@ def prepare_output_dir(
     process (``main_process``, default: the launch's, :func:`~neoembed.runs.lock.launched_main`) checks a fresh
     folder and clears: the others would find its first writes; with ``resume`` every process reads the checkpoint
     to load. ``inputs``: the local files or folders the run reads (its model, its card); a used folder that holds
-    one of them is refused whatever the flags, as ``--overwrite`` would delete what the run is about to read."""
+    one of them is refused whatever the flags, as ``--overwrite`` would delete what the run is about to read.
+    ``resumable``: False for a command without ``--resume``, whose refusal of a used folder does not offer it."""
     if main_process is None:
         main_process = launched_main()
     out = Path(path)
@@ -292,7 +294,7 @@ def prepare_output_dir(
         return None
     if used:
         check_inputs_outside(out, inputs, what)
-        _check_used(out, overwrite, what, clearable, checkpoints)
+        _check_used(out, overwrite, what, clearable, checkpoints, resumable)
         logger.warning("--overwrite: clearing %s (%s)", out, _describe(out))
         _clear(out)
     return None
@@ -335,7 +337,12 @@ def _check_flags(out: Path, overwrite: bool, resume: bool, what: str) -> bool:
 
 
 def _check_used(
-    out: Path, overwrite: bool, what: str, clearable: tuple[str, ...], checkpoints: bool = True
+    out: Path,
+    overwrite: bool,
+    what: str,
+    clearable: tuple[str, ...],
+    checkpoints: bool = True,
+    resumable: bool = True,
 ) -> None:
     """A used folder without --resume: an error, unless --overwrite and the folder is this command's. A command
     that resumes from checkpoints (``checkpoints``) says when there is none to resume from."""
@@ -345,9 +352,10 @@ def _check_used(
                 f"{what} {out} holds a run stopped before its first checkpoint ({_describe(out)}): there is nothing "
                 f"to resume; pass --overwrite to start it again, or choose a new {what}"
             )
+        resume = "pass --resume to continue the run it holds, " if resumable else "pass "
         raise OutputDirError(
-            f"{what} {out} is not empty (it holds {_describe(out)}): pass --resume to continue the run it holds, "
-            f"--overwrite to replace it, or choose a new {what}"
+            f"{what} {out} is not empty (it holds {_describe(out)}): {resume}--overwrite to replace it, or "
+            f"choose a new {what}"
         )
     if not any((out / name).is_file() for name in clearable):
         raise OutputDirError(
