@@ -712,3 +712,16 @@ def test_walk_convert_on_a_full_disk_stops_with_1_and_leaves_dst_empty(tmp_path,
     code, said = _cli(capsys, monkeypatch, "convert", "packaged:all-MiniLM-L6-v2", str(tmp_path / "m"))
     assert code == 2 and "is not a NeoBERT checkpoint" in said, said
 
+
+def test_walk_score_names_a_missing_teacher_and_an_unreadable_state(tmp_path, capsys, monkeypatch):
+    """`score --teacher ./missing` was taken for a hub id and left its state behind, so the corrected command
+    was refused; a damaged .score/settings.json on --resume was json's bare message."""
+    card = str(TINY / "cards" / "pydoc_signatures.yaml")
+    out = tmp_path / "s"
+    code, said = _cli(capsys, monkeypatch, "score", card, "--teacher", "./missing-model", "--out", str(out))
+    assert code == 2 and "./missing-model does not exist" in said and not out.exists(), said
+    (out / ".score").mkdir(parents=True)
+    (out / ".score" / "settings.json").write_text("{garbage")
+    args = ("score", card, "--teacher", str(TINY / "model"), "--out", str(out), "--resume")
+    code, said = _cli(capsys, monkeypatch, *args)
+    assert code == 2 and f"{out / '.score' / 'settings.json'}, the interrupted run's settings, is unreadable" in said

@@ -37,7 +37,7 @@ from neoembed.data.cards import (
     load_rows,
     local_data_paths,
 )
-from neoembed.hub import resolve_packaged
+from neoembed.hub import check_model_source, resolve_packaged
 from neoembed.mine.search import shards_to_write, write_shard
 from neoembed.mine.settings import (
     check_model_kind,
@@ -163,6 +163,7 @@ def score_card(
     """Score every row of ``card`` with ``teacher`` and write ``out/<name>.yaml`` + ``.jsonl`` (see the module)."""
     cfg = config or ScoreConfig()
     teacher = resolve_packaged(str(teacher))  # every path below (the cross-encoder's too) gets the folder
+    check_model_source(teacher)  # a path that does not exist, or a hub id offline, before anything is written
     out = Path(out)
     src_path = find_card(card, list(card_dirs))
     src, folder = load_card(src_path)

@@ -197,7 +197,14 @@ def prepare_run_folder(
             return True
         raise OutputDirError(f"--resume: {out} holds no interrupted mining run ({settings} is missing)")
     if resume:
-        changed = describe_changes(json.loads(settings.read_text()), fingerprint)
+        try:
+            saved = json.loads(settings.read_text())
+        except (UnicodeDecodeError, ValueError) as e:
+            raise OutputDirError(
+                f"--resume: {settings}, the interrupted run's settings, is unreadable ({e}): pass --overwrite "
+                "(instead of --resume) to start again, or choose a new --out"
+            ) from None
+        changed = describe_changes(saved if isinstance(saved, dict) else {}, fingerprint)
         if changed:
             raise OutputDirError(
                 f"--resume: the run in {out} was started with other settings ({changed}); "
