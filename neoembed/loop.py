@@ -36,6 +36,7 @@ one optimizer), :meth:`RunLoop.start` (resume, then the run record) and :meth:`R
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import sys
@@ -80,6 +81,8 @@ __all__ = [
     "mean_loss_and_stop",
     "schedule",
 ]
+
+logger = logging.getLogger(__name__)
 
 
 def join_on_cpu() -> bool:
@@ -145,6 +148,11 @@ def accelerator(cpu: bool = False, **kwargs):
 
     acc = Accelerator(cpu=cpu or join_on_cpu(), **kwargs)
     check_launch(acc.num_processes)
+    if kwargs.get("mixed_precision") == "fp16" and acc.device.type == "cpu":
+        logger.warning(
+            "precision=fp16 on the CPU: accelerate autocasts to fp16 only on accelerators, so this run computes "
+            "in fp32 (its losses equal an fp32 run's); bf16 runs on the CPU"
+        )
     return acc
 
 

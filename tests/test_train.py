@@ -505,3 +505,24 @@ def test_train_refuses_a_static_embedding_model(tmp_path, tiny_official, monkeyp
     with pytest.raises(RecipeError, match="first module is a StaticEmbedding"):
         train(recipe, recipe_dir=TINY.parent)
     assert not (out / "model.safetensors").exists()
+
+
+def test_fp16_on_the_cpu_says_it_runs_fp32(tmp_path, tiny_official):
+    """precision=fp16 on a CPU machine trained in fp32 without a word (a fault walk's pb3 / pf1): accelerate
+    autocasts to fp16 only on accelerators. The run says so, and its losses are the fp32 run's (each run in a
+    process of its own: accelerate's state keeps the first run's precision)."""
+    import subprocess
+    import sys
+
+    losses, said = {}, {}
+    for precision in ("fp32", "fp16"):
+        out = tmp_path / precision
+        args = [f"model={tiny_official}", f"output_dir={out}", "steps=3", "logging_steps=1", f"precision={precision}"]
+        run = subprocess.run(
+            [sys.executable, "-m", "neoembed", "train", str(TINY), *args],
+            capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        )  # fmt: skip
+        assert run.returncode == 0, run.stderr[-3000:]
+        losses[precision], said[precision] = _losses(out), run.stderr
+    assert "precision=fp16 on the CPU" in said["fp16"] and "computes in fp32" in said["fp16"], said["fp16"]
+    assert "precision=fp16" not in said["fp32"] and losses["fp16"] == losses["fp32"]
