@@ -401,6 +401,11 @@ def set_truncate_dim(model, truncate_dim: int | None) -> None:
 
 
 def _check_prompts(prompts) -> None:
+    if prompts is not None and not isinstance(prompts, dict):
+        raise TypeError(
+            f"prompts maps prompt names to texts, such as {{'query': 'query: '}}; got a {type(prompts).__name__}: "
+            f"{prompts!r:.80}"
+        )
     if bad := {k: v for k, v in (prompts or {}).items() if not (isinstance(k, str) and isinstance(v, str))}:
         raise TypeError(f"prompts map names to prompt texts (str to str); these are not: {bad}")
 

@@ -485,6 +485,9 @@ def test_load_refuses_prompts_that_are_not_text(tmp_path):
 
     with pytest.raises(TypeError, match=r"prompts map names to prompt texts .*'query': 5"):
         neoembed.load(str(TINY / "model"), prompts={"query": 5})
+    # a bare string was an AttributeError ("'str' object has no attribute 'items'"): a fault walk's api-4
+    with pytest.raises(TypeError, match=r"prompts maps prompt names to texts, such as .* got a str: 'query: '"):
+        neoembed.load(str(TINY / "model"), prompts="query: ")
 
 
 def test_mine_refuses_more_ivf_clusters_than_documents_before_the_model_loads(tmp_path, capsys, monkeypatch):

@@ -313,6 +313,9 @@ def test_missing_folder_is_a_clear_error(minilm, tmp_path):
     (tmp_path / "data").mkdir()
     with pytest.raises(LocalDataError, match="expected its data in"):
         _run(minilm, tmp_path / "out", data_dir=tmp_path / "data", tasks=["STS13"])
+    (tmp_path / "data" / "STS16").mkdir()  # a name in another case: named (a fault walk's m6)
+    with pytest.raises(LocalDataError, match=r"task sts16 \(did you mean STS16\?\): expected its data in"):
+        _run(minilm, tmp_path / "out", data_dir=tmp_path / "data", tasks=["sts16"])
 
 
 def test_resume_skips_and_broken_task_does_not_stop_others(minilm, small, tmp_path):

@@ -140,8 +140,10 @@ def resolve_tasks(cfg: EvalConfig) -> list[tuple[object, str | None]]:
         for name in names:
             folder = found.get(name, data_dir / name)
             if not folder.is_dir():
+                same = [f for f in found if f.lower() == name.lower()]  # names are case-sensitive, as mteb's
+                hint = f" (did you mean {same[0]}?)" if same else ""
                 raise LocalDataError(
-                    f"task {name}: expected its data in {folder} (split files such as test.jsonl.gz, config "
+                    f"task {name}{hint}: expected its data in {folder} (split files such as test.jsonl.gz, config "
                     f"folders such as corpus/ queries/ qrels/, or a {CARD_FILE} task card)"
                 )
             try:
