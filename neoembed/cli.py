@@ -325,6 +325,11 @@ def _how_to_continue() -> str:
 
 #: how a command stopped by Ctrl-C or SIGTERM continues (one not named keeps nothing to continue from)
 CONTINUE = {
+    # a run aborted by a second Ctrl-C wrote no checkpoint of its own, but may hold earlier ones
+    **dict.fromkeys(
+        ("train", "pretrain", "glue"),
+        "rerun with --resume to continue from its newest checkpoint, or with --overwrite if it wrote none",
+    ),
     "mine": "continue with the same command and --resume",
     "score": "continue with the same command and --resume",
     "mteb": "rerun the same command: it reuses the tasks it finished",

@@ -996,6 +996,12 @@ def test_walk_ctrl_c_in_a_command_without_its_own_handler_says_how_to_continue(c
     monkeypatch.setattr(pretrain_cli, "_ppl", ctrl_c)
     code, said = _cli(capsys, monkeypatch, "ppl", "--model", "m", "--data", "d", "--out", str(tmp_path / "ppl"))
     assert code == 130 and "interrupted by Ctrl-C: rerun the command to start again" in said, said
+    # a training run aborted by a second Ctrl-C said to start again, which its earlier checkpoints refuse
+    import neoembed.train.trainer as trainer
+
+    monkeypatch.setattr(trainer, "train", ctrl_c)
+    code, said = _cli(capsys, monkeypatch, "train", "tiny", f"output_dir={tmp_path / 'run'}")
+    assert code == 130 and "rerun with --resume to continue from its newest checkpoint" in said, said
     # SIGTERM (what a scheduler sends) in such a command exited 143 without a word (mine kept its shards)
     import os
     import signal
