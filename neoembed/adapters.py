@@ -10,6 +10,7 @@ checkpoint (it loads with ``neoembed.load`` and with plain sentence-transformers
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 __all__ = [
@@ -21,6 +22,8 @@ __all__ = [
     "require_peft",
     "save_adapter",
 ]
+
+logger = logging.getLogger(__name__)
 
 # NeoBERT's linear layers (attention qkv / output, SwiGLU w12 / w3); other encoders: PEFT's defaults for the type
 NEOBERT_LORA_TARGETS = ["qkv", "wo", "w12", "w3"]
@@ -84,8 +87,40 @@ def _inject(backbone, r: int, alpha: float, dropout: float, target_modules: list
             )
         config.target_modules = set(defaults[backbone.config.model_type])
     config.base_model_name_or_path = getattr(backbone, "name_or_path", None)
-    inject_adapter_in_model(config, backbone)
+    linear = _linear_widths(backbone)
+    try:
+        inject_adapter_in_model(config, backbone)
+    except ValueError as e:
+        if "Target modules" not in str(e):
+            raise
+        targets = config.target_modules
+        targets = targets if isinstance(targets, str) else sorted(targets)
+        raise ValueError(
+            f"adapter.target_modules: {targets} names no layer of this model; its linear "
+            f"layers are {sorted(linear)}"
+        ) from None
+    widths = [w for name, w in linear.items() if name in config.target_modules]
+    if widths and r >= min(widths):
+        logger.warning(
+            "adapter.r=%d is at least the width of the layers it adapts (the narrowest: %d): a LoRA that wide "
+            "trains as many parameters as those layers or more; lower adapter.r",
+            r,
+            min(widths),
+        )
     return config
+
+
+def _linear_widths(backbone) -> dict[str, int]:
+    """The last name of each linear layer of ``backbone`` (what ``target_modules`` matches) and its narrowest
+    side."""
+    import torch
+
+    widths: dict[str, int] = {}
+    for name, module in backbone.named_modules():
+        if isinstance(module, torch.nn.Linear):
+            key = name.rsplit(".", 1)[-1]
+            widths[key] = min(widths.get(key, module.in_features), module.in_features, module.out_features)
+    return widths
 
 
 def count_parameters(model) -> tuple[int, int]:

@@ -53,6 +53,17 @@ def test_merged_adapter_gives_the_unmerged_models_embeddings(which, tiny_officia
     torch.testing.assert_close(merged, unmerged, atol=1e-5, rtol=1e-5)
 
 
+def test_lora_targets_that_name_no_layer_and_a_rank_past_the_width_are_said(tiny_official, caplog):
+    """A fault walk's l3 (PEFT's "Target modules {...} not found", no layer named) and l2 (a rank of 100,000 on
+    a 64-wide model trained 80M parameters without a word)."""
+    with pytest.raises(ValueError, match=r"names no layer of this model; its linear layers are \[.*'qkv'"):
+        add_lora(neoembed.load(tiny_official), r=4, alpha=8, target_modules=["nonexistent_layer"])
+    add_lora(neoembed.load(tiny_official), r=4, alpha=8)
+    assert "adapter.r" not in caplog.text
+    add_lora(neoembed.load(tiny_official), r=64, alpha=8)
+    assert "adapter.r=64 is at least the width of the layers it adapts (the narrowest: 64)" in caplog.text
+
+
 def test_lora_run_saves_merged_and_adapter_and_loads_without_neoembed(
     tmp_path, tiny_official, block_neoembed
 ):
