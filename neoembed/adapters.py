@@ -213,6 +213,23 @@ def is_adapter_folder(path: str | Path) -> bool:
     return (path / "adapter_config.json").is_file() and not (path / "modules.json").is_file()
 
 
+def check_adapter_base(folder: str | Path) -> None:
+    """An adapter folder whose base model is a local folder that is gone (moved since training) is named with
+    the fixes, before the hub client takes the path for a malformed repository id."""
+    import json
+
+    config = Path(folder) / "adapter_config.json"
+    if not config.is_file():
+        return
+    base = json.loads(config.read_text()).get("base_model_name_or_path") or ""
+    if Path(base).is_absolute() and not Path(base).exists():
+        raise FileNotFoundError(
+            f"{folder}'s base model {base} (base_model_name_or_path in its adapter_config.json) does not exist: "
+            "put the base model back there, edit that path, or load the run's merged model (the adapter "
+            "folder's parent)"
+        )
+
+
 def load_adapter(folder: str | Path, load_base, base: str | None = None):
     """The base model named in the adapter's config (or ``base``), loaded by ``load_base(name)``, with the adapter
     of ``folder`` applied (not merged: :func:`merge_lora` folds it in)."""

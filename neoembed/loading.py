@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from neoembed.adapters import is_adapter_folder, load_adapter
+from neoembed.adapters import check_adapter_base, is_adapter_folder, load_adapter
 from neoembed.cde.model import ContextualSentenceTransformer, is_cde_folder, load_cde
 from neoembed.compile import resolve_compile_mode
 from neoembed.export.runtime import load_onnx
@@ -82,6 +82,7 @@ def load(
         set_truncate_dim(model, truncate_dim)
         return model
     path = Path(name_or_path)
+    check_adapter_base(path)
     if is_adapter_folder(path):  # a LoRA adapter saved alone: its base model, then the adapter on it
         model = load_adapter(
             path, lambda base: load(base, *args, prompts=prompts, truncate_dim=truncate_dim, **kwargs)

@@ -64,6 +64,21 @@ def test_lora_targets_that_name_no_layer_and_a_rank_past_the_width_are_said(tiny
     assert "adapter.r=64 is at least the width of the layers it adapts (the narrowest: 64)" in caplog.text
 
 
+def test_an_adapter_whose_base_moved_names_it(tiny_official, tmp_path):
+    # a fault walk's ad1: the hub client's "Repo id must be in the form 'repo_name'..." for a moved folder
+    import shutil
+
+    from neoembed.adapters import save_adapter
+
+    base = shutil.copytree(tiny_official, tmp_path / "base")
+    model = neoembed.load(base)
+    add_lora(model, r=4, alpha=8)
+    save_adapter(model, tmp_path / "adapter")
+    shutil.rmtree(base)
+    with pytest.raises(FileNotFoundError, match=rf"base model {base} \(base_model_name_or_path .* does not exist"):
+        neoembed.load(tmp_path / "adapter")
+
+
 def test_lora_run_saves_merged_and_adapter_and_loads_without_neoembed(
     tmp_path, tiny_official, block_neoembed
 ):
