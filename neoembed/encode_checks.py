@@ -15,6 +15,7 @@ import torch
 __all__ = [
     "NonFiniteEmbeddingError",
     "TruncationWarning",
+    "check_encodable",
     "check_finite",
     "check_items",
     "check_truncate_dim",
@@ -36,6 +37,19 @@ def check_items(items: Sequence) -> None:
     for i, item in enumerate(items):
         if not isinstance(item, str):
             raise TypeError(f"encode() takes strings; item {i} is {type(item).__name__}: {str(item)[:80]!r}")
+
+
+def check_encodable(items: Sequence[str]) -> None:
+    """A ``ValueError`` naming the first item that is not valid Unicode text (a lone surrogate, as a bad
+    decode with ``errors="surrogateescape"`` leaves), which the tokenizer refuses without naming it."""
+    for i, item in enumerate(items):
+        try:
+            item.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(
+                f"encode() takes valid Unicode text; item {i} holds {item[e.start:e.end]!r} at position {e.start} "
+                f"({e.reason}): {item[:80]!r}"
+            ) from None
 
 
 def check_truncate_dim(value, width: int | None, loaded: int | None = None) -> int:

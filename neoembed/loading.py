@@ -81,6 +81,8 @@ def load(
         model = load_onnx(name_or_path, file_name=file_name, prompts=prompts)
         set_truncate_dim(model, truncate_dim)
         return model
+    if not str(name_or_path).strip():  # Path("") is the working folder
+        raise ValueError("load: the model name is empty: give a model folder or a hub id")
     path = Path(name_or_path)
     check_adapter_base(path)
     if is_adapter_folder(path):  # a LoRA adapter saved alone: its base model, then the adapter on it

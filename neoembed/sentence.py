@@ -29,6 +29,7 @@ from neoembed.config import check_positive_int
 from neoembed.encode_checks import (
     NonFiniteEmbeddingError,
     TruncationWarning,
+    check_encodable,
     check_finite,
     check_items,
     check_truncate_dim,
@@ -120,9 +121,15 @@ class EmbeddingModel(SentenceTransformer):
                     call.get("convert_to_numpy", True),
                 )  # fmt: skip
             check_items(items)
-            prompt = self._resolve_prompt(call.get("prompt"), call.get("prompt_name"))
-            warn_truncation(self.tokenizer, items, self.max_seq_length, prompt)
-        return super().encode(inputs, *args, **kwargs)  # _inference checks the embeddings' finiteness
+        try:
+            if isinstance(items, Sequence):
+                prompt = self._resolve_prompt(call.get("prompt"), call.get("prompt_name"))
+                warn_truncation(self.tokenizer, items, self.max_seq_length, prompt)
+            return super().encode(inputs, *args, **kwargs)  # _inference checks the embeddings' finiteness
+        except TypeError as e:  # the Rust tokenizer's only word on text it cannot take
+            if "TextEncodeInput" in str(e) and isinstance(items, Sequence):
+                check_encodable(items)
+            raise
 
     def get_model_kwargs(self) -> list[str]:
         # ``max_batch_tokens`` travels through sentence-transformers' ``encode`` to :meth:`_inference`

@@ -490,6 +490,18 @@ def test_load_refuses_prompts_that_are_not_text(tmp_path):
         neoembed.load(str(TINY / "model"), prompts="query: ")
 
 
+def test_encode_names_text_that_is_not_unicode_and_load_an_empty_name():
+    """A fault walk's api-2 (a lone surrogate: the tokenizer's "TextEncodeInput must be Union[...]", naming no
+    item) and api-5 (load("") said "'.' is not a model")."""
+    import neoembed
+
+    model = neoembed.load(str(TINY / "model"))
+    with pytest.raises(ValueError, match=r"item 1 holds '\\ud800' at position 3 \(surrogates not allowed\)"):
+        model.encode(["fine", "abc\ud800def"])
+    with pytest.raises(ValueError, match="the model name is empty"):
+        neoembed.load("")
+
+
 def test_mine_refuses_more_ivf_clusters_than_documents_before_the_model_loads(tmp_path, capsys, monkeypatch):
     """N17: faiss's "Number of training points (200) should be at least as large as number of clusters", exit 1,
     after the whole corpus was embedded."""
