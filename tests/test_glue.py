@@ -407,6 +407,14 @@ def test_glue_refuses_a_validation_split_without_labels(tmp_path, msrp_rows, run
     )
     with pytest.raises(ValueError, match=r"'train': row 6's label 'yes' is not a number"):
         check_columns(TASKS["mrpc"], splits)
+    # a split carved into train and validation: the row as the file numbers it (a walk's g25 named row 232
+    # of the shuffled train part for row 8 of the file)
+    carved = tmp_path / "carve"
+    carved.mkdir()
+    bad = [{**r, "label": 5 if i == 7 else r["label"]} for i, r in enumerate(msrp_rows)]
+    (carved / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in bad))
+    with pytest.raises(ValueError, match=r"split 'test': 1 of 64 labels .* \(the first: row 8, label 5\)"):
+        load_splits(TASKS["mrpc"], carved, "test")
 
 
 def test_glue_stops_after_patience_evaluations_without_a_better_score(tmp_path, msrp_rows, tiny_official):

@@ -181,9 +181,9 @@ def load_splits(task: GlueTask, data_dir: str | Path | None, carve: str | None, 
             raise ValueError("--carve divides a local split: pass --data-dir too")
         loader, files = local_splits(data_dir, task, (carve,), carve=True)[carve]
         _refuse_shadowed_splits(Path(files[0]).parent, task, carve)
-        parts = load_dataset(loader, data_files=files, split="train").train_test_split(
-            test_size=0.2, seed=seed
-        )
+        whole = load_dataset(loader, data_files=files, split="train")
+        check_columns(task, {carve: whole})  # rows named as the file numbers them, before the split shuffles
+        parts = whole.train_test_split(test_size=0.2, seed=seed)
         return DatasetDict(train=parts["train"], validation=parts["test"])
     wanted = ("train", *task.validation)
     if data_dir is None:
