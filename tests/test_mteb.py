@@ -307,6 +307,31 @@ def test_local_classification_layout(minilm, tmp_path):
     assert 0.5 <= report.scores["EmotionClassification"]["main_score"] <= 1.0
 
 
+def test_hub_tasks_offline_are_refused_by_one_probe_before_the_model_loads(minilm, tmp_path, monkeypatch):
+    """A docs walk: the default suite offline failed task by task, each after ~20 s of retries (about 20 min for
+    56 tasks). One probe now refuses a run whose hub tasks have no result yet; finished ones, HF_HUB_OFFLINE and
+    --data-dir are not probed."""
+    import mteb
+
+    import neoembed.data.check as check
+    import neoembed.eval.runner as runner
+    from neoembed.data.errors import HubUnreachable
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(check, "hub_unreachable_reason", lambda: "ConnectionError from https://huggingface.co")
+    monkeypatch.setattr(runner, "_load_model", lambda cfg: pytest.fail("the model loaded before the probe"))
+    with pytest.raises(HubUnreachable, match=r"cannot be reached .* 2 task\(s\) of this run .*: STS12, STS13"):
+        _run(minilm, tmp_path / "out", tasks=["STS12", "STS13"])
+    tasks = [(t, None) for t in mteb.get_tasks(tasks=["STS12", "STS13"])]
+    cfg = EvalConfig(model="m", output=tmp_path / "done", tasks=["STS12", "STS13"])
+    (tmp_path / "done").mkdir()
+    for name in ("STS12", "STS13"):
+        (tmp_path / "done" / f"{name}.json").write_text("{}")
+    runner._require_hub(cfg, tasks, tmp_path / "done")  # both finished: reused, nothing to fetch
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    runner._require_hub(cfg, tasks, tmp_path / "out")  # the cache serves
+
+
 def test_missing_folder_is_a_clear_error(minilm, tmp_path):
     from neoembed.eval.local_data import LocalDataError
 

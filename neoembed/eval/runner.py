@@ -378,6 +378,7 @@ def run_mteb(cfg: EvalConfig, model=None) -> EvalReport:
     if tasks and all(isinstance(t, Unresolvable) for t, _ in tasks):  # nothing to run: bad input, exit 2
         raise tasks[0][0].error
     _check_settings(cfg)
+    _require_hub(cfg, tasks, output)
     plan = [(task, _task_instruction(task, card, label, instruction_map)) for task, card in tasks]
     if model is None:
         if not cfg.overwrite:  # results of other settings are refused before the model loads
@@ -393,6 +394,32 @@ def run_mteb(cfg: EvalConfig, model=None) -> EvalReport:
     finally:  # mteb's wrapper replaces the model's prompts with the task's
         if prompts is not None:
             model.prompts = prompts
+
+
+def _require_hub(cfg: EvalConfig, tasks: list, output: Path) -> None:
+    """The tasks this run scores with data from the hub (named or a benchmark's, without --data-dir; results
+    not reused): when the hub cannot be reached, one probe says so before the model loads, where each task would
+    retry for about 20 s and fail. With ``HF_HUB_OFFLINE`` set, nothing is probed (the datasets cache serves)."""
+    from neoembed.data.check import hub_unreachable_reason
+    from neoembed.data.errors import HubUnreachable, hub_offline_mode
+
+    if cfg.data_dir is not None or hub_offline_mode():
+        return
+    named = {s for s in cfg.tasks or [] if Path(s).suffix not in (".yaml", ".yml") and not Path(s).is_dir()}
+    names = [t.metadata.name for t, _ in tasks if not isinstance(t, Unresolvable)]
+    hub = [
+        n
+        for n in names
+        if (n in named or not cfg.tasks) and (cfg.overwrite or not (output / f"{n}.json").is_file())
+    ]
+    if not hub or (down := hub_unreachable_reason()) is None:
+        return
+    shown = ", ".join(hub[:5]) + (f" and {len(hub) - 5} more" if len(hub) > 5 else "")
+    raise HubUnreachable(
+        f"the Hugging Face hub cannot be reached ({down}); {len(hub)} task(s) of this run load their data from "
+        f"it: {shown}. Connect to the network, set HF_HUB_OFFLINE=1 to load them from your datasets cache, or "
+        "serve tasks from local folders with --data-dir DIR (docs/evaluation.md)"
+    )
 
 
 def _run_plan(cfg: EvalConfig, model, plan: list, label: str, output: Path) -> EvalReport:
