@@ -54,7 +54,7 @@ from neoembed.hub import resolve_packaged
 from neoembed.instructions import format_with_instruction
 from neoembed.mine.encode import ForkedWorkers, fast_encode, fast_encode_supported
 from neoembed.mine.filters import select_negatives, text_key
-from neoembed.mine.search import EmbeddingShards, search, shards_to_write, write_shard
+from neoembed.mine.search import EmbeddingShards, checksum_path, search, shards_to_write, write_shard
 from neoembed.mine.settings import (
     MineConfig,
     check_model_kind,
@@ -359,10 +359,8 @@ def _candidates(state: Path, corpus_emb, query_emb, cfg: MineConfig, progress):
     checksum file holds its SHA-256 and those of the shards it searched, so that a file altered or cut short, or
     a shard embedded again since, is searched again (named in a warning)."""
     path = state / "candidates.npz"
-    seal = path.with_name(path.name + ".sha256")
-    inputs = [
-        p.with_name(p.name + ".sha256").read_text().strip() for p in (*corpus_emb.paths, *query_emb.paths)
-    ]
+    seal = checksum_path(path)
+    inputs = [checksum_path(p).read_text().strip() for p in (*corpus_emb.paths, *query_emb.paths)]
     if path.is_file():
         saved = seal.read_text().split() if seal.is_file() else None
         if saved == [file_sha256(path), *inputs]:

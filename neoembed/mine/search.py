@@ -28,12 +28,25 @@ import numpy as np
 from neoembed.progress import bar as progress_bar
 from neoembed.record import atomic_write_text, file_sha256
 
-__all__ = ["INDEX_KINDS", "EmbeddingShards", "merge_topk", "search", "shards_to_write", "write_shard"]
+__all__ = [
+    "INDEX_KINDS",
+    "EmbeddingShards",
+    "checksum_path",
+    "merge_topk",
+    "search",
+    "shards_to_write",
+    "write_shard",
+]
 
 logger = logging.getLogger(__name__)
 
 INDEX_KINDS = ("flat", "ivf", "hnsw", "ivfpq", "binary", "int8")
 GPU_MAX_K = 2048  # faiss GPU indexes return at most 2048 neighbours per query
+
+
+def checksum_path(path: Path) -> Path:
+    """Where the SHA-256 of a file of the run's state is kept: ``NAME.sha256`` beside it."""
+    return path.with_name(path.name + ".sha256")
 
 
 def write_shard(path: Path, array: np.ndarray) -> None:
@@ -43,7 +56,7 @@ def write_shard(path: Path, array: np.ndarray) -> None:
     np.save(tmp, np.ascontiguousarray(array, dtype=np.float32))
     digest = file_sha256(tmp)
     os.replace(tmp, path)
-    atomic_write_text(path.with_name(path.name + ".sha256"), digest + "\n")
+    atomic_write_text(checksum_path(path), digest + "\n")
 
 
 def shards_to_write(paths: list[Path]) -> list[int]:
@@ -55,7 +68,7 @@ def shards_to_write(paths: list[Path]) -> list[int]:
         if not path.is_file():
             todo.append(s)
             continue
-        side = path.with_name(path.name + ".sha256")
+        side = checksum_path(path)
         saved = side.read_text().strip() if side.is_file() else None
         if saved != file_sha256(path):
             why = "has no checksum (a write cut short)" if saved is None else "does not match its checksum"
