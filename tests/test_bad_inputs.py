@@ -98,6 +98,23 @@ def test_truncated_shard_is_named(tmp_path, which):
         ShardedCorpus(shards)
 
 
+def test_token_outside_the_vocabulary_names_its_shard(tmp_path, capsys, monkeypatch):
+    """A shard holding an id past its vocabulary (damaged, or not written by preprocess) is named with the id
+    and the fix; the model's embedding check asked whether the tokenizer was the model's own."""
+    import numpy as np
+
+    shards = shutil.copytree(TINY / "shards", tmp_path / "shards")
+    tokens = np.load(shards / "shard-00000.tokens.npy", mmap_mode="r+")
+    tokens[5000] = 1600  # the tiny vocabulary has 1,500 tokens
+    tokens.flush()
+    del tokens
+    code, out = _cli(capsys, monkeypatch, "pretrain", str(RECIPES / "pretrain-tiny.yaml"),
+                     f"data.sources=[{{path: {shards}}}]", f"output_dir={tmp_path / 'run'}")  # fmt: skip
+    assert code == 2, out
+    assert "shard-00000.tokens.npy holds token id 1600" in out and "vocabulary of 1500 tokens" in out, out
+    assert "preprocess" in out and "tokenizer the model's own" not in out
+
+
 def test_malformed_instructions_file_is_named(tmp_path):
     from neoembed.instructions import load_instruction_set
 

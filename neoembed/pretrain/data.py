@@ -423,7 +423,9 @@ class ShardedCorpus:
         shards = sorted(root.glob("shard-*.tokens.npy"))
         if not shards:
             raise FileNotFoundError(f"{root} holds no shards yet: run (or finish) `neoembed preprocess`")
+        self._shards = shards
         self._tokens = [_load_shard_array(s, mmap=True) for s in shards]
+        self._vocab = self.meta.get("vocab_size")
         offsets = [_load_shard_array(Path(str(s).replace(".tokens.npy", ".offsets.npy"))) for s in shards]
         for s, tokens, o in zip(shards, self._tokens, offsets, strict=True):
             if len(o) == 0 or int(o[-1]) > len(tokens):
@@ -450,5 +452,14 @@ class ShardedCorpus:
 
     def __getitem__(self, i: int) -> np.ndarray:
         j = int(i) if self._docs is None else int(self._docs[i])
-        s = self._starts[j]
-        return np.asarray(self._tokens[self._shard_of[j]][s : s + self._lengths[j]], dtype=np.int64)
+        s, shard = self._starts[j], self._shard_of[j]
+        doc = np.asarray(self._tokens[shard][s : s + self._lengths[j]], dtype=np.int64)
+        # a few comparisons per document, so that a damaged shard is named here, not by the model's embedding
+        if self._vocab is not None and len(doc) and (doc.max() >= self._vocab or doc.min() < 0):
+            bad = int(doc.max() if doc.max() >= self._vocab else doc.min())
+            raise ValueError(
+                f"shard {self._shards[shard]} holds token id {bad} (document {j}), outside the vocabulary of "
+                f"{self._vocab} tokens its meta.json records: the shard is damaged or was not written by "
+                "`neoembed preprocess`; run it again into a new folder"
+            )
+        return doc
