@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from pathlib import Path
 
 import pytest
@@ -99,6 +100,20 @@ def test_cached_equals_plain_loss_and_gradients(tiny, columns, mini_batch_size):
     for n, p in tiny.named_parameters():
         if n in grads_plain:
             torch.testing.assert_close(p.grad, grads_plain[n], rtol=1e-4, atol=1e-6, msg=n)
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_a_batch_with_nothing_to_contrast_is_warned(tiny, cached):
+    """Every query the same text, no hard negatives: each answer is a positive of every row, so the masks leave
+    nothing to contrast and the loss is 0 whatever the model; the loss says so. A usual batch does not warn."""
+    make = (lambda m: CachedInfoNCELoss(m, mini_batch_size=2)) if cached else InfoNCELoss
+    same = {"query": ["what is neobert"] * 3, "positive": ["an encoder", "a model", "from a lab"]}
+    with pytest.warns(UserWarning, match="no query of this batch kept a negative"):
+        loss = make(tiny)([tiny.tokenize(same[c]) for c in ("query", "positive")], torch.zeros(3))
+    assert loss.item() == 0.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert make(tiny)(_features(tiny, ("query", "positive")), torch.zeros(5)).item() > 0
 
 
 def test_cached_pass_writes_each_column_into_one_buffer(tiny, monkeypatch):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
 from collections.abc import Iterable
 from typing import NamedTuple
 
@@ -173,7 +174,34 @@ class _InfoNCEMixin:
             mask = duplicate_masker(pos, cands, offset, query_keys, all_queries)
         n_candidates = sum(_rows(d) for d in docs)
         mask = self._mask_false_negatives(n_candidates, len(docs), mask, offset)  # objectives (#25)
-        return self._contrast(queries, docs, mask, offset)
+        kept: list[Tensor] = []
+        loss = self._contrast(queries, docs, _counting_negatives(mask, kept), offset)
+        if not self.improved_contrastive and (n_candidates < 2 or kept and not bool(torch.stack(kept).any())):
+            warnings.warn(NO_NEGATIVE, stacklevel=2)
+        return loss
+
+
+#: a batch in which InfoNCE has nothing to contrast (its loss is exactly 0, whatever the model)
+NO_NEGATIVE = (
+    "InfoNCE: no query of this batch kept a negative (every candidate was its own positive, a duplicate of "
+    "one of its positives, or a masked false negative), so its loss is 0 and the step learns nothing. "
+    "Usual causes: every query is the same text (each row's positive is then a positive of all of them), "
+    "a batch of one pair without hard negatives, or a false_negatives margin that masks everything."
+)
+
+
+def _counting_negatives(mask: MaskFn | None, kept: list[Tensor]) -> MaskFn | None:
+    """``mask``, appending to ``kept`` per chunk whether any of its rows keeps a negative (more than its own
+    positive unmasked), read once per batch: a batch with nothing to contrast gives a loss of 0 silently otherwise."""
+    if mask is None:
+        return None
+
+    def counted(rows: slice, cos: Tensor) -> Tensor | None:
+        out = mask(rows, cos)
+        kept.append(cos.new_ones((), dtype=torch.bool) if out is None else ((~out).sum(dim=1) > 1).any())
+        return out
+
+    return counted
 
 
 def _recipe_settings(recipe) -> dict:
