@@ -15,6 +15,7 @@ validation, so they go through exactly the same checks as the file.
 from __future__ import annotations
 
 import copy
+import difflib
 import random
 from importlib import resources
 from pathlib import Path
@@ -56,6 +57,7 @@ __all__ = [
     "Template",
     "apply_overrides",
     "check_keep_best",
+    "check_keep_best_scores",
     "kind_union",
     "load_recipe",
     "resolve_recipe_path",
@@ -415,6 +417,25 @@ def check_keep_best(recipe: Any, example: str = "eval: {steps: N, tasks: [...], 
             f"keep_best.metric {keep!r} is not a score eval: logs: eval.metric {metric!r} (the mean over tasks) or "
             f"'<task>_{metric}' (one task's); set keep_best.metric to one of them, or eval.metric to what you want"
         )
+
+
+def check_keep_best_scores(recipe: Any, task_names: list[str]) -> None:
+    """``keep_best.metric`` is one of the scores the evaluation will log: ``eval.metric`` (the mean over tasks)
+    or ``<task>_<eval.metric>`` for a task it scores. Known once the tasks resolve, before training: at the first
+    evaluation, a misspelt task name would cost the steps before it."""
+    keep = getattr(recipe, "keep_best", None)
+    metric = getattr(getattr(recipe, "eval", None), "metric", None)
+    if keep is None or metric is None:
+        return
+    logged = [metric] + [f"{name}_{metric}" for name in task_names]
+    if keep.metric in logged:
+        return
+    close = difflib.get_close_matches(keep.metric, logged, n=1, cutoff=0.6)
+    raise ValueError(
+        f"keep_best.metric {keep.metric!r} is not a score the evaluation logs"
+        + (f" (did you mean {close[0]!r}?)" if close else "")
+        + f"; it logs: {', '.join(logged)}"
+    )
 
 
 # ------------------------------------------------------------------------------------------ run settings

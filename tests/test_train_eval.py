@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from neoembed.eval.runner import EvalConfig, run_mteb
 from neoembed.eval.training import MtebEvaluator
-from neoembed.recipe import RecipeError, load_recipe
+from neoembed.recipe import RecipeError, check_keep_best_scores, load_recipe
 from neoembed.runs import RunFinished, TrainingInterrupted
 from neoembed.train import trainer as trainer_mod
 from neoembed.train.recipe import UnifiedRecipe
@@ -349,12 +349,17 @@ def test_an_eval_task_on_an_unreachable_hub_is_refused_before_training(monkeypat
     MtebEvaluator(EvalSettings(steps=2, tasks=["STS16"]), TINY.parent)
 
 
-def test_an_unknown_eval_task_is_refused_before_training(tmp_path, tiny_official, trecqa):
+def test_an_unknown_eval_task_is_refused_before_training(tmp_path, tiny_official, trecqa, capsys, monkeypatch):
     """eval.tasks naming no task folder, card or mteb task trained every step up to the first evaluation, then
-    died in mteb's KeyError ("please report it") with no checkpoint (#43, a walk's T27)."""
+    died in mteb's KeyError ("please report it") with no checkpoint (#43, a walk's T27). A path that does not
+    exist is said to be one (mteb's "not found" named no folder), and --dry-run checks the tasks too (R25)."""
+    from test_runs import _cli
+
     recipe = _recipe(tmp_path / "out", tiny_official, "NoSuchTask")
-    with pytest.raises(ValueError, match="eval.tasks: .*NoSuchTask"):
+    with pytest.raises(ValueError, match="eval.tasks: 'NoSuchTask' not found"):
         MtebEvaluator(recipe.eval, TINY.parent)
+    code, said = _cli(capsys, monkeypatch, "train", str(TINY), "--dry-run", "eval={steps: 4, tasks: [no/such]}")
+    assert code == 2 and "eval.tasks: no/such is no task folder or task card" in said, said
     assert MtebEvaluator(_recipe(tmp_path / "o2", tiny_official, trecqa).eval, TINY.parent).tasks == [
         str(trecqa)
     ]
@@ -367,7 +372,12 @@ def test_a_keep_best_metric_eval_does_not_log_is_refused_at_the_recipe(tmp_path,
     with pytest.raises(ValueError, match=r"keep_best.metric 'ndcg_at_1O' is not a score eval: logs"):
         _recipe(tmp_path, tiny_official, trecqa, "keep_best={metric: ndcg_at_1O}")
     for fine in ("ndcg_at_10", "TrecQA_ndcg_at_10"):  # the mean over tasks, one task's
-        _recipe(tmp_path, tiny_official, trecqa, f"keep_best={{metric: {fine}}}")
+        recipe = _recipe(tmp_path, tiny_official, trecqa, f"keep_best={{metric: {fine}}}")
+        check_keep_best_scores(recipe, MtebEvaluator(recipe.eval, TINY.parent).task_names)
+    # a task's name misspelt (R27): only the tasks know their names, so it is checked once they resolve
+    recipe = _recipe(tmp_path, tiny_official, trecqa, "keep_best={metric: Trecqa_ndcg_at_10}")
+    with pytest.raises(ValueError, match=r"'Trecqa_ndcg_at_10' is not a score .*did you mean 'TrecQA_ndcg_at_10'"):
+        check_keep_best_scores(recipe, MtebEvaluator(recipe.eval, TINY.parent).task_names)
 
 
 def test_an_eval_metric_the_tasks_type_has_no_score_of_is_refused_before_training(

@@ -10,6 +10,7 @@ JSON of each evaluation is kept in ``OUTPUT/eval/step-N/``.
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 from pathlib import Path
@@ -30,9 +31,14 @@ def task_metric(entry: dict, metric: str) -> float:
     values = [s[metric] for rows in entry["mteb"]["scores"].values() for s in rows if metric in s]
     if not values:
         names = sorted({k for rows in entry["mteb"]["scores"].values() for s in rows for k in s})
+        names = [n for n in names if n not in ("hf_subset", "languages", "mteb_version")]
+        close = difflib.get_close_matches(metric, names, n=3, cutoff=0.8)
+        shown = [n for n in names if not n.startswith("nauc_")]  # mteb's per-threshold AUC diagnostics: many
         raise ValueError(  # bad input (exit 2), found at the first evaluation
-            f"eval.metric {metric!r} is not a score of task {entry['task']} ({entry['type']}); "
-            f"its scores: {', '.join(n for n in names if n not in ('hf_subset', 'languages'))}"
+            f"eval.metric {metric!r} is not a score of task {entry['task']} ({entry['type']})"
+            + (f"; did you mean {' or '.join(map(repr, close))}?" if close else "")
+            + f" Its scores: {', '.join(shown)}"
+            + (f" (and {len(names) - len(shown)} nauc_* ones)" if len(shown) < len(names) else "")
         )
     return sum(values) / len(values)
 
@@ -46,7 +52,7 @@ class MtebEvaluator(SentenceEvaluator):
         super().__init__()
         self.settings = settings
         own = [_task_path(t, recipe_dir) for t in settings.tasks]
-        _check_tasks(own, settings.metric)
+        self.task_names = _check_tasks(own, settings.metric)  # mteb's names: the scores are "<name>_<metric>"
         self.tasks = own + list(extra_tasks)  # + the holdout's (written when training starts)
         self.primary_metric = settings.metric
 
@@ -89,18 +95,26 @@ METRIC_FAMILIES = (
 )  # fmt: skip
 
 
-def _check_tasks(tasks: list[str], metric: str = "main_score") -> None:
+def _check_tasks(tasks: list[str], metric: str = "main_score") -> list[str]:
     """Every eval task resolves before training starts: one that does not failed at the first evaluation, the
     steps before it lost (no checkpoint is written at a step whose evaluation fails). A ``metric`` of a family
-    the task's type has no score of (:data:`METRIC_FAMILIES`) is refused too."""
+    the task's type has no score of (:data:`METRIC_FAMILIES`) is refused too. Returns the tasks' names."""
     from neoembed.eval.resolve import Unresolvable, resolve_tasks
 
     if not tasks:  # the holdout's alone (an empty list would resolve to the whole default benchmark)
-        return
+        return []
     try:
         resolved = resolve_tasks(EvalConfig(model="-", output="-", tasks=tasks))
     except KeyError as e:  # mteb: an unknown task name
-        raise ValueError(f"eval.tasks: {e.args[0] if e.args else e}") from None
+        said = str(e.args[0] if e.args else e).removeprefix("KeyError: ")
+        paths = [t for t in tasks if not Path(t).exists() and ("/" in t or t.endswith((".yaml", ".yml")))]
+        if paths:  # written as a path: mteb's "not found" would hide that the folder or card is missing
+            raise ValueError(
+                f"eval.tasks: {', '.join(paths)} is no task folder or task card (a relative path is looked up in the "
+                "working directory, then the recipe's folder) and no mteb task name; docs/evaluation.md shows local "
+                "task folders"
+            ) from None
+        raise ValueError(f"eval.tasks: {said}") from None
     for task, _ in resolved:
         if isinstance(task, Unresolvable):
             raise ValueError(f"eval.tasks: {task.metadata.name}: {task.error}")
@@ -113,6 +127,7 @@ def _check_tasks(tasks: list[str], metric: str = "main_score") -> None:
                     f"its type, or evaluate on tasks of the type {metric!r} belongs to ({', '.join(sorted(types))})"
                 )
     _check_hub([t for t in tasks if not Path(t).exists()])
+    return [task.metadata.name for task, _ in resolved]
 
 
 def _check_hub(named: list[str]) -> None:

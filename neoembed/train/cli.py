@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -54,20 +55,14 @@ def train_command(
         from neoembed.data.plan import dry_run as describe
 
         typer.echo(describe(parsed, path.parent))
+        _evaluator(parsed, path.parent)  # its tasks and keep_best's score, as the run checks them
         return
     from neoembed.hub import check_model_source
     from neoembed.runs import output_lock
 
     check_model_source(parsed.model)  # offline or a typo: said before torch and sentence-transformers import
     with output_lock(parsed.output_dir):  # a second run into this folder is refused before it touches it
-        evaluator = None
-        if parsed.eval is not None:  # evaluation sits above the trainers: it is handed to them
-            from neoembed.eval.training import MtebEvaluator
-            from neoembed.train.holdout import holdout_task_paths
-
-            evaluator = MtebEvaluator(
-                parsed.eval, path.parent, extra_tasks=holdout_task_paths(parsed, path.parent)
-            )
+        evaluator = _evaluator(parsed, path.parent)
         if isinstance(parsed, CDERecipe):
             from neoembed.cde.trainer import train_cde
 
@@ -105,3 +100,17 @@ def _release_process_group() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+
+
+def _evaluator(parsed, recipe_dir: Path):
+    """The recipe's evaluation during training (None without ``eval:``), its tasks resolved and ``keep_best``'s
+    score checked against what it will log. Evaluation sits above the trainers: it is handed to them."""
+    if parsed.eval is None:
+        return None
+    from neoembed.eval.training import MtebEvaluator
+    from neoembed.recipe import check_keep_best_scores
+    from neoembed.train.holdout import holdout_task_names, holdout_task_paths
+
+    evaluator = MtebEvaluator(parsed.eval, recipe_dir, extra_tasks=holdout_task_paths(parsed, recipe_dir))
+    check_keep_best_scores(parsed, evaluator.task_names + holdout_task_names(parsed, recipe_dir))
+    return evaluator

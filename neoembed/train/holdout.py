@@ -33,6 +33,7 @@ __all__ = [
     "check_same_holdout",
     "held_card_names",
     "holdout_record",
+    "holdout_task_names",
     "holdout_task_paths",
     "split_holdout",
     "write_holdout_tasks",
@@ -61,6 +62,15 @@ def holdout_task_paths(recipe, recipe_dir: Path | None = None) -> list[str]:
     """The task folders the holdout will write (absolute: the evaluator is built before the run folder exists)."""
     root = Path(recipe.output_dir).resolve() / "eval"
     return [str(root / f"holdout-{name}") for name in held_card_names(recipe, recipe_dir)]
+
+
+def holdout_task_names(recipe, recipe_dir: Path | None = None) -> list[str]:
+    """The mteb names of the holdout's tasks (their scores are logged as ``<name>_<metric>``)."""
+    return [HOLDOUT_TASK.format(name) for name in held_card_names(recipe, recipe_dir)]
+
+
+#: a held-out slice's task name (its folder is ``eval/holdout-<card>``)
+HOLDOUT_TASK = "Holdout-{}"
 
 
 def _raw_queries(ds, card, recipe) -> list[str]:
@@ -173,7 +183,7 @@ def write_holdout_tasks(output: Path, held: dict, cards, recipe) -> None:
             (folder / file).write_text(
                 "".join(json.dumps(x, ensure_ascii=False) + "\n" for x in lines), "utf8"
             )
-        task = {"name": f"Holdout-{name}", "type": "Retrieval", "data": ".", "eval_splits": ["test"]}
+        task = {"name": HOLDOUT_TASK.format(name), "type": "Retrieval", "data": ".", "eval_splits": ["test"]}
         if recipe.instructions and instructions.get(name):
             task["instruction"] = instructions[name]
         task["description"] = (
