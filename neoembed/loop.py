@@ -282,6 +282,7 @@ class RunLoop:
         self.nan_advice, self.evaluate, self.save_model = nan_advice, evaluate, save_model
         self.best: dict | None = None  # keep_best: {"step", "metric", "value"} of the best saved step so far
         self.stale = 0  # keep_best.patience: saved evaluations since the best one
+        self._evaluation_due = False  # this step's evaluation failed: a resume from its checkpoint runs it first
         self.metrics = MetricsLog(self.output, recipe.report_to, accelerator.is_main_process)
         check_trackers(recipe.report_to)
         self.trackers: list = []
@@ -302,7 +303,15 @@ class RunLoop:
         window = state.get("log_window") or {}  # the logging window the checkpoint fell inside
         self._window, self._window_seconds = dict(window.get("sums", {})), float(window.get("seconds", 0.0))
         self.best = state.get("best")
+        keep = getattr(self.recipe, "keep_best", None)
+        if self.best is not None and keep is not None and keep.metric != self.best["metric"]:
+            raise ValueError(
+                f"--resume: this run keeps its best step by eval_{self.best['metric']} (step {self.best['step']} so "
+                f"far); keep_best.metric {keep.metric!r} would compare it with another score. Resume with "
+                f"keep_best.metric={self.best['metric']}, or start a new run in another output_dir"
+            )
         self.stale = int(state.get("evaluations_since_best", 0))
+        self._evaluation_due = bool(state.get("evaluation_due", False))
         self.metrics.truncate(self.step)
         self.acc.print(f"resumed from {checkpoint} at step {self.step}")
         return self.step
@@ -355,14 +364,29 @@ class RunLoop:
             return None
         return {**self.best, "mode": self.recipe.keep_best.mode, "last_step": self.step}
 
-    def _evaluate(self, saved: bool) -> bool:
-        """Score the model now (main process), log the scores, and track the best ``saved`` step; True when
-        ``keep_best.patience`` evaluations in a row found no better one (the run ends)."""
-        scores = self.evaluate(self.step) if self.acc.is_main_process else None
+    def _scores(self) -> dict[str, float]:
+        """The evaluation's scores on every process (the main process evaluates). A failure raises on every
+        process, so that they save the steps trained together (:meth:`run`) instead of waiting on each other."""
+        scores, failed = None, None
+        if self.acc.is_main_process:
+            try:
+                scores = self.evaluate(self.step)
+            except Exception as e:  # bad input (a metric no task logs) or a broken task: raised after the save
+                failed = e
         if self.acc.num_processes > 1:
             from accelerate.utils import broadcast_object_list
 
             scores = broadcast_object_list([scores])[0]
+        if failed is not None:
+            raise failed
+        if scores is None:
+            raise RuntimeError(f"the evaluation at step {self.step} failed on the main process (its error above)")
+        return scores
+
+    def _evaluate(self, saved: bool) -> bool:
+        """Score the model now (main process), log the scores, and track the best ``saved`` step; True when
+        ``keep_best.patience`` evaluations in a row found no better one (the run ends)."""
+        scores = self._scores()
         row = {"step": self.step, **{f"eval_{k}": v for k, v in scores.items()}}
         self.metrics.write(row)
         for tracker in self.trackers:
@@ -386,6 +410,31 @@ class RunLoop:
             self.stale += 1
         return keep.patience is not None and self.stale >= keep.patience
 
+    def _evaluate_or_save(self, saving: bool) -> bool:
+        """:meth:`_evaluate`; when it fails, the steps trained are saved first (a checkpoint here, whatever
+        ``save_steps`` says), marked so that a resume runs this evaluation before it trains on."""
+        try:
+            return self._evaluate(saved=saving)
+        except Exception:
+            self._evaluation_due = True
+            saved = self.save()
+            if self.acc.is_main_process:
+                print(
+                    f"the evaluation at step {self.step} failed; the steps trained are saved in {saved}: fix the "
+                    "cause (below) and continue with --resume, which runs this evaluation first",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            raise
+
+    def _due_evaluation(self) -> bool:
+        """A resume from a checkpoint whose evaluation failed runs it now (True: ``keep_best.patience`` is out)."""
+        due, self._evaluation_due = self._evaluation_due, False
+        if not due or self.evaluate is None or getattr(self.recipe, "eval", None) is None:
+            return False
+        # failing again leaves the checkpoint as it is: nothing new was trained
+        return self._evaluate(saved=True) and self.step < self.recipe.steps
+
     def _stopped_early(self) -> None:
         if self.acc.is_main_process:
             best, patience = self.best, self.recipe.keep_best.patience
@@ -406,6 +455,7 @@ class RunLoop:
                 seconds = time.perf_counter() - self._t0 if self._t0 is not None else 0.0
                 state["log_window"] = {"sums": self._window, "seconds": seconds}
                 state["evaluations_since_best"] = self.stale
+                state["evaluation_due"] = self._evaluation_due
                 atomic_write_text(staged / "trainer_state.json", json.dumps(state, indent=2) + "\n")
         except Exception as e:  # a full disk, say: the staging folder goes, the last checkpoint stays
             raise write_failed(staged, step, e) from e
@@ -465,9 +515,9 @@ class RunLoop:
         said = start  # when the last plain line was printed
         # a resumed run's first row averages its whole window, the steps before the checkpoint included
         sums, self._t0 = self._window, time.perf_counter() - self._window_seconds
-        stopped = None
+        stopped, early = None, self._due_evaluation()
         with StopSignal() as stop:
-            while self.step < r.steps:
+            while self.step < r.steps and not early:
                 out = step_fn(self.step, stop.received is not None)
                 grad_norm, lr = self._update(out)
                 self.step += 1
@@ -496,7 +546,7 @@ class RunLoop:
                 evaluation, patience_out = getattr(r, "eval", None), False
                 if self.evaluate is not None and evaluation is not None:
                     if self.step % evaluation.steps == 0 or self.step == r.steps:
-                        patience_out = self._evaluate(saved=saving)
+                        patience_out = self._evaluate_or_save(saving)
                 if out.stop:
                     stopped = self.save()
                     break
@@ -505,6 +555,8 @@ class RunLoop:
                 if patience_out and self.step < r.steps:
                     self._stopped_early()
                     break
+        if early:
+            self._stopped_early()
         bar.close()
         self.metrics.close(title=self.output.name)
         for tracker in self.trackers:

@@ -169,6 +169,39 @@ def _same_weights(a: Path, b: Path) -> bool:
     return wa.keys() == wb.keys() and all((wa[k] == wb[k]).all() for k in wa)
 
 
+def test_a_failed_evaluation_keeps_its_steps_and_the_resume_runs_it_first(
+    tmp_path, tiny_official, trecqa, monkeypatch
+):
+    """An evaluation that fails (a metric no task logs, a broken task) stopped the run before its step was saved:
+    every step since the last checkpoint was lost, and with keep_best (checkpoints only at evaluated steps) all
+    of them (#43, a walk's R26). Now the step is saved, marked, and a resume runs that evaluation first: the
+    run ends as one never stopped. keep_best.metric may change only until a score has counted."""
+    best = ("keep_best={metric: ndcg_at_10, mode: min}",)
+    full = _train(_recipe(tmp_path / "full", tiny_official, trecqa, *best))
+    out = tmp_path / "run"
+    recipe = _recipe(out, tiny_official, trecqa, *best)
+    real = MtebEvaluator.__call__
+
+    def broken(self, model, output_path=None, epoch=-1, steps=-1):
+        if steps == 4:
+            raise ValueError("the task's data is gone")
+        return real(self, model, output_path, epoch, steps)
+
+    monkeypatch.setattr(MtebEvaluator, "__call__", broken)
+    with pytest.raises(ValueError, match="data is gone"):
+        _train(recipe)
+    state = json.loads((out / "checkpoint-4" / "trainer_state.json").read_text())
+    assert state["evaluation_due"] and state["best"]["step"] == 2
+    monkeypatch.setattr(MtebEvaluator, "__call__", real)
+    other = _recipe(out, tiny_official, trecqa, "keep_best={metric: TrecQA_ndcg_at_10, mode: min}")
+    with pytest.raises(ValueError, match="keeps its best step by eval_ndcg_at_10 .*keep_best.metric=ndcg_at_10"):
+        _train(other, resume=True)
+    _train(recipe, resume=True)
+    assert _rows(out, "eval_ndcg_at_10") == pytest.approx(_rows(full, "eval_ndcg_at_10"), abs=1e-9)
+    assert _same_weights(out, full)
+    assert json.loads((out / "best.json").read_text()) == json.loads((full / "best.json").read_text())
+
+
 def test_adding_or_changing_eval_does_not_block_a_resume(tmp_path, tiny_official, trecqa):
     from neoembed.runs import resume_settings
 

@@ -96,9 +96,10 @@ METRIC_FAMILIES = (
 
 
 def _check_tasks(tasks: list[str], metric: str = "main_score") -> list[str]:
-    """Every eval task resolves before training starts: one that does not failed at the first evaluation, the
-    steps before it lost (no checkpoint is written at a step whose evaluation fails). A ``metric`` of a family
-    the task's type has no score of (:data:`METRIC_FAMILIES`) is refused too. Returns the tasks' names."""
+    """Every eval task resolves before training starts, not at the first evaluation after ``eval.steps`` steps
+    (whose failure stops the run: its steps are saved, and a resume runs that evaluation first). A ``metric`` of
+    a family the task's type has no score of (:data:`METRIC_FAMILIES`) is refused too. Returns the tasks'
+    names."""
     from neoembed.eval.resolve import Unresolvable, resolve_tasks
 
     if not tasks:  # the holdout's alone (an empty list would resolve to the whole default benchmark)

@@ -33,7 +33,8 @@ RECORD = RUN_RECORD
 # (evaluation during training) restores every random stream after scoring, so it does not move the training either.
 # GradCache's piece sizes (``loss.mini_batch_size``, CDE's ``chunk_size``) are memory settings: the same loss and
 # gradients in other pieces (float rounding differs, and with dropout the draws each text gets), so a run that ran
-# out of memory resumes with smaller pieces.
+# out of memory resumes with smaller pieces. ``keep_best.metric`` may change until a score has counted (a misspelt
+# one fails the first evaluation, whose checkpoint a resume evaluates first): RunLoop.resume refuses it after.
 NON_TRAJECTORY_KEYS = frozenset(
     {
         "output_dir",
@@ -45,6 +46,7 @@ NON_TRAJECTORY_KEYS = frozenset(
         "eval",
         "loss.mini_batch_size",
         "chunk_size",
+        "keep_best.metric",
     }
 )
 #: trajectory settings whose values differ but train the same run: GradCache computes its plain loss's gradients
