@@ -7,10 +7,12 @@ It sits on the lowest floor (pydantic and PyYAML only), so that every foundation
 from __future__ import annotations
 
 import numbers
-from typing import Any
+import types
+import typing
+from typing import Annotated, Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
 __all__ = ["StrictModel", "check_positive_int", "load_yaml"]
 
@@ -51,6 +53,30 @@ class StrictModel(BaseModel):
     infinite (``alpha=nan`` or ``lr=inf`` fail here, by key, not inside a run)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_switch_for_a_number(cls, value: Any, info: ValidationInfo) -> Any:
+        # pydantic reads true as 1 for a number: ``steps=true`` trained one step
+        if not isinstance(value, bool) or not info.field_name:
+            return value
+        leaves = _leaves(cls.model_fields[info.field_name].annotation)
+        if any(t in (int, float) for t in leaves) and not any(t is bool or t is Any for t in leaves):
+            raise ValueError(f"takes a number, not {str(value).lower()}")
+        return value  # other types refuse a bool themselves
+
+
+def _leaves(annotation: Any) -> list[Any]:
+    """The types a field typed ``annotation`` takes: through ``Annotated`` and unions (``PositiveInt | None``);
+    a literal's values as their types."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is Annotated:
+        return _leaves(args[0])
+    if origin in (typing.Union, types.UnionType):
+        return [t for a in args for t in _leaves(a)]
+    if origin is typing.Literal:
+        return [type(a) for a in args]
+    return [annotation]
 
 
 def check_positive_int(value: Any, what: str, unit: str = "") -> int:

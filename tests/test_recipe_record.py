@@ -172,6 +172,11 @@ def test_one_run_settings_block_for_every_training_recipe():
         ("tiny", "matryoshka={dims: [8], weights: [.inf]}", "matryoshka.weights"),
         ("cde-tiny", "matryoshka={dims: [8], weights: [.nan]}", "matryoshka.weights"),
         ("tiny", "adapter.alpha=inf", "adapter.alpha"),
+        # pydantic reads true as 1 and false as 0 for a number: steps=true trained one step (#43, R8)
+        ("tiny", "steps=true", "steps"),
+        ("tiny", "optimizer.lr=true", "optimizer.lr"),
+        ("cde-tiny", "steps=false", "steps"),
+        ("pretrain-tiny", "batch.micro_batch_size=true", "batch.micro_batch_size"),
     ],
 )
 def test_bad_numbers_are_refused_by_key_before_anything_loads(recipe, override, key):
