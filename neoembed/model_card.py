@@ -15,8 +15,9 @@ from neoembed.instructions import instruction_prefix
 LOADING_HEADING = "## Loading with and without neoembed"
 
 
-def loading_section(model_id: str, neobert: bool = True) -> str:
-    """The model card's section on loading ``model_id`` with and without neoembed."""
+def loading_section(model_id: str, neobert: bool = True, query_prompt: str | None = None) -> str:
+    """The model card's section on loading ``model_id`` with and without neoembed; the note on the saved query
+    prompt unless the model saves none (``query_prompt`` "": the usage section says how its queries go)."""
     if neobert:
         without = (
             "Without neoembed, the two NeoBERT files saved beside the weights are used:\n\n"
@@ -34,7 +35,7 @@ def loading_section(model_id: str, neobert: bool = True) -> str:
     return (
         f"{LOADING_HEADING}\n\nWith neoembed installed{note}:\n\n"
         f'```python\nimport neoembed\nmodel = neoembed.load("{model_id}")\n'
-        'embeddings = model.encode(["a sentence"])\n```\n\n' + without + "\n" + PROMPT_NOTE
+        'embeddings = model.encode(["a sentence"])\n```\n\n' + without + ("\n" + PROMPT_NOTE if query_prompt != "" else "")
     )
 
 
@@ -48,9 +49,9 @@ PROMPT_NOTE = (
 )
 
 
-def with_loading_section(card: str, model_id: str, neobert: bool = True) -> str:
+def with_loading_section(card: str, model_id: str, neobert: bool = True, query_prompt: str | None = None) -> str:
     """``card`` with its loading section written for ``model_id``: replaced where present, else appended."""
-    section = loading_section(model_id, neobert)
+    section = loading_section(model_id, neobert, query_prompt)
     start = card.find(LOADING_HEADING)
     if start < 0:
         return card.rstrip() + "\n\n" + section
@@ -114,15 +115,16 @@ def model_card_text(
     model_id: str,
     base_model: str | None,
     datasets: Sequence[dict[str, str]] = (),
-    steps: int | None = None,
+    steps: int | str | None = None,
     scores: dict[str, float] | None = None,
     notes: str = "",
     neobert: bool = True,
     query_prompt: str | None = None,
+    prefixed: bool = True,
 ) -> str:
     """A model card (README.md) naming the base model, the training data and their licences, the training
-    length, scores, how queries were prompted (``query_prompt``: the saved ``query`` prompt) and how to load the
-    model with and without neoembed."""
+    length, scores, how queries were prompted (``query_prompt``: the saved ``query`` prompt; ``prefixed``: whether
+    any training query carried a prefix) and how to load the model with and without neoembed."""
     lines = [
         "---",
         "library_name: sentence-transformers",
@@ -160,19 +162,24 @@ def model_card_text(
     if notes:
         lines += ["", notes]
     if query_prompt is not None:
-        lines += ["", _usage_section(query_prompt)]
-    lines += ["", loading_section(model_id, neobert)]
+        lines += ["", _usage_section(query_prompt, prefixed)]
+    lines += ["", loading_section(model_id, neobert, query_prompt)]
     return "\n".join(lines)
 
 
-def _usage_section(query_prompt: str) -> str:
+def _usage_section(query_prompt: str, prefixed: bool = True) -> str:
     if query_prompt:
         said = (
             f"Queries were trained with the prefix `{query_prompt!r}`, saved as the model's `query` prompt: "
             "`encode_query` adds it, `encode_document` adds nothing."
         )
+    elif prefixed:
+        said = (
+            "Each training dataset's queries carried its own instruction (the recipe and `run_record.json` list "
+            "them), so no single `query` prompt is saved: pass `prompt=` with the instruction of your task."
+        )
     else:
-        said = "Queries were trained without one shared prefix; pass `prompt=` as in training."
+        said = "Queries were trained without a prefix, and none is saved: `encode_query` and `encode` embed alike."
     return (
         f"## Usage\n\n{said}\n\n```python\n"
         'query_embeddings = model.encode_query(["how do cats purr?"])\n'

@@ -163,7 +163,7 @@ class EmbeddingModel(SentenceTransformer):
         neobert = _is_neobert(self)
         if neobert or LOADING_HEADING in text:
             model_id = self.model_card_data.model_id or model_name or str(path)
-            readme.write_text(with_loading_section(text, model_id, neobert), encoding="utf8")
+            readme.write_text(with_loading_section(text, model_id, neobert, self.prompts.get("query")), "utf8")
 
 
 def _is_neobert(model: SentenceTransformer) -> bool:

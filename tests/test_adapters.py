@@ -94,6 +94,7 @@ def test_lora_run_saves_merged_and_adapter_and_loads_without_neoembed(
         [*overrides, "steps=4", "save_steps=2", "adapter={r: 4, alpha: 8}", "matryoshka={dims: [64, 8]}"],
     )
     train(recipe, recipe_dir=TINY.parent)
+    assert "Trained as a LoRA adapter (rank 4, alpha 8.0)" in (out / "README.md").read_text()  # #43, R16
     merged = neoembed.load(out)
     from neoembed.sentence import matryoshka_dims
 

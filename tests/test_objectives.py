@@ -488,6 +488,9 @@ def test_mined_card_carries_the_scores_that_chose_its_negatives_and_trains_disti
     )
     out = train(recipe)
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
+    card = (out / "README.md").read_text()  # what was optimised (#43, R16: the card said InfoNCE alone)
+    assert "InfoNCE (cosine similarity, temperature 0.07) weighted 1.0, plus margin_mse distillation" in card
+    assert "weight 0.5" in card and "batch size 8," in card
 
     broken = tmp_path / "broken"
     shutil.copytree(result.card.parent, broken, ignore=shutil.ignore_patterns(".*"))

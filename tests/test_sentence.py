@@ -431,6 +431,30 @@ def test_base_model_is_the_models_hub_id_never_a_folder(minilm_path, tiny_offici
     assert "base_model" not in card and "from a local model that names no hub id" in card
 
 
+def test_the_model_card_says_what_was_optimised_and_how_queries_go():
+    """#43, a walk's R16 and R36: the card said "InfoNCE" for a run of KL distillation alone under GradCache,
+    and pointed a model trained without instructions to a saved query prompt that is empty."""
+    from pathlib import Path
+
+    from neoembed.model_card import PROMPT_NOTE
+    from neoembed.recipe import load_recipe
+    from neoembed.train.recipe import UnifiedRecipe
+    from neoembed.train.trainer import _objective_notes
+
+    tiny = Path(__file__).resolve().parents[1] / "recipes" / "tiny.yaml"
+    kl = ["distillation={loss: kl, infonce_weight: 0}", "loss={name: cached_infonce, mini_batch_size: 4}"]
+    said = _objective_notes(load_recipe(tiny, UnifiedRecipe, kl))
+    assert said.startswith("Distillation alone: kl distillation") and "InfoNCE" not in said
+    assert "GradCache in mini-batches of 4 texts" in said
+    masked = _objective_notes(load_recipe(tiny, UnifiedRecipe, ["false_negatives={margin: 0.1}"]))
+    assert masked.startswith("Unified contrastive recipe: InfoNCE") and "absolute margin 0.1, scope all" in masked
+    bare = model_card_text("run", None, query_prompt="", prefixed=False)
+    assert "Queries were trained without a prefix" in bare and PROMPT_NOTE not in bare
+    several = model_card_text("run", None, query_prompt="", prefixed=True)
+    assert "its own instruction" in several and PROMPT_NOTE not in several
+    assert PROMPT_NOTE in model_card_text("run", None, query_prompt="query: ")
+
+
 def test_a_saved_folder_refuses_building_options_it_would_ignore(saved):
     """pooling, normalize and tokenizer build a bi-encoder from a plain checkpoint; a saved folder ignored them
     silently. Now: its own pooling is accepted, another refused by name, and nothing trusts remote code unasked."""

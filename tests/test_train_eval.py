@@ -355,6 +355,7 @@ def test_keep_best_patience_ends_the_run_at_the_first_unbeaten_evaluations(tmp_p
     early = ("keep_best={metric: ndcg_at_10, mode: min, patience: 1}", "steps=8")
     out = _train(_recipe(tmp_path / "early", tiny_official, trecqa, *early))
     assert sorted(_rows(out, "eval_ndcg_at_10")) == [s for s in sorted(scores) if s <= expected]
+    assert f"Training steps: {expected} of the 8 planned." in (out / "README.md").read_text()  # R23: said 8
     assert json.loads((out / "run_record.json").read_text())["stopped_early"] == {
         "step": expected,
         "patience": 1,

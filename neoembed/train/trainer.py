@@ -45,6 +45,7 @@ from neoembed.data.cards import (
 )
 from neoembed.data.check import require_hub
 from neoembed.data.sampler import check_contrast, dataset_probabilities, plan_no_duplicates
+from neoembed.instructions import instruction_prefix
 from neoembed.loop import RunLoop, adamw, check_engine
 from neoembed.losses import MaskTally, build_loss
 from neoembed.model_card import base_model_name, training_prompts
@@ -153,7 +154,43 @@ def _best_line(best: dict | None) -> str:
     )
 
 
-def _model_card(recipe: UnifiedRecipe, cards, output: Path, best: str = "") -> None:
+def _objective_notes(recipe: UnifiedRecipe) -> str:
+    """The model card's sentences on what the run optimised: the loss, its options, GradCache, LoRA."""
+    contrastive = "GTE's improved contrastive loss" if recipe.improved_contrastive else "InfoNCE"
+    contrastive += f" (cosine similarity, temperature {recipe.temperature})"
+    d = recipe.distillation
+    if d is None:
+        said = f"Unified contrastive recipe: {contrastive}."
+    else:
+        teacher = (
+            f"{d.loss} distillation from the rows' teacher scores (weight {d.weight}, student temperature "
+            f"{d.student_temperature}, teacher temperature {d.teacher_temperature})"
+        )
+        said = (
+            f"Distillation alone: {teacher}; no contrastive term."
+            if d.infonce_weight == 0
+            else f"{contrastive} weighted {d.infonce_weight}, plus {teacher}."
+        )
+    fn = recipe.false_negatives
+    if fn is not None and (d is None or d.infonce_weight > 0):
+        said += f" Suspected false negatives masked ({fn.mode} margin {fn.margin}, scope {fn.scope})."
+    if recipe.loss.name == "cached_infonce":
+        size = recipe.loss.mini_batch_num_tokens
+        size = f"{size} tokens" if size else f"{recipe.loss.mini_batch_size} texts"
+        said += f" GradCache in mini-batches of {size} (the gradients of the whole batch)."
+    if recipe.adapter is not None:
+        a = recipe.adapter
+        said += (
+            f" Trained as a LoRA adapter (rank {a.r}, alpha {a.alpha}), merged into these weights; the adapter "
+            "alone is in `adapter/`."
+        )
+    if recipe.matryoshka is not None:
+        dims = ", ".join(str(d) for d, _ in recipe.matryoshka.pairs())
+        said += f" Matryoshka dimensions {dims}: load with `truncate_dim=` one of them."
+    return said
+
+
+def _model_card(recipe: UnifiedRecipe, cards, output: Path, batch_sizes: dict, loop) -> None:
     from neoembed.model_card import model_card_text
     from neoembed.record import atomic_write_text
 
@@ -164,27 +201,29 @@ def _model_card(recipe: UnifiedRecipe, cards, output: Path, best: str = "") -> N
         if card.research_only and "research" not in lic.lower():
             lic += " (research use only)"
         datasets.append({"name": card.name, "source": src, "license": lic})
-    batch = f"batch size {recipe.batch_size}"
-    if recipe.batch_texts is not None:  # the per-dataset query counts are in run_record.json
-        batch = f"{recipe.batch_texts} texts per step (query, positive and hard negatives)"
+    sizes = set(batch_sizes.values())
+    batch = f"batch size {sizes.pop()}" if len(sizes) == 1 else "batch size per dataset: " + ", ".join(
+        f"{n} {b}" for n, b in batch_sizes.items()
+    )  # queries per step: each dataset's own with batch_texts
+    if recipe.batch_texts is not None:
+        batch += f" ({recipe.batch_texts} texts per step: query, positive and hard negatives)"
     notes = (
-        f"Unified contrastive recipe: InfoNCE, cosine similarity, temperature {recipe.temperature}, "
-        f"dataset sampling alpha {recipe.alpha}, {batch}, max length {recipe.max_length}, "
-        f"seed {recipe.seed}.{best}"
+        f"{_objective_notes(recipe)} Dataset sampling alpha {recipe.alpha}, {batch}, max length "
+        f"{recipe.max_length}, seed {recipe.seed}.{_best_line(loop.best_record())}"
     )
-    if recipe.matryoshka is not None:
-        dims = ", ".join(str(d) for d, _ in recipe.matryoshka.pairs())
-        notes += f" Matryoshka dimensions {dims}: load with `truncate_dim=` one of them."
+    steps = f"{loop.step}" + (f" of the {recipe.steps} planned" if loop.step < recipe.steps else "")
     config = output / "config.json"
     neobert = config.is_file() and json.loads(config.read_text()).get("model_type") == "neobert"
+    instructions = [c.instruction if recipe.instructions else None for c, _ in cards]
     text = model_card_text(
         output.name,
         base_model_name(recipe.model),
         datasets,
-        steps=recipe.steps,
+        steps=steps,
         notes=notes,
         neobert=neobert,
         query_prompt=_query_prompt(recipe, cards),
+        prefixed=any(instruction_prefix(i, recipe.template) for i in instructions),
     )
     atomic_write_text(output / "README.md", text)
 
@@ -304,7 +343,7 @@ def train(
         loop.run(*unified_step(acc, loss_fn, loader, sampler, names, batch_sizes, loop.step, tally))
     except torch.OutOfMemoryError as e:
         raise _oom_advice(recipe, e) from None
-    loop.finish(lambda: _save_final(recipe, model, cards, output, loop, final))
+    loop.finish(lambda: _save_final(recipe, model, cards, output, loop, final, batch_sizes))
     return output
 
 
@@ -452,7 +491,7 @@ def _check_extras(recipe: UnifiedRecipe, evaluator, resume: bool = False) -> Non
         )
 
 
-def _save_final(recipe: UnifiedRecipe, model, cards, output: Path, loop, final: tuple) -> None:
+def _save_final(recipe: UnifiedRecipe, model, cards, output: Path, loop, final: tuple, batch_sizes: dict) -> None:
     """The final model, all or nothing (:func:`neoembed.runs.save_final_model`): with keep_best, the best
     checkpoint's weights (loaded back by the loop); a LoRA adapter alone in ``adapter/``, then merged into the
     saved weights; the query instruction as the saved ``query`` prompt and the base model's max_seq_length (the
@@ -470,4 +509,4 @@ def _save_final(recipe: UnifiedRecipe, model, cards, output: Path, loop, final: 
 
     model.eval()
     save_final_model(output, save, loop.step)
-    _model_card(recipe, cards, output, _best_line(loop.best_record()))
+    _model_card(recipe, cards, output, batch_sizes, loop)
