@@ -322,6 +322,40 @@ def test_a_cut_off_json_line_is_named_once_without_the_readers_log_line(tmp_path
     assert "Failed to load JSON" not in logged and "ArrowInvalid" not in logged, logged
 
 
+def _local_card(tmp_path: Path, data: str, fmt: str) -> Path:
+    """A card reading the local file ``data`` (in tmp_path) as ``fmt``, with query and positive columns."""
+    card = tmp_path / "c.yaml"
+    raw = {"name": "probe", "source": {"local": {"path": data, "format": fmt}}, "expected_loss": "unknown"}
+    card.write_text(json.dumps({**raw, "columns": {"query": "query", "positive": "positive"}}))
+    return card
+
+
+def _cut_parquet(path: Path) -> str:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"query": [f"q {i}" for i in range(200)], "positive": ["p"] * 200}), path)
+    path.write_bytes(path.read_bytes()[:1500])
+    return path.name
+
+
+@pytest.mark.parametrize(
+    ("make", "fmt", "expect"),
+    [
+        (lambda d: (d / "h.csv").write_text("query,positive\n") and "h.csv", "csv", "h.csv: has a header"),
+        (lambda d: _cut_parquet(d / "t.parquet"), "parquet", "t.parquet: is not a readable parquet file"),
+    ],
+    ids=["header-only-csv", "cut-parquet"],
+)
+def test_an_unreadable_csv_or_parquet_is_explained_in_its_own_format(tmp_path, caplog, make, fmt, expect):
+    """#43 walk, D8/D9: every local file was explained as JSON lines, whatever the card's format: a CSV with a
+    header and no rows was "line 1: not a JSON object", a cut-off parquet file "not UTF-8 text ... iconv"."""
+    r = _check(str(_local_card(tmp_path, make(tmp_path), fmt)), offline=True)
+    assert r.exit_code == 1 and expect in r.output, r.output
+    assert "JSON" not in r.output and "UTF-8" not in r.output, r.output
+    assert "Failed to read schema" not in r.output + caplog.text  # the parquet reader's own log line
+
+
 def test_rows_without_negatives_beside_rows_with_three_get_a_hint_that_keeps_them(tmp_path):
     """#43 walk, B15: half the rows with 3 negatives, half with none: the error said "max_negatives: 2 or 0 keeps
     the rows with fewer hard negatives", but 2 drops the rows without any as 3 does (and then said "1 or 0")."""

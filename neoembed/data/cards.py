@@ -384,13 +384,14 @@ def _prepare(card: DataCard, folder: Path, settings: list, warn: bool, workdir: 
 def explain_data_errors(card, folder: Path):
     """Around the reading of a card's local data (loading and iterating its rows): the datasets library's own
     errors (JSON, Arrow, a decode error met while iterating) become a
-    :class:`~neoembed.data.cards.DataCardError` (exit 2) that names the file, the line and the fix. The JSON
-    reader's own error log line (pyarrow's message, before the error it raises) is kept off the console: the
-    error raised here says it better."""
-    json_log = logging.getLogger("datasets.packaged_modules.json.json")
-    level = json_log.level
+    :class:`~neoembed.data.cards.DataCardError` (exit 2) that names the file, the line and the fix, read
+    as the card's format says. The readers' own error log lines (pyarrow's message, before the error it
+    raises) are kept off the console: the error raised here says it better."""
+    logs = [logging.getLogger(f"datasets.packaged_modules.{m}.{m}") for m in ("json", "parquet")]
+    levels = [log.level for log in logs]
     if card.source.local is not None:
-        json_log.setLevel(logging.CRITICAL)
+        for log in logs:
+            log.setLevel(logging.CRITICAL)
     try:
         yield
     except NonFiniteScore as e:
@@ -411,8 +412,9 @@ def explain_data_errors(card, folder: Path):
             raise
         local = Path(folder) / card.source.local.path
         files = sorted(p for p in local.rglob("*") if p.is_file()) if local.is_dir() else [local]
-        reasons = [explain_unreadable(p, e) for p in files]
+        reasons = [explain_unreadable(p, e, card.source.local.format) for p in files]
         named = [r for r in reasons if ", line " in r] or reasons[:1]
         raise DataCardError(f"card {card.name}: {named[0]}") from None
     finally:
-        json_log.setLevel(level)
+        for log, level in zip(logs, levels, strict=True):
+            log.setLevel(level)

@@ -76,32 +76,96 @@ class NonFiniteScore(DataCardError):
 
 
 # ---------------------------------------------------------------------------- unreadable local data files
-def explain_unreadable(path: Path, error: BaseException) -> str:
-    """Why a JSON-lines data file (plain or .gz) cannot be read, by file and line: its first line that is not
-    UTF-8 or not JSON; else the loader's own error. (The datasets library names neither.)"""
-    import gzip
-
+def explain_unreadable(path: Path, error: BaseException, fmt: str = "json") -> str:
+    """Why a local data file in the card's ``fmt`` cannot be read, by file and line where it has one: JSON
+    lines and CSV (plain or .gz) by their first line that is not UTF-8 or not JSON, a CSV with a header and
+    no rows; a parquet file that pyarrow cannot open. Else the loader's own error. (The datasets library
+    names neither.)"""
     path = Path(path)
     if path.is_file():
-        opener = gzip.open if path.suffix == ".gz" else open
         try:
-            with opener(path, "rb") as f:
-                if not any(raw.strip() for raw in f):
-                    return f"{path}: holds no rows (empty, or blank lines only): fill it or remove it from the card"
-                f.seek(0)
-                for number, raw in enumerate(f, 1):
-                    try:
-                        line = raw.decode("utf-8").strip()
-                    except UnicodeDecodeError as e:
-                        return (
-                            f"{path}, line {number}: not UTF-8 text (byte {raw[e.start]:#04x} at column {e.start + 1}): "
-                            "convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)"
-                        )
-                    if line:
-                        try:
-                            json.loads(line)
-                        except ValueError as e:
-                            return f"{path}, line {number}: not a JSON object ({e}): fix or delete that line"
+            reason = _explain_parquet(path) if fmt == "parquet" else _explain_text(path, fmt)
         except (OSError, EOFError) as e:
             return f"{path}: cannot be read ({e}); is it a complete .gz file?"
+        if reason:
+            return reason
     return f"{path}: cannot be read as data: {type(error).__name__}: {error}"
+
+
+class _NotUtf8(Exception):
+    """A line that is not UTF-8; the message names the file, the line and the fix."""
+
+
+def _raw_lines(path: Path):
+    import gzip
+
+    with gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb") as f:
+        yield from f
+
+
+def _text_lines(path: Path, fmt: str):
+    """The file's lines as text (.gz read through); a line that is not UTF-8 raises :class:`_NotUtf8`. A CSV
+    may open with a byte-order mark (Excel's UTF-8 CSV), which pandas skips; a JSON line may not."""
+    for number, raw in enumerate(_raw_lines(path), 1):
+        try:
+            yield raw.decode("utf-8-sig" if fmt == "csv" and number == 1 else "utf-8")
+        except UnicodeDecodeError as e:
+            raise _NotUtf8(
+                f"{path}, line {number}: not UTF-8 text (byte {raw[e.start]:#04x} at column {e.start + 1}): "
+                "convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+            ) from None
+
+
+def _explain_text(path: Path, fmt: str) -> str | None:
+    if not any(line.strip() for line in _raw_lines(path)):
+        return f"{path}: holds no rows (empty, or blank lines only): fill it or remove it from the card"
+    try:
+        return _explain_csv(path) if fmt == "csv" else _explain_json_lines(path)
+    except _NotUtf8 as e:
+        return str(e)
+
+
+def _explain_json_lines(path: Path) -> str | None:
+    for number, line in enumerate(_text_lines(path, "json"), 1):
+        if line.strip():
+            try:
+                json.loads(line)
+            except ValueError as e:
+                return f"{path}, line {number}: not a JSON object ({e}): fix or delete that line"
+    return None
+
+
+def _explain_csv(path: Path) -> str | None:
+    import csv
+
+    reader = csv.reader(_text_lines(path, "csv"), strict=True)
+    records = end = 0  # end: the last line of the last complete record
+    try:
+        for row in reader:
+            records, end = records + bool(row), reader.line_num  # a blank line holds no row, for pandas too
+    except csv.Error as e:
+        if "unexpected end of data" not in str(e):
+            return f"{path}, line {reader.line_num}: not a CSV row ({e}): fix or delete that line"
+        return (
+            f'{path}, line {end + 1}: a quoted field opened there is not closed (an unmatched "): close or '
+            "remove the quote"
+        )
+    if records == 1:
+        return (
+            f"{path}: has a header and no rows: add rows under its header line, or remove the file from the "
+            "card"
+        )
+    return None
+
+
+def _explain_parquet(path: Path) -> str | None:
+    import pyarrow.parquet as pq
+
+    try:
+        pq.ParquetFile(path).metadata  # noqa: B018 - reading the footer is the check
+    except Exception as e:  # pyarrow raises ArrowInvalid or OSError for a file it cannot open
+        return (
+            f"{path}: is not a readable parquet file (truncated or damaged: {e}): write it again from its "
+            "source, or point the card at the right file"
+        )
+    return None
