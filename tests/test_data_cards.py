@@ -356,6 +356,17 @@ def test_an_unreadable_csv_or_parquet_is_explained_in_its_own_format(tmp_path, c
     assert "Failed to read schema" not in r.output + caplog.text  # the parquet reader's own log line
 
 
+def test_a_later_csv_row_wider_than_its_header_is_named_once_by_its_line(tmp_path, caplog):
+    """#43 walk, D11: an unquoted comma in the CSV's second row: pandas' "Expected 2 fields in line 3, saw 3"
+    went to the console as a log line, then the error said "line 1: not a JSON object"."""
+    rows = "how are you,fine\nwhat time is it, please,noon\nwho,me\n"
+    (tmp_path / "rag.csv").write_text("query,positive\n" + rows)
+    r = _check(str(_local_card(tmp_path, "rag.csv", "csv")), offline=True)
+    expect = "rag.csv, line 3: has 3 fields, the header 2: quote the fields that contain commas"
+    assert r.exit_code == 1 and expect in r.output and "JSON" not in r.output, r.output
+    assert "Expected 2 fields" not in r.output + caplog.text  # the CSV reader's own log line
+
+
 def test_rows_without_negatives_beside_rows_with_three_get_a_hint_that_keeps_them(tmp_path):
     """#43 walk, B15: half the rows with 3 negatives, half with none: the error said "max_negatives: 2 or 0 keeps
     the rows with fewer hard negatives", but 2 drops the rows without any as 3 does (and then said "1 or 0")."""

@@ -387,7 +387,7 @@ def explain_data_errors(card, folder: Path):
     :class:`~neoembed.data.cards.DataCardError` (exit 2) that names the file, the line and the fix, read
     as the card's format says. The readers' own error log lines (pyarrow's message, before the error it
     raises) are kept off the console: the error raised here says it better."""
-    logs = [logging.getLogger(f"datasets.packaged_modules.{m}.{m}") for m in ("json", "parquet")]
+    logs = [logging.getLogger(f"datasets.packaged_modules.{m}.{m}") for m in ("json", "csv", "parquet")]
     levels = [log.level for log in logs]
     if card.source.local is not None:
         for log in logs:

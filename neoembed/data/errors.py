@@ -89,6 +89,7 @@ def explain_unreadable(path: Path, error: BaseException, fmt: str = "json") -> s
             return f"{path}: cannot be read ({e}); is it a complete .gz file?"
         if reason:
             return reason
+    error = error.__cause__ or error  # datasets wraps its reader's error in "An error occurred ..."
     return f"{path}: cannot be read as data: {type(error).__name__}: {error}"
 
 
@@ -139,10 +140,14 @@ def _explain_csv(path: Path) -> str | None:
     import csv
 
     reader = csv.reader(_text_lines(path, "csv"), strict=True)
-    records = end = 0  # end: the last line of the last complete record
+    header, records, end = None, 0, 0  # end: the last line of the last complete record
     try:
         for row in reader:
             records, end = records + bool(row), reader.line_num  # a blank line holds no row, for pandas too
+            if header is None:
+                header = row or None
+            elif len(row) > len(header):  # pandas refuses it, or reads a first row's start as an index
+                return f"{path}, line {end}: {wide_csv_row(len(row), len(header))}"
     except csv.Error as e:
         if "unexpected end of data" not in str(e):
             return f"{path}, line {reader.line_num}: not a CSV row ({e}): fix or delete that line"
@@ -156,6 +161,14 @@ def _explain_csv(path: Path) -> str | None:
             "card"
         )
     return None
+
+
+def wide_csv_row(fields: int, header: int) -> str:
+    """Why a CSV row with more fields than its header is refused, and the fix (with its line before it)."""
+    return (
+        f"has {fields} fields, the header {header}: quote the fields that contain commas "
+        '("what time is it, please"), or remove the extra commas'
+    )
 
 
 def _explain_parquet(path: Path) -> str | None:
