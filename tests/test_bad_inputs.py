@@ -15,12 +15,13 @@ RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 TINY = RECIPES / "tiny"
 
 
-def _recipe_on(tmp_path: Path, data: str) -> Path:
-    """A unified recipe training the tiny model on one card whose local data is ``data``."""
+def _recipe_on(tmp_path: Path, data: str, fmt: str = "json") -> Path:
+    """A unified recipe training the tiny model on one card (cards/x.yaml) whose local data is ``data``."""
     cards = tmp_path / "cards"
     cards.mkdir()
     (cards / "x.yaml").write_text(
-        f"name: x\nsource:\n  local: {{path: {data}, format: json}}\ncolumns: {{query: query, positive: positive}}\n"
+        f"name: x\nsource:\n  local: {{path: {data}, format: {fmt}}}\n"
+        "columns: {query: query, positive: positive}\n"
         "license: test\nsize: 10\n"
     )
     recipe = tmp_path / "recipe.yaml"
@@ -494,6 +495,25 @@ def test_init_reads_an_excel_csv_and_names_broken_lines_and_a_missing_model(tmp_
     with pytest.raises(FileNotFoundError, match="--model ./no/such/model: no such folder"):
         write_starter(csv, tmp_path / "o4", model="./no/such/model")
     assert not (tmp_path / "o3").exists() and not (tmp_path / "o4").exists()
+
+
+def test_walk_a_first_csv_row_wider_than_its_header_is_refused_by_its_line(tmp_path, capsys, monkeypatch):
+    """#43 walk, D10: an unquoted comma in a CSV's first row: init counted 4 rows without a word, and the
+    loader (pandas) took the row's first field as an index: `data check` kept 1 row of 4, query ' please'."""
+    data = tmp_path / "rag.csv"
+    rows = ["how are you,fine thanks", "where,here", "who,me"]
+    data.write_text("\n".join(["query,positive", "what time is it, please,noon", *rows]) + "\n")
+    wide = "rag.csv, line 2: has 3 fields, the header 2: quote the fields that contain commas"
+    code, msg = _cli(capsys, monkeypatch, "init", str(data), "--out", str(tmp_path / "c"))
+    assert code == 2 and wide in msg and not (tmp_path / "c").exists(), msg
+    recipe = _recipe_on(tmp_path, str(data), "csv")
+    code, msg = _cli(capsys, monkeypatch, "train", str(recipe), "--dry-run")
+    assert code == 2 and wide in msg, msg
+    code, msg = _cli(capsys, monkeypatch, "data", "check", str(tmp_path / "cards" / "x.yaml"))
+    assert code == 1 and wide in msg, msg
+    data.write_text("\n".join(["query,positive", '"what time is it, please",noon', *rows]) + "\n")
+    code, msg = _cli(capsys, monkeypatch, "data", "check", str(tmp_path / "cards/x.yaml"), "--sample", "4")
+    assert code == 0 and "4 of 4 rows kept" in msg and "'what time is it, please'" in msg, msg
 
 
 def test_load_refuses_prompts_that_are_not_text(tmp_path):

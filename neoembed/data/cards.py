@@ -48,6 +48,7 @@ import operator
 import random
 import re
 import shlex
+import warnings
 from dataclasses import asdict
 from pathlib import Path
 
@@ -274,7 +275,7 @@ def load_card_rows(card: DataCard, folder: Path, max_rows: int | None = None, se
                 f"card {card.name}: local data folder {path} holds no files (sub-folders are not read): put the "
                 "data files in it or point source.local.path at one"
             )
-        ds = datasets.load_dataset(local.format, data_files=files, split="train")
+        ds = _read_local(local.format, files)
     else:
         try:
             if hub.join is not None:
@@ -288,6 +289,22 @@ def load_card_rows(card: DataCard, folder: Path, max_rows: int | None = None, se
         keep = sorted(random.Random(seed).sample(range(full), max_rows))  # sorted: reads stay sequential
         return LoadedRows(ds.select(keep), full, sampled=True)
     return LoadedRows(ds, full)
+
+
+def _read_local(fmt: str, files: list[str]):
+    """A local source's files as one ``datasets.Dataset``. A CSV's first row with more fields than its header
+    (an unquoted comma) would be read by pandas as an index followed by the row shifted one column; with
+    ``index_col=False`` pandas warns instead, and that warning is an error here, which
+    :func:`explain_data_errors` names by its line. (A later row so wide is an error of pandas' own.)"""
+    import datasets
+
+    if fmt != "csv":
+        return datasets.load_dataset(fmt, data_files=files, split="train")
+    from pandas.errors import ParserWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ParserWarning)
+        return datasets.load_dataset("csv", data_files=files, split="train", index_col=False)
 
 
 def _joined(card: DataCard, joined) -> LoadedRows:

@@ -12,7 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from neoembed.card_schema import CardSchemaError, resolve_spec_type
-from neoembed.data.cards import DataCardError, check_instruction_overrides, load_card_rows, load_recipe_cards
+from neoembed.data.cards import (
+    DataCardError,
+    check_instruction_overrides,
+    explain_data_errors,
+    load_card_rows,
+    load_recipe_cards,
+)
 
 __all__ = ["PlanRow", "dry_run", "plan"]
 
@@ -97,7 +103,8 @@ def plan(recipe, recipe_dir: Path | None = None) -> list[PlanRow]:
             )
         local = None
         if card.source.local is not None:  # local data is cheap to count, and counting is exact
-            local = load_card_rows(card, folder)
+            with explain_data_errors(card, folder):  # as training reads it: by file and line
+                local = load_card_rows(card, folder)
             rows, rows_from = local.full_size, "counted"
         else:
             declared = card.size or (card.schema_.num_rows if card.schema_ is not None else None)

@@ -18,6 +18,8 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from neoembed.data.errors import wide_csv_row
+
 __all__ = ["Starter", "guess_columns", "write_starter"]
 
 QUERY_NAMES = ("query", "anchor", "question", "q", "sentence1", "text1", "premise", "title")
@@ -93,12 +95,16 @@ def _read(path: Path) -> tuple[list[str], int]:
 
 def _read_csv(path: Path) -> tuple[list[str], int]:
     """(column names, rows) of a CSV file; a quote left open is named by the line it opens on (read leniently,
-    it would swallow every later row into one field)."""
+    it would swallow every later row into one field), and so is a row with more fields than the header (an
+    unquoted comma: the card's loader refuses it, and would read it shifted as the first row)."""
     reader = csv.DictReader(_lines(path), strict=True)
     rows, end = 0, 1
     try:
-        for _ in reader:
+        for row in reader:
             rows, end = rows + 1, reader.line_num
+            if None in row:  # DictReader files the fields past the header's under the key None
+                header = len(reader.fieldnames)
+                raise ValueError(f"{path}, line {end}: {wide_csv_row(header + len(row[None]), header)}")
     except csv.Error as e:
         raise ValueError(
             f'{path}, line {end + 1}: {e} (a quoted field opened there is not closed: an unmatched "): close or '
