@@ -384,6 +384,24 @@ def test_rows_without_negatives_beside_rows_with_three_get_a_hint_that_keeps_the
     assert len(pairs) == 64 and report.dropped == {}
 
 
+def test_rows_short_of_negatives_are_counted_per_max_negatives_whatever_the_expected_loss(tmp_path):
+    """#43 walk, D6: negatives lists of 0-3 items lost 30 of 40 rows ("fewer than 3 hard negatives") with no
+    word of max_negatives when the card's expected_loss was `unknown`, which `neoembed init` writes: the hint
+    came only with the error of a numeric expected_loss."""
+    rows = [{"q": f"q {i}", "a": f"p {i}", "negs": [f"n {i} {j}" for j in range(i % 4)]} for i in range(40)]
+    columns = {"query": "q", "positive": "a", "negatives": ["negs"]}
+    counted = "(here N=2 keeps 20, N=1 keeps 30), and max_negatives: 0 keeps every row (40)"
+    _card(tmp_path, rows, columns, expected_loss="unknown")
+    r = _check(str(tmp_path / "c.yaml"), "--sample", "0", offline=True)
+    assert r.exit_code == 0 and "10 of 40 rows kept" in r.output, r.output
+    warning = next(line for line in r.output.splitlines() if "WARNING" in line)
+    assert "max_negatives: N (below 3)" in warning and counted in warning, r.output
+    _card(tmp_path, rows, columns, expected_loss=0.75)  # within the card's share: a note, not an error
+    r = _check(str(tmp_path / "c.yaml"), "--sample", "0", offline=True)
+    assert r.exit_code == 0 and "NOTE: max_negatives: N (below 3)" in r.output, r.output
+    assert counted in r.output
+
+
 @pytest.mark.parametrize(
     "spec, found",
     [("meta", "dict"), ("negs", "list"), ("label", "int")],

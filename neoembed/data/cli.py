@@ -152,8 +152,10 @@ def _rows(card, folder, hub: HubStatus, max_rows: int | None, sample: int) -> bo
 
 def _row_notes(card, report) -> list[str]:
     """What the kept rows say that training would only warn about later, or never: pairs repeated or with the
-    query equal to its positive (training warns when most are), and a local card whose ``size:`` is not its
-    data's row count (sampling uses the count)."""
+    query equal to its positive (training warns when most are), rows a smaller ``max_negatives`` would keep,
+    and a local card whose ``size:`` is not its data's row count (sampling uses the count)."""
+    from neoembed.data.cards import UNKNOWN
+
     notes = []
     kept = report.rows_kept
     repeats = kept - report.distinct_pairs if report.distinct_pairs else 0  # 0: not counted
@@ -161,6 +163,8 @@ def _row_notes(card, report) -> list[str]:
         notes.append(f"{repeats} of {kept} pairs repeat another pair (in one batch they mask each other)")
     if report.same_as_query:
         notes.append(f"{report.same_as_query} of {kept} pairs have the query equal to its positive")
+    if report.expected_loss != UNKNOWN and (hint := report.negatives_hint()):  # unknown: in the warning
+        notes.append(hint)
     counted = report.full_size if report.sampled else report.rows_read
     if card.source.local is not None and card.size is not None and counted and card.size != counted:
         notes.append(

@@ -50,6 +50,8 @@ class DropReport:
     same_as_query: int = 0
     distinct_pairs: int = 0
     first_dropped: dict[str, int] = field(default_factory=dict)  # reason -> the first row it drops (0-based)
+    # when rows have fewer than k hard negatives: [N] = the rows that max_negatives: N would keep, N below k
+    kept_below_k: list[int] = field(default_factory=list)
 
     @property
     def loss(self) -> float:
@@ -70,6 +72,20 @@ class DropReport:
             f"card {self.card}: expected_loss is unknown (its evidence publishes no share), so the run goes on: "
             f"measured {100 * self.loss:.2f}% ({n:,} dropped of {where}). To pin it, set expected_loss: "
             f"{_round_up(self.loss)} in the card and cite this card's `neoembed data check` output in its notes"
+            + (f"; to keep more of the rows instead, {hint}" if (hint := self.negatives_hint()) else "")
+        )
+
+    def negatives_hint(self) -> str | None:
+        """For rows dropped with fewer than k hard negatives: what each smaller ``max_negatives`` keeps."""
+        if not self.kept_below_k:
+            return None
+        smaller = [f"N={n} keeps {kept:,}" for n, kept in reversed(list(enumerate(self.kept_below_k))) if n]
+        here = f" (here {', '.join(smaller)})" if smaller else ""
+        every = self.kept_below_k[0]
+        return (
+            f"max_negatives: N (below {self.negatives_per_query}) for this dataset in the recipe keeps the "
+            f"rows with at least N hard negatives{here}, and max_negatives: 0 keeps every row ({every:,}), "
+            f"with in-batch negatives only (datasets: [{{card: {self.card}, max_negatives: N}}])"
         )
 
     def as_dict(self) -> dict:
@@ -147,6 +163,7 @@ def build_pairs_report(
     short = int((counts < k).sum())
     if short:
         report.dropped[f"fewer than {k} hard negatives"] = short
+        report.kept_below_k = [int((counts >= _negatives_per_query(counts, n)).sum()) for n in range(k)]
     report.rows_kept, report.negatives_per_query = int(len(counts) - short), k
     _check_loss(card, report, max_negatives, warn)
     pairs = _keep_rows(read, k, reader.score_spec is not None, workdir)
@@ -440,13 +457,7 @@ def _check_loss(card: DataCard, report: DropReport, max_negatives: int | None, w
         return
     if report.loss <= _allowed_loss(card.expected_loss, report.rows_read, report.sampled):
         return
-    k = report.negatives_per_query
-    neg_hint = ""
-    if any(r.startswith("fewer than") for r in report.dropped):
-        neg_hint = (
-            f"; max_negatives: N (below {k}) for this dataset in the recipe keeps the rows with at least N hard "
-            "negatives, and max_negatives: 0 keeps every row, with in-batch negatives only"
-        )
+    neg_hint = f"; {hint}" if (hint := report.negatives_hint()) else ""
     raise DataCardError(
         f"card {card.name}: {report.line()}. That is more than the card's expected_loss "
         f"({card.expected_loss}): check the card's column paths against the data, or, if the dataset really "
