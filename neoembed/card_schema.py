@@ -52,9 +52,8 @@ class CardSchemaError(ValueError):
 
 class _Strict(StrictModel):
     """Unknown keys are errors (a misspelt key never goes unnoticed); cards are immutable once read; no number is
-    NaN or infinite (recipe's one strict base); a key may be given by its alias or its field name."""
-
-    model_config = ConfigDict(populate_by_name=True)
+    NaN or infinite (recipe's one strict base). A field with an alias (``schema_``: pydantic models keep the
+    name ``schema`` for themselves) is read by its alias, the documented key, only."""
 
 
 # ------------------------------------------------------------------------------------------------ sources

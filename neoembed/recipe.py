@@ -127,18 +127,22 @@ R = TypeVar("R", bound=BaseModel)
 
 
 def _field_names(model: type[BaseModel], loc: tuple) -> list[str]:
-    """The valid keys at the nested location ``loc`` of ``model`` (best effort)."""
+    """The valid keys at the nested location ``loc`` of ``model`` (best effort). A field with an alias is
+    written by its alias (a card's ``schema:``, the field ``schema_``), in ``loc`` and in the keys listed."""
     current: Any = model
     for part in loc[:-1]:
         if isinstance(part, int) or current is None:
             continue
-        fields = getattr(current, "model_fields", None)
-        if not fields or part not in fields:
+        fields = _keys(current)
+        if part not in fields:
             return []
-        annotation = fields[part].annotation
-        current = _first_model(annotation)
-    fields = getattr(current, "model_fields", None)
-    return sorted(fields) if fields else []
+        current = _first_model(fields[part].annotation)
+    return sorted(_keys(current))
+
+
+def _keys(model: Any) -> dict:
+    """A model's fields by the key a file writes them with."""
+    return {f.alias or name: f for name, f in (getattr(model, "model_fields", None) or {}).items()}
 
 
 def _first_model(annotation: Any) -> type[BaseModel] | None:

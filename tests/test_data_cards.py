@@ -113,6 +113,26 @@ def test_a_card_whose_paths_cannot_work_fails_the_schema_check():
     assert any("set.neg[0].text" in p for p in problems)
 
 
+def test_a_card_key_is_listed_and_read_as_documented_schema_not_its_field_name(tmp_path):
+    """#43 walk, D17: a misspelt key listed the valid keys with `schema_`, the field's internal name, and a
+    card with `schema_:` loaded; the documented key is `schema:`."""
+    raw = load_card(REPO / "data_cards" / "qqp.yaml")[0].model_dump(by_alias=True, exclude_none=True)
+    card = tmp_path / "c.yaml"
+    card.write_text(json.dumps({**raw, "instuction": "a typo"}))
+    with pytest.raises(DataCardError, match="unknown key 'instuction'") as e:
+        load_card(card)
+    valid = re.search(r"Valid keys here: (.*)", str(e.value)).group(1).split(", ")
+    assert "schema" in valid and "instruction" in valid and "schema_" not in valid, e.value
+    card.write_text(json.dumps({**{k: v for k, v in raw.items() if k != "schema"}, "schema_": raw["schema"]}))
+    with pytest.raises(DataCardError, match="unknown key 'schema_'"):
+        load_card(card)
+    card.write_text(json.dumps({**raw, "schema": {**raw["schema"], "split_": "train"}}))
+    with pytest.raises(DataCardError, match=r"unknown key 'schema.split_'. Valid keys here: config, feat"):
+        load_card(card)
+    card.write_text(json.dumps(raw))
+    assert load_card(card)[0].schema_.features == raw["schema"]["features"]
+
+
 def test_a_data_folders_own_card_is_named_as_one_with_the_command_that_writes_a_data_card(shared_dir, tmp_path):
     """``neoembed mine`` / ``train`` / ``data check`` on the ``card.yaml`` beside a folder's rows listed every key
     as unknown, with no word on what the file is; the command the error gives writes a card that loads."""
