@@ -376,6 +376,21 @@ def test_an_unreadable_csv_or_parquet_is_explained_in_its_own_format(tmp_path, c
     assert "Failed to read schema" not in r.output + caplog.text  # the parquet reader's own log line
 
 
+def test_the_first_dropped_row_is_named_by_the_line_an_editor_shows(tmp_path):
+    """#43 walk, D2: "positive missing: 1 (first: row 3)" counted rows from 0 without saying so, and the row
+    was the JSON-lines file's line 4 (a blank line or a CSV header moves it further)."""
+    lines = [json.dumps({"query": f"q {i}", "positive": None if i == 3 else f"p {i}"}) for i in range(8)]
+    (tmp_path / "d.jsonl").write_text("\n".join(lines[:2] + [""] + lines[2:]) + "\n")  # row 3: line 5
+    r = _check(str(_local_card(tmp_path, "d.jsonl", "json")), "--sample", "0", offline=True)
+    assert r.exit_code == 0 and "positive missing: 1 (first: line 5)" in r.output, r.output
+    rows = [f"q {i},{'' if i == 2 else f'p {i}'}" for i in range(8)]
+    (tmp_path / "d.csv").write_text("\n".join(["query,positive", *rows]) + "\n")  # row 2: line 4
+    r = _check(str(_local_card(tmp_path, "d.csv", "csv")), "--sample", "0", offline=True)
+    assert r.exit_code == 0 and "positive missing: 1 (first: line 4)" in r.output, r.output
+    r = _check(str(tmp_path / "c.yaml"), "--sample", "0", "--max-rows", "7", offline=True)  # rows of a sample
+    assert r.exit_code == 0 and re.search(r"positive missing: 1 \(first: row \d\)", r.output), r.output
+
+
 def test_a_later_csv_row_wider_than_its_header_is_named_once_by_its_line(tmp_path, caplog):
     """#43 walk, D11: an unquoted comma in the CSV's second row: pandas' "Expected 2 fields in line 3, saw 3"
     went to the console as a log line, then the error said "line 1: not a JSON object"."""
@@ -462,8 +477,8 @@ def test_rows_dropped_for_missing_or_empty_text_are_counted_per_reason(tmp_path)
     assert report.dropped == {"query missing": 2, "positive empty": 2} and len(pairs) == 36
     assert report.as_dict()["loss"] == pytest.approx(0.1)
     card, folder = _card(tmp_path, rows, {"query": "q", "positive": "a"}, expected_loss=0.05)
-    # each reason names the first row it drops
-    why = r"query missing: 2 \(first: row 3\), positive empty: 2 \(first: row 5\); 10.00% vs 5.00% expected"
+    # each reason names the first row it drops, by its line in the JSON-lines file (0-based rows 3 and 5)
+    why = r"query missing: 2 \(first: line 4\), positive empty: 2 \(first: line 6\); 10.00% vs 5.00% expected"
     with pytest.raises(DataCardError, match=why):
         prepare_card(card, folder)
 
@@ -486,7 +501,7 @@ def test_an_unknown_expected_loss_counts_and_warns_but_never_stops_the_run(caplo
     record = report.as_dict()  # what the run record keeps for the card
     assert record["expected_loss"] == "unknown" and record["loss"] == pytest.approx(0.1)
     assert (
-        "36 of 40 rows kept (dropped: positive missing: 4 (first: row 3); measured 10.00%, expected: unknown)"
+        "36 of 40 rows kept (dropped: positive missing: 4 (first: row 4); measured 10.00%, expected: unknown)"
         in record["line"]
     )
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
@@ -496,7 +511,7 @@ def test_an_unknown_expected_loss_counts_and_warns_but_never_stops_the_run(caplo
         and "expected_loss: 0.1 in the card" in warned[0]
     )
     # a number keeps today's strict rule: the same card and rows with expected_loss 0 stop
-    with pytest.raises(DataCardError, match=r"positive missing: 4 \(first: row 3\); 10.00% vs 0.00% expected.*or `unknown`"):
+    with pytest.raises(DataCardError, match=r"positive missing: 4 \(first: row 4\); 10.00% vs 0.00% expected.*or `unknown`"):
         build_pairs_report(med.model_copy(update={"expected_loss": 0.0}), rows)
     # no usable rows is still an error, unknown or not
     blank = datasets.Dataset.from_list([{**r, "exp": " "} for r in rows.to_list()], features=rows.features)
@@ -815,7 +830,7 @@ def test_data_check_shows_an_unknown_expected_loss_and_how_to_pin_it(tmp_path, m
     r = _check(str(tmp_path / "c.yaml"), offline=True)
     assert r.exit_code == 0, r.output
     assert "expected_loss: unknown (no published share)" in r.output
-    line = "19 of 20 rows kept (dropped: positive missing: 1 (first: row 2); measured 5.00%, expected: unknown)"
+    line = "19 of 20 rows kept (dropped: positive missing: 1 (first: line 3); measured 5.00%, expected: unknown)"
     assert line in r.output
     assert "set expected_loss: 0.05 in the card and cite this card's `neoembed data check` output" in r.output
     assert "data check probe" not in r.output  # the card's name is no command: `data check probe` fails

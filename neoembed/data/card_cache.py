@@ -20,10 +20,11 @@ from pathlib import Path
 
 __all__ = ["building", "cache_root", "data_files", "entry_key", "locked_entry", "read_entry", "seal_entry"]
 
-VERSION = 4  # of the entry layout and of the build: a change here makes every older entry a miss
+VERSION = 5  # of the entry layout and of the build: a change here makes every older entry a miss
 # 2: the build refuses NaN and infinite teacher scores, which version 1 entries may hold
 # 3: a CSV whose first row is wider than its header is refused; older entries may hold it read shifted
 # 4: the report counts what a smaller max_negatives keeps (kept_below_k), which older reports lack
+# 5: a report's first dropped rows count from 1 (file lines where it can), older ones' from 0
 HASHED_BELOW = 32 * 2**20  # files smaller than this are keyed by their content too (mtime ticks are coarse)
 REPORT = "report.json"
 

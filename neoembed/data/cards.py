@@ -288,7 +288,8 @@ def load_card_rows(card: DataCard, folder: Path, max_rows: int | None = None, se
     if max_rows is not None and full > max_rows:
         keep = sorted(random.Random(seed).sample(range(full), max_rows))  # sorted: reads stay sequential
         return LoadedRows(ds.select(keep), full, sampled=True)
-    return LoadedRows(ds, full)
+    one_file = local is not None and len(files) == 1 and local.format in ("json", "csv") and not card.filter
+    return LoadedRows(ds, full, lines=(Path(files[0]), local.format) if one_file else None)
 
 
 def _read_local(fmt: str, files: list[str]):

@@ -182,3 +182,38 @@ def _explain_parquet(path: Path) -> str | None:
             "source, or point the card at the right file"
         )
     return None
+
+
+def row_lines(path: Path, fmt: str, rows: list[int]) -> dict[int, int] | None:
+    """The file line of each 0-based row in ``rows``, for a JSON-lines or CSV file whose rows the loader reads
+    one for one (a blank line holds no row; a CSV row after its header, by the line it starts on); None where
+    the file is not so (a JSON array) or cannot be read. Reads up to the last row asked for, once."""
+    import csv
+
+    wanted, found = set(rows), {}
+    if not wanted:
+        return found
+    try:
+        if fmt == "csv":
+            reader, index, start = csv.reader(_text_lines(path, "csv")), -2, 1  # the header is row -1
+            for record in reader:
+                index += bool(record)
+                if record and index in wanted:
+                    found[index] = start
+                start = reader.line_num + 1
+                if len(found) == len(wanted):
+                    break
+        else:
+            index = -1
+            for number, line in enumerate(_text_lines(path, "json"), 1):
+                if line.strip():
+                    if index == -1 and line.lstrip().startswith("["):
+                        return None  # a JSON array: its rows are not lines
+                    index += 1
+                    if index in wanted:
+                        found[index] = number
+                    if len(found) == len(wanted):
+                        break
+    except (OSError, EOFError, _NotUtf8, csv.Error):
+        return None
+    return found if len(found) == len(wanted) else None

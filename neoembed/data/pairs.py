@@ -14,7 +14,7 @@ import xxhash
 
 from neoembed.card_schema import TrainingCard as DataCard
 from neoembed.data.columns import _MISSING, _Spec
-from neoembed.data.errors import DataCardError, NonFiniteScore
+from neoembed.data.errors import DataCardError, NonFiniteScore, row_lines
 from neoembed.instructions import DEFAULT_TEMPLATE, format_with_instruction
 
 UNKNOWN = "unknown"  # expected_loss of a card whose evidence publishes no share of dropped rows
@@ -31,6 +31,9 @@ class LoadedRows:
     full_size: int
     dropped: dict[str, int] = field(default_factory=dict)
     sampled: bool = False
+    # (file, format) when the rows are that JSON-lines or CSV file's rows one for one (no filter, no sample):
+    # a dropped row is then named by its line
+    lines: tuple[Path, str] | None = None
 
 
 @dataclass
@@ -49,7 +52,9 @@ class DropReport:
     # (by the texts' hashes); what ``neoembed.runs.check_pair_counts`` warns about, counted in the build's map
     same_as_query: int = 0
     distinct_pairs: int = 0
-    first_dropped: dict[str, int] = field(default_factory=dict)  # reason -> the first row it drops (0-based)
+    # reason -> the first row it drops, counted from 1: a "line" of the data file, or a "row" (first_unit)
+    first_dropped: dict[str, int] = field(default_factory=dict)
+    first_unit: str = "row"
     # when rows have fewer than k hard negatives: [N] = the rows that max_negatives: N would keep, N below k
     kept_below_k: list[int] = field(default_factory=list)
 
@@ -103,7 +108,8 @@ class DropReport:
 
     def line(self) -> str:
         drops = ", ".join(
-            f"{k}: {v}" + (f" (first: row {self.first_dropped[k]})" if k in self.first_dropped else "")
+            f"{k}: {v}"
+            + (f" (first: {self.first_unit} {self.first_dropped[k]})" if k in self.first_dropped else "")
             for k, v in self.dropped.items()
             if v
         ) or "none"
@@ -158,6 +164,7 @@ def build_pairs_report(
         reason = _REASONS[code - 1]
         report.dropped[reason] = report.dropped.get(reason, 0) + int((drop == code).sum())
         report.first_dropped[reason] = int((drop == code).argmax())
+    _number_first_dropped(report, loaded)
     counts = _negative_counts(read)[drop == 0]
     k = _negatives_per_query(counts, max_negatives) if reader.negs else 0
     short = int((counts < k).sum())
@@ -170,6 +177,17 @@ def build_pairs_report(
     report.same_as_query, report.distinct_pairs = _pair_counts(pairs, workdir)
     # the hidden columns stay in the file, out of the dataset: the trainer reads every column it has
     return pairs.remove_columns(["_same", "_hashes"]), report
+
+
+def _number_first_dropped(report: DropReport, loaded: LoadedRows | None) -> None:
+    """The first row each reason drops, as a user finds it: the data file's line where the rows are a file's
+    rows one for one, else the row counted from 1 (the index counts from 0)."""
+    firsts = report.first_dropped
+    lines = row_lines(*loaded.lines, list(firsts.values())) if loaded is not None and loaded.lines else None
+    if lines is not None:
+        report.first_dropped, report.first_unit = {k: lines[i] for k, i in firsts.items()}, "line"
+    else:
+        report.first_dropped = {k: i + 1 for k, i in firsts.items()}
 
 
 def _pair_counts(pairs, workdir: Path | None) -> tuple[int, int]:
