@@ -596,6 +596,20 @@ def test_dry_run_refuses_a_card_named_twice_and_warns_of_a_warmup_past_the_run(c
     assert code == 0 and "warmup_steps 50 is not below steps 4" in msg and "runs at 6e-05" in msg, msg
 
 
+def test_walk_a_copied_card_that_keeps_its_name_is_refused_with_both_files(tmp_path, capsys, monkeypatch):
+    """#43 walk, R33: a card copied to details_v2.yaml keeps `name: pydoc_details`; training both said
+    "dataset 'pydoc_details' appears twice in the recipe", naming neither file nor the fix."""
+    cards = tmp_path.resolve() / "cards"  # as the error names them
+    shutil.copytree(TINY / "cards", cards)
+    shutil.copy(cards / "pydoc_details.yaml", cards / "details_v2.yaml")
+    both = "datasets=[{card: details_v2}, {card: pydoc_details}]"
+    code, msg = _cli(capsys, monkeypatch, "train", "tiny", f"card_dirs=[{cards}]", both, "--dry-run")
+    assert code == 2 and "dataset 'pydoc_details' appears twice" in msg, msg
+    files = f"{cards / 'details_v2.yaml'} and {cards / 'pydoc_details.yaml'}"
+    assert f"the card files {files} both say name: pydoc_details" in msg, msg
+    assert "change name: in the copy (name: details_v2 in details_v2.yaml)" in msg, msg
+
+
 def test_distillation_on_a_card_without_scores_is_refused_before_the_model_loads(
     tmp_path, capsys, monkeypatch
 ):

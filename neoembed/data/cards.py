@@ -185,10 +185,11 @@ def load_recipe_cards(
     """Every dataset entry's card (the cards only: cheap), each card at most once: one named twice would be
     sampled as if it had twice its rows; with ``scored`` (distillation), each declaring teacher scores. The
     trainers and the dry run read the recipe's cards through this."""
-    loaded = [load_card(find_card(entry.card, search_dirs)) for entry in entries]
+    paths = [find_card(entry.card, search_dirs) for entry in entries]
+    loaded = [load_card(path) for path in paths]
     names = [card.name for card, _ in loaded]
     for name in sorted({n for n in names if names.count(n) > 1}):
-        raise DataCardError(f"dataset {name!r} appears twice in the recipe")
+        _refuse_twice(name, [path for path, n in zip(paths, names, strict=True) if n == name])
     unscored = [card.name for card, _ in loaded if scored and not card.columns.scores]
     if unscored:
         raise DataCardError(
@@ -196,6 +197,22 @@ def load_recipe_cards(
             "the card's score column (columns.scores), or add one with `neoembed score CARD --teacher MODEL`"
         )
     return loaded
+
+
+def _refuse_twice(name: str, paths: list[Path]) -> None:
+    """A card name given by two entries of a recipe: one card named twice, or two files with one ``name:`` (a
+    copied card keeps its original's name), said with the files and the fix."""
+    files = list(dict.fromkeys(p.resolve() for p in paths))
+    if len(files) == 1:
+        raise DataCardError(f"dataset {name!r} appears twice in the recipe (card {files[0]}): list it once")
+    renamed = [f for f in files if f.stem != name] or files[1:]  # the copies: a file named as its card is not
+    listed = ", ".join(map(str, files[:-1])) + f" and {files[-1]} " + ("both" if len(files) == 2 else "all")
+    raise DataCardError(
+        f"dataset {name!r} appears twice in the recipe: the card files {listed} say name: {name} (a copied "
+        "card keeps its original's name). Cards are told apart by name: change name: in the copy ("
+        + "; ".join(f"name: {f.stem} in {f.name}" for f in renamed)
+        + ")"
+    )
 
 
 def local_data_paths(cards: list[tuple[DataCard, Path]]) -> list[Path]:
