@@ -383,6 +383,10 @@ def test_the_first_dropped_row_is_named_by_the_line_an_editor_shows(tmp_path):
     (tmp_path / "d.jsonl").write_text("\n".join(lines[:2] + [""] + lines[2:]) + "\n")  # row 3: line 5
     r = _check(str(_local_card(tmp_path, "d.jsonl", "json")), "--sample", "0", offline=True)
     assert r.exit_code == 0 and "positive missing: 1 (first: line 5)" in r.output, r.output
+    from neoembed.data.errors import LINE_SCAN_ROWS, row_lines
+
+    assert row_lines(tmp_path / "d.jsonl", "json", [3]) == {3: 5}
+    assert row_lines(tmp_path / "d.jsonl", "json", [LINE_SCAN_ROWS]) is None  # millions of lines: not scanned
     rows = [f"q {i},{'' if i == 2 else f'p {i}'}" for i in range(8)]
     (tmp_path / "d.csv").write_text("\n".join(["query,positive", *rows]) + "\n")  # row 2: line 4
     r = _check(str(_local_card(tmp_path, "d.csv", "csv")), "--sample", "0", offline=True)

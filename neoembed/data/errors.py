@@ -184,15 +184,22 @@ def _explain_parquet(path: Path) -> str | None:
     return None
 
 
+#: :func:`row_lines` reads a file this far at most (about a second of lines)
+LINE_SCAN_ROWS = 200_000
+
+
 def row_lines(path: Path, fmt: str, rows: list[int]) -> dict[int, int] | None:
     """The file line of each 0-based row in ``rows``, for a JSON-lines or CSV file whose rows the loader reads
     one for one (a blank line holds no row; a CSV row after its header, by the line it starts on); None where
-    the file is not so (a JSON array) or cannot be read. Reads up to the last row asked for, once."""
+    the file is not so (a JSON array) or cannot be read, or a row lies past :data:`LINE_SCAN_ROWS`. Reads up
+    to the last row asked for, once."""
     import csv
 
     wanted, found = set(rows), {}
     if not wanted:
         return found
+    if max(wanted) >= LINE_SCAN_ROWS:  # a scan in Python of millions of lines to name one: counted rows do
+        return None
     try:
         if fmt == "csv":
             reader, index, start = csv.reader(_text_lines(path, "csv")), -2, 1  # the header is row -1
