@@ -131,6 +131,16 @@ class EmbeddingModel(SentenceTransformer):
                 check_encodable(items)
             raise
 
+    # sentence-transformers keeps no key of config_sentence_transformers.json it does not know: a saved copy
+    # (export, push_to_hub) would drop the Matryoshka dimensions the model was trained for
+    def _parse_model_config(self, model_config: dict) -> None:
+        super()._parse_model_config(model_config)
+        self.matryoshka_dims = model_config.get(MATRYOSHKA_KEY)
+
+    def _get_model_config(self) -> dict:
+        dims = getattr(self, "matryoshka_dims", None)
+        return super()._get_model_config() | ({MATRYOSHKA_KEY: dims} if dims else {})
+
     def get_model_kwargs(self) -> list[str]:
         # ``max_batch_tokens`` travels through sentence-transformers' ``encode`` to :meth:`_inference`
         return [*super().get_model_kwargs(), "max_batch_tokens"]

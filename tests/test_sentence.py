@@ -455,6 +455,21 @@ def test_the_model_card_says_what_was_optimised_and_how_queries_go():
     assert PROMPT_NOTE in model_card_text("run", None, query_prompt="query: ")
 
 
+def test_a_saved_copy_keeps_the_matryoshka_dimensions(saved, tmp_path):
+    """#43, a walk's E3: `neoembed export` (any load-then-save) wrote config_sentence_transformers.json without
+    the dimensions the model was trained for (sentence-transformers keeps no key it does not know)."""
+    from neoembed.sentence import matryoshka_dims, record_matryoshka_dims
+
+    path, _ = saved
+    trained = tmp_path / "trained"
+    shutil.copytree(path, trained)
+    record_matryoshka_dims(trained, [8, 32, 16])
+    neoembed.load(trained).save(str(tmp_path / "copy"))
+    assert matryoshka_dims(tmp_path / "copy") == [32, 16, 8]
+    neoembed.load(path).save(str(tmp_path / "plain"))
+    assert matryoshka_dims(tmp_path / "plain") is None
+
+
 def test_a_saved_folder_refuses_building_options_it_would_ignore(saved):
     """pooling, normalize and tokenizer build a bi-encoder from a plain checkpoint; a saved folder ignored them
     silently. Now: its own pooling is accepted, another refused by name, and nothing trusts remote code unasked."""
