@@ -7,6 +7,7 @@ commands, so ``neoembed --help`` stays fast.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -63,6 +64,8 @@ def _console_logging(verbose: bool) -> None:
         # (mteb's own reranking tasks warn on every run), not for a user of the command line
         for category in (DeprecationWarning, PendingDeprecationWarning):
             warnings.filterwarnings("ignore", category=category)
+        # torch's notice to sentence-transformers, whose gather_across_devices calls it: nothing a user can change
+        warnings.filterwarnings("ignore", r"torch\.distributed\.nn\.functional\.all_gather is deprecated")
         warnings.formatwarning = _plain_own_warning
         # warnings become log records, so that one filter shows each once: the warnings module's "once" forgets
         # what it showed whenever a library enters warnings.catch_warnings (mteb does, at every task)
@@ -71,6 +74,10 @@ def _console_logging(verbose: bool) -> None:
         _once_per_message(logging.lastResort)  # where other libraries' records go (no handler of their own)
         if not sys.stderr.isatty():
             _quiet_other_bars()
+    if int(os.environ.get("RANK", "0") or 0) > 0 and not verbose:
+        # another process of a multi-process launch: rank 0 says what the run does, once; errors still show
+        log.setLevel(logging.ERROR)
+        warnings.simplefilter("ignore")
 
 
 _formatwarning = warnings.formatwarning

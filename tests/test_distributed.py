@@ -662,6 +662,9 @@ def test_a_run_on_two_processes_resumes_bit_identically(tmp_path):
             capture_output=True, text=True, timeout=600, env=_env(), cwd=REPO,
         )  # fmt: skip
         assert r.returncode == 0, r.stderr[-3000:]
+        said = r.stdout + r.stderr  # once per launch, not per process, and no library's notice (#43, M2)
+        assert said.count("done: ") == 1 and said.count("card pydoc_names: ") == 1, said[-3000:]
+        assert "FutureWarning" not in said, said[-3000:]
         return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
 
     full, resumed = tmp_path / "full", tmp_path / "resumed"

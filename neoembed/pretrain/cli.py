@@ -130,7 +130,10 @@ def pretrain_command(
 
     with output_lock(parsed.output_dir):
         out = pretrain(parsed, resume=resume, overwrite=overwrite)
-    typer.echo(f"done: {out}")
+    from neoembed.runs.lock import launched_main
+
+    if launched_main():  # once per launch, not per process
+        typer.echo(f"done: {out}")
 
 
 def resolve_recipe_paths(recipe, recipe_dir: Path):

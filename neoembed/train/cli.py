@@ -76,7 +76,10 @@ def train_command(
                 parsed, recipe_dir=path.parent, resume=resume, overwrite=overwrite, evaluator=evaluator
             )
     _release_process_group()
-    typer.echo(f"done: {out}")
+    from neoembed.runs.lock import launched_main
+
+    if launched_main():  # once per launch, not per process
+        typer.echo(f"done: {out}")
 
 
 def _warn_on_warmup(recipe) -> None:
