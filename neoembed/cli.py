@@ -77,6 +77,7 @@ def _console_logging(verbose: bool) -> None:
     if int(os.environ.get("RANK", "0") or 0) > 0 and not verbose:
         # another process of a multi-process launch: rank 0 says what the run does, once; errors still show
         log.setLevel(logging.ERROR)
+        logging.lastResort.setLevel(logging.ERROR)  # other libraries' warnings (sentence-transformers' sampler)
         warnings.simplefilter("ignore")
 
 
@@ -325,6 +326,22 @@ def _on_sigterm(signum, frame) -> None:
     raise _Terminated
 
 
+#: what torch's collectives say when a peer process is gone (gloo's socket, NCCL's abort, the TCP store)
+_PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "DistBackendError",
+              "DistNetworkError", "NCCL communicator was aborted")  # fmt: skip
+
+
+def _lost_peer(e: BaseException) -> str | None:
+    """The collective's first line when ``e`` says another process of a multi-process launch is gone (killed,
+    out of memory, crashed): this process's error is then a consequence, not a bug to report."""
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) < 2:
+        return None
+    text = f"{type(e).__name__}: {e}"
+    if not any(s in text for s in _PEER_GONE):
+        return None
+    return str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+
+
 def _how_to_continue() -> str:
     command = next((a for a in sys.argv[1:] if not a.startswith("-")), "")
     return CONTINUE.get(command, "rerun the command to start again")
@@ -400,6 +417,13 @@ def main() -> None:
     except Exception as e:
         if debug:
             raise
+        if (said := _lost_peer(e)) is not None:
+            typer.echo(
+                f"stopped: another process of this launch ended, so this one cannot go on ({said}); what ended it "
+                f"(its error, a kill, memory) is in its own output. Then {_how_to_continue()}",
+                err=True,
+            )
+            raise SystemExit(1) from None
         typer.echo(
             f"error: {type(e).__name__}: {e}{hint}; if the cause is not yours, please report it", err=True
         )

@@ -54,6 +54,28 @@ def test_unreadable_card_data_is_named(tmp_path, capsys, monkeypatch, make, expe
     assert not (tmp_path / "out").exists()
 
 
+def test_a_peer_process_gone_is_said_so_not_reported_as_a_bug(tmp_path, capsys, monkeypatch):
+    """#43, a walk's M3: kill -9 of one rank of a two-process run left the other with gloo's "Connection reset
+    by peer", printed as an unexpected error to report. In a launch of several processes it says that another
+    process ended and how to continue; alone, the same error stays unexpected."""
+    import neoembed.pretrain.data as data
+
+    def gone(*_a, **_k):
+        raise RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection reset by peer")
+
+    monkeypatch.setattr(data, "preprocess", gone)
+    src = tmp_path / "c.txt"
+    src.write_text("hello world")
+    args = ("preprocess", str(src), str(tmp_path / "o"), "--tokenizer", str(TINY / "model"))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    code, out = _cli(capsys, monkeypatch, *args)
+    assert code == 1 and "another process of this launch ended" in out and "Connection reset by peer" in out
+    assert "please report it" not in out and "rerun the same command" in out, out
+    monkeypatch.delenv("WORLD_SIZE")
+    code, out = _cli(capsys, monkeypatch, *args)
+    assert code == 1 and "please report it" in out, out
+
+
 def test_eof_error_is_bad_input_not_an_interruption(tmp_path, capsys, monkeypatch):
     """click turns any EOFError into Abort: a truncated compressed file must not read as Ctrl-C (exit 130)."""
     import neoembed.pretrain.data as data
