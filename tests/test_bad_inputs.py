@@ -647,6 +647,30 @@ def test_distillation_on_a_card_without_scores_is_refused_before_the_model_loads
         ), msg
 
 
+def test_distillation_without_hard_negatives_is_refused_before_the_model_loads(tmp_path, capsys, monkeypatch):
+    """#43, a walk's R18: max_negatives: 0 (or scored rows without negatives) under distillation passed the dry
+    run and failed at the first step, after the model loaded, leaving a folder that needed --overwrite."""
+    import json
+
+    import neoembed.sentence
+
+    monkeypatch.setattr(neoembed.sentence, "load", lambda *a, **k: pytest.fail("the model loaded"))
+    rows = [{"query": f"q{i}", "positive": f"p{i}", "scores": [0.5]} for i in range(16)]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "sc.yaml").write_text(
+        "name: sc\nsource:\n  local: {path: rows.jsonl, format: json}\n"
+        "columns: {query: query, positive: positive, scores: scores}\nlicense: mit\nsize: 16\n"
+    )
+    where = [f"card_dirs=[{tmp_path}]", "distillation={loss: kl}", "steps=2", f"output_dir={tmp_path / 'o'}"]
+    for dry in (["--dry-run"], []):
+        code, msg = _cli(capsys, monkeypatch, "train", "tiny", *where, "datasets=[{card: sc, max_negatives: 0}]",
+                         *dry)  # fmt: skip
+        assert code == 2 and "max_negatives: 0 trains sc without any" in msg, msg
+    code, msg = _cli(capsys, monkeypatch, "train", "tiny", *where, "datasets=[{card: sc, batch_size: 8}]")
+    assert code == 2 and "card sc: distillation compares" in msg and "carry none" in msg, msg
+    assert not (tmp_path / "o").exists()
+
+
 def test_mteb_refuses_a_batch_budget_below_the_models_max_length(tmp_path, capsys, monkeypatch):
     """M05: --max-batch-tokens below the model's max length loaded the model and the tasks, then failed every task
     with "does not fit" (exit 1); it is refused once the model is loaded, before any task runs (exit 2)."""

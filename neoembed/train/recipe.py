@@ -111,6 +111,17 @@ class UnifiedRecipe(RunSettings):
         check_keep_best(self)
         return self
 
+    @model_validator(mode="after")
+    def _distillation_needs_negatives(self):
+        bare = [e.card for e in self.datasets if e.max_negatives == 0]
+        if self.distillation is not None and bare:  # else the first step fails, after the model loads
+            raise ValueError(
+                f"distillation compares each row's positive with its hard negatives, and max_negatives: 0 trains "
+                f"{', '.join(bare)} without any: remove max_negatives: 0 there, or train it in a run without "
+                "distillation"
+            )
+        return self
+
     def dataset_batch_size(self, entry: DatasetEntry, negatives: int | None) -> int | None:
         """Queries per step for ``entry``, whose rows carry ``negatives`` hard negatives each: its own
         batch_size, else batch_texts // (2 + negatives) (None while ``negatives`` is unknown), else batch_size.

@@ -106,6 +106,11 @@ def prepare_datasets(recipe: UnifiedRecipe, recipe_dir: Path | None = None, repo
             reports[card.name] = report
         # counted in the card's batched map (pairs["query"] would walk every row in Python)
         check_pair_counts(card.name, len(pairs), report.same_as_query, report.distinct_pairs)
+        if recipe.distillation is not None and report.negatives_per_query == 0:  # else at the first step
+            raise DataCardError(
+                f"card {card.name}: distillation compares each row's positive with its hard negatives, and "
+                "these rows carry none: score a card with hard negatives (neoembed mine, then neoembed score)"
+            )
         bs = recipe.dataset_batch_size(entry, report.negatives_per_query)
         _check_batch(card.name, bs, len(pairs), report.negatives_per_query)
         out[card.name], sizes[card.name], lines[card.name] = pairs, bs, report
