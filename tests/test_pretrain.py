@@ -361,6 +361,26 @@ def test_resume_equals_uninterrupted_and_final_model(tmp_path, shards):
         pretrain(_recipe(tmp_path / "full", shards, "steps=6", "save_steps=3"), resume=True, progress=False)
 
 
+def test_a_resume_on_other_edited_or_unfinished_shards_is_refused(tmp_path, shards):
+    """#43, a walk's T22-T24: --resume continued silently on a shard folder replaced by another corpus or with a
+    token edited in place (and rewrote the record's data fingerprint); a folder whose preprocess was interrupted
+    trained on the documents it had so far. A copy of the same shards elsewhere is the same data."""
+    own = shutil.copytree(shards, tmp_path / "shards")
+    pretrain(_recipe(tmp_path / "run", own, "steps=4", "save_steps=2"), progress=False)
+    assert ShardedCorpus(shutil.copytree(own, tmp_path / "copy")).content_key() == ShardedCorpus(own).content_key()
+    tokens = np.load(own / "shard-00000.tokens.npy", mmap_mode="r+")
+    tokens[100] = 7 if tokens[100] != 7 else 8
+    tokens.flush()
+    del tokens
+    with pytest.raises(OutputDirError, match=r"holds a different run.*\n  - data\..*shards"):
+        pretrain(_recipe(tmp_path / "run", own, "steps=6", "save_steps=2"), resume=True, progress=False)
+    meta = json.loads((own / "meta.json").read_text())
+    (own / "meta.json").write_text(json.dumps({**meta, "complete": False}))
+    with pytest.raises(ValueError, match="is unfinished: its preprocess stopped before the end"):
+        pretrain(_recipe(tmp_path / "new", own), progress=False)
+    assert not (tmp_path / "new").exists()
+
+
 def test_a_resumed_runs_first_row_averages_its_whole_logging_window(tmp_path, shards):
     """A checkpoint inside a logging window (save at 3, rows every 2 steps): the resumed run's row at step 4
     averaged step 4 alone where the uninterrupted run's averages steps 3 and 4; the window's sums now travel in

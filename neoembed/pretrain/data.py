@@ -392,6 +392,9 @@ def build_subset(shard_dir: str | Path, min_length: int) -> Path:
 
 
 # ---------------------------------------------------------------------------------------------- reading
+#: shard files up to this size are hashed whole for :meth:`ShardedCorpus.content_key`
+HASHED_WHOLE = 64 * 2**20
+
 def _load_shard_array(path: Path, mmap: bool = False) -> np.ndarray:
     """One ``.npy`` array of a shard folder; a missing, truncated or corrupt file is named (exit 2)."""
     try:
@@ -420,6 +423,14 @@ class ShardedCorpus:
                 f"{self.path} is not a shard folder (no meta.json): make one with `neoembed preprocess`"
             )
         self.meta = json.loads((root / "meta.json").read_text())
+        if self.meta.get("complete") is False:  # what a preprocess stopped midway leaves: part of the corpus
+            progress = root / "progress.json"
+            done = json.loads(progress.read_text()).get("docs") if progress.is_file() else None
+            raise ValueError(
+                f"{root} is unfinished: its preprocess stopped before the end (meta.json says complete: false"
+                + (f"; {done:,} documents so far" if isinstance(done, int) else "")
+                + "): rerun the same `neoembed preprocess` command to finish it"
+            )
         shards = sorted(root.glob("shard-*.tokens.npy"))
         if not shards:
             raise FileNotFoundError(f"{root} holds no shards yet: run (or finish) `neoembed preprocess`")
@@ -438,10 +449,31 @@ class ShardedCorpus:
         self._starts = np.concatenate([o[:-1] for o in offsets]).astype(np.int64)
         self._lengths = np.concatenate([np.diff(o) for o in offsets]).astype(np.int64)
         self._docs = docs  # None = every document
+        self._root = root
         self.fingerprint = hashlib.sha256(
             json.dumps([self.meta.get("source"), int(self._lengths.sum()), len(self._lengths)]).encode()
             + (docs.tobytes() if docs is not None else b"")
         ).hexdigest()[:16]
+
+    def content_key(self) -> str:
+        """What a resume compares, so that a run does not continue on other or edited shards: the folder's
+        ``meta.json``, a subset's index, and each shard file by its bytes; a file over :data:`HASHED_WHOLE` by
+        its size and its first and last MiB (hashing terabytes at every start would cost more than an edit in
+        place risks). By content, so a copy of the folder elsewhere has the same key."""
+        h = hashlib.sha256((self._root / "meta.json").read_bytes())
+        if self._docs is not None:
+            h.update(self._docs.tobytes())
+        for f in sorted(self._root.glob("shard-*.npy")):
+            size = f.stat().st_size
+            h.update(f"{f.name}:{size}:".encode())
+            with open(f, "rb") as fh:
+                if size <= HASHED_WHOLE:
+                    h.update(fh.read())
+                else:
+                    h.update(fh.read(1 << 20))
+                    fh.seek(size - (1 << 20))
+                    h.update(fh.read())
+        return h.hexdigest()[:16]
 
     def __len__(self) -> int:
         return len(self._lengths) if self._docs is None else len(self._docs)

@@ -321,12 +321,14 @@ def pretrain(
     held = _open_held_out(recipe, corpora)
     tokenizer, special_ids = _load_tokenizer(recipe, corpora)
     _check_vocab(_planned_vocab(recipe), recipe, tokenizer)  # before the model loads
-    settings = resume_settings(recipe, per_process_batch=True)
+    # the shards by content: a resume on other or edited shards is refused by name
+    data = {f"data.{c.path.as_posix()}": c.content_key() for c in corpora}
+    settings = resume_settings(recipe, per_process_batch=True) | data
     checkpoint = prepare_output_dir(
         output,
         overwrite=overwrite,
         resume=resume,
-        defaults=resume_defaults(recipe, per_process_batch=True),
+        defaults=resume_defaults(recipe, per_process_batch=True) | data,  # a run from before data.* resumes
         settings=settings,
         main_process=accelerator.is_main_process,
     )
