@@ -381,6 +381,19 @@ def test_a_resume_on_other_edited_or_unfinished_shards_is_refused(tmp_path, shar
     assert not (tmp_path / "new").exists()
 
 
+def test_continuing_a_checkpoint_with_another_tokenizer_is_refused(tmp_path):
+    """#43, a walk's T31: init_from a checkpoint trained with a 30,522-token WordPiece, with the tiny recipes'
+    1,500-token one as the recipe's tokenizer, trained on (every id meaning another token) and saved the model
+    beside the wrong tokenizer. The checkpoint's own tokenizer is compared with the recipe's."""
+    tiny = REPO / "recipes" / "tiny"
+    recipe = load_recipe(REPO / "recipes" / "pretrain-tiny.yaml", PretrainRecipe, [
+        f"tokenizer={tiny / 'model'}", f"data.sources=[{{path: {tiny / 'shards'}}}]", f"model.init_from={TOKENIZER}",
+        "model.config={}", f"output_dir={tmp_path / 'run'}"])  # fmt: skip
+    with pytest.raises(ValueError, match=r"init_from .* was trained with its own tokenizer \(30522 tokens\)"):
+        pretrain(recipe, progress=False)
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_resumed_runs_first_row_averages_its_whole_logging_window(tmp_path, shards):
     """A checkpoint inside a logging window (save at 3, rows every 2 steps): the resumed run's row at step 4
     averaged step 4 alone where the uninterrupted run's averages steps 3 and 4; the window's sums now travel in

@@ -216,6 +216,11 @@ def _source_fingerprint(source: str) -> dict:
     }
 
 
+def vocab_sha256(tokenizer) -> str:
+    """A tokenizer's vocabulary (token -> id) as a hash: what a shard folder was tokenized with."""
+    return hashlib.sha256(json.dumps(sorted(tokenizer.get_vocab().items())).encode()).hexdigest()
+
+
 def _shard_meta(out: Path, source: str, tokenizer, column: str, max_docs: int | None, shard_tokens: int):
     """The ``meta.json`` a shard folder gets, and the progress to resume from; refuses a folder that holds
     shards of other inputs (a resume must reread exactly the documents it skips)."""
@@ -225,9 +230,7 @@ def _shard_meta(out: Path, source: str, tokenizer, column: str, max_docs: int | 
         "tokenizer": getattr(tokenizer, "name_or_path", None),
         "vocab_size": len(tokenizer),
         # the vocabulary itself: two tokenizers with one name and size (a retrained local one) still differ here
-        "vocab_sha256": hashlib.sha256(
-            json.dumps(sorted(tokenizer.get_vocab().items())).encode()
-        ).hexdigest(),
+        "vocab_sha256": vocab_sha256(tokenizer),
         "max_docs": max_docs,
         "shard_tokens": shard_tokens,
     }

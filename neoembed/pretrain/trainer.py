@@ -244,13 +244,38 @@ def _load_tokenizer(recipe: PretrainRecipe, corpora):
 
 
 def _check_shard_vocab(corpora, recipe: PretrainRecipe, tokenizer) -> None:
+    """The shards were tokenized with the recipe's tokenizer (its size, then the vocabulary itself), and a
+    checkpoint continued from was trained with it: an id must mean the token the model learned."""
+    from neoembed.pretrain.data import vocab_sha256
+
+    ours = vocab_sha256(tokenizer)
     for c in corpora:
-        vocab = c.meta.get("vocab_size")
-        if vocab is not None and vocab != len(tokenizer):
+        vocab, sha = c.meta.get("vocab_size"), c.meta.get("vocab_sha256")
+        if (vocab is not None and vocab != len(tokenizer)) or (sha is not None and sha != ours):
             raise ValueError(
-                f"shards {c.path} were tokenized with a vocabulary of {vocab} tokens, the recipe's tokenizer "
-                f"{recipe.tokenizer!r} has {len(tokenizer)}: set 'tokenizer' to the one used by preprocess"
+                f"shards {c.path} were tokenized with another vocabulary ({vocab} tokens) than the recipe's "
+                f"tokenizer {recipe.tokenizer!r} ({len(tokenizer)}): set 'tokenizer' to the one used by preprocess"
             )
+    theirs = _checkpoint_tokenizer(recipe)
+    if theirs is not None and vocab_sha256(theirs) != ours:
+        raise ValueError(
+            f"model.init_from {recipe.model.init_from} was trained with its own tokenizer ({len(theirs)} tokens), "
+            f"not the recipe's {recipe.tokenizer!r} ({len(tokenizer)}): its ids would mean other tokens. Set "
+            f"tokenizer={recipe.model.init_from} and tokenize the shards with it (neoembed preprocess --tokenizer)"
+        )
+
+
+def _checkpoint_tokenizer(recipe: PretrainRecipe):
+    """The tokenizer saved with ``model.init_from``, or None (none there: nothing to compare)."""
+    if recipe.model.init_from is None:
+        return None
+    from neoembed.modeling.convert import resolve_checkpoint
+    from neoembed.pretrain.data import load_tokenizer
+
+    folder = Path(resolve_checkpoint(recipe.model.init_from))
+    if not any((folder / f).is_file() for f in ("tokenizer.json", "vocab.txt", "tokenizer_config.json")):
+        return None
+    return load_tokenizer(str(folder))
 
 
 def _global_sequences(recipe: PretrainRecipe, accelerator) -> int:
