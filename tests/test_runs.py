@@ -469,6 +469,29 @@ def test_poor_sigint_and_sigterm_exit_130_and_143_after_checkpointing(
         assert verify_checkpoint(ckpt) is None and not (out / "model.safetensors").exists()
 
 
+def test_a_closed_terminal_checkpoints_as_sigterm_does_unless_nohup_ignores_it(
+    tmp_path, tiny_official, capsys, monkeypatch, sigterm_at
+):
+    """#43, a walk's T18: SIGHUP (a terminal or ssh session closed) killed a run with 129 and no checkpoint,
+    losing up to save_steps of work. It checkpoints and stops as SIGTERM does; under nohup (SIGHUP ignored) the
+    run is meant to go on, and the handler is not installed."""
+    from neoembed.runs.signals import stop_signals
+    from neoembed.train import trainer as trainer_mod
+
+    previous = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    try:
+        sigterm_at(trainer_mod, "unified_step", 1, signal.SIGHUP)
+        out = tmp_path / "hup"
+        got, err = _cli(capsys, monkeypatch, "train", str(TINY), f"model={tiny_official}", f"output_dir={out}", *RUN)
+        assert got == 129 and "stopped by SIGHUP" in err and "--resume" in err, err
+        (ckpt,) = list_checkpoints(out)
+        assert verify_checkpoint(ckpt) is None
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        assert signal.SIGHUP not in stop_signals()
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+
+
 @pytest.mark.parametrize("steps", ["-5", "0"])
 def test_poor_negative_or_zero_steps_fail_before_the_model_loads(tmp_path, capsys, monkeypatch, steps):
     out = tmp_path / "o"

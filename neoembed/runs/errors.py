@@ -11,7 +11,7 @@ if TYPE_CHECKING:
 
 
 # Exit statuses of a run stopped by a signal, as a shell reports a process killed by it (128 + number).
-SIGNAL_EXIT = {"SIGINT": 130, "SIGTERM": 143}
+SIGNAL_EXIT = {"SIGINT": 130, "SIGTERM": 143, "SIGHUP": 129}
 
 
 class TrainingStopped(RuntimeError):

@@ -22,14 +22,23 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+def stop_signals() -> tuple[signal.Signals, ...]:
+    """The signals a run checkpoints on: SIGTERM, SIGINT, and SIGHUP (the terminal or ssh session closed) unless
+    it is ignored (``nohup``: the run is meant to go on)."""
+    hup = getattr(signal, "SIGHUP", None)  # not on Windows
+    if hup is None or signal.getsignal(hup) is signal.SIG_IGN:
+        return (signal.SIGTERM, signal.SIGINT)
+    return (signal.SIGTERM, signal.SIGINT, hup)
+
+
 class _Handlers:
-    """Installs ``self.handle`` for SIGTERM and SIGINT on enter (main thread only) and restores the previous
-    handlers on exit."""
+    """Installs ``self.handle`` for the :func:`stop_signals` on enter (main thread only) and restores the
+    previous handlers on exit."""
 
     _previous: dict
 
     def __enter__(self):
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in stop_signals():
             with contextlib.suppress(ValueError):  # not the main thread
                 self._previous[sig] = signal.signal(sig, self.handle)
         return self
@@ -40,7 +49,7 @@ class _Handlers:
 
 
 class StopSignal(_Handlers):
-    """SIGTERM / Ctrl-C set a flag, which the next step starts with (every process reduces it with that step's
+    """SIGTERM / Ctrl-C / SIGHUP set a flag, which the next step starts with (every process reduces it with that step's
     loss, so all stop together): the loop checkpoints after that step. A second Ctrl-C aborts."""
 
     def __init__(self):
