@@ -410,7 +410,9 @@ def main() -> None:
         if debug:
             raise
         if _disk_full(e):  # not bad input: the command stopped (exit 1), as a run's checkpoint write says
-            typer.echo(f"stopped: the disk is full ({e}): free space, or write to another folder", err=True)
+            command = next((a for a in sys.argv[1:] if not a.startswith("-")), "")
+            then = f"then {CONTINUE[command]}" if command in CONTINUE else "or write to another folder"
+            typer.echo(f"stopped: the disk is full ({e}): free space, {then}", err=True)
             raise SystemExit(1) from None
         typer.echo(f"error: {e}{hint}", err=True)
         raise SystemExit(BAD_INPUT_EXIT) from None

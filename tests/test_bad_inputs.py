@@ -817,6 +817,21 @@ def test_load_on_a_device_the_machine_lacks_names_it(minilm_path):
         neoembed.load(minilm_path, device="gpu0")
 
 
+def test_a_run_stopped_by_a_full_disk_says_how_it_continues(tmp_path, capsys, monkeypatch):
+    """#43, a walk's T28: a full disk while the final model was written said "free space, or write to another
+    folder"; the run's checkpoints are intact, and --resume after freeing space writes the model."""
+    import errno
+
+    import neoembed.pretrain.trainer as trainer
+
+    def disk_full(*_a, **_k):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "run" / "model.safetensors"))
+
+    monkeypatch.setattr(trainer, "pretrain", disk_full)
+    code, said = _cli(capsys, monkeypatch, "pretrain", "pretrain-tiny", f"output_dir={tmp_path / 'run'}")
+    assert code == 1 and "stopped: the disk is full" in said and "free space, then rerun with --resume" in said, said
+
+
 def test_walk_convert_on_a_full_disk_stops_with_1_and_leaves_dst_empty(tmp_path, capsys, monkeypatch):
     """A convert cut short by a full disk exited 2 (bad input) and left config and code without weights, which a
     rerun refused with advice to pass --resume, an option convert lacks; a packaged name was sent to the hub."""
