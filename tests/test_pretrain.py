@@ -551,9 +551,10 @@ def test_pseudo_perplexity_equals_the_slow_reference(tmp_path):
         pseudo_perplexity(model, docs, [64], [0], 4, progress=False)
 
 
-def test_poor_ppl_refuses_a_model_without_its_masked_lm_head(tmp_path, tiny_official, capsys, monkeypatch):
+def test_poor_ppl_refuses_a_model_without_its_masked_lm_head(tmp_path, tiny_official, capfd, monkeypatch):
     """An encoder without the pre-training head once scored a random decoder (chance-level pseudo-perplexity,
-    exit 0); it is refused by name."""
+    exit 0); it is refused by name, without transformers' load report before it (#43, L4); a model of another
+    kind, the packaged MiniLM too, is said to be one (L5: it was sent to the hub as a repo id)."""
     import shutil
     import sys
 
@@ -572,8 +573,15 @@ def test_poor_ppl_refuses_a_model_without_its_masked_lm_head(tmp_path, tiny_offi
     )
     with pytest.raises(SystemExit) as e:
         main()
-    err = capsys.readouterr().err
+    err = capfd.readouterr().err
     assert e.value.code == 2 and "no masked-LM head" in err and str(encoder) in err, err
+    assert "LOAD REPORT" not in err, err
+    argv[3] = "packaged:all-MiniLM-L6-v2"
+    monkeypatch.setattr(sys, "argv", [*argv, "--lengths", "8", "--out", str(tmp_path / "m")])
+    with pytest.raises(SystemExit) as e:
+        main()
+    err = capfd.readouterr().err
+    assert e.value.code == 2 and "is a bert model: ppl scores NeoBERT checkpoints" in err, err
 
 
 def test_progress_is_a_plain_line_per_logging_step_when_not_a_terminal(tmp_path, shards, capfd):

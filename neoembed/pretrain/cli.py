@@ -186,9 +186,25 @@ def ppl_command(
 def _load_mlm(folder, dev):
     """The masked-LM model of ``folder``; one without the head's weights (an encoder or embedding model) is
     refused: a random head scores chance-level pseudo-perplexity, not the model's."""
+    import json
+
+    from transformers.utils import logging as hf_logging
+
     from neoembed.modeling import NeoBERTForMaskedLM
 
-    net, info = NeoBERTForMaskedLM.from_pretrained(str(folder), output_loading_info=True)
+    config = Path(folder) / "config.json"
+    kind = json.loads(config.read_text()).get("model_type") if config.is_file() else None
+    if kind is not None and kind != "neobert":
+        raise ValueError(
+            f"--model {folder} is a {kind} model: ppl scores NeoBERT checkpoints with their masked-LM head (the "
+            "output of `neoembed pretrain`, or the official NeoBERT)"
+        )
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # its load report of the missing head: refused below, in one line
+    try:
+        net, info = NeoBERTForMaskedLM.from_pretrained(str(folder), output_loading_info=True)
+    finally:
+        hf_logging.set_verbosity(verbosity)
     missing = sorted(k for k in info["missing_keys"] if k.startswith("decoder."))
     if missing:
         raise ValueError(
@@ -217,7 +233,9 @@ def _ppl(model, data, lengths, out, max_docs, batch_size, column, device, overwr
             f"--data {data} does not exist: give a shard folder from preprocess, or text files"
         )
     prepare_output_dir(out, overwrite=overwrite, resume=False, what="--out", clearable=("ppl.json",))
-    folder = resolve_checkpoint(model)
+    from neoembed.hub import resolve_packaged
+
+    folder = resolve_checkpoint(resolve_packaged(model))
     check_weight_files(folder)
     tok = AutoTokenizer.from_pretrained(str(folder))
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
