@@ -869,3 +869,59 @@ def test_walk_score_names_a_missing_teacher_and_an_unreadable_state(tmp_path, ca
     args = ("score", card, "--teacher", str(TINY / "model"), "--out", str(out), "--resume")
     code, said = _cli(capsys, monkeypatch, *args)
     assert code == 2 and f"{out / '.score' / 'settings.json'}, the interrupted run's settings, is unreadable" in said
+
+
+# ---------------------------------------------------------- preprocess: a walk's corpora (#43), each named
+def _preprocess(capsys, monkeypatch, source: Path, out: Path, *more: str) -> tuple[int, str]:
+    args = ("preprocess", str(source), str(out), "--tokenizer", str(TINY / "model"), *more)
+    return _cli(capsys, monkeypatch, *args)
+
+
+@pytest.mark.parametrize(
+    ("line", "kind"),
+    [("5", "a number"), ('"doc"', "a string"), ("null", "null"), ("true", "a boolean"), ('["x"]', "an array")],
+    ids=["P11-number", "P11-string", "P11-null", "P11-boolean", "P12-array"],
+)
+def test_walk_a_jsonl_line_that_is_not_an_object_is_named_and_leaves_no_folder(
+    tmp_path, capsys, monkeypatch, line, kind
+):
+    """#43 walk, P11: a line `5` crashed preprocess ("TypeError: argument of type 'int' is not iterable ...
+    please report it", exit 1) and left out/meta.json, so the rerun on the corrected file was refused as "other
+    inputs"; a string line said "string indices must be integers", `null` a NoneType error. P12: an array
+    `["x"]` was read as an object with a key "x": "no column 'text' (columns: ['x'])"."""
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text(f'{{"text": "fine doc"}}\n{line}\n')
+    code, said = _preprocess(capsys, monkeypatch, corpus, tmp_path / "out")
+    assert code == 2 and f"c.jsonl, line 2: not a JSON object ({kind}): {line}" in said, said
+    assert not (tmp_path / "out").exists()
+    corpus.write_text('{"text": "fine doc"}\n{"text": "another"}\n')
+    code, said = _preprocess(capsys, monkeypatch, corpus, tmp_path / "out")
+    assert code == 0 and '"documents": 2' in said, said
+
+
+@pytest.mark.parametrize(
+    ("raised", "exit_code"),
+    [(RuntimeError("a bug"), 1), (KeyboardInterrupt(), 130), ("SIGTERM", 143)],
+    ids=["bug", "ctrl-c", "sigterm"],
+)
+def test_walk_preprocess_leaves_no_folder_on_any_error_and_a_resumable_one_when_stopped(
+    tmp_path, capsys, monkeypatch, raised, exit_code
+):
+    """#43 walk, P11: only FileNotFoundError, KeyError, ValueError and OSError removed the folder a refused
+    preprocess had made; any other error (a bug) left a meta.json that refused the corrected rerun. Ctrl-C and
+    SIGTERM keep it: the same command resumes there."""
+    import neoembed.cli
+    import neoembed.pretrain.data as data
+
+    def stopped(source, out, *_a, **_k):
+        Path(out).mkdir()
+        (Path(out) / "meta.json").write_text("{}")
+        raise neoembed.cli._Terminated if raised == "SIGTERM" else raised
+
+    monkeypatch.setattr(data, "preprocess", stopped)
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("hello world")
+    code, said = _preprocess(capsys, monkeypatch, corpus, tmp_path / "out")
+    assert code == exit_code, said
+    assert (tmp_path / "out").exists() == (exit_code != 1), said
+    assert ("please report it" in said) == (exit_code == 1), said

@@ -73,8 +73,12 @@ def _preprocess(source, out: Path, tokenizer, column, max_docs, shard_tokens, le
         stats = preprocess(
             source, out, tok, column=column, shard_tokens=shard_tokens, max_docs=max_docs, min_lengths=lengths
         )
-    except (FileNotFoundError, KeyError, ValueError, OSError) as e:
+    except Exception as e:
+        # any error, a bug included, leaves no folder behind: its meta.json would refuse the rerun on corrected
+        # files. Ctrl-C and SIGTERM are not Exceptions: their folder stays, and the same command resumes it
         _drop_unstarted(out, fresh)
+        if not isinstance(e, (FileNotFoundError, KeyError, ValueError, OSError)):
+            raise  # reported by neoembed.cli.main: an unexpected error, or a truncated file's EOFError
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
     typer.echo(json.dumps(stats, indent=2))

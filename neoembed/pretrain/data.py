@@ -124,6 +124,13 @@ def _check_text(path: Path, text: str) -> str:
     return text
 
 
+def _json_kind(value) -> str:
+    """A parsed JSON value's kind, as JSON names it."""
+    kinds = {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "an array"}
+    kinds[type(None)] = "null"
+    return kinds.get(type(value), type(value).__name__)
+
+
 def _read_file(path: Path, column: str) -> Iterator[str]:
     # utf-8-sig: a byte-order mark (what Windows editors write first) is dropped, not read as text or as JSON
     name = path.name.lower()
@@ -141,6 +148,11 @@ def _read_file(path: Path, column: str) -> Iterator[str]:
             f.seek(0)
             rows = ((f"line {n}", json.loads(line)) for n, line in enumerate(f, 1) if line.strip())
         for where, row in rows:
+            if not isinstance(row, dict):
+                raise ValueError(
+                    f"{path}, {where}: not a JSON object ({_json_kind(row)}): {json.dumps(row)[:80]}; each "
+                    f'row is one document, an object such as {{"{column}": "..."}}: fix or remove that row'
+                )
             if column not in row:
                 raise ValueError(f"{path}, {where}, has no column {column!r} (columns: {sorted(row)}); pass --column")
             if isinstance(row[column], str) and row[column].strip():
