@@ -925,3 +925,15 @@ def test_walk_preprocess_leaves_no_folder_on_any_error_and_a_resumable_one_when_
     assert code == exit_code, said
     assert (tmp_path / "out").exists() == (exit_code != 1), said
     assert ("please report it" in said) == (exit_code == 1), said
+
+
+@pytest.mark.parametrize("name", ["rows.parquet", "rows.csv", "corpus"])
+def test_walk_a_single_corpus_file_of_another_type_is_refused_by_its_suffix(tmp_path, capsys, monkeypatch, name):
+    """#43 walk, P14: a single .parquet, .csv or suffix-less file was read as JSON lines and refused as damaged
+    ("cannot be read (UnicodeDecodeError ...) ... Copy it again"), while a folder of them named the suffixes."""
+    corpus = tmp_path / name
+    corpus.write_bytes(b"PAR1\x15\x04\x15\x9c\x01" if name.endswith(".parquet") else b"text\nfirst document\n")
+    code, said = _preprocess(capsys, monkeypatch, corpus, tmp_path / "out")
+    assert code == 2 and f"{name}: unsupported file type" in said and ".txt, .md, .rst" in said, said
+    assert ".jsonl, .jsonl.gz, .json, .json.gz" in said and "Copy it again" not in said, said
+    assert not (tmp_path / "out").exists()

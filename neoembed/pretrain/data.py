@@ -87,7 +87,16 @@ def load_corpus_card(name_or_path: str | Path) -> tuple[CorpusCard, Path]:
 
 # ------------------------------------------------------------------------------------------------ reading
 def _local_files(path: Path) -> list[Path]:
+    """The corpus files of a file or folder: one rule for both, the suffixes :func:`_read_file` knows."""
     if path.is_file():
+        if not path.name.lower().endswith(TEXT_SUFFIXES + JSON_SUFFIXES):
+            # anything else would be parsed as JSON lines and fail as "cannot be read", which reads as a damaged copy
+            raise ValueError(
+                f"corpus file {path}: unsupported file type ({path.suffix or 'no suffix'}); supported: "
+                f"{', '.join(TEXT_SUFFIXES)} (one document per file), {', '.join(JSON_SUFFIXES)} (one per row): "
+                "convert it to JSON lines (pandas: read_parquet or read_csv, then to_json(..., orient='records', "
+                "lines=True)), or give a text file its .txt suffix"
+            )
         return [path]
     if not path.is_dir():
         raise FileNotFoundError(f"corpus {path} does not exist: pass a text/JSONL file, a folder, or hub:ID")
