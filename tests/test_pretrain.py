@@ -279,6 +279,22 @@ def test_a_corpus_row_without_the_column_is_named_by_its_line(tmp_path):
         list(iter_documents(str(tmp_path)))
 
 
+def test_hidden_files_and_folders_of_a_corpus_folder_are_skipped(tmp_path):
+    """#43 walk, P16: rglob read f/.ipynb_checkpoints/a-checkpoint.txt (a notebook's copy) as a document too. A
+    folder that is itself hidden is read: only what lies under the corpus folder is looked at."""
+    from neoembed.pretrain.data import iter_documents
+
+    corpus = tmp_path / ".data" / "f"
+    (corpus / ".ipynb_checkpoints").mkdir(parents=True)
+    (corpus / "a.txt").write_text("the document")
+    (corpus / ".ipynb_checkpoints" / "a-checkpoint.txt").write_text("the document, saved earlier")
+    (corpus / ".notes.md").write_text("an editor's file")
+    assert list(iter_documents(str(corpus))) == ["the document"]
+    (corpus / "a.txt").unlink()
+    with pytest.raises(FileNotFoundError, match="no corpus files under .*names start with '.', are skipped"):
+        list(iter_documents(str(corpus)))
+
+
 def test_a_corpus_whose_files_changed_is_other_inputs_and_a_finished_folder_says_so(tmp_path, tokenizer, caplog):
     """A rerun of preprocess on a corpus folder that gained a file returned the old shards without a word (the
     fingerprint was the source string), and the same folder named by its absolute path was refused: a resume

@@ -23,7 +23,8 @@ def preprocess_command(
     source: Annotated[
         str,
         typer.Argument(
-            help="Text/JSONL file or folder, hub:ID[:CONFIG] (streamed), or a corpus card (e.g. refinedweb)."
+            help="Text/JSONL file or folder (read recursively; hidden files and folders, names starting with "
+            "'.', skipped), hub:ID[:CONFIG] (streamed), or a corpus card (e.g. refinedweb)."
         ),
     ],
     out: Annotated[Path, typer.Argument(help="Output shard folder (rerun the same command to resume).")],

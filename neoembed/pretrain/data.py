@@ -13,8 +13,9 @@ Subsets are indices, not copies: the stage-2 mixture (full corpus, documents lon
 than 2,048 tokens) costs no extra disk.
 
 Sources: local ``.txt`` / ``.md`` / ``.rst`` files (one document per file), ``.jsonl`` / ``.jsonl.gz`` /
-``.json`` (one document per row, text in ``column``), folders of those (recursive), or a hub dataset read in
-streaming mode (``hub:ID[:CONFIG]`` or a corpus card such as ``data_cards/corpora/refinedweb.yaml``).
+``.json`` (one document per row, text in ``column``), folders of those (recursive, hidden files and folders
+skipped), or a hub dataset read in streaming mode (``hub:ID[:CONFIG]`` or a corpus card such as
+``data_cards/corpora/refinedweb.yaml``).
 """
 
 from __future__ import annotations
@@ -87,7 +88,9 @@ def load_corpus_card(name_or_path: str | Path) -> tuple[CorpusCard, Path]:
 
 # ------------------------------------------------------------------------------------------------ reading
 def _local_files(path: Path) -> list[Path]:
-    """The corpus files of a file or folder: one rule for both, the suffixes :func:`_read_file` knows."""
+    """The corpus files of a file or folder: one rule for both, the suffixes :func:`_read_file` knows. A folder's
+    hidden files and folders (names starting with ".": .ipynb_checkpoints, .git) are skipped: they hold copies
+    and tools' files, not documents."""
     if path.is_file():
         if not path.name.lower().endswith(TEXT_SUFFIXES + JSON_SUFFIXES):
             # anything else would be parsed as JSON lines and fail as "cannot be read", which reads as a damaged copy
@@ -101,11 +104,16 @@ def _local_files(path: Path) -> list[Path]:
     if not path.is_dir():
         raise FileNotFoundError(f"corpus {path} does not exist: pass a text/JSONL file, a folder, or hub:ID")
     files = sorted(
-        f for f in path.rglob("*") if f.is_file() and f.name.lower().endswith(TEXT_SUFFIXES + JSON_SUFFIXES)
+        f
+        for f in path.rglob("*")
+        if f.is_file()
+        and f.name.lower().endswith(TEXT_SUFFIXES + JSON_SUFFIXES)
+        and not any(part.startswith(".") for part in f.relative_to(path).parts)
     )
     if not files:
         raise FileNotFoundError(
-            f"no corpus files under {path}: expected {', '.join(TEXT_SUFFIXES + JSON_SUFFIXES)}"
+            f"no corpus files under {path}: expected {', '.join(TEXT_SUFFIXES + JSON_SUFFIXES)} (hidden files and "
+            "folders, whose names start with '.', are skipped)"
         )
     return files
 
