@@ -466,12 +466,15 @@ def _no_model(monkeypatch):
         (["data", "check", str(TINY / "cards" / "pydoc_names.yaml"), "--sample", "-3"], "--sample"),  # D12
         (["data", "check", str(TINY / "cards" / "pydoc_names.yaml"), "--max-rows", "0"], "--max-rows"),  # D11
         (["quickstart", "--steps", "0"], "--steps"),  # Q02: after the retrieval set was built and written
+        (["preprocess", str(TINY / "rows" / "pydoc_names.jsonl"), "s", "--max-docs", "0"], "--max-docs"),
+        (["preprocess", str(TINY / "rows" / "pydoc_names.jsonl"), "s", "--max-docs=-1"], "--max-docs"),
     ],
-    ids=["D12-negative-sample", "D11-zero-max-rows", "Q02-zero-steps"],
+    ids=["D12-negative-sample", "D11-zero-max-rows", "Q02-zero-steps", "P17-zero-max-docs", "P17-negative"],
 )
 def test_out_of_range_options_are_refused_by_name(tmp_path, capsys, monkeypatch, args, expect):
     """D12: a negative --sample showed nothing, silently; D11: --max-rows 0 blamed the data ("the dataset is
-    empty"); Q02: quickstart --steps 0 was refused after the retrieval set was built and written."""
+    empty"); Q02: quickstart --steps 0 was refused after the retrieval set was built and written; P17 (#43
+    walk): preprocess --max-docs 0 or -1 said "corpus ... holds no documents (its files are empty ...)"."""
     monkeypatch.chdir(tmp_path)
     code, msg = _cli(capsys, monkeypatch, *args)
     assert code == 2 and expect in msg, msg

@@ -33,7 +33,7 @@ def preprocess_command(
     ] = "chandar-lab/NeoBERT",
     column: Annotated[str, typer.Option("--column", help="Text column of JSON rows.")] = "text",
     max_docs: Annotated[
-        int | None, typer.Option("--max-docs", help="Stop after this many documents.")
+        int | None, typer.Option("--max-docs", min=1, help="Stop after this many documents.")
     ] = None,
     shard_tokens: Annotated[
         int, typer.Option("--shard-tokens", min=1, help="Tokens per shard file.")
