@@ -940,3 +940,21 @@ def test_walk_a_single_corpus_file_of_another_type_is_refused_by_its_suffix(tmp_
     assert code == 2 and f"{name}: unsupported file type" in said and ".txt, .md, .rst" in said, said
     assert ".jsonl, .jsonl.gz, .json, .json.gz" in said and "Copy it again" not in said, said
     assert not (tmp_path / "out").exists()
+
+
+def test_walk_preprocess_says_which_files_are_one_document_and_how_to_get_one_per_line(
+    tmp_path, capsys, monkeypatch
+):
+    """#43 walk, P4: a .txt of 500 lines became one document ("documents": 1), as designed, but neither the help
+    nor docs/pretraining.md said so, nor how to get a document per line (JSON lines)."""
+    corpus = tmp_path / "lines.txt"
+    corpus.write_text("".join(f"line {i} of the file\n" for i in range(500)))
+    code, said = _preprocess(capsys, monkeypatch, corpus, tmp_path / "out")
+    assert code == 0 and '"documents": 1,' in said, said
+    code, said = _cli(capsys, monkeypatch, "preprocess", "--help")
+    said = " ".join(said.split())
+    assert code == 0 and "One document per file: .txt, .md, .rst" in said, said
+    assert 'One document per line of a text file: write it as JSON lines, one {"text": "..."} a line' in said
+    page = " ".join((RECIPES.parent / "docs" / "pretraining.md").read_text().split())
+    assert "a `.txt` / `.md` / `.rst` file is one document, whole" in page
+    assert 'For one document per line, write the lines as JSON lines, one `{"text": "..."}` a line' in page

@@ -43,7 +43,11 @@ def preprocess_command(
         typer.Option("--min-lengths", help="Build subsets of documents longer than these, e.g. 1024,2048."),
     ] = None,
 ) -> None:
-    """Tokenize a corpus into shards, report length statistics, build length-filtered subsets."""
+    """Tokenize a corpus into shards, report length statistics, build length-filtered subsets.
+
+    One document per file: .txt, .md, .rst (the whole file, however many lines).
+    One document per row: JSON lines (.jsonl, .jsonl.gz) and .json arrays, the text in --column.
+    One document per line of a text file: write it as JSON lines, one {"text": "..."} a line."""
     from neoembed.hub import check_model_source
     from neoembed.runs import output_lock
 
