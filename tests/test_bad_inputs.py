@@ -958,3 +958,11 @@ def test_walk_preprocess_says_which_files_are_one_document_and_how_to_get_one_pe
     page = " ".join((RECIPES.parent / "docs" / "pretraining.md").read_text().split())
     assert "a `.txt` / `.md` / `.rst` file is one document, whole" in page
     assert 'For one document per line, write the lines as JSON lines, one `{"text": "..."}` a line' in page
+
+
+def test_walk_a_length_given_twice_to_min_lengths_is_one_subset(tmp_path, capsys, monkeypatch):
+    """#43 walk: `preprocess --min-lengths 10,10` built the subset twice and printed its line twice."""
+    rows = TINY / "rows" / "pydoc_details.jsonl"
+    code, said = _preprocess(capsys, monkeypatch, rows, tmp_path / "out", "--column", "positive",
+                             "--min-lengths", "10,10,4")  # fmt: skip
+    assert code == 0 and said.count("subsets/gt10:") == 1 and said.count("subsets/gt4:") == 1, said

@@ -51,7 +51,8 @@ def preprocess_command(
     from neoembed.hub import check_model_source
     from neoembed.runs import output_lock
 
-    lengths = _ints(min_lengths, "--min-lengths")
+    # 10,10 is one subset: built and said once
+    lengths = tuple(dict.fromkeys(_ints(min_lengths, "--min-lengths")))
     if lengths and min(lengths) < 1:  # "longer than 0" is every document, "-5" a folder named gt-5
         raise typer.BadParameter(
             f"--min-lengths needs positive lengths such as 1024,2048; got {min_lengths!r}"
