@@ -850,7 +850,14 @@ def test_a_corpus_smaller_than_a_step_is_said_to_repeat(tmp_path, tokenizer, sha
     small.write_text("".join(json.dumps({"text": t}) + "\n" for t in ("hello world", "a b", "x")))
     preprocess(str(small), tmp_path / "small", tokenizer, progress=False)
     _open_sources(_recipe(tmp_path / "run", tmp_path / "small"))
-    assert "fewer than one step packs per process (256)" in caplog.text and "repeats it about" in caplog.text
+    assert "fewer than one step takes per process (256)" in caplog.text and "repeats it about" in caplog.text
+    caplog.clear()
+    # padded rows hold one document each: 4 rows a step from 3 documents (T13 of a later walk: "about 20 times")
+    _open_sources(_recipe(tmp_path / "run", tmp_path / "small", "data.packing=padded"))
+    assert "holds 3 documents, fewer than one step takes per process (4)" in caplog.text, caplog.text
     caplog.clear()
     _open_sources(_recipe(tmp_path / "run", shards))  # MSRP's sentences: many steps' worth
-    assert "fewer than one step packs" not in caplog.text
+    assert "fewer than one step" not in caplog.text
+    build_subset(tmp_path / "small", 1000)  # no document that long (T14: "0 tokens ... 256 times", then a crash)
+    with pytest.raises(ValueError, match=r"gt1000 holds no documents: remove it from data.sources"):
+        _open_sources(_recipe(tmp_path / "run", tmp_path / "small" / "subsets" / "gt1000"))

@@ -217,11 +217,20 @@ def _open_sources(recipe: PretrainRecipe):
     corpora = [ShardedCorpus(s.path) for s in recipe.data.sources]
     per_step = recipe.tokens_per_step
     for source, corpus in zip(recipe.data.sources, corpora, strict=True):
-        if (tokens := int(corpus.lengths.sum())) < per_step:  # packing repeats it within every step
+        if len(corpus) == 0:  # a length subset no document reaches
+            raise ValueError(
+                f"source {source.path} holds no documents: remove it from data.sources (a subset of longer "
+                "documents is empty when none is that long: build one with a lower length)"
+            )
+        if recipe.data.packing == "padded":  # one document a row: a step holds batch.sequences of them
+            unit, held, needed = "documents", len(corpus), recipe.batch.sequences
+        else:
+            unit, held, needed = "tokens", int(corpus.lengths.sum()), per_step
+        if held < needed:  # the step repeats the source within itself
             logger.warning(
-                "source %s holds %d tokens, fewer than one step packs per process (%d): each step repeats it about "
+                "source %s holds %d %s, fewer than one step takes per process (%d): each step repeats it about "
                 "%.0f times. Add documents, or lower data.seq_length / batch.micro_batch_size",
-                source.path, tokens, per_step, per_step / max(tokens, 1),
+                source.path, held, unit, needed, needed / held,
             )  # fmt: skip
     streams = [
         DocumentStream(c, seed=recipe.seed * 1000 + i, shuffle=recipe.data.shuffle)
