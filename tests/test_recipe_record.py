@@ -177,6 +177,8 @@ def test_one_run_settings_block_for_every_training_recipe():
         ("tiny", "optimizer.lr=true", "optimizer.lr"),
         ("cde-tiny", "steps=false", "steps"),
         ("pretrain-tiny", "batch.micro_batch_size=true", "batch.micro_batch_size"),
+        # a packed-only key under padded rows was accepted and meant nothing (#43, T10)
+        ("pretrain-tiny", "data={sources: [{path: x}], packing: padded, cross_document_attention: true}", "data"),
     ],
 )
 def test_bad_numbers_are_refused_by_key_before_anything_loads(recipe, override, key):

@@ -77,6 +77,15 @@ class DataConfig(StrictModel):
             raise ValueError("at least one data source is needed (a folder made by `neoembed preprocess`)")
         return v
 
+    @model_validator(mode="after")
+    def _packed_only(self):
+        if self.cross_document_attention and self.packing == "padded":  # a padded row holds one document
+            raise ValueError(
+                "cross_document_attention lets packed documents attend to each other; padded rows hold one "
+                "document each: set packing: packed, or remove cross_document_attention"
+            )
+        return self
+
 
 class MaskingConfig(StrictModel):
     rate: float = 0.2
