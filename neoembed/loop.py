@@ -379,8 +379,8 @@ class RunLoop:
             scores = broadcast_object_list([scores])[0]
         if failed is not None:
             raise failed
-        if scores is None:
-            raise RuntimeError(f"the evaluation at step {self.step} failed on the main process (its error above)")
+        if scores is None:  # this process only follows: the main process says why
+            raise TrainingStopped(f"the evaluation at step {self.step} failed on the main process (its error above)")
         return scores
 
     def _evaluate(self, saved: bool) -> bool:
