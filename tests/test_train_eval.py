@@ -465,3 +465,29 @@ def test_on_two_processes_rank_0_evaluates_once_and_every_rank_keeps_the_same_be
     cfg = EvalConfig(model=str(out / f"checkpoint-{best}"), output=tmp_path / "one", tasks=[str(trecqa)])
     one = run_mteb(cfg).scores["TrecQA"]["mteb"]["scores"]["test"][0]["ndcg_at_10"]
     assert scores[best] == pytest.approx(one, abs=1e-6)
+
+
+def test_on_two_processes_a_failed_evaluation_saves_on_every_rank_and_stops(tmp_path, tiny_official, trecqa):
+    """The main process evaluates: when that failed, the others waited for its scores until the launcher ended
+    them, and nothing was saved. Every process now saves the step together and stops; the main process's error
+    is the one said (#43, a walk's R26)."""
+    import subprocess
+
+    from test_distributed import REPO, _env, _launch
+
+    from neoembed.runs import list_checkpoints, verify_checkpoint
+
+    out = tmp_path / "ddp"
+    overrides = [
+        f"model={tiny_official}", f"output_dir={out}", "datasets=[{card: pydoc_names, max_rows: 64}]", "steps=4",
+        "save_steps=4", f"eval={{steps: 2, tasks: [{trecqa}], metric: ndcg_at_1O}}",
+    ]  # fmt: skip
+    r = subprocess.run(
+        [*_launch(2), "-m", "neoembed", "train", str(TINY), *overrides],
+        capture_output=True, text=True, timeout=300, env=_env(), cwd=REPO,
+    )  # fmt: skip
+    assert r.returncode != 0 and "did you mean 'ndcg_at_1' or 'ndcg_at_10'" in r.stderr, r.stderr[-3000:]
+    assert "please report it" not in r.stderr, r.stderr[-3000:]
+    (checkpoint,) = list_checkpoints(out)
+    assert checkpoint.name == "checkpoint-2" and verify_checkpoint(checkpoint) is None
+    assert json.loads((checkpoint / "trainer_state.json").read_text())["evaluation_due"]
