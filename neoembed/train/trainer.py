@@ -195,7 +195,16 @@ def _objective_notes(recipe: UnifiedRecipe) -> str:
     return said
 
 
-def _model_card(recipe: UnifiedRecipe, cards, output: Path, batch_sizes: dict, loop) -> None:
+def _model_card(
+    recipe: UnifiedRecipe,
+    cards,
+    output: Path,
+    batch_sizes: dict | None = None,
+    trained: int | None = None,
+    best: dict | None = None,
+) -> None:
+    """README.md: ``batch_sizes`` each dataset's queries per step, ``trained`` the steps the run made (default:
+    the recipe's), ``best`` keep_best's record."""
     from neoembed.model_card import model_card_text
     from neoembed.record import atomic_write_text
 
@@ -206,17 +215,19 @@ def _model_card(recipe: UnifiedRecipe, cards, output: Path, batch_sizes: dict, l
         if card.research_only and "research" not in lic.lower():
             lic += " (research use only)"
         datasets.append({"name": card.name, "source": src, "license": lic})
-    sizes = set(batch_sizes.values())
-    batch = f"batch size {sizes.pop()}" if len(sizes) == 1 else "batch size per dataset: " + ", ".join(
-        f"{n} {b}" for n, b in batch_sizes.items()
-    )  # queries per step: each dataset's own with batch_texts
-    if recipe.batch_texts is not None:
-        batch += f" ({recipe.batch_texts} texts per step: query, positive and hard negatives)"
+    sizes = set((batch_sizes or {}).values())
+    if recipe.batch_texts is not None:  # each dataset's queries per step follow from its negatives
+        batch = f"{recipe.batch_texts} texts per step (query, positive and hard negatives)"
+    elif len(sizes) > 1:
+        batch = "batch size per dataset: " + ", ".join(f"{n} {b}" for n, b in batch_sizes.items())
+    else:
+        batch = f"batch size {sizes.pop() if sizes else recipe.batch_size}"
     notes = (
         f"{_objective_notes(recipe)} Dataset sampling alpha {recipe.alpha}, {batch}, max length "
-        f"{recipe.max_length}, seed {recipe.seed}.{_best_line(loop.best_record())}"
+        f"{recipe.max_length}, seed {recipe.seed}.{_best_line(best)}"
     )
-    steps = f"{loop.step}" + (f" of the {recipe.steps} planned" if loop.step < recipe.steps else "")
+    trained = recipe.steps if trained is None else trained
+    steps = f"{trained}" + (f" of the {recipe.steps} planned" if trained < recipe.steps else "")
     config = output / "config.json"
     neobert = config.is_file() and json.loads(config.read_text()).get("model_type") == "neobert"
     instructions = [c.instruction if recipe.instructions else None for c, _ in cards]
@@ -515,4 +526,4 @@ def _save_final(recipe: UnifiedRecipe, model, cards, output: Path, loop, final: 
 
     model.eval()
     save_final_model(output, save, loop.step)
-    _model_card(recipe, cards, output, batch_sizes, loop)
+    _model_card(recipe, cards, output, batch_sizes, loop.step, loop.best_record())
