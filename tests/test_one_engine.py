@@ -72,6 +72,9 @@ LIBRARY_HOOKS = {
     "_load_model": "sentence-transformers' Transformer: where its backend is chosen (ONNX Runtime, no Optimum)",
     "_apply": "torch's Module: the RoPE tables stay fp32 when the model is cast to half precision",
     "_get_name": "torch's Module: the name its repr prints",
+    "_parse_model_config": "sentence-transformers' BaseModel: what its own subclasses override to read "
+    "config_sentence_transformers.json (a model's Matryoshka dimensions)",
+    "_get_model_config": "sentence-transformers' BaseModel: its subclasses' hook for what that file is saved with",
 }
 
 
