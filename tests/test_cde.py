@@ -571,6 +571,44 @@ def test_mteb_runs_cde_models_with_a_seeded_context_per_task(saved_cde, shared_d
         run_mteb(EvalConfig(model=str(saved_cde), output=tmp_path / "a", data_dir=data, seed=4))
 
 
+def _trecqa_rows(shared_dir: Path, folder: Path, n: int) -> Path:
+    """``eval/TrecQA`` (a dataset-card reranking task) as ``folder``, its test split cut to its first ``n`` rows."""
+    import gzip
+
+    src = shared_dir / "data" / "eval" / "TrecQA"
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src / "card.yaml", folder / "card.yaml")
+    with gzip.open(src / "test.jsonl.gz", "rt", encoding="utf8") as f:
+        rows = f.readlines()[:n]
+    with gzip.open(folder / "test.jsonl.gz", "wt", encoding="utf8") as f:
+        f.writelines(rows)
+    return folder
+
+
+def test_mteb_draws_a_cde_context_again_from_changed_local_data(saved_cde, shared_dir, tmp_path):
+    """#43 walk, M3: a local task cut to fewer rows after a CDE run kept its cached context (keyed by seed, N and
+    model: drawn from the 1339 texts of the old file) and its score. The cache's key holds the data's
+    fingerprint: the rerun draws from the new texts and scores what a fresh folder scores."""
+    from neoembed.eval.runner import EvalConfig, run_mteb
+
+    data = tmp_path / "tasks"
+    _trecqa_rows(shared_dir, data / "TrecQA", 6)
+
+    def run(out):
+        return run_mteb(EvalConfig(model=str(saved_cde), output=out, data_dir=data)).scores["TrecQA"]
+
+    def texts(out):
+        return torch.load(out / "cde_context" / "TrecQA.pt", weights_only=False)["n_texts"]
+
+    first = run(tmp_path / "a")
+    before = texts(tmp_path / "a")
+    _trecqa_rows(shared_dir, data / "TrecQA", 3)
+    again = run(tmp_path / "a")
+    assert texts(tmp_path / "a") < before
+    assert again["data_fingerprint"] != first["data_fingerprint"]
+    assert again["main_score"] == run(tmp_path / "b")["main_score"]
+
+
 def test_run_mteb_leaves_no_context_on_the_model(saved_cde, shared_dir, tmp_path):
     """The context is passed per call: after an evaluation, encode without a context still raises (it once
     silently used the last task's corpus), and the model encodes as it did before the evaluation."""

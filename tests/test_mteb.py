@@ -932,6 +932,29 @@ def test_a_result_without_recorded_settings_is_not_reused(minilm, sts_slice, tmp
     assert set(report.scores) == {"MySTS"} and not (out / "STS16.json").exists()
 
 
+def test_a_result_is_scored_again_when_its_local_data_changed(minilm, sts_slice, tmp_path, caplog):
+    """#43 walk, M3: a local task's test split cut to fewer rows after its result was written, and the rerun
+    said "skipped (results exist)" with the old score. A result records its data's fingerprint: the task is
+    scored again, saying why, to what a fresh folder scores; unchanged data are reused, hub tasks have none."""
+    data = tmp_path / "data"
+    shutil.copytree(sts_slice, data / "STS16")
+    out = tmp_path / "out"
+    first = _run(minilm, out, data_dir=data).scores["STS16"]
+    _write_jsonl_gz(data / "STS16" / "test.jsonl.gz", _read_jsonl_gz(data / "STS16" / "test.jsonl.gz")[:40])
+    caplog.clear()
+    again = _run(minilm, out, data_dir=data)
+    assert not again.skipped and "STS16: its data differ from those its result in" in caplog.text
+    fresh = _run(minilm, tmp_path / "fresh", data_dir=data).scores["STS16"]
+    assert again.scores["STS16"]["main_score"] == fresh["main_score"] != first["main_score"]
+    assert load_json(out / "STS16.json")["data_fingerprint"] == fresh["data_fingerprint"] != first["data_fingerprint"]
+    assert _run(minilm, out, data_dir=data).skipped == ["STS16"]
+    import mteb
+
+    from neoembed.eval.local_data import data_fingerprint
+
+    assert data_fingerprint(mteb.get_task("STS16")) is None  # the hub's data: compared as they always were
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # Issue #44: --query-prompt saved|none|TEXT: where a task gives no instruction, its queries get the model's own
 # saved query prompt (default), none, or the text given; every result and the summary's first line say which.

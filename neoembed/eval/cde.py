@@ -3,8 +3,8 @@
 Per task, a seeded sample of N texts — corpus documents for retrieval and reranking, the train split for
 classification, the task's evaluation texts otherwise; with replacement only when fewer than N distinct texts
 exist — goes through the first stage with the model's document prompt; the resulting context E is used for
-the task's queries and documents alike. E is cached in ``OUTPUT/cde_context/<task>.pt`` (with the seed, N
-and model it was made for), so a rerun with the same seed reuses it and gives the same scores.
+the task's queries and documents alike. E is cached in ``OUTPUT/cde_context/<task>.pt`` (with the seed, N,
+model and local data it was made for), so a rerun with the same seed reuses it and gives the same scores.
 """
 
 from __future__ import annotations
@@ -93,12 +93,20 @@ def sample_context_texts(texts: list[str], n: int, seed: int) -> list[str]:
 
 
 def task_context(
-    model, task, seed: int, cache_dir: Path | None, model_id: str = "", max_batch_tokens: int | None = None
+    model,
+    task,
+    seed: int,
+    cache_dir: Path | None,
+    model_id: str = "",
+    max_batch_tokens: int | None = None,
+    data: str | None = None,
 ) -> torch.Tensor:
     """The task's context E for a CDE model (cached on disk when ``cache_dir`` is given), encoded in batches
-    filled to ``max_batch_tokens`` (the task's own encoding budget) when given."""
+    filled to ``max_batch_tokens`` (the task's own encoding budget) when given. ``data``: the fingerprint of the
+    task's local files (:func:`neoembed.eval.local_data.data_fingerprint`), part of the cache's key, so a context
+    sampled from files since changed is drawn again."""
     name, n = task.metadata.name, model.n_context
-    key = {"seed": seed, "n": n, "model": model_id}
+    key = {"seed": seed, "n": n, "model": model_id, "data": data}
     target = Path(cache_dir) / f"{name}.pt" if cache_dir is not None else None
     if target is not None and target.is_file():
         saved = torch.load(target, weights_only=False)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-__all__ = ["LocalDataError", "is_data_file", "local_dataset_repo", "point_task_at"]
+__all__ = ["LocalDataError", "data_fingerprint", "is_data_file", "local_dataset_repo", "point_task_at"]
 
 SPLIT_NAMES = ("train", "dev", "validation", "test")
 FORMATS = {
@@ -36,6 +36,7 @@ FORMATS = {
     ".tsv.gz": "csv",
 }
 IGNORED = {"card.yaml", "task.yaml", "README.md"}
+HASHED_BELOW = 32 << 20  # smaller files are fingerprinted by their content; larger ones by size and mtime
 
 
 class LocalDataError(FileNotFoundError):
@@ -163,3 +164,25 @@ def _check_splits(task, folder: str | Path, repo: Path) -> None:
             f"{folder}: task {task.metadata.name} is evaluated on split(s) {missing}, the folder has {have}: add "
             f"{missing[0]}.jsonl.gz (or a {missing[0]} file in each config sub-folder)"
         )
+
+
+def data_fingerprint(task) -> str | None:
+    """A hash of the local files ``task`` reads its data from (the folder its metadata points at: a task folder's
+    dataset repository, or a task card's data): each file's path in the folder with its SHA-256, or for a file of
+    :data:`HASHED_BELOW` bytes or more its size and modification time. None for a task whose data come from the
+    hub. A result records it, so a result scored on other data is not reused (:mod:`neoembed.eval.reuse`)."""
+    from neoembed.record import file_sha256
+
+    path = (getattr(task.metadata, "dataset", None) or {}).get("path")
+    root = Path(path) if path else None
+    if root is None or not root.is_dir():
+        return None
+    h = hashlib.sha256()
+    for f in sorted(root.rglob("*")):
+        rel = f.relative_to(root)
+        if not f.is_file() or any(part.startswith(".") for part in rel.parts):  # .cache/ of a hub snapshot
+            continue
+        st = f.stat()  # a dataset repository's files are links to the folder's: their targets count
+        stamp = file_sha256(f) if st.st_size < HASHED_BELOW else f"{st.st_size}:{st.st_mtime_ns}"
+        h.update(f"{rel.as_posix()}\0{stamp}\n".encode())
+    return h.hexdigest()[:16]

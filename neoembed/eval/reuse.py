@@ -8,6 +8,10 @@ from any result already there is refused, naming each setting, before a task run
 known before the model loads, before it loads); with ``--overwrite`` those results are removed first and the
 run's tasks re-scored. A result of an older neoembed that did not record a setting counts as scored with an
 unknown value: it is never reused under any value.
+
+A task served from local files also records their fingerprint (:func:`neoembed.eval.local_data.data_fingerprint`):
+data are no setting of the folder but what the score was measured on, so a result whose task's files changed since
+is not refused but stale: the task is scored again, with a warning saying why (:func:`changed_data`).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from pathlib import Path
 
 from neoembed.runs import OutputDirError
 
-__all__ = ["UNRECORDED", "check_reuse", "conflicts"]
+__all__ = ["UNRECORDED", "changed_data", "check_reuse", "conflicts"]
 
 logger = logging.getLogger(__name__)
 UNRECORDED = "unrecorded"
@@ -60,6 +64,20 @@ def conflicts(output: Path, settings: dict, per_task: dict[str, dict]) -> dict[s
         if differ:
             found[name] = differ
     return found
+
+
+def changed_data(output: Path, fingerprints: dict[str, str | None]) -> dict[str, str | None]:
+    """task -> the data fingerprint its result in ``output`` records, for each task of ``fingerprints`` (this run's:
+    None for a hub task) whose result was scored on other data: other local files, local files where the task now
+    reads the hub's or the other way round, or local files before neoembed recorded them (None)."""
+    from neoembed.eval.summary import load_run
+
+    results = load_run(output) if output.is_dir() else {}
+    return {
+        name: results[name].get("data_fingerprint")
+        for name, now in fingerprints.items()
+        if name in results and results[name].get("data_fingerprint") != now
+    }
 
 
 def check_reuse(output: Path, settings: dict, per_task: dict[str, dict], overwrite: bool) -> None:

@@ -13,6 +13,7 @@ import logging
 import sys
 import time
 import traceback
+from collections.abc import Collection
 from pathlib import Path
 
 import torch
@@ -25,6 +26,7 @@ from neoembed.eval.config import (
     EvalConfig,
     EvalReport,
 )
+from neoembed.eval.local_data import data_fingerprint
 from neoembed.eval.resolve import Unresolvable, is_registered, resolve_tasks, task_folders
 from neoembed.instructions import (
     load_instruction_set,
@@ -89,7 +91,8 @@ def _task_context(cfg: EvalConfig, model, task, output: Path, max_batch_tokens: 
         return None
     if cfg.cde_context == "null":
         return "null"
-    return task_context(model, task, cfg.seed, output / "cde_context", str(cfg.model), max_batch_tokens)
+    data = data_fingerprint(task)
+    return task_context(model, task, cfg.seed, output / "cde_context", str(cfg.model), max_batch_tokens, data)
 
 
 def _mteb_wrapper(
@@ -319,9 +322,10 @@ def _task_prompts(cfg: EvalConfig, task, instruction: str | None, query_prompt: 
 
 
 def _score_task(
-    cfg: EvalConfig, model, task, instruction, prompts: dict, settings: dict, output: Path
+    cfg: EvalConfig, model, task, instruction, prompts: dict, settings: dict, output: Path, data: str | None
 ) -> dict:
-    """One task scored: its result entry, which states every setting that produced the score."""
+    """One task scored: its result entry, which states every setting that produced the score and, for a task
+    served from local files, their fingerprint ``data``."""
     seen: dict = {}
     t0 = time.perf_counter()
     task_result, score = _evaluate_task(cfg, model, task, prompts, settings["precision"], output, seen)
@@ -337,6 +341,7 @@ def _score_task(
         "query_prompt_source": _query_prompt_source(cfg.query_prompt),
         "instruction": instruction,
         "prompts": prompts,
+        **({"data_fingerprint": data} if data else {}),
         "embedding_dim": dims[0] if len(dims) == 1 else dims,  # the width of the embeddings mteb scored
         "model": cfg.model,
         "mteb": _task_result_dict(task_result),
@@ -367,7 +372,7 @@ def run_mteb(cfg: EvalConfig, model=None) -> EvalReport:
     A finished task's result is reused only when it was scored with this run's settings (:func:`scoring_settings`,
     its instruction and prompts); a folder that holds results of other settings is refused, or with
     ``cfg.overwrite`` cleared of them (:func:`neoembed.eval.reuse.check_reuse`)."""
-    from neoembed.eval.reuse import check_reuse
+    from neoembed.eval.reuse import changed_data, check_reuse
     from neoembed.recipe import seed_everything
 
     seed_everything(cfg.seed)
@@ -378,7 +383,9 @@ def run_mteb(cfg: EvalConfig, model=None) -> EvalReport:
     if tasks and all(isinstance(t, Unresolvable) for t, _ in tasks):  # nothing to run: bad input, exit 2
         raise tasks[0][0].error
     _check_settings(cfg)
-    _require_hub(cfg, tasks, output)
+    data = {t.metadata.name: data_fingerprint(t) for t, _ in tasks}
+    stale = {} if cfg.overwrite else changed_data(output, data)
+    _require_hub(cfg, tasks, output, stale)
     plan = [(task, _task_instruction(task, card, label, instruction_map)) for task, card in tasks]
     if model is None:
         if not cfg.overwrite:  # results of other settings are refused before the model loads
@@ -390,16 +397,17 @@ def run_mteb(cfg: EvalConfig, model=None) -> EvalReport:
     _check_batch_tokens(cfg, model)
     prompts = getattr(model, "prompts", None)
     try:
-        return _run_plan(cfg, model, plan, label, output)
+        return _run_plan(cfg, model, plan, label, output, (data, stale))
     finally:  # mteb's wrapper replaces the model's prompts with the task's
         if prompts is not None:
             model.prompts = prompts
 
 
-def _require_hub(cfg: EvalConfig, tasks: list, output: Path) -> None:
+def _require_hub(cfg: EvalConfig, tasks: list, output: Path, stale: Collection[str] = ()) -> None:
     """The tasks this run scores with data from the hub (named or a benchmark's, without --data-dir; results
-    not reused): when the hub cannot be reached, one probe says so before the model loads, where each task would
-    retry for about 20 s and fail. With ``HF_HUB_OFFLINE`` set, nothing is probed (the datasets cache serves)."""
+    not reused, or ``stale``: scored on other data): when the hub cannot be reached, one probe says so before the
+    model loads, where each task would retry for about 20 s and fail. With ``HF_HUB_OFFLINE`` set, nothing is
+    probed (the datasets cache serves)."""
     from neoembed.data.check import hub_unreachable_reason
     from neoembed.data.errors import HubUnreachable, hub_offline_mode
 
@@ -410,7 +418,8 @@ def _require_hub(cfg: EvalConfig, tasks: list, output: Path) -> None:
     hub = [
         n
         for n in names
-        if (n in named or not cfg.tasks) and (cfg.overwrite or not (output / f"{n}.json").is_file())
+        if (n in named or not cfg.tasks)
+        and (cfg.overwrite or n in stale or not (output / f"{n}.json").is_file())
     ]
     if not hub or (down := hub_unreachable_reason()) is None:
         return
@@ -422,7 +431,9 @@ def _require_hub(cfg: EvalConfig, tasks: list, output: Path) -> None:
     )
 
 
-def _run_plan(cfg: EvalConfig, model, plan: list, label: str, output: Path) -> EvalReport:
+def _run_plan(cfg: EvalConfig, model, plan: list, label: str, output: Path, data: tuple) -> EvalReport:
+    """Score ``plan``'s tasks into ``output``; ``data``: (task -> its data fingerprint, the tasks whose results
+    were scored on other data, with the fingerprint each records)."""
     from neoembed.eval.reuse import check_reuse
     from neoembed.progress import bar as progress_bar
 
@@ -436,17 +447,32 @@ def _run_plan(cfg: EvalConfig, model, plan: list, label: str, output: Path) -> E
     prompts = {t.metadata.name: _task_prompts(cfg, t, i, settings["query_prompt"]) for t, i in plan}
     per_task = {t.metadata.name: {"instruction": i, "prompts": prompts[t.metadata.name]} for t, i in plan}
     check_reuse(output, settings, per_task, overwrite=cfg.overwrite)
+    fingerprints, stale = data
+    for name, was in stale.items():
+        logger.warning(
+            "%s: its data differ from those its result in %s was scored on (data fingerprint %s, now %s): "
+            "scoring it again",
+            name,
+            output,
+            was or "none (the hub's data, or local data before neoembed recorded them)",
+            fingerprints[name] or "none (the hub's data)",
+        )
     report = EvalReport()
     record_extra = _record_extra(cfg, settings, device, model)
     for task, instruction in progress_bar(plan, desc="mteb tasks", unit="task"):
         name = task.metadata.name
         target = output / f"{name}.json"
-        if target.is_file() and not cfg.overwrite:  # scored with these settings: check_reuse said so
+        reuse = target.is_file() and not cfg.overwrite and name not in stale  # settings: check_reuse said so
+        if reuse:
             report.skipped.append(name)
             record_extra["reused"].append(name)
             continue
+        if name in stale:  # a score of other data is not this run's, even where scoring it again fails
+            target.unlink(missing_ok=True)
         try:
-            entry = _score_task(cfg, model, task, instruction, prompts[name], settings, output)
+            entry = _score_task(
+                cfg, model, task, instruction, prompts[name], settings, output, fingerprints[name]
+            )
         except Exception as e:
             logger.error("task %s failed: %s", name, e)
             report.failed[name] = f"{type(e).__name__}: {e}"
