@@ -609,6 +609,30 @@ def test_mteb_draws_a_cde_context_again_from_changed_local_data(saved_cde, share
     assert again["main_score"] == run(tmp_path / "b")["main_score"]
 
 
+def test_mteb_records_which_texts_a_cde_context_was_drawn_from(saved_cde, shared_dir, tmp_path):
+    """#43 walk, M5: a CDE result said only its seed, and the cache held E without the texts it encoded. A result
+    records the positions drawn among task_context_texts(task) and their count: those texts, encoded, are the
+    context the task was scored with, from a fresh draw and from the cache alike; and they are the draw of
+    sample_context_texts, which docs/cde.md shows."""
+    from neoembed.eval.cde import sample_context_texts, task_context_texts
+    from neoembed.eval.resolve import resolve_tasks
+    from neoembed.eval.runner import EvalConfig, run_mteb
+
+    data = tmp_path / "tasks"
+    _trecqa_rows(shared_dir, data / "TrecQA", 6)
+    cfg = EvalConfig(model=str(saved_cde), output=tmp_path / "a", data_dir=data, seed=3)
+    entry = run_mteb(cfg).scores["TrecQA"]
+    texts = task_context_texts(resolve_tasks(cfg)[0][0])
+    indices = entry["cde_context_indices"]
+    assert entry["cde_context_n_texts"] == len(texts) and len(indices) == 4  # the model's N
+    drawn = [texts[i] for i in indices]
+    assert drawn == sample_context_texts(texts, 4, 3)
+    cached = torch.load(tmp_path / "a" / "cde_context" / "TrecQA.pt", weights_only=False)["context"]
+    torch.testing.assert_close(neoembed.load(saved_cde).encode_context(drawn), cached)
+    (tmp_path / "a" / "TrecQA.json").unlink()  # scored again from the cached context
+    assert run_mteb(cfg).scores["TrecQA"]["cde_context_indices"] == indices
+
+
 def test_run_mteb_leaves_no_context_on_the_model(saved_cde, shared_dir, tmp_path):
     """The context is passed per call: after an evaluation, encode without a context still raises (it once
     silently used the last task's corpus), and the model encodes as it did before the evaluation."""

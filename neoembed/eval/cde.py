@@ -5,6 +5,9 @@ classification, the task's evaluation texts otherwise; with replacement only whe
 exist — goes through the first stage with the model's document prompt; the resulting context E is used for
 the task's queries and documents alike. E is cached in ``OUTPUT/cde_context/<task>.pt`` (with the seed, N,
 model and local data it was made for), so a rerun with the same seed reuses it and gives the same scores.
+The sample is drawn as :func:`sample_context_indices` says, over the texts :func:`task_context_texts` lists; each
+task's result records the positions drawn (``cde_context_indices``) and how many texts they index
+(``cde_context_n_texts``), so the context can be encoded again without neoembed's sampler.
 """
 
 from __future__ import annotations
@@ -16,7 +19,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-__all__ = ["CORPUS_TYPES", "sample_context_texts", "task_context", "task_context_texts"]
+__all__ = [
+    "CORPUS_TYPES",
+    "sample_context_indices",
+    "sample_context_texts",
+    "task_context",
+    "task_context_texts",
+]
 
 logger = logging.getLogger(__name__)
 CORPUS_TYPES = {"Retrieval", "Reranking", "InstructionRetrieval", "InstructionReranking"}
@@ -85,11 +94,16 @@ def task_context_texts(task) -> list[str]:
     return list(dict.fromkeys(chosen))
 
 
-def sample_context_texts(texts: list[str], n: int, seed: int) -> list[str]:
-    """N texts drawn with a generator seeded by ``seed``; with replacement only when fewer than N exist."""
+def sample_context_indices(n_texts: int, n: int, seed: int) -> list[int]:
+    """The positions of N texts among ``n_texts``: ``numpy.random.default_rng(seed).choice(n_texts, size=n,
+    replace=n_texts < n)``, with replacement only when fewer than N exist."""
     rng = np.random.default_rng(seed)
-    idx = rng.choice(len(texts), size=n, replace=len(texts) < n)
-    return [texts[i] for i in idx]
+    return rng.choice(n_texts, size=n, replace=n_texts < n).tolist()
+
+
+def sample_context_texts(texts: list[str], n: int, seed: int) -> list[str]:
+    """N texts drawn with a generator seeded by ``seed`` (:func:`sample_context_indices`)."""
+    return [texts[i] for i in sample_context_indices(len(texts), n, seed)]
 
 
 def task_context(
@@ -100,27 +114,29 @@ def task_context(
     model_id: str = "",
     max_batch_tokens: int | None = None,
     data: str | None = None,
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, dict]:
     """The task's context E for a CDE model (cached on disk when ``cache_dir`` is given), encoded in batches
-    filled to ``max_batch_tokens`` (the task's own encoding budget) when given. ``data``: the fingerprint of the
-    task's local files (:func:`neoembed.eval.local_data.data_fingerprint`), part of the cache's key, so a context
-    sampled from files since changed is drawn again."""
+    filled to ``max_batch_tokens`` (the task's own encoding budget) when given, and the sample it was encoded
+    from: ``{"n_texts": len(task_context_texts(task)), "indices": their positions drawn}``. ``data``: the
+    fingerprint of the task's local files (:func:`neoembed.eval.local_data.data_fingerprint`), part of the cache's
+    key, so a context sampled from files since changed is drawn again."""
     name, n = task.metadata.name, model.n_context
     key = {"seed": seed, "n": n, "model": model_id, "data": data}
     target = Path(cache_dir) / f"{name}.pt" if cache_dir is not None else None
     if target is not None and target.is_file():
         saved = torch.load(target, weights_only=False)
-        if saved.get("key") == key:
-            return saved["context"]
+        if saved.get("key") == key and "indices" in saved:  # a cache without them cannot say what it drew
+            return saved["context"], {"n_texts": saved["n_texts"], "indices": saved["indices"]}
     texts = task_context_texts(task)
     if len(texts) < n:
         logger.warning(
             "task %s: %d distinct texts for a context of %d: sampling with replacement", name, len(texts), n
         )
-    context = model.encode_context(sample_context_texts(texts, n, seed), max_batch_tokens=max_batch_tokens)
+    sample = {"n_texts": len(texts), "indices": sample_context_indices(len(texts), n, seed)}
+    context = model.encode_context([texts[i] for i in sample["indices"]], max_batch_tokens=max_batch_tokens)
     if target is not None:
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_suffix(".tmp")
-        torch.save({"key": key, "context": context, "n_texts": len(texts)}, tmp)
+        torch.save({"key": key, "context": context, **sample}, tmp)
         tmp.replace(target)
-    return context
+    return context, sample

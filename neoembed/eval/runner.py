@@ -85,14 +85,21 @@ def _task_result_dict(result) -> dict:
     return {}
 
 
-def _task_context(cfg: EvalConfig, model, task, output: Path, max_batch_tokens: int | None = None):
-    """A CDE model's context for ``task`` ("null" or a seeded corpus sample); None for other models."""
+def _task_context(
+    cfg: EvalConfig, model, task, output: Path, seen: dict, max_batch_tokens: int | None = None
+):
+    """A CDE model's context for ``task`` ("null" or a seeded corpus sample); None for other models. ``seen``
+    collects the sample drawn (``seen["cde_context"]``: the texts' count and the positions drawn)."""
     if not _is_cde(model):
         return None
     if cfg.cde_context == "null":
         return "null"
     data = data_fingerprint(task)
-    return task_context(model, task, cfg.seed, output / "cde_context", str(cfg.model), max_batch_tokens, data)
+    cache = output / "cde_context"
+    context, seen["cde_context"] = task_context(
+        model, task, cfg.seed, cache, str(cfg.model), max_batch_tokens, data
+    )
+    return context
 
 
 def _mteb_wrapper(
@@ -177,7 +184,7 @@ def _evaluate_task(cfg: EvalConfig, model, task, prompts: dict, precision: str, 
     from neoembed.batching import default_max_batch_tokens
 
     tokens = cfg.max_batch_tokens or default_max_batch_tokens(model.device, model.max_seq_length)
-    context = _task_context(cfg, model, task, output, tokens)
+    context = _task_context(cfg, model, task, output, seen, tokens)
     wrapper = _mteb_wrapper(model, prompts, context, precision, seen, tokens)
     if _rescores(cfg, task):
         from neoembed.eval.rescore import rescoring_search_model
@@ -342,10 +349,20 @@ def _score_task(
         "instruction": instruction,
         "prompts": prompts,
         **({"data_fingerprint": data} if data else {}),
+        **_context_sample(seen),
         "embedding_dim": dims[0] if len(dims) == 1 else dims,  # the width of the embeddings mteb scored
         "model": cfg.model,
         "mteb": _task_result_dict(task_result),
     }
+
+
+def _context_sample(seen: dict) -> dict:
+    """What a CDE result records of its context sample: the positions drawn among the texts
+    :func:`neoembed.eval.cde.task_context_texts` lists, and how many it lists (none for other models, or null)."""
+    sample = seen.get("cde_context")
+    if sample is None:
+        return {}
+    return {"cde_context_n_texts": sample["n_texts"], "cde_context_indices": sample["indices"]}
 
 
 def _record_extra(cfg: EvalConfig, settings: dict, device: str, model) -> dict:
