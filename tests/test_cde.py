@@ -633,6 +633,28 @@ def test_mteb_records_which_texts_a_cde_context_was_drawn_from(saved_cde, shared
     assert run_mteb(cfg).scores["TrecQA"]["cde_context_indices"] == indices
 
 
+def test_mteb_null_context_of_a_model_trained_without_context_dropout_is_warned(
+    saved_cde, shared_dir, tmp_path, caplog
+):
+    """#43 walk, M7: --cde-context null on a model trained with context.dropout 0 (cde-tiny's default) scored
+    with a null vector that training never used, without a word. The run warns, naming the dropout; a model whose
+    cde_config.json says context.dropout above 0 learned the vector and is scored without the warning."""
+    from neoembed.eval.runner import EvalConfig, run_mteb
+
+    data = tmp_path / "tasks"
+    _trecqa_rows(shared_dir, data / "TrecQA", 3)
+    trained = tmp_path / "trained"
+    shutil.copytree(saved_cde, trained)
+    config = json.loads((trained / "cde_config.json").read_text())
+    (trained / "cde_config.json").write_text(json.dumps({**config, "context_dropout": 0.05}))
+    said = "--cde-context null: {} was trained with context.dropout 0.0 (context_dropout in its cde_config.json)"
+    for model, warned in ((saved_cde, True), (trained, False)):
+        caplog.clear()
+        cfg = EvalConfig(model=str(model), output=tmp_path / f"out-{model.name}", data_dir=data, cde_context="null")
+        assert not run_mteb(cfg).failed
+        assert (said.format(model) in caplog.text) == warned, caplog.text
+
+
 def test_run_mteb_leaves_no_context_on_the_model(saved_cde, shared_dir, tmp_path):
     """The context is passed per call: after an evaluation, encode without a context still raises (it once
     silently used the last task's corpus), and the model encodes as it did before the evaluation."""

@@ -300,6 +300,22 @@ def _check_given_model(cfg: EvalConfig, model) -> None:
         )
 
 
+def _warn_untrained_null(cfg: EvalConfig, model) -> None:
+    """``--cde-context null`` on a CDE model trained with ``context.dropout`` 0: training never put the null vector
+    in a context slot, so the second stage never learned to read it; the scores say little of the model."""
+    if cfg.cde_context != "null" or not _is_cde(model) or model.cde.context_dropout > 0:
+        return
+    logger.warning(
+        "--cde-context null: %s was trained with context.dropout %s (context_dropout in its cde_config.json): no "
+        "training step put its null context vector in a context slot, so the vector was never learned nor the "
+        "model taught to read it, and these scores do not measure the model without a corpus. Score with "
+        "--cde-context corpus, or train with context.dropout above 0 (recipes/cde.yaml: 0.05) for a model that "
+        "also works without one",
+        cfg.model,
+        model.cde.context_dropout,
+    )
+
+
 def _check_batch_tokens(cfg: EvalConfig, model) -> None:
     """A batch of ``max_batch_tokens`` must hold the longest text the model takes: refused before any task runs."""
     longest = getattr(model, "max_seq_length", None)
@@ -412,6 +428,7 @@ def run_mteb(cfg: EvalConfig, model=None) -> EvalReport:
     else:
         _check_given_model(cfg, model)
     _check_batch_tokens(cfg, model)
+    _warn_untrained_null(cfg, model)
     prompts = getattr(model, "prompts", None)
     try:
         return _run_plan(cfg, model, plan, label, output, (data, stale))
