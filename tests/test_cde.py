@@ -870,3 +870,36 @@ def test_a_cluster_size_above_a_sources_pairs_is_said_to_make_one_cluster(tmp_pa
         trainer._teacher_pass(load_recipe("cde-tiny", CDERecipe, overrides), sources, progress=False)
         said = "card tiny: 12 pairs and clustering.cluster_size 100000 make one cluster" in caplog.text
         assert said == warned, caplog.text
+
+
+def test_clusters_smaller_than_a_batch_are_said_to_mix_or_to_make_random_batches(tmp_path, monkeypatch, caplog):
+    """#43 walk, C3: clustering.cluster_size=1 made every pair its own cluster, concatenated in random order, and
+    the summary still said "22 contextual batches of 8 per epoch (clustered)": random batches without a word.
+    Clusters below the batch size are said to mix in each batch (to make random batches at 1), in the warning
+    and the summary; the default (the batch size), larger ones and a tour are left as they were."""
+    import sentence_transformers
+
+    import neoembed.cde.trainer as trainer
+
+    monkeypatch.setattr(sentence_transformers, "SentenceTransformer", lambda *a, **k: None)
+    rng = np.random.default_rng(0)
+    monkeypatch.setattr(trainer, "teacher_embeddings", lambda t, texts, progress: rng.normal(size=(len(texts), 8)))
+    sources = [trainer.Source("tiny", [f"q{i}" for i in range(12)], [f"d{i}" for i in range(12)], [[]] * 12)]
+    cases = {  # overrides -> (the warning's words, the summary's), cde-tiny's batch size being 8
+        "clustering.cluster_size=1": ("every pair is a cluster of its own", "random: clusters of 1 pair"),
+        "clustering.cluster_size=3": ("pieces of 3 or more clusters in random order", "clustered in clusters of 3"),
+        "clustering.cluster_size=8": (None, "clustered"),
+        "clustering.cluster_size=10": (None, "clustered"),
+        "clustering.tour=true": (None, "clustered"),
+        "clustering.cluster_size=1 clustering.tour=true": (None, "clustered"),
+        "clustering.enabled=false": (None, "random"),
+    }
+    for overrides, (warned, summary) in cases.items():
+        caplog.clear()
+        recipe = load_recipe(
+            "cde-tiny", CDERecipe, [f"output_dir={tmp_path}", "clustering.dims=8", *overrides.split()]
+        )
+        trainer._teacher_pass(recipe, sources, progress=False)
+        said = [r.getMessage() for r in caplog.records if "is below batch_size 8" in r.getMessage()]
+        assert len(said) == (warned is not None) and all(warned in m for m in said), (overrides, said)
+        assert trainer._batching(recipe).startswith(summary), overrides

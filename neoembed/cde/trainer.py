@@ -134,6 +134,37 @@ def warn_small_context(name: str, documents: int, n_context: int) -> bool:
     return True
 
 
+def _batching(recipe: CDERecipe) -> str:
+    """How the run's batches are made, as its summary line says: clustered, or random (clustering off, or every
+    pair a cluster of its own, concatenated in random order)."""
+    c, size = recipe.clustering, recipe.clustering.cluster_size or recipe.batch_size
+    if not c.enabled or (size == 1 and not c.tour):
+        return "random" if not c.enabled else "random: clusters of 1 pair"
+    if size < recipe.batch_size and not c.tour:
+        return f"clustered in clusters of {size}, ~{-(-recipe.batch_size // size)} a batch"
+    return "clustered"
+
+
+def _warn_small_clusters(recipe: CDERecipe) -> None:
+    """Clusters smaller than a batch, concatenated in random order, put pieces of several unrelated clusters in
+    each batch (a ``tour`` puts neighbouring ones together); clusters of one pair make random batches."""
+    c, batch = recipe.clustering, recipe.batch_size
+    size = c.cluster_size or batch
+    if not c.enabled or c.tour or size >= batch:
+        return
+    what = (
+        "every pair is a cluster of its own, so the contextual batches are random ones"
+        if size == 1
+        else f"each contextual batch holds pieces of {-(-batch // size)} or more clusters in random order, so its "
+        "pairs are less alike than one cluster's"
+    )
+    logger.warning(
+        "clustering.cluster_size %d is below batch_size %d: %s. Leave clustering.cluster_size unset (the batch "
+        "size) for batches of one cluster each, or set clustering.tour: true to put neighbouring clusters together",
+        size, batch, what,
+    )  # fmt: skip
+
+
 def _teacher_pass(recipe: CDERecipe, sources: list[Source], progress: bool):
     """Teacher embeddings of every source (cached with the clustering) and the contextual batches."""
     from sentence_transformers import SentenceTransformer
@@ -144,6 +175,7 @@ def _teacher_pass(recipe: CDERecipe, sources: list[Source], progress: bool):
     if recipe.clustering.cache_dir:
         cache = Path(os.path.expanduser(recipe.clustering.cache_dir))
     size = recipe.clustering.cluster_size or recipe.batch_size
+    _warn_small_clusters(recipe)
     assignments, centroids, offsets, offset = [], [], [], 0
     for src in sources:
         offsets.append(offset)
@@ -434,7 +466,7 @@ def train_cde(
     if acc.is_main_process:
         print(
             f"CDE: {len(sources)} source(s), {sum(map(len, sources))} pairs, {per_epoch} contextual batches of "
-            f"{recipe.batch_size} per epoch ({'clustered' if recipe.clustering.enabled else 'random'}), "
+            f"{recipe.batch_size} per epoch ({_batching(recipe)}), "
             f"N = {recipe.context.n_context}, {acc.num_processes} process(es), {recipe.steps} steps"
         )
     loop.run(*_cde_step(recipe, acc, module, sources, batches, offsets))
