@@ -13,6 +13,7 @@ from __future__ import annotations
 import difflib
 import math
 import re
+import shutil
 from pathlib import Path
 
 from sentence_transformers.sentence_transformer.evaluation import SentenceEvaluator
@@ -59,6 +60,9 @@ class MtebEvaluator(SentenceEvaluator):
     def __call__(self, model, output_path: str | None = None, epoch: float = -1, steps: int = -1) -> dict:
         root = Path(output_path) if output_path is not None else Path("eval")
         out = root / f"step-{steps}"
+        # this evaluator's own folder for the step: an evaluation run again (a resume's, after one that failed)
+        # replaces it without the results folder's warning about clearing another model's scores
+        shutil.rmtree(out, ignore_errors=True)
         cfg = EvalConfig(
             model=str(root.parent / f"checkpoint-{steps}"),  # where this state is saved, if save_steps allows
             output=out,
