@@ -342,9 +342,13 @@ def _lost_peer(e: BaseException) -> str | None:
     return str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
 
 
+def _command() -> str:
+    """The subcommand this process runs (``train``, ``mteb``, ...), from its command line."""
+    return next((a for a in sys.argv[1:] if not a.startswith("-")), "")
+
+
 def _how_to_continue() -> str:
-    command = next((a for a in sys.argv[1:] if not a.startswith("-")), "")
-    return CONTINUE.get(command, "rerun the command to start again")
+    return CONTINUE.get(_command(), "rerun the command to start again")
 
 
 #: how a command stopped by Ctrl-C or SIGTERM continues (one not named keeps nothing to continue from)
@@ -410,8 +414,7 @@ def main() -> None:
         if debug:
             raise
         if _disk_full(e):  # not bad input: the command stopped (exit 1), as a run's checkpoint write says
-            command = next((a for a in sys.argv[1:] if not a.startswith("-")), "")
-            then = f"then {CONTINUE[command]}" if command in CONTINUE else "or write to another folder"
+            then = f"then {CONTINUE[_command()]}" if _command() in CONTINUE else "or write to another folder"
             typer.echo(f"stopped: the disk is full ({e}): free space, {then}", err=True)
             raise SystemExit(1) from None
         typer.echo(f"error: {e}{hint}", err=True)
