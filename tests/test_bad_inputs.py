@@ -903,6 +903,23 @@ def test_walk_a_jsonl_line_that_is_not_an_object_is_named_and_leaves_no_folder(
 
 
 @pytest.mark.parametrize(
+    ("line", "said"),
+    [("{bad", "c.jsonl, line 2: not JSON (Expecting property name"), ('{"text": 5}', "its 'text' is a number"),
+     ('{"text": ["a", "b"]}', "its 'text' is an array")],
+    ids=["broken-line", "number-text", "list-text"],
+)  # fmt: skip
+def test_a_corpus_line_that_is_not_json_or_whose_text_is_not_text_is_named(tmp_path, capsys, monkeypatch, line, said):
+    """A check of the walk's fixes (#43) found two more: a broken JSON line was "cannot be read (JSONDecodeError:
+    ... line 1 column 2)", with advice about truncated copies and no line number of the file; a number or a list
+    as the text was skipped without a word, as a blank one is (null and "" still are: no document)."""
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text(f'{{"text": "fine doc"}}\n{line}\n{{"text": null}}\n{{"text": ""}}\n')
+    code, out = _preprocess(capsys, monkeypatch, corpus, tmp_path / "out")
+    assert code == 2 and said in out and "Copy it again" not in out, out
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
     ("raised", "exit_code"),
     [(RuntimeError("a bug"), 1), (KeyboardInterrupt(), 130), ("SIGTERM", 143)],
     ids=["bug", "ctrl-c", "sigterm"],

@@ -163,7 +163,7 @@ def _read_file(path: Path, column: str) -> Iterator[str]:
             rows = ((f"row {i}", row) for i, row in enumerate(json.load(f), 1))
         else:
             f.seek(0)
-            rows = ((f"line {n}", json.loads(line)) for n, line in enumerate(f, 1) if line.strip())
+            rows = ((f"line {n}", _json_line(path, n, line)) for n, line in enumerate(f, 1) if line.strip())
         for where, row in rows:
             if not isinstance(row, dict):
                 raise ValueError(
@@ -172,8 +172,22 @@ def _read_file(path: Path, column: str) -> Iterator[str]:
                 )
             if column not in row:
                 raise ValueError(f"{path}, {where}, has no column {column!r} (columns: {sorted(row)}); pass --column")
-            if isinstance(row[column], str) and row[column].strip():
-                yield row[column]
+            text = row[column]
+            if text is not None and not isinstance(text, str):  # a number or a list: a data error, not a blank
+                raise ValueError(
+                    f"{path}, {where}: its {column!r} is {_json_kind(text)}, not text: {json.dumps(text)[:80]}; "
+                    "fix or remove that row"
+                )
+            if text is not None and text.strip():  # null or blank: no document, as an empty file is none
+                yield text
+
+
+def _json_line(path: Path, number: int, line: str):
+    """One line of a JSON-lines file, parsed; a line that is not JSON is named by its number in the file."""
+    try:
+        return json.loads(line)
+    except ValueError as e:
+        raise ValueError(f"{path}, line {number}: not JSON ({e}): fix or remove that line") from None
 
 
 def iter_documents(source: str, column: str = "text") -> Iterator[str]:
