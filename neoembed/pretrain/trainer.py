@@ -355,8 +355,9 @@ def pretrain(
     held = _open_held_out(recipe, corpora)
     tokenizer, special_ids = _load_tokenizer(recipe, corpora)
     _check_vocab(_planned_vocab(recipe), recipe, tokenizer)  # before the model loads
-    # the shards by content: a resume on other or edited shards is refused by name
-    data = {f"data.{c.path.as_posix()}": c.content_key() for c in corpora}
+    # the shards by content, by their place in data.sources (a path changed is that key's difference): a resume
+    # on other or edited shards is refused by name
+    data = {f"data.sources.{i}.shards": c.content_key() for i, c in enumerate(corpora)}
     settings = resume_settings(recipe, per_process_batch=True) | data
     checkpoint = prepare_output_dir(
         output,
