@@ -686,7 +686,7 @@ def test_matryoshka_dims_wider_than_the_model_are_refused_before_anything_loads(
     for dry in (["--dry-run"], []):
         code, msg = _cli(capsys, monkeypatch, "train", "tiny", "matryoshka.dims=[64,16]",
                          f"output_dir={tmp_path / 'o'}", *dry)  # fmt: skip
-        assert code == 2 and "matryoshka.dims [64, 16] exceed the model's embedding dimension 32" in msg, msg
+        assert code == 2 and "matryoshka.dims [64, 16]: 64 exceed the model's embedding dimension 32" in msg, msg
     assert embedding_width(TINY / "model") == 32 and embedding_width("org/not-local") is None
     assert embedding_width(resolve_packaged("packaged:all-MiniLM-L6-v2")) == 384
 

@@ -193,9 +193,10 @@ class MatryoshkaConfig(StrictModel):
 
     def check_width(self, width: int) -> None:
         """Fail when a dimension exceeds the model's embedding width."""
-        if max(self.dims) > width:
+        if wide := [d for d in self.dims if d > width]:
             raise ValueError(
-                f"matryoshka.dims {self.dims} exceed the model's embedding dimension {width}; keep dims <= {width}"
+                f"matryoshka.dims {self.dims}: {', '.join(map(str, wide))} exceed the model's embedding dimension "
+                f"{width}; keep dims <= {width}"
             )
 
     def loss(self, fn: Callable[..., Tensor], queries: Matrix, docs, *args, **kwargs) -> Tensor:
