@@ -283,6 +283,8 @@ def load_recipe(
                 f"{path} must hold a mapping (key: value lines) at the top level, got a {type(data).__name__}"
             )
         where = str(path)
+    if overrides:  # a bad value given on the command line is not the file's
+        where += f" with {' '.join(overrides)}"
     data = apply_overrides(data, overrides)
     if isinstance(schema, type) and issubclass(schema, BaseModel):
         try:

@@ -191,6 +191,15 @@ def test_bad_numbers_are_refused_by_key_before_anything_loads(recipe, override, 
         load_recipe(recipe, schema, [override])
 
 
+def test_an_error_of_an_override_names_the_override_beside_the_file():
+    """A check of #43's fixes: `train tiny steps=true` said "invalid UnifiedRecipe in .../tiny.yaml", sending the
+    reader to a file that is fine; the overrides the value came from are named too."""
+    from neoembed.train.recipe import UnifiedRecipe
+
+    with pytest.raises(RecipeError, match=r"invalid UnifiedRecipe in .*tiny\.yaml with seed=0 steps=true:"):
+        load_recipe("tiny", UnifiedRecipe, ["seed=0", "steps=true"])
+
+
 CONFIG_MODULES = (
     "neoembed.config",
     "neoembed.recipe",
