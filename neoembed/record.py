@@ -92,6 +92,21 @@ def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
     return _sha256(os.path.realpath(path), st.st_ino, st.st_size, st.st_mtime_ns, chunk)
 
 
+#: files smaller than this are known by their content too; larger ones by size and modification time alone
+#: (hashing gigabytes at every start would cost more than a same-size edit risks)
+HASHED_BELOW = 32 * 2**20
+
+
+def file_stamp(path: str | Path) -> dict:
+    """What identifies a file's contents for a cache key or a reuse check: its size and modification time, and
+    below :data:`HASHED_BELOW` its SHA-256 (mtime ticks are coarse, and a copy keeps the content, not the time)."""
+    st = os.stat(path)
+    out = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    if st.st_size < HASHED_BELOW:
+        out["sha256"] = file_sha256(path)
+    return out
+
+
 @functools.lru_cache(maxsize=256)
 def _sha256(path: str, inode: int, size: int, mtime_ns: int, chunk: int) -> str:
     h = hashlib.sha256()

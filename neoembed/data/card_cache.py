@@ -25,7 +25,6 @@ VERSION = 5  # of the entry layout and of the build: a change here makes every o
 # 3: a CSV whose first row is wider than its header is refused; older entries may hold it read shifted
 # 4: the report counts what a smaller max_negatives keeps (kept_below_k), which older reports lack
 # 5: a report's first dropped rows count from 1 (file lines where it can), older ones' from 0
-HASHED_BELOW = 32 * 2**20  # files smaller than this are keyed by their content too (mtime ticks are coarse)
 REPORT = "report.json"
 
 
@@ -47,11 +46,9 @@ def data_files(path: Path) -> list[Path]:
 
 
 def _file_identity(path: Path) -> dict:
-    st = path.stat()
-    out = {"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-    if st.st_size < HASHED_BELOW:
-        out["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
-    return out
+    from neoembed.record import file_stamp
+
+    return {"path": str(path.resolve()), **file_stamp(path)}
 
 
 def entry_key(card_json: str, files: list[Path], settings: dict) -> str:

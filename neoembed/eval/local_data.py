@@ -36,7 +36,6 @@ FORMATS = {
     ".tsv.gz": "csv",
 }
 IGNORED = {"card.yaml", "task.yaml", "README.md"}
-HASHED_BELOW = 32 << 20  # smaller files are fingerprinted by their content; larger ones by size and mtime
 
 
 class LocalDataError(FileNotFoundError):
@@ -168,10 +167,10 @@ def _check_splits(task, folder: str | Path, repo: Path) -> None:
 
 def data_fingerprint(task) -> str | None:
     """A hash of the local files ``task`` reads its data from (the folder its metadata points at: a task folder's
-    dataset repository, or a task card's data): each file's path in the folder with its SHA-256, or for a file of
-    :data:`HASHED_BELOW` bytes or more its size and modification time. None for a task whose data come from the
-    hub. A result records it, so a result scored on other data is not reused (:mod:`neoembed.eval.reuse`)."""
-    from neoembed.record import file_sha256
+    dataset repository, or a task card's data): each file's path in the folder with its SHA-256, or for a large
+    file its size and modification time (:func:`neoembed.record.file_stamp`). None for a task whose data come
+    from the hub. A result records it, so a result scored on other data is not reused (:mod:`neoembed.eval.reuse`)."""
+    from neoembed.record import file_stamp
 
     path = (getattr(task.metadata, "dataset", None) or {}).get("path")
     root = Path(path) if path else None
@@ -182,7 +181,7 @@ def data_fingerprint(task) -> str | None:
         rel = f.relative_to(root)
         if not f.is_file() or any(part.startswith(".") for part in rel.parts):  # .cache/ of a hub snapshot
             continue
-        st = f.stat()  # a dataset repository's files are links to the folder's: their targets count
-        stamp = file_sha256(f) if st.st_size < HASHED_BELOW else f"{st.st_size}:{st.st_mtime_ns}"
+        st = file_stamp(f)  # a dataset repository's files are links to the folder's: their targets count
+        stamp = st.get("sha256") or f"{st['size']}:{st['mtime_ns']}"  # content alone where known: copies match
         h.update(f"{rel.as_posix()}\0{stamp}\n".encode())
     return h.hexdigest()[:16]
