@@ -191,11 +191,10 @@ def convert(
 ) -> None:
     """Convert a NeoBERT checkpoint between the official layout and the neoembed layout. DST must be a new or
     empty folder (or --overwrite a model folder)."""
-    import shutil
-
     from neoembed.hub import check_model_source, resolve_packaged
     from neoembed.record import RUN_RECORD
     from neoembed.runs import OutputDirError, check_weight_files, output_lock, prepare_output_dir
+    from neoembed.runs.folder import clear_folder
 
     src = resolve_packaged(src)
     if Path(src).exists() and Path(src).resolve() == dst.resolve():
@@ -226,8 +225,7 @@ def convert(
                 report = convert_checkpoint(src, dst, to=to)
         except BaseException:  # a full disk, a signal: no half-written DST that a rerun would refuse
             if dst.is_dir():
-                for entry in dst.iterdir():
-                    shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+                clear_folder(dst)
             raise
         readable_weights(dst)
     typer.echo(report)

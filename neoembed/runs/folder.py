@@ -238,7 +238,8 @@ def _check_same_run(out: Path, saved: dict | None, settings: dict | None, defaul
         )
 
 
-def _clear(path: Path) -> None:
+def clear_folder(path: Path) -> None:
+    """Empty ``path`` (kept itself): its files and links removed, its folders with what they hold."""
     for child in path.iterdir():
         if child.is_dir() and not child.is_symlink():
             shutil.rmtree(child)
@@ -298,7 +299,7 @@ def prepare_output_dir(
         check_inputs_outside(out, inputs, what)
         _check_used(out, overwrite, what, clearable, checkpoints, resumable)
         logger.warning("--overwrite: clearing %s (%s)", out, _describe(out))
-        _clear(out)
+        clear_folder(out)
     return None
 
 

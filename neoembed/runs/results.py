@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from neoembed.record import atomic_write_text, file_sha256
 from neoembed.runs.errors import OutputDirError
-from neoembed.runs.folder import RECORD, _clear, _describe, check_inputs_outside
+from neoembed.runs.folder import RECORD, _describe, check_inputs_outside, clear_folder
 
 if TYPE_CHECKING:
     pass
@@ -76,6 +76,6 @@ def claim_results_dir(output: str | Path, model: str, overwrite: bool, write: bo
                 )
             if write:
                 logger.warning("--overwrite: clearing %s (%s)", out, held)
-                _clear(out)
+                clear_folder(out)
     if write:
         atomic_write_text(record, json.dumps(identity, indent=2) + "\n")
