@@ -531,13 +531,16 @@ class ShardedCorpus:
     def __getitem__(self, i: int) -> np.ndarray:
         j = int(i) if self._docs is None else int(self._docs[i])
         s, shard = self._starts[j], self._shard_of[j]
-        doc = np.asarray(self._tokens[shard][s : s + self._lengths[j]], dtype=np.int64)
-        # a few comparisons per document, so that a damaged shard is named here, not by the model's embedding
-        if self._vocab is not None and len(doc) and (doc.max() >= self._vocab or doc.min() < 0):
-            bad = int(doc.max() if doc.max() >= self._vocab else doc.min())
+        raw = self._tokens[shard][s : s + self._lengths[j]]
+        # one reduction per document on the stored ids (uint16 ids cannot be negative), so that a damaged shard
+        # is named here, not by the model's embedding
+        if self._vocab is not None and len(raw) and (
+            raw.max() >= self._vocab or (raw.dtype.kind == "i" and raw.min() < 0)
+        ):
+            bad = int(raw.max() if raw.max() >= self._vocab else raw.min())
             raise ValueError(
                 f"shard {self._shards[shard]} holds token id {bad} (document {j}), outside the vocabulary of "
                 f"{self._vocab} tokens its meta.json records: the shard is damaged or was not written by "
                 "`neoembed preprocess`; run it again into a new folder"
             )
-        return doc
+        return np.asarray(raw, dtype=np.int64)
