@@ -86,15 +86,15 @@ def _task_result_dict(result) -> dict:
 
 
 def _task_context(
-    cfg: EvalConfig, model, task, output: Path, seen: dict, max_batch_tokens: int | None = None
+    cfg: EvalConfig, model, task, output: Path, seen: dict, max_batch_tokens: int | None, data: str | None
 ):
     """A CDE model's context for ``task`` ("null" or a seeded corpus sample); None for other models. ``seen``
-    collects the sample drawn (``seen["cde_context"]``: the texts' count and the positions drawn)."""
+    collects the sample drawn (``seen["cde_context"]``: the texts' count and the positions drawn); ``data``: the
+    task's local data fingerprint, part of the cached context's key."""
     if not _is_cde(model):
         return None
     if cfg.cde_context == "null":
         return "null"
-    data = data_fingerprint(task)
     cache = output / "cde_context"
     context, seen["cde_context"] = task_context(
         model, task, cfg.seed, cache, str(cfg.model), max_batch_tokens, data
@@ -173,9 +173,12 @@ def _rescore_fields(cfg: EvalConfig, task) -> dict:
     return fields
 
 
-def _evaluate_task(cfg: EvalConfig, model, task, prompts: dict, precision: str, output: Path, seen: dict):
+def _evaluate_task(
+    cfg: EvalConfig, model, task, prompts: dict, precision: str, output: Path, seen: dict, data: str | None
+):
     """(mteb's task result, main score) of one task; raises when the task cannot run or scores NaN. ``seen``
-    collects what the scored embeddings were (see :func:`_mteb_wrapper`)."""
+    collects what the scored embeddings were (see :func:`_mteb_wrapper`); ``data``: the task's local data
+    fingerprint (:func:`~neoembed.eval.local_data.data_fingerprint`, taken once per run)."""
     import mteb
     from mteb.cache import ResultCache
 
@@ -184,7 +187,7 @@ def _evaluate_task(cfg: EvalConfig, model, task, prompts: dict, precision: str, 
     from neoembed.batching import default_max_batch_tokens
 
     tokens = cfg.max_batch_tokens or default_max_batch_tokens(model.device, model.max_seq_length)
-    context = _task_context(cfg, model, task, output, seen, tokens)
+    context = _task_context(cfg, model, task, output, seen, tokens, data)
     wrapper = _mteb_wrapper(model, prompts, context, precision, seen, tokens)
     if _rescores(cfg, task):
         from neoembed.eval.rescore import rescoring_search_model
@@ -351,7 +354,7 @@ def _score_task(
     served from local files, their fingerprint ``data``."""
     seen: dict = {}
     t0 = time.perf_counter()
-    task_result, score = _evaluate_task(cfg, model, task, prompts, settings["precision"], output, seen)
+    task_result, score = _evaluate_task(cfg, model, task, prompts, settings["precision"], output, seen, data)
     dims = sorted(seen.get("dims", ()))
     return {
         "task": task.metadata.name,
