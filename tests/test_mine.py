@@ -622,3 +622,14 @@ def test_mine_settings_from_config_options_and_key_value(tmp_path, monkeypatch, 
     code, err = run("--config", str(tmp_path / "list.yaml"))
     assert code == 2 and "must hold key: value lines" in err
     assert not seen
+
+
+def test_a_run_fingerprinted_with_a_setting_since_left_out_still_resumes():
+    """`mine --batch-size` left the fingerprint once token budgets sized every batch (#41): a run interrupted
+    before that recorded it, and its resume must not read the key's absence as a changed setting."""
+    from neoembed.mine.settings import NOT_IN_FINGERPRINT, describe_changes
+
+    now = {"model": "m", "settings": {"k": 8, "index": "flat"}}
+    before = {"model": "m", "settings": {"k": 8, "index": "flat", "batch_size": 64, "workers": 2}}
+    assert "batch_size" in NOT_IN_FINGERPRINT and describe_changes(before, now) == ""
+    assert describe_changes({**before, "settings": {**before["settings"], "k": 4}}, now) == "settings.k: 4 then, 8 now"

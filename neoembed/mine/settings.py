@@ -134,6 +134,11 @@ def check_model_kind(path: str | Path, wanted: str, flag: str) -> None:
     raise ValueError(f"{flag} {path} is a {kind}, {why}, not a {wanted}: {effect}. Pass {fix}")
 
 
+#: settings that size or place the work, not its result: out of a run's fingerprint, and passed over in one
+#: recorded before they were left out (``batch_size`` was in it until token budgets sized every batch)
+NOT_IN_FINGERPRINT = frozenset({"workers", "keep_embeddings", "max_batch_tokens", "batch_size"})
+
+
 def run_fingerprint(src_path: Path, model, cfg: MineConfig, corpus, corpus_card) -> dict:
     """What an interrupted run must share with its resumption for the stored shards to be reusable."""
     if corpus_card is not None:
@@ -149,7 +154,7 @@ def run_fingerprint(src_path: Path, model, cfg: MineConfig, corpus, corpus_card)
         "card_sha256": file_sha256(src_path),
         "corpus": corpus_id,
         "model": str(model),
-        "settings": cfg.model_dump(exclude={"workers", "keep_embeddings", "max_batch_tokens", "batch_size"}),
+        "settings": cfg.model_dump(exclude=set(NOT_IN_FINGERPRINT)),
     }
 
 
@@ -234,6 +239,9 @@ def _check_finished_run(card: Path, fingerprint: dict) -> None:
 
 def describe_changes(before: dict, now: dict) -> str:
     """Each setting that differs, with its value in the folder's run and now ('' when none does)."""
+    if isinstance(before.get("settings"), dict):
+        kept = {k: v for k, v in before["settings"].items() if k not in NOT_IN_FINGERPRINT}
+        before = {**before, "settings": kept}
 
     def value(d, path: str):
         for part in path.split("."):
