@@ -152,7 +152,8 @@ def test_streamed_build_equals_the_row_loop_on_every_drop_reason(tmp_path):
 
 def test_a_bad_row_is_named_as_the_row_loop_names_it(tmp_path):
     """Errors come from the first bad row in row order, whichever spec (and batch) meets it first: here the
-    scores, read last in a row, of row 1500, before the query label of row 1600 (both in the second batch)."""
+    scores, read last in a row, of index 1500, before the query label of index 1600 (both in the second batch);
+    rows in memory are named by their number, counted from 1."""
     columns = {"query": "topic", "positive": "p", "negatives": ["n"], "scores": "s"}
     card, _ = _card(tmp_path, columns=columns, labels={"topic": ["world", "sports", "science"]})
     n = 2600
@@ -165,10 +166,10 @@ def test_a_bad_row_is_named_as_the_row_loop_names_it(tmp_path):
         with pytest.raises(DataCardError) as e:
             build(card, datasets.Dataset.from_dict(rows))
         errors.append(str(e.value))
-    assert errors[0] == errors[1] and "row 1500 has [1.0] in its scores column" in errors[0]
+    assert errors[0] == errors[1] and "row 1501 has [1.0] in its scores column" in errors[0]  # counted from 1
     rows["s"][1500] = [1.0, 0.5]
     for build in (build_pairs_report, _row_loop):
-        with pytest.raises(DataCardError, match="reaches a int in row 1600 .label 7 is outside the 3 names"):
+        with pytest.raises(DataCardError, match="reaches a int in row 1601 .label 7 is outside the 3 names"):
             build(card, datasets.Dataset.from_dict(rows))
 
 

@@ -448,7 +448,7 @@ def test_rows_short_of_negatives_are_counted_per_max_negatives_whatever_the_expe
 def test_a_path_reaching_a_non_text_value_names_card_spec_row_and_type(tmp_path, spec, found):
     card, folder = _card(tmp_path, _qa_rows(), {"query": "q", "positive": spec})
     with pytest.raises(
-        DataCardError, match=rf"card probe: positive spec '{spec}' reaches a {found} in row 0"
+        DataCardError, match=rf"card probe: positive spec '{spec}' reaches a {found} in .*d.jsonl, line 1 "
     ):
         prepare_card(card, folder)
 
@@ -823,7 +823,29 @@ def test_data_check_reports_rows_dropped_per_reason(tmp_path):
     raw["columns"]["positive"] = "a.text"
     (tmp_path / "c.yaml").write_text(json.dumps(raw))
     r = _check(str(tmp_path / "c.yaml"), offline=True)
-    assert r.exit_code == 1 and "reaches a str in row 0" in r.output
+    assert r.exit_code == 1 and f"reaches a str in {tmp_path / 'd.jsonl'}, line 1 (" in r.output
+
+
+def test_a_row_that_does_not_match_its_card_is_named_as_a_user_finds_it(tmp_path):
+    """A file's row by its line (a CSV row by the line it starts on, after a header and a two-line answer:
+    index 2 on line 5); rows spread over a folder of files by their number, counted from 1."""
+    body = 'topic,a\n0,"two lines\nof answer"\n1,an answer\n7,another answer\n'
+    (tmp_path / "d.csv").write_text(body)
+    source = {"local": {"path": "d.csv", "format": "csv"}}
+    raw = {"name": "probe", "source": source, "columns": {"query": "topic", "positive": "a"}}
+    raw["labels"] = {"topic": ["world", "sports"]}
+    (tmp_path / "c.yaml").write_text(json.dumps(raw))
+    r = _check(str(tmp_path / "c.yaml"), offline=True)
+    assert r.exit_code == 1 and f"reaches a int in {tmp_path / 'd.csv'}, line 5 (label 7" in r.output, r.output
+    assert "map integer labels" not in r.output  # the card has labels: 7 is past them
+    (tmp_path / "d").mkdir()
+    lines = body.splitlines(keepends=True)
+    (tmp_path / "d" / "part0.csv").write_text("".join(lines[:3]))
+    (tmp_path / "d" / "part1.csv").write_text("".join(lines[:1] + lines[3:]))
+    raw["source"]["local"]["path"] = "d"
+    (tmp_path / "c.yaml").write_text(json.dumps(raw))
+    r = _check(str(tmp_path / "c.yaml"), offline=True)
+    assert r.exit_code == 1 and "reaches a int in row 3 (label 7" in r.output, r.output
 
 
 @pytest.mark.parametrize("missing", [None, float("nan")], ids=["null", "NaN"])  # NaN: pandas' missing text
@@ -860,8 +882,8 @@ def test_data_check_refuses_nan_teacher_score(tmp_path, monkeypatch, shared_dir,
     _card(tmp_path, rows, columns, expected_loss="unknown")
     r = _check(str(tmp_path / "c.yaml"), offline=True)
     assert r.exit_code == 1, r.output
-    assert "row 7 has a non-finite teacher score" in r.output and "scores column 'teacher.scores'" in r.output
-    assert f"{tmp_path / 'd.jsonl'}, line 8" in r.output
+    assert f"card probe: {tmp_path / 'd.jsonl'}, line 8 has a non-finite teacher score" in r.output
+    assert "scores column 'teacher.scores'" in r.output
     rows[7]["teacher"]["scores"][1] = 0.1
     _card(tmp_path, rows, columns, expected_loss="unknown")
     r = _check(str(tmp_path / "c.yaml"), offline=True)

@@ -430,15 +430,15 @@ def explain_data_errors(card, folder: Path):
     try:
         yield
     except NonFiniteScore as e:
-        if card.source.local is None:
+        if card.source.local is None or e.placed:
             raise
         local = Path(folder) / card.source.local.path
         local = local.resolve()
         files = sorted(p for p in local.glob("*") if p.is_file()) if local.is_dir() else [local]
         if e.spec and (where := _locate_non_finite(files, e.spec)):
-            raise NonFiniteScore(f"{e} (the first such value: {where})", e.spec) from None
-        if len(files) == 1:
-            raise NonFiniteScore(f"{e} (file {files[0]})", e.spec) from None
+            e.place_at(f"row {e.row + 1} (the first such value: {where})")
+        elif len(files) == 1:
+            e.place_at(f"row {e.row + 1} (file {files[0]})")
         raise
     except DataCardError:
         raise

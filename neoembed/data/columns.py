@@ -10,7 +10,7 @@ from pathlib import Path
 
 from neoembed.card_schema import TrainingCard as DataCard
 from neoembed.card_schema import parse_spec
-from neoembed.data.errors import DataCardError
+from neoembed.data.errors import DataCardError, RowError
 
 _MISSING = object()
 
@@ -81,10 +81,11 @@ class _Spec:
         return [x for x in items if x is not None], sum(x is None for x in items)
 
     def _error(self, i: int, v, why: str) -> DataCardError:
-        hint = " (map integer labels to names with the card's `labels:`)" if isinstance(v, int) else ""
-        return DataCardError(
-            f"card {self.card.name}: {self.role} spec {self.spec!r} reaches a {type(v).__name__} in row {i} "
-            f"({why}): {str(v)[:80]!r}{hint}"
+        hint = " (map integer labels to names with the card's `labels:`)" if isinstance(v, int) and not self.names else ""
+        return RowError(
+            f"card {self.card.name}: {self.role} spec {self.spec!r} reaches a {type(v).__name__} in ",
+            i,
+            f" ({why}): {str(v)[:80]!r}{hint}",
         )
 
 

@@ -67,11 +67,24 @@ def hub_offline_mode() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0")
 
 
-class NonFiniteScore(DataCardError):
+class RowError(DataCardError):
+    """Data of one row that do not match their card: ``head + place + tail``, the place "row N" counting from 1
+    (``row``: the index, from 0) until :meth:`place_at` names the file's line."""
+
+    def __init__(self, head: str, row: int, tail: str):
+        self.head, self.row, self.tail, self.placed = head, row, tail, False
+        super().__init__(f"{head}row {row + 1}{tail}")
+
+    def place_at(self, where: str) -> None:
+        """Say ``where`` (e.g. ``FILE, line N``) instead of the row's number."""
+        self.args, self.placed = (f"{self.head}{where}{self.tail}",), True
+
+
+class NonFiniteScore(RowError):
     """A NaN or infinite teacher score; ``spec``: the card's scores column (to find the file's line)."""
 
-    def __init__(self, message: str, spec: Any = None):
-        super().__init__(message)
+    def __init__(self, head: str, row: int, tail: str, spec: Any = None):
+        super().__init__(head, row, tail)
         self.spec = spec
 
 

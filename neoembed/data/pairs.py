@@ -14,7 +14,7 @@ import xxhash
 
 from neoembed.card_schema import TrainingCard as DataCard
 from neoembed.data.columns import _MISSING, _Spec
-from neoembed.data.errors import DataCardError, NonFiniteScore, row_lines
+from neoembed.data.errors import DataCardError, NonFiniteScore, RowError, row_lines
 from neoembed.instructions import DEFAULT_TEMPLATE, format_with_instruction
 
 UNKNOWN = "unknown"  # expected_loss of a card whose evidence publishes no share of dropped rows
@@ -157,7 +157,7 @@ def build_pairs_report(
         report.full_size, report.sampled = loaded.full_size, loaded.sampled
         report.rows_read += sum(loaded.dropped.values())
         report.dropped.update(loaded.dropped)
-    read = _map_rows(rows, reader, workdir)
+    read = _map_rows(rows, reader, workdir, loaded)
     _check_hits(card, reader.hit_specs, rows)
     drop = read.data.column("_drop").to_numpy()
     for code in sorted(set(_codes(drop)), key=lambda c: int((drop == c).argmax())):  # first row first
@@ -320,26 +320,33 @@ def text_hash(text: str) -> int:
 _MAP_BATCH = 1000  # rows per batch of both passes: Python holds one batch of texts at a time
 
 
-def _map_rows(rows, reader: _RowReader, workdir: Path | None):
-    """The first pass (see :class:`_RowReader`)."""
+def _map_rows(rows, reader: _RowReader, workdir: Path | None, loaded: LoadedRows | None):
+    """The first pass (see :class:`_RowReader`); a row that does not match its card is named by its file line
+    where the rows are a file's rows one for one."""
     import uuid
 
     fingerprint = uuid.uuid4().hex  # the reader (card, specs) is not hashable by datasets; never reused
     where = (
         {"cache_file_name": str(workdir / "read.arrow")} if workdir is not None else {"keep_in_memory": True}
     )
-    return rows.map(
-        reader,
-        batched=True,
-        batch_size=_MAP_BATCH,
-        with_indices=True,
-        remove_columns=rows.column_names,
-        features=reader.features(),
-        load_from_cache_file=False,
-        new_fingerprint=fingerprint,
-        desc=f"reading {reader.card.name}",
-        **where,
-    )
+    try:
+        return rows.map(
+            reader,
+            batched=True,
+            batch_size=_MAP_BATCH,
+            with_indices=True,
+            remove_columns=rows.column_names,
+            features=reader.features(),
+            load_from_cache_file=False,
+            new_fingerprint=fingerprint,
+            desc=f"reading {reader.card.name}",
+            **where,
+        )
+    except RowError as e:
+        lines = row_lines(*loaded.lines, [e.row]) if loaded is not None and loaded.lines else None
+        if lines:
+            e.place_at(f"{loaded.lines[0]}, line {lines[e.row]}")
+        raise
 
 
 def _keep_rows(read, k: int, scores: bool, workdir: Path | None):
@@ -421,18 +428,22 @@ def _row_scores(card: DataCard, spec: _Spec, v, i: int, n_negatives: int) -> lis
     )
     if not ok or len(value) != 1 + n_negatives:
         got = "nothing" if value is _MISSING else repr(value)[:80]
-        raise DataCardError(
-            f"card {card.name}: row {i} has {got} in its scores column {spec.spec!r}, not {1 + n_negatives} "
-            f"numbers (the positive's score, then one per hard negative): fix the row, or write the scores "
-            f"again with `neoembed score {card.name} --teacher MODEL`"
+        raise RowError(
+            f"card {card.name}: ",
+            i,
+            f" has {got} in its scores column {spec.spec!r}, not {1 + n_negatives} numbers (the positive's "
+            f"score, then one per hard negative): fix the row, or write the scores again with "
+            f"`neoembed score {card.name} --teacher MODEL`",
         )
     scores = [float(x) for x in value]
     if bad := [j for j, x in enumerate(scores) if not math.isfinite(x)]:
         # a NaN target makes every loss of its batch NaN: the run would stop with a hint about the learning rate
         raise NonFiniteScore(
-            f"card {card.name}: row {i} has a non-finite teacher score ({scores[bad[0]]}, item {bad[0]} of "
-            f"{value!r:.80}) in its scores column {spec.spec!r}: fix or delete the row, or write the scores again "
-            f"with `neoembed score {card.name} --teacher MODEL`",
+            f"card {card.name}: ",
+            i,
+            f" has a non-finite teacher score ({scores[bad[0]]}, item {bad[0]} of {value!r:.80}) in its scores "
+            f"column {spec.spec!r}: fix or delete the row, or write the scores again with "
+            f"`neoembed score {card.name} --teacher MODEL`",
             spec,
         )
     return scores
