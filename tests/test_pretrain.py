@@ -295,6 +295,21 @@ def test_hidden_files_and_folders_of_a_corpus_folder_are_skipped(tmp_path):
         list(iter_documents(str(corpus)))
 
 
+def test_a_corpus_folder_says_once_which_files_it_does_not_read(tmp_path, caplog):
+    """A parquet part beside JSON-lines parts was left out without a word: the folder's documents shrank."""
+    from neoembed.pretrain.data import _source_fingerprint, iter_documents
+
+    (tmp_path / "part-0.jsonl").write_text('{"text": "a"}\n')
+    (tmp_path / "part-1.parquet").write_bytes(b"PAR1")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "notes.csv").write_text("text\nb\n")
+    with caplog.at_level("WARNING", logger="neoembed.pretrain.data"):
+        _source_fingerprint(str(tmp_path))
+        assert list(iter_documents(str(tmp_path))) == ["a"]
+    said = [r.getMessage() for r in caplog.records if "not read" in r.getMessage()]
+    assert len(said) == 1 and "2 file(s) of other types are not read: part-1.parquet, sub/notes.csv" in said[0]
+
+
 def test_a_corpus_whose_files_changed_is_other_inputs_and_a_finished_folder_says_so(tmp_path, tokenizer, caplog):
     """A rerun of preprocess on a corpus folder that gained a file returned the old shards without a word (the
     fingerprint was the source string), and the same folder named by its absolute path was refused: a resume

@@ -20,6 +20,7 @@ skipped), or a hub dataset read in streaming mode (``hub:ID[:CONFIG]`` or a corp
 
 from __future__ import annotations
 
+import functools
 import gzip
 import hashlib
 import json
@@ -103,19 +104,31 @@ def _local_files(path: Path) -> list[Path]:
         return [path]
     if not path.is_dir():
         raise FileNotFoundError(f"corpus {path} does not exist: pass a text/JSONL file, a folder, or hub:ID")
-    files = sorted(
-        f
-        for f in path.rglob("*")
-        if f.is_file()
-        and f.name.lower().endswith(TEXT_SUFFIXES + JSON_SUFFIXES)
-        and not any(part.startswith(".") for part in f.relative_to(path).parts)
-    )
+    visible = [
+        f for f in path.rglob("*") if f.is_file() and not any(p.startswith(".") for p in f.relative_to(path).parts)
+    ]
+    files = sorted(f for f in visible if f.name.lower().endswith(TEXT_SUFFIXES + JSON_SUFFIXES))
+    if others := sorted(set(visible) - set(files)):
+        _warn_unread(path, tuple(f.relative_to(path).as_posix() for f in others))
     if not files:
         raise FileNotFoundError(
             f"no corpus files under {path}: expected {', '.join(TEXT_SUFFIXES + JSON_SUFFIXES)} (hidden files and "
             "folders, whose names start with '.', are skipped)"
         )
     return files
+
+
+@functools.cache  # once per folder and process: the files are listed again to fingerprint and to read them
+def _warn_unread(folder: Path, names: tuple[str, ...]) -> None:
+    """A folder's files of other types are left out: a parquet or CSV part of a corpus would vanish unsaid."""
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    logger.warning(
+        "corpus folder %s: %d file(s) of other types are not read: %s (read: %s; convert data files to JSON lines)",
+        folder,
+        len(names),
+        shown,
+        ", ".join(TEXT_SUFFIXES + JSON_SUFFIXES),
+    )
 
 
 def _iter_file(path: Path, column: str) -> Iterator[str]:
