@@ -955,3 +955,14 @@ def test_join_reads_the_corpus_only_until_every_named_document_is_found():
     assert (
         joined == {"query": ["first?", "second?"], "positive": ["two", "one"]} and full == 2 and not dropped
     )
+
+
+def test_a_drop_too_small_for_two_decimals_is_not_reported_as_0_00_percent():
+    """37 rows of 1.2 million dropped, refused against expected_loss 0, read "0.00% vs 0.00% expected"."""
+    from neoembed.data.pairs import DropReport
+
+    report = DropReport("big", rows_read=1_200_000, rows_kept=1_199_963, dropped={"positive empty": 37})
+    assert "(dropped: positive empty: 37; 0.0031% vs 0.00% expected)" in report.line()
+    report.expected_loss = "unknown"
+    assert "measured 0.0031% (37 dropped of 1,200,000 rows)" in report.pin_hint()
+    assert "measured 12.50%" in DropReport("small", 8, 7, {"query empty": 1}, expected_loss="unknown").line()

@@ -75,7 +75,7 @@ class DropReport:
         )
         return (
             f"card {self.card}: expected_loss is unknown (its evidence publishes no share), so the run goes on: "
-            f"measured {100 * self.loss:.2f}% ({n:,} dropped of {where}). To pin it, set expected_loss: "
+            f"measured {_percent(self.loss)} ({n:,} dropped of {where}). To pin it, set expected_loss: "
             f"{_round_up(self.loss)} in the card and cite this card's `neoembed data check` output in its notes"
             + (f"; to keep more of the rows instead, {hint}" if (hint := self.negatives_hint()) else "")
         )
@@ -114,13 +114,20 @@ class DropReport:
             if v
         ) or "none"
         if self.expected_loss == UNKNOWN:
-            share = f"measured {100 * self.loss:.2f}%, expected: unknown"
+            share = f"measured {_percent(self.loss)}, expected: unknown"
         else:
-            share = f"{100 * self.loss:.2f}% vs {100 * self.expected_loss:.2f}% expected"
+            share = f"{_percent(self.loss)} vs {_percent(self.expected_loss)} expected"
         return (
             f"{self.rows_kept} of {self.rows_read} rows kept (dropped: {drops}; {share}); "
             f"{self.negatives_per_query} hard negative{'s' if self.negatives_per_query != 1 else ''} per query"
         )
+
+
+def _percent(share: float) -> str:
+    """A share as a percentage, two decimals; a share that would show as 0.00% but is not 0 to two significant
+    digits (37 rows of 1.2 million: 0.0031%), so a report never calls a drop it refuses 0.00%."""
+    p = 100 * share
+    return f"{p:.2g}%" if 0 < abs(p) < 0.005 else f"{p:.2f}%"
 
 
 def _round_up(share: float) -> float:
