@@ -83,6 +83,7 @@ HOW = {
         " train neobert-unified gather_across_devices=true": "hub",
         "torchrun --nnodes 2 --nproc-per-node 8 --node-rank 1 --master-addr HOST0 --master-port 29500 -m neoembed"
         " train neobert-unified gather_across_devices=true": "hub",
+        "mkdir -p runs": "slow",  # a fresh clone has no runs/ for the second node's log
         # the second "node" in the background, then the first in the foreground: its exit is the run's
         "torchrun --nnodes 2 --nproc-per-node 1 --node-rank 1 --master-addr localhost --master-port 29531"
         " -m neoembed train tiny output_dir=runs/tiny-2nodes > runs/node1.log 2>&1 &": "slow",
