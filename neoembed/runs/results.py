@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,9 +39,11 @@ def model_identity(model: str) -> dict[str, Any]:
 
 def default_results_dir(model: str, root: str | Path = "results") -> Path:
     """``results/<name>-<8 hex digits of the model's resolved path>``: two models never share a default folder,
-    even when both are called ``checkpoint-8``."""
+    even when both are called ``checkpoint-8``. The name keeps letters, digits, ``.``, ``_`` and ``-`` (a ``:``, as
+    in ``packaged:all-MiniLM-L6-v2``, trips scp, rsync and Windows)."""
     key = str(Path(model).resolve()) if Path(model).exists() else str(model)
-    return Path(root) / f"{Path(str(model).rstrip('/')).name}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
+    name = re.sub(r"[^\w.-]", "_", Path(str(model).rstrip("/")).name)
+    return Path(root) / f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
 
 
 def claim_results_dir(output: str | Path, model: str, overwrite: bool, write: bool = True) -> None:
