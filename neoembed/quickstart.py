@@ -236,14 +236,17 @@ def _run(output: Path, steps: int | None, model: str | None, t0: float, resume: 
             output=out,
             data_dir=data / "eval",
             precision="fp32",
-            overwrite=True,
+            overwrite=not resume,  # a resumed quickstart keeps the scores it has (mteb's reuse checks them)
             instructions=instructions,
         )
         with _truncation_noted():
             report = run_mteb(cfg, model=loaded)
         if report.failed:
             raise typer.Exit(f"evaluation failed: {report.failed}")
-        return report.scores["PythonDocsRetrieval"]["main_score"]
+        name = "PythonDocsRetrieval"
+        if name in report.skipped:  # scored before this resume: its result file holds the score
+            return json.loads((out / f"{name}.json").read_text())["main_score"]
+        return report.scores[name]["main_score"]
 
     typer.echo(f"2/4 nDCG@10 of {label} before fine-tuning, without and with the query instruction ...")
     # the backbone was not trained with instructions: its fair baseline is its score without one

@@ -69,8 +69,11 @@ def test_an_interrupted_quickstart_continues_with_resume(tmp_path, tiny_official
     assert r.exit_code == 0 and "after 4 steps" in r.stdout, r.stderr[-3000:]
     record = json.loads((out / "model" / "run_record.json").read_text())
     assert record["finished"]["step"] == 4
-    r = run_neoembed([*args, "--resume"])  # finished: scored and reported again, nothing trained
+    scored = sorted(out.glob("results/*/PythonDocsRetrieval.json"))
+    stamps = [p.stat().st_mtime_ns for p in scored]
+    r = run_neoembed([*args, "--resume"])  # finished: reported again, nothing trained nor scored again
     assert r.exit_code == 0 and "after 4 steps" in r.stdout, r.stderr[-3000:]
+    assert len(scored) == 3 and [p.stat().st_mtime_ns for p in scored] == stamps
     r = run_neoembed(["quickstart", "--output", str(tmp_path / "new"), "--resume"])
     assert r.exit_code == 2 and "holds no quickstart to continue" in r.stderr
     early = tmp_path / "early"  # stopped before its training started: nothing in model/ to continue from
