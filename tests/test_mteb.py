@@ -217,16 +217,21 @@ def test_a_task_file_edited_in_place_is_scored_as_it_is_now(tiny_official, small
     assert score["after"] == score["fresh"] != score["before"], score
 
 
-def test_task_folders_in_groups_and_training_data_skipped(minilm, shared_dir, small, tmp_path):
-    """--data-dir ../shared/data: the tasks of mteb/ and eval/; train/ holds training pairs, skipped unless named.
-    (Run on the same layout holding the small slices of eval/.)"""
+def test_task_folders_in_groups_and_training_data_skipped(minilm, shared_dir, small, tmp_path, caplog):
+    """--data-dir ../shared/data: the tasks of mteb/ and eval/; train/ holds training pairs, skipped unless named,
+    said as a skip (not a warning that reads like an error). (Run on the same layout holding the small slices of
+    eval/.)"""
     from neoembed.eval.runner import task_folders
 
     data = shared_dir / "data"
-    assert task_folders(data) == {
-        **{t: data / "mteb" / t for t in ("SICK-R", "STS12", "STS13", "STS14", "STS15", "STS16")},
-        **{t: data / "eval" / t for t in ("MSRP", "TrecQA")},
-    }
+    with caplog.at_level("INFO", logger="neoembed.eval.resolve"):
+        assert task_folders(data) == {
+            **{t: data / "mteb" / t for t in ("SICK-R", "STS12", "STS13", "STS14", "STS15", "STS16")},
+            **{t: data / "eval" / t for t in ("MSRP", "TrecQA")},
+        }
+    skips = [r for r in caplog.records if r.getMessage().startswith("skipped")]
+    assert len(skips) == 3 and all(r.levelname == "INFO" for r in skips)
+    assert "msrp_pairs: not an evaluation task (its card's task_type is contrastive_pairs)" in skips[0].getMessage()
     layout = tmp_path / "data"
     (layout / "train").mkdir(parents=True)
     (layout / "eval").symlink_to(small / "eval", target_is_directory=True)

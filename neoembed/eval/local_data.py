@@ -42,6 +42,14 @@ class LocalDataError(FileNotFoundError):
     """A local task folder that does not hold what the task needs; the message lists what was expected."""
 
 
+class NotAnEvaluationTask(LocalDataError):
+    """A folder whose dataset card describes other data (training pairs, a corpus): ``task_type`` says which."""
+
+    def __init__(self, message: str, task_type: str):
+        super().__init__(message)
+        self.task_type = task_type
+
+
 def _suffix(path: Path) -> str | None:
     name = path.name.lower()
     for ext in sorted(FORMATS, key=len, reverse=True):

@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 
 from neoembed.eval.config import EvalConfig
-from neoembed.eval.local_data import LocalDataError, is_data_file, point_task_at
+from neoembed.eval.local_data import LocalDataError, NotAnEvaluationTask, is_data_file, point_task_at
 from neoembed.eval.task_cards import (
     CARD_FILE,
     DATASET_CARD_FILE,
@@ -95,7 +95,10 @@ def _find_task_folders(data_dir: Path, skip: bool):
         if skip and (folder / DATASET_CARD_FILE).is_file() and not (folder / CARD_FILE).is_file():
             try:
                 dataset_card_task(folder)
-            except LocalDataError as e:  # training data, say: not a task to run
+            except NotAnEvaluationTask as e:  # training pairs, say: not a task, and nothing wrong with them
+                logger.info("skipped %s: not an evaluation task (its card's task_type is %s)", folder, e.task_type)
+                continue
+            except LocalDataError as e:  # a card that cannot be read as a task
                 logger.warning("skipped %s: %s", folder, e)
                 continue
         yield folder

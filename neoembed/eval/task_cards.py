@@ -33,7 +33,7 @@ import yaml
 from pydantic import ValidationError, field_validator
 
 from neoembed.card_schema import DatasetCard
-from neoembed.eval.local_data import LocalDataError, local_dataset_repo
+from neoembed.eval.local_data import LocalDataError, NotAnEvaluationTask, local_dataset_repo
 from neoembed.eval.task_types import card_type_names, task_type
 from neoembed.recipe import RecipeError, StrictModel, format_validation_error
 
@@ -121,9 +121,10 @@ def dataset_card_task(folder: str | Path) -> tuple[str | None, TaskCard | None]:
     if kind not in card_types:
         if mteb_task:
             return mteb_task, None
-        raise LocalDataError(
+        raise NotAnEvaluationTask(
             f"{path}: task_type {dcard.task_type!r} is not an evaluation task; valid: "
-            f"{sorted(card_types)} (or set mteb_task)"
+            f"{sorted(card_types)} (or set mteb_task)",
+            str(dcard.task_type),
         )
     splits = list(dcard.splits) or ["test"]
     eval_splits = ["test"] if "test" in splits else [s for s in splits if s != "train"]
