@@ -1039,10 +1039,10 @@ def test_case_saved_then_none_query_prompt_is_one_setting_for_reuse_summary_and_
     report = _run(minilm, out, tasks=[sts, trecqa], query_prompt="none")
     assert report.skipped == ["STS16"] and list(report.scores) == ["TrecQA"]
     row = write_summary(out, "m")
-    assert row["query_prompt_label"] == 'saved ""' and row["query_prompt_setting"] == "saved"
-    assert 'query prompt: saved "" ·' in (out / "summary.md").read_text().splitlines()[0]
+    assert row["query_prompt_label"] == "saved (none)" and row["query_prompt_setting"] == "saved"
+    assert "query prompt: saved (none) ·" in (out / "summary.md").read_text().splitlines()[0]
     assert "| 2 (partial) |" in compare_runs([out], out=tmp_path / "q3")
-    assert 'query prompt: saved "" ·' in compare_runs([out, out])
+    assert "query prompt: saved (none) ·" in compare_runs([out, out])
     plain = tmp_path / "plain"  # a run of --query-prompt none alone
     plain.mkdir()
     shutil.copy(out / "TrecQA.json", plain / "TrecQA.json")
@@ -1051,7 +1051,7 @@ def test_case_saved_then_none_query_prompt_is_one_setting_for_reuse_summary_and_
     _run(minilm, given, tasks=[sts], query_prompt="query: ")
     with pytest.raises(OutputDirError, match=r'query_prompt \(--query-prompt\): the results hold "query: "'):
         _run(minilm, given, tasks=[trecqa], query_prompt="none")
-    with pytest.raises(ValueError, match=r"different query_prompt_setting .*saved \"\".*\"query: \""):
+    with pytest.raises(ValueError, match=r"different query_prompt_setting .*saved \(none\).*\"query: \""):
         compare_runs([out, given])
     # a folder whose results got two texts (written before the prompt was a reuse setting) says both, compares
     # with nothing, itself included

@@ -122,7 +122,8 @@ def _prompt_setting(results: dict[str, dict]) -> str:
 
 def _prompt_label(results: dict[str, dict]) -> str:
     """How a run's query prompt is named in a summary's first line: ``saved "<text>"`` where it is the
-    model's saved prompt, else ``none`` or the text; where its results got different texts, each one's."""
+    model's saved prompt (``saved (none)`` where the model saved none), else ``none`` or the text; where its
+    results got different texts, each one's."""
     choices = _prompt_choices(results)
     texts = choices - {"saved"}
     if texts or not results:
@@ -132,8 +133,8 @@ def _prompt_label(results: dict[str, dict]) -> str:
 
 
 def _text_label(text: str, saved: bool) -> str:
-    if saved:
-        return f"saved {json.dumps(text, ensure_ascii=False)}"
+    if saved:  # a model that saved no query prompt: `saved ""` read as a prompt of quotes
+        return f"saved {json.dumps(text, ensure_ascii=False)}" if text else "saved (none)"
     return "none" if text == "" else json.dumps(text, ensure_ascii=False)
 
 
