@@ -633,3 +633,74 @@ def test_a_run_fingerprinted_with_a_setting_since_left_out_still_resumes():
     before = {"model": "m", "settings": {"k": 8, "index": "flat", "batch_size": 64, "workers": 2}}
     assert "batch_size" in NOT_IN_FINGERPRINT and describe_changes(before, now) == ""
     assert describe_changes({**before, "settings": {**before["settings"], "k": 4}}, now) == "settings.k: 4 then, 8 now"
+
+
+def _copy_card(card: Path, folder: Path) -> Path:
+    """A card of one's own to edit: the module's card and its data, copied."""
+    import shutil
+
+    shutil.copytree(card.parent, folder)
+    return folder / card.name
+
+
+def test_resume_refuses_changed_card_or_corpus_data(
+    card, shared_dir, tiny_official, tmp_path, monkeypatch, caplog
+):
+    """The fingerprint hashed the card files only: after Ctrl-C and an edit of the corpus card's data, --resume
+    mixed the old texts' embeddings with the new texts, and a finished run said "nothing to do" over a card whose
+    data had grown (#43, walk C, finding 1). The data count now, as train --resume counts them; a run recorded
+    before they did still resumes, with a warning."""
+    import neoembed.mine.miner as miner
+
+    own = _copy_card(card, tmp_path / "card")
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    with open(docs / "docs.jsonl", "w") as f:
+        for r in _msrp(shared_dir, 200)[160:]:
+            f.write(json.dumps({"query": r["query"], "positive": r["positive"]}) + "\n")
+    (docs / "docs.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "name": "docs",
+                "source": {"local": {"path": "docs.jsonl", "format": "json"}},
+                "columns": {"query": "query", "positive": "positive"},
+            }
+        )
+    )
+    cfg = MineConfig(**{**SETTINGS, "max_rows": 60})
+    out = tmp_path / "out"
+    real = miner._encode
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt  # as Ctrl-C during the first shard
+
+    with monkeypatch.context() as m:
+        m.setattr(miner, "_encode", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            mine_negatives(own, tiny_official, out, corpus=docs / "docs.yaml", config=cfg, progress=False)
+    settings = out / ".mine" / "settings.json"
+    recorded = json.loads(settings.read_text())
+    with open(docs / "docs.jsonl", "a") as f:
+        f.write(json.dumps({"query": "q", "positive": "A document added after the interruption."}) + "\n")
+    with pytest.raises(OutputDirError, match=r"data\.corpus: '\w+' then, '\w+' now.*changed since"):
+        mine_negatives(
+            own, tiny_official, out, corpus=docs / "docs.yaml", config=cfg, resume=True, progress=False
+        )
+    # a run recorded before the data were fingerprinted: resumed, said in a warning
+    settings.write_text(json.dumps({k: v for k, v in recorded.items() if k != "data"}))
+    assert miner._encode is real
+    done = mine_negatives(
+        own, tiny_official, out, corpus=docs / "docs.yaml", config=cfg, resume=True, progress=False
+    )
+    assert "recorded before mine fingerprinted its data files" in caplog.text
+    # a finished run is "nothing to do" only for the data it was mined from
+    again = mine_negatives(
+        own, tiny_official, out, corpus=docs / "docs.yaml", config=cfg, resume=True, progress=False
+    )
+    assert again.counts == done.counts
+    with open(own.parent / "pairs.jsonl", "a") as f:
+        f.write(json.dumps({"query": "A query added later.", "positive": "Its positive."}) + "\n")
+    with pytest.raises(OutputDirError, match=r"finished run made with other settings \(data\.card: "):
+        mine_negatives(
+            own, tiny_official, out, corpus=docs / "docs.yaml", config=cfg, resume=True, progress=False
+        )

@@ -123,7 +123,7 @@ def mine_negatives(
     if corpus is not None and isinstance(corpus, (str, Path)):
         corpus_path = find_card(corpus, list(card_dirs))
         corpus_card = (*load_card(corpus_path), corpus_path)
-    fingerprint = run_fingerprint(src_path, model, cfg, corpus, corpus_card)
+    fingerprint = run_fingerprint(src_path, (src, folder), model, cfg, corpus, corpus_card)
     state = out / ".mine"
     fresh = fresh_folder(out)
     inputs = (src_path, *local_data_paths([(src, folder)]), model, corpus_card[2] if corpus_card else None)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import shutil
 from pathlib import Path
 from typing import Annotated, Literal
@@ -29,6 +30,8 @@ __all__ = [
     "refuse_cde",
     "run_fingerprint",
 ]
+
+logger = logging.getLogger(__name__)
 
 
 class MineConfig(StrictModel):
@@ -139,8 +142,17 @@ def check_model_kind(path: str | Path, wanted: str, flag: str) -> None:
 NOT_IN_FINGERPRINT = frozenset({"workers", "keep_embeddings", "max_batch_tokens", "batch_size"})
 
 
-def run_fingerprint(src_path: Path, model, cfg: MineConfig, corpus, corpus_card) -> dict:
-    """What an interrupted run must share with its resumption for the stored shards to be reusable."""
+def run_fingerprint(src_path: Path, source, model, cfg: MineConfig, corpus, corpus_card) -> dict:
+    """What an interrupted run must share with its resumption for the stored shards to be reusable.
+
+    ``source``: the card and its folder. ``data`` knows the card's rows and data files (and the corpus card's)
+    as ``neoembed train --resume`` knows them (:func:`~neoembed.data.cards.card_fingerprints`): a card file
+    alone left an edited data file's texts mixed with the old embeddings."""
+    from neoembed.data.cards import card_fingerprints
+
+    def data_of(card_and_folder) -> str:
+        return next(iter(card_fingerprints([card_and_folder]).values()))
+
     if corpus_card is not None:
         corpus_id = file_sha256(corpus_card[2])
     elif corpus is not None:
@@ -153,6 +165,7 @@ def run_fingerprint(src_path: Path, model, cfg: MineConfig, corpus, corpus_card)
     return {
         "card_sha256": file_sha256(src_path),
         "corpus": corpus_id,
+        "data": {"card": data_of(source), "corpus": data_of(corpus_card[:2]) if corpus_card else None},
         "model": str(model),
         "settings": cfg.model_dump(exclude=set(NOT_IN_FINGERPRINT)),
     }
@@ -209,11 +222,13 @@ def prepare_run_folder(
                 f"--resume: {settings}, the interrupted run's settings, is unreadable ({e}): pass --overwrite "
                 "(instead of --resume) to start again, or choose a new --out"
             ) from None
-        changed = describe_changes(saved if isinstance(saved, dict) else {}, fingerprint)
+        saved = _unchecked_data(saved if isinstance(saved, dict) else {}, fingerprint, out)
+        changed = describe_changes(saved, fingerprint)
         if changed:
+            fix = "resume with the original settings, or mine into a new folder"
             raise OutputDirError(
                 f"--resume: the run in {out} was started with other settings ({changed}); "
-                "resume with the original settings, or mine into a new folder"
+                + (_DATA_CHANGED if "data." in changed else fix)
             )
         return False
     state.mkdir(parents=True, exist_ok=True)
@@ -229,12 +244,35 @@ def _check_finished_run(card: Path, fingerprint: dict) -> None:
     changed = ""
     with contextlib.suppress(OSError, AttributeError, yaml.YAMLError):
         saved = (yaml.safe_load(card.read_text()).get("provenance") or {}).get("fingerprint")
-        changed = describe_changes(saved, fingerprint) if isinstance(saved, dict) else ""
+        if isinstance(saved, dict):
+            changed = describe_changes(_unchecked_data(saved, fingerprint, card.parent), fingerprint)
     if changed:
+        data = "its card's rows or data files changed since; " if "data." in changed else ""
         raise OutputDirError(
-            f"--resume: {card.parent} holds a finished run made with other settings ({changed}); "
+            f"--resume: {card.parent} holds a finished run made with other settings ({changed}); {data}"
             "pass --overwrite (instead of --resume) to mine again, or choose a new --out"
         )
+
+
+_DATA_CHANGED = (
+    "the rows or data files of the card (data.card) or of the --corpus card (data.corpus) changed since, and "
+    "the embeddings stored are of the old texts: restore the data, or pass --overwrite (instead of --resume) to "
+    "mine the new data, or mine into a new folder"
+)
+
+
+def _unchecked_data(saved: dict, fingerprint: dict, out: Path) -> dict:
+    """A run recorded before the fingerprint held its data (``data``) resumes, said in a warning: refusing it
+    would throw its embeddings away for a check it never had a chance to pass (``neoembed train --resume``
+    passes a run from before ``data.*`` likewise)."""
+    if "data" in saved or "data" not in fingerprint:
+        return saved
+    logger.warning(
+        "--resume: the run in %s was recorded before mine fingerprinted its data files: its card's and "
+        "corpus's data are taken as unchanged (pass --overwrite instead of --resume if they changed)",
+        out,
+    )
+    return {**saved, "data": fingerprint["data"]}
 
 
 def describe_changes(before: dict, now: dict) -> str:
