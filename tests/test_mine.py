@@ -704,3 +704,25 @@ def test_resume_refuses_changed_card_or_corpus_data(
         mine_negatives(
             own, tiny_official, out, corpus=docs / "docs.yaml", config=cfg, resume=True, progress=False
         )
+
+
+def test_max_fraction_one_turns_the_filter_off_in_every_form(tmp_path, monkeypatch):
+    """`--max-fraction 1` disabled the positive-aware filter, but max_fraction=1 as key=value or in --config
+    stayed 1.0 and still dropped every candidate scoring above the positive (#43, walk C, finding 2)."""
+    from neoembed.cli import main
+    from neoembed.mine import miner
+
+    seen = []
+
+    def capture(card, model, out, config, **kwargs):
+        seen.append(config.max_fraction)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(miner, "mine_negatives", capture)
+    (tmp_path / "mine.yaml").write_text("max_fraction: 1\n")
+    for given in (["--max-fraction", "1"], ["max_fraction=1"], ["--config", str(tmp_path / "mine.yaml")]):
+        monkeypatch.setattr(sys, "argv", ["neoembed", "mine", "c.yaml", "--model", "m", "--out", "o", *given])
+        with pytest.raises(SystemExit):
+            main()
+    assert seen == [None, None, None]
+    assert MineConfig(max_fraction=1).max_fraction is None and MineConfig().max_fraction == 0.95

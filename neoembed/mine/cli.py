@@ -124,7 +124,7 @@ def mine_command(
     Settings, lowest first: defaults, --config, the options given, key=value (not one key both ways)."""
     flags = dict(
         num_negatives=num_negatives, range_min=range_min, range_max=range_max,
-        max_fraction=None if max_fraction in (None, 1.0) else max_fraction, margin=margin, max_score=max_score,
+        max_fraction=max_fraction, margin=margin, max_score=max_score,
         duplicate_threshold=duplicate_threshold, cross_encoder=cross_encoder, index=index, nlist=nlist,
         nprobe=nprobe, pq_m=pq_m, hnsw_m=hnsw_m, ef_search=ef_search, rescore=rescore, gpu=gpu,
         shard_size=shard_size, batch_size=batch_size, max_batch_tokens=max_batch_tokens, max_length=max_length,

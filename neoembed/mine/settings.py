@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from neoembed.hub import resolve_packaged
 from neoembed.instructions import DEFAULT_TEMPLATE
@@ -42,7 +42,7 @@ class MineConfig(StrictModel):
     range_max: int = Field(30, ge=1)  # ... up to, not including, this rank; also the search depth
     max_score: float | None = None
     margin: float | None = Field(None, ge=0)  # keep: score <= positive score - margin
-    max_fraction: float | None = Field(0.95, gt=0, le=1)  # keep: score <= positive - (1 - f) * |positive|
+    max_fraction: float | None = Field(0.95, gt=0, le=1)  # keep: score <= positive - (1 - f) * |pos|; 1: off
     duplicate_threshold: float = Field(0.98, gt=0, le=1)  # cosine to a positive at or above: a near-duplicate
     index: Literal["flat", "ivf", "hnsw", "ivfpq", "binary", "int8"] = "flat"
     rescore: int = Field(4, ge=1)  # binary / int8: the rescore x range_max nearest codes rescored exactly
@@ -68,6 +68,13 @@ class MineConfig(StrictModel):
     )  # encoding processes: forked on CPU, one per GPU (sentence-transformers' pool)
     name: str | None = None  # of the written card; default <source card>_mined
     keep_embeddings: bool = False  # keep OUT/.mine (embeddings, candidates) after a finished run
+
+    @field_validator("max_fraction")
+    @classmethod
+    def _fraction_one_is_off(cls, value: float | None) -> float | None:
+        # 1 keeps every score up to the positive's and still drops those above it; it means "no filter" in
+        # every form (option, --config, key=value), so it is turned off here, where each form is validated
+        return None if value == 1 else value
 
     @model_validator(mode="after")
     def _ranges(self):
