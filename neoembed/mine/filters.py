@@ -26,6 +26,7 @@ REASONS = (
     "above_max_score",  # score > max_score
     "within_margin",  # score > positive score - margin
     "above_fraction",  # score > positive score - (1 - max_fraction) * |positive score|
+    "negative_duplicate",  # passed, but the same text as a better candidate of the query up to case and whitespace
 )
 OUTCOMES = ("kept", "unused", *REASONS)
 _CODE = {name: i + 2 for i, name in enumerate(REASONS)}  # 0: passes; kept/unused are decided per query
@@ -74,6 +75,10 @@ def select_negatives(
         for r in range(b - a):
             idx = np.flatnonzero(passing[r])
             idx = idx[np.argsort(-sc[r, idx], kind="stable")]  # rank order already, unless rescored
+            # the corpus is deduplicated by exact text only: "A cat" and "a  cat" would be one row's two negatives
+            first = np.sort(np.unique(doc_keys[ids[a + r, idx]], return_index=True)[1])
+            counts["negative_duplicate"] += len(idx) - len(first)
+            idx = idx[first]
             keep = idx[: cfg.num_negatives]
             negatives.append(ids[a + r, keep])
             if scores_out is not None:

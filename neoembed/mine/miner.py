@@ -16,7 +16,8 @@ Stages (each one resumable with ``resume=True``; state lives in ``OUT/.mine`` an
    normalised text (case, whitespace) equals a positive's or the query's; near-duplicates of a positive (cosine
    to it >= ``duplicate_threshold``); ranks below ``range_min``; then the positive-aware thresholds on the score
    (bi-encoder, or a cross-encoder's when one is given): above ``max_score``, within ``margin`` of the positive's
-   score, or above ``max_fraction`` of it. The first ``num_negatives`` survivors, best score first, are kept.
+   score, or above ``max_fraction`` of it; a survivor with a better one's normalised text. The first
+   ``num_negatives`` survivors, best score first, are kept.
 5. ``OUT/<name>.jsonl`` (``query, positive, negative_1..k``; one line per source row whose query kept k
    negatives) and ``OUT/<name>.yaml``, a data card with the source card's instruction and licence and a
    ``provenance`` block (source card, model, index, settings, counts kept and dropped per reason).
