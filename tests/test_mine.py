@@ -731,3 +731,29 @@ def test_max_fraction_one_turns_the_filter_off_in_every_form(tmp_path, monkeypat
             main()
     assert seen == [None, None, None]
     assert MineConfig(max_fraction=1).max_fraction is None and MineConfig().max_fraction == 0.95
+
+
+def test_a_run_the_filters_left_empty_resumes_with_relaxed_filters_without_embedding(
+    mined, card, tiny_official, tmp_path, monkeypatch
+):
+    """A filter-only failure came after all the embedding and searching, and deleted the folder: the fix it
+    suggested (relax --max-fraction) embedded everything again (#43, walk C, finding 6). The state is kept, and a
+    resume may change the filter settings, which do not change the embeddings."""
+    import neoembed.mine.miner as miner
+
+    result, _ = mined
+    out = tmp_path / "out"
+    strict = MineConfig(**{**SETTINGS, "max_score": -1.0})  # every candidate scores above it
+    with pytest.raises(
+        ValueError, match=r"no query kept 3 negatives.*rerun with --resume and relaxed filter"
+    ):
+        mine_negatives(card, tiny_official, out, config=strict, progress=False)
+    assert (out / ".mine" / "settings.json").is_file() and (out / ".mine" / "candidates.npz").is_file()
+    calls = []
+    monkeypatch.setattr(miner, "_encode", lambda *a, **k: calls.append(1))
+    monkeypatch.setattr(miner, "search", lambda *a, **k: calls.append(1))
+    resumed = mine_negatives(
+        card, tiny_official, out, config=MineConfig(**SETTINGS), resume=True, progress=False
+    )
+    assert calls == [] and resumed.data.read_bytes() == result.data.read_bytes()
+    assert not (out / ".mine").exists()

@@ -57,6 +57,7 @@ from neoembed.mine.encode import ForkedWorkers, fast_encode, fast_encode_support
 from neoembed.mine.filters import select_negatives, text_key
 from neoembed.mine.search import EmbeddingShards, checksum_path, search, shards_to_write, write_shard
 from neoembed.mine.settings import (
+    FILTER_SETTINGS,
     MineConfig,
     check_model_kind,
     fresh_folder,
@@ -128,7 +129,7 @@ def mine_negatives(
     state = out / ".mine"
     fresh = fresh_folder(out)
     inputs = (src_path, *local_data_paths([(src, folder)]), model, corpus_card[2] if corpus_card else None)
-    if prepare_run_folder(out, state, name, fingerprint, resume, overwrite, inputs):
+    if prepare_run_folder(out, state, name, fingerprint, resume, overwrite, inputs, FILTER_SETTINGS):
         logger.warning("%s already holds a finished run (%s.yaml); nothing to do", out, name)
         counts = load_card(out / f"{name}.yaml")[0].provenance["counts"]
         return MineResult(out / f"{name}.yaml", out / f"{name}.jsonl", counts)
@@ -164,8 +165,8 @@ def mine_negatives(
         "settings": cfg.model_dump(exclude={"workers", "keep_embeddings", "name"}),
         "fingerprint": fingerprint,  # what --resume into this finished run compares (prepare_run_folder)
     }
-    with nothing_left_on_refusal(out, state, fresh, NothingToMine):  # a full disk keeps the embeddings
-        result = _write(out, name, src, data, (negatives, row_scores), reasons, provenance, cfg.num_negatives)
+    # no row kept is the filters' verdict alone: the state, what took the time, is kept for a relaxed --resume
+    result = _write(out, name, src, data, (negatives, row_scores), reasons, provenance, cfg.num_negatives)
     if not cfg.keep_embeddings:
         del corpus_emb, query_emb
         shutil.rmtree(state, ignore_errors=True)
@@ -466,10 +467,13 @@ def _write(out: Path, name: str, src: DataCard, data: _Pairs, mined, reasons: Co
             written += 1
     if written == 0:
         os.remove(tmp)
+        filters = ", ".join(sorted(FILTER_SETTINGS))
         raise NothingToMine(
             f"card {src.name}: no query kept {k} negatives after the filters ({dict(reasons)}): the card would "
             "have 0 rows. Lower --num-negatives, widen --range-max, relax --max-fraction / --margin / "
-            "--duplicate-threshold, or add documents with --corpus"
+            "--duplicate-threshold, or add documents with --corpus. The embeddings and search results are kept "
+            f"in {out / '.mine'}: rerun with --resume and relaxed filter settings ({filters} may change on "
+            "resume) to filter them again without embedding; other changes need --overwrite"
         )
     os.replace(tmp, data_path)
     counts = {

@@ -20,6 +20,7 @@ from neoembed.record import atomic_write_text, file_sha256
 from neoembed.runs import OutputDirError, prepare_output_dir
 
 __all__ = [
+    "FILTER_SETTINGS",
     "MineConfig",
     "check_model_kind",
     "describe_changes",
@@ -148,6 +149,22 @@ def check_model_kind(path: str | Path, wanted: str, flag: str) -> None:
 #: recorded before they were left out (``batch_size`` was in it until token budgets sized every batch)
 NOT_IN_FINGERPRINT = frozenset({"workers", "keep_embeddings", "max_batch_tokens", "batch_size"})
 
+#: settings that only choose among the stored search results (the filters, the cross-encoder that rescores them):
+#: an interrupted run may resume with other values, so a run that kept no row is rerun without embedding again.
+#: A finished run still compares them (its card was mined with its own)
+FILTER_SETTINGS = frozenset(
+    {
+        "num_negatives",
+        "range_min",
+        "max_score",
+        "margin",
+        "max_fraction",
+        "duplicate_threshold",
+        "cross_encoder",
+        "cross_encoder_batch_size",
+    }
+)
+
 
 def run_fingerprint(src_path: Path, source, model, cfg: MineConfig, corpus, corpus_card) -> dict:
     """What an interrupted run must share with its resumption for the stored shards to be reusable.
@@ -197,14 +214,21 @@ def nothing_left_on_refusal(out: Path, state: Path, fresh: bool, errors=(ValueEr
 
 
 def prepare_run_folder(
-    out: Path, state: Path, name: str, fingerprint: dict, resume: bool, overwrite: bool, inputs: tuple = ()
+    out: Path,
+    state: Path,
+    name: str,
+    fingerprint: dict,
+    resume: bool,
+    overwrite: bool,
+    inputs: tuple = (),
+    may_change: frozenset = frozenset(),
 ) -> bool:
     """Create ``out`` for a fresh run, or check that ``resume`` continues the same run. True: already finished.
 
     The folder rules are every writer's (:func:`neoembed.runs.prepare_output_dir`: a non-empty folder needs
     ``--resume`` or ``--overwrite``, and ``--overwrite`` clears only a folder that ``neoembed mine`` wrote); on
-    resume the mining settings must equal the interrupted run's. ``inputs``: the card, its data and the model,
-    which ``out`` may not hold."""
+    resume the settings must equal the interrupted run's, except those in ``may_change``. ``inputs``: the card,
+    its data and the model, which ``out`` may not hold."""
     settings = state / "settings.json"
     clearable = (f"{name}.yaml", f"{state.name}/{settings.name}")
     prepare_output_dir(
@@ -230,7 +254,7 @@ def prepare_run_folder(
                 "(instead of --resume) to start again, or choose a new --out"
             ) from None
         saved = _unchecked_data(saved if isinstance(saved, dict) else {}, fingerprint, out)
-        changed = describe_changes(saved, fingerprint)
+        changed = describe_changes(_without(saved, may_change), _without(fingerprint, may_change))
         if changed:
             fix = "resume with the original settings, or mine into a new folder"
             raise OutputDirError(
@@ -241,6 +265,13 @@ def prepare_run_folder(
     state.mkdir(parents=True, exist_ok=True)
     atomic_write_text(settings, json.dumps(fingerprint, indent=1, sort_keys=True))
     return False
+
+
+def _without(fingerprint: dict, keys: frozenset) -> dict:
+    settings = fingerprint.get("settings")
+    if not keys or not isinstance(settings, dict):
+        return fingerprint
+    return {**fingerprint, "settings": {k: v for k, v in settings.items() if k not in keys}}
 
 
 def _check_finished_run(card: Path, fingerprint: dict) -> None:
