@@ -242,12 +242,14 @@ def lean_encode(
     to_cpu: bool = True,
     warn_truncation: bool = True,
     on_batch: Callable[[int], None] | None = None,
+    on_truncated: Callable[[int], None] | None = None,
 ):
     """Embeddings of ``texts`` (one row each, input order; a tensor) through the lean path; ``model`` must
     satisfy :func:`lean_supported`. Count batches of ``batch_size`` (sorted by characters, as ``encode``
     sorts them: the same batches, padded as ``encode`` pads) unless ``max_batch_tokens`` is given: then
     token-budget batches, packed where the model runs padding-free, to exactly ``max_batch_tokens`` tokens
-    when ``fixed_size`` (default: on CUDA). ``on_batch(n)`` after each batch of ``n`` texts."""
+    when ``fixed_size`` (default: on CUDA). ``on_batch(n)`` after each batch of ``n`` texts; ``on_truncated(n)``
+    gets the number of texts truncated, instead of the warning (a caller encoding in parts warns once)."""
     import torch
 
     hf, device = model.tokenizer, model.device
@@ -277,7 +279,9 @@ def lean_encode(
             out[torch.as_tensor(rows, device=out.device)] = emb
             if on_batch is not None:
                 on_batch(len(rows))
-    if truncated and warn_truncation:
+    if on_truncated is not None:
+        on_truncated(truncated)
+    elif truncated and warn_truncation:
         warnings.warn(
             f"{truncated} text(s) exceed max_seq_length={model.max_seq_length} tokens and are truncated "
             "(raise --max-length to keep more)",

@@ -19,6 +19,7 @@ __all__ = [
     "check_finite",
     "check_items",
     "check_truncate_dim",
+    "count_truncated",
     "empty_result",
     "warn_truncation",
 ]
@@ -72,19 +73,24 @@ def check_truncate_dim(value, width: int | None, loaded: int | None = None) -> i
     return int(value)
 
 
-def warn_truncation(tokenizer, texts: Sequence[str], limit: int | None, prompt: str | None) -> None:
-    """One :class:`TruncationWarning` when any of ``texts``, after ``prompt``, has more than ``limit`` tokens."""
+def count_truncated(tokenizer, texts: Sequence[str], limit: int | None, prompt: str | None = None) -> int:
+    """How many of ``texts``, after ``prompt``, have more than ``limit`` tokens (0 without a limit)."""
     if not limit:
-        return
+        return 0
     prompt = prompt or ""
     # a WordPiece/BPE token covers at least one character, so only long strings can overflow
     candidates = [prompt + t for t in texts if len(prompt) + len(t) + 2 > limit]
     if not candidates:
-        return
+        return 0
     lengths = tokenizer(
         candidates, add_special_tokens=True, truncation=False, return_length=True, verbose=False
     )["length"]
-    too_long = sum(int(n) > limit for n in lengths)
+    return sum(int(n) > limit for n in lengths)
+
+
+def warn_truncation(tokenizer, texts: Sequence[str], limit: int | None, prompt: str | None) -> None:
+    """One :class:`TruncationWarning` when any of ``texts``, after ``prompt``, has more than ``limit`` tokens."""
+    too_long = count_truncated(tokenizer, texts, limit, prompt)
     if too_long:
         with_prompt = " with their prompt" if prompt else ""
         warnings.warn(

@@ -757,3 +757,30 @@ def test_a_run_the_filters_left_empty_resumes_with_relaxed_filters_without_embed
     )
     assert calls == [] and resumed.data.read_bytes() == result.data.read_bytes()
     assert not (out / ".mine").exists()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_truncated_texts_are_said_once_with_the_total(card, tiny_official, tmp_path, workers):
+    """The truncation warning came once per shard (and per forked worker), each with its part's count, so a log
+    of a large run held a column of counts and no total (#43, walk C, finding 4): one warning now, the total."""
+    import warnings
+
+    from neoembed.encode_checks import count_truncated
+    from neoembed.instructions import DEFAULT_TEMPLATE, format_with_instruction
+    from neoembed.loading import load
+
+    cfg = MineConfig(**{**SETTINGS, "max_length": 16, "workers": workers})  # 154 documents: 4 shards of 48
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mine_negatives(card, tiny_official, tmp_path / "out", config=cfg, progress=False)
+    said = [str(w.message) for w in caught if "exceed max_seq_length" in str(w.message)]
+    pairs = _rows(card.parent / "pairs.jsonl")
+    tokenizer = load(str(tiny_official), max_seq_length=16).tokenizer
+    docs = count_truncated(tokenizer, list(dict.fromkeys(r["positive"] for r in pairs)), 16)
+    queries = [
+        format_with_instruction(INSTRUCTION, q, DEFAULT_TEMPLATE)
+        for q in dict.fromkeys(r["query"] for r in pairs)
+    ]
+    asked = count_truncated(tokenizer, queries, 16)
+    assert docs > cfg.shard_size and len(said) == 1, said
+    assert said[0].startswith(f"{docs + asked} text(s) embedded ({docs} corpus and {asked} queries) exceed")

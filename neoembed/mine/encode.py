@@ -36,11 +36,13 @@ def fast_encode(
     normalize: bool = True,
     on_batch: Callable[[int], None] | None = None,
     max_batch_tokens: int | None = None,
+    on_truncated: Callable[[int], None] | None = None,
 ) -> np.ndarray:
     """Embeddings of ``texts`` (float32, one row per text, input order), as ``model.encode(texts, prompt="",
     batch_size=batch_size, normalize_embeddings=normalize)`` computes them (or with ``max_batch_tokens=N``,
     in batches filled to ``N`` tokens: :mod:`neoembed.batching`); ``model`` must satisfy
-    :func:`fast_encode_supported`. ``on_batch(n)`` is called after each batch with its number of texts (progress)."""
+    :func:`fast_encode_supported`. ``on_batch(n)`` is called after each batch with its number of texts (progress);
+    ``on_truncated(n)``, when given, with the number of texts truncated, instead of a warning."""
     from neoembed.batching import lean_encode
 
     if len(texts) == 0:
@@ -52,6 +54,7 @@ def fast_encode(
         max_batch_tokens=max_batch_tokens,
         normalize=normalize,
         on_batch=on_batch,
+        on_truncated=on_truncated,
     )
     out = out.float().numpy()
     if not np.isfinite(out).all():
@@ -83,16 +86,18 @@ class ForkedWorkers:
         batch_size: int,
         on_batch: Callable[[int], None] | None = None,
         max_batch_tokens: int | None = None,
+        on_truncated: Callable[[int], None] | None = None,
     ) -> np.ndarray:
         """The embeddings of ``texts`` in order; ``on_batch(n)`` reports the texts the children finished, about
-        twice a second."""
+        twice a second; ``on_truncated(n)`` the texts they truncated, at the end (else each child warns)."""
         import multiprocessing
 
         global _FORKED  # read by the forked children: what they inherit is the parent's memory at the fork
         context = multiprocessing.get_context("fork")
         bounds = np.linspace(0, len(texts), min(self.workers, max(1, len(texts))) + 1).astype(int)
         done = context.Value("q", 0)  # texts embedded so far, shared with the children
-        _FORKED = (self.model, texts, batch_size, max_batch_tokens, done)
+        cut = context.Value("q", 0) if on_truncated is not None else None  # texts truncated, likewise
+        _FORKED = (self.model, texts, batch_size, max_batch_tokens, done, cut)
         try:
             with context.Pool(len(bounds) - 1) as pool:
                 result = pool.map_async(
@@ -107,6 +112,8 @@ class ForkedWorkers:
                 parts = result.get()
         finally:
             _FORKED = None
+        if cut is not None:
+            on_truncated(cut.value)
         return (
             np.concatenate(parts)
             if parts
@@ -122,11 +129,14 @@ def _encode_part(bounds: tuple[int, int]) -> np.ndarray:
 
     # one thread per process; and an OpenMP thread pool started by the parent does not survive the fork
     torch.set_num_threads(1)
-    model, texts, batch_size, max_batch_tokens, done = _FORKED
+    model, texts, batch_size, max_batch_tokens, done, cut = _FORKED
 
-    def count(n: int) -> None:
-        with done.get_lock():
-            done.value += n
+    def count(n: int, total=done) -> None:
+        with total.get_lock():
+            total.value += n
 
     part = texts[bounds[0] : bounds[1]]
-    return fast_encode(model, part, batch_size, on_batch=count, max_batch_tokens=max_batch_tokens)
+    cuts = None if cut is None else (lambda n: count(n, cut))
+    return fast_encode(
+        model, part, batch_size, on_batch=count, max_batch_tokens=max_batch_tokens, on_truncated=cuts
+    )

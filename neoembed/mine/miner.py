@@ -32,6 +32,7 @@ import logging
 import math
 import os
 import shutil
+import warnings
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -148,9 +149,7 @@ def mine_negatives(
         encoder = load(
             str(model), pooling=cfg.pooling, max_seq_length=cfg.max_length, padding_free=_padding_free()
         )
-    with _encode_pool(encoder, cfg.workers) as pool:
-        corpus_emb = _embed_sharded(encoder, data.corpus, state, "corpus", cfg, pool, progress)
-        query_emb = _embed_sharded(encoder, query_texts, state, "queries", cfg, pool, progress)
+    corpus_emb, query_emb = _embed(encoder, data.corpus, query_texts, state, cfg, progress)
     scores, ids, index_info = _candidates(state, corpus_emb, query_emb, cfg, progress)
     negatives, reasons, neg_scores, rescore = _select(data, scores, ids, corpus_emb, query_emb, cfg, progress)
     row_scores = _row_scores(data, negatives, neg_scores, query_emb, corpus_emb, rescore)
@@ -296,18 +295,36 @@ def _encode_pool(model, workers: int):
         model.stop_multi_process_pool(pool)
 
 
-def _encode(model, texts: list[str], cfg: MineConfig, pool, on_batch=None) -> np.ndarray:
+def _encode(model, texts: list[str], cfg: MineConfig, pool, on_batch=None, on_truncated=None) -> np.ndarray:
     """The texts' embeddings; ``on_batch(n)`` after each batch where the encoder can tell (the lean encoder, its
-    forked workers), else once for all ``texts``. Batches are filled to ``cfg.max_batch_tokens`` tokens (the
-    device's default when unset): :mod:`neoembed.batching`."""
+    forked workers), else once for all ``texts``; ``on_truncated(n)`` with the number of texts truncated (no
+    warning then). Batches are filled to ``cfg.max_batch_tokens`` tokens (the device's default when unset):
+    :mod:`neoembed.batching`."""
     from neoembed.batching import default_max_batch_tokens
 
     tokens = cfg.max_batch_tokens or default_max_batch_tokens(model.device, model.max_seq_length)
     if isinstance(pool, ForkedWorkers):
-        return pool.encode(texts, cfg.batch_size, on_batch=on_batch, max_batch_tokens=tokens)
+        return pool.encode(
+            texts, cfg.batch_size, on_batch=on_batch, max_batch_tokens=tokens, on_truncated=on_truncated
+        )
     if pool is None and fast_encode_supported(model):
-        return fast_encode(model, texts, cfg.batch_size, on_batch=on_batch, max_batch_tokens=tokens)
-    emb = _encode_plain(model, texts, cfg, pool, tokens)
+        return fast_encode(
+            model,
+            texts,
+            cfg.batch_size,
+            on_batch=on_batch,
+            max_batch_tokens=tokens,
+            on_truncated=on_truncated,
+        )
+    if on_truncated is None:
+        emb = _encode_plain(model, texts, cfg, pool, tokens)
+    else:
+        from neoembed.encode_checks import TruncationWarning, count_truncated
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", TruncationWarning)  # counted below, and said once by the caller
+            emb = _encode_plain(model, texts, cfg, pool, tokens)
+        on_truncated(count_truncated(model.tokenizer, texts, model.max_seq_length))
     if on_batch is not None:
         on_batch(len(texts))
     return emb
@@ -327,9 +344,22 @@ def _encode_plain(model, texts: list[str], cfg: MineConfig, pool, max_batch_toke
     )
 
 
-def _embed_sharded(model, texts, state: Path, kind: str, cfg: MineConfig, pool, progress) -> EmbeddingShards:
+def _embed(model, corpus: list[str], queries: list[str], state: Path, cfg: MineConfig, progress):
+    """The corpus's and the queries' embeddings (:func:`_embed_sharded`); the texts truncated are said once."""
+    cut: Counter = Counter()  # texts truncated, per kind
+    with _encode_pool(model, cfg.workers) as pool:
+        corpus_emb = _embed_sharded(model, corpus, state, "corpus", cfg, pool, progress, cut)
+        query_emb = _embed_sharded(model, queries, state, "queries", cfg, pool, progress, cut)
+    _warn_truncated(cut, model.max_seq_length)
+    return corpus_emb, query_emb
+
+
+def _embed_sharded(
+    model, texts, state: Path, kind: str, cfg: MineConfig, pool, progress, cut: Counter
+) -> EmbeddingShards:
     """Embed ``texts`` shard by shard into ``state/<kind>-NNNNN.npy``; shards already on disk are kept. The bar
-    counts texts, batch by batch (a single shard holds up to ``shard_size`` texts: a whole pass on small data)."""
+    counts texts, batch by batch (a single shard holds up to ``shard_size`` texts: a whole pass on small data);
+    ``cut[kind]`` the texts truncated."""
     n_shards = max(1, math.ceil(len(texts) / cfg.shard_size))
     paths = [state / f"{kind}-{s:05d}.npy" for s in range(n_shards)]
     todo = shards_to_write(paths)
@@ -339,11 +369,30 @@ def _embed_sharded(model, texts, state: Path, kind: str, cfg: MineConfig, pool, 
     bar = progress_bar(
         total=len(texts), initial=kept, desc=f"embedding {kind}", unit="text", disable=not progress
     )
+
+    def truncated(n: int) -> None:
+        cut[kind] += n
+
     for s in todo:
         part = texts[s * cfg.shard_size : (s + 1) * cfg.shard_size]
-        write_shard(paths[s], _encode(model, part, cfg, pool, on_batch=bar.update))
+        write_shard(paths[s], _encode(model, part, cfg, pool, bar.update, truncated))
     bar.close()
     return EmbeddingShards(paths, cfg.shard_size)
+
+
+def _warn_truncated(cut: Counter, max_length: int) -> None:
+    """One warning for the run's truncated texts: one per shard, each with its shard's count, said neither the
+    total nor that it was one (#43)."""
+    if cut.total():
+        from neoembed.encode_checks import TruncationWarning
+
+        parts = " and ".join(f"{n} {kind}" for kind, n in cut.items() if n)
+        warnings.warn(
+            f"{cut.total()} text(s) embedded ({parts}) exceed max_seq_length={max_length} tokens and are "
+            "truncated (raise --max-length to keep more)",
+            TruncationWarning,
+            stacklevel=3,
+        )
 
 
 def _warn_unused_batch_size(cfg: MineConfig) -> None:
