@@ -66,7 +66,15 @@ MaxBatchTokens = Annotated[
         rich_help_panel="Run",
     ),
 ]
-MaxRows = Annotated[int | None, _opt("--max-rows", "A seeded random sample of N of the card's rows.", "Run")]
+MaxRows = Annotated[
+    int | None,
+    _opt(
+        "--max-rows",
+        "A seeded random sample of N of the card's rows, mined against their own positives only (easier "
+        "negatives); add --corpus CARD (the same card) to search the whole card's.",
+        "Run",
+    ),
+]
 Workers = Annotated[int, _opt("--workers", "Encoding processes (CPU) or GPUs.", "Run")]
 Name = Annotated[str | None, _opt("--name", "Name of the written card.", "Run")]
 Settings = Annotated[
