@@ -26,9 +26,8 @@ def test_plain_lines_where_output_is_not_a_terminal():
     lines = text.splitlines()
     assert "\r" not in text and text.endswith("\n")
     assert [line.split()[2] for line in lines] == ["250/1,000", "500/1,000", "750/1,000", "1,000/1,000"]
-    assert all(
-        line.startswith("embedding corpus: ") and " text/s" in line and "left " in line for line in lines
-    )
+    assert all(line.startswith("embedding corpus: ") and " text/s" in line for line in lines)
+    assert "left " not in lines[0] and all("left " in line for line in lines[1:])  # paced from the first update
     assert "(100%)" in lines[-1]
 
 
@@ -182,3 +181,17 @@ def test_a_run_logging_rarely_still_prints_a_line_every_interval(tmp_path, capsy
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("step ")]
     assert [line.split()[1] for line in lines] == ["1/4", "2/4", "3/4", "4/4"], lines
     assert "loss 1" in lines[-1] and "left" in lines[0]  # the logging step's values; the time left on each
+
+
+def test_time_left_is_paced_after_the_start_up(monkeypatch):
+    """The first lines of a mining run said "left 2:10:03" for a job done in minutes: the time left was paced from
+    the bar's start, and the first batch came only after a whole shard was tokenized (#43, walk C). It is paced
+    from the first update on."""
+    clock = iter([0.0, 9.0, 9.0, 10.0, 10.0, 10.0])  # created; 128 texts at 9 s; 1,128 at 10 s
+    monkeypatch.setattr(progress.time, "perf_counter", lambda: next(clock))
+    out = io.StringIO()
+    b = progress.bar(total=101_128, desc="embedding corpus", unit="text", stream=out, delay=0, interval=0)
+    b.update(128)
+    b.update(1000)
+    first, second = out.getvalue().splitlines()
+    assert "left" not in first and second.endswith("left 01:40")  # 100,000 texts at 1,000 a second
