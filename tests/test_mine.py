@@ -697,7 +697,7 @@ def test_resume_refuses_changed_card_or_corpus_data(
     done = mine_negatives(
         own, tiny_official, out, corpus=docs / "docs.yaml", config=cfg, resume=True, progress=False
     )
-    assert "recorded before mine fingerprinted its data files" in caplog.text
+    assert "recorded before its data files were fingerprinted" in caplog.text
     # a finished run is "nothing to do" only for the data it was mined from
     again = mine_negatives(
         own, tiny_official, out, corpus=docs / "docs.yaml", config=cfg, resume=True, progress=False

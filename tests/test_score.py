@@ -222,3 +222,22 @@ def test_the_packaged_minilm_is_named_not_its_folder_in_the_scored_card(card, tm
     raw["provenance"]["teacher"] = resolve_packaged("packaged:all-MiniLM-L6-v2")  # as written before
     (out / "toy_scored.yaml").write_text(yaml.safe_dump(raw))
     assert score_card(card, "packaged:all-MiniLM-L6-v2", out, config=CONFIG, resume=True, progress=False).rows == 40
+
+
+def test_a_resume_on_edited_rows_is_refused_interrupted_or_finished(card, teacher, tmp_path, monkeypatch):
+    """Only the card file was fingerprinted: after its data file was edited, a resume mixed the old rows'
+    scores with the new rows' (interrupted), or reported the old card as done (finished)."""
+    out, rows = tmp_path / "out", card.parent / "rows.jsonl"
+    original = rows.read_text()
+    _interrupted(card, teacher, out, monkeypatch)
+    rows.write_text(original.replace("cats eat fish", "cats eat grass", 3))
+    _no_model_loads(monkeypatch)
+    with pytest.raises(OutputDirError, match=r"data\.card: .*the scores stored are of the old rows"):
+        score_card(card, str(teacher), out, config=CONFIG, resume=True, progress=False)
+    rows.write_text(original)
+    monkeypatch.undo()
+    score_card(card, str(teacher), out, config=CONFIG, resume=True, progress=False)
+    rows.write_text(original + original.splitlines(keepends=True)[0])
+    with pytest.raises(OutputDirError, match=r"other settings \(data\.card: .*the scores stored are of the old"):
+        score_card(card, str(teacher), out, config=CONFIG, resume=True, progress=False)
+    rows.write_text(original)

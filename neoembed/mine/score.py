@@ -32,6 +32,7 @@ from neoembed.data.cards import (
     DataCard,
     DataCardError,
     build_pairs,
+    card_fingerprints,
     find_card,
     load_card,
     load_rows,
@@ -173,6 +174,8 @@ def score_card(
     # the packaged copy by its name: its folder is a path inside this machine's Python installation
     fingerprint = {"card_sha256": file_sha256(src_path), "teacher": model_name(identity["model"]), "kind": kind}
     fingerprint["teacher_weights_sha256"] = identity["weights_sha256"]
+    # the card's rows and data files, as a training resume knows them: scores of edited rows are not theirs
+    fingerprint["data"] = {"card": next(iter(card_fingerprints([(src, folder)]).values()))}
     # the kind found is in the fingerprint: --kind auto and the kind spelled out are one run
     fingerprint["settings"] = cfg.model_dump(exclude={"batch_size", "max_batch_tokens", "kind"})
     state = out / ".score"
@@ -227,12 +230,16 @@ def _check_same_run(out: Path, state: Path, name: str, fingerprint: dict) -> Non
             f"teacher's scores. Resume with --teacher {was[0]}, or pass --overwrite (instead of --resume) to "
             "score again with this teacher, or choose a new --out"
         )
-    keys = ("card_sha256", "kind", "settings")
+    # a run recorded before its data were fingerprinted: prepare_run_folder says so, once
+    keys = ("card_sha256", "kind", "settings", "data")[: 4 if "data" in saved else 3]
     changed = describe_changes({k: saved.get(k) for k in keys}, {k: fingerprint[k] for k in keys})
     if changed:
+        data = "the card's rows or data files changed since, and the scores stored are of the old rows; " * (
+            "data." in changed
+        )
         raise OutputDirError(
-            f"--resume: the run in {out} was made with other settings ({changed}); resume with the original "
-            "card and options, or pass --overwrite to score again"
+            f"--resume: the run in {out} was made with other settings ({changed}); {data}resume with the "
+            "original card, data and options, or pass --overwrite to score again"
         )
 
 

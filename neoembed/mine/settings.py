@@ -294,8 +294,8 @@ def _check_finished_run(card: Path, fingerprint: dict) -> None:
 
 _DATA_CHANGED = (
     "the rows or data files of the card (data.card) or of the --corpus card (data.corpus) changed since, and "
-    "the embeddings stored are of the old texts: restore the data, or pass --overwrite (instead of --resume) to "
-    "mine the new data, or mine into a new folder"
+    "what is stored was computed from the old texts: restore the data, or pass --overwrite (instead of "
+    "--resume) to start again on the new data, or write into a new folder"
 )
 
 
@@ -306,8 +306,8 @@ def _unchecked_data(saved: dict, fingerprint: dict, out: Path) -> dict:
     if "data" in saved or "data" not in fingerprint:
         return saved
     logger.warning(
-        "--resume: the run in %s was recorded before mine fingerprinted its data files: its card's and "
-        "corpus's data are taken as unchanged (pass --overwrite instead of --resume if they changed)",
+        "--resume: the run in %s was recorded before its data files were fingerprinted: its cards' data are "
+        "taken as unchanged (pass --overwrite instead of --resume if they changed)",
         out,
     )
     return {**saved, "data": fingerprint["data"]}
