@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -171,6 +171,30 @@ def rust_tokenizer(model):
     return backend
 
 
+#: texts the Rust tokenizer encodes at a time: its Encoding objects (tokens, offsets, the overflowing rest of a
+#: truncated text) take hundreds of bytes a token, so a whole shard of them held at once cost ~1 GB per 50,000
+#: documents; only the ids (and type ids) are kept
+_TOKENIZE_CHUNK = 2048
+
+
+class _Ids(NamedTuple):
+    """A text's token ids as :func:`pad_features` reads an Encoding (unpadded: every mask value is 1)."""
+
+    ids: np.ndarray
+    type_ids: np.ndarray
+    attention_mask: int = 1
+
+
+def encode_ids(backend, texts: Sequence[str]) -> tuple[list[_Ids], int]:
+    """(each text's ids, how many texts were truncated), from ``backend`` (:func:`rust_tokenizer`) in chunks."""
+    out, truncated = [], 0
+    for start in range(0, len(texts), _TOKENIZE_CHUNK):
+        chunk = backend.encode_batch(list(texts[start : start + _TOKENIZE_CHUNK]), add_special_tokens=True)
+        truncated += sum(bool(e.overflowing) for e in chunk)
+        out += [_Ids(np.asarray(e.ids, np.int32), np.asarray(e.type_ids, np.int8)) for e in chunk]
+    return out, truncated
+
+
 def pad_features(encodings, pad_id: int, left: bool, with_type_ids: bool) -> dict[str, np.ndarray]:
     """A padded ``(B, L)`` batch (``input_ids``, ``attention_mask``, optional ``token_type_ids``)."""
     width = max(len(e.ids) for e in encodings)
@@ -254,8 +278,7 @@ def lean_encode(
 
     hf, device = model.tokenizer, model.device
     pad_id = hf.pad_token_id if hf.pad_token_id is not None else 0
-    encodings = rust_tokenizer(model).encode_batch(list(texts), add_special_tokens=True)
-    truncated = sum(bool(e.overflowing) for e in encodings)
+    encodings, truncated = encode_ids(rust_tokenizer(model), texts)
     packed = max_batch_tokens is not None and uses_packed_batches(model)
     size = (
         max_batch_tokens if packed and (device.type == "cuda" if fixed_size is None else fixed_size) else None
@@ -294,7 +317,7 @@ def _token_lengths(model, texts: list[str]) -> list[int]:
     """Each text's token count as the model's tokenizer truncates it (the Rust tokenizer where there is one)."""
     tok = model.tokenizer
     if getattr(tok, "_tokenizer", None) is not None and model.max_seq_length:
-        return [len(e.ids) for e in rust_tokenizer(model).encode_batch(texts, add_special_tokens=True)]
+        return [len(e.ids) for e in encode_ids(rust_tokenizer(model), texts)[0]]
     limit = {"truncation": True, "max_length": int(model.max_seq_length)} if model.max_seq_length else {}
     return [
         int(n)
