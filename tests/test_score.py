@@ -241,3 +241,36 @@ def test_a_resume_on_edited_rows_is_refused_interrupted_or_finished(card, teache
     with pytest.raises(OutputDirError, match=r"other settings \(data\.card: .*the scores stored are of the old"):
         score_card(card, str(teacher), out, config=CONFIG, resume=True, progress=False)
     rows.write_text(original)
+
+
+def test_progress_counts_rows_within_a_shard_and_a_resume_goes_on_from_the_rows_on_disk(
+    card, teacher, tmp_path, monkeypatch
+):
+    """Progress came once per shard (minutes apart at the default 10,000 rows on a CPU), and a resume's count
+    began again at shard 1."""
+    bars = []
+
+    class Bar:
+        def __init__(self, total, initial, **_):
+            self.total, self.initial, self.updates = total, initial, []
+            bars.append(self)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def update(self, n):
+            self.updates.append(n)
+
+    out = tmp_path / "out"
+    _interrupted(card, teacher, out, monkeypatch)  # one shard of 10 rows on disk
+    monkeypatch.setattr(score_module, "progress_bar", lambda **kw: Bar(**kw))
+    monkeypatch.setattr(score_module, "_PIECE", 4)
+    resumed = score_card(card, str(teacher), out, config=CONFIG, resume=True, progress=True)
+    assert resumed.rows == 40 and len(bars) == 1
+    assert (bars[0].total, bars[0].initial, bars[0].updates) == (40, 10, [4, 4, 2] * 3)
+    monkeypatch.setattr(score_module, "_PIECE", 512)
+    whole = score_card(card, str(teacher), tmp_path / "whole", config=CONFIG, progress=False)
+    assert resumed.data.read_bytes() == whole.data.read_bytes()  # pieces of 4 rows score as whole shards

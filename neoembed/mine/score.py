@@ -143,12 +143,23 @@ def _scorer(teacher: str, kind: str, cfg: ScoreConfig):
     return score
 
 
-def _score_shard(score, rows: dict[str, list[str]], k: int) -> np.ndarray:
-    """(rows, 1 + k): each query against its positive, then each negative, in one scorer call."""
-    queries = rows["query"]
-    docs = [rows["positive"]] + [rows[f"negative_{j + 1}"] for j in range(k)]
-    flat = score([q for _ in docs for q in queries], [d for column in docs for d in column])
-    return flat.reshape(1 + k, len(queries)).T
+#: rows scored per scorer call: progress is reported after each (a shard of 10,000 rows took minutes on a CPU
+#: between lines); large enough that the token-budget batches stay full
+_PIECE = 512
+
+
+def _score_shard(score, rows: dict[str, list[str]], k: int, on_rows=None) -> np.ndarray:
+    """(rows, 1 + k): each query against its positive, then each negative, :data:`_PIECE` rows per scorer call;
+    ``on_rows(n)`` after each."""
+    parts = []
+    for a in range(0, len(rows["query"]), _PIECE):
+        queries = rows["query"][a : a + _PIECE]
+        docs = [rows["positive"][a : a + _PIECE]] + [rows[f"negative_{j + 1}"][a : a + _PIECE] for j in range(k)]
+        flat = score([q for _ in docs for q in queries], [d for column in docs for d in column])
+        parts.append(flat.reshape(1 + k, len(queries)).T)
+        if on_rows is not None:
+            on_rows(len(queries))
+    return np.concatenate(parts) if parts else np.zeros((0, 1 + k), np.float32)
 
 
 def score_card(
@@ -253,9 +264,14 @@ def _score_shards(pairs, k: int, state: Path, teacher: str, kind: str, cfg: Scor
     paths = [state / f"scores-{s:05d}.npy" for s in range(n_shards)]
     todo = shards_to_write(paths)
     score = _scorer(teacher, kind, cfg) if todo else None
-    for s in progress_bar(todo, desc="scoring", unit="shard", disable=not progress):
-        rows = pairs[s * cfg.shard_size : (s + 1) * cfg.shard_size]
-        write_shard(paths[s], _score_shard(score, rows, k))
+    left = sum(min(cfg.shard_size, len(pairs) - s * cfg.shard_size) for s in todo)
+    # counted in rows from the rows already on disk: a resume's bar goes on where the run stopped
+    with progress_bar(
+        total=len(pairs), initial=len(pairs) - left, desc="scoring", unit="row", disable=not progress or not todo
+    ) as bar:
+        for s in todo:
+            rows = pairs[s * cfg.shard_size : (s + 1) * cfg.shard_size]
+            write_shard(paths[s], _score_shard(score, rows, k, bar.update))
     return np.concatenate([np.load(p) for p in paths])
 
 
