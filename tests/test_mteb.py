@@ -1134,3 +1134,17 @@ def test_reranking_queries_left_out_of_the_score_are_counted(caplog):
         out = reranking_as_retrieval({"test": rows}, "Mine")
     assert len(out["test"]["queries"]) == 2
     assert "Mine, test split: 1 of 3 queries have no positive or no negative" in caplog.text
+
+
+def test_mtebs_own_results_name_the_model(minilm, minilm_path, small, tmp_path):
+    """mteb filed a local model's results under ``no_model_name__available``, the name its leaderboard tools
+    read: the packaged copy is its hub id now, another local folder ``local/<folder name>``."""
+    from neoembed.eval.runner import mteb_model_name
+
+    sts = str(small / "mteb" / "STS16")
+    _run(minilm, tmp_path / "a", tasks=[sts], name=str(minilm_path))
+    _run(minilm, tmp_path / "b", tasks=[sts], name=str(tmp_path / "runs" / "pairs"))
+    assert [p.name for p in (tmp_path / "a" / "mteb" / "results").iterdir()] == ["sentence-transformers__all-MiniLM-L6-v2"]
+    assert [p.name for p in (tmp_path / "b" / "mteb" / "results").iterdir()] == ["local__pairs"]
+    assert mteb_model_name("chandar-lab/NeoBERT") == "chandar-lab/NeoBERT"
+    assert mteb_model_name("packaged:all-MiniLM-L6-v2") == "sentence-transformers/all-MiniLM-L6-v2"

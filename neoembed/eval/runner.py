@@ -109,13 +109,15 @@ def _mteb_wrapper(
     precision: str = "fp32",
     seen: dict | None = None,
     max_batch_tokens=None,
+    name: str | None = None,
 ):
     """mteb's sentence-transformers wrapper for one task, encoding under ``precision``'s autocast while
     similarities and metrics stay in float32 (an autocast around the whole evaluation would also run
     ``model.similarity``'s matmul in float16, reordering near-tied neighbours). With a CDE ``context``, every
     encode call of this task carries it as ``dataset_embeddings`` (nothing is left on the model). ``seen``
     collects the width of the embeddings mteb scored (``seen["dims"]``: every width met). With
-    ``max_batch_tokens``, every encode call fills its batches to that many tokens (:mod:`neoembed.batching`)."""
+    ``max_batch_tokens``, every encode call fills its batches to that many tokens (:mod:`neoembed.batching`).
+    ``name``: the model's name in mteb's results where mteb finds none (:func:`mteb_model_name`)."""
     from mteb.models import SentenceTransformerEncoderWrapper
 
     from neoembed.progress import library_noise
@@ -135,7 +137,26 @@ def _mteb_wrapper(
     # mteb warns and logs when given prompts (neoembed chose them; the summary's first line says which), when a
     # model has no generic query/document prompts, and about its own deprecated calls: not the user's to act on
     with library_noise(SentenceTransformerEncoderWrapper.__module__):
-        return _Wrapper(model, model_prompts=prompts)
+        wrapper = _Wrapper(model, model_prompts=prompts)
+    if name is not None and wrapper.mteb_model_meta.name == "no_model_name/available":
+        # mteb names a local model "no_model_name/available" in its results' folders and JSON
+        wrapper.mteb_model_meta = wrapper.mteb_model_meta.model_copy(update={"name": name})
+    return wrapper
+
+
+def mteb_model_name(model: str) -> str:
+    """How mteb's own results name the model scored: its hub id (the packaged all-MiniLM-L6-v2's too), else
+    ``local/<folder name>`` (mteb's names are ``org/name``; a path of this machine is no name)."""
+    import re
+
+    from neoembed.hub import PACKAGED_MINILM, is_packaged_folder
+
+    text = str(model).rstrip("/")
+    if text in PACKAGED_MINILM or (Path(text).is_dir() and is_packaged_folder(text)):
+        return PACKAGED_MINILM[1]
+    if not Path(text).exists() and re.fullmatch(r"[\w.-]+/[\w.-]+", text):
+        return text
+    return f"local/{Path(text).name}"
 
 
 def _compressed(wrapper, embedding_precision: str):
@@ -188,7 +209,7 @@ def _evaluate_task(
 
     tokens = cfg.max_batch_tokens or default_max_batch_tokens(model.device, model.max_seq_length)
     context = _task_context(cfg, model, task, output, seen, tokens, data)
-    wrapper = _mteb_wrapper(model, prompts, context, precision, seen, tokens)
+    wrapper = _mteb_wrapper(model, prompts, context, precision, seen, tokens, mteb_model_name(cfg.model))
     if _rescores(cfg, task):
         from neoembed.eval.rescore import rescoring_search_model
 
