@@ -497,7 +497,8 @@ def test_mined_card_carries_the_scores_that_chose_its_negatives_and_trains_disti
     written[3]["scores"] = written[3]["scores"][:2]
     (broken / result.data.name).write_text("".join(json.dumps(w) + "\n" for w in written))
     check = CliRunner().invoke(app, ["data", "check", str(broken / result.card.name)])
-    assert check.exit_code != 0 and "row 3" in check.output and "neoembed score" in check.output, check.output
+    line = f"{broken / result.data.name}, line 4 has"  # the row's file line (its index is 3)
+    assert check.exit_code != 0 and line in check.output and "neoembed score" in check.output, check.output
 
 
 @pytest.fixture(scope="module")
