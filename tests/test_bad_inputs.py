@@ -215,7 +215,9 @@ def test_mine_refuses_when_the_filters_keep_no_negative(tmp_path, capsys, monkey
         str(out), "-k", "2", "--max-score", "-2",
     )  # fmt: skip
     assert code == 2 and "0 rows" in msg and "no query kept 2 negatives" in msg, msg
-    assert not out.exists()
+    # no card is written; the embeddings and search results stay for a resume with relaxed filters
+    assert "--resume and relaxed filter settings" in msg and (out / ".mine").is_dir()
+    assert not list(out.glob("*.yaml"))
 
 
 def test_cde_says_when_the_context_repeats_documents(caplog):
