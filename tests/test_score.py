@@ -274,3 +274,16 @@ def test_progress_counts_rows_within_a_shard_and_a_resume_goes_on_from_the_rows_
     monkeypatch.setattr(score_module, "_PIECE", 512)
     whole = score_card(card, str(teacher), tmp_path / "whole", config=CONFIG, progress=False)
     assert resumed.data.read_bytes() == whole.data.read_bytes()  # pieces of 4 rows score as whole shards
+
+
+def test_truncated_texts_are_said_once_for_the_run(card, teacher, tmp_path, monkeypatch):
+    """Scoring in pieces repeated the encoder's truncation warning per piece, each with its own count."""
+    from neoembed.encode_checks import TruncationWarning
+
+    monkeypatch.setattr(score_module, "_PIECE", 4)
+    config = CONFIG.model_copy(update={"max_length": 6})
+    with pytest.warns(TruncationWarning) as caught:
+        score_card(card, str(teacher), tmp_path / "out", config=config, progress=False)
+    said = [str(w.message) for w in caught if issubclass(w.category, TruncationWarning)]
+    assert len(said) == 1 and "text(s) scored exceed max_seq_length=6 tokens" in said[0], said
+    assert 100 <= int(said[0].split()[0]) <= 160  # 40 queries, 40 positives, 80 negatives, most cut at 6 tokens

@@ -20,6 +20,7 @@ import logging
 import math
 import os
 import shutil
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -116,8 +117,9 @@ def teacher_kind(teacher: str, kind: str = "auto") -> str:
     )
 
 
-def _scorer(teacher: str, kind: str, cfg: ScoreConfig):
-    """A function from (queries, documents) lists to one score per pair."""
+def _scorer(teacher: str, kind: str, cfg: ScoreConfig, cut: dict | None = None):
+    """A function from (queries, documents) lists to one score per pair. A bi-encoder's truncated texts are
+    counted in ``cut`` (``texts``, and the ``limit``), not warned about per call: the run says them once."""
     if kind == "cross-encoder":
         from sentence_transformers import CrossEncoder
 
@@ -135,9 +137,21 @@ def _scorer(teacher: str, kind: str, cfg: ScoreConfig):
     tokens = cfg.max_batch_tokens or default_max_batch_tokens(model.device, model.max_seq_length)
     options = dict(max_batch_tokens=tokens, normalize_embeddings=True, convert_to_numpy=True)
 
+    from neoembed.encode_checks import TruncationWarning, count_truncated
+
+    prompts = model.prompts or {}
+
     def score(q: list[str], d: list[str]) -> np.ndarray:
-        eq = model.encode_query(q, show_progress_bar=False, **options)
-        ed = model.encode_document(d, show_progress_bar=False, **options)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", TruncationWarning)
+            eq = model.encode_query(q, show_progress_bar=False, **options)
+            ed = model.encode_document(d, show_progress_bar=False, **options)
+        if cut is not None:  # each text once: a query stands beside its positive and every negative
+            cut["limit"] = model.max_seq_length
+            for texts, prompt in ((q, prompts.get("query")), (d, prompts.get("document"))):
+                cut["texts"] = cut.get("texts", 0) + count_truncated(
+                    model.tokenizer, list(dict.fromkeys(texts)), model.max_seq_length, prompt
+                )
         return np.einsum("nd,nd->n", eq, ed).astype(np.float32)
 
     return score
@@ -263,7 +277,8 @@ def _score_shards(pairs, k: int, state: Path, teacher: str, kind: str, cfg: Scor
     n_shards = max(1, math.ceil(len(pairs) / cfg.shard_size))
     paths = [state / f"scores-{s:05d}.npy" for s in range(n_shards)]
     todo = shards_to_write(paths)
-    score = _scorer(teacher, kind, cfg) if todo else None
+    cut: dict = {}
+    score = _scorer(teacher, kind, cfg, cut) if todo else None
     left = sum(min(cfg.shard_size, len(pairs) - s * cfg.shard_size) for s in todo)
     # counted in rows from the rows already on disk: a resume's bar goes on where the run stopped
     with progress_bar(
@@ -272,6 +287,15 @@ def _score_shards(pairs, k: int, state: Path, teacher: str, kind: str, cfg: Scor
         for s in todo:
             rows = pairs[s * cfg.shard_size : (s + 1) * cfg.shard_size]
             write_shard(paths[s], _score_shard(score, rows, k, bar.update))
+    if cut.get("texts"):
+        from neoembed.encode_checks import TruncationWarning
+
+        warnings.warn(
+            f"{cut['texts']} text(s) scored exceed max_seq_length={cut['limit']} tokens and are truncated "
+            "(raise --max-length to keep more)",
+            TruncationWarning,
+            stacklevel=2,
+        )
     return np.concatenate([np.load(p) for p in paths])
 
 
