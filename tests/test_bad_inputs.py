@@ -217,6 +217,7 @@ def test_mine_refuses_when_the_filters_keep_no_negative(tmp_path, capsys, monkey
     assert code == 2 and "0 rows" in msg and "no query kept 2 negatives" in msg, msg
     # no card is written; the embeddings and search results stay for a resume with relaxed filters
     assert "--resume and relaxed filter settings" in msg and (out / ".mine").is_dir()
+    assert "dropped as above_max_score" in msg and "relax --max-score" in msg  # the filter that dropped them
     assert not list(out.glob("*.yaml"))
 
 

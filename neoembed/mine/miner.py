@@ -495,6 +495,25 @@ def _cross_encoder_scorer(cfg: MineConfig, data: _Pairs):
     return score
 
 
+#: the option that relaxes each score or identity filter (the others drop positives and their copies)
+_RELAXES = {
+    "near_duplicate": "--duplicate-threshold",
+    "below_range_min": "--range-min",
+    "above_max_score": "--max-score",
+    "within_margin": "--margin",
+    "above_fraction": "--max-fraction",
+}
+
+
+def _relax_hint(reasons: Counter) -> str:
+    """Which option to relax first: the one whose filter dropped the most candidates (then lowering -k)."""
+    counts = {r: reasons.get(r, 0) for r in _RELAXES if reasons.get(r, 0)}
+    if not counts:
+        return "Lower --num-negatives, or add documents with --corpus. "
+    top = max(counts, key=counts.get)
+    return f"Most candidates were dropped as {top} ({counts[top]:,}): relax {_RELAXES[top]}, or lower -k. "
+
+
 def _write(out: Path, name: str, src: DataCard, data: _Pairs, mined, reasons: Counter, provenance, k: int):
     """``<name>.jsonl`` (one line per source row whose query kept ``k`` negatives, with ``scores``: the positive's
     and each negative's score), then ``<name>.yaml``: the card is written last, so its presence marks a finished
@@ -519,10 +538,9 @@ def _write(out: Path, name: str, src: DataCard, data: _Pairs, mined, reasons: Co
         filters = ", ".join(sorted(FILTER_SETTINGS))
         raise NothingToMine(
             f"card {src.name}: no query kept {k} negatives after the filters ({dict(reasons)}): the card would "
-            "have 0 rows. Lower --num-negatives, widen --range-max, relax --max-fraction / --margin / "
-            "--duplicate-threshold, or add documents with --corpus. The embeddings and search results are kept "
-            f"in {out / '.mine'}: rerun with --resume and relaxed filter settings ({filters} may change on "
-            "resume) to filter them again without embedding; other changes need --overwrite"
+            f"have 0 rows. {_relax_hint(reasons)}The embeddings and search results are kept in {out / '.mine'}: "
+            f"rerun with --resume and relaxed filter settings ({filters} may change on resume) to filter them "
+            "again without embedding; a wider --range-max or more documents (--corpus) need --overwrite"
         )
     os.replace(tmp, data_path)
     counts = {
