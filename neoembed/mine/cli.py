@@ -75,6 +75,7 @@ MaxRows = Annotated[
         "Run",
     ),
 ]
+ScoreMaxRows = Annotated[int | None, _opt("--max-rows", "A seeded random sample of N of the card's rows.", "Run")]
 Workers = Annotated[int, _opt("--workers", "Encoding processes (CPU) or GPUs.", "Run")]
 Name = Annotated[str | None, _opt("--name", "Name of the written card.", "Run")]
 Settings = Annotated[
@@ -179,7 +180,7 @@ def score_command(
     batch_size: BatchSize = 64,
     max_batch_tokens: MaxBatchTokens = None,
     max_length: MaxLength = 512,
-    max_rows: MaxRows = None,
+    max_rows: ScoreMaxRows = None,
     max_negatives: MaxNegatives = None,
     shard_size: ScoreShard = 10_000,
     name: Name = None,

@@ -285,7 +285,7 @@ def _check_finished_run(card: Path, fingerprint: dict) -> None:
         if isinstance(saved, dict):
             changed = describe_changes(_unchecked_data(saved, fingerprint, card.parent), fingerprint)
     if changed:
-        data = "its card's rows or data files changed since; " if "data." in changed else ""
+        data = "the data it was mined from changed since; " if "data." in changed else ""
         raise OutputDirError(
             f"--resume: {card.parent} holds a finished run made with other settings ({changed}); {data}"
             "pass --overwrite (instead of --resume) to mine again, or choose a new --out"
