@@ -793,5 +793,11 @@ def test_a_card_mined_with_the_packaged_minilm_names_it_not_its_folder(card, tmp
     cfg = MineConfig(**{**SETTINGS, "max_length": 16})
     result = mine_negatives(card, "packaged:all-MiniLM-L6-v2", out, config=cfg, progress=False)
     raw = yaml.safe_load(result.card.read_text())
-    assert raw["provenance"]["model"] == "packaged:all-MiniLM-L6-v2"
-    assert "(model packaged:all-MiniLM-L6-v2," in raw["notes"] and "site-packages" not in raw["notes"]
+    assert raw["provenance"]["model"] == raw["provenance"]["fingerprint"]["model"] == "packaged:all-MiniLM-L6-v2"
+    assert "(model packaged:all-MiniLM-L6-v2," in raw["notes"] and "site-packages" not in result.card.read_text()
+    from neoembed.hub import resolve_packaged
+
+    raw["provenance"]["fingerprint"]["model"] = resolve_packaged("packaged:all-MiniLM-L6-v2")  # as written before
+    result.card.write_text(yaml.safe_dump(raw))
+    again = mine_negatives(card, "packaged:all-MiniLM-L6-v2", out, config=cfg, resume=True, progress=False)
+    assert again.card == result.card  # the same run: "nothing to do", not "other settings (model: ...)"

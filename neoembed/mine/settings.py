@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
-from neoembed.hub import resolve_packaged
+from neoembed.hub import model_name, resolve_packaged
 from neoembed.instructions import DEFAULT_TEMPLATE
 from neoembed.recipe import StrictModel, Template
 from neoembed.record import atomic_write_text, file_sha256
@@ -190,7 +190,7 @@ def run_fingerprint(src_path: Path, source, model, cfg: MineConfig, corpus, corp
         "card_sha256": file_sha256(src_path),
         "corpus": corpus_id,
         "data": {"card": data_of(source), "corpus": data_of(corpus_card[:2]) if corpus_card else None},
-        "model": str(model),
+        "model": model_name(str(model)),  # the packaged copy by name, not this machine's site-packages path
         "settings": cfg.model_dump(exclude=set(NOT_IN_FINGERPRINT)),
     }
 
@@ -253,7 +253,7 @@ def prepare_run_folder(
                 f"--resume: {settings}, the interrupted run's settings, is unreadable ({e}): pass --overwrite "
                 "(instead of --resume) to start again, or choose a new --out"
             ) from None
-        saved = _unchecked_data(saved if isinstance(saved, dict) else {}, fingerprint, out)
+        saved = _in_current_terms(saved if isinstance(saved, dict) else {}, fingerprint, out)
         changed = describe_changes(_without(saved, may_change), _without(fingerprint, may_change))
         if changed:
             fix = "resume with the original settings, or mine into a new folder"
@@ -283,7 +283,7 @@ def _check_finished_run(card: Path, fingerprint: dict) -> None:
     with contextlib.suppress(OSError, AttributeError, yaml.YAMLError):
         saved = (yaml.safe_load(card.read_text()).get("provenance") or {}).get("fingerprint")
         if isinstance(saved, dict):
-            changed = describe_changes(_unchecked_data(saved, fingerprint, card.parent), fingerprint)
+            changed = describe_changes(_in_current_terms(saved, fingerprint, card.parent), fingerprint)
     if changed:
         data = "the data it was mined from changed since; " if "data." in changed else ""
         raise OutputDirError(
@@ -299,10 +299,13 @@ _DATA_CHANGED = (
 )
 
 
-def _unchecked_data(saved: dict, fingerprint: dict, out: Path) -> dict:
-    """A run recorded before the fingerprint held its data (``data``) resumes, said in a warning: refusing it
-    would throw its embeddings away for a check it never had a chance to pass (``neoembed train --resume``
-    passes a run from before ``data.*`` likewise)."""
+def _in_current_terms(saved: dict, fingerprint: dict, out: Path) -> dict:
+    """A recorded fingerprint as this version records one: the packaged model by name (older runs recorded its
+    folder); a run recorded before the fingerprint held its data (``data``) resumes, said in a warning:
+    refusing it would throw its embeddings away for a check it never had a chance to pass (``neoembed train
+    --resume`` passes a run from before ``data.*`` likewise)."""
+    if isinstance(saved.get("model"), str):
+        saved = {**saved, "model": model_name(saved["model"])}
     if "data" in saved or "data" not in fingerprint:
         return saved
     logger.warning(
