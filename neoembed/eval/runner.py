@@ -149,10 +149,10 @@ def mteb_model_name(model: str) -> str:
     ``local/<folder name>`` (mteb's names are ``org/name``; a path of this machine is no name)."""
     import re
 
-    from neoembed.hub import PACKAGED_MINILM, is_packaged_folder
+    from neoembed.hub import PACKAGED_MINILM, model_name
 
     text = str(model).rstrip("/")
-    if text in PACKAGED_MINILM or (Path(text).is_dir() and is_packaged_folder(text)):
+    if text in PACKAGED_MINILM or model_name(text) == PACKAGED_MINILM[0]:
         return PACKAGED_MINILM[1]
     if not Path(text).exists() and re.fullmatch(r"[\w.-]+/[\w.-]+", text):
         return text

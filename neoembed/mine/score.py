@@ -259,9 +259,8 @@ def _check_same_run(out: Path, state: Path, name: str, fingerprint: dict) -> Non
     keys = ("card_sha256", "kind", "settings", "data")[: 4 if "data" in saved else 3]
     changed = describe_changes({k: saved.get(k) for k in keys}, {k: fingerprint[k] for k in keys})
     if changed:
-        data = "the card's rows or data files changed since, and the scores stored are of the old rows; " * (
-            "data." in changed
-        )
+        stale = "the card's rows or data files changed since, and the scores stored are of the old rows; "
+        data = stale if "data." in changed else ""
         raise OutputDirError(
             f"--resume: the run in {out} was made with other settings ({changed}); {data}resume with the "
             "original card, data and options, or pass --overwrite to score again"
