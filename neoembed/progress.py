@@ -91,7 +91,7 @@ class PlainProgress:
         self.last = self.start
         # the count and time at the first update: what comes before it is start-up (a shard tokenized whole before
         # its first batch, a model's first call), which a time left measured from the start counted as the pace:
-        # "left 2:10:03" at 128 texts after 9 s, for a stage done in minutes (#43, walk C)
+        # "left 2:10:03" at 128 texts after 9 s, for a stage done in minutes
         self.first: tuple[int, float] | None = None
 
     def __iter__(self):

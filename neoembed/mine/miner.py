@@ -381,8 +381,8 @@ def _embed_sharded(
 
 
 def _warn_truncated(cut: Counter, max_length: int) -> None:
-    """One warning for the run's truncated texts: one per shard, each with its shard's count, said neither the
-    total nor that it was one (#43)."""
+    """One warning for the run's truncated texts, with the total (a warning per shard, with its shard's count,
+    said neither)."""
     if cut.total():
         from neoembed.encode_checks import TruncationWarning
 
