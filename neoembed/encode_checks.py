@@ -21,6 +21,7 @@ __all__ = [
     "check_truncate_dim",
     "count_truncated",
     "empty_result",
+    "say_truncated",
     "warn_truncation",
 ]
 
@@ -91,14 +92,19 @@ def count_truncated(tokenizer, texts: Sequence[str], limit: int | None, prompt: 
 def warn_truncation(tokenizer, texts: Sequence[str], limit: int | None, prompt: str | None) -> None:
     """One :class:`TruncationWarning` when any of ``texts``, after ``prompt``, has more than ``limit`` tokens."""
     too_long = count_truncated(tokenizer, texts, limit, prompt)
-    if too_long:
-        with_prompt = " with their prompt" if prompt else ""
+    say_truncated(too_long, limit, " with their prompt" if prompt else "", stacklevel=4)
+
+
+def say_truncated(count: int, limit: int | None, which: str = "", stacklevel: int = 3) -> None:
+    """One :class:`TruncationWarning` for ``count`` texts (``which``: what they are, e.g. " scored") longer than
+    ``limit`` tokens; nothing for 0. A caller that encodes in parts counts each part's and says the total once."""
+    if count:
         warnings.warn(
-            f"{too_long} text(s){with_prompt} exceed max_seq_length={limit} tokens and are truncated "
+            f"{count} text(s){which} exceed max_seq_length={limit} tokens and are truncated "
             "(raise the model's max_seq_length to keep more: max_length in a recipe, --max-length on the "
             "command line)",
             TruncationWarning,
-            stacklevel=3,
+            stacklevel=stacklevel,
         )
 
 

@@ -383,16 +383,10 @@ def _embed_sharded(
 def _warn_truncated(cut: Counter, max_length: int) -> None:
     """One warning for the run's truncated texts, with the total (a warning per shard, with its shard's count,
     said neither)."""
-    if cut.total():
-        from neoembed.encode_checks import TruncationWarning
+    from neoembed.encode_checks import say_truncated
 
-        parts = " and ".join(f"{n} {kind}" for kind, n in cut.items() if n)
-        warnings.warn(
-            f"{cut.total()} text(s) embedded ({parts}) exceed max_seq_length={max_length} tokens and are "
-            "truncated (raise --max-length to keep more)",
-            TruncationWarning,
-            stacklevel=3,
-        )
+    parts = " and ".join(f"{n} {kind}" for kind, n in cut.items() if n)
+    say_truncated(cut.total(), max_length, f" embedded ({parts})", stacklevel=4)
 
 
 def _warn_unused_batch_size(cfg: MineConfig) -> None:

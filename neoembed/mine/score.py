@@ -286,15 +286,9 @@ def _score_shards(pairs, k: int, state: Path, teacher: str, kind: str, cfg: Scor
         for s in todo:
             rows = pairs[s * cfg.shard_size : (s + 1) * cfg.shard_size]
             write_shard(paths[s], _score_shard(score, rows, k, bar.update))
-    if cut.get("texts"):
-        from neoembed.encode_checks import TruncationWarning
+    from neoembed.encode_checks import say_truncated
 
-        warnings.warn(
-            f"{cut['texts']} text(s) scored exceed max_seq_length={cut['limit']} tokens and are truncated "
-            "(raise --max-length to keep more)",
-            TruncationWarning,
-            stacklevel=2,
-        )
+    say_truncated(cut.get("texts", 0), cut.get("limit"), " scored")
     return np.concatenate([np.load(p) for p in paths])
 
 
