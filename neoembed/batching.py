@@ -185,11 +185,16 @@ class _Ids(NamedTuple):
     attention_mask: int = 1
 
 
-def encode_ids(backend, texts: Sequence[str]) -> tuple[list[_Ids], int]:
+def _encoded_chunks(backend, texts: Sequence[str]):
+    """``backend``'s (:func:`rust_tokenizer`) Encodings of ``texts``, :data:`_TOKENIZE_CHUNK` at a time."""
+    for start in range(0, len(texts), _TOKENIZE_CHUNK):
+        yield backend.encode_batch(list(texts[start : start + _TOKENIZE_CHUNK]), add_special_tokens=True)
+
+
+def _encode_ids(backend, texts: Sequence[str]) -> tuple[list[_Ids], int]:
     """(each text's ids, how many texts were truncated), from ``backend`` (:func:`rust_tokenizer`) in chunks."""
     out, truncated = [], 0
-    for start in range(0, len(texts), _TOKENIZE_CHUNK):
-        chunk = backend.encode_batch(list(texts[start : start + _TOKENIZE_CHUNK]), add_special_tokens=True)
+    for chunk in _encoded_chunks(backend, texts):
         truncated += sum(bool(e.overflowing) for e in chunk)
         out += [_Ids(np.asarray(e.ids, np.int32), np.asarray(e.type_ids, np.int8)) for e in chunk]
     return out, truncated
@@ -278,7 +283,7 @@ def lean_encode(
 
     hf, device = model.tokenizer, model.device
     pad_id = hf.pad_token_id if hf.pad_token_id is not None else 0
-    encodings, truncated = encode_ids(rust_tokenizer(model), texts)
+    encodings, truncated = _encode_ids(rust_tokenizer(model), texts)
     packed = max_batch_tokens is not None and uses_packed_batches(model)
     size = (
         max_batch_tokens if packed and (device.type == "cuda" if fixed_size is None else fixed_size) else None
@@ -317,7 +322,7 @@ def _token_lengths(model, texts: list[str]) -> list[int]:
     """Each text's token count as the model's tokenizer truncates it (the Rust tokenizer where there is one)."""
     tok = model.tokenizer
     if getattr(tok, "_tokenizer", None) is not None and model.max_seq_length:
-        return [len(e.ids) for e in encode_ids(rust_tokenizer(model), texts)[0]]
+        return [len(e.ids) for chunk in _encoded_chunks(rust_tokenizer(model), texts) for e in chunk]
     limit = {"truncation": True, "max_length": int(model.max_seq_length)} if model.max_seq_length else {}
     return [
         int(n)
