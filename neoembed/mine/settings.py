@@ -318,9 +318,7 @@ def _in_current_terms(saved: dict, fingerprint: dict, out: Path) -> dict:
 
 def describe_changes(before: dict, now: dict) -> str:
     """Each setting that differs, with its value in the folder's run and now ('' when none does)."""
-    if isinstance(before.get("settings"), dict):
-        kept = {k: v for k, v in before["settings"].items() if k not in NOT_IN_FINGERPRINT}
-        before = {**before, "settings": kept}
+    before = _without(before, NOT_IN_FINGERPRINT)
 
     def value(d, path: str):
         for part in path.split("."):
