@@ -191,3 +191,17 @@ def test_init_refuses_a_file_too_small_to_train_on(tmp_path, shared_dir):
     (tmp_path / "two.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     recipe = write_starter(tmp_path / "two.jsonl", tmp_path / "mydata").recipe.read_text()
     assert re.search(r"^batch_size: 2 ", recipe, flags=re.M)
+
+
+def test_the_pages_measured_pairs_keep_342_of_348_rows(tmp_path, shared_dir, tiny_official, run_neoembed):
+    """The page's "What to expect" says `data check` keeps 342 of its 348 TrecQA pairs (6 have no hard
+    negative): the pairs written as the page says, its init and data check lines."""
+    rows = [json.loads(line) for line in gzip.open(shared_dir / "data/train/trecqa_pairs/train.jsonl.gz", "rt")]
+    with (tmp_path / "pairs.jsonl").open("w") as f:
+        for r in rows:
+            f.write(json.dumps({k: r[k] for k in ("query", "positive", "negative") if k in r}) + "\n")
+    r = run_neoembed(["init", "pairs.jsonl", "--out", "mydata", "--model", str(tiny_official)], cwd=tmp_path)
+    assert r.exit_code == 0, r.stderr[-2000:]
+    r = run_neoembed(["data", "check", "mydata/pairs.yaml"], cwd=tmp_path)
+    assert "342 of 348 rows kept (dropped: fewer than 1 hard negatives: 6" in r.stdout + r.stderr, r.stdout
+    assert "data check` keeps 342 of the 348: 6 have no hard negative" in PAGE.read_text(encoding="utf8")
