@@ -14,7 +14,7 @@ card's instruction before queries. neoembed also drops near-duplicates of positi
 ``compare``: queries are the MSRP training pairs (tests/data_cards/msrp_pairs.yaml, 2,696 rows); the corpus is
 every training-split sentence under ../shared/data (MSRP, STS2012 pairs, STS12 train, TrecQA train) plus the
 quickstart's Python-docs training documents: ~10k unique documents, no evaluation split.
-``scale``: synthetic documents (8-16 words drawn from the MSRP vocabulary) and 10,000 synthetic query pairs; the
+``scale``: synthetic documents (8-16 words drawn from the MSRP vocabulary, or ``--doc-words MIN MAX``) and 10,000 synthetic query pairs; the
 model is a one-layer NeoBERT (hidden 64, random weights, the fixture's tokenizer): memory, not quality, is measured.
 Results: benchmarks/results/mine_<mode>_cpu.{json,md}. The machine's load (/proc/loadavg) is recorded with each run.
 """
@@ -84,12 +84,14 @@ def real_corpus() -> tuple[list[dict], list[str]]:
     return [{"query": r["query"], "positive": r["positive"]} for r in pairs], list(dict.fromkeys(docs))
 
 
-def synthetic_corpus(n_docs: int, n_queries: int = 10_000, seed: int = 0) -> tuple[list[dict], list[str]]:
+def synthetic_corpus(
+    n_docs: int, n_queries: int = 10_000, seed: int = 0, doc_words: tuple[int, int] = (8, 16)
+) -> tuple[list[dict], list[str]]:
     words = sorted(
         {w for r in _jsonl(SHARED / "data/train/msrp_pairs/train.jsonl.gz") for w in r["query"].split()}
     )
     rnd = random.Random(seed)
-    docs = [" ".join(rnd.choices(words, k=rnd.randint(8, 16))) for _ in range(n_docs)]
+    docs = [" ".join(rnd.choices(words, k=rnd.randint(*doc_words))) for _ in range(n_docs)]
     pairs = [
         {"query": " ".join(rnd.choices(words, k=rnd.randint(5, 10))), "positive": docs[rnd.randrange(n_docs)]}
         for _ in range(n_queries)
@@ -135,7 +137,7 @@ def child(args) -> None:
     faiss.omp_set_num_threads(args.threads)
     load_before = _load()
     work = Path(args.work)
-    pairs, docs = real_corpus() if args.data == "real" else synthetic_corpus(args.docs)
+    pairs, docs = real_corpus() if args.data == "real" else synthetic_corpus(args.docs, doc_words=args.doc_words)
     model_path = _model_path(args.model, work)
     import neoembed
 
@@ -234,7 +236,7 @@ def encode_profile(args) -> list[dict]:
     from neoembed.mine.encode import fast_encode
 
     torch.set_num_threads(args.threads)
-    _, docs = synthetic_corpus(args.docs[0], n_queries=1)
+    _, docs = synthetic_corpus(args.docs[0], n_queries=1, doc_words=args.doc_words)
     with tempfile.TemporaryDirectory() as work:
         path = _model_path(args.model or "tiny-1layer", Path(work))
         free = neoembed.load(path, max_seq_length=args.max_length)
@@ -277,7 +279,7 @@ def measure(impl: str, data: str, docs: int, args) -> dict:
             Path(work).mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, __file__, "_child", "--impl", impl, "--data", data, "--docs", str(docs)]
         cmd += ["--model", args.model, "--threads", str(args.threads), "--max-length", str(args.max_length)]
-        cmd += ["--shard-size", str(args.shard_size), "--work", work]
+        cmd += ["--shard-size", str(args.shard_size), "--work", work, "--doc-words", *map(str, args.doc_words)]
         r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
         lines = [line for line in r.stdout.splitlines() if line.startswith("RESULT ")]
         if r.returncode or not lines:
@@ -314,6 +316,14 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="torch and faiss threads (the machine is shared)")
     p.add_argument("--max-length", type=int, default=128)
     p.add_argument("--shard-size", type=int, default=50_000)
+    p.add_argument(
+        "--doc-words",
+        type=int,
+        nargs=2,
+        default=(8, 16),
+        metavar=("MIN", "MAX"),
+        help="synthetic documents' length in words; long ones (e.g. 40 60 with --max-length 32) are truncated",
+    )
     p.add_argument("--reps", type=int, default=1)
     p.add_argument("--impl", choices=["neoembed", "sentence-transformers"])
     p.add_argument("--data", choices=["real", "synthetic"])
