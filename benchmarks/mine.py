@@ -198,10 +198,15 @@ def _mine_neoembed(pairs, docs, model_path, work: Path, args) -> int:
         shard_size=args.shard_size,
         gpu="off",
     )
+    from neoembed.mine.miner import NothingToMine
+
     resume = (work / "out").is_dir()  # a --work-dir left by an interrupted run: its shards are reused
-    result = mine_negatives(
-        card / "bench.yaml", model_path, work / "out", corpus=docs, config=cfg, resume=resume
-    )
+    try:
+        result = mine_negatives(
+            card / "bench.yaml", model_path, work / "out", corpus=docs, config=cfg, resume=resume
+        )
+    except NothingToMine:  # scale's random-weight model keeps no row: the time and memory are still the run's
+        return 0
     return result.counts["rows_written"]
 
 
