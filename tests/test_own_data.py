@@ -205,3 +205,27 @@ def test_the_pages_measured_pairs_keep_342_of_348_rows(tmp_path, shared_dir, tin
     r = run_neoembed(["data", "check", "mydata/pairs.yaml"], cwd=tmp_path)
     assert "342 of 348 rows kept (dropped: fewer than 1 hard negatives: 6" in r.stdout + r.stderr, r.stdout
     assert "data check` keeps 342 of the 348: 6 have no hard negative" in PAGE.read_text(encoding="utf8")
+
+
+@pytest.mark.parametrize(("rows", "steps", "warmup"), [(64, 10, 0), (700, 21, 2), (6400, 200, 20)])
+def test_init_warms_up_over_two_steps_or_none(tmp_path, rows, steps, warmup):
+    """transformers' linear warm-up starts at rate 0: a one-step warm-up would spend the only step it has on
+    nothing and then jump to the full rate, so init writes none below two steps, a tenth of the run above."""
+    import torch
+    import yaml
+
+    from neoembed.data.starter import write_starter
+    from neoembed.loop import schedule
+    from neoembed.recipe import OptimizerConfig
+
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps({"query": f"q{i}", "positive": f"p{i}"}) + "\n" for i in range(rows)))
+    text = yaml.safe_load(write_starter(data, tmp_path).recipe.read_text())
+    opt = OptimizerConfig.model_validate(text["optimizer"])
+    assert (text["steps"], opt.warmup_steps) == (steps, warmup)
+    sched = schedule(opt, torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=opt.lr), text["steps"])
+    rates = []
+    for _ in range(3):  # the rates of the first three steps
+        rates.append(sched.get_last_lr()[0])
+        sched.step()
+    assert rates == sorted(rates, reverse=not warmup) and (rates[0] > 0) == (not warmup), rates

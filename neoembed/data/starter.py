@@ -187,6 +187,13 @@ def _card_text(name: str, data: str, fmt: str, columns: dict, rows: int, card_pa
     ])  # fmt: skip
 
 
+def _warmup(steps: int) -> int:
+    """A tenth of the run, at most 100 steps; none below two, since a warm-up of one step runs its only step at
+    rate 0 (the linear warm-up starts from zero) and every later one at the full rate."""
+    warmup = min(100, steps // 10)
+    return warmup if warmup >= 2 else 0
+
+
 def _recipe_text(name: str, card_dir: str, rows: int, model: str, recipe_path: str) -> str:
     batch = max(2, min(32, rows // 4))
     steps = max(10, min(1000, rows // batch))
@@ -208,7 +215,7 @@ def _recipe_text(name: str, card_dir: str, rows: int, model: str, recipe_path: s
         (f"steps: {steps}", f"{steps} steps x {batch} queries: about {steps * batch / rows:.1f} passes over {rows} rows"),
         (f"batch_size: {batch}", "queries per step: more in-batch negatives, more memory"),
         ("temperature: 0.07", "InfoNCE's temperature"),
-        (f"optimizer: {{lr: 5.0e-5, warmup_steps: {min(100, steps // 10)}, schedule: cosine}}", "learning rate and its schedule"),
+        (f"optimizer: {{lr: 5.0e-5, warmup_steps: {_warmup(steps)}, schedule: cosine}}", "learning rate and its schedule"),
         (f"save_steps: {steps}", "a checkpoint every this many steps"),
         (f"logging_steps: {max(1, steps // 20)}", "a row of metrics.jsonl (a point of training_curves.png) every this many steps"),
         (f"output_dir: runs/{name}", "the trained model, relative to the folder you run neoembed from"),
