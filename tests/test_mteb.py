@@ -1138,7 +1138,8 @@ def test_reranking_queries_left_out_of_the_score_are_counted(caplog):
 
 def test_mtebs_own_results_name_the_model(minilm, minilm_path, small, tmp_path):
     """mteb filed a local model's results under ``no_model_name__available``, the name its leaderboard tools
-    read: the packaged copy is its hub id now, another local folder ``local/<folder name>``."""
+    read: the packaged copy is its hub id now, another local folder ``local/<folder name>`` (a run's ``model/``
+    folder: ``local/<run folder name>``)."""
     from neoembed.eval.runner import mteb_model_name
 
     sts = str(small / "mteb" / "STS16")
@@ -1147,4 +1148,5 @@ def test_mtebs_own_results_name_the_model(minilm, minilm_path, small, tmp_path):
     assert [p.name for p in (tmp_path / "a" / "mteb" / "results").iterdir()] == ["sentence-transformers__all-MiniLM-L6-v2"]
     assert [p.name for p in (tmp_path / "b" / "mteb" / "results").iterdir()] == ["local__pairs"]
     assert mteb_model_name("chandar-lab/NeoBERT") == "chandar-lab/NeoBERT"
+    assert mteb_model_name("runs/quickstart/model/") == "local/quickstart"  # a run's model/: the run names it
     assert mteb_model_name("packaged:all-MiniLM-L6-v2") == "sentence-transformers/all-MiniLM-L6-v2"

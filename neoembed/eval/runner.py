@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import sys
 import time
 import traceback
@@ -146,7 +147,9 @@ def _mteb_wrapper(
 
 def mteb_model_name(model: str) -> str:
     """How mteb's own results name the model scored: its hub id (the packaged all-MiniLM-L6-v2's too), else
-    ``local/<folder name>`` (mteb's names are ``org/name``; a path of this machine is no name)."""
+    ``local/<folder name>`` (mteb's names are ``org/name``; a path of this machine is no name). A folder named
+    ``model`` is a run's model (the quickstart's ``runs/quickstart/model``, GLUE's ``OUT/model``): the run's
+    folder names it."""
     import re
 
     from neoembed.hub import PACKAGED_MINILM, model_name
@@ -156,7 +159,8 @@ def mteb_model_name(model: str) -> str:
         return PACKAGED_MINILM[1]
     if not Path(text).exists() and re.fullmatch(r"[\w.-]+/[\w.-]+", text):
         return text
-    return f"local/{Path(text).name}"
+    path = Path(os.path.abspath(text))  # not resolve(): a linked folder keeps the name it was given
+    return f"local/{path.parent.name if path.name == 'model' and path.parent.name else path.name}"
 
 
 def _compressed(wrapper, embedding_precision: str):
