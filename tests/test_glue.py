@@ -570,3 +570,40 @@ def test_a_glue_run_stopped_on_one_process_resumes_on_two(
     result = json.loads((out / "results.json").read_text())
     assert result["steps"] == full["steps"] == 10
     assert result["validation"]["validation"] == pytest.approx(full["validation"]["validation"], abs=1e-4)
+
+
+def test_loading_says_in_a_line_which_weights_are_new_and_warns_of_missing_encoder_ones(
+    tmp_path, tiny_official, caplog, capfd
+):
+    """transformers' loading bar and its load report table give way to one line naming the new classifier's
+    weights; a checkpoint that lacks some of the encoder's weights (they would train from random values) is
+    named in a warning; a transfer from a classifier of another label count names the restarted weights."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from neoembed.glue.run import _load_model
+
+    with caplog.at_level("INFO", logger="neoembed"):
+        mrpc = _load_model(get_task("MRPC"), str(tiny_official), transfer=False)
+    err = capfd.readouterr().err
+    assert "LOAD REPORT" not in err and "Loading weights" not in err, err
+    assert "a new classifier (classifier.bias, classifier.weight, dense.bias, dense.weight)" in caplog.text
+    assert "WARNING" not in caplog.text, caplog.text
+
+    mrpc.save_pretrained(tmp_path / "mrpc")
+    caplog.clear()
+    with caplog.at_level("INFO", logger="neoembed"):
+        _load_model(get_task("STS-B"), str(tmp_path / "mrpc"), transfer=True)
+    assert "a new classifier (classifier.bias, classifier.weight)" in caplog.text, caplog.text
+
+    partial = tmp_path / "partial"
+    shutil.copytree(tiny_official, partial)
+    weights = load_file(partial / "model.safetensors")
+    dropped = sorted(k for k in weights if "encoder" in k or "transformer" in k)[:2]
+    save_file({k: v for k, v in weights.items() if k not in dropped}, partial / "model.safetensors")
+    caplog.clear()
+    with caplog.at_level("INFO", logger="neoembed"):
+        _load_model(get_task("MRPC"), str(partial), transfer=False)
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1 and "lacks 2 of the encoder's weights" in warned[0], caplog.text

@@ -11,8 +11,10 @@ hold one table. Works for any encoder ``AutoModelForSequenceClassification`` loa
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
+import logging
 import math
 import shutil
 import sys
@@ -37,6 +39,7 @@ from neoembed.runs import (
 )
 
 RESULTS = "results.json"
+logger = logging.getLogger(__name__)
 
 
 class GridConfig(StrictModel):
@@ -140,9 +143,50 @@ def _load_model(task: GlueTask, model: str, transfer: bool):
     config = AutoConfig.from_pretrained(model, problem_type=None)
     config.num_labels = task.num_labels  # fresh label names too
     config.problem_type = "regression" if task.is_regression else "single_label_classification"
-    return AutoModelForSequenceClassification.from_pretrained(
-        model, config=config, ignore_mismatched_sizes=transfer
-    )
+    with _quiet_loading():
+        classifier, info = AutoModelForSequenceClassification.from_pretrained(
+            model, config=config, ignore_mismatched_sizes=transfer, output_loading_info=True
+        )
+    _say_loaded(task, model, classifier.base_model_prefix, info)
+    return classifier
+
+
+@contextlib.contextmanager
+def _quiet_loading():
+    """transformers' weight-loading bar and its load report (a table of the new head's keys, advising training
+    on a downstream task, which is what this run does); :func:`_say_loaded` says what matters in a line."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity, bar = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bar:
+            hf_logging.enable_progress_bar()
+
+
+def _say_loaded(task: GlueTask, model: str, encoder_prefix: str, info: dict) -> None:
+    """One line on the new classifier's weights; a warning for an encoder weight the checkpoint lacks (trained
+    from random values: a checkpoint of another architecture would give a half-random model). Weights the
+    classifier does not use (a pre-training checkpoint's masked-LM head) are expected and not named."""
+    from neoembed.hub import model_name
+
+    lacking = [k for k in info["missing_keys"] if k.startswith(f"{encoder_prefix}.")]
+    fresh = [k for k in info["missing_keys"] if k not in lacking] + [k for k, *_ in info["mismatched_keys"]]
+    name = model_name(model)
+    if fresh:
+        logger.info("glue %s: a new classifier (%s) on %s's encoder", task.display, ", ".join(sorted(fresh)), name)
+    else:
+        logger.info("glue %s: %s's classifier, every weight loaded", task.display, name)
+    if lacking:
+        logger.warning(
+            "%s lacks %d of the encoder's weights (%s%s): they start from random values; check it is the "
+            "checkpoint you meant", name, len(lacking), ", ".join(sorted(lacking)[:3]),
+            ", ..." if len(lacking) > 3 else "",
+        )  # fmt: skip
 
 
 def _mixed_precision(recipe: GlueRecipe) -> str:
