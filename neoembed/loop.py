@@ -563,4 +563,4 @@ class RunLoop:
             tracker.finish()
         if stopped is not None:
             self.acc.end_training()
-            raise TrainingInterrupted(stop.received or "SIGTERM", stopped)
+            raise TrainingInterrupted(stop.received or "SIGTERM", stopped, last_step=self.step >= r.steps)

@@ -364,6 +364,27 @@ def test_sigterm_in_process_checkpoints_then_resume_finishes(tmp_path, tiny_offi
     assert steps == list(range(1, 9)) and (out / "model.safetensors").is_file()
 
 
+def test_sigterm_reaching_the_last_step_says_the_resume_only_writes_the_model(
+    tmp_path, tiny_official, monkeypatch, sigterm_at
+):
+    """A SIGTERM during the second-to-last step stops after the last one: every step is trained, so the message
+    says that --resume writes the final model and trains nothing again, which it then does."""
+    from neoembed.runs import TrainingInterrupted
+    from neoembed.train import trainer as trainer_mod
+
+    out = tmp_path / "sig"
+    recipe = _recipe(out, tiny_official, "datasets=[{card: pydoc_names, max_rows: 64}]", "save_steps=100")
+    real = trainer_mod.unified_step
+    sigterm_at(trainer_mod, "unified_step", 7)
+    with pytest.raises(TrainingInterrupted, match="at the last step; checkpoint .*checkpoint-8 written: write the "
+                       "final model with --resume \\(no step is trained again\\)"):  # fmt: skip
+        train(recipe, recipe_dir=TINY.parent)
+    monkeypatch.setattr(trainer_mod, "unified_step", real)
+    rows = (out / "metrics.jsonl").read_text()
+    train(recipe, recipe_dir=TINY.parent, resume=True)
+    assert (out / "metrics.jsonl").read_text() == rows and (out / "model.safetensors").is_file()
+
+
 @pytest.mark.slow
 def test_sigterm_checkpoints_then_resume_finishes(tmp_path, tiny_official):
     import signal

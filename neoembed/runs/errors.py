@@ -25,11 +25,14 @@ class TrainingStopped(RuntimeError):
 class TrainingInterrupted(TrainingStopped):
     """SIGINT / SIGTERM: the run wrote a checkpoint and stopped; ``--resume`` continues it. Exit 130 / 143."""
 
-    def __init__(self, signal_name: str, checkpoint: Path | None):
+    def __init__(self, signal_name: str, checkpoint: Path | None, last_step: bool = False):
         self.signal_name, self.checkpoint = signal_name, checkpoint
         self.exit_code = SIGNAL_EXIT.get(signal_name, 1)
+        # the signal reached the last step: every step is trained, and what a finished run does after its steps
+        # (the final model, its evaluation) is left to the resume, which trains nothing again
+        rest = "write the final model with --resume (no step is trained again)" if last_step else "continue with --resume"
         super().__init__(
-            f"stopped by {signal_name}; checkpoint {checkpoint} written: continue with --resume"
+            f"stopped by {signal_name}{' at the last step' * last_step}; checkpoint {checkpoint} written: {rest}"
             if checkpoint is not None
             else f"stopped by {signal_name} before the first step; nothing to resume"
         )
