@@ -364,6 +364,33 @@ def test_sigterm_in_process_checkpoints_then_resume_finishes(tmp_path, tiny_offi
     assert steps == list(range(1, 9)) and (out / "model.safetensors").is_file()
 
 
+def test_a_resumed_run_of_a_model_with_dropout_equals_the_uninterrupted_one(
+    tmp_path, minilm_path, monkeypatch, sigterm_at
+):
+    """all-MiniLM-L6-v2 trains with dropout, whose masks come from the global generator the checkpoint restores.
+    A resumed run's data iterator drew its seed from that generator at its first batch, after the restore (a
+    fresh run draws it before its first step): every mask after the resume moved, and so did the losses."""
+    from safetensors.torch import load_file
+
+    from neoembed.runs import TrainingInterrupted
+    from neoembed.train import trainer as trainer_mod
+
+    def recipe(out):
+        return _recipe(out, minilm_path, "datasets=[{card: pydoc_names, max_rows: 64}]", "steps=4",
+                       "save_steps=100", "optimizer.lr=1e-4")  # fmt: skip
+
+    whole = train(recipe(tmp_path / "whole"), recipe_dir=TINY.parent)
+    real = trainer_mod.unified_step
+    sigterm_at(trainer_mod, "unified_step", 1)  # stops after step 2
+    with pytest.raises(TrainingInterrupted):
+        train(recipe(tmp_path / "resumed"), recipe_dir=TINY.parent)
+    monkeypatch.setattr(trainer_mod, "unified_step", real)
+    resumed = train(recipe(tmp_path / "resumed"), recipe_dir=TINY.parent, resume=True)
+    assert _losses(resumed) == _losses(whole)
+    a, b = load_file(whole / "model.safetensors"), load_file(resumed / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_sigterm_reaching_the_last_step_says_the_resume_only_writes_the_model(
     tmp_path, tiny_official, monkeypatch, sigterm_at
 ):

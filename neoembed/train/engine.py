@@ -14,6 +14,7 @@ pure functions of the seed, so the skipped batches are the ones the run drew, an
 
 from __future__ import annotations
 
+import itertools
 import logging
 
 import torch
@@ -119,6 +120,13 @@ def unified_step(acc, loss_fn, loader, sampler, names: list[str], batch_sizes: d
     run's step). ``tally``: what false-negative masking dropped since the last row (a :class:`MaskTally`)."""
     loader = acc.skip_first_batches(loader, first_step) if first_step else loader
     iterator, world, device = iter(loader), acc.num_processes, acc.device
+    if first_step:
+        # the first batch draws the loader's base seed from the global generator, which a fresh run does before
+        # its first step and the checkpoint's restored state already follows: drawn again here, it would move
+        # every dropout mask of the resumed steps
+        with torch.random.fork_rng(devices=[]):
+            first = next(iterator, None)  # None: a run stopped at its last step has no batch left
+        iterator = itertools.chain([first] if first is not None else [], iterator)
     seen = {"dataset": None, "step": first_step}
 
     def step_fn(step: int, stop_requested: bool) -> StepOutput:
