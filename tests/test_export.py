@@ -177,6 +177,10 @@ def test_int8_graph_quantizes_every_linear_layer(tiny_export, tiny_official):
     assert top <= 64 if int8_saturates() else top == 127
 
 
+def test_the_export_record_names_the_packaged_model_not_its_path(minilm_export):
+    assert json.loads((minilm_export / "export.json").read_text())["model"] == "packaged:all-MiniLM-L6-v2"
+
+
 @pytest.mark.parametrize("graph", ["model.onnx", "model_packed.onnx"])
 def test_minilm_onnx_matches_torch_on_real_sentences(minilm_export, shared_dir, graph):
     texts = _sentences(shared_dir)

@@ -33,6 +33,7 @@ import torch
 from neoembed.cde.model import is_cde_folder
 from neoembed.export.cpu import int8_saturates, isa_suffix
 from neoembed.export.runtime import DEFAULT_FILE, ONNX_SUBFOLDER, OUTPUT_NAME, PACKED_INPUTS
+from neoembed.hub import model_name
 from neoembed.loading import load
 from neoembed.progress import library_noise
 from neoembed.record import readable_weights
@@ -363,7 +364,7 @@ def _write(model, model_path: str, out: Path, fmt: str, quantize: str | None) ->
             quantize_int8(src, dst)
             graphs.append(dst)
     record = {
-        "model": model_path,
+        "model": model_name(model_path),  # the packaged copy by name, not a path of this machine
         "format": fmt,
         "quantize": quantize,
         "inputs": names,

@@ -24,6 +24,7 @@ from typing import Annotated, Literal
 from pydantic import Field, PositiveFloat, PositiveInt, field_validator
 
 from neoembed.glue.tasks import GlueTask, check_columns, compute_metrics, load_splits, task_score
+from neoembed.hub import model_name
 from neoembed.loop import RunLoop, StepOutput, accelerator, adamw, check_engine
 from neoembed.recipe import KeepBest, OptimizerConfig, Recipe, StrictModel, Tracker
 from neoembed.record import RUN_RECORD, atomic_write_text, write_run_record
@@ -172,8 +173,6 @@ def _say_loaded(task: GlueTask, model: str, encoder_prefix: str, info: dict) -> 
     """One line on the new classifier's weights; a warning for an encoder weight the checkpoint lacks (trained
     from random values: a checkpoint of another architecture would give a half-random model). Weights the
     classifier does not use (a pre-training checkpoint's masked-LM head) are expected and not named."""
-    from neoembed.hub import model_name
-
     lacking = [k for k in info["missing_keys"] if k.startswith(f"{encoder_prefix}.")]
     fresh = [k for k in info["missing_keys"] if k not in lacking] + [k for k, *_ in info["mismatched_keys"]]
     name = model_name(model)
@@ -420,7 +419,7 @@ def run_one(
             steps=loop.step,
             eval_every=run.eval.steps,
             settings={k: getattr(recipe, k) for k in ("batch_size", "learning_rate", "weight_decay", "seed")},
-            model=model,
+            model=model_name(model),  # the packaged copy by name, not a path of this machine
         )
         atomic_write_text(out / RESULTS, json.dumps(summary, indent=2) + "\n")
         for done in list_checkpoints(out):  # the best one is out/model now
