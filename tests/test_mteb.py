@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -618,6 +619,8 @@ def test_compare_sets_a_base_model_beside_its_fine_tune(tmp_path):
         max_length=4096,
     )
     assert "| 80.00 |" in compare_runs([base, tuned])
+    with pytest.raises(ValueError, match="is given twice"):  # one run's two rows would read as two models agreeing
+        compare_runs([base, tuned, os.path.relpath(base)])
     given = run("given", query_prompt="query: ", query_prompt_source="given", max_length=512)
     with pytest.raises(ValueError, match=r"different query_prompt_setting .*saved.*query: .*--query-prompt"):
         compare_runs([base, given])

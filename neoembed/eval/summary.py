@@ -226,6 +226,11 @@ def compare_runs(run_dirs: list[str | Path], out: str | Path | None = None, over
     the models it compared) unless ``overwrite``."""
     if out is not None and not overwrite:
         _refuse_an_earlier_comparison(Path(out))
+    seen: dict[Path, str] = {}
+    for d in map(str, run_dirs):  # one folder twice would be two rows of one run, read as two models that agree
+        if (key := Path(d).resolve()) in seen:
+            raise ValueError(f"{d} is given twice (as {seen[key]} and {d}): name each results folder once")
+        seen[key] = d
     rows = []
     for d in run_dirs:
         d = Path(d)
