@@ -154,6 +154,18 @@ def test_bad_arguments(tiny):
         InfoNCELoss(tiny, reduction="max")
     with pytest.raises(ValueError, match="temperature"):
         InfoNCELoss(tiny, temperature=0)
+    for make in (InfoNCELoss, CachedInfoNCELoss):  # "no" is a true value: it switched the masking on
+        with pytest.raises(TypeError, match="mask_duplicates takes True or False, not 'no'"):
+            make(tiny, mask_duplicates="no")
+    with pytest.raises(TypeError, match="group_by_length takes True or False, not 'no'"):
+        InfoNCELoss(tiny, group_by_length="no")
+    # sentence-transformers' MNRL takes scale=20; a temperature of 20 scores every candidate almost alike
+    with pytest.warns(UserWarning, match="did you mean temperature=0.05"):
+        InfoNCELoss(tiny, temperature=20)
+    for make in (InfoNCELoss, CachedInfoNCELoss):  # a short column shifts every row's pairing
+        short = [tiny.tokenize(["a b", "c d", "e f"]), tiny.tokenize(["x y", "z w"])]
+        with pytest.raises(ValueError, match=r"columns hold different numbers of texts \(3, 2, query column"):
+            make(tiny)(short, torch.zeros(3))
 
 
 def test_loss_registry_builds_from_a_recipe_and_fails_loudly(tiny):

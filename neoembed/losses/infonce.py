@@ -134,6 +134,15 @@ class _InfoNCEMixin:
             raise TypeError(f"temperature takes a number (e.g. 0.07), not {temperature!r}")
         if not 0 < temperature < math.inf:  # NaN fails too
             raise ValueError(f"temperature must be a positive finite number, got {temperature}")
+        if temperature > 1:
+            warnings.warn(
+                f"temperature={temperature:g} divides the cosine similarities, so every candidate scores "
+                "almost alike; sentence-transformers' scale multiplies them (the reciprocal of a temperature): "
+                f"did you mean temperature={1 / temperature:.3g}?",
+                stacklevel=3,
+            )
+        if not isinstance(mask_duplicates, bool):
+            raise TypeError(f"mask_duplicates takes True or False, not {mask_duplicates!r}")
         self.tau = temperature
         self.mask_duplicates = mask_duplicates
         self.reduction = reduction
@@ -147,6 +156,12 @@ class _InfoNCEMixin:
         if len(sentence_features) < 2:
             raise ValueError(
                 f"InfoNCE needs a query and a positive column, got {len(sentence_features)} column(s)"
+            )
+        sizes = [f["input_ids"].shape[0] for f in sentence_features if getattr(f.get("input_ids"), "ndim", 0) == 2]
+        if len(set(sizes)) > 1:  # row i's texts are row i of every column: a short column shifts every pairing
+            raise ValueError(
+                f"the batch's columns hold different numbers of texts ({', '.join(map(str, sizes))}, query column "
+                "first): every row needs one text in each column"
             )
         if not self.mask_duplicates:
             return None
@@ -244,6 +259,8 @@ class InfoNCELoss(_InfoNCEMixin, MultipleNegativesRankingLoss):
     ) -> None:
         self._setup(temperature, mask_duplicates, reduction)
         self._setup_objective(false_negatives, improved_contrastive, distillation, tally)
+        if not isinstance(group_by_length, bool):
+            raise TypeError(f"group_by_length takes True or False, not {group_by_length!r}")
         self.group_by_length = group_by_length
         super().__init__(model, scale=1.0 / temperature, gather_across_devices=gather_across_devices)
 
