@@ -99,6 +99,8 @@ def test_lora_run_saves_merged_and_adapter_and_loads_without_neoembed(
     from neoembed.sentence import matryoshka_dims
 
     assert matryoshka_dims(out / "adapter") == matryoshka_dims(out) == [64, 8]  # adapter/ had none
+    checkpoints = list(out.glob("checkpoint-*"))  # exported or loaded as they are: the dims go with them
+    assert checkpoints and all(matryoshka_dims(c) == [64, 8] for c in checkpoints), checkpoints
     emb = merged.encode(TEXTS)
     assert not torch.allclose(torch.tensor(emb), torch.tensor(neoembed.load(tiny_official).encode(TEXTS)))
     # the adapter alone: neoembed.load finds its base model and applies it; the merged model's embeddings

@@ -404,6 +404,8 @@ def _save_checkpoint_model(model, recipe: UnifiedRecipe, final: tuple, folder: P
             model = copy.deepcopy(model)
             merge_lora(model)
         model.save(str(folder))
+    if recipe.matryoshka is not None:  # a checkpoint exported or loaded keeps its nested dimensions too
+        record_matryoshka_dims(folder, recipe.matryoshka.dims)
 
 
 def _batch_plans(recipe: UnifiedRecipe, datasets: dict, batch_sizes: dict) -> dict[str, bool]:
