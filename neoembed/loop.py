@@ -186,6 +186,13 @@ def adamw(model, opt):
     return torch.optim.AdamW(param_groups(model, opt.weight_decay), lr=opt.lr, betas=opt.betas, eps=opt.eps)
 
 
+def _tracked(tracker, row: dict) -> dict:
+    """A logged row as ``tracker`` takes it: MLflow's metrics are numbers (accelerate drops a text value such as
+    the step's dataset name with a warning per name); the other trackers keep text."""
+    numbers_only = getattr(tracker, "name", "") == "mlflow"
+    return {k: v for k, v in row.items() if k != "step" and not (numbers_only and isinstance(v, str))}
+
+
 def _start_trackers(report_to, output: Path, resumed: bool, main: bool) -> list:
     """accelerate's trackers for ``report_to`` (TensorBoard is MetricsLog's own), each run named after the
     output folder, in the project :data:`~neoembed.runs.TRACKER_PROJECT` (``WANDB_PROJECT`` /
@@ -390,7 +397,7 @@ class RunLoop:
         row = {"step": self.step, **{f"eval_{k}": v for k, v in scores.items()}}
         self.metrics.write(row)
         for tracker in self.trackers:
-            tracker.log({k: v for k, v in row.items() if k != "step"}, step=self.step)
+            tracker.log(_tracked(tracker, row), step=self.step)
         if self.acc.is_main_process:
             shown = "  ".join(f"{k} {v:.4g}" for k, v in row.items() if k != "step")
             print(f"eval at step {self.step}: {shown}", file=sys.stderr, flush=True)
@@ -529,7 +536,7 @@ class RunLoop:
                     row = {"step": self.step, **row_fn(sums, now - self._t0, grad_norm, lr)}
                     self.metrics.write(row)
                     for tracker in self.trackers:
-                        tracker.log({k: v for k, v in row.items() if k != "step"}, step=self.step)
+                        tracker.log(_tracked(tracker, row), step=self.step)
                     bar.set_postfix(loss=f"{row['loss']:.3f}")
                     if plain:
                         rate = (self.step - first) / max(now - start, 1e-9)
