@@ -407,12 +407,14 @@ def test_export_stopped_by_a_signal_leaves_out_as_it_was(
     assert not list(out.parent.glob(f".{out.name}.export-*"))
 
 
-def test_missing_graph_names_the_folder_files(tiny_export):
+def test_missing_graph_names_the_folder_files(tiny_export, tiny_official):
     out, _ = tiny_export
     with pytest.raises(FileNotFoundError, match="model_qint8") as e:
         neoembed.load(out, backend="onnx", file_name="model_O4.onnx")
     # each caller's way of naming a graph: the command line's option, load's argument, sentence-transformers'
     assert all(s in str(e.value) for s in ("--onnx-file NAME", "file_name=NAME", "model_kwargs={'file_name'"))
+    with pytest.raises(FileNotFoundError, match=r"holds no ONNX export .*: export it first \(neoembed export "):
+        neoembed.load(tiny_official, backend="onnx")  # a model never exported
 
 
 def test_a_missing_onnx_package_is_named_with_its_extra_before_any_work(

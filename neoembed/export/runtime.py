@@ -44,10 +44,15 @@ def onnx_file(folder: str | Path, file_name: str | None = None) -> Path:
         if candidate.is_file():
             return candidate
     found = sorted(p.name for p in (root / ONNX_SUBFOLDER).glob("*.onnx"))
+    if not found:
+        raise FileNotFoundError(
+            f"{root} holds no ONNX export ({root / ONNX_SUBFOLDER / name} does not exist): export it first "
+            f"(neoembed export {root} OUT), then load OUT with backend='onnx'"
+        )
     raise FileNotFoundError(
-        f"{root / ONNX_SUBFOLDER / name} does not exist; the folder's ONNX files are {found or 'none'}: "
+        f"{root / ONNX_SUBFOLDER / name} does not exist; the folder's ONNX files are {found}: "
         "name one of them (--onnx-file NAME on the command line; file_name=NAME in neoembed.load; "
-        "model_kwargs={'file_name': NAME} in sentence-transformers), or export with `neoembed export`"
+        "model_kwargs={'file_name': NAME} in sentence-transformers)"
     )
 
 
