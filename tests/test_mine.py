@@ -145,6 +145,32 @@ def test_exact_search_equals_brute_force_and_approximate_indexes_rescore_exactly
         search(corpus, queries, k, "ivfpq", pq_m=7, gpu="off", progress=False)
 
 
+def test_ivfpq_rescores_more_codes_than_it_keeps(mined, caplog, capfd):
+    """PQ codes rank coarsely: ivfpq fetches the rescore x k nearest codes and keeps the k best exact scores, so
+    a multiplier covering the corpus (every list probed) returns the flat index's top k, and the default does
+    better than rescoring only k. A corpus too small for faiss's liking is said in one line, not faiss's one
+    per sub-quantizer."""
+    result, cfg = mined
+    state = result.card.parent / ".mine"
+    corpus, queries = _shards(state, "corpus", cfg.shard_size), _shards(state, "queries", cfg.shard_size)
+    k = cfg.range_max
+    flat_s, flat_i, _ = search(corpus, queries, k, "flat", gpu="off", progress=False)
+    cover = -(-len(corpus) // k)
+    pq = dict(nlist=2, nprobe=2, pq_m=8, gpu="off", progress=False)
+    all_s, all_i, info = search(corpus, queries, k, "ivfpq", rescore=cover, **pq)
+    assert info["rescore"] == cover
+    np.testing.assert_allclose(all_s, flat_s, atol=1e-5)
+    assert (all_i == flat_i).mean() > 0.99  # ids differ only where scores tie within float error
+
+    def recall(ids):
+        return np.mean([len(set(a) & set(b)) / k for a, b in zip(ids, flat_i, strict=True)])
+
+    one = recall(search(corpus, queries, k, "ivfpq", rescore=1, **pq)[1])
+    assert recall(search(corpus, queries, k, "ivfpq", **pq)[1]) > one
+    assert caplog.text.count("the exact --index flat is cheap") == 3  # 154 documents: once per search
+    assert "WARNING clustering" not in capfd.readouterr().err
+
+
 def _reference(pairs: list[dict], c: np.ndarray, q: np.ndarray, cfg: MineConfig) -> dict[str, list[str]]:
     """The filters written plainly, one query and one candidate at a time (the slow twin of filters.py)."""
     queries = list(dict.fromkeys(r["query"] for r in pairs))

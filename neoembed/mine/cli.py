@@ -39,7 +39,7 @@ CrossEncoderPath = Annotated[
 ]
 Index = Annotated[str, _opt("--index", "flat (exact), ivf, hnsw, ivfpq, binary or int8.", "Index")]
 Rescore = Annotated[
-    int, _opt("--rescore", "binary/int8: rescore N x range-max nearest codes with float embeddings.", "Index")
+    int, _opt("--rescore", "binary/int8/ivfpq: rescore N x range-max nearest codes with float embeddings.", "Index")
 ]
 NList = Annotated[int | None, _opt("--nlist", "ivf/ivfpq lists (default ~4 sqrt(N)).", "Index")]
 NProbe = Annotated[int, _opt("--nprobe", "ivf/ivfpq lists searched.", "Index")]

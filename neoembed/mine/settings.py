@@ -46,7 +46,8 @@ class MineConfig(StrictModel):
     max_fraction: float | None = Field(0.95, gt=0, le=1)  # keep: score <= positive - (1 - f) * |pos|; 1: off
     duplicate_threshold: float = Field(0.98, gt=0, le=1)  # cosine to a positive at or above: a near-duplicate
     index: Literal["flat", "ivf", "hnsw", "ivfpq", "binary", "int8"] = "flat"
-    rescore: int = Field(4, ge=1)  # binary / int8: the rescore x range_max nearest codes rescored exactly
+    # binary / int8 / ivfpq (lossy codes): the rescore x range_max nearest codes rescored exactly, k kept
+    rescore: int = Field(4, ge=1)
     nlist: int | None = Field(None, ge=1)
     nprobe: int = Field(16, ge=1)
     hnsw_m: int = Field(32, ge=2)
