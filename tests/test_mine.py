@@ -330,8 +330,8 @@ def test_interrupted_run_resumed_equals_uninterrupted(mined, card, tiny_official
     assert len(list((out / ".mine").glob("corpus-*.npy"))) == 2
     with pytest.raises(OutputDirError, match="pass --resume"):
         mine_negatives(card, tiny_official, out, config=cfg, progress=False)
-    with pytest.raises(ValueError, match=r"settings.range_max: \d+ then, 17 now"):
-        mine_negatives(card, tiny_official, out, config=cfg.model_copy(update={"range_max": 17}), resume=True)
+    with pytest.raises(ValueError, match=r"settings.max_length: 128 then, 64 now"):  # other embeddings
+        mine_negatives(card, tiny_official, out, config=cfg.model_copy(update={"max_length": 64}), resume=True)
     monkeypatch.setattr(miner, "_encode", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
     calls.clear()
     first = out / ".mine" / "corpus-00000.npy"  # the same size, other bytes: searched as it was (#43 walk, A23)
@@ -378,6 +378,55 @@ def test_altered_candidates_are_searched_again_on_resume(mined, card, tiny_offic
     assert "candidates.npz does not match its checksum or shards: searching again" in caplog.text
     assert "batch_size=8 is not used by mine" in caplog.text
     assert resumed.data.read_bytes() == result.data.read_bytes()
+
+
+def test_a_pq_m_the_model_cannot_take_is_refused_before_embedding(card, tiny_official, tmp_path, monkeypatch):
+    """A pq_m that does not divide the embedding width was refused by faiss at the search, after every text was
+    embedded: it is refused once the model is loaded, nothing embedded and nothing left behind."""
+    import neoembed.mine.miner as miner
+
+    calls = []
+    monkeypatch.setattr(miner, "_encode", lambda *a, **k: calls.append(1))
+    cfg = MineConfig(**SETTINGS, index="ivfpq", pq_m=7)  # the tiny model embeds in 64 dimensions
+    with pytest.raises(ValueError, match=r"--pq-m 7 must divide the model's embedding dimension 64.*\[1, 2, 4"):
+        mine_negatives(card, tiny_official, tmp_path / "out", config=cfg, progress=False)
+    assert calls == [] and not (tmp_path / "out").exists()
+
+
+def test_a_resume_with_other_search_settings_searches_the_stored_embeddings_again(
+    mined, card, tiny_official, tmp_path, monkeypatch, caplog
+):
+    """A search setting (here the index) refused a resume, so a run whose embeddings took hours could only go on
+    with --overwrite, embedding all again. It resumes now: nothing is embedded again, and the stored search
+    results, made with the old settings, are searched again rather than reused. A finished run still refuses."""
+    import neoembed.mine.miner as miner
+
+    result, _ = mined
+    cfg = MineConfig(**SETTINGS)
+    out = tmp_path / "out"
+
+    def stop(*args, **kwargs):
+        raise KeyboardInterrupt  # as Ctrl-C after the search
+
+    with monkeypatch.context() as m:
+        m.setattr(miner, "_select", stop)
+        with pytest.raises(KeyboardInterrupt):
+            mine_negatives(card, tiny_official, out, config=cfg, progress=False)
+    assert (out / ".mine" / "candidates.npz").is_file()
+    searched, real_search = [], miner.search
+    monkeypatch.setattr(miner, "_encode", lambda *a, **k: 1 / 0)
+    monkeypatch.setattr(miner, "search", lambda *a, **k: (searched.append(a[3]), real_search(*a, **k))[1])
+    ivf = MineConfig(**SETTINGS, index="ivf", nlist=2, nprobe=2, keep_embeddings=True)  # every list probed
+    resumed = mine_negatives(card, tiny_official, out, config=ivf, resume=True, progress=False)
+    assert searched == ["ivf"] and "other search settings (settings.index: 'flat' then, 'ivf' now" in caplog.text
+    assert _rows(resumed.data) == _rows(result.data)
+    assert yaml.safe_load(resumed.card.read_text())["provenance"]["index"]["kind"] == "ivf"
+    # the stored embeddings were kept: a resume with yet another index searches them again too
+    hnsw = ivf.model_copy(update={"index": "hnsw", "keep_embeddings": False})
+    mine_negatives(card, tiny_official, out, config=hnsw, resume=True, progress=False)
+    assert searched == ["ivf", "hnsw"] and not (out / ".mine").exists()
+    with pytest.raises(OutputDirError, match=r"finished run made with other settings \(settings.index: 'hnsw' then"):
+        mine_negatives(card, tiny_official, out, config=cfg, resume=True, progress=False)
 
 
 def test_two_cpu_workers_equal_one(mined, card, tiny_official, tmp_path, monkeypatch):

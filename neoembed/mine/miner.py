@@ -59,7 +59,9 @@ from neoembed.mine.filters import select_negatives, text_key
 from neoembed.mine.search import EmbeddingShards, checksum_path, search, shards_to_write, write_shard
 from neoembed.mine.settings import (
     FILTER_SETTINGS,
+    SEARCH_SETTINGS,
     MineConfig,
+    check_index_settings,
     check_model_kind,
     fresh_folder,
     model_kind,
@@ -130,7 +132,8 @@ def mine_negatives(
     state = out / ".mine"
     fresh = fresh_folder(out)
     inputs = (src_path, *local_data_paths([(src, folder)]), model, corpus_card[2] if corpus_card else None)
-    if prepare_run_folder(out, state, name, fingerprint, resume, overwrite, inputs, FILTER_SETTINGS):
+    redo = (SEARCH_SETTINGS, ("candidates.npz",))  # a resume with other search settings searches again
+    if prepare_run_folder(out, state, name, fingerprint, resume, overwrite, inputs, FILTER_SETTINGS, redo):
         logger.warning("%s already holds a finished run (%s.yaml); nothing to do", out, name)
         counts = load_card(out / f"{name}.yaml")[0].provenance["counts"]
         return MineResult(out / f"{name}.yaml", out / f"{name}.jsonl", counts)
@@ -149,6 +152,8 @@ def mine_negatives(
         encoder = load(
             str(model), pooling=cfg.pooling, max_seq_length=cfg.max_length, padding_free=_padding_free()
         )
+    with nothing_left_on_refusal(out, state, fresh, () if resume else (ValueError,)):  # a resume keeps its state
+        check_index_settings(cfg, encoder.get_embedding_dimension())
     corpus_emb, query_emb = _embed(encoder, data.corpus, query_texts, state, cfg, progress)
     scores, ids, index_info = _candidates(state, corpus_emb, query_emb, cfg, progress)
     negatives, reasons, neg_scores, rescore = _select(data, scores, ids, corpus_emb, query_emb, cfg, progress)
@@ -534,7 +539,8 @@ def _write(out: Path, name: str, src: DataCard, data: _Pairs, mined, reasons: Co
             f"card {src.name}: no query kept {k} negatives after the filters ({dict(reasons)}): the card would "
             f"have 0 rows. {_relax_hint(reasons)}The embeddings and search results are kept in {out / '.mine'}: "
             f"rerun with --resume and relaxed filter settings ({filters} may change on resume) to filter them "
-            "again without embedding; a wider --range-max or more documents (--corpus) need --overwrite"
+            "again without embedding (a wider --range-max searches them again); more documents (--corpus) need "
+            "--overwrite"
         )
     os.replace(tmp, data_path)
     counts = {

@@ -21,7 +21,9 @@ from neoembed.runs import OutputDirError, prepare_output_dir
 
 __all__ = [
     "FILTER_SETTINGS",
+    "SEARCH_SETTINGS",
     "MineConfig",
+    "check_index_settings",
     "check_model_kind",
     "describe_changes",
     "fresh_folder",
@@ -167,6 +169,25 @@ FILTER_SETTINGS = frozenset(
 )
 
 
+#: settings that only shape the search over the stored embeddings (range_max: its depth): an interrupted run may
+#: resume with other values, which searches the stored embeddings again (stored search results are removed, never
+#: reused). A finished run still compares them, as it does the filter settings
+SEARCH_SETTINGS = frozenset(
+    {"range_max", "index", "rescore", "nlist", "nprobe", "hnsw_m", "ef_search", "pq_m", "gpu", "search_batch"}
+)
+
+
+def check_index_settings(cfg: MineConfig, dim: int | None) -> None:
+    """Refuse index settings the model's embedding width cannot take, once the model is loaded and before any
+    text is embedded: faiss's own refusal came at the search, after the whole corpus was embedded."""
+    if cfg.index == "ivfpq" and dim and dim % cfg.pq_m:
+        fits = [d for d in range(1, min(dim, 64) + 1) if dim % d == 0]
+        raise ValueError(
+            f"--pq-m {cfg.pq_m} must divide the model's embedding dimension {dim} (--index ivfpq splits each "
+            f"embedding in pq_m parts): pick one of {fits}"
+        )
+
+
 def run_fingerprint(src_path: Path, source, model, cfg: MineConfig, corpus, corpus_card) -> dict:
     """What an interrupted run must share with its resumption for the stored shards to be reusable.
 
@@ -223,13 +244,16 @@ def prepare_run_folder(
     overwrite: bool,
     inputs: tuple = (),
     may_change: frozenset = frozenset(),
+    redo: tuple[frozenset, tuple[str, ...]] = (frozenset(), ()),
 ) -> bool:
     """Create ``out`` for a fresh run, or check that ``resume`` continues the same run. True: already finished.
 
     The folder rules are every writer's (:func:`neoembed.runs.prepare_output_dir`: a non-empty folder needs
     ``--resume`` or ``--overwrite``, and ``--overwrite`` clears only a folder that ``neoembed mine`` wrote); on
-    resume the settings must equal the interrupted run's, except those in ``may_change``. ``inputs``: the card,
-    its data and the model, which ``out`` may not hold."""
+    resume the settings must equal the interrupted run's, except those in ``may_change`` and ``redo``'s: settings
+    that may change at the cost of the state files it names (and their checksums), removed so that the stage that
+    wrote them runs again; the new settings are then recorded. ``inputs``: the card, its data and the model,
+    which ``out`` may not hold."""
     settings = state / "settings.json"
     clearable = (f"{name}.yaml", f"{state.name}/{settings.name}")
     prepare_output_dir(
@@ -255,13 +279,21 @@ def prepare_run_folder(
                 "(instead of --resume) to start again, or choose a new --out"
             ) from None
         saved = _in_current_terms(saved if isinstance(saved, dict) else {}, fingerprint, out)
-        changed = describe_changes(_without(saved, may_change), _without(fingerprint, may_change))
+        free = may_change | redo[0]
+        changed = describe_changes(_without(saved, free), _without(fingerprint, free))
         if changed:
             fix = "resume with the original settings, or mine into a new folder"
             raise OutputDirError(
                 f"--resume: the run in {out} was started with other settings ({changed}); "
                 + (_DATA_CHANGED if "data." in changed else fix)
             )
+        redone = describe_changes(_only(saved, redo[0]), _only(fingerprint, redo[0]))
+        if redone:
+            logger.warning("--resume with other search settings (%s): what is stored is searched again", redone)
+            for file in redo[1]:
+                for path in (state / file, state / f"{file}.sha256"):
+                    path.unlink(missing_ok=True)
+            atomic_write_text(settings, json.dumps(fingerprint, indent=1, sort_keys=True))
         return False
     state.mkdir(parents=True, exist_ok=True)
     atomic_write_text(settings, json.dumps(fingerprint, indent=1, sort_keys=True))
@@ -273,6 +305,11 @@ def _without(fingerprint: dict, keys: frozenset) -> dict:
     if not keys or not isinstance(settings, dict):
         return fingerprint
     return {**fingerprint, "settings": {k: v for k, v in settings.items() if k not in keys}}
+
+
+def _only(fingerprint: dict, keys: frozenset) -> dict:
+    settings = fingerprint.get("settings")
+    return {"settings": {k: v for k, v in settings.items() if k in keys}} if isinstance(settings, dict) else {}
 
 
 def _check_finished_run(card: Path, fingerprint: dict) -> None:
