@@ -429,6 +429,31 @@ def test_a_resume_with_other_search_settings_searches_the_stored_embeddings_agai
         mine_negatives(card, tiny_official, out, config=cfg, resume=True, progress=False)
 
 
+def test_queries_the_index_gives_fewer_candidates_are_said_and_never_get_a_filler(
+    card, tiny_official, tmp_path, caplog
+):
+    """An IVF index probing one list of eight returns fewer than range_max documents for many queries, their
+    empty slots id -1 (numpy's last row, were it used as an index): the run says how many queries, and every
+    written negative is one the search returned for its query."""
+    cfg = MineConfig(**SETTINGS, index="ivf", nlist=8, nprobe=1, keep_embeddings=True)
+    result = mine_negatives(card, tiny_official, tmp_path / "out", config=cfg, progress=False)
+    with np.load(tmp_path / "out" / ".mine" / "candidates.npz") as z:
+        ids = z["ids"]
+    short = int((ids < 0).any(axis=1).sum())
+    assert short > 0
+    said = [r.getMessage() for r in caplog.records if "fewer than 16 candidates" in r.getMessage()]
+    assert said == [f"{short} of {len(ids)} queries got fewer than 16 candidates from the ivf index "
+                    f"({int((ids < 0).sum())} empty slots): raise --nprobe (now 1)"]
+    info = yaml.safe_load(result.card.read_text())["provenance"]["index"]
+    assert info["queries_short_of_k"] == short
+    pairs = _rows(card.parent / "pairs.jsonl")
+    corpus = list(dict.fromkeys(r["positive"] for r in pairs))
+    queries = list(dict.fromkeys(r["query"] for r in pairs))
+    for row in _rows(result.data):
+        found = {corpus[d] for d in ids[queries.index(row["query"])] if d >= 0}
+        assert {row[f"negative_{j + 1}"] for j in range(cfg.num_negatives)} <= found
+
+
 def test_two_cpu_workers_equal_one(mined, card, tiny_official, tmp_path, monkeypatch):
     import os
 

@@ -201,8 +201,29 @@ def search(
         return _search_flat(corpus, queries, k, gpu, batch, progress, faiss)
     if index in ("binary", "int8"):
         return _search_quantized(corpus, queries, k, index, rescore, batch, progress)
-    return _search_approximate(
+    found = _search_approximate(
         corpus, queries, k, index, nlist, nprobe, hnsw_m, ef_search, pq_m, rescore, gpu, batch, progress, faiss
+    )
+    _say_short(found[1], found[2])
+    return found
+
+
+def _say_short(ids: np.ndarray, info: dict) -> None:
+    """Once per search: how many queries got fewer than ``k`` candidates (id -1 fills their empty slots, which
+    the filters pass over), recorded in ``info``, and the setting that reaches further."""
+    short = int((ids < 0).any(axis=1).sum())
+    info["queries_short_of_k"] = short
+    if not short:
+        return
+    wider = "--ef-search" if info["kind"] == "hnsw" else f"--nprobe (now {info['nprobe']})"
+    logger.warning(
+        "%d of %d queries got fewer than %d candidates from the %s index (%d empty slots): raise %s",
+        short,
+        len(ids),
+        ids.shape[1],
+        info["kind"],
+        int((ids < 0).sum()),
+        wider,
     )
 
 
