@@ -56,8 +56,12 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except BaseException:  # an interrupted write leaves no file that no later run (another pid) would remove
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def readable_weights(folder: str | Path) -> None:

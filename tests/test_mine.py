@@ -454,6 +454,34 @@ def test_queries_the_index_gives_fewer_candidates_are_said_and_never_get_a_fille
         assert {row[f"negative_{j + 1}"] for j in range(cfg.num_negatives)} <= found
 
 
+def test_an_interrupted_card_write_leaves_no_temporary_file(mined, card, tiny_official, tmp_path, monkeypatch):
+    """Ctrl-C while the rows were written left .<name>.jsonl.tmp<pid> in the output folder for good: a resumed
+    run, another pid, never looked at it. The interrupted write removes it, and a resume removes any left."""
+    import neoembed.mine.miner as miner
+
+    result, _ = mined
+    cfg = MineConfig(**SETTINGS)
+    out = tmp_path / "out"
+    real, rows = json.dumps, []
+
+    def stop_in_the_rows(obj, *args, **kwargs):
+        if isinstance(obj, dict) and "negative_1" in obj:
+            if len(rows) == 5:
+                raise KeyboardInterrupt
+            rows.append(1)
+        return real(obj, *args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(miner.json, "dumps", stop_in_the_rows)
+        with pytest.raises(KeyboardInterrupt):
+            mine_negatives(card, tiny_official, out, config=cfg, progress=False)
+    assert not list(out.glob(".*tmp*")) and not list(out.glob("*.jsonl"))
+    stale = out / f".{result.data.name}.tmp999999999"  # as a process killed outright leaves it
+    stale.write_text("{}\n")
+    resumed = mine_negatives(card, tiny_official, out, config=cfg, resume=True, progress=False)
+    assert not stale.exists() and resumed.data.read_bytes() == result.data.read_bytes()
+
+
 def test_two_cpu_workers_equal_one(mined, card, tiny_official, tmp_path, monkeypatch):
     import os
 

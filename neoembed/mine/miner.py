@@ -68,6 +68,7 @@ from neoembed.mine.settings import (
     nothing_left_on_refusal,
     prepare_run_folder,
     run_fingerprint,
+    temp_file,
 )
 from neoembed.progress import bar as progress_bar
 from neoembed.recipe import format_validation_error
@@ -520,8 +521,7 @@ def _write(out: Path, name: str, src: DataCard, data: _Pairs, mined, reasons: Co
     negatives, row_scores = mined
     data_path, card_path = out / f"{name}.jsonl", out / f"{name}.yaml"
     written = dropped = 0
-    tmp = out / f".{name}.jsonl.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf8") as f:
+    with temp_file(data_path) as tmp, open(tmp, "w", encoding="utf8") as f:
         for r, (q, p) in enumerate(zip(data.row_query, data.row_positive, strict=True)):
             negs = negatives[q]
             if len(negs) < k:
@@ -532,17 +532,17 @@ def _write(out: Path, name: str, src: DataCard, data: _Pairs, mined, reasons: Co
             row["scores"] = [round(x, 4) for x in row_scores[r]]  # 4 decimals: equal across worker counts
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
             written += 1
-    if written == 0:
-        os.remove(tmp)
-        filters = ", ".join(sorted(FILTER_SETTINGS))
-        raise NothingToMine(
-            f"card {src.name}: no query kept {k} negatives after the filters ({dict(reasons)}): the card would "
-            f"have 0 rows. {_relax_hint(reasons)}The embeddings and search results are kept in {out / '.mine'}: "
-            f"rerun with --resume and relaxed filter settings ({filters} may change on resume) to filter them "
-            "again without embedding (a wider --range-max searches them again); more documents (--corpus) need "
-            "--overwrite"
-        )
-    os.replace(tmp, data_path)
+        if written == 0:  # the temporary file goes with the error
+            filters = ", ".join(sorted(FILTER_SETTINGS))
+            raise NothingToMine(
+                f"card {src.name}: no query kept {k} negatives after the filters ({dict(reasons)}): the card "
+                f"would have 0 rows. {_relax_hint(reasons)}The embeddings and search results are kept in "
+                f"{out / '.mine'}: rerun with --resume and relaxed filter settings ({filters} may change on "
+                "resume) to filter them again without embedding (a wider --range-max searches them again); more "
+                "documents (--corpus) need --overwrite"
+            )
+        f.close()
+        os.replace(tmp, data_path)
     counts = {
         "rows_in": len(data.row_query),
         "rows_written": written,

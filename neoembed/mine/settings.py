@@ -4,9 +4,11 @@ interrupted run stores so that ``--resume`` continues it only with the same card
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import json
 import logging
+import os
 import shutil
 from pathlib import Path
 from typing import Annotated, Literal
@@ -32,6 +34,7 @@ __all__ = [
     "prepare_run_folder",
     "refuse_cde",
     "run_fingerprint",
+    "temp_file",
 ]
 
 logger = logging.getLogger(__name__)
@@ -232,6 +235,20 @@ def nothing_left_on_refusal(out: Path, state: Path, fresh: bool, errors=(ValueEr
         shutil.rmtree(state, ignore_errors=True)
         if fresh and out.is_dir() and not any(out.iterdir()):
             out.rmdir()
+        raise
+
+
+@contextlib.contextmanager
+def temp_file(path: Path):
+    """A temporary file beside ``path``, to write and then rename onto it: removed when the write fails or is
+    interrupted, and so are those an earlier process left there (named by its pid, which a resumed run has not)."""
+    for stale in path.parent.glob(f".{glob.escape(path.name)}.tmp*"):
+        stale.unlink(missing_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        yield tmp
+    except BaseException:
+        tmp.unlink(missing_ok=True)
         raise
 
 
