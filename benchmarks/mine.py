@@ -4,6 +4,7 @@
     python benchmarks/mine.py compare --model minilm     # the same with the packaged all-MiniLM-L6-v2
     python benchmarks/mine.py scale --docs 100000 1000000 --st-max 100000   # synthetic corpora, tiny model
     python benchmarks/mine.py encode --docs 20000 --max-length 32 --reps 2  # the embedding step alone, CPU time
+    python benchmarks/mine.py indexes --model packaged:all-MiniLM-L6-v2 --corpus compare   # each index vs flat
 
 Every measurement runs in its own process, so its peak resident memory (``ru_maxrss``) is its own. ``base`` is the
 memory once the model is loaded and the texts are built (the same for both miners); ``peak - base`` is what mining
@@ -16,6 +17,10 @@ every training-split sentence under ../shared/data (MSRP, STS2012 pairs, STS12 t
 quickstart's Python-docs training documents: ~10k unique documents, no evaluation split.
 ``scale``: synthetic documents (8-16 words drawn from the MSRP vocabulary, or ``--doc-words MIN MAX``) and 10,000 synthetic query pairs; the
 model is a one-layer NeoBERT (hidden 64, random weights, the fixture's tokenizer): memory, not quality, is measured.
+``indexes``: ``neoembed mine`` on ``--card`` (msrp_pairs by default) against ``--corpus`` (a card, ``compare``'s
+corpus, or none: the card's positives), once with the flat index (embeddings kept), then each approximate index
+resumed from those embeddings (a resume may change the search settings): per index, the rows whose negatives equal
+flat's, recall@range_max of its candidates against flat's, and the search + filter time.
 Results: benchmarks/results/mine_<mode>_cpu.{json,md}. The machine's load (/proc/loadavg) is recorded with each run.
 """
 
@@ -294,6 +299,99 @@ def measure(impl: str, data: str, docs: int, args) -> dict:
     return result
 
 
+#: the indexes compared with flat: (label, settings); defaults unless named
+INDEX_VARIANTS = (
+    ("flat", {"index": "flat"}),
+    ("binary x4", {"index": "binary", "rescore": 4}),
+    ("binary x8", {"index": "binary", "rescore": 8}),
+    ("int8 x4", {"index": "int8", "rescore": 4}),
+    ("hnsw", {"index": "hnsw"}),
+    ("ivf (nprobe 16)", {"index": "ivf"}),
+    ("ivf (nprobe 1)", {"index": "ivf", "nprobe": 1}),
+    ("ivfpq (rescore 4)", {"index": "ivfpq"}),
+    ("ivfpq (rescore 8)", {"index": "ivfpq", "rescore": 8}),
+)
+
+
+def _negatives(data: Path) -> dict[str, tuple]:
+    rows = [json.loads(line) for line in data.read_text().splitlines()]
+    return {(r["query"], r["positive"]): tuple(v for k, v in r.items() if k.startswith("negative_")) for r in rows}
+
+
+def index_agreement(args) -> list[dict]:
+    """Mine once with flat (embedding included), then resume copies of its embeddings with each index."""
+    import shutil
+
+    import faiss
+    import numpy as np
+
+    from neoembed.mine import MineConfig, mine_negatives
+
+    faiss.omp_set_num_threads(args.threads)
+    work = Path(args.work_dir or tempfile.mkdtemp(prefix="mine-indexes-"))
+    corpus = real_corpus()[1] if args.corpus == "compare" else args.corpus
+    base = dict(max_length=args.max_length, max_rows=args.max_rows, gpu="off", keep_embeddings=True)
+    t0 = time.perf_counter()
+    model = _model_path(args.model, work)
+    flat = mine_negatives(args.card, model, work / "embedded", corpus=corpus, config=MineConfig(**base))
+    embed_s = time.perf_counter() - t0
+    with np.load(work / "embedded/.mine/candidates.npz") as z:
+        flat_ids = z["ids"]
+    flat_rows, rows = _negatives(flat.data), []
+    for label, settings in INDEX_VARIANTS:
+        out = work / label.replace(" ", "_").replace("(", "").replace(")", "")
+        shutil.rmtree(out, ignore_errors=True)
+        shutil.copytree(work / "embedded/.mine", out / ".mine", ignore=shutil.ignore_patterns("candidates*"))
+        t = time.perf_counter()
+        cfg = MineConfig(**base, **settings)
+        run = mine_negatives(args.card, model, out, corpus=corpus, config=cfg, resume=True, progress=False)
+        seconds = time.perf_counter() - t
+        with np.load(out / ".mine/candidates.npz") as z:
+            ids, info = z["ids"], json.loads(str(z["info"]))
+        k = ids.shape[1]
+        recall = np.mean([len(set(a[a >= 0]) & set(b)) / k for a, b in zip(ids, flat_ids, strict=True)])
+        got = _negatives(run.data)
+        same = sum(got.get(key) == negs for key, negs in flat_rows.items())
+        rows.append(
+            {
+                "index": label,
+                "faiss": info.get("faiss", "IndexFlatIP"),
+                "rows_flat": len(flat_rows),
+                "rows_written": len(got),
+                "rows_identical_to_flat": same,
+                "identical_pct": round(100 * same / max(len(flat_rows), 1), 1),
+                f"recall_at_{k}_vs_flat": round(float(recall), 4),
+                "queries_short_of_k": info.get("queries_short_of_k", 0),
+                "search_and_filter_s": round(seconds, 2),
+                "load": _load(),
+            }
+        )
+        print(rows[-1], flush=True)
+    args.embed_and_flat_s = round(embed_s, 1)
+    args.documents = flat.counts["documents"]
+    args.queries = flat.counts["queries"]
+    return rows
+
+
+def _index_table(rows: list[dict], args) -> str:
+    k = next(key for key in rows[0] if key.startswith("recall_at_")).split("_")[2]
+    md = (
+        f"Card {args.card}, corpus {args.corpus or 'the card positives'} ({args.documents:,} documents, "
+        f"{args.queries:,} queries), model {args.model}, max length {args.max_length}, faiss threads {args.threads}, "
+        f"CPU. Embedding and the flat run: {args.embed_and_flat_s} s; each index below resumed from those "
+        "embeddings (search + filters only). Identical: rows whose negatives equal flat's, in order, of flat's rows.\n\n"
+        f"| index | faiss | identical rows | % | recall@{k} vs flat | queries short of k | search + filter (s) |\n"
+        "|---|---|---|---|---|---|---|\n"
+    )
+    for r in rows:
+        md += (
+            f"| {r['index']} | {r['faiss']} | {r['rows_identical_to_flat']:,} / {r['rows_flat']:,} | "
+            f"{r['identical_pct']} | {r[f'recall_at_{k}_vs_flat']} | {r['queries_short_of_k']} | "
+            f"{r['search_and_filter_s']} |\n"
+        )
+    return md
+
+
 def _table(rows: list[dict]) -> str:
     md = "| miner | documents | queries | time (s) | CPU (s) | texts/s | peak RSS (MiB) | base (MiB) | peak - base (MiB) | rows | load |\n"
     md += "|---|---|---|---|---|---|---|---|---|---|---|\n"
@@ -309,7 +407,10 @@ def _table(rows: list[dict]) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("mode", choices=["compare", "scale", "encode", "_child"])
+    p.add_argument("mode", choices=["compare", "scale", "encode", "indexes", "_child"])
+    p.add_argument("--card", default="tests/data_cards/msrp_pairs.yaml", help="indexes: the card mined")
+    p.add_argument("--corpus", help="indexes: a corpus card, or 'compare' for compare's ~10k training sentences")
+    p.add_argument("--max-rows", type=int, help="indexes: mine a sample of the card's rows")
     p.add_argument("--model", default=None, help="tiny (fixture), tiny-1layer, minilm, or a path")
     p.add_argument("--docs", type=int, nargs="+", default=[100_000, 1_000_000])
     p.add_argument(
@@ -343,6 +444,14 @@ def main() -> None:
     if args.mode == "_child":
         args.docs = args.docs[0]
         return child(args)
+    if args.mode == "indexes":
+        args.model = args.model or "packaged:all-MiniLM-L6-v2"
+        rows = index_agreement(args)
+        md = _index_table(rows, args)
+        name = Path(args.model).name.replace("packaged:", "").lower()
+        write_results(f"mine_indexes_{name}_cpu" + args.tag, {"header": header(), "settings": vars(args), "runs": rows}, md)
+        print(md)
+        return
     if args.mode == "encode":
         rows = encode_profile(args)
         md = f"{args.docs[0]:,} synthetic texts, model {args.model or 'tiny-1layer'}, max length {args.max_length}, "
