@@ -145,17 +145,23 @@ def test_exact_search_equals_brute_force_and_approximate_indexes_rescore_exactly
         search(corpus, queries, k, "ivfpq", pq_m=7, gpu="off", progress=False)
 
 
-def test_ivfpq_rescores_more_codes_than_it_keeps(mined, caplog, capfd):
-    """PQ codes rank coarsely: ivfpq fetches the rescore x k nearest codes and keeps the k best exact scores, so
-    a multiplier covering the corpus (every list probed) returns the flat index's top k, and the default does
-    better than rescoring only k. A corpus too small for faiss's liking is said in one line, not faiss's one
-    per sub-quantizer."""
+def _flat_search(mined):
+    """The mined run's stored embeddings, its search depth k, the exact top k and the rescore multiplier that
+    covers the whole corpus."""
     result, cfg = mined
     state = result.card.parent / ".mine"
     corpus, queries = _shards(state, "corpus", cfg.shard_size), _shards(state, "queries", cfg.shard_size)
     k = cfg.range_max
     flat_s, flat_i, _ = search(corpus, queries, k, "flat", gpu="off", progress=False)
-    cover = -(-len(corpus) // k)
+    return corpus, queries, k, (flat_s, flat_i), -(-len(corpus) // k)
+
+
+def test_ivfpq_rescores_more_codes_than_it_keeps(mined, caplog, capfd):
+    """PQ codes rank coarsely: ivfpq fetches the rescore x k nearest codes and keeps the k best exact scores, so
+    a multiplier covering the corpus (every list probed) returns the flat index's top k, and the default does
+    better than rescoring only k. A corpus too small for faiss's liking is said in one line, not faiss's one
+    per sub-quantizer."""
+    corpus, queries, k, (flat_s, flat_i), cover = _flat_search(mined)
     pq = dict(nlist=2, nprobe=2, pq_m=8, gpu="off", progress=False)
     all_s, all_i, info = search(corpus, queries, k, "ivfpq", rescore=cover, **pq)
     assert info["rescore"] == cover
@@ -353,21 +359,25 @@ def test_interrupted_run_resumed_equals_uninterrupted(mined, card, tiny_official
     assert resumed.data.read_bytes() == result.data.read_bytes()
 
 
-def test_altered_candidates_are_searched_again_on_resume(mined, card, tiny_official, tmp_path, monkeypatch, caplog):
-    # the search stage's file altered (the same size, other bytes), or a shard embedded again after the search
+def _stopped_after_the_search(card, model, out, monkeypatch) -> None:
+    """A run with SETTINGS stopped as by Ctrl-C after its search: embeddings and candidates stored."""
     import neoembed.mine.miner as miner
 
-    result, _ = mined
-    cfg = MineConfig(**SETTINGS)
-    out = tmp_path / "out"
-
     def stop(*args, **kwargs):
-        raise KeyboardInterrupt  # as Ctrl-C after the search
+        raise KeyboardInterrupt
 
     with monkeypatch.context() as m:
         m.setattr(miner, "_select", stop)
         with pytest.raises(KeyboardInterrupt):
-            mine_negatives(card, tiny_official, out, config=cfg, progress=False)
+            mine_negatives(card, model, out, config=MineConfig(**SETTINGS), progress=False)
+
+
+def test_altered_candidates_are_searched_again_on_resume(mined, card, tiny_official, tmp_path, monkeypatch, caplog):
+    # the search stage's file altered (the same size, other bytes), or a shard embedded again after the search
+
+    result, _ = mined
+    out = tmp_path / "out"
+    _stopped_after_the_search(card, tiny_official, out, monkeypatch)
     saved = out / ".mine" / "candidates.npz"
     with np.load(saved) as z:
         altered = {k: z[k] for k in z.files}
@@ -402,16 +412,8 @@ def test_a_resume_with_other_search_settings_searches_the_stored_embeddings_agai
     import neoembed.mine.miner as miner
 
     result, _ = mined
-    cfg = MineConfig(**SETTINGS)
     out = tmp_path / "out"
-
-    def stop(*args, **kwargs):
-        raise KeyboardInterrupt  # as Ctrl-C after the search
-
-    with monkeypatch.context() as m:
-        m.setattr(miner, "_select", stop)
-        with pytest.raises(KeyboardInterrupt):
-            mine_negatives(card, tiny_official, out, config=cfg, progress=False)
+    _stopped_after_the_search(card, tiny_official, out, monkeypatch)
     assert (out / ".mine" / "candidates.npz").is_file()
     searched, real_search = [], miner.search
     monkeypatch.setattr(miner, "_encode", lambda *a, **k: 1 / 0)
@@ -426,7 +428,7 @@ def test_a_resume_with_other_search_settings_searches_the_stored_embeddings_agai
     mine_negatives(card, tiny_official, out, config=hnsw, resume=True, progress=False)
     assert searched == ["ivf", "hnsw"] and not (out / ".mine").exists()
     with pytest.raises(OutputDirError, match=r"finished run made with other settings \(settings.index: 'hnsw' then"):
-        mine_negatives(card, tiny_official, out, config=cfg, resume=True, progress=False)
+        mine_negatives(card, tiny_official, out, config=MineConfig(**SETTINGS), resume=True, progress=False)
 
 
 def test_queries_the_index_gives_fewer_candidates_are_said_and_never_get_a_filler(
@@ -701,12 +703,7 @@ def test_quantized_index_with_rescoring_mines_the_flat_index_negatives(
     int8 x4 (128 and 64 of 154 documents) mine the same negatives, row for row, as the flat index. Measured on
     this card with the tiny model (not asserted): binary x4 keeps 125 of 128 rows identical (99.2% of
     negatives), x2 89 rows (88.0%); int8 x2 127 rows (99.7%)."""
-    result, cfg = mined
-    state = result.card.parent / ".mine"
-    corpus, queries = _shards(state, "corpus", cfg.shard_size), _shards(state, "queries", cfg.shard_size)
-    k = cfg.range_max
-    flat_s, flat_i, _ = search(corpus, queries, k, "flat", gpu="off", progress=False)
-    cover = -(-len(corpus) // k)
+    corpus, queries, k, (flat_s, flat_i), cover = _flat_search(mined)
     q_s, q_i, info = search(corpus, queries, k, precision, rescore=cover, batch=37, progress=False)
     assert info["kind"] == precision and info["rescore"] == cover
     assert info["bytes_per_vector"] == (corpus.dim // 8 if precision == "binary" else corpus.dim)  # codes only
@@ -716,7 +713,7 @@ def test_quantized_index_with_rescoring_mines_the_flat_index_negatives(
     quantized = mine_negatives(
         card, tiny_official, tmp_path / "q", config=MineConfig(**settings), progress=False
     )
-    assert _rows(quantized.data) == _rows(result.data)
+    assert _rows(quantized.data) == _rows(mined[0].data)
     card_info = yaml.safe_load(quantized.card.read_text())["provenance"]
     assert card_info["index"]["kind"] == precision and card_info["settings"]["rescore"] == multiplier
 
