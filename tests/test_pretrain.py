@@ -756,7 +756,8 @@ def test_tensorboard_receives_the_recipe_as_hyperparameters_and_the_eval_scores(
     )  # fmt: skip
     acc = EventAccumulator(str(out / "tensorboard"))
     acc.Reload()
-    assert {"train/loss", "train/eval_mlm_loss", "train/eval_mlm_accuracy"} <= set(acc.Tags()["scalars"])
+    # evaluation under eval/, as transformers' TensorBoard callback files it
+    assert {"train/loss", "eval/mlm_loss", "eval/mlm_accuracy"} <= set(acc.Tags()["scalars"])
     content = acc.PluginTagToContent("hparams")["_hparams_/session_start_info"]
     hparams = plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info.hparams
     assert hparams["recipe.steps"].number_value == 2

@@ -155,6 +155,12 @@ def progress_line(step: int, total: int, values: dict, steps_per_s: float) -> st
     return f"step {step}/{total} ({100 * step / max(total, 1):.0f}%)  {shown}  {steps_per_s:.2f} steps/s  left {eta}"
 
 
+def tensorboard_tag(key: str) -> str:
+    """A logged key's TensorBoard tag, as transformers' TensorBoard callback names them: evaluation scores under
+    ``eval/`` (``eval_ndcg_at_10`` is ``eval/ndcg_at_10``), everything else under ``train/``."""
+    return f"eval/{key[len('eval_'):]}" if key.startswith("eval_") else f"train/{key}"
+
+
 class MetricsLog:
     """``metrics.jsonl`` (one JSON row per logging step) and, with ``report_to: [tensorboard]``, the numeric
     values of each row as TensorBoard scalars under ``train/``. Only the main process writes.
@@ -194,7 +200,7 @@ class MetricsLog:
         if self.writer is not None:
             for key, value in row.items():
                 if isinstance(value, int | float) and key != "step":
-                    self.writer.add_scalar(f"train/{key}", value, row["step"])
+                    self.writer.add_scalar(tensorboard_tag(key), value, row["step"])
 
     def _open(self) -> None:
         if self._tensorboard is not None and self.writer is None and self.main:
