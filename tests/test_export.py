@@ -415,6 +415,8 @@ def test_missing_graph_names_the_folder_files(tiny_export, tiny_official):
     assert all(s in str(e.value) for s in ("--onnx-file NAME", "file_name=NAME", "model_kwargs={'file_name'"))
     with pytest.raises(FileNotFoundError, match=r"holds no ONNX export .*: export it first \(neoembed export "):
         neoembed.load(tiny_official, backend="onnx")  # a model never exported
+    with pytest.raises(FileNotFoundError, match=r"neoembed export packaged:all-MiniLM-L6-v2 OUT"):
+        neoembed.load("packaged:all-MiniLM-L6-v2", backend="onnx")  # named as given, not by its install path
 
 
 def test_a_missing_onnx_package_is_named_with_its_extra_before_any_work(

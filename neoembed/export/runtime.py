@@ -45,9 +45,12 @@ def onnx_file(folder: str | Path, file_name: str | None = None) -> Path:
             return candidate
     found = sorted(p.name for p in (root / ONNX_SUBFOLDER).glob("*.onnx"))
     if not found:
+        from neoembed.hub import model_name
+
+        named = model_name(str(root))  # the packaged copy by its name, not the folder it is installed in
         raise FileNotFoundError(
-            f"{root} holds no ONNX export ({root / ONNX_SUBFOLDER / name} does not exist): export it first "
-            f"(neoembed export {root} OUT), then load OUT with backend='onnx'"
+            f"{named} holds no ONNX export ({ONNX_SUBFOLDER}/{name} does not exist there): export it first "
+            f"(neoembed export {named} OUT), then load OUT with backend='onnx'"
         )
     raise FileNotFoundError(
         f"{root / ONNX_SUBFOLDER / name} does not exist; the folder's ONNX files are {found}: "
