@@ -159,6 +159,10 @@ def test_bad_arguments(tiny):
             make(tiny, mask_duplicates="no")
     with pytest.raises(TypeError, match="group_by_length takes True or False, not 'no'"):
         InfoNCELoss(tiny, group_by_length="no")
+    for make, flag in ((InfoNCELoss, "gather_across_devices"), (CachedInfoNCELoss, "gather_across_devices"),
+                       (CachedInfoNCELoss, "show_progress_bar")):  # fmt: skip
+        with pytest.raises(TypeError, match=f"{flag} takes True or False, not 'no'"):
+            make(tiny, **{flag: "no"})
     # sentence-transformers' MNRL takes scale=20; a temperature of 20 scores every candidate almost alike
     with pytest.warns(UserWarning, match="did you mean temperature=0.05"):
         InfoNCELoss(tiny, temperature=20)

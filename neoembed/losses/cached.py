@@ -12,7 +12,7 @@ from torch import Tensor
 from neoembed.config import check_positive_int
 from neoembed.losses.config import DistillationConfig, FalseNegativeConfig
 from neoembed.losses.contrastive import info_nce
-from neoembed.losses.infonce import _InfoNCEMixin, _objective_config, _recipe_settings, _unpack
+from neoembed.losses.infonce import _InfoNCEMixin, _objective_config, _recipe_settings, _unpack, check_flags
 from neoembed.losses.masks import MaskTally
 
 
@@ -40,6 +40,7 @@ class CachedInfoNCELoss(_InfoNCEMixin, CachedMultipleNegativesRankingLoss):
         self._setup(temperature, mask_duplicates, reduction)
         self._setup_objective(false_negatives, improved_contrastive, distillation, tally)
         check_positive_int(mini_batch_size, "mini_batch_size", " of rows")
+        check_flags(gather_across_devices=gather_across_devices, show_progress_bar=show_progress_bar)
         if mini_batch_num_tokens is not None:
             check_positive_int(mini_batch_num_tokens, "mini_batch_num_tokens", " of tokens")
         super().__init__(

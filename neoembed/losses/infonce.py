@@ -54,6 +54,13 @@ def _unpack(labels) -> tuple[Tensor | None, Keys | None]:
     return (labels.teacher, labels.keys) if isinstance(labels, _Labels) else (labels, None)
 
 
+def check_flags(**flags) -> None:
+    """Refuse a flag given anything but True or False: "no" or 0 is a true (or false) value, not a choice."""
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} takes True or False, not {value!r}")
+
+
 class _InfoNCEMixin:
     tau: float
     mask_duplicates: bool
@@ -141,8 +148,7 @@ class _InfoNCEMixin:
                 f"did you mean temperature={1 / temperature:.3g}?",
                 stacklevel=3,
             )
-        if not isinstance(mask_duplicates, bool):
-            raise TypeError(f"mask_duplicates takes True or False, not {mask_duplicates!r}")
+        check_flags(mask_duplicates=mask_duplicates)
         self.tau = temperature
         self.mask_duplicates = mask_duplicates
         self.reduction = reduction
@@ -259,8 +265,7 @@ class InfoNCELoss(_InfoNCEMixin, MultipleNegativesRankingLoss):
     ) -> None:
         self._setup(temperature, mask_duplicates, reduction)
         self._setup_objective(false_negatives, improved_contrastive, distillation, tally)
-        if not isinstance(group_by_length, bool):
-            raise TypeError(f"group_by_length takes True or False, not {group_by_length!r}")
+        check_flags(group_by_length=group_by_length, gather_across_devices=gather_across_devices)
         self.group_by_length = group_by_length
         super().__init__(model, scale=1.0 / temperature, gather_across_devices=gather_across_devices)
 
