@@ -317,11 +317,34 @@ class RunLoop:
                 f"far); keep_best.metric {keep.metric!r} would compare it with another score. Resume with "
                 f"keep_best.metric={self.best['metric']}, or start a new run in another output_dir"
             )
+        self._check_best_comparable(state.get("best_scored_with"))
         self.stale = int(state.get("evaluations_since_best", 0))
         self._evaluation_due = bool(state.get("evaluation_due", False))
         self.metrics.truncate(self.step)
         self.acc.print(f"resumed from {checkpoint} at step {self.step}")
         return self.step
+
+    def _scored_with(self) -> dict:
+        """The evaluation settings a score depends on: all of ``eval:`` but how often it runs and in what batches."""
+        evaluation = getattr(self.recipe, "eval", None)
+        dumped = evaluation.model_dump(mode="json") if evaluation is not None else {}
+        return {k: v for k, v in dumped.items() if k not in ("steps", "batch_size")}
+
+    def _check_best_comparable(self, then: dict | None) -> None:
+        """keep_best compares every later score with the best so far: refuse a resume whose evaluation scores
+        another way (other held-out data, tasks or metric), where the comparison would pick by the data."""
+        if then is None or self.best is None or getattr(self.recipe, "keep_best", None) is None:
+            return  # nothing counted yet, or a checkpoint written before the settings were recorded
+        now = self._scored_with()
+        changed = [f"eval.{k}: {then.get(k)!r} then, {now.get(k)!r} now" for k in sorted(then.keys() | now.keys())
+                   if then.get(k) != now.get(k)]  # fmt: skip
+        if changed:
+            raise ValueError(
+                f"--resume: keep_best's best so far (step {self.best['step']}, eval_{self.best['metric']} "
+                f"{self.best['value']:.6g}) was scored with other evaluation settings ({'; '.join(changed)}): a "
+                "score of another evaluation does not compare with it. Resume with the evaluation it was scored "
+                "with, or start a new run in another output_dir"
+            )
 
     def start(
         self,
@@ -459,6 +482,7 @@ class RunLoop:
                 if self.save_model is not None:  # a loadable model beside the state (neoembed mteb reads it)
                     self.save_model(staged)
                 state = {"step": step, **self.trainer_state(), "best": self.best}
+                state["best_scored_with"] = self._scored_with() if self.best is not None else None
                 seconds = time.perf_counter() - self._t0 if self._t0 is not None else 0.0
                 state["log_window"] = {"sums": self._window, "seconds": seconds}
                 state["evaluations_since_best"] = self.stale

@@ -197,6 +197,11 @@ def test_a_failed_evaluation_keeps_its_steps_and_the_resume_runs_it_first(
     other = _recipe(out, tiny_official, trecqa, "keep_best={metric: TrecQA_ndcg_at_10, mode: min}")
     with pytest.raises(ValueError, match="keeps its best step by eval_ndcg_at_10 .*keep_best.metric=ndcg_at_10"):
         _train(other, resume=True)
+    # another evaluation would score later steps on other terms than the best so far: refused by name
+    other = _recipe(out, tiny_official, trecqa, *best, "eval.instructions=none")
+    with pytest.raises(ValueError, match=r"best so far \(step 2, .*other evaluation settings \(eval.instructions: "
+                       r"'\w+' then, 'none' now\)"):  # fmt: skip
+        _train(other, resume=True)
     caplog.clear()
     _train(recipe, resume=True)
     assert "clearing" not in caplog.text  # the failed attempt's folder is the evaluator's own to replace
