@@ -383,12 +383,13 @@ def test_cli_exit_code_and_summary(minilm_path, small, tmp_path, run_neoembed):
     assert "Broken" in r.stderr and "STS (1)" in r.stdout
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["n_tasks"] == 1 and summary["partial"]
+    shutil.copytree(tmp_path / "out", tmp_path / "twin")  # one folder twice is refused: a copy of it
     r = run_neoembed(
         [
             "mteb",
             "compare",
             str(tmp_path / "out"),
-            str(tmp_path / "out"),
+            str(tmp_path / "twin"),
             "--out",
             str(tmp_path / "cmp"),
         ],
@@ -1045,7 +1046,7 @@ def test_case_saved_then_none_query_prompt_is_one_setting_for_reuse_summary_and_
     assert row["query_prompt_label"] == "saved (none)" and row["query_prompt_setting"] == "saved"
     assert "query prompt: saved (none) ·" in (out / "summary.md").read_text().splitlines()[0]
     assert "| 2 (partial) |" in compare_runs([out], out=tmp_path / "q3")
-    assert "query prompt: saved (none) ·" in compare_runs([out, out])
+    assert "query prompt: saved (none) ·" in compare_runs([out, shutil.copytree(out, tmp_path / "twin")])
     plain = tmp_path / "plain"  # a run of --query-prompt none alone
     plain.mkdir()
     shutil.copy(out / "TrecQA.json", plain / "TrecQA.json")
