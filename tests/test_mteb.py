@@ -601,6 +601,25 @@ def test_summaries_state_their_settings_and_comparisons_refuse_mixes(tmp_path):
         compare_runs([a, _write_results(tmp_path / "d", "released", "fp16")])
 
 
+def test_a_cde_models_context_is_stated_and_compared(tmp_path):
+    """A CDE model scored with its corpus context and with the null one: 44.48 and 48.51 in a walk, under one
+    header that named neither. The summary names the context; a comparison of CDE runs over different contexts
+    is refused; a CDE run beside a model without a context compares."""
+
+    def cde(name: str, **context) -> Path:
+        folder = _write_results(tmp_path / name, "released")
+        for f in folder.glob("*.json"):
+            f.write_text(json.dumps(json.loads(f.read_text()) | context))
+        return folder
+
+    corpus, null = cde("corpus", cde_context="corpus", cde_seed=0), cde("null", cde_context="null")
+    write_summary(corpus, "m")
+    assert "CDE context: corpus, seed 0" in (corpus / "summary.md").read_text().splitlines()[0]
+    with pytest.raises(ValueError, match=r"different contexts \(.*corpus: corpus, seed 0, .*null: null\)"):
+        compare_runs([corpus, null])
+    assert "CDE context: null" in compare_runs([null, _write_results(tmp_path / "plain", "released")])
+
+
 def test_compare_sets_a_base_model_beside_its_fine_tune(tmp_path):
     """A model's own max length and the text of its own saved query prompt are the model's: a base model (no
     saved prompt, 512 tokens) and its fine-tune (a saved instruction, 4096) compare under --query-prompt saved;

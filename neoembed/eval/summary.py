@@ -45,6 +45,7 @@ def summarize(results: dict[str, dict], model: str, full_suite: dict[str, int] |
     return {
         "model": model,
         **{key: _setting(results, key) for key in COMPARED_SETTINGS},
+        "cde_context": _cde_context(results),
         "query_prompt_label": _prompt_label(results),
         "query_prompt_setting": _prompt_setting(results),
         # tasks of a --rescore run that had no search to rescore (scored on the quantized embeddings alone)
@@ -87,6 +88,17 @@ def _setting(results: dict[str, dict], key: str) -> str:
         {_shown(key, entry.get(key, SETTING_DEFAULTS.get(key, "unrecorded"))) for entry in results.values()}
     )
     return " + ".join(values) if values else "none"
+
+
+def _cde_context(results: dict[str, dict]) -> str | None:
+    """A CDE model's context over its tasks ("corpus, seed S" or "null"; "a + b" when they differ); None for a
+    model that embeds without one."""
+    values = {
+        entry["cde_context"] + (f", seed {entry['cde_seed']}" if "cde_seed" in entry else "")
+        for entry in results.values()
+        if "cde_context" in entry
+    }
+    return " + ".join(sorted(values)) or None
 
 
 def _prompt_text(entry: dict) -> str:
@@ -148,6 +160,8 @@ def _settings_line(rows: list[dict]) -> str:
         else ""
     )
     prompts = sorted({r.get("query_prompt_label", "unrecorded") for r in rows})
+    contexts = sorted({r["cde_context"] for r in rows if r.get("cde_context")})
+    note += f" · CDE context: {', '.join(contexts)}" if contexts else ""
     none = " (`--instructions none` scores a model without task instructions)"
     hint = "" if said["instructions"] == ["none"] else none
     return (
@@ -306,6 +320,13 @@ def _check_comparable(rows: list[dict]) -> None:
                 f"Re-run neoembed mteb with one {flag} for every model (--overwrite re-scores a folder)"
             )
     _check_prompts(rows)
+    contexts = {r["run"]: r["cde_context"] for r in rows if r.get("cde_context")}  # CDE models among the runs
+    if len(set(contexts.values())) > 1 or any(" + " in v for v in contexts.values()):
+        runs = ", ".join(f"{run}: {v}" for run, v in contexts.items())
+        raise ValueError(
+            f"these CDE runs were scored with different contexts ({runs}): their scores are not comparable. "
+            "Re-run neoembed mteb with one --cde-context (and --seed) for every CDE model"
+        )
 
 
 def _check_prompts(rows: list[dict]) -> None:
