@@ -613,6 +613,17 @@ def test_poor_ppl_refuses_a_model_without_its_masked_lm_head(tmp_path, tiny_offi
         main()
     err = capfd.readouterr().err
     assert e.value.code == 2 and "is a bert model: ppl scores NeoBERT checkpoints" in err, err
+    from neoembed.cde.model import CLASS_REF
+
+    cde = tmp_path / "cde"  # a CDE model's folder as it saves one: its stages in folders of their own
+    cde.mkdir()
+    (cde / "modules.json").write_text(json.dumps([{"idx": 0, "name": "0", "path": "", "type": CLASS_REF}]))
+    argv[3] = str(cde)
+    monkeypatch.setattr(sys, "argv", [*argv, "--lengths", "8", "--out", str(tmp_path / "c")])
+    with pytest.raises(SystemExit) as e:
+        main()
+    err = capfd.readouterr().err
+    assert e.value.code == 2 and "is a CDE model" in err and "no masked-LM head" in err, err
 
 
 def test_progress_is_a_plain_line_per_logging_step_when_not_a_terminal(tmp_path, shards, capfd):

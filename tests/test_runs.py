@@ -826,6 +826,7 @@ def test_ppl_refuses_a_used_output_folder_before_loading(tmp_path, capsys, monke
     assert (
         code == 2 and "not empty" in err and "--overwrite" in err and (out / "ppl.json").read_text() == "{}"
     )
+    assert "--resume" not in err, err  # ppl has no such option: the refusal offers what it has
 
 
 # ----------------------------------------------------------------------------------- one writer per folder

@@ -242,10 +242,19 @@ def _ppl(model, data, lengths, out, max_docs, batch_size, column, device, overwr
         raise FileNotFoundError(
             f"--data {data} does not exist: give a shard folder from preprocess, or text files"
         )
-    prepare_output_dir(out, overwrite=overwrite, resume=False, what="--out", clearable=("ppl.json",))
+    prepare_output_dir(
+        out, overwrite=overwrite, resume=False, what="--out", clearable=("ppl.json",), resumable=False
+    )
     from neoembed.hub import resolve_packaged
 
     folder = resolve_checkpoint(resolve_packaged(model))
+    from neoembed.cde.model import is_cde_folder
+
+    if is_cde_folder(folder):  # two encoders in their own folders: no masked-LM head to score with
+        raise ValueError(
+            f"--model {model} is a CDE model (an embedding model of two stages), which has no masked-LM head: "
+            "give the checkpoint of neoembed pretrain (or any masked-LM checkpoint)"
+        )
     check_weight_files(folder)
     tok = AutoTokenizer.from_pretrained(str(folder))
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
