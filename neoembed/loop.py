@@ -64,6 +64,7 @@ from neoembed.runs import (
     note_early_stop,
     param_groups,
     progress_line,
+    rates_from_schedule,
     read_tracker_ids,
     recipe_hyperparameters,
     run_identity,
@@ -306,6 +307,7 @@ class RunLoop:
         state = json.loads((checkpoint / "trainer_state.json").read_text())
         load_state(state)  # the caller's checks first (an exact resume needs the same global batch)
         self.acc.load_state(str(checkpoint / "state"))
+        rates_from_schedule(self.scheduler)  # a resume with other steps: the new schedule's rate from here
         self.step = int(state["step"])
         window = state.get("log_window") or {}  # the logging window the checkpoint fell inside
         self._window, self._window_seconds = dict(window.get("sums", {})), float(window.get("seconds", 0.0))

@@ -391,6 +391,23 @@ def test_a_resumed_run_of_a_model_with_dropout_equals_the_uninterrupted_one(
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_a_resume_with_more_steps_runs_the_new_schedule_from_its_first_step(tmp_path, tiny_official):
+    """A checkpoint restores the rate its run's schedule gave; resumed with more steps, the first resumed step ran
+    at that old rate (0.0002 where the new schedule gives 0.000434 in a walk's pre-training run) and only the
+    next one followed the new schedule. Every resumed step's rate is now the new schedule's."""
+    args = ("datasets=[{card: pydoc_names, max_rows: 64}]", "optimizer.schedule=linear", "save_steps=2")
+    whole = train(_recipe(tmp_path / "whole", tiny_official, *args, "steps=8"), recipe_dir=TINY.parent)
+    out = train(_recipe(tmp_path / "short", tiny_official, *args, "steps=4"), recipe_dir=TINY.parent)
+    shutil.rmtree(out / "checkpoint-4")  # as if killed after checkpoint-2
+    (out / "model.safetensors").unlink()
+    train(_recipe(out, tiny_official, *args, "steps=8"), recipe_dir=TINY.parent, resume=True)
+
+    def rates(folder):
+        return [json.loads(line)["learning_rate"] for line in (folder / "metrics.jsonl").read_text().splitlines()]
+
+    assert rates(out)[2:] == pytest.approx(rates(whole)[2:], rel=1e-9)
+
+
 def test_sigterm_reaching_the_last_step_says_the_resume_only_writes_the_model(
     tmp_path, tiny_official, monkeypatch, sigterm_at
 ):

@@ -75,7 +75,7 @@ from neoembed.runs.metrics import (
     tensorboard_hparams,
     trim_metrics,
 )
-from neoembed.runs.optim import param_groups
+from neoembed.runs.optim import param_groups, rates_from_schedule
 from neoembed.runs.results import (
     MODEL_RECORD,
     WEIGHT_SUFFIXES,
@@ -141,6 +141,7 @@ __all__ = [
     "model_identity",
     "output_lock",
     "param_groups",
+    "rates_from_schedule",
     "check_output_flags",
     "prepare_output_dir",
     "note_early_stop",
