@@ -247,6 +247,13 @@ def test_preprocess_real_text_stats_subsets_and_resume(tmp_path, tokenizer, shar
         preprocess(str(MSRP), out, tokenizer, column="positive", shard_tokens=999, progress=False)
 
 
+def test_the_packaged_tokenizer_loads_as_the_packaged_model_does():
+    """tokenizer=packaged:all-MiniLM-L6-v2 (pre-training, preprocess --tokenizer) went to the hub as a repo id."""
+    from neoembed.pretrain.data import load_tokenizer
+
+    assert load_tokenizer("packaged:all-MiniLM-L6-v2")("a b")["input_ids"][0] == 101  # BERT's [CLS]
+
+
 def test_corpus_files_written_with_a_byte_order_mark_read_as_without_one(tmp_path):
     """A UTF-8 byte-order mark (Windows editors write one) is not text: it was refused in JSON lines ("Unexpected
     UTF-8 BOM") and kept as the first character of a .txt document."""

@@ -58,8 +58,10 @@ def load_tokenizer(name: str):
     the Hugging Face Hub is an ``OSError`` (exit 2) that says which and what to pass instead."""
     from transformers import AutoTokenizer
 
+    from neoembed.hub import resolve_packaged
+
     try:
-        return AutoTokenizer.from_pretrained(name)
+        return AutoTokenizer.from_pretrained(resolve_packaged(name))  # packaged:all-MiniLM-L6-v2 as --model takes it
     except OSError as e:
         where = (
             "" if Path(name).is_dir() else ": not a local folder, and the Hugging Face Hub could not serve it"
