@@ -163,7 +163,7 @@ def tensorboard_tag(key: str) -> str:
 
 class MetricsLog:
     """``metrics.jsonl`` (one JSON row per logging step) and, with ``report_to: [tensorboard]``, the numeric
-    values of each row as TensorBoard scalars under ``train/``. Only the main process writes.
+    values of each row as TensorBoard scalars (:func:`tensorboard_tag`). Only the main process writes.
 
     It also watches the run: :data:`DEGENERATE_ROWS` logged rows in a row with loss 0 and gradient norm 0 mean the
     model learns nothing (duplicate rows, a query equal to its positive), and say so once."""
