@@ -36,7 +36,6 @@ through the model's own ``preprocess``.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -309,12 +308,10 @@ def lean_encode(
                 on_batch(len(rows))
     if on_truncated is not None:
         on_truncated(truncated)
-    elif truncated and warn_truncation:
-        warnings.warn(
-            f"{truncated} text(s) exceed max_seq_length={model.max_seq_length} tokens and are truncated "
-            "(raise --max-length to keep more)",
-            stacklevel=2,
-        )
+    elif warn_truncation:
+        from neoembed.encode_checks import say_truncated
+
+        say_truncated(truncated, model.max_seq_length)
     return out
 
 

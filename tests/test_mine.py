@@ -529,6 +529,8 @@ def test_fast_encode_equals_sentence_transformers_encode(
             got = fast_encode(model, texts, batch_size=16)
         count = str(before[0].message).split()[0]  # the same texts counted as truncated
         assert int(count) > 1 and str(after[0].message).startswith(f"{count} text(s)")
+        # one warning, in one wording and of one class, whichever path encoded
+        assert (after[0].category, str(after[0].message)) == (before[0].category, str(before[0].message))
         assert got.shape == expected.shape and got.dtype == np.float32
         np.testing.assert_allclose(got, expected, atol=2e-6, rtol=0)
         raw = model.encode(texts[:5], prompt="", batch_size=16, convert_to_numpy=True)
