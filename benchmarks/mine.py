@@ -308,6 +308,7 @@ INDEX_VARIANTS = (
     ("hnsw", {"index": "hnsw"}),
     ("ivf (nprobe 16)", {"index": "ivf"}),
     ("ivf (nprobe 1)", {"index": "ivf", "nprobe": 1}),
+    ("ivfpq (rescore 1)", {"index": "ivfpq", "rescore": 1}),  # only the k codes it keeps: no more to rescore
     ("ivfpq (rescore 4)", {"index": "ivfpq"}),
     ("ivfpq (rescore 8)", {"index": "ivfpq", "rescore": 8}),
 )
