@@ -320,6 +320,15 @@ def _negatives(data: Path) -> dict[str, tuple]:
 
 
 def index_agreement(args) -> list[dict]:
+    """:func:`_index_agreement` in ``--work-dir``, else in a temporary folder removed after (each index's copy of
+    the embeddings: ~200 MB for the compare corpus)."""
+    if args.work_dir:
+        return _index_agreement(args, Path(args.work_dir))
+    with tempfile.TemporaryDirectory(prefix="mine-indexes-") as work:
+        return _index_agreement(args, Path(work))
+
+
+def _index_agreement(args, work: Path) -> list[dict]:
     """Mine once with flat (embedding included), then resume copies of its embeddings with each index."""
     import shutil
 
@@ -329,7 +338,6 @@ def index_agreement(args) -> list[dict]:
     from neoembed.mine import MineConfig, mine_negatives
 
     faiss.omp_set_num_threads(args.threads)
-    work = Path(args.work_dir or tempfile.mkdtemp(prefix="mine-indexes-"))
     corpus = real_corpus()[1] if args.corpus == "compare" else args.corpus
     base = dict(max_length=args.max_length, max_rows=args.max_rows, gpu="off", keep_embeddings=True)
     t0 = time.perf_counter()
