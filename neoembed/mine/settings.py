@@ -304,7 +304,8 @@ def prepare_run_folder(
                 f"--resume: the run in {out} was started with other settings ({changed}); "
                 + (_DATA_CHANGED if "data." in changed else fix)
             )
-        redone = describe_changes(_only(saved, redo[0]), _only(fingerprint, redo[0]))
+        # everything else is equal (checked above): what differs beyond may_change is redo's settings
+        redone = describe_changes(_without(saved, may_change), _without(fingerprint, may_change))
         if redone:
             logger.warning("--resume with other search settings (%s): what is stored is searched again", redone)
             for file in redo[1]:
@@ -322,11 +323,6 @@ def _without(fingerprint: dict, keys: frozenset) -> dict:
     if not keys or not isinstance(settings, dict):
         return fingerprint
     return {**fingerprint, "settings": {k: v for k, v in settings.items() if k not in keys}}
-
-
-def _only(fingerprint: dict, keys: frozenset) -> dict:
-    settings = fingerprint.get("settings")
-    return {"settings": {k: v for k, v in settings.items() if k in keys}} if isinstance(settings, dict) else {}
 
 
 def _check_finished_run(card: Path, fingerprint: dict) -> None:
