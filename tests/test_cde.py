@@ -417,6 +417,36 @@ def test_teacher_pass_shows_one_progress_line_and_encodes_the_same_with_or_witho
     assert "teacher embeddings" in err and "10/10" in err and "\r" not in err, err
 
 
+def test_teacher_pass_embeds_nothing_twice_and_nothing_when_no_step_is_left(tmp_path, monkeypatch):
+    """The teacher's embeddings of the hard negatives (filtering) are cached beside the clustering, so a second
+    run (a resume) embeds no text again; a run with no step left (a resume that only writes the final model)
+    needs no teacher at all, cache or not."""
+    from neoembed.cde import trainer
+
+    lines = (CDE_TINY.parent / "tiny/rows/pydoc_names.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in lines[:16]]
+
+    def sources():
+        negatives = [[rows[(i + 1) % 16]["positive"], rows[(i + 2) % 16]["positive"]] for i in range(16)]
+        return [trainer.Source("s", [r["query"] for r in rows], [r["positive"] for r in rows], negatives)]
+
+    calls, embed = [], trainer.teacher_embeddings
+    counted = lambda t, texts, **kw: calls.append(len(texts)) or embed(t, texts, **kw)  # noqa: E731
+    monkeypatch.setattr(trainer, "teacher_embeddings", counted)
+    recipe = load_recipe(CDE_TINY, CDERecipe, [f"clustering.cache_dir={tmp_path}", "clustering.niter=2"])
+    first_sources = sources()
+    first, _ = trainer._teacher_pass(recipe, first_sources, progress=False)
+    assert calls == [16, 16, 32]
+    again = sources()
+    second, _ = trainer._teacher_pass(recipe, again, progress=False)
+    assert calls == [16, 16, 32], "a second run embedded texts again"
+    torch.testing.assert_close(again[0].teacher_n, first_sources[0].teacher_n, rtol=0, atol=0)
+    assert second.epoch(0) == first.epoch(0)
+    uncached = load_recipe(CDE_TINY, CDERecipe, ["clustering.cache_dir=null"])
+    done, _ = trainer._teacher_pass(uncached, sources(), progress=False, steps_left=False)
+    assert calls == [16, 16, 32] and done.steps_per_epoch() == first.steps_per_epoch() == 2
+
+
 # --------------------------------------------------------------------------------------------- the trainer
 def _recipe(tmp_path, tiny_official, *overrides):
     return load_recipe(CDE_TINY, CDERecipe, [f"model={tiny_official}", f"output_dir={tmp_path}", *overrides])
@@ -503,6 +533,21 @@ def test_cde_resume_equals_uninterrupted(tmp_path, tiny_official, cached):
             resume=True,
             progress=False,
         )
+    # stopped at the last step before the final model was written: the resume only writes it, without a teacher
+    for p in part.iterdir():
+        if p.name not in ("checkpoint-6", "metrics.jsonl", "run_record.json"):
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+    import neoembed.cde.trainer
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(neoembed.cde.trainer, "teacher_embeddings", lambda *a, **k: pytest.fail("teacher embedded"))
+        train_cde(
+            _recipe(part, tiny_official, "steps=6", "save_steps=3", "clustering.cache_dir=null"),
+            recipe_dir=CDE_TINY.parent,
+            resume=True,
+            progress=False,
+        )
+    assert (part / "cde_head.safetensors").is_file() and _losses(part) == _losses(full)
 
 
 def test_cli_train_dispatches_cde_and_rejects_bad_recipes(tmp_path, tiny_official, run_neoembed):

@@ -11,7 +11,8 @@ negatives are difficult and the batch's documents form a coherent context. For e
 Each epoch, the clusters of a source are concatenated in random order (or along a greedy nearest-centroid
 tour) and cut into batches of ``batch_size``; the tail is dropped; the batches of all sources are shuffled
 together. Under DDP rank r takes slice r of every global batch. The clustering is cached on disk under a hash
-of everything it depends on (teacher, texts, settings).
+of everything it depends on (teacher, texts, settings), and so are the teacher's embeddings of the hard
+negatives.
 
 False negatives: the teacher scores each batch's queries against its documents; a document scoring at least
 the query's own positive (or above a fixed threshold) is removed from that query's denominator — never made a
@@ -214,6 +215,20 @@ def cached_clustering(cache_dir: Path | None, key: str, compute):
         np.savez(tmp, assign=assign, centroids=centroids, q=q, d=d)
         os.replace(tmp, Path(cache_dir) / f"{key}.npz")
     return assign, centroids, q, d
+
+
+def cached_array(cache_dir: Path | None, key: str, compute) -> np.ndarray:
+    """``compute()``'s array from ``cache_dir/key.npy``, else computed and stored (written atomically)."""
+    path = None if cache_dir is None else Path(cache_dir) / f"{key}.npy"
+    if path is not None and path.is_file():
+        return np.load(path)
+    array = compute()
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{key}.tmp{os.getpid()}.npy")
+        np.save(tmp, array)
+        os.replace(tmp, path)
+    return array
 
 
 def false_negative_mask(

@@ -39,7 +39,7 @@ class ClusteringConfig(StrictModel):
     dims: PositiveInt | None = 128  # SVD reduction of teacher embeddings; null keeps them whole
     niter: PositiveInt = 20
     tour: bool = False  # greedy nearest-centroid order of clusters instead of a random order
-    cache_dir: str | None = "~/.cache/neoembed/cde"  # null: no cache
+    cache_dir: str | None = "~/.cache/neoembed/cde"  # null: no cache (a resume embeds again)
 
 
 class FilteringConfig(StrictModel):

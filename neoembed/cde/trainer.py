@@ -35,6 +35,7 @@ import torch
 from neoembed.adapters import add_lora, count_parameters, merge_lora, require_peft
 from neoembed.cde.batching import (
     ContextualBatches,
+    cached_array,
     cached_clustering,
     cluster_pairs,
     clustering_key,
@@ -165,11 +166,13 @@ def _warn_small_clusters(recipe: CDERecipe) -> None:
     )  # fmt: skip
 
 
-def _teacher_pass(recipe: CDERecipe, sources: list[Source], progress: bool):
-    """Teacher embeddings of every source (cached with the clustering) and the contextual batches."""
+def _teacher_pass(recipe: CDERecipe, sources: list[Source], progress: bool, steps_left: bool = True):
+    """Teacher embeddings of every source (cached with the clustering, the negatives' beside it) and the
+    contextual batches; none where no step is left to train (a resume that only writes the final model)."""
     from sentence_transformers import SentenceTransformer
 
-    need_teacher = recipe.clustering.enabled or recipe.filtering.enabled
+    clustered = recipe.clustering.enabled and steps_left
+    need_teacher = steps_left and (recipe.clustering.enabled or recipe.filtering.enabled)
     teacher = None
     cache = None
     if recipe.clustering.cache_dir:
@@ -180,7 +183,7 @@ def _teacher_pass(recipe: CDERecipe, sources: list[Source], progress: bool):
     for src in sources:
         offsets.append(offset)
         offset += len(src)
-        if recipe.clustering.enabled and len(src) <= size:  # k = ceil(pairs / size) = 1
+        if clustered and len(src) <= size:  # k = ceil(pairs / size) = 1
             logger.warning(
                 "card %s: %d pairs and clustering.cluster_size %d make one cluster: its contextual batches are "
                 "random ones. Lower clustering.cluster_size (default: the batch size)",
@@ -214,13 +217,20 @@ def _teacher_pass(recipe: CDERecipe, sources: list[Source], progress: bool):
         assign, cents, q, d = cached_clustering(cache, key, compute)
         src.teacher_q, src.teacher_d = torch.from_numpy(q), torch.from_numpy(d)
         if recipe.filtering.enabled and src.k:
-            if teacher is None:
-                teacher = SentenceTransformer(resolve_packaged(recipe.clustering.teacher), device="cpu")
             flat = [t for row in src.negatives for t in row]
-            src.teacher_n = torch.from_numpy(teacher_embeddings(teacher, flat)).view(len(src), src.k, -1)
+
+            def embed_negatives(flat=flat):
+                nonlocal teacher
+                if teacher is None:
+                    teacher = SentenceTransformer(resolve_packaged(recipe.clustering.teacher), device="cpu")
+                return teacher_embeddings(teacher, flat, progress=progress)
+
+            negatives_key = clustering_key(teacher=recipe.clustering.teacher, negatives=flat)
+            n = cached_array(cache, negatives_key, embed_negatives)
+            src.teacher_n = torch.from_numpy(n).view(len(src), src.k, -1)
         assignments.append(assign)
         centroids.append(cents)
-    if not recipe.clustering.enabled:  # random batches: one cluster per pair, shuffled per epoch
+    if not clustered:  # random batches: one cluster per pair, shuffled per epoch
         assignments = [np.arange(len(s)) for s in sources]
         centroids = None
     return ContextualBatches(
@@ -228,7 +238,7 @@ def _teacher_pass(recipe: CDERecipe, sources: list[Source], progress: bool):
         offsets,
         recipe.batch_size,
         seed=recipe.seed,
-        tour=recipe.clustering.tour and recipe.clustering.enabled,
+        tour=recipe.clustering.tour and clustered,
         centroids=centroids,
     ), offsets
 
@@ -433,7 +443,8 @@ def train_cde(
     )
     check_weight_files(recipe.model)
     with acc.main_process_first():  # with a cache, the other processes read what the first one computed
-        batches, offsets = _teacher_pass(recipe, sources, progress and acc.is_main_process)
+        steps_left = checkpoint is None or int(checkpoint.name.split("-")[1]) < recipe.steps
+        batches, offsets = _teacher_pass(recipe, sources, progress and acc.is_main_process, steps_left)
     per_epoch = batches.steps_per_epoch()
     if per_epoch == 0:
         raise DataCardError("no full batch: every source is smaller than the batch size")
