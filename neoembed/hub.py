@@ -48,6 +48,8 @@ def check_model_source(name: str, tokenizer: bool = False) -> None:
     without the model's ``config.json``."""
     if name in PACKAGED_MINILM or Path(name).exists():
         return
+    if name.startswith("packaged:"):  # no hub id either: a mistyped packaged name is said as one
+        resolve_packaged(name)
     try:
         hub_modules_json(name)
     except FileNotFoundError:
