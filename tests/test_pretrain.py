@@ -619,7 +619,7 @@ def test_poor_ppl_refuses_a_model_without_its_masked_lm_head(tmp_path, tiny_offi
     with pytest.raises(SystemExit) as e:
         main()
     err = capfd.readouterr().err
-    assert e.value.code == 2 and "is a bert model: ppl scores NeoBERT checkpoints" in err, err
+    assert e.value.code == 2 and "packaged:all-MiniLM-L6-v2 is a bert model: ppl scores NeoBERT" in err, err
     from neoembed.cde.model import CLASS_REF
 
     cde = tmp_path / "cde"  # a CDE model's folder as it saves one: its stages in folders of their own
@@ -631,6 +631,24 @@ def test_poor_ppl_refuses_a_model_without_its_masked_lm_head(tmp_path, tiny_offi
         main()
     err = capfd.readouterr().err
     assert e.value.code == 2 and "is a CDE model" in err and "no masked-LM head" in err, err
+    # folders that are no masked-LM model are said to be what they are, not by the tokenizer loader's error
+    (stage := cde / "first_stage").mkdir()
+    (stage / "config.json").write_text((encoder / "config.json").read_text())
+    (run_checkpoint := tmp_path / "run" / "checkpoint-12" / "state").mkdir(parents=True)
+    (untokenized := tmp_path / "untokenized").mkdir()
+    shutil.copy(encoder / "config.json", untokenized)
+    cases = {
+        stage: "or one of its stages, which has no masked-LM head",
+        run_checkpoint.parent: "is a training checkpoint (its state/ is what --resume continues from), not a model",
+        untokenized: "has no tokenizer (tokenizer.json, tokenizer_config.json or vocab.txt)",
+    }
+    for folder, said in cases.items():
+        argv[3] = str(folder)
+        monkeypatch.setattr(sys, "argv", [*argv, "--lengths", "8", "--out", str(tmp_path / "c" / folder.name)])
+        with pytest.raises(SystemExit) as e:
+            main()
+        err = capfd.readouterr().err
+        assert e.value.code == 2 and said in err, err
 
 
 def test_progress_is_a_plain_line_per_logging_step_when_not_a_terminal(tmp_path, shards, capfd):

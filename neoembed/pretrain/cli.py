@@ -193,6 +193,22 @@ def ppl_command(
         _ppl(model, data, lengths, out, max_docs, batch_size, column, device, overwrite)
 
 
+def _check_model_folder(folder: Path, model: str) -> None:
+    """A folder without a model's or a tokenizer's files, said by what it is rather than by the loader's error."""
+    if (folder / "state").is_dir() and not (folder / "config.json").is_file():
+        raise ValueError(
+            f"--model {model} is a training checkpoint (its state/ is what --resume continues from), not a model: "
+            "give the run's folder once the run has finished (its final model)"
+        )
+    if not (folder / "config.json").is_file():
+        raise ValueError(f"--model {model} holds no model (no config.json): give a masked-LM checkpoint's folder")
+    if not any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.txt")):
+        raise ValueError(
+            f"--model {model} has no tokenizer (tokenizer.json, tokenizer_config.json or vocab.txt): give the "
+            "folder its model was saved with"
+        )
+
+
 def _load_mlm(folder, dev):
     """The masked-LM model of ``folder``; one without the head's weights (an encoder or embedding model) is
     refused: a random head scores chance-level pseudo-perplexity, not the model's."""
@@ -200,13 +216,14 @@ def _load_mlm(folder, dev):
 
     from transformers.utils import logging as hf_logging
 
+    from neoembed.hub import model_name
     from neoembed.modeling import NeoBERTForMaskedLM
 
     config = Path(folder) / "config.json"
     kind = json.loads(config.read_text()).get("model_type") if config.is_file() else None
     if kind is not None and kind != "neobert":
         raise ValueError(
-            f"--model {folder} is a {kind} model: ppl scores NeoBERT checkpoints with their masked-LM head (the "
+            f"--model {model_name(str(folder))} is a {kind} model: ppl scores NeoBERT checkpoints with their masked-LM head (the "
             "output of `neoembed pretrain`, or the official NeoBERT)"
         )
     verbosity = hf_logging.get_verbosity()
@@ -218,8 +235,8 @@ def _load_mlm(folder, dev):
     missing = sorted(k for k in info["missing_keys"] if k.startswith("decoder."))
     if missing:
         raise ValueError(
-            f"--model {folder} has no masked-LM head (its weights lack {', '.join(missing)}): pseudo-perplexity "
-            "needs the pre-training head; give the checkpoint of `neoembed pretrain` (or the official NeoBERT), "
+            f"--model {model_name(str(folder))} has no masked-LM head (its weights lack {', '.join(missing)}): pseudo-perplexity "
+            "needs the pre-training head; give the final model of `neoembed pretrain` (or the official NeoBERT), "
             "not an encoder or embedding model"
         )
     return net.to(dev)
@@ -250,11 +267,12 @@ def _ppl(model, data, lengths, out, max_docs, batch_size, column, device, overwr
     folder = resolve_checkpoint(resolve_packaged(model))
     from neoembed.cde.model import is_cde_folder
 
-    if is_cde_folder(folder):  # two encoders in their own folders: no masked-LM head to score with
+    if is_cde_folder(folder) or is_cde_folder(folder.parent):  # two encoders, no masked-LM head to score with
         raise ValueError(
-            f"--model {model} is a CDE model (an embedding model of two stages), which has no masked-LM head: "
-            "give the checkpoint of neoembed pretrain (or any masked-LM checkpoint)"
+            f"--model {model} is a CDE model (an embedding model of two stages) or one of its stages, which has "
+            "no masked-LM head: give the final model of neoembed pretrain (or any masked-LM checkpoint)"
         )
+    _check_model_folder(folder, model)
     check_weight_files(folder)
     tok = AutoTokenizer.from_pretrained(str(folder))
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
