@@ -247,11 +247,22 @@ def test_preprocess_real_text_stats_subsets_and_resume(tmp_path, tokenizer, shar
         preprocess(str(MSRP), out, tokenizer, column="positive", shard_tokens=999, progress=False)
 
 
-def test_the_packaged_tokenizer_loads_as_the_packaged_model_does():
-    """tokenizer=packaged:all-MiniLM-L6-v2 (pre-training, preprocess --tokenizer) went to the hub as a repo id."""
+def test_the_packaged_tokenizer_loads_as_the_packaged_model_does(tmp_path):
+    """tokenizer=packaged:all-MiniLM-L6-v2 (pre-training, preprocess --tokenizer) went to the hub as a repo id; the
+    shards' meta.json records it by that name, not by its install path (a folder begun when it recorded the path
+    continues)."""
+    from neoembed.hub import resolve_packaged
     from neoembed.pretrain.data import load_tokenizer
 
-    assert load_tokenizer("packaged:all-MiniLM-L6-v2")("a b")["input_ids"][0] == 101  # BERT's [CLS]
+    tokenizer = load_tokenizer("packaged:all-MiniLM-L6-v2")
+    assert tokenizer("a b")["input_ids"][0] == 101  # BERT's [CLS]
+    (tmp_path / "docs.txt").write_text("rivers run to the sea\nthe sea is salt\n")
+    stats = preprocess(str(tmp_path / "docs.txt"), tmp_path / "shards", tokenizer, progress=False)
+    meta = json.loads((tmp_path / "shards" / "meta.json").read_text())
+    assert meta["tokenizer"] == "packaged:all-MiniLM-L6-v2", meta
+    meta["tokenizer"] = resolve_packaged("packaged:all-MiniLM-L6-v2")
+    (tmp_path / "shards" / "meta.json").write_text(json.dumps(meta))
+    assert preprocess(str(tmp_path / "docs.txt"), tmp_path / "shards", tokenizer, progress=False) == stats
 
 
 def test_corpus_files_written_with_a_byte_order_mark_read_as_without_one(tmp_path):

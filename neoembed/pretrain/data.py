@@ -34,6 +34,7 @@ import yaml
 from pydantic import ValidationError
 
 from neoembed.card_schema import CorpusCard, CorpusColumns, HubSource, Source
+from neoembed.hub import model_name
 from neoembed.recipe import RecipeError, format_validation_error, resolve_named_file
 from neoembed.record import atomic_write_text
 
@@ -285,7 +286,7 @@ def _shard_meta(out: Path, source: str, tokenizer, column: str, max_docs: int | 
     fingerprint = {
         **_source_fingerprint(str(source)),
         "column": column,
-        "tokenizer": getattr(tokenizer, "name_or_path", None),
+        "tokenizer": model_name(tokenizer.name_or_path) if getattr(tokenizer, "name_or_path", None) else None,
         "vocab_size": len(tokenizer),
         # the vocabulary itself: two tokenizers with one name and size (a retrained local one) still differ here
         "vocab_sha256": vocab_sha256(tokenizer),
@@ -304,6 +305,8 @@ def _shard_meta(out: Path, source: str, tokenizer, column: str, max_docs: int | 
     state = {"docs": 0, "shards": 0, "tokens": 0}
     if (out / "meta.json").exists():
         old = json.loads((out / "meta.json").read_text())
+        if old.get("tokenizer"):  # a folder begun before the packaged tokenizer was recorded by name
+            old["tokenizer"] = model_name(old["tokenizer"])
         diff = [f"{k}: {old.get(k)!r} there, {v!r} now" for k, v in fingerprint.items() if old.get(k) != v]
         if diff:
             raise ValueError(
