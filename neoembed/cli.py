@@ -191,9 +191,17 @@ def convert(
 ) -> None:
     """Convert a NeoBERT checkpoint between the official layout and the neoembed layout. DST must be a new or
     empty folder (or --overwrite a model folder)."""
+    import shutil
+
     from neoembed.hub import check_model_source, resolve_packaged
     from neoembed.record import RUN_RECORD
-    from neoembed.runs import OutputDirError, check_weight_files, output_lock, prepare_output_dir
+    from neoembed.runs import (
+        OutputDirError,
+        check_output_flags,
+        check_weight_files,
+        output_lock,
+        prepare_output_dir,
+    )
     from neoembed.runs.folder import clear_folder
 
     src = resolve_packaged(src)
@@ -211,24 +219,32 @@ def convert(
     from neoembed.modeling.convert import convert_checkpoint
     from neoembed.record import readable_weights
 
+    folder = {"what": "DST", "clearable": (RUN_RECORD, "config.json"), "resumable": False}
     with output_lock(dst, what="DST"):
-        prepare_output_dir(
-            dst, overwrite=overwrite, resume=False, what="DST", clearable=(RUN_RECORD, "config.json"),
-            resumable=False,
-        )  # fmt: skip
+        check_output_flags(dst, overwrite=overwrite, resume=False, **folder)
+        # written beside DST first: a SRC that fails to convert (or a full disk, a signal) leaves the model an
+        # --overwrite would replace as it was
+        staged = dst.parent / f".{dst.name}.converting"
+        shutil.rmtree(staged, ignore_errors=True)
         try:
             if sentence:
                 from neoembed.sentence import convert_to_sentence_transformer
 
-                report = convert_to_sentence_transformer(src, dst, pooling=pooling)
+                report = convert_to_sentence_transformer(src, staged, pooling=pooling)
             else:
-                report = convert_checkpoint(src, dst, to=to)
-        except BaseException:  # a full disk, a signal: no half-written DST that a rerun would refuse
-            if dst.is_dir():
+                report = convert_checkpoint(src, staged, to=to)
+            prepare_output_dir(dst, overwrite=overwrite, resume=False, **folder)
+            dst.mkdir(parents=True, exist_ok=True)
+            try:
+                for entry in sorted(staged.iterdir()):
+                    os.replace(entry, dst / entry.name)
+            except BaseException:  # no half-moved DST that a rerun would refuse
                 clear_folder(dst)
-            raise
+                raise
+        finally:
+            shutil.rmtree(staged, ignore_errors=True)
         readable_weights(dst)
-    typer.echo(report)
+    typer.echo(report.replace(str(staged), str(dst)))  # the report names the folder it wrote
 
 
 # Subcommands of later components are attached below (train, mteb, pretrain, ppl, preprocess, data,

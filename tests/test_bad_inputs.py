@@ -838,9 +838,10 @@ def test_a_run_stopped_by_a_full_disk_says_how_it_continues(tmp_path, capsys, mo
     assert code == 1 and "stopped: the disk is full" in said and "free space, then rerun with --resume" in said, said
 
 
-def test_walk_convert_on_a_full_disk_stops_with_1_and_leaves_dst_empty(tmp_path, capsys, monkeypatch):
-    """A convert cut short by a full disk exited 2 (bad input) and left config and code without weights, which a
-    rerun refused with advice to pass --resume, an option convert lacks; a packaged name was sent to the hub."""
+def test_walk_convert_on_a_full_disk_stops_with_1_and_writes_nothing(tmp_path, capsys, monkeypatch):
+    """A convert cut short by a full disk exits 1 (not 2, bad input) and writes nothing (its files are staged
+    beside DST), so no half-written DST is left for a rerun to refuse; a used DST is refused without advice to
+    pass --resume, an option convert lacks; a packaged name is not sent to the hub."""
     import errno
 
     import neoembed.modeling.convert as convert
@@ -855,7 +856,8 @@ def test_walk_convert_on_a_full_disk_stops_with_1_and_leaves_dst_empty(tmp_path,
     dst = tmp_path / "dst"
     code, said = _cli(capsys, monkeypatch, "convert", str(TINY / "model"), str(dst))
     assert code == 1 and "stopped: the disk is full" in said and "please report it" not in said, said
-    assert dst.is_dir() and not any(dst.iterdir())
+    assert not dst.exists() and [p.name for p in tmp_path.iterdir()] == []  # nothing written, no staged folder
+    dst.mkdir()
     (dst / "notes.txt").write_text("someone else's")
     code, said = _cli(capsys, monkeypatch, "convert", str(TINY / "model"), str(dst))
     assert code == 2 and "pass --overwrite to replace it" in said and "--resume" not in said, said

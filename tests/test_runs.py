@@ -419,6 +419,13 @@ def test_case_9_convert_refuses_a_used_folder(tmp_path, tiny_official, capsys, m
     assert "model.NeoBERT" in (dst / "config.json").read_text()
     code, err = _cli(capsys, monkeypatch, "convert", str(dst), str(dst), "--overwrite")
     assert code == 2 and "same folder" in err and (dst / "config.json").is_file()
+    # a SRC that fails to convert leaves the model --overwrite would replace as it was, and nothing beside it
+    before = _snapshot(dst)
+    (broken := tmp_path / "broken").mkdir()
+    (broken / "config.json").write_text((tiny_official / "config.json").read_text())  # and no weights
+    code, err = _cli(capsys, monkeypatch, "convert", str(broken), str(dst), "--overwrite")
+    assert code == 2 and "no weights" in err and _snapshot(dst) == before, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["broken", "trained"]
 
 
 def test_case_10_resume_without_a_checkpoint_is_an_error(tmp_path, tiny_official, capsys, monkeypatch):

@@ -310,6 +310,7 @@ def check_output_flags(
     resume: bool,
     what: str = "output_dir",
     clearable: tuple[str, ...] = (RECORD,),
+    resumable: bool = True,
 ) -> None:
     """What :func:`prepare_output_dir` refuses without the run's settings (the flags against the folder: nothing
     to resume, a used folder without --resume or --overwrite, an --overwrite of a folder that is not neoembed's),
@@ -319,7 +320,7 @@ def check_output_flags(
     out = Path(path)
     used = _check_flags(out, overwrite, resume, what)
     if used and not resume and launched_main():
-        _check_used(out, overwrite, what, clearable)
+        _check_used(out, overwrite, what, clearable, resumable=resumable)
 
 
 def _check_flags(out: Path, overwrite: bool, resume: bool, what: str) -> bool:
