@@ -5,6 +5,7 @@ model and rows shipped with the package, in seconds."""
 from __future__ import annotations
 
 import gzip
+import json
 import shutil
 from pathlib import Path
 
@@ -801,7 +802,7 @@ def test_the_dry_run_refuses_what_the_run_refuses_before_loading_a_model(tmp_pat
     the recipe (exit 0), both of which the real run then refused; it showed the card's 200 rows as if all trained."""
     out = f"output_dir={tmp_path / 'run'}"
     for override, said in (
-        ("datasets=[{card: pydoc_names, max_rows: 8}]", "batch size 16 is larger than the dataset (8 rows kept by"),
+        ("datasets=[{card: pydoc_names, max_rows: 8}]", "batch size 16 is larger than the dataset (8 usable rows of"),
         ("instruction_overrides.nosuch=x", "instruction_overrides names card(s) ['nosuch']"),
     ):
         code, msg = _cli(capsys, monkeypatch, "train", "tiny", out, override, "--dry-run")
@@ -810,6 +811,24 @@ def test_the_dry_run_refuses_what_the_run_refuses_before_loading_a_model(tmp_pat
                      "--dry-run")  # fmt: skip
     assert code == 0 and "rows 200 (counted), 64 used" in msg, msg[-1000:]
     assert not (tmp_path / "run").exists()
+    # rows the run drops (no positive here) are not counted as used: the batch the run refuses is refused here
+    rows = [json.loads(line) for line in (TINY / "rows" / "pydoc_names.jsonl").read_text().splitlines()][:40]
+    (data := tmp_path / "data").mkdir()
+    (data / "pairs.jsonl").write_text("".join(json.dumps({**r, "positive": r["positive"] * (i % 4 > 0)}) + "\n"
+                                              for i, r in enumerate(rows)))  # fmt: skip
+    card = (TINY / "cards" / "pydoc_names.yaml").read_text().replace("../rows/pydoc_names.jsonl", "pairs.jsonl")
+    (data / "pydoc_names.yaml").write_text(card.replace("size: 200", "size: 40\nexpected_loss: 0.25"))
+    for dry in (["--dry-run"], []):
+        code, msg = _cli(capsys, monkeypatch, "train", "tiny", out, f"card_dirs=[{data}]", "batch_size=35",
+                         "datasets=[{card: pydoc_names}]", *dry)  # fmt: skip
+        assert code == 2 and "batch size 35 is larger than the dataset (30 usable rows" in msg, msg[-1000:]
+    code, msg = _cli(capsys, monkeypatch, "train", "tiny", out, f"card_dirs=[{data}]", "batch_size=8",
+                     "datasets=[{card: pydoc_names}]", "--dry-run")  # fmt: skip
+    assert code == 0 and "rows 40 (counted), 30 used" in msg, msg[-1000:]
+    (data / "pydoc_names.yaml").write_text(card.replace("size: 200", "size: 40"))  # expects no row lost
+    code, msg = _cli(capsys, monkeypatch, "train", "tiny", out, f"card_dirs=[{data}]", "batch_size=8",
+                     "datasets=[{card: pydoc_names}]", "--dry-run")  # fmt: skip
+    assert code == 2 and "That is more than the card's expected_loss (0.0)" in msg, msg[-1000:]
 
 
 def test_load_on_a_device_the_machine_lacks_names_it(minilm_path):

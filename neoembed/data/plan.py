@@ -1,9 +1,9 @@
 """``neoembed train RECIPE --dry-run``: what a unified recipe would train on, without loading a model or hub data.
 
-One line per dataset: rows (declared by the card, or counted for local data), pi_i ∝ n_i^alpha, the steps of the run
-expected to draw it, hard negatives per query, queries per step (and texts per step), the instruction, the licence,
-pinned or not. Hub datasets are described from the cards' declared schemas (nothing is downloaded; ``neoembed data
-check`` compares them with the live data).
+One line per dataset: rows (declared by the card, or counted for local data, with the rows training keeps of
+them), pi_i ∝ n_i^alpha, the steps of the run expected to draw it, hard negatives per query, queries per step (and
+texts per step), the instruction, the licence, pinned or not. Hub datasets are described from the cards' declared
+schemas (nothing is downloaded; ``neoembed data check`` compares them with the live data).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from neoembed.data.cards import (
     explain_data_errors,
     load_card_rows,
     load_recipe_cards,
+    prepare_card,
 )
 
 __all__ = ["PlanRow", "dry_run", "plan"]
@@ -101,10 +102,17 @@ def plan(recipe, recipe_dir: Path | None = None) -> list[PlanRow]:
             raise DataCardError(
                 f"card {card.name}: its paths do not fit its declared schema: {'; '.join(problems)}"
             )
-        local = None
+        local = kept = None
         if card.source.local is not None:  # local data is cheap to count, and counting is exact
             with explain_data_errors(card, folder):  # as training reads it: by file and line
                 local = load_card_rows(card, folder)
+                # the rows training keeps (max_rows, then rows without text or with too few negatives dropped),
+                # prepared as the run prepares them (and kept in the card cache it then reads)
+                pairs, _ = prepare_card(
+                    card, folder, entry.max_rows, entry.max_negatives, recipe.template, recipe.instructions,
+                    recipe.seed, warn=False,
+                )  # fmt: skip
+                kept = len(pairs)
             rows, rows_from = local.full_size, "counted"
         else:
             declared = card.size or (card.schema_.num_rows if card.schema_ is not None else None)
@@ -116,11 +124,12 @@ def plan(recipe, recipe_dir: Path | None = None) -> list[PlanRow]:
         batch = recipe.dataset_batch_size(entry, count)  # the trainer's rule, on the declared negatives
         texts = batch * (2 + count) if batch is not None and count is not None else None
         used = min(rows, entry.max_rows) if rows and entry.max_rows else rows  # pi_i counts the full size
+        used = kept if kept is not None else used
         if batch is not None and used is not None and batch > used:  # the trainer refuses it after loading
             raise DataCardError(
-                f"card {card.name}: batch size {batch} is larger than the dataset ({used} rows"
-                f"{' kept by max_rows' if used != rows else ''}); lower batch_size (or this dataset's batch_size) "
-                "or add data"
+                f"card {card.name}: batch size {batch} is larger than the dataset ({used} usable rows"
+                f"{f' of {rows}' if used != rows else ''}); lower batch_size (or this dataset's batch_size) or add "
+                "data"
             )
         out.append(
             PlanRow(
