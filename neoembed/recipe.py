@@ -290,14 +290,39 @@ def load_recipe(
         try:
             return schema.model_validate(data)
         except ValidationError as e:
+            _check_command(schema, data, where)
             raise RecipeError(format_validation_error(e, schema, where)) from None
     try:
         return TypeAdapter(schema).validate_python(data)
     except ValidationError as e:
+        _check_command(schema, data, where)
         member, kind = _union_member(schema, data)
         if member is None:
             raise RecipeError(f"invalid recipe in {where}: {e.errors()[0]['msg']}") from None
         raise RecipeError(format_validation_error(e, member, where, strip=kind)) from None
+
+
+#: what each kind of recipe is, and the command that runs it
+_RECIPE_KINDS = {
+    "unified": ("a training recipe", "neoembed train RECIPE"),
+    "cde": ("a CDE training recipe", "neoembed train RECIPE"),
+    "pretrain": ("a pre-training recipe", "neoembed pretrain RECIPE"),
+    "glue": ("a GLUE recipe", "neoembed glue TASK --model MODEL --recipe RECIPE"),
+}
+
+
+def _check_command(schema: Any, data: dict, where: str) -> None:
+    """A recipe that failed validation because it is another command's (its ``kind``, or without one its
+    distinctive keys, say so) is refused by naming that command, not by the keys this schema lacks."""
+    kind = data.get("kind")
+    if kind is None:  # the keys only one kind of recipe has
+        keys = (("task", "glue"), ("datasets", "unified"), ("data", "pretrain"))
+        kind = next((k for key, k in keys if key in data), None)
+    members = [getattr(m, "__origin__", m) for m in getattr(getattr(schema, "__origin__", None), "__args__", ())]
+    own = {m.model_fields["kind"].default if "kind" in m.model_fields else "glue" for m in members or [schema]}
+    if kind in _RECIPE_KINDS and kind not in own:
+        what, command = _RECIPE_KINDS[kind]
+        raise RecipeError(f"{where} is {what}, not one this command runs: run it with `{command}`")
 
 
 def seed_everything(seed: int) -> None:

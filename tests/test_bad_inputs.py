@@ -787,6 +787,25 @@ def test_walk_an_empty_output_dir_and_a_zero_checkpoint_limit_are_refused(capsys
             assert code == 2 and f"'{key.rstrip('=0')}'" in err and said in err, (recipe, value, err)
 
 
+def test_a_recipe_given_to_another_command_names_its_own(capsys, monkeypatch):
+    """`train pretrain-stage1` said pydantic's "Input tag 'pretrain' found using kind_of() does not match any of
+    the expected tags", `pretrain tiny` listed eleven unknown or missing keys, `train glue/mrpc` four: each names
+    the command that runs the recipe."""
+    tiny_model = str(Path(__file__).parent / "shared" / "fixtures" / "neobert-tiny-official")
+    for argv, said in (
+        (["train", "pretrain-stage1", "--dry-run"], "is a pre-training recipe, not one this command runs: run it "
+         "with `neoembed pretrain RECIPE`"),
+        (["pretrain", "tiny"], "is a training recipe, not one this command runs: run it with `neoembed train"),
+        (["pretrain", "cde-tiny"], "is a CDE training recipe, not one this command runs"),
+        (["train", "glue/mrpc"], "is a GLUE recipe, not one this command runs: run it with `neoembed glue TASK"),
+        (["glue", "MRPC", "--model", tiny_model, "--recipe", "pretrain-tiny"], "is a pre-training recipe"),
+    ):  # fmt: skip
+        code, err = _cli(capsys, monkeypatch, *argv)
+        assert code == 2 and said in err and "kind_of" not in err and "unknown key" not in err, (argv, err)
+    code, err = _cli(capsys, monkeypatch, "train", "tiny", "stepz=4", "--dry-run")  # its own recipe: the keys
+    assert code == 2 and "unknown key 'stepz'" in err and "not one this command runs" not in err, err
+
+
 def test_debug_spelled_off_stays_off_and_mteb_names_the_missing_model(capsys, monkeypatch):
     """``NEOEMBED_DEBUG=0`` turned tracebacks on (any value did); ``neoembed mteb`` without ``--model`` printed its
     whole help page and never said what was missing."""
