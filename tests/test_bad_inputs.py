@@ -545,6 +545,23 @@ def test_walk_a_first_csv_row_wider_than_its_header_is_refused_by_its_line(tmp_p
     assert code == 0 and "4 of 4 rows kept" in msg and "'what time is it, please'" in msg, msg
 
 
+def test_a_tab_separated_file_named_csv_is_said_to_be_one(tmp_path, capsys, monkeypatch):
+    """A tab-separated file named .csv: init said "has 3 fields, the header 1: quote the fields that contain
+    commas" (a comma in a row) or "cannot tell the query and positive columns from ['query\\tpositive']", and
+    `data check` that the column was not in the data; each names the tabs."""
+    data = tmp_path / "pairs.csv"
+    for rows in (["q one\tp one", "q two\tp two"], ["q one\tp one", "q two, please\tp two"]):
+        data.write_text("\n".join(["query\tpositive", *rows]) + "\n")
+        code, msg = _cli(capsys, monkeypatch, "init", str(data), "--out", str(tmp_path / "c"))
+        assert code == 2 and "pairs.csv: its header line holds tabs and no commas: the file is tab-separated" in msg
+        assert not (tmp_path / "c").exists()
+    recipe = _recipe_on(tmp_path, str(data), "csv")
+    for argv, said in ((["train", str(recipe), "--dry-run"], "the file is tab-separated"),
+                       (["data", "check", str(tmp_path / "cards" / "x.yaml")], "the file is tab-separated")):  # fmt: skip
+        code, msg = _cli(capsys, monkeypatch, *argv)
+        assert code in (1, 2) and said in msg, msg
+
+
 def test_load_refuses_prompts_that_are_not_text(tmp_path):
     """A14: prompts={"query": 5} loaded, was saved, and failed at the first encode_query (int + str)."""
     import neoembed

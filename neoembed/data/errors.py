@@ -159,6 +159,8 @@ def _explain_csv(path: Path) -> str | None:
             records, end = records + bool(row), reader.line_num  # a blank line holds no row, for pandas too
             if header is None:
                 header = row or None
+                if tabs := tab_separated(path, header):
+                    return tabs
             elif len(row) > len(header):  # pandas refuses it, or reads a first row's start as an index
                 return f"{path}, line {end}: {wide_csv_row(len(row), len(header))}"
     except csv.Error as e:
@@ -174,6 +176,16 @@ def _explain_csv(path: Path) -> str | None:
             "card"
         )
     return None
+
+
+def tab_separated(path: Path, header: list[str] | None) -> str | None:
+    """Why a ``.csv`` file whose header is one field holding tabs is refused: it is tab-separated."""
+    if header is None or len(header) != 1 or "\t" not in header[0]:
+        return None
+    return (
+        f"{path}: its header line holds tabs and no commas: the file is tab-separated, and a .csv file is read as "
+        "comma-separated: replace the tabs with commas (quoting the fields that hold commas), or write JSON lines"
+    )
 
 
 def wide_csv_row(fields: int, header: int) -> str:

@@ -18,7 +18,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from neoembed.data.errors import wide_csv_row
+from neoembed.data.errors import tab_separated, wide_csv_row
 
 __all__ = ["Starter", "guess_columns", "write_starter"]
 
@@ -100,6 +100,8 @@ def _read_csv(path: Path) -> tuple[list[str], int]:
     reader = csv.DictReader(_lines(path), strict=True)
     rows, end = 0, 1
     try:
+        if tabs := tab_separated(path, reader.fieldnames):
+            raise ValueError(tabs)
         for row in reader:
             rows, end = rows + 1, reader.line_num
             if None in row:  # DictReader files the fields past the header's under the key None
