@@ -265,6 +265,24 @@ def test_the_packaged_tokenizer_loads_as_the_packaged_model_does(tmp_path):
     assert preprocess(str(tmp_path / "docs.txt"), tmp_path / "shards", tokenizer, progress=False) == stats
 
 
+def test_preprocess_of_a_hub_corpus_offline_says_so_at_once(tmp_path, tokenizer, monkeypatch):
+    """Offline, preprocess of a hub corpus card (refinedweb) left the dataset client to retry for ~28 s before
+    saying the hub was unreachable; one probe says it first, and nothing is written."""
+    import datasets
+
+    import neoembed.data.check
+
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: pytest.fail("the hub was asked"))
+    monkeypatch.setattr(neoembed.data.check, "hub_unreachable_reason", lambda: "ConnectError from the endpoint")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    with pytest.raises(OSError, match="'tiiuae/falcon-refinedweb': the Hugging Face hub cannot be reached .Conn"):
+        preprocess("refinedweb", tmp_path / "rw", tokenizer, max_docs=5, progress=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(OSError, match="cannot be reached .HF_HUB_OFFLINE is set"):
+        preprocess("refinedweb", tmp_path / "rw", tokenizer, max_docs=5, progress=False)
+    assert not (tmp_path / "rw").exists() or not any((tmp_path / "rw").glob("shard-*"))
+
+
 def test_corpus_files_written_with_a_byte_order_mark_read_as_without_one(tmp_path):
     """A UTF-8 byte-order mark (Windows editors write one) is not text: it was refused in JSON lines ("Unexpected
     UTF-8 BOM") and kept as the first character of a .txt document."""

@@ -233,7 +233,17 @@ def _iter_card(card: CorpusCard, folder: Path) -> Iterator[str]:
         return
     import datasets
 
+    from neoembed.data.check import hub_unreachable_reason
+    from neoembed.data.errors import hub_offline_mode
+
     hub = card.source.hub
+    # one probe first: offline, the dataset client retries for about half a minute before it gives up
+    down = "HF_HUB_OFFLINE is set" if hub_offline_mode() else hub_unreachable_reason()
+    if down is not None:
+        raise OSError(
+            f"could not stream hub dataset {hub.id!r}: the Hugging Face hub cannot be reached ({down}). Offline, "
+            "point preprocess at local files instead."
+        )
     try:
         ds = datasets.load_dataset(hub.id, hub.config, split=hub.split, revision=hub.revision, streaming=True)
         for row in ds:
