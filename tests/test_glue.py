@@ -243,6 +243,14 @@ def test_run_transfer_and_resumable_grid(tmp_path, msrp_rows, tiny_official, mon
 def test_bad_input_exits_2(tmp_path, run_neoembed):
     run = run_neoembed(["glue", "WNLI", "--model", "x", "--out", str(tmp_path / "o")])
     assert run.exit_code == 2 and "WNLI is excluded" in run.stderr
+    from neoembed.cde.model import CLASS_REF
+
+    cde = tmp_path / "cde"  # a CDE model's folder, as it saves one (was: "Unrecognized model in cde")
+    cde.mkdir()
+    (cde / "modules.json").write_text(json.dumps([{"idx": 0, "name": "0", "path": "", "type": CLASS_REF}]))
+    run = run_neoembed(["glue", "MRPC", "--model", str(cde), "--out", str(tmp_path / "o")])
+    assert run.exit_code == 2 and "is a CDE model (two encoder stages and a corpus context)" in run.stderr
+    assert not (tmp_path / "o").exists()
 
 
 def _a_run_stopped_at_step_4(tmp_path, msrp_rows, tiny_official, monkeypatch, capsys):

@@ -82,6 +82,7 @@ def glue_command(
     check_trackers(settings.report_to, out, resume)  # a missing tracker fails before the data or model load
     source = resolve_from(from_) if from_ else None
     backbone = source or resolve_packaged(model)
+    _refuse_cde(backbone, model)
     # a second run (or resume) into this folder is refused before it touches it
     with output_lock(out, what="--out"):
         if resume and out.is_dir():  # the recipe's settings now; those derived from the rows when they load
@@ -97,6 +98,16 @@ def glue_command(
             inputs=(model, from_),
         )
         _start(settings, spec, backbone, out, data_dir, carve, source, grid)
+
+
+def _refuse_cde(backbone: str, model: str) -> None:
+    from neoembed.cde.model import is_cde_folder  # torch: imported when a command runs, not for its --help
+
+    if is_cde_folder(backbone):  # reads its modules.json: False for a hub id
+        raise ValueError(
+            f"--model {model} is a CDE model (two encoder stages and a corpus context): GLUE fine-tunes one encoder "
+            "under a classifier; give an encoder (the model the CDE run started from, or any plain checkpoint)"
+        )
 
 
 def _start(settings, spec, backbone: str, out: Path, data_dir, carve, source: str | None, grid: bool) -> None:
