@@ -69,6 +69,7 @@ from neoembed.runs import (
     recipe_hyperparameters,
     run_identity,
     stage_checkpoint,
+    trajectory_value,
     write_failed,
 )
 
@@ -339,7 +340,7 @@ class RunLoop:
             return  # nothing counted yet, or a checkpoint written before the settings were recorded
         now = self._scored_with()
         changed = [f"eval.{k}: {then.get(k)!r} then, {now.get(k)!r} now" for k in sorted(then.keys() | now.keys())
-                   if then.get(k) != now.get(k)]  # fmt: skip
+                   if trajectory_value(k, then.get(k)) != trajectory_value(k, now.get(k))]  # fmt: skip
         if changed:
             raise ValueError(
                 f"--resume: keep_best's best so far (step {self.best['step']}, eval_{self.best['metric']} "

@@ -434,6 +434,8 @@ def test_a_resume_on_other_edited_or_unfinished_shards_is_refused(tmp_path, shar
     trained on the documents it had so far. A copy of the same shards elsewhere is the same data."""
     own = shutil.copytree(shards, tmp_path / "shards")
     pretrain(_recipe(tmp_path / "run", own, "steps=4", "save_steps=2"), progress=False)
+    # the same folder spelled another way is the same source (a resume of it is no other run)
+    pretrain(_recipe(tmp_path / "run", f"{own}/../shards/", "steps=5", "save_steps=2"), resume=True, progress=False)
     assert ShardedCorpus(shutil.copytree(own, tmp_path / "copy")).content_key() == ShardedCorpus(own).content_key()
     tokens = np.load(own / "shard-00000.tokens.npy", mmap_mode="r+")
     tokens[100] = 7 if tokens[100] != 7 else 8

@@ -283,6 +283,12 @@ def test_case_2_resume_refuses_another_run_and_names_the_differences(tmp_path, t
         train(_recipe(ref, tiny_official, "optimizer.lr=0.5"), recipe_dir=TINY.parent, resume=True)
     with pytest.raises(OutputDirError, match=r"checkpoint-4 is at step 4, past this run's steps=3"):
         train(_recipe(ref, tiny_official, "steps=3"), recipe_dir=TINY.parent, resume=True)
+    # a section switched on is one difference, as set now (was: "matryoshka: null ..., "(not set)" now" and
+    # "matryoshka.dims: "(not set)" ..., [32, 16] now")
+    with pytest.raises(OutputDirError) as refused:
+        train(_recipe(ref, tiny_official, "matryoshka={dims: [32, 16]}"), recipe_dir=TINY.parent, resume=True)
+    assert 'matryoshka: null in the folder\'s run, {"dims": [32, 16]' in str(refused.value), refused.value
+    assert "matryoshka." not in str(refused.value) and "(not set)" not in str(refused.value), refused.value
     assert _snapshot(ref) == before
 
 

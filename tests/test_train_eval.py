@@ -203,7 +203,7 @@ def test_a_failed_evaluation_keeps_its_steps_and_the_resume_runs_it_first(
                        r"'\w+' then, 'none' now\)"):  # fmt: skip
         _train(other, resume=True)
     caplog.clear()
-    _train(recipe, resume=True)
+    _train(_recipe(out, tiny_official, f"{trecqa}/../{trecqa.name}/", *best), resume=True)  # the same task folder
     assert "clearing" not in caplog.text  # the failed attempt's folder is the evaluator's own to replace
     assert _rows(out, "eval_ndcg_at_10") == pytest.approx(_rows(full, "eval_ndcg_at_10"), abs=1e-9)
     assert _same_weights(out, full)

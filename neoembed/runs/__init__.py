@@ -59,6 +59,7 @@ from neoembed.runs.folder import (
     prepare_output_dir,
     resume_defaults,
     resume_settings,
+    trajectory_value,
 )
 from neoembed.runs.lock import launched_main, lock_path, output_lock
 from neoembed.runs.metrics import (
@@ -151,6 +152,7 @@ __all__ = [
     "recipe_hyperparameters",
     "resume_defaults",
     "resume_settings",
+    "trajectory_value",
     "run_identity",
     "save_final_model",
     "stage_checkpoint",

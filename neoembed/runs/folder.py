@@ -179,19 +179,38 @@ def _saved_settings(output: Path) -> dict[str, Any] | None:
 
 def _differences(saved: dict[str, Any], now: dict[str, Any], defaults: dict[str, Any]) -> list[str]:
     missing = "(not set)"
+    # a section set on one side and null on the other (keep_best switched on) is one difference, not one per key
+    sections = {k for one, other in ((saved, now), (now, saved)) for k in one
+                if k not in other and any(o.startswith(k + ".") for o in other)}  # fmt: skip
+    saved, now, defaults = (_gathered(d, sections) for d in (saved, now, defaults))
     # a key the folder's run predates is no difference while it is at its default now
     keys = sorted(k for k in set(saved) | set(now) if k in saved or now[k] != defaults.get(k, missing))
     return [
         f"{k}: {json.dumps(saved.get(k, missing), default=str)} in the folder's run, "
         f"{json.dumps(now.get(k, missing), default=str)} now"
         for k in keys
-        if _trajectory(k, saved.get(k, missing)) != _trajectory(k, now.get(k, missing))
+        if trajectory_value(k, saved.get(k, missing)) != trajectory_value(k, now.get(k, missing))
     ]
 
 
-def _trajectory(key: str, value: Any) -> Any:
+def _gathered(flat: dict[str, Any], sections: set[str]) -> dict[str, Any]:
+    """``flat`` with the ``section.*`` keys of each section gathered into one mapping under its name."""
+    out = {k: v for k, v in flat.items() if not any(k.startswith(s + ".") for s in sections)}
+    for section in sections:
+        inner = {k[len(section) + 1 :]: v for k, v in flat.items() if k.startswith(section + ".")}
+        if inner:
+            out[section] = inner
+    return out
+
+
+def trajectory_value(key: str, value: Any) -> Any:
     """``value`` of setting ``key`` as the run it trains (:data:`SAME_TRAJECTORY`); a local path as the folder or
-    file it names (``models/base/`` and ``./models/base`` are one model)."""
+    file it names (``models/base/`` and ``./models/base`` are one model), inside lists and mappings too (a
+    source's ``path``)."""
+    if isinstance(value, list):
+        return [trajectory_value(key, v) for v in value]
+    if isinstance(value, dict):
+        return {k: trajectory_value(f"{key}.{k}", v) for k, v in value.items()}
     if not isinstance(value, str):
         return value
     if value not in SAME_TRAJECTORY.get(key, {}) and os.path.exists(value):
