@@ -10,6 +10,7 @@ __all__ = [
     "PACKAGED_MINILM",
     "check_model_source",
     "embedding_width",
+    "folder_label",
     "hub_modules_json",
     "is_packaged_folder",
     "model_name",
@@ -94,6 +95,22 @@ def model_name(model: str) -> str:
     if model in PACKAGED_MINILM[:1] or (Path(model).is_dir() and is_packaged_folder(model)):
         return PACKAGED_MINILM[0]
     return model
+
+
+def folder_label(path: str | Path) -> str:
+    """A local model folder's short name, for result folders and mteb's results: the folder's name; a run's
+    ``model`` folder (the quickstart's ``runs/quickstart/model``, GLUE's ``OUT/model``) by its run, a
+    ``checkpoint-N`` by its run and step (``run-checkpoint-8``); ``.`` by the folder it is. Not resolved: a linked
+    folder keeps the name it was given."""
+    import os
+    import re
+
+    folder = Path(os.path.abspath(str(path)))
+    if folder.name == "model" and folder.parent.name:
+        return folder.parent.name
+    if re.fullmatch(r"checkpoint-\d+", folder.name) and folder.parent.name:
+        return f"{folder.parent.name}-{folder.name}"
+    return folder.name or "model"
 
 
 #: modules that keep the width of the first module's token embeddings

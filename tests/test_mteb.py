@@ -1159,7 +1159,7 @@ def test_reranking_queries_left_out_of_the_score_are_counted(caplog):
     assert "Mine, test split: 1 of 3 queries have no positive or no negative" in caplog.text
 
 
-def test_mtebs_own_results_name_the_model(minilm, minilm_path, small, tmp_path):
+def test_mtebs_own_results_name_the_model(minilm, minilm_path, small, tmp_path, monkeypatch):
     """mteb filed a local model's results under ``no_model_name__available``, the name its leaderboard tools
     read: the packaged copy is its hub id now, another local folder ``local/<folder name>`` (a run's ``model/``
     folder: ``local/<run folder name>``)."""
@@ -1172,4 +1172,14 @@ def test_mtebs_own_results_name_the_model(minilm, minilm_path, small, tmp_path):
     assert [p.name for p in (tmp_path / "b" / "mteb" / "results").iterdir()] == ["local__pairs"]
     assert mteb_model_name("chandar-lab/NeoBERT") == "chandar-lab/NeoBERT"
     assert mteb_model_name("runs/quickstart/model/") == "local/quickstart"  # a run's model/: the run names it
+    # a checkpoint by its run and step (two runs' checkpoint-8 were one name), "." by the folder it is
+    (run := tmp_path / "runs" / "pairs" / "checkpoint-8").mkdir(parents=True)
+    assert mteb_model_name(str(run)) == "local/pairs-checkpoint-8"
+    from neoembed.runs import default_results_dir
+
+    assert default_results_dir(str(run)).name.startswith("pairs-checkpoint-8-")
+    (run.parent / "model").mkdir()
+    assert default_results_dir(str(run.parent / "model")).name.startswith("pairs-")  # was model-<hash>
+    monkeypatch.chdir(run.parent)
+    assert mteb_model_name(".") == "local/pairs" and default_results_dir(".").name.startswith("pairs-")  # was -<hash>
     assert mteb_model_name("packaged:all-MiniLM-L6-v2") == "sentence-transformers/all-MiniLM-L6-v2"

@@ -392,7 +392,7 @@ def test_case_8_a_results_folder_belongs_to_one_model(tmp_path, tiny_official, c
 
         save_file(weights, str(folder / "model.safetensors"))
     assert default_results_dir(str(a)) != default_results_dir(str(b))  # same basename, different folders
-    assert default_results_dir(str(a)).name.startswith("checkpoint-8-")
+    assert default_results_dir(str(a)).name.startswith("a-checkpoint-8-")  # a checkpoint named by its run
     assert default_results_dir("packaged:all-MiniLM-L6-v2").name.startswith("packaged_all-MiniLM-L6-v2-")  # no ":"
     results = tmp_path / "results"
     claim_results_dir(results, str(a), overwrite=False)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import sys
 import time
 import traceback
@@ -147,20 +146,18 @@ def _mteb_wrapper(
 
 def mteb_model_name(model: str) -> str:
     """How mteb's own results name the model scored: its hub id (the packaged all-MiniLM-L6-v2's too), else
-    ``local/<folder name>`` (mteb's names are ``org/name``; a path of this machine is no name). A folder named
-    ``model`` is a run's model (the quickstart's ``runs/quickstart/model``, GLUE's ``OUT/model``): the run's
-    folder names it."""
+    ``local/<folder label>`` (mteb's names are ``org/name``; a path of this machine is no name;
+    :func:`neoembed.hub.folder_label`: a run's ``model`` or ``checkpoint-N`` folder named by its run)."""
     import re
 
-    from neoembed.hub import PACKAGED_MINILM, model_name
+    from neoembed.hub import PACKAGED_MINILM, folder_label, model_name
 
     text = str(model).rstrip("/")
     if text in PACKAGED_MINILM or model_name(text) == PACKAGED_MINILM[0]:
         return PACKAGED_MINILM[1]
     if not Path(text).exists() and re.fullmatch(r"[\w.-]+/[\w.-]+", text):
         return text
-    path = Path(os.path.abspath(text))  # not resolve(): a linked folder keeps the name it was given
-    return f"local/{path.parent.name if path.name == 'model' and path.parent.name else path.name}"
+    return f"local/{folder_label(text)}"
 
 
 def _compressed(wrapper, embedding_precision: str):

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from neoembed.hub import folder_label
 from neoembed.record import atomic_write_text, file_sha256
 from neoembed.runs.errors import OutputDirError
 from neoembed.runs.folder import RECORD, _describe, check_inputs_outside, clear_folder
@@ -39,10 +40,13 @@ def model_identity(model: str) -> dict[str, Any]:
 
 def default_results_dir(model: str, root: str | Path = "results") -> Path:
     """``results/<name>-<8 hex digits of the model's resolved path>``: two models never share a default folder,
-    even when both are called ``checkpoint-8``. The name keeps letters, digits, ``.``, ``_`` and ``-`` (a ``:``, as
-    in ``packaged:all-MiniLM-L6-v2``, trips scp, rsync and Windows)."""
-    key = str(Path(model).resolve()) if Path(model).exists() else str(model)
-    name = re.sub(r"[^\w.-]", "_", Path(str(model).rstrip("/")).name)
+    even when both are called ``checkpoint-8``. The name is a local folder's label (a run's ``model`` or
+    ``checkpoint-N`` folder named by its run: :func:`neoembed.hub.folder_label`), a hub id's last part; it keeps
+    letters, digits, ``.``, ``_`` and ``-`` (a ``:``, as in ``packaged:all-MiniLM-L6-v2``, trips scp, rsync and
+    Windows)."""
+    local = Path(model).exists()
+    key = str(Path(model).resolve()) if local else str(model)
+    name = re.sub(r"[^\w.-]", "_", folder_label(model) if local else Path(str(model).rstrip("/")).name)
     return Path(root) / f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
 
 
