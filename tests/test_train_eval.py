@@ -374,10 +374,13 @@ def test_keep_best_patience_ends_the_run_at_the_first_unbeaten_evaluations(tmp_p
     assert "resume with more steps" not in str(e.value)
 
 
-def test_an_eval_task_on_an_unreachable_hub_is_refused_before_training(monkeypatch, trecqa):
+def test_an_eval_task_on_an_unreachable_hub_is_refused_before_training(monkeypatch, trecqa, tmp_path):
     """An mteb task name reads its data from the hub: offline, `neoembed train` trained the first eval.steps and
     then failed the evaluation with "please report it" (#43, a walk's W18). Now it is refused at the start; local
-    task folders need no hub, and HF_HUB_OFFLINE (mteb reads the local cache) probes nothing."""
+    task folders need no hub, and with HF_HUB_OFFLINE (mteb reads the local cache) a task is refused where its
+    dataset is not in the cache (it trained up to the first evaluation, a docs walk's P8)."""
+    import huggingface_hub.constants
+
     from neoembed.data import check
     from neoembed.data.cards import HubUnreachable
     from neoembed.recipe import EvalSettings
@@ -388,6 +391,11 @@ def test_an_eval_task_on_an_unreachable_hub_is_refused_before_training(monkeypat
         MtebEvaluator(EvalSettings(steps=2, tasks=["STS16", str(trecqa)]), TINY.parent)
     assert MtebEvaluator(EvalSettings(steps=2, tasks=[str(trecqa)]), TINY.parent).tasks == [str(trecqa)]
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(check, "hub_unreachable_reason", lambda: pytest.fail("probed the hub offline"))
+    with pytest.raises(HubUnreachable, match=r"eval.tasks \['STS16'\]: HF_HUB_OFFLINE is set and their datasets"):
+        MtebEvaluator(EvalSettings(steps=2, tasks=["STS16", str(trecqa)]), TINY.parent)
+    (tmp_path / "hub" / "datasets--mteb--sts16-sts").mkdir(parents=True)  # in the cache: mteb will read it there
     MtebEvaluator(EvalSettings(steps=2, tasks=["STS16"]), TINY.parent)
 
 

@@ -137,17 +137,39 @@ def _check_tasks(tasks: list[str], metric: str = "main_score") -> list[str]:
 
 def _check_hub(named: list[str]) -> None:
     """mteb task names read their data from the hub: an unreachable hub is said before training, not as a failed
-    evaluation after the first ``eval.steps`` (``HF_HUB_OFFLINE`` set: mteb reads the local cache, no probe)."""
+    evaluation after the first ``eval.steps`` (``HF_HUB_OFFLINE`` set: mteb reads the local cache, so a task whose
+    dataset is not there is said instead)."""
     from neoembed.data.cards import HubUnreachable, hub_offline_mode
     from neoembed.data.check import hub_unreachable_reason
 
-    if not named or hub_offline_mode() or (down := hub_unreachable_reason()) is None:
+    if named and hub_offline_mode():
+        import mteb
+
+        missing = [t.metadata.name for t in mteb.get_tasks(tasks=named) if not _cached(t.metadata.dataset["path"])]
+        if missing:
+            raise HubUnreachable(
+                f"eval.tasks {missing}: HF_HUB_OFFLINE is set and their datasets are not in the local cache: "
+                "connect to the network without HF_HUB_OFFLINE, or give the tasks as local task folders or cards "
+                "(docs/evaluation.md)"
+            )
+        return
+    if not named or (down := hub_unreachable_reason()) is None:
         return
     raise HubUnreachable(
         f"eval.tasks {named} read their data from the Hugging Face hub, which cannot be reached ({down}): "
         "connect to the network, give the tasks as local task folders or cards (docs/evaluation.md), or, if "
         "their datasets are in your local cache, set HF_HUB_OFFLINE=1"
     )
+
+
+def _cached(repo: str) -> bool:
+    """Whether hub dataset ``repo`` has files in the local caches (the hub's, or datasets' own)."""
+    import datasets.config
+    from huggingface_hub import constants
+
+    return (Path(constants.HF_HUB_CACHE) / f"datasets--{repo.replace('/', '--')}").is_dir() or (
+        Path(datasets.config.HF_DATASETS_CACHE) / repo.replace("/", "___")
+    ).is_dir()
 
 
 def _task_path(task: str, recipe_dir: Path | None) -> str:
