@@ -155,6 +155,14 @@ def test_the_hub_unreachable_names_data_dir(monkeypatch):
     monkeypatch.setattr(datasets, "load_dataset", unreachable)
     with pytest.raises(HubUnreachable, match=r"Couldn't reach .* Offline, pass --data-dir DIR .*mrpc/train-"):
         load_splits(get_task("MRPC"), None, None)
+    # without HF_HUB_OFFLINE one probe says it first (the dataset client's retries took 32-68 s: a docs walk's P5)
+    from neoembed.data import check
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(check, "hub_unreachable_reason", lambda: "ConnectError (no network)")
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: pytest.fail("the hub was asked"))
+    with pytest.raises(HubUnreachable, match=r"hub cannot be reached .ConnectError .*: the GLUE data could not be"):
+        load_splits(get_task("MRPC"), None, None)
 
 
 def test_a_process_other_than_the_main_one_writes_nothing_before_the_run(tmp_path, tiny_official, monkeypatch):

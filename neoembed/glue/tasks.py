@@ -187,17 +187,22 @@ def load_splits(task: GlueTask, data_dir: str | Path | None, carve: str | None, 
         return DatasetDict(train=parts["train"], validation=parts["test"])
     wanted = ("train", *task.validation)
     if data_dir is None:
+        from neoembed.data.check import hub_unreachable_reason
+        from neoembed.data.errors import HubUnreachable, hub_offline_mode, is_unreachable
+
+        offline = (
+            f"the GLUE data could not be downloaded. Offline, pass --data-dir DIR with the task's splits in the "
+            f"{HUB_DATASET} layout (DIR/{task.name}/train-*.parquet, ...) or as DIR/train.jsonl, ... (docs/glue.md)"
+        )
+        # one probe first: offline, the dataset client retries for half a minute or more before it gives up
+        if not hub_offline_mode() and (down := hub_unreachable_reason()) is not None:
+            raise HubUnreachable(f"the Hugging Face hub cannot be reached ({down}): {offline}")
         try:
             hub = load_dataset(HUB_DATASET, task.name)
         except Exception as e:
-            from neoembed.data.errors import HubUnreachable, is_unreachable
-
             if not is_unreachable(e):
                 raise
-            raise HubUnreachable(
-                f"{e}: the GLUE data could not be downloaded. Offline, pass --data-dir DIR with the task's splits in "
-                f"the {HUB_DATASET} layout (DIR/{task.name}/train-*.parquet, ...) or as DIR/train.jsonl, ... (docs/glue.md)"
-            ) from None
+            raise HubUnreachable(f"{e}: {offline}") from None
         return DatasetDict({split: hub[split] for split in wanted})
     found = local_splits(data_dir, task, wanted)
     return DatasetDict(
