@@ -332,3 +332,19 @@ class DatasetCard(BaseModel):
     license: str | None = None
     instruction: str | None = None
     source: RepositorySource | Source | None = None
+    # how the folder's data compares with the mteb task's (the data's own account, said beside its scores)
+    mteb_test_rows: int | None = None
+    same_pairs_and_scores_as_mteb: bool | None = None
+    identical_reason: str | None = None
+
+    def differs_from_mteb(self) -> str | None:
+        """Why the folder's scores do not compare with the mteb task's published ones, or None: the card says
+        its pairs and scores are not MTEB's, or its test split holds another number of rows."""
+        test = self.splits.get("test")
+        if self.same_pairs_and_scores_as_mteb is False and self.identical_reason:
+            return self.identical_reason
+        if self.mteb_test_rows is not None and test is not None and test != self.mteb_test_rows:
+            return f"{test:,} test rows where the mteb task has {self.mteb_test_rows:,}"
+        if self.same_pairs_and_scores_as_mteb is False:
+            return "its card says its pairs and scores are not the mteb task's"
+        return None

@@ -31,6 +31,25 @@ class Unresolvable:
         self.error = error
 
 
+def _local_task(name: str, folder: Path):
+    """:func:`_task_from_dir`, with what the folder's dataset card says of its data against the mteb task's
+    (``neoembed_differs``: why its scores do not compare with published ones; recorded with each result)."""
+    task, instruction = _task_from_dir(name, folder)
+    if (folder / DATASET_CARD_FILE).is_file() and not isinstance(task, Unresolvable):
+        import yaml
+
+        from neoembed.card_schema import DatasetCard
+
+        card = DatasetCard.model_validate(yaml.safe_load((folder / DATASET_CARD_FILE).read_text(encoding="utf8")))
+        if card.mteb_task and (why := card.differs_from_mteb()):
+            logger.warning(
+                "%s: its data is not the mteb task %s's (%s): its score does not compare with published ones",
+                folder, card.mteb_task, why,
+            )  # fmt: skip
+            task.neoembed_differs = why
+    return task, instruction
+
+
 def _task_from_dir(name: str, folder: Path):
     """A task folder: its task card, else its dataset card (an mteb task's data or a task of its type), else
     the data of the mteb task the folder is named after."""
@@ -150,7 +169,7 @@ def resolve_tasks(cfg: EvalConfig) -> list[tuple[object, str | None]]:
                     f"folders such as corpus/ queries/ qrels/, or a {CARD_FILE} task card)"
                 )
             try:
-                out.append(_task_from_dir(name, folder))
+                out.append(_local_task(name, folder))
             except (LocalDataError, ValueError) as e:  # unusable folder: a failed task, not a failed run
                 out.append((Unresolvable(name, e), None))
     else:
@@ -161,7 +180,7 @@ def resolve_tasks(cfg: EvalConfig) -> list[tuple[object, str | None]]:
                 out.append((build_card_task(card, data), card.instruction))
             elif p.is_dir() or p.name == DATASET_CARD_FILE:
                 folder = p if p.is_dir() else p.parent
-                out.append(_task_from_dir(folder.name, folder))
+                out.append(_local_task(folder.name, folder))
         names = [
             t for t in cfg.tasks or [] if Path(t).suffix not in (".yaml", ".yml") and not Path(t).is_dir()
         ]

@@ -390,6 +390,7 @@ def _score_task(
         "instruction": instruction,
         "prompts": prompts,
         **({"data_fingerprint": data} if data else {}),
+        **({"differs_from_mteb": why} if (why := getattr(task, "neoembed_differs", None)) else {}),
         **_context_sample(seen),
         "embedding_dim": dims[0] if len(dims) == 1 else dims,  # the width of the embeddings mteb scored
         "model": cfg.model,

@@ -50,6 +50,8 @@ def summarize(results: dict[str, dict], model: str, full_suite: dict[str, int] |
         "query_prompt_setting": _prompt_setting(results),
         # tasks of a --rescore run that had no search to rescore (scored on the quantized embeddings alone)
         "rescore_not_applied": sorted(n for n, e in results.items() if e.get("rescore_applied") is False),
+        # local data whose card says it is not the mteb task's: scores that do not compare with published ones
+        "differs_from_mteb": {n: e["differs_from_mteb"] for n, e in sorted(results.items()) if e.get("differs_from_mteb")},
         "per_type": {t: sum(by_type[t]) / len(by_type[t]) for t in types},
         "tasks_per_type": {t: len(by_type[t]) for t in types},
         "mean": sum(scores) / len(scores) if scores else None,  # None: no task scored (JSON has no NaN)
@@ -197,7 +199,12 @@ def _markdown(rows: list[dict]) -> str:
         else "The runs scored different tasks: each row's means cover its own tasks (the column counts are the "
         "most any run scored); the last column compares them on the same tasks.\n\n"
     )
-    return _settings_line(rows) + note + head + "\n".join(lines) + "\n"
+    differs = {t: why for r in rows for t, why in r.get("differs_from_mteb", {}).items()}
+    footnote = "".join(
+        f"\nNot the mteb task's data: {t} ({why}): its score does not compare with published ones.\n"
+        for t, why in sorted(differs.items())
+    )
+    return _settings_line(rows) + note + head + "\n".join(lines) + "\n" + footnote
 
 
 def _csv(rows: list[dict]) -> str:
