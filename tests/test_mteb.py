@@ -97,6 +97,21 @@ def test_local_data_that_is_not_the_mteb_tasks_is_said_beside_its_score(minilm, 
     assert f"Not the mteb task's data: STS16 ({said}): its score does not compare with published ones" in summary
 
 
+def test_compare_refuses_a_task_scored_on_other_data(minilm, small, shared_dir, tmp_path):
+    """`mteb compare` set side by side one task scored on its full held-out file and on a cut of it (a fault
+    walk: 80.15 against 79.36 for one model, the data alone): a local task whose data fingerprint differs
+    between the runs is refused, naming it; the same data compares."""
+    from neoembed.eval.summary import compare_runs
+
+    cut = tmp_path / "cut" / "STS16"
+    _first_rows(shared_dir / "data" / "mteb" / "STS16", cut, 60)
+    for name, folder in (("a", small / "mteb" / "STS16"), ("b", small / "mteb" / "STS16"), ("c", cut)):
+        assert not _run(minilm, tmp_path / name, tasks=[str(folder)], name=f"model-{name}").failed
+    compare_runs([tmp_path / "a", tmp_path / "b"])
+    with pytest.raises(ValueError, match=r"task STS16 was scored on different data in these runs \(.*a, .*c: its"):
+        compare_runs([tmp_path / "a", tmp_path / "c"])
+
+
 def _first_rows(src: Path, dst: Path, n: int) -> None:
     """The card folder ``src`` as ``dst``, its test split cut to the first ``n`` rows."""
     dst.mkdir(parents=True)

@@ -327,6 +327,7 @@ def _check_comparable(rows: list[dict]) -> None:
                 f"Re-run neoembed mteb with one {flag} for every model (--overwrite re-scores a folder)"
             )
     _check_prompts(rows)
+    _check_data(rows)
     contexts = {r["run"]: r["cde_context"] for r in rows if r.get("cde_context")}  # CDE models among the runs
     if len(set(contexts.values())) > 1 or any(" + " in v for v in contexts.values()):
         runs = ", ".join(f"{run}: {v}" for run, v in contexts.items())
@@ -334,6 +335,20 @@ def _check_comparable(rows: list[dict]) -> None:
             f"these CDE runs were scored with different contexts ({runs}): their scores are not comparable. "
             "Re-run neoembed mteb with one --cde-context (and --seed) for every CDE model"
         )
+
+
+def _check_data(rows: list[dict]) -> None:
+    """A local task scored on other data in another run (its fingerprint differs: the held-out file edited or cut
+    between the runs) is not compared: the data alone can move a score more than a fine-tune does."""
+    tasks = {t for r in rows for t in r["tasks"]}
+    for task in sorted(tasks):
+        prints = {r["run"]: r["tasks"][task].get("data_fingerprint") for r in rows if task in r["tasks"]}
+        if len({json.dumps(v, sort_keys=True) for v in prints.values() if v is not None}) > 1:
+            raise ValueError(
+                f"task {task} was scored on different data in these runs ({', '.join(prints)}: its data "
+                "fingerprints differ): their scores are not comparable. Re-run neoembed mteb on the same data for "
+                "every model (--overwrite re-scores a folder)"
+            )
 
 
 def _check_prompts(rows: list[dict]) -> None:
