@@ -350,7 +350,7 @@ def test_interrupted_run_resumed_equals_uninterrupted(mined, card, tiny_official
     assert yaml.safe_load(resumed.card.read_text()) == yaml.safe_load(result.card.read_text())
     assert not (out / ".mine").exists()  # state removed once finished
     again = mine_negatives(card, tiny_official, out, config=cfg, resume=True, progress=False)
-    assert again.counts == resumed.counts  # a finished run is not redone
+    assert again.counts == resumed.counts and again.reused and not resumed.reused  # a finished run is not redone
     # ... but only the same run: another k said "nothing to do" over the old k's card (#43, a walk's N14)
     other = cfg.model_copy(update={"num_negatives": cfg.num_negatives + 1})
     refused = r"finished run made with other settings \(settings.num_negatives: 3 then, 4 now"

@@ -121,6 +121,17 @@ def test_score_resume_with_another_teacher_refused(card, teacher, minilm_path, t
     )  # fmt: skip
     assert code == 2 and f"teacher {model_name(str(minilm_path))}" in err and f"--teacher {teacher}" in err, err
     assert resumed.data.read_bytes() == whole.data.read_bytes()
+    # the same finished run resumed: nothing written, and said so (it said "wrote ..." over the old files)
+    before = _snapshot(out)
+    from neoembed.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["neoembed", "score", str(card), "--teacher", str(teacher), "--out", str(out),
+                                      "--shard-size", "10", "--max-length", "32", "--resume"])  # fmt: skip
+    with pytest.raises(SystemExit) as stop:
+        main()
+    said = capsys.readouterr().out
+    assert stop.value.code == 0 and "holds (nothing written)" in said and "wrote" not in said, said
+    assert _snapshot(out) == before
 
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])

@@ -151,8 +151,9 @@ def mine_command(
             card_dirs=card_dir or [],
         )  # fmt: skip
     c = result.counts
+    said = "holds (nothing written)" if result.reused else "wrote"
     typer.echo(
-        f"wrote {result.card} and {result.data.name}: {c['rows_written']} of {c['rows_in']} rows "
+        f"{said} {result.card} and {result.data.name}: {c['rows_written']} of {c['rows_in']} rows "
         f"({c['rows_dropped_too_few_negatives']} left out: fewer than {cfg.num_negatives} negatives)"
     )
     typer.echo("candidates: " + ", ".join(f"{k} {v}" for k, v in c["candidates"].items()))
@@ -208,7 +209,8 @@ def score_command(
         result = score_card(
             card, teacher, out, config=config, resume=resume, overwrite=overwrite, card_dirs=card_dir or []
         )
-    typer.echo(f"wrote {result.card} and {result.data.name}: {result.rows} rows scored by a {result.kind}")
+    said = "holds (nothing written)" if result.reused else "wrote"
+    typer.echo(f"{said} {result.card} and {result.data.name}: {result.rows} rows scored by a {result.kind}")
     typer.echo(
         f"distil from it: neoembed train RECIPE 'datasets=[{{card: {result.card}}}]' distillation.loss=margin_mse"
     )

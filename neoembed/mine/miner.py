@@ -85,6 +85,7 @@ class MineResult:
     card: Path  # OUT/<name>.yaml
     data: Path  # OUT/<name>.jsonl
     counts: dict
+    reused: bool = False  # a --resume of a finished run: nothing written
 
 
 @dataclass
@@ -137,7 +138,7 @@ def mine_negatives(
     if prepare_run_folder(out, state, name, fingerprint, resume, overwrite, inputs, FILTER_SETTINGS, redo):
         logger.warning("%s already holds a finished run (%s.yaml); nothing to do", out, name)
         counts = load_card(out / f"{name}.yaml")[0].provenance["counts"]
-        return MineResult(out / f"{name}.yaml", out / f"{name}.jsonl", counts)
+        return MineResult(out / f"{name}.yaml", out / f"{name}.jsonl", counts, reused=True)
     with nothing_left_on_refusal(out, state, fresh):
         data = _load_pairs(src, folder, cfg, corpus, corpus_card)
         _check_enough_documents(src.name, data, cfg.num_negatives)

@@ -81,6 +81,7 @@ class ScoreResult:
     data: Path  # OUT/<name>.jsonl
     rows: int
     kind: str
+    reused: bool = False  # a --resume of a finished run: nothing written
 
 
 class ScoringInterrupted(TrainingInterrupted):
@@ -211,7 +212,7 @@ def score_card(
     if prepare_run_folder(out, state, name, fingerprint, resume, overwrite, inputs):
         logger.warning("%s already holds a finished run (%s.yaml); nothing to do", out, name)
         rows = len((out / f"{name}.jsonl").read_text().splitlines())
-        return ScoreResult(out / f"{name}.yaml", out / f"{name}.jsonl", rows, kind)
+        return ScoreResult(out / f"{name}.yaml", out / f"{name}.jsonl", rows, kind, reused=True)
     with nothing_left_on_refusal(out, state, fresh):  # else a corrected command is refused by what it left
         pairs = build_pairs(
             src, load_rows(src, folder, cfg.max_rows), cfg.max_negatives, with_instruction=False
