@@ -298,3 +298,30 @@ def test_truncated_texts_are_said_once_for_the_run(card, teacher, tmp_path, monk
     said = [str(w.message) for w in caught if issubclass(w.category, TruncationWarning)]
     assert len(said) == 1 and "text(s) scored exceed max_seq_length=6 tokens" in said[0], said
     assert 100 <= int(said[0].split()[0]) <= 160  # 40 queries, 40 positives, 80 negatives, most cut at 6 tokens
+
+
+def test_a_bi_encoder_teacher_embeds_each_distinct_text_once(card, teacher, tmp_path, monkeypatch):
+    """A bi-encoder embedded each row's query once per candidate (1 + k times) and each document once per row
+    holding it (a walk's mined card: 1,992 encodings of 348 distinct texts); each distinct text of a scorer call
+    is embedded once now, and the scores are still each pair's cosine."""
+    import neoembed.loading
+
+    real, seen = neoembed.loading.load, []
+
+    def counting(*args, **kwargs):
+        model = real(*args, **kwargs)
+        for name in ("encode_query", "encode_document"):
+            encode = getattr(model, name)
+            setattr(model, name, lambda texts, _encode=encode, **kw: (seen.append(list(texts)), _encode(texts, **kw))[1])
+        return model
+
+    monkeypatch.setattr(neoembed.loading, "load", counting)
+    result = score_card(card, str(teacher), tmp_path / "s", config=CONFIG, progress=False)
+    assert seen and all(len(texts) == len(set(texts)) for texts in seen)
+    assert len(seen[0]) < CONFIG.shard_size * 3  # the shard's queries once, not once per candidate
+    model = real(str(teacher))
+    for line in result.data.read_text().splitlines()[:3]:
+        row = json.loads(line)
+        q = model.encode_query([row["query"]], normalize_embeddings=True)[0]
+        d = model.encode_document([row[c] for c in ("positive", "negative_1", "negative_2")], normalize_embeddings=True)
+        assert row["scores"] == pytest.approx((d @ q).tolist(), abs=2e-4)

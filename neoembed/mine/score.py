@@ -143,19 +143,29 @@ def _scorer(teacher: str, kind: str, cfg: ScoreConfig, cut: dict | None = None):
     prompts = model.prompts or {}
 
     def score(q: list[str], d: list[str]) -> np.ndarray:
+        # each distinct text embedded once: a query stands beside its positive and every negative, and the rows
+        # of a mined card share queries and documents
+        (uq, iq), (ud, id_) = _distinct(q), _distinct(d)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", TruncationWarning)
-            eq = model.encode_query(q, show_progress_bar=False, **options)
-            ed = model.encode_document(d, show_progress_bar=False, **options)
+            eq = model.encode_query(uq, show_progress_bar=False, **options)[iq]
+            ed = model.encode_document(ud, show_progress_bar=False, **options)[id_]
         if cut is not None:  # each text once: a query stands beside its positive and every negative
             cut["limit"] = model.max_seq_length
-            for texts, prompt in ((q, prompts.get("query")), (d, prompts.get("document"))):
+            for texts, prompt in ((uq, prompts.get("query")), (ud, prompts.get("document"))):
                 cut["texts"] = cut.get("texts", 0) + count_truncated(
-                    model.tokenizer, list(dict.fromkeys(texts)), model.max_seq_length, prompt
+                    model.tokenizer, texts, model.max_seq_length, prompt
                 )
         return np.einsum("nd,nd->n", eq, ed).astype(np.float32)
 
     return score
+
+
+def _distinct(texts: list[str]) -> tuple[list[str], np.ndarray]:
+    """The distinct texts in first-seen order, and each text's position among them."""
+    seen: dict[str, int] = {}
+    where = np.array([seen.setdefault(t, len(seen)) for t in texts], dtype=np.int64)
+    return list(seen), where
 
 
 #: rows scored per scorer call: progress is reported after each (a shard of 10,000 rows took minutes on a CPU
