@@ -27,7 +27,6 @@ FLOORS = {
     "neoembed.encode_checks": 0,  # numpy and torch only: batching says its truncation warning
     "neoembed.record": 1,
     "neoembed.plots": 1,
-    "neoembed.registry": 1,
     "neoembed.card_schema": 1,
     "neoembed.compile": 1,
     "neoembed.quantization": 1,
