@@ -89,3 +89,25 @@ def test_install_lines_use_the_repository_form():
     ]
     assert not wrong, wrong
     assert 'pip install -e ".[onnx]"' in (REPO / "docs" / "export.md").read_text(encoding="utf8")
+
+
+def test_training_md_names_every_key_of_the_unified_recipe():
+    """own-data.md and init's comments send a reader to training.md for every recipe key; it lacked fifteen (among
+    them `precision`'s values, how one trains in bf16). Each key, nested ones by their last name, is named there."""
+    import typing
+
+    from pydantic import BaseModel
+
+    from neoembed.train.recipe import UnifiedRecipe
+
+    def keys(model, prefix=""):
+        for name, field in model.model_fields.items():
+            yield prefix + name
+            inner = [a for a in (field.annotation, *typing.get_args(field.annotation)) if isinstance(a, type)]
+            for sub in (a for a in inner if issubclass(a, BaseModel)):
+                if not prefix:
+                    yield from keys(sub, name + ".")
+
+    page = (REPO / "docs" / "training.md").read_text()
+    missing = [k for k in keys(UnifiedRecipe) if not re.search(rf"[`{{ ]{re.escape(k.split('.')[-1])}[`:=]", page)]
+    assert not missing, f"docs/training.md names no {missing}"
