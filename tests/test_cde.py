@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+import yaml
 
 import neoembed
 from neoembed.cde.batching import (
@@ -485,6 +486,10 @@ def test_tiny_cde_recipe_trains_saves_reloads(tmp_path, tiny_official, fake_hub)
     card = (out / "README.md").read_text()
     assert "pydoc_names" in card and "PSF-2.0" in card
     model = neoembed.load(out)
+    # its queries trained behind the card's instruction: the saved query prompt (as the unified trainer saves it;
+    # it was the recipe's "" and mteb scored held-out queries without it)
+    instruction = yaml.safe_load((CDE_TINY.parent / "tiny/cards/pydoc_names.yaml").read_text())["instruction"]
+    assert model.prompts["query"] == f"{instruction} " and model.prompts["document"] == ""
     e = model.encode_context(DOCS + DOCS[:2])
     assert e.shape == (8, model.get_embedding_dimension())
     a = model.encode(DOCS, dataset_embeddings=e)

@@ -57,7 +57,7 @@ from neoembed.data.cards import (
 )
 from neoembed.data.check import require_hub
 from neoembed.loop import RunLoop, StepOutput, accelerator, adamw, check_engine, mean_loss_and_stop
-from neoembed.model_card import base_model_name, based_on
+from neoembed.model_card import base_model_name, based_on, training_prompts
 from neoembed.recipe import resolve_recipe_path
 from neoembed.runs import (
     TrainingStopped,
@@ -318,7 +318,7 @@ def _accelerator(recipe: CDERecipe):
     return acc
 
 
-def _build_model(recipe: CDERecipe, device):
+def _build_model(recipe: CDERecipe, device, query_prompt: str = ""):
     """The two-stage model on the recipe's backbone, its layers compiled when ``recipe.compile``."""
     from neoembed.cde.model import ContextualSentenceTransformer
 
@@ -329,7 +329,7 @@ def _build_model(recipe: CDERecipe, device):
         max_seq_length=recipe.max_length,
         exclude_prompt=recipe.context.exclude_prompt,
         context_dropout=recipe.context.dropout,
-        prompts=dict(recipe.prompts),
+        prompts={**recipe.prompts, "query": recipe.prompts.get("query") or query_prompt},
         device=str(device),
     )
     if recipe.adapter is not None:  # before compiling: the adapter's layers are part of the compiled graph
@@ -450,7 +450,8 @@ def train_cde(
         raise DataCardError("no full batch: every source is smaller than the batch size")
 
     seed_everything(recipe.seed)
-    model = _build_model(recipe, acc.device)
+    instructions = [card.instruction if recipe.instructions else None for card, _ in cards]
+    model = _build_model(recipe, acc.device, training_prompts(instructions, recipe.template)["query"])
     module = model.cde
     if recipe.matryoshka is not None:
         recipe.matryoshka.check_width(model.get_embedding_dimension())
