@@ -51,7 +51,9 @@ def summarize(results: dict[str, dict], model: str, full_suite: dict[str, int] |
         # tasks of a --rescore run that had no search to rescore (scored on the quantized embeddings alone)
         "rescore_not_applied": sorted(n for n, e in results.items() if e.get("rescore_applied") is False),
         # local data whose card says it is not the mteb task's: scores that do not compare with published ones
-        "differs_from_mteb": {n: e["differs_from_mteb"] for n, e in sorted(results.items()) if e.get("differs_from_mteb")},
+        "differs_from_mteb": {
+            n: e["differs_from_mteb"] for n, e in sorted(results.items()) if e.get("differs_from_mteb")
+        },
         "per_type": {t: sum(by_type[t]) / len(by_type[t]) for t in types},
         "tasks_per_type": {t: len(by_type[t]) for t in types},
         "mean": sum(scores) / len(scores) if scores else None,  # None: no task scored (JSON has no NaN)

@@ -223,8 +223,8 @@ def _load_mlm(folder, dev):
     kind = json.loads(config.read_text()).get("model_type") if config.is_file() else None
     if kind is not None and kind != "neobert":
         raise ValueError(
-            f"--model {model_name(str(folder))} is a {kind} model: ppl scores NeoBERT checkpoints with their masked-LM head (the "
-            "output of `neoembed pretrain`, or the official NeoBERT)"
+            f"--model {model_name(str(folder))} is a {kind} model: ppl scores NeoBERT checkpoints with their "
+            "masked-LM head (the output of `neoembed pretrain`, or the official NeoBERT)"
         )
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # its load report of the missing head: refused below, in one line
@@ -235,9 +235,9 @@ def _load_mlm(folder, dev):
     missing = sorted(k for k in info["missing_keys"] if k.startswith("decoder."))
     if missing:
         raise ValueError(
-            f"--model {model_name(str(folder))} has no masked-LM head (its weights lack {', '.join(missing)}): pseudo-perplexity "
-            "needs the pre-training head; give the final model of `neoembed pretrain` (or the official NeoBERT), "
-            "not an encoder or embedding model"
+            f"--model {model_name(str(folder))} has no masked-LM head (its weights lack {', '.join(missing)}): "
+            "pseudo-perplexity needs the pre-training head; give the final model of `neoembed pretrain` (or the "
+            "official NeoBERT), not an encoder or embedding model"
         )
     return net.to(dev)
 
