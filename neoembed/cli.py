@@ -224,7 +224,8 @@ def convert(
         check_output_flags(dst, overwrite=overwrite, resume=False, **folder)
         # written beside DST first: a SRC that fails to convert (or a full disk, a signal) leaves the model an
         # --overwrite would replace as it was
-        staged = dst.parent / f".{dst.name}.converting"
+        where = Path(os.path.abspath(dst))  # "." has no name of its own: its folder's is the name, outside it
+        staged = where.parent / f".{where.name}.converting"
         shutil.rmtree(staged, ignore_errors=True)
         try:
             if sentence:

@@ -432,6 +432,17 @@ def test_case_9_convert_refuses_a_used_folder(tmp_path, tiny_official, capsys, m
     code, err = _cli(capsys, monkeypatch, "convert", str(broken), str(dst), "--overwrite")
     assert code == 2 and "no weights" in err and _snapshot(dst) == before, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["broken", "trained"]
+    # DST ".": its files are staged beside the folder it is, not inside it (where --overwrite cleared them)
+    monkeypatch.chdir(dst)
+    code, err = _cli(capsys, monkeypatch, "convert", str(broken), ".", "--overwrite")
+    assert code == 2 and "no weights" in err and _snapshot(dst) == before, err
+    code, err = _cli(capsys, monkeypatch, "convert", str(tiny_official), ".", "--overwrite")
+    assert code == 0 and (dst / "model.safetensors").is_file(), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["broken", "trained"]
+    (empty := tmp_path / "empty").mkdir()
+    monkeypatch.chdir(empty)
+    code, err = _cli(capsys, monkeypatch, "convert", str(tiny_official), ".")
+    assert code == 0 and (empty / "config.json").is_file() and not list(empty.glob(".*converting")), err
 
 
 def test_case_10_resume_without_a_checkpoint_is_an_error(tmp_path, tiny_official, capsys, monkeypatch):
