@@ -318,9 +318,13 @@ def _accelerator(recipe: CDERecipe):
     return acc
 
 
-def _build_model(recipe: CDERecipe, device, query_prompt: str = ""):
-    """The two-stage model on the recipe's backbone, its layers compiled when ``recipe.compile``."""
+def _build_model(recipe: CDERecipe, device, cards=()):
+    """The two-stage model on the recipe's backbone (layers compiled when ``recipe.compile``); its ``query`` prompt
+    the recipe's, or else the prefix every query of ``cards`` trained with, as the unified trainer saves it."""
     from neoembed.cde.model import ContextualSentenceTransformer
+
+    instructions = [card.instruction if recipe.instructions else None for card, _ in cards]
+    query_prompt = training_prompts(instructions, recipe.template)["query"] if cards else ""
 
     model = ContextualSentenceTransformer.from_backbone(
         recipe.model,
@@ -450,8 +454,7 @@ def train_cde(
         raise DataCardError("no full batch: every source is smaller than the batch size")
 
     seed_everything(recipe.seed)
-    instructions = [card.instruction if recipe.instructions else None for card, _ in cards]
-    model = _build_model(recipe, acc.device, training_prompts(instructions, recipe.template)["query"])
+    model = _build_model(recipe, acc.device, cards)
     module = model.cde
     if recipe.matryoshka is not None:
         recipe.matryoshka.check_width(model.get_embedding_dimension())
