@@ -179,3 +179,24 @@ def test_the_dry_run_counts_a_local_list_of_negatives_as_the_trainer_does(tmp_pa
         assert report.negatives_per_query == k
         assert row.negatives.startswith(f"{k} (lists)")
         assert (row.batch, row.texts) == (20 // (2 + k), 20 // (2 + k) * (2 + k))
+
+
+def test_the_dry_run_counts_the_negatives_of_the_rows_max_rows_keeps(tmp_path):
+    """Half the rows with 2 negatives, half with 1: the dry run counted the whole card's (2: batch 11, 44 texts)
+    where the run trains on the 15 rows max_rows keeps (1 per query, 33 texts; a verification walk's case)."""
+    rows = [{"q": f"question {i}", "p": f"answer {i}", "n1": f"wrong {i}", "n2": f"other {i}" if i % 2 else None}
+            for i in range(40)]  # fmt: skip
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cards = tmp_path / "cards"
+    cards.mkdir()
+    (cards / "neg.yaml").write_text(
+        "name: neg\nsource:\n  local: {path: ../rows.jsonl, format: json}\n"
+        "columns: {query: q, positive: p, negatives: [n1, n2]}\nlicense: CC0-1.0\nexpected_loss: unknown\n"
+    )
+    recipe = _recipe(datasets=[{"card": "neg", "max_rows": 15}], batch_size=11, card_dirs=[str(cards)])
+    from neoembed.data.cards import prepare_card
+
+    (row,) = plan(recipe)
+    card, folder = load_card(find_card("neg", [cards]))
+    _, report = prepare_card(card, folder, 15, None, recipe.template, recipe.instructions, recipe.seed, warn=False)
+    assert row.negatives == str(report.negatives_per_query) and row.texts == 11 * (2 + report.negatives_per_query)

@@ -102,13 +102,13 @@ def plan(recipe, recipe_dir: Path | None = None) -> list[PlanRow]:
             raise DataCardError(
                 f"card {card.name}: its paths do not fit its declared schema: {'; '.join(problems)}"
             )
-        local = kept = None
+        local = kept = report = None
         if card.source.local is not None:  # local data is cheap to count, and counting is exact
             with explain_data_errors(card, folder):  # as training reads it: by file and line
                 local = load_card_rows(card, folder)
                 # the rows training keeps (max_rows, then rows without text or with too few negatives dropped),
                 # prepared as the run prepares them (and kept in the card cache it then reads)
-                pairs, _ = prepare_card(
+                pairs, report = prepare_card(
                     card, folder, entry.max_rows, entry.max_negatives, recipe.template, recipe.instructions,
                     recipe.seed, warn=False,
                 )  # fmt: skip
@@ -121,6 +121,8 @@ def plan(recipe, recipe_dir: Path | None = None) -> list[PlanRow]:
             recipe.instruction_overrides.get(card.name, card.instruction) if recipe.instructions else None
         )
         negatives, count = _negatives(card, entry.max_negatives, local.rows if local is not None else None)
+        if report is not None and report.negatives_per_query != count:  # of the rows kept, as the run counts
+            negatives, count = str(report.negatives_per_query), report.negatives_per_query
         batch = recipe.dataset_batch_size(entry, count)  # the trainer's rule, on the declared negatives
         texts = batch * (2 + count) if batch is not None and count is not None else None
         used = min(rows, entry.max_rows) if rows and entry.max_rows else rows  # pi_i counts the full size
