@@ -25,8 +25,8 @@ class _Spec:
         if self.steps[0] not in columns:
             raise DataCardError(
                 f"card {card.name}: {role} column {self.steps[0]!r} (from {spec!r}) not in the data; it has {columns}"
-                + (": one name holding tabs, so the file is tab-separated; write it comma-separated (or as JSON lines)"
-                   if len(columns) == 1 and "\t" in columns[0] else "")
+                + (": names holding tabs, so the file is tab-separated; write it comma-separated (or as JSON lines)"
+                   if any("\t" in str(c) for c in columns) else "")
             )  # fmt: skip
         self.names = card.labels.get(spec) or _class_label_names(features, self.steps)
         self.hits = 0

@@ -179,12 +179,12 @@ def _explain_csv(path: Path) -> str | None:
 
 
 def tab_separated(path: Path, header: list[str] | None) -> str | None:
-    """Why a ``.csv`` file whose header is one field holding tabs is refused: it is tab-separated."""
-    if header is None or len(header) != 1 or "\t" not in header[0]:
+    """Why a file read as CSV whose header names hold tabs is refused: it is tab-separated."""
+    if not header or not any("\t" in name for name in header):
         return None
     return (
-        f"{path}: its header line holds tabs and no commas: the file is tab-separated, and a .csv file is read as "
-        "comma-separated: replace the tabs with commas (quoting the fields that hold commas), or write JSON lines"
+        f"{path}: its header line holds tabs: the file is tab-separated, and it is read as comma-separated: "
+        "replace the tabs with commas (quoting the fields that hold commas), or write JSON lines"
     )
 
 
