@@ -35,7 +35,7 @@ def _local_task(name: str, folder: Path):
     """:func:`_task_from_dir`, with what the folder's dataset card says of its data against the mteb task's
     (``neoembed_differs``: why its scores do not compare with published ones; recorded with each result)."""
     task, instruction = _task_from_dir(name, folder)
-    if (folder / DATASET_CARD_FILE).is_file() and not isinstance(task, Unresolvable):
+    if (folder / DATASET_CARD_FILE).is_file() and not (folder / CARD_FILE).is_file():  # the card read the task
         import yaml
 
         from neoembed.card_schema import DatasetCard
