@@ -201,34 +201,25 @@ def clustering_key(**parts) -> str:
 
 def cached_clustering(cache_dir: Path | None, key: str, compute):
     """(assignment, centroids, teacher query/document embeddings) from ``cache_dir/key.npz``, else computed and
-    stored (written atomically)."""
-    if cache_dir is not None:
-        path = Path(cache_dir) / f"{key}.npz"
-        if path.is_file():
-            with np.load(path) as z:
-                return z["assign"], z["centroids"], z["q"], z["d"]
-    assign, centroids, q, d = compute()
-    if cache_dir is not None:
-        Path(cache_dir).mkdir(parents=True, exist_ok=True)
-        # one temporary file per process: runs started together (a sweep sharing the default cache) write one key
-        tmp = Path(cache_dir) / f".{key}.tmp{os.getpid()}.npz"
-        np.savez(tmp, assign=assign, centroids=centroids, q=q, d=d)
-        os.replace(tmp, Path(cache_dir) / f"{key}.npz")
-    return assign, centroids, q, d
+    stored (:func:`cached_arrays`)."""
+    return cached_arrays(cache_dir, key, compute, ("assign", "centroids", "q", "d"))
 
 
-def cached_array(cache_dir: Path | None, key: str, compute) -> np.ndarray:
-    """``compute()``'s array from ``cache_dir/key.npy``, else computed and stored (written atomically)."""
-    path = None if cache_dir is None else Path(cache_dir) / f"{key}.npy"
+def cached_arrays(cache_dir: Path | None, key: str, compute, names: tuple[str, ...]) -> tuple[np.ndarray, ...]:
+    """``compute()``'s arrays, one per name, from ``cache_dir/key.npz``, else computed and stored (written
+    atomically; ``cache_dir`` None: computed every time)."""
+    path = None if cache_dir is None else Path(cache_dir) / f"{key}.npz"
     if path is not None and path.is_file():
-        return np.load(path)
-    array = compute()
+        with np.load(path) as z:
+            return tuple(z[name] for name in names)
+    arrays = tuple(compute())
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{key}.tmp{os.getpid()}.npy")
-        np.save(tmp, array)
+        # one temporary file per process: runs started together (a sweep sharing the default cache) write one key
+        tmp = path.with_name(f".{key}.tmp{os.getpid()}.npz")
+        np.savez(tmp, **dict(zip(names, arrays, strict=True)))
         os.replace(tmp, path)
-    return array
+    return arrays
 
 
 def false_negative_mask(

@@ -35,7 +35,7 @@ import torch
 from neoembed.adapters import add_lora, count_parameters, merge_lora, require_peft
 from neoembed.cde.batching import (
     ContextualBatches,
-    cached_array,
+    cached_arrays,
     cached_clustering,
     cluster_pairs,
     clustering_key,
@@ -223,10 +223,10 @@ def _teacher_pass(recipe: CDERecipe, sources: list[Source], progress: bool, step
                 nonlocal teacher
                 if teacher is None:
                     teacher = SentenceTransformer(resolve_packaged(recipe.clustering.teacher), device="cpu")
-                return teacher_embeddings(teacher, flat, progress=progress)
+                return (teacher_embeddings(teacher, flat, progress=progress),)
 
             negatives_key = clustering_key(teacher=recipe.clustering.teacher, negatives=flat)
-            n = cached_array(cache, negatives_key, embed_negatives)
+            (n,) = cached_arrays(cache, negatives_key, embed_negatives, ("n",))
             src.teacher_n = torch.from_numpy(n).view(len(src), src.k, -1)
         assignments.append(assign)
         centroids.append(cents)
