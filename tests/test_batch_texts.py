@@ -147,6 +147,20 @@ def test_the_model_card_states_the_texts_per_step(tmp_path):
     assert "batch size 16," in (tmp_path / "README.md").read_text()
 
 
+def _card_of_rows(tmp_path: Path, name: str, rows: list[dict], negatives: str, expected_loss: str) -> Path:
+    """``rows`` (columns q, p and the negatives) as ``tmp_path/rows.jsonl`` under card ``name`` in
+    ``tmp_path/cards``, which is returned."""
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cards = tmp_path / "cards"
+    cards.mkdir()
+    (cards / f"{name}.yaml").write_text(
+        f"name: {name}\nsource:\n  local: {{path: ../rows.jsonl, format: json}}\n"
+        f"columns: {{query: q, positive: p, negatives: {negatives}}}\nlicense: CC0-1.0\n"
+        f"expected_loss: {expected_loss}\n"
+    )
+    return cards
+
+
 def test_the_dry_run_counts_a_local_list_of_negatives_as_the_trainer_does(tmp_path):
     """A local card whose negatives are one list column, without a declared schema: the dry run counted it as
     one negative (and printed the batch of one); it now reads the rows' own list lengths, the count most rows
@@ -162,13 +176,7 @@ def test_the_dry_run_counts_a_local_list_of_negatives_as_the_trainer_does(tmp_pa
         }
         for i in range(10)
     ]
-    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    cards = tmp_path / "cards"
-    cards.mkdir()
-    (cards / "lists.yaml").write_text(
-        "name: lists\nsource:\n  local: {path: ../rows.jsonl, format: json}\n"
-        "columns: {query: q, positive: p, negatives: [negs]}\nlicense: CC0-1.0\nexpected_loss: 0.3\n"
-    )
+    cards = _card_of_rows(tmp_path, "lists", rows, "[negs]", "0.3")
     card, folder = load_card(find_card("lists", [cards]))
     for cap, k in ((None, 3), (2, 2)):
         recipe = _recipe(
@@ -186,13 +194,7 @@ def test_the_dry_run_counts_the_negatives_of_the_rows_max_rows_keeps(tmp_path):
     where the run trains on the 15 rows max_rows keeps (1 per query, 33 texts; a verification walk's case)."""
     rows = [{"q": f"question {i}", "p": f"answer {i}", "n1": f"wrong {i}", "n2": f"other {i}" if i % 2 else None}
             for i in range(40)]  # fmt: skip
-    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    cards = tmp_path / "cards"
-    cards.mkdir()
-    (cards / "neg.yaml").write_text(
-        "name: neg\nsource:\n  local: {path: ../rows.jsonl, format: json}\n"
-        "columns: {query: q, positive: p, negatives: [n1, n2]}\nlicense: CC0-1.0\nexpected_loss: unknown\n"
-    )
+    cards = _card_of_rows(tmp_path, "neg", rows, "[n1, n2]", "unknown")
     recipe = _recipe(datasets=[{"card": "neg", "max_rows": 15}], batch_size=11, card_dirs=[str(cards)])
     from neoembed.data.cards import prepare_card
 
