@@ -209,21 +209,20 @@ def _check_model_folder(folder: Path, model: str) -> None:
         )
 
 
-def _load_mlm(folder, dev):
-    """The masked-LM model of ``folder``; one without the head's weights (an encoder or embedding model) is
-    refused: a random head scores chance-level pseudo-perplexity, not the model's."""
+def _load_mlm(folder, dev, model: str):
+    """The masked-LM model of ``folder`` (``model``: as the user named it); one without the head's weights (an
+    encoder or embedding model) is refused: a random head scores chance-level pseudo-perplexity, not the model's."""
     import json
 
     from transformers.utils import logging as hf_logging
 
-    from neoembed.hub import model_name
     from neoembed.modeling import NeoBERTForMaskedLM
 
     config = Path(folder) / "config.json"
     kind = json.loads(config.read_text()).get("model_type") if config.is_file() else None
     if kind is not None and kind != "neobert":
         raise ValueError(
-            f"--model {model_name(str(folder))} is a {kind} model: ppl scores NeoBERT checkpoints with their "
+            f"--model {model} is a {kind} model: ppl scores NeoBERT checkpoints with their "
             "masked-LM head (the output of `neoembed pretrain`, or the official NeoBERT)"
         )
     verbosity = hf_logging.get_verbosity()
@@ -235,7 +234,7 @@ def _load_mlm(folder, dev):
     missing = sorted(k for k in info["missing_keys"] if k.startswith("decoder."))
     if missing:
         raise ValueError(
-            f"--model {model_name(str(folder))} has no masked-LM head (its weights lack {', '.join(missing)}): "
+            f"--model {model} has no masked-LM head (its weights lack {', '.join(missing)}): "
             "pseudo-perplexity needs the pre-training head; give the final model of `neoembed pretrain` (or the "
             "official NeoBERT), not an encoder or embedding model"
         )
@@ -276,7 +275,7 @@ def _ppl(model, data, lengths, out, max_docs, batch_size, column, device, overwr
     check_weight_files(folder)
     tok = AutoTokenizer.from_pretrained(str(folder))
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    net = _load_mlm(folder, dev)
+    net = _load_mlm(folder, dev, model)
     if dev.type == "cuda":
         net = net.to(torch.bfloat16)
     if (Path(data) / "meta.json").is_file() or (Path(data) / "subset.json").is_file():
