@@ -9,7 +9,7 @@
 #
 #   bash benchmarks/gpu_suite.sh --dry-run          # no GPU needed: prints each step and checks that every script,
 #                                                   # option and file it uses exists (scripts' --help, pytest collection)
-#   bash benchmarks/gpu_suite.sh --wheels .gpu/wheels --minilm .gpu/minilm --out DIR [--only STEP,STEP]
+#   bash benchmarks/gpu_suite.sh --wheels .gpu/wheels --minilm .gpu/minilm --out DIR [--only STEP,STEP (run in that order)]
 #
 # Steps, in order: train-step (full size, bf16, 512 tokens: plain, eager and with compiled layers; GradCache; CDE
 # at N = 512 x 512; the cached loss alone at B = 65,536; MFU and peak memory), throughput (512, 2,048 and 4,096
@@ -77,9 +77,9 @@ add() {  # add NAME LIMIT_SECONDS COMMAND...: one step (COMMAND runs from the re
 # timed parts repeat twice, not three times. At 0548496, with three repetitions, train-step (84 s), throughput
 # (69 s) and pretrain-speed (37 s) fitted; encode (35 s) and profile's GradCache part (the last, beyond 65 s) did
 # not: the GradCache profile is in gpu_profile_cuda.md at 739e861. Every script records after each part, so a
-# step cut at its box keeps what it measured. The two steps after `optional` run only when --only names them: the
-# precision record (fp16 met, mteb_precision_cuda.md) needs ~90 s, the GPU tests ~70 s without DeepSpeed (its
-# four ZeRO launches, when its wheel is carried, come on top), train-defaults (item 5: which settings pay end to
+# step cut at its box keeps what it measured. The three steps after `optional` run only when --only names them: the
+# precision record (fp16 met, mteb_precision_cuda.md) needs ~90 s, the GPU tests ~80 s and DeepSpeed's four ZeRO
+# launches 132 s more (gpu_tests_cuda.log at b1e2f69), train-defaults (item 5: which settings pay end to
 # end on the README's job and on full-size NeoBERT) ~5 minutes: at b1e2f69 its 240 s box ended it during the
 # NeoBERT arms (then 300 steps each; now 150).
 add train-step 80 "$PY" benchmarks/train_step_cuda.py --device cuda --warmup 1 --reps 2
@@ -90,9 +90,22 @@ add profile 55 "$PY" benchmarks/gpu_profile.py --device cuda --out @out/profiles
 add pretrain-speed 40 "$PY" benchmarks/pretrain_speed.py --device cuda --steps 5 --repeats 1
 optional
 add mteb-precision 100 "$PY" benchmarks/mteb_precision.py --device cuda --out runs/mteb-precision --model @minilm
-add gpu-tests 180 "$PY" -m pytest -v -n 0 -p no:cacheprovider -m gpu tests/test_modeling_gpu.py \
+add gpu-tests 240 "$PY" -m pytest -v -n 0 -p no:cacheprovider -m gpu tests/test_modeling_gpu.py \
   tests/test_compile_gpu.py tests/test_pretrain_gpu.py  # one process: the tests share one GPU
 add train-defaults 300 "$PY" benchmarks/train_defaults.py --device cuda --model @minilm
+
+ORDER=()  # the steps to run: the default ones, or those --only names, in the order it names them
+if [ -n "$ONLY" ]; then
+  IFS=, read -ra WANTED <<<"$ONLY"
+  for w in "${WANTED[@]}"; do
+    found=""
+    for i in "${!NAMES[@]}"; do [ "${NAMES[i]}" = "$w" ] && found=$i; done
+    [ -n "$found" ] || { echo "--only: no step '$w'; the steps: ${NAMES[*]}" >&2; exit 2; }
+    ORDER+=("$found")
+  done
+else
+  for i in "${!NAMES[@]}"; do [ "${OPTIONAL[i]}" = 1 ] || ORDER+=("$i"); done
+fi
 
 FAILED_CHECKS=0
 fail_check() { echo "  CHECK FAILED: $*"; FAILED_CHECKS=$((FAILED_CHECKS + 1)); }
@@ -179,10 +192,8 @@ fi
 device=$("$PY" -c "import torch; print(torch.cuda.get_device_name(0), '| torch', torch.__version__, '| CUDA', torch.version.cuda)")
 rows=()
 start_all=$(date +%s)
-for i in "${!NAMES[@]}"; do
+for i in "${ORDER[@]}"; do
   name=${NAMES[i]}
-  if [ -n "$ONLY" ] && [[ ",$ONLY," != *",$name,"* ]]; then continue; fi
-  [ -z "$ONLY" ] && [ "${OPTIONAL[i]}" = 1 ] && continue
   cmd=${CMDS[i]}
   cmd=${cmd//@out\/profiles/$PROFILES}
   [ -n "$MINILM" ] && cmd=${cmd//@minilm/$MINILM} || cmd=${cmd//--model @minilm /}

@@ -46,6 +46,15 @@ def test_unknown_suite_arguments_are_refused():
     assert out.returncode == 2 and "unknown argument '--fast'" in out.stderr
 
 
+def test_only_runs_its_steps_in_its_order_and_refuses_a_misspelt_one():
+    suite = str(REPO / "benchmarks" / "gpu_suite.sh")
+    out = subprocess.run(["bash", suite, "--dry-run", "--only", "gpu-test"], capture_output=True, text=True)
+    assert out.returncode == 2 and "--only: no step 'gpu-test'" in out.stderr
+    # the loop walks ORDER: --only's order, so the GPU tests can come first on a short lease
+    text = (REPO / "benchmarks" / "gpu_suite.sh").read_text()
+    assert 'for i in "${ORDER[@]}"; do' in text and 'ORDER+=("$found")' in text
+
+
 def test_training_step_flops_and_mfu():
     """3 x forward FLOPs of B queries + B positives of L tokens, for the quick mode's 2 x 64 model (by hand:
     linear parameters per layer 3D^2 + D^2 + 2DF + FD with D = 64, F = 88)."""
