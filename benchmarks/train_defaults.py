@@ -11,8 +11,8 @@ documentation, built once):
 - neobert: full-size NeoBERT with random weights (speed does not depend on them) at the unified recipe's
   precision (bf16) and max_length (512), batch 64, --neobert-steps steps; arms: eager, compile=true.
 
-Per arm: the wall time, the steady step time (the logged samples/s of the run's second half) and the peak
-memory. A setting is worth a default only where its arm's wall time is lower; the record also gives the step
+Per arm: the wall time, the steady step time (the logged samples/s of the run's second half), the peak
+memory and how often torch recompiled a compiled layer (``TORCH_LOGS=recompiles``). A setting is worth a default only where its arm's wall time is lower; the record also gives the step
 count from which it would be (its extra start-up over its per-step saving). Results:
 benchmarks/results/train_defaults_<device>.{json,md}, written after each arm (a run cut short keeps its arms).
 """
@@ -51,7 +51,9 @@ def run_arm(recipe: list[str], out: Path, batch: int) -> dict:
         cwd=REPO,
         capture_output=True,
         text=True,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        # torch logs each recompilation of a compiled layer: a layer recompiled per batch shape runs eager past
+        # torch's recompile limit, which a compiled arm no faster per step than eager would show
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "TORCH_LOGS": "recompiles"},
     )
     wall = time.perf_counter() - t0
     if r.returncode != 0:
@@ -64,6 +66,7 @@ def run_arm(recipe: list[str], out: Path, batch: int) -> dict:
         "step_s": batch / rate,
         "peak_memory_mib": max(row.get("peak_memory_mib", 0) for row in rows),
         "last_loss": rows[-1].get("loss"),
+        "recompilations": r.stderr.count("Recompiling function"),
     }
 
 
@@ -127,9 +130,9 @@ def record(args, rows: list[dict]) -> Path:
     for r in rows:
         base = first.setdefault(r["job"], r)
         cells = (
-            f"{r['wall_s']:.1f} | {1e3 * r['step_s']:.1f} | {r['peak_memory_mib']:,.0f}"
+            f"{r['wall_s']:.1f} | {1e3 * r['step_s']:.1f} | {r['peak_memory_mib']:,.0f} | {r.get('recompilations', '-')}"
             if "error" not in r
-            else f"{r['wall_s']:.1f} | failed: {r['error'].splitlines()[-1][:120]} | -"
+            else f"{r['wall_s']:.1f} | failed: {r['error'].splitlines()[-1][:120]} | - | -"
         )
         pays = "(the baseline)" if r is base else breakeven(base, r)
         lines.append(f"| {r['job']} | {r['arm']} | {r['steps']} | {cells} | {pays} |")
@@ -137,8 +140,9 @@ def record(args, rows: list[dict]) -> Path:
         "`neoembed train` from the command's start to its exit, one setting changed per arm; step time from the "
         "logged samples/s of the run's second half.",
         "",
-        "| job | arm | steps | wall s | step ms | peak memory MiB | beats the job's first arm end to end from step |",
-        "|---|---|---|---|---|---|---|",
+        "| job | arm | steps | wall s | step ms | peak memory MiB | recompilations | beats the job's first arm end to "
+        "end from step |",
+        "|---|---|---|---|---|---|---|---|",
         *lines,
     ]
     stem = "train_defaults_cpu_quick" if args.quick else f"train_defaults_{args.device}"
