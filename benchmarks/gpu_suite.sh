@@ -74,14 +74,16 @@ add() {  # add NAME LIMIT_SECONDS COMMAND...: one step (COMMAND runs from the re
 # Order and limits from the H200 runs of 2026-11-27 (gpu_suite_cuda.log: each line stamped with its step's seconds):
 # the targets' records first. A process there spends 10-20 s importing and starting CUDA before its first result,
 # so the compiled training step shares the eager one's process (train_step_cuda.py's unified-compiled) and the
-# timed parts repeat twice, not three times. At 0548496, with three repetitions, train-step (84 s), throughput
-# (69 s) and pretrain-speed (37 s) fitted; encode (35 s) and profile's GradCache part (the last, beyond 65 s) did
-# not: the GradCache profile is in gpu_profile_cuda.md at 739e861. Every script records after each part, so a
+# timed parts repeat twice, not three times (encode and the real-text rows after a first pass timed apart). At
+# 0548496, with three repetitions, train-step (84 s), throughput (69 s) and pretrain-speed (37 s) fitted; encode
+# (35 s) and profile's GradCache part (the last, beyond 65 s) did not: the GradCache profile is in
+# gpu_profile_cuda.md at 739e861. Every script records after each part, so a
 # step cut at its box keeps what it measured. The three steps after `optional` run only when --only names them: the
 # precision record (fp16 met, mteb_precision_cuda.md) needs ~90 s, the GPU tests ~80 s and DeepSpeed's four ZeRO
 # launches 132 s more (gpu_tests_cuda.log at b1e2f69), train-defaults (item 5: which settings pay end to
 # end on the README's job and on full-size NeoBERT) ~5 minutes: at b1e2f69 its 240 s box ended it during the
-# NeoBERT arms (then 300 steps each; now 150).
+# NeoBERT arms (then 300 steps each; now 150); at ced9ce1 its 300 s ended the last arm (quickstart bf16) after
+# 16 s of set-up and four arms of 32, 58, 64 and 110 s.
 add train-step 80 "$PY" benchmarks/train_step_cuda.py --device cuda --warmup 1 --reps 2
 add throughput 65 "$PY" benchmarks/throughput.py --device cuda --compile --cuda-graphs --lengths 512,2048,4096 \
   --reps 2
@@ -92,7 +94,7 @@ optional
 add mteb-precision 100 "$PY" benchmarks/mteb_precision.py --device cuda --out runs/mteb-precision --model @minilm
 add gpu-tests 240 "$PY" -m pytest -v -n 0 -p no:cacheprovider -m gpu tests/test_modeling_gpu.py \
   tests/test_compile_gpu.py tests/test_pretrain_gpu.py  # one process: the tests share one GPU
-add train-defaults 300 "$PY" benchmarks/train_defaults.py --device cuda --model @minilm
+add train-defaults 360 "$PY" benchmarks/train_defaults.py --device cuda --model @minilm
 
 ORDER=()  # the steps to run: the default ones, or those --only names, in the order it names them
 if [ -n "$ONLY" ]; then
