@@ -135,7 +135,9 @@ def main() -> None:
         default="sentences,documents",
         help="comma-separated: sentences (MTEB), documents (512-4,096 tokens); a subset names the record",
     )
-    p.add_argument("--reps", type=int, default=None, help="timed interleaved passes, after one first pass timed apart (default: 3 on CUDA)")
+    p.add_argument(
+        "--reps", type=int, default=None, help="timed interleaved passes after one first pass (default: 3 on CUDA)"
+    )
     args = p.parse_args()
     unknown = set(args.sets.split(",")) - {"sentences", "documents"}
     if unknown:

@@ -9,7 +9,8 @@
 #
 #   bash benchmarks/gpu_suite.sh --dry-run          # no GPU needed: prints each step and checks that every script,
 #                                                   # option and file it uses exists (scripts' --help, pytest collection)
-#   bash benchmarks/gpu_suite.sh --wheels .gpu/wheels --minilm .gpu/minilm --out DIR [--only STEP,STEP (run in that order)]
+#   bash benchmarks/gpu_suite.sh --wheels .gpu/wheels --minilm .gpu/minilm --out DIR [--only STEP,...]
+#                                                   # --only: those steps, in the order it names them
 #
 # Steps, in order: train-step (full size, bf16, 512 tokens: plain, eager and with compiled layers; GradCache; CDE
 # at N = 512 x 512; the cached loss alone at B = 65,536; MFU and peak memory), throughput (512, 2,048 and 4,096
@@ -51,7 +52,7 @@ while [ $# -gt 0 ]; do
     --minilm) MINILM_PACKED=$2; shift ;;
     --out) OUT=$2; shift ;;
     --only) ONLY=$2; shift ;;
-    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
     *) echo "unknown argument '$1': use --dry-run, --wheels DIR, --minilm DIR, --out DIR, --only STEP,..." >&2; exit 2 ;;
   esac
   shift

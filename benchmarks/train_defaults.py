@@ -12,8 +12,8 @@ documentation, built once):
   precision (bf16) and max_length (512), batch 64, --neobert-steps steps; arms: eager, compile=true.
 
 Per arm: the wall time, the steady step time (the logged samples/s of the run's second half), the peak
-memory and how often torch recompiled a compiled layer (``TORCH_LOGS=recompiles``). A setting is worth a default only where its arm's wall time is lower; the record also gives the step
-count from which it would be (its extra start-up over its per-step saving). Results:
+memory and how often torch recompiled a compiled layer (``TORCH_LOGS=recompiles``). A setting is worth a
+default only where its arm's wall time is lower; the record also gives the step count from which it would be (its extra start-up over its per-step saving). Results:
 benchmarks/results/train_defaults_<device>.{json,md}, written after each arm (a run cut short keeps its arms).
 """
 
