@@ -83,6 +83,13 @@ def load(
         return model
     if not str(name_or_path).strip():  # Path("") is the working folder
         raise ValueError("load: the model name is empty: give a model folder or a hub id")
+    if quantize:  # the int8 layers take and give fp32 around their int8 products, whatever the folder was saved in
+        options = _named(args, kwargs)
+        if resolve_dtype(options.get("dtype")) not in (None, resolve_dtype("fp32")):
+            raise ValueError(
+                f"quantize='int8' computes in fp32 around its int8 products: drop dtype={options['dtype']!r}"
+            )
+        args, kwargs = (), {**options, "dtype": "fp32"}
     path = Path(name_or_path)
     check_adapter_base(path)
     if is_adapter_folder(path):  # a LoRA adapter saved alone: its base model, then the adapter on it

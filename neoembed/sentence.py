@@ -41,6 +41,7 @@ from neoembed.instructions import DEFAULT_TEMPLATE, instruction_prefix
 from neoembed.model_card import LOADING_HEADING, PACKAGED_MINILM, base_model_name, with_loading_section
 from neoembed.modeling.positions import position_limit
 from neoembed.pooling import POOLING_MODES, pooling_mode, pooling_name
+from neoembed.record import readable_weights
 
 __all__ = [
     "POOLING_MODES",
@@ -160,6 +161,20 @@ class EmbeddingModel(SentenceTransformer):
         # has no int8 or binary code
         check_finite(out)
         return out
+
+    def save(self, path, *args, **kwargs) -> None:
+        """sentence-transformers' ``save``, refusing an int8-quantized model before it writes anything (its
+        dynamic int8 layers have no weights to save: the save failed half-way, leaving configs without weights),
+        and leaving the weights readable as the folder's other files (:func:`neoembed.record.readable_weights`)."""
+        from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
+
+        if any(isinstance(m, DynamicQuantizedLinear) for m in self.modules()):
+            raise ValueError(
+                "this model is int8-quantized (quantize='int8'), which serves and does not save: save the model "
+                "it was loaded from and load that with quantize='int8', or `neoembed export --quantize int8`"
+            )
+        super().save(path, *args, **kwargs)
+        readable_weights(path)
 
     def _create_model_card(self, path, model_name=None, train_datasets="deprecated") -> None:
         # sentence-transformers writes its generated card, or the card the model was loaded with (a trainer's,

@@ -572,6 +572,28 @@ def test_adapter_folder_loads_quantized(tiny_official, tmp_path, shared_dir):
     assert _cosines(quantized.encode(texts), adapted).min() > 0.99
 
 
+def test_int8_serves_a_half_precision_folder_and_refuses_to_save(tiny_official, tmp_path, shared_dir):
+    """quantize='int8' on a folder saved in bf16 (or with dtype='fp16') loaded, then failed at the first encode
+    ("expected scalar type Float but found BFloat16"); saving an int8 model failed half-way, leaving configs
+    without weights. Saved weights were readable by their owner alone (0600)."""
+    import os
+
+    texts = _sentences(shared_dir, n=8)
+    neoembed.load(tiny_official, dtype="bf16").save(str(tmp_path / "bf16"))
+    weights = tmp_path / "bf16" / "model.safetensors"
+    umask = os.umask(0)
+    os.umask(umask)
+    assert weights.stat().st_mode & 0o777 == 0o666 & ~umask
+    quantized = neoembed.load(tmp_path / "bf16", quantize="int8")
+    rounded = neoembed.load(tmp_path / "bf16", dtype="fp32").encode(texts)
+    assert _cosines(quantized.encode(texts), rounded).min() > 0.99
+    with pytest.raises(ValueError, match="drop dtype='fp16'"):
+        neoembed.load(tiny_official, quantize="int8", dtype="fp16")
+    with pytest.raises(ValueError, match="int8-quantized"):
+        quantized.save(str(tmp_path / "q"))
+    assert not (tmp_path / "q").exists()
+
+
 def test_an_onnx_export_refuses_torch_options(tiny_export):
     """Options that shape a torch model (dtype, device, pooling, ...) were dropped for an ONNX export."""
     out, _ = tiny_export
