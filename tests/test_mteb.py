@@ -493,6 +493,20 @@ def test_fp16_matches_fp32_on_tiny_neobert(tiny_official, small, tmp_path):
     assert abs(fp32 - fp16) <= 0.01
 
 
+def test_a_folder_saved_in_bf16_is_scored_with_fp32_weights(tiny_official, small, tmp_path):
+    """A folder saved in bf16 loaded in bf16 (transformers keeps a folder's dtype), so `neoembed mteb` scored it in
+    bf16 and recorded "precision: fp32" beside a score off the fp32 one."""
+    import neoembed
+
+    neoembed.load(tiny_official, dtype="bf16").save(str(tmp_path / "bf16"))
+    kw = dict(data_dir=small / "mteb", tasks=["STS16"], instructions="none")
+    saved = run_mteb(EvalConfig(model=str(tmp_path / "bf16"), output=tmp_path / "a", precision="fp32", **kw))
+    rounded = neoembed.load(tmp_path / "bf16", dtype="fp32")  # the same bf16-rounded weights, held in fp32
+    assert str(next(rounded.parameters()).dtype) == "torch.float32"
+    by_hand = _run(rounded, tmp_path / "b", precision="fp32", data_dir=small / "mteb", tasks=["STS16"])
+    assert saved.scores["STS16"]["main_score"] == by_hand.scores["STS16"]["main_score"]
+
+
 def test_card_task_instruction_reaches_the_encoder(minilm, small, tmp_path):
     """mteb drops prompt keys naming unknown tasks; card tasks must still get their instruction."""
     cards = tmp_path / "cards"
