@@ -21,9 +21,11 @@ from neoembed.runs.checks import check_device
 from neoembed.sentence import (
     EmbeddingModel,
     apply_speedups,
+    check_prompts,
     named_weight_errors,
     resolve_dtype,
     resolve_packaged,
+    set_max_seq_length,
     set_truncate_dim,
 )
 from neoembed.sentence import load as load_bi_encoder
@@ -51,8 +53,8 @@ def load(
     dynamic int8 (:mod:`neoembed.export.torch_int8`), NeoBERT still padding-free.
 
     Each kind takes the arguments that mean something for it, and refuses the others by name (never dropped): an
-    ONNX export takes ``prompts``, ``truncate_dim`` and ``file_name``; a CDE folder :data:`CDE_OPTIONS`,
-    ``prompts`` and ``truncate_dim``; a bi-encoder everything :func:`neoembed.sentence.load` takes. Remote code
+    ONNX export takes ``prompts``, ``truncate_dim``, ``file_name`` and ``max_seq_length``; a CDE folder
+    :data:`CDE_OPTIONS`, ``prompts`` and ``truncate_dim``; a bi-encoder everything :func:`neoembed.sentence.load` takes. Remote code
     runs only where ``trust_remote_code=True`` is passed.
     """
     if backend not in ("torch", "onnx"):
@@ -69,6 +71,7 @@ def load(
             f"file_name={file_name!r} picks the graph of an ONNX export: pass backend='onnx' with it"
         )
     check_device(_named(args, kwargs).get("device"), flag="device")  # torch's own error is an AssertionError
+    check_prompts(prompts)  # every kind merges them into its own (a str or a number failed only at encode)
     if str(name_or_path).startswith("packaged:"):  # the packaged all-MiniLM-L6-v2 (neoembed[quickstart])
         name_or_path = resolve_packaged(str(name_or_path))
     if backend == "onnx":
@@ -76,10 +79,12 @@ def load(
             name_or_path,
             "an ONNX export",
             _named(args, kwargs),
-            allowed=("prompts", "truncate_dim", "file_name"),
+            allowed=("prompts", "truncate_dim", "file_name", "max_seq_length"),
         )
         model = load_onnx(name_or_path, file_name=file_name, prompts=prompts)
         set_truncate_dim(model, truncate_dim)
+        if (length := _named(args, kwargs).get("max_seq_length")) is not None:  # the tokenizer's cut, in Python
+            set_max_seq_length(model, length, name_or_path)
         return model
     if not str(name_or_path).strip():  # Path("") is the working folder
         raise ValueError("load: the model name is empty: give a model folder or a hub id")
@@ -131,9 +136,17 @@ def _named(args: tuple, kwargs: dict) -> dict:
     return {**dict(zip(POSITIONAL, args, strict=False)), **kwargs}
 
 
+#: switches off by default: passing them off asks for nothing a kind could refuse
+OFF_BY_DEFAULT = ("compile", "cuda_graphs", "trust_remote_code")
+
+
 def _refuse(name_or_path, kind: str, options: dict, allowed: tuple[str, ...]) -> None:
     """Options a kind of model has no use for are an error naming them, not silently dropped."""
-    bad = sorted(k for k, v in options.items() if k not in allowed and v is not None)
+    bad = sorted(
+        k
+        for k, v in options.items()
+        if k not in allowed and v is not None and not (k in OFF_BY_DEFAULT and v is False)
+    )
     if bad:
         raise ValueError(
             f"{name_or_path} is {kind}, which does not take {', '.join(bad)}: it takes "

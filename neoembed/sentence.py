@@ -336,6 +336,9 @@ def load(
     from neoembed.compile import resolve_compile_mode
 
     compile_mode = resolve_compile_mode(compile)  # a bad value fails before anything is loaded
+    for flag, value in (("bucketing", bucketing), ("cuda_graphs", cuda_graphs)):
+        if value is not None and not isinstance(value, bool):  # "no" is truthy: it switched bucketing on
+            raise TypeError(f"{flag} is True, False or None; got {value!r}")
     mode = pooling_mode(pooling or "mean")
     model_kwargs = {
         k: v
@@ -432,7 +435,8 @@ def set_truncate_dim(model, truncate_dim: int | None) -> None:
         raise
 
 
-def _check_prompts(prompts) -> None:
+def check_prompts(prompts) -> None:
+    """``prompts`` is None or a dict of prompt names to texts; anything else is a TypeError saying so."""
     if prompts is not None and not isinstance(prompts, dict):
         raise TypeError(
             f"prompts maps prompt names to texts, such as {{'query': 'query: '}}; got a {type(prompts).__name__}: "
@@ -444,7 +448,7 @@ def _check_prompts(prompts) -> None:
 
 def _prompt_options(model, prompts, default_prompt_name, include_prompt) -> None:
     """Merge ``load``'s prompt options into a saved sentence-transformers model's own."""
-    _check_prompts(prompts)
+    check_prompts(prompts)
     if prompts:
         model.prompts = {**model.prompts, **prompts}
     if default_prompt_name is not None and default_prompt_name not in model.prompts:
@@ -510,7 +514,7 @@ def _built(
 ) -> EmbeddingModel:  # fmt: skip
     """A bi-encoder built from a plain checkpoint: Transformer -> Pooling (``pooling``: its mode and whether it
     includes the prompt's tokens) -> optional Normalize."""
-    _check_prompts(prompts)
+    check_prompts(prompts)
     transformer = _transformer(name_or_path, model_kwargs, trust_remote_code, tokenizer, max_seq_length)
     mode, include_prompt = pooling
     pooler = Pooling(transformer.get_embedding_dimension(), mode, include_prompt=include_prompt)

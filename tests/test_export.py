@@ -597,11 +597,27 @@ def test_int8_serves_a_half_precision_folder_and_refuses_to_save(tiny_official, 
 def test_an_onnx_export_refuses_torch_options(tiny_export):
     """Options that shape a torch model (dtype, device, pooling, ...) were dropped for an ONNX export."""
     out, _ = tiny_export
-    for options in ({"dtype": "bf16"}, {"max_seq_length": 64}, {"pooling": "cls"}):
+    for options in ({"dtype": "bf16"}, {"normalize": True}, {"pooling": "cls"}):
         with pytest.raises(
             ValueError, match=rf"is an ONNX export, which does not take {next(iter(options))}"
         ):
             neoembed.load(out, backend="onnx", **options)
+
+
+def test_an_onnx_export_takes_what_it_can_honour_and_checks_prompts(tiny_export, tiny_official, shared_dir):
+    """An ONNX export refused max_seq_length (the tokenizer's cut, applied in Python) and the defaults
+    compile=False and trust_remote_code=False; prompts="q: " or {"query": 3} loaded and failed at encode."""
+    out, _ = tiny_export
+    texts = _sentences(shared_dir, n=4)
+    model = neoembed.load(out, backend="onnx", max_seq_length=8, compile=False, trust_remote_code=False)
+    assert model.max_seq_length == 8
+    cut = neoembed.load(tiny_official, max_seq_length=8).encode(texts)
+    assert _cosines(model.encode(texts), cut).min() > 0.9999
+    for prompts in ("q: ", {"query": 3}):
+        with pytest.raises(TypeError, match="prompt"):
+            neoembed.load(out, backend="onnx", prompts=prompts)
+    with pytest.raises(TypeError, match="bucketing is True, False or None"):
+        neoembed.load(tiny_official, bucketing="no")
 
 
 def test_export_refuses_a_cde_model_before_loading_it(tiny_official, tmp_path, monkeypatch, capsys):
