@@ -234,7 +234,7 @@ def _save(module: torch.nn.Module, example: tuple, names: tuple[str, ...], path:
 def quantize_int8(src: Path, dst: Path) -> None:
     """ONNX Runtime's dynamic int8 quantization: weights int8 with one scale per output channel, activations
     quantized at run time. sentence-transformers' ``export_dynamic_quantized_onnx_model`` defaults to one scale per
-    tensor, which on the quickstart's fine-tuned all-MiniLM-L6-v2 lost 1.1 to 1.9 points on six of the eight local
+    tensor, which on the quickstart's fine-tuned all-MiniLM-L6-v2 lost 0.7 to 1.9 points on six of the eight local
     tasks; per channel kept every task within 0.5 (``benchmarks/onnx_int8_quality.py``). Weights keep 7 bits
     where the CPU saturates (:func:`int8_saturates`)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
