@@ -8,6 +8,7 @@ from pathlib import Path
 
 __all__ = [
     "PACKAGED_MINILM",
+    "check_model_folder",
     "check_model_source",
     "embedding_width",
     "folder_label",
@@ -42,12 +43,33 @@ def hub_modules_json(name: str) -> bool:
         ) from e
 
 
+def check_model_folder(path: Path) -> None:
+    """The error a loader gives for a folder with neither ``modules.json`` (a sentence-transformers folder) nor
+    ``config.json`` (a Hugging Face checkpoint), naming the last checkpoint of a run stopped before its model."""
+    if (path / "modules.json").is_file() or (path / "config.json").is_file():
+        return
+    steps = sorted(int(p.name[11:]) for p in path.glob("checkpoint-*") if p.name[11:].isdigit() and p.is_dir())
+    run = (  # a run stopped before its final model: each checkpoint folder holds a loadable model
+        f"; it holds a run's checkpoints without a final model: use {path / f'checkpoint-{steps[-1]}'}, or "
+        "finish the run with --resume"
+        if steps
+        else ""
+    )
+    raise FileNotFoundError(
+        f"{path} is not a model: expected modules.json (a sentence-transformers folder) or config.json and "
+        f"weights (a Hugging Face checkpoint){run}"
+    )
+
+
 def check_model_source(name: str, tokenizer: bool = False) -> None:
     """Raise, in a second and before anything heavy imports, the error loading ``name`` would raise when it is
     neither a local path, a packaged model nor a hub id the hub (or, offline, the local cache) answers for.
     ``tokenizer``: only a tokenizer loads from ``name``, which a cached ``tokenizer_config.json`` serves offline
     without the model's ``config.json``."""
-    if name in PACKAGED_MINILM or Path(name).exists():
+    path = Path(name)
+    if path.is_dir() and not tokenizer and not (path / "adapter_config.json").is_file():  # (a LoRA adapter)
+        check_model_folder(path)  # else a data folder failed in the tokenizer's loading, after the data loaded
+    if name in PACKAGED_MINILM or path.exists():
         return
     if name.startswith("packaged:"):  # no hub id either: a mistyped packaged name is said as one
         resolve_packaged(name)

@@ -36,7 +36,7 @@ from neoembed.encode_checks import (
     empty_result,
     warn_truncation,
 )
-from neoembed.hub import hub_modules_json, resolve_packaged
+from neoembed.hub import check_model_folder, hub_modules_json, resolve_packaged
 from neoembed.instructions import DEFAULT_TEMPLATE, instruction_prefix
 from neoembed.model_card import LOADING_HEADING, PACKAGED_MINILM, base_model_name, with_loading_section
 from neoembed.modeling.positions import position_limit
@@ -210,18 +210,7 @@ def _local_kind(path: Path, tokenizer: str | None) -> str:
     """'sentence' for a sentence-transformers folder, 'hf' for a plain checkpoint; errors say what is missing."""
     if (path / "modules.json").is_file():
         return "sentence"
-    if not (path / "config.json").is_file():
-        steps = sorted(int(p.name[11:]) for p in path.glob("checkpoint-*") if p.name[11:].isdigit() and p.is_dir())
-        run = (  # a run stopped before its final model: each checkpoint folder holds a loadable model
-            f"; it holds a run's checkpoints without a final model: use {path / f'checkpoint-{steps[-1]}'}, or "
-            "finish the run with --resume"
-            if steps
-            else ""
-        )
-        raise FileNotFoundError(
-            f"{path} is not a model: expected modules.json (a sentence-transformers folder) or config.json and "
-            f"weights (a Hugging Face checkpoint){run}"
-        )
+    check_model_folder(path)
     if not any(
         (path / f).is_file()
         for f in ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json")

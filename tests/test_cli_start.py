@@ -122,7 +122,9 @@ def test_a_hub_model_in_the_local_cache_passes_the_offline_check(tmp_path, monke
     assert hub_modules_json("org/cached") is False  # what sentence.load's kind check asks
     (snapshot / "modules.json").write_text("[]")
     assert hub_modules_json("org/cached") is True
-    check_model_source(str(tmp_path))
+    check_model_source(str(snapshot))  # a local model folder
+    with pytest.raises(FileNotFoundError, match="is not a model: expected modules.json"):
+        check_model_source(str(tmp_path))  # a local folder that is none, as loading it would say
     check_model_source("packaged:all-MiniLM-L6-v2")
     with pytest.raises(ValueError, match="packaged:all-minilm-l6-v2 is not a packaged model; the one packaged is"):
         check_model_source("packaged:all-minilm-l6-v2")  # not sent to the hub as a repo id

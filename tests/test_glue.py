@@ -259,6 +259,12 @@ def test_bad_input_exits_2(tmp_path, run_neoembed):
     run = run_neoembed(["glue", "MRPC", "--model", str(cde), "--out", str(tmp_path / "o")])
     assert run.exit_code == 2 and "is a CDE model (two encoder stages and a corpus context)" in run.stderr
     assert not (tmp_path / "o").exists()
+    data = tmp_path / "data"  # a folder that is no model (was: the tokenizer's error, after the data loaded)
+    data.mkdir()
+    (data / "train.jsonl").write_text("{}\n")
+    run = run_neoembed(["glue", "MRPC", "--model", str(data), "--out", str(tmp_path / "o")])
+    assert run.exit_code == 2 and f"{data} is not a model: expected modules.json" in run.stderr, run.stderr
+    assert not (tmp_path / "o").exists()
 
 
 def _a_run_stopped_at_step_4(tmp_path, msrp_rows, tiny_official, monkeypatch, capsys):
