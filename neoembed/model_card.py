@@ -167,8 +167,9 @@ def _usage_section(query_prompt: str, prefixed: bool = True) -> str:
         )
     elif prefixed:
         said = (
-            "Each training dataset's queries carried its own instruction (the recipe and `run_record.json` list "
-            "them), so no single `query` prompt is saved: pass `prompt=` with the instruction of your task."
+            "Each training dataset's queries carried its own instruction (`run_record.json` gives each dataset's "
+            "under `cards.<name>.query_prompt`), so no single `query` prompt is saved: pass `prompt=` with the "
+            "instruction of your task."
         )
     else:
         said = "Queries were trained without a prefix, and none is saved: `encode_query` and `encode` embed alike."

@@ -127,6 +127,8 @@ def test_tiny_recipe_trains_saves_reloads_and_loss_decreases(
         "data"
     ]  # what the card gave: rows kept, dropped per reason, full size
     assert kept["rows_read"] == 64 and kept["full_size"] == 200 and kept["dropped"] == {} and kept["sampled"]
+    # the text before the card's queries, which one card also saves as the model's query prompt
+    assert record["cards"]["pydoc_names"]["query_prompt"] == model.prompts["query"] != ""
     card = (out / "README.md").read_text()
     # the base model by its identity (#44): the local fixture names no hub id, so neither its folder nor its path
     assert (

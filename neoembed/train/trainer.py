@@ -248,8 +248,14 @@ def _record_extra(recipe: UnifiedRecipe, cards, reports: dict, datasets, batch_s
     """What the unified trainer adds to the loop's ``run_record.json``."""
     return {
         "base_model": base_model_name(recipe.model),  # the model card's hub id (None: a local model)
-        "cards": {
-            c.name: {"pinned": c.pinned, "license": c.license, "data": reports[c.name].as_dict()} for c, _ in cards
+        "cards": {  # query_prompt: the text before each of the card's queries (its instruction, or an override's)
+            c.name: {
+                "pinned": c.pinned,
+                "license": c.license,
+                "query_prompt": instruction_prefix(c.instruction, recipe.template) if recipe.instructions else "",
+                "data": reports[c.name].as_dict(),
+            }
+            for c, _ in cards
         },
         "negatives_per_query": {n: d.num_columns - 2 for n, d in datasets.items()},
         "batch_size": batch_sizes,  # queries per step of each dataset
