@@ -615,8 +615,9 @@ def test_poor_truncated_weights_fail_by_name_before_loading(tmp_path, tiny_offic
 
 def test_poor_unknown_mteb_task_fails_before_the_model_loads(tmp_path, capsys, monkeypatch):
     out = tmp_path / "r"
-    model = tmp_path / "model"  # a folder: a name that is no model is refused first, by the source check
+    model = tmp_path / "model"  # a folder with a config: a name or folder that is no model is refused first
     model.mkdir()
+    (model / "config.json").write_text("{}")  # never loaded: the task is refused before
     code, err = _cli(
         capsys, monkeypatch, "mteb", "--model", str(model), "--tasks", "STS17x", "--output", str(out)
     )
@@ -802,8 +803,9 @@ def test_poor_task_folder_without_its_split_fails_before_the_model_loads(
         shared_dir / "data" / "mteb" / "STS16" / "test.jsonl.gz", data / "train.jsonl.gz"
     )  # wrong split
     out = tmp_path / "r"
-    model = tmp_path / "model"  # a folder: a name that is no model is refused first, by the source check
+    model = tmp_path / "model"  # a folder with a config: a name or folder that is no model is refused first
     model.mkdir()
+    (model / "config.json").write_text("{}")  # never loaded: the task is refused before
     args = [
         "mteb",
         "--model",
