@@ -205,6 +205,12 @@ def test_a_run_stopped_before_its_first_checkpoint_names_the_fix_that_works(tmp_
     (out / "run_record.json").write_text("{}")
     with pytest.raises(OutputDirError, match="pass --resume to continue"):
         prepare_output_dir(out, overwrite=False, resume=False, checkpoints=False, main_process=True)
+    # the refusals name the run the folder holds: a GLUE --out pointed at a pre-training run said neither
+    (out / "run_record.json").write_text(json.dumps({"command": "pretrain", "resume_settings": {"lr": 1}}))
+    with pytest.raises(OutputDirError, match=r"is not empty \(it holds a pretrain run: run_record.json\)"):
+        prepare_output_dir(out, overwrite=False, resume=False, checkpoints=False, main_process=True)
+    with pytest.raises(OutputDirError, match=r"holds a different run \(a pretrain run\)"):
+        prepare_output_dir(out, overwrite=False, resume=True, settings={"lr": 2}, main_process=True)
 
 
 def test_poor_full_disk_during_a_checkpoint_leaves_the_previous_one_intact(tmp_path, tiny_official, finished):

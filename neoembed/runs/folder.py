@@ -135,6 +135,13 @@ def _describe(folder: Path, limit: int = 5) -> str:
     return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
+def _held(folder: Path) -> str:
+    """What ``folder`` holds, as a refusal says it: the run its record names (``pretrain``, ``glue``, ...: a
+    GLUE command pointed at a pre-training folder reads which run it is), then its first files."""
+    command = _from_record(folder, "command")
+    return (f"a {command} run: " if isinstance(command, str) and command else "") + _describe(folder)
+
+
 def _stopped_before_a_checkpoint(output: Path) -> bool:
     """A run folder whose run started (its record is there), never finished and holds no complete checkpoint:
     ``--resume`` has nothing to continue from (a second Ctrl-C, or a full disk, before the first save)."""
@@ -249,8 +256,10 @@ def _check_same_run(out: Path, saved: dict | None, settings: dict | None, defaul
         defaults or {},
     )
     if diff:
+        command = _from_record(out, "command")
+        kind = f" (a {command} run)" if isinstance(command, str) and command else ""
         raise OutputDirError(
-            f"--resume: {out} holds a different run; the settings that change the trajectory differ:\n  - "
+            f"--resume: {out} holds a different run{kind}; the settings that change the trajectory differ:\n  - "
             + "\n  - ".join(diff)
             + "\nresume with the folder's settings, or start a new run in another output_dir "
             "(or --overwrite to replace this one)"
@@ -377,7 +386,7 @@ def _check_used(
             )
         resume = "pass --resume to continue the run it holds, " if resumable else "pass "
         raise OutputDirError(
-            f"{what} {out} is not empty (it holds {_describe(out)}): {resume}--overwrite to replace it, or "
+            f"{what} {out} is not empty (it holds {_held(out)}): {resume}--overwrite to replace it, or "
             f"choose a new {what}"
         )
     if not any((out / name).is_file() for name in clearable):
