@@ -54,8 +54,8 @@ def load(
 
     Each kind takes the arguments that mean something for it, and refuses the others by name (never dropped): an
     ONNX export takes ``prompts``, ``truncate_dim``, ``file_name`` and ``max_seq_length``; a CDE folder
-    :data:`CDE_OPTIONS`, ``prompts`` and ``truncate_dim``; a bi-encoder everything :func:`neoembed.sentence.load` takes. Remote code
-    runs only where ``trust_remote_code=True`` is passed.
+    :data:`CDE_OPTIONS`, ``prompts`` and ``truncate_dim``; a bi-encoder everything :func:`neoembed.sentence.load`
+    takes. Remote code runs only where ``trust_remote_code=True`` is passed.
     """
     if backend not in ("torch", "onnx"):
         raise ValueError(f"unknown backend {backend!r}: choose 'torch' or 'onnx'")

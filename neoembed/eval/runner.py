@@ -59,7 +59,9 @@ def _load_model(cfg: EvalConfig):
         device = cfg.device or ("cpu" if cfg.quantize else None)  # int8 kernels are CPU ones
         # fp32 weights whatever dtype the folder was saved in: the precision is autocast's over them, and the
         # results say fp32 only where the model ran in fp32
-        model = load(cfg.model, device=device, dtype="fp32", truncate_dim=cfg.truncate_dim, quantize=cfg.quantize)
+        model = load(
+            cfg.model, device=device, dtype="fp32", truncate_dim=cfg.truncate_dim, quantize=cfg.quantize
+        )
     if cfg.max_length:
         set_max_seq_length(model, cfg.max_length, cfg.model)
     return model
