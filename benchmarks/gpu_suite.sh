@@ -80,8 +80,8 @@ add() {  # add NAME LIMIT_SECONDS COMMAND...: one step (COMMAND runs from the re
 # (35 s) and profile's GradCache part (the last, beyond 65 s) did not: the GradCache profile is in
 # gpu_profile_cuda.md at 739e861. Every script records after each part, so a
 # step cut at its box keeps what it measured. The three steps after `optional` run only when --only names them: the
-# precision record (fp16 met, mteb_precision_cuda.md) needs ~90 s, the GPU tests ~80 s and DeepSpeed's four ZeRO
-# launches 132 s more (gpu_tests_cuda.log at b1e2f69), train-defaults (item 5: which settings pay end to
+# precision record (fp16 met, mteb_precision_cuda.md) needs ~90 s, the GPU tests 169 s at ced9ce1 (DeepSpeed's four
+# ZeRO launches 99 s of it) before the single-rank ZeRO-1 comparison (two more launches) was added, train-defaults (item 5: which settings pay end to
 # end on the README's job and on full-size NeoBERT) ~5 minutes: at b1e2f69 its 240 s box ended it during the
 # NeoBERT arms (then 300 steps each; now 150); at ced9ce1 its 300 s ended the last arm (quickstart bf16) after
 # 16 s of set-up and four arms of 32, 58, 64 and 110 s.
@@ -93,7 +93,7 @@ add profile 55 "$PY" benchmarks/gpu_profile.py --device cuda --out @out/profiles
 add pretrain-speed 40 "$PY" benchmarks/pretrain_speed.py --device cuda --steps 5 --repeats 1
 optional
 add mteb-precision 100 "$PY" benchmarks/mteb_precision.py --device cuda --out runs/mteb-precision --model @minilm
-add gpu-tests 240 "$PY" -m pytest -v -n 0 -p no:cacheprovider -m gpu tests/test_modeling_gpu.py \
+add gpu-tests 300 "$PY" -m pytest -v -n 0 -p no:cacheprovider -m gpu tests/test_modeling_gpu.py \
   tests/test_compile_gpu.py tests/test_pretrain_gpu.py  # one process: the tests share one GPU
 add train-defaults 360 "$PY" benchmarks/train_defaults.py --device cuda --model @minilm
 
