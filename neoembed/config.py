@@ -1,7 +1,9 @@
 """The one strict base of every typed config in neoembed (recipes, loss settings, data cards, mining), and the
 YAML reader of every file they come from.
 
-It sits on the lowest floor (pydantic and PyYAML only), so that every foundation module can build on it.
+It sits on the lowest floor (pydantic and PyYAML only), so that every foundation module can build on it; so do the
+plain checks of Python arguments that recipes' types make of their keys (a positive count, prompts, an on/off
+switch).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Annotated, Any
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
-__all__ = ["StrictModel", "check_positive_int", "load_yaml"]
+__all__ = ["StrictModel", "check_positive_int", "check_prompts", "check_switches", "load_yaml"]
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -85,3 +87,22 @@ def check_positive_int(value: Any, what: str, unit: str = "") -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         raise ValueError(f"{what} takes a positive whole number{unit}, not {value!r}")
     return int(value)
+
+
+def check_prompts(prompts) -> None:
+    """``prompts`` is None or a dict of prompt names to texts; anything else is a TypeError saying so."""
+    if prompts is not None and not isinstance(prompts, dict):
+        raise TypeError(
+            f"prompts maps prompt names to texts, such as {{'query': 'query: '}}; got a {type(prompts).__name__}: "
+            f"{prompts!r:.80}"
+        )
+    if bad := {k: v for k, v in (prompts or {}).items() if not (isinstance(k, str) and isinstance(v, str))}:
+        raise TypeError(f"prompts map names to prompt texts (str to str); these are not: {bad}")
+
+
+def check_switches(**switches: Any) -> None:
+    """Each of ``switches`` (a name and its value) is True, False or None: ``bucketing="no"`` is truthy and switched
+    bucketing on."""
+    for name, value in switches.items():
+        if value is not None and not isinstance(value, bool):
+            raise TypeError(f"{name} is True, False or None; got {value!r}")

@@ -15,13 +15,13 @@ from typing import Any
 from neoembed.adapters import check_adapter_base, is_adapter_folder, load_adapter
 from neoembed.cde.model import ContextualSentenceTransformer, is_cde_folder, load_cde
 from neoembed.compile import resolve_compile_mode
+from neoembed.config import check_prompts, check_switches
 from neoembed.export.runtime import load_onnx
 from neoembed.export.torch_int8 import QUANTIZE, quantize_int8
 from neoembed.runs.checks import check_device
 from neoembed.sentence import (
     EmbeddingModel,
     apply_speedups,
-    check_prompts,
     named_weight_errors,
     resolve_dtype,
     resolve_packaged,
@@ -75,17 +75,7 @@ def load(
     if str(name_or_path).startswith("packaged:"):  # the packaged all-MiniLM-L6-v2 (neoembed[quickstart])
         name_or_path = resolve_packaged(str(name_or_path))
     if backend == "onnx":
-        _refuse(
-            name_or_path,
-            "an ONNX export",
-            _named(args, kwargs),
-            allowed=("prompts", "truncate_dim", "file_name", "max_seq_length"),
-        )
-        model = load_onnx(name_or_path, file_name=file_name, prompts=prompts)
-        set_truncate_dim(model, truncate_dim)
-        if (length := _named(args, kwargs).get("max_seq_length")) is not None:  # the tokenizer's cut, in Python
-            set_max_seq_length(model, length, name_or_path)
-        return model
+        return _load_export(name_or_path, _named(args, kwargs), file_name, prompts, truncate_dim)
     if not str(name_or_path).strip():  # Path("") is the working folder
         raise ValueError("load: the model name is empty: give a model folder or a hub id")
     if quantize:  # the int8 layers take and give fp32 around their int8 products, whatever the folder was saved in
@@ -108,8 +98,24 @@ def load(
         return quantize_int8(model) if quantize else model
     if quantize:
         raise ValueError(f"quantize='int8' serves bi-encoders; {path} is a CDE model")
-    options = _named(args, kwargs)
+    return _load_cde_folder(path, _named(args, kwargs), prompts, truncate_dim)
+
+
+def _load_export(name_or_path, options: dict, file_name: str | None, prompts, truncate_dim: int | None):
+    """An ONNX export, with the options that act on it in Python; the others refused by name."""
+    allowed = ("prompts", "truncate_dim", "file_name", "max_seq_length")
+    _refuse(name_or_path, "an ONNX export", options, allowed=allowed)
+    model = load_onnx(name_or_path, file_name=file_name, prompts=prompts)
+    set_truncate_dim(model, truncate_dim)
+    if options.get("max_seq_length") is not None:  # the tokenizer's cut
+        set_max_seq_length(model, options["max_seq_length"], name_or_path)
+    return model
+
+
+def _load_cde_folder(path: Path, options: dict, prompts, truncate_dim: int | None) -> ContextualSentenceTransformer:
+    """A saved CDE model with :data:`CDE_OPTIONS`; the others refused by name."""
     _refuse(path, "a CDE model", options, allowed=(*CDE_OPTIONS, "prompts", "truncate_dim"))
+    check_switches(bucketing=options.get("bucketing"), cuda_graphs=options.get("cuda_graphs"))
     dtype = resolve_dtype(options.get("dtype"))
     compile_mode = resolve_compile_mode(options.get("compile", False))
     with named_weight_errors(path):

@@ -25,7 +25,7 @@ from sentence_transformers.base.modules.normalize import Normalize
 from sentence_transformers.sentence_transformer.modules import Pooling
 
 import neoembed.modeling  # noqa: F401  (registers NeoBERT with the Auto classes)
-from neoembed.config import check_positive_int
+from neoembed.config import check_positive_int, check_prompts, check_switches
 from neoembed.encode_checks import (
     NonFiniteEmbeddingError,
     TruncationWarning,
@@ -325,15 +325,10 @@ def load(
     from neoembed.compile import resolve_compile_mode
 
     compile_mode = resolve_compile_mode(compile)  # a bad value fails before anything is loaded
-    for flag, value in (("bucketing", bucketing), ("cuda_graphs", cuda_graphs)):
-        if value is not None and not isinstance(value, bool):  # "no" is truthy: it switched bucketing on
-            raise TypeError(f"{flag} is True, False or None; got {value!r}")
+    check_switches(bucketing=bucketing, cuda_graphs=cuda_graphs)
     mode = pooling_mode(pooling or "mean")
-    model_kwargs = {
-        k: v
-        for k, v in (("dtype", resolve_dtype(dtype)), ("attn_implementation", attn_implementation))
-        if v is not None
-    }
+    given = (("dtype", resolve_dtype(dtype)), ("attn_implementation", attn_implementation))
+    model_kwargs = {k: v for k, v in given if v is not None}
     name_or_path = str(name_or_path)
     with named_weight_errors(name_or_path):
         if _kind(name_or_path, tokenizer) == "sentence":
@@ -422,17 +417,6 @@ def set_truncate_dim(model, truncate_dim: int | None) -> None:
     except ValueError:
         model.truncate_dim = before
         raise
-
-
-def check_prompts(prompts) -> None:
-    """``prompts`` is None or a dict of prompt names to texts; anything else is a TypeError saying so."""
-    if prompts is not None and not isinstance(prompts, dict):
-        raise TypeError(
-            f"prompts maps prompt names to texts, such as {{'query': 'query: '}}; got a {type(prompts).__name__}: "
-            f"{prompts!r:.80}"
-        )
-    if bad := {k: v for k, v in (prompts or {}).items() if not (isinstance(k, str) and isinstance(v, str))}:
-        raise TypeError(f"prompts map names to prompt texts (str to str); these are not: {bad}")
 
 
 def _prompt_options(model, prompts, default_prompt_name, include_prompt) -> None:

@@ -179,6 +179,9 @@ def test_load_refuses_what_a_cde_model_does_not_take_and_trusts_no_remote_code(s
             neoembed.load(saved_cde, **options)
     with pytest.raises(ValueError, match="backend='onnx'"):
         neoembed.load(saved_cde, file_name="model.onnx")
+    for switch in ({"bucketing": "no"}, {"cuda_graphs": "yes"}):  # "no" is truthy: it switched bucketing on
+        with pytest.raises(TypeError, match=f"{next(iter(switch))} is True, False or None"):
+            neoembed.load(saved_cde, **switch)
     old = tmp_path / "old-style"
     shutil.copytree(saved_cde, old)
     modules = json.loads((old / "modules.json").read_text())
