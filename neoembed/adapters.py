@@ -171,9 +171,15 @@ def load_training_checkpoint(model, folder: str | Path) -> None:
         target.load_state_dict(state, strict=True)
 
 
+#: what PEFT's own save puts before every key (its PeftModel wraps the backbone as ``base_model.model``): without
+#: it, ``PeftModel.from_pretrained`` found none of the adapter's weights and warned, leaving the base model as it was
+PEFT_PREFIX = "base_model.model."
+
+
 def save_adapter(model, folder: str | Path) -> Path:
-    """Write the adapter alone (before :func:`merge_lora`) in PEFT's layout; ``peft.set_peft_model_state_dict``
-    (or ``PeftModel.from_pretrained`` on the base backbone) puts it back."""
+    """Write the adapter alone (before :func:`merge_lora`) in PEFT's layout: ``PeftModel.from_pretrained`` on the
+    base backbone, transformers' ``load_adapter`` and sentence-transformers put it back, as :func:`load_adapter`
+    does."""
     from peft import get_peft_model_state_dict
     from safetensors.torch import save_file
 
@@ -182,7 +188,7 @@ def save_adapter(model, folder: str | Path) -> Path:
     config = model.neoembed_lora_config
     state = get_peft_model_state_dict(_backbone(model), adapter_name="default")
     save_file(
-        {k: v.detach().contiguous().cpu() for k, v in state.items()},
+        {PEFT_PREFIX + k: v.detach().contiguous().cpu() for k, v in state.items()},
         str(folder / "adapter_model.safetensors"),
     )
     config.save_pretrained(str(folder))
@@ -246,6 +252,10 @@ def load_adapter(folder: str | Path, load_base, base: str | None = None):
         )
     model = load_base(base)
     inject_adapter_in_model(config, _backbone(model))
-    set_peft_model_state_dict(_backbone(model), load_file(str(folder / "adapter_model.safetensors")))
+    state = load_file(str(folder / "adapter_model.safetensors"))  # keys with PEFT's prefix, or without (before it)
+    result = set_peft_model_state_dict(_backbone(model), {k.removeprefix(PEFT_PREFIX): v for k, v in state.items()})
+    missing = [k for k in getattr(result, "missing_keys", []) if "lora_" in k]
+    if missing:  # set_peft_model_state_dict loads leniently: an adapter of other keys would change nothing
+        raise ValueError(f"{folder}: the adapter lacks {len(missing)} LoRA weights, e.g. {missing[0]}")
     model.neoembed_lora_config = config
     return model

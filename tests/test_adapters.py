@@ -113,6 +113,20 @@ def test_lora_run_saves_merged_and_adapter_and_loads_without_neoembed(
     assert alone.prompts == merged.prompts and merged.prompts["query"]
     assert alone.max_seq_length == merged.max_seq_length == neoembed.load(tiny_official).max_seq_length
     assert alone.encode_query(TEXTS) == pytest.approx(merged.encode_query(TEXTS), abs=1e-5)
+    # PEFT's own loader on the base backbone: the keys carry its prefix (without it, PeftModel.from_pretrained
+    # found no adapter weight, warned, and left the base model as it was)
+    from peft import PeftModel
+    from transformers import AutoModel
+
+    batch = {k: v for k, v in merged.tokenize(TEXTS).items() if k in ("input_ids", "attention_mask")}
+    real = batch["attention_mask"].bool()
+    with torch.no_grad():
+        want = merged[0].auto_model(**batch).last_hidden_state[real]
+        peft = PeftModel.from_pretrained(AutoModel.from_pretrained(str(tiny_official)), str(out / "adapter"))
+        got = peft(**batch).last_hidden_state[real]
+        base = AutoModel.from_pretrained(str(tiny_official))(**batch).last_hidden_state[real]
+    assert not torch.allclose(base, want, atol=1e-3)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
     short = neoembed.load(out / "adapter", truncate_dim=8).encode(TEXTS)  # its options reach the base model
     assert short == pytest.approx(neoembed.load(out, truncate_dim=8).encode(TEXTS), abs=1e-5)
     assert short.shape == (len(TEXTS), 8)

@@ -395,6 +395,9 @@ class ContextualDocumentEmbedder(InputModule):
         return module
 
 
+PEFT_PREFIX = "base_model.model."  # before every key PEFT's own save writes (its PeftModel's path to the model)
+
+
 def _save_stage_adapter(stage: nn.Module, folder: str) -> None:
     """One stage's LoRA adapter in PEFT's layout (``adapter_config.json``, ``adapter_model.safetensors``)."""
     from peft import get_peft_model_state_dict
@@ -405,8 +408,8 @@ def _save_stage_adapter(stage: nn.Module, folder: str) -> None:
         raise ValueError("adapter_base: the stages hold no LoRA adapter to save alone")
     os.makedirs(folder, exist_ok=True)
     state = get_peft_model_state_dict(stage, adapter_name="default")
-    save_file(
-        {k: v.detach().contiguous().cpu() for k, v in state.items()},
+    save_file(  # PEFT's own prefix, which PeftModel.from_pretrained on the stage's encoder looks for
+        {PEFT_PREFIX + k: v.detach().contiguous().cpu() for k, v in state.items()},
         os.path.join(folder, "adapter_model.safetensors"),
     )
     configs["default"].save_pretrained(folder)
@@ -420,7 +423,8 @@ def _load_stage_adapter(stage: nn.Module, folder: str) -> None:
         raise ImportError(f"{folder} holds a LoRA adapter: loading it needs PEFT (pip install peft)") from e
     config = LoraConfig.from_pretrained(folder)
     inject_adapter_in_model(config, stage)
-    result = set_peft_model_state_dict(stage, load_file(os.path.join(folder, "adapter_model.safetensors")))
+    state = load_file(os.path.join(folder, "adapter_model.safetensors"))  # with PEFT's prefix, or without
+    result = set_peft_model_state_dict(stage, {k.removeprefix(PEFT_PREFIX): v for k, v in state.items()})
     missing = [k for k in getattr(result, "missing_keys", []) if "lora_" in k]
     if missing:
         raise ValueError(f"{folder}: the adapter lacks {len(missing)} LoRA weights, e.g. {missing[0]}")
