@@ -30,6 +30,7 @@ from neoembed.runs import (
     CheckpointWriteError,
     MetricsLog,
     OutputDirError,
+    check_output_flags,
     check_pairs,
     check_weight_files,
     claim_results_dir,
@@ -211,6 +212,18 @@ def test_a_run_stopped_before_its_first_checkpoint_names_the_fix_that_works(tmp_
         prepare_output_dir(out, overwrite=False, resume=False, checkpoints=False, main_process=True)
     with pytest.raises(OutputDirError, match=r"holds a different run \(a pretrain run\)"):
         prepare_output_dir(out, overwrite=False, resume=True, settings={"lr": 2}, main_process=True)
+    # a command neither resumes nor clears another command's run: glue --out PRETRAIN_RUN --overwrite deleted it
+    other = "holds a pretrain run .*, not a glue run: choose a new --out"
+    for overwrite, resume in ((True, False), (False, True)):
+        flags = {"command": "glue", "what": "--out", "overwrite": overwrite, "resume": resume}
+        with pytest.raises(OutputDirError, match=other):
+            prepare_output_dir(out, main_process=True, **flags)
+        with pytest.raises(OutputDirError, match=other):
+            check_output_flags(out, **flags)
+    assert (out / "run_record.json").is_file()
+    (out / "run_record.json").write_text(json.dumps({"command": "train-cde"}))  # neoembed train's, CDE recipe
+    prepare_output_dir(out, command="train", overwrite=True, resume=False, main_process=True)
+    assert not any(out.iterdir())
 
 
 def test_poor_full_disk_during_a_checkpoint_leaves_the_previous_one_intact(tmp_path, tiny_official, finished):

@@ -433,18 +433,15 @@ def train_cde(
     acc = _accelerator(recipe)
     seed_everything(recipe.seed)
     output = Path(recipe.output_dir)
-    check_output_flags(output, overwrite=overwrite, resume=resume)  # before the data: a big card takes minutes
+    # before the data: a big card takes minutes
+    check_output_flags(output, overwrite=overwrite, resume=resume, command="train")
     sources, cards = prepare_sources(recipe, recipe_dir)
     settings = resume_settings(recipe) | (data := card_fingerprints(cards))
     checkpoint = prepare_output_dir(
-        output,
-        overwrite=overwrite,
-        resume=resume,
-        settings=settings,
+        output, command="train", overwrite=overwrite, resume=resume, settings=settings,
         defaults=resume_defaults(recipe) | data,  # a run recorded before data.* resumes as before
-        main_process=acc.is_main_process,
-        inputs=(recipe.model, *local_data_paths(cards)),
-    )
+        main_process=acc.is_main_process, inputs=(recipe.model, *local_data_paths(cards)),
+    )  # fmt: skip
     check_weight_files(recipe.model)
     with acc.main_process_first():  # with a cache, the other processes read what the first one computed
         steps_left = checkpoint is None or int(checkpoint.name.split("-")[1]) < recipe.steps

@@ -96,6 +96,7 @@ def glue_command(
             clearable=(RUN_RECORD,),
             what="--out",
             inputs=(model, from_),
+            command="glue",
         )
         _start(settings, spec, backbone, out, data_dir, carve, source, grid)
 

@@ -349,7 +349,8 @@ def pretrain(
     check_trackers(recipe.report_to, Path(recipe.output_dir), resume)
     accelerator = _accelerator(recipe)
     output = Path(recipe.output_dir)
-    check_output_flags(output, overwrite=overwrite, resume=resume)  # before the tokenizer and shards load
+    # before the tokenizer and shards load
+    check_output_flags(output, overwrite=overwrite, resume=resume, command="pretrain")
     seed_everything(recipe.seed)
     corpora, streams, weights = _open_sources(recipe)
     held = _open_held_out(recipe, corpora)
@@ -361,6 +362,7 @@ def pretrain(
     settings = resume_settings(recipe, per_process_batch=True) | data
     checkpoint = prepare_output_dir(
         output,
+        command="pretrain",
         overwrite=overwrite,
         resume=resume,
         defaults=resume_defaults(recipe, per_process_batch=True) | data,  # a run from before data.* resumes

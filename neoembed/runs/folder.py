@@ -142,6 +142,17 @@ def _held(folder: Path) -> str:
     return (f"a {command} run: " if isinstance(command, str) and command else "") + _describe(folder)
 
 
+def _check_command(out: Path, command: str | None, what: str) -> None:
+    """A folder holding another command's run (its record's ``command``; ``train-cde`` is ``neoembed train``'s) is
+    neither resumed nor cleared by this one: ``glue --out PRETRAIN_RUN --overwrite`` deleted a pre-training run."""
+    held = _from_record(out, "command")
+    if command and isinstance(held, str) and held and held.split("-")[0] != command.split("-")[0]:
+        raise OutputDirError(
+            f"{what} {out} holds a {held} run ({_describe(out)}), not a {command} run: choose a new {what} "
+            "(a command resumes or replaces only its own runs; delete that folder yourself to reuse it)"
+        )
+
+
 def _stopped_before_a_checkpoint(output: Path) -> bool:
     """A run folder whose run started (its record is there), never finished and holds no complete checkpoint:
     ``--resume`` has nothing to continue from (a second Ctrl-C, or a full disk, before the first save)."""
@@ -288,6 +299,7 @@ def prepare_output_dir(
     clearable: tuple[str, ...] = (RECORD,),
     inputs: tuple[str | Path, ...] = (),
     resumable: bool = True,
+    command: str | None = None,
 ) -> Path | None:
     """Check (and with ``overwrite``, clear) an output folder before anything is loaded or written.
 
@@ -305,11 +317,14 @@ def prepare_output_dir(
     folder and clears: the others would find its first writes; with ``resume`` every process reads the checkpoint
     to load. ``inputs``: the local files or folders the run reads (its model, its card); a used folder that holds
     one of them is refused whatever the flags, as ``--overwrite`` would delete what the run is about to read.
-    ``resumable``: False for a command without ``--resume``, whose refusal of a used folder does not offer it."""
+    ``resumable``: False for a command without ``--resume``, whose refusal of a used folder does not offer it.
+    ``command``: the run record's name of the caller's runs; a folder holding another command's run is refused."""
     if main_process is None:
         main_process = launched_main()
     out = Path(path)
     used = _check_flags(out, overwrite, resume, what)
+    if used:
+        _check_command(out, command, what)
     if resume:
         saved = _saved_settings(out)
         _check_same_run(out, saved, settings, defaults)
@@ -339,6 +354,7 @@ def check_output_flags(
     what: str = "output_dir",
     clearable: tuple[str, ...] = (RECORD,),
     resumable: bool = True,
+    command: str | None = None,
 ) -> None:
     """What :func:`prepare_output_dir` refuses without the run's settings (the flags against the folder: nothing
     to resume, a used folder without --resume or --overwrite, an --overwrite of a folder that is not neoembed's),
@@ -347,6 +363,8 @@ def check_output_flags(
     (the others would find its first writes)."""
     out = Path(path)
     used = _check_flags(out, overwrite, resume, what)
+    if used:
+        _check_command(out, command, what)
     if used and not resume and launched_main():
         _check_used(out, overwrite, what, clearable, resumable=resumable)
 

@@ -310,7 +310,8 @@ def train(
     _check_extras(recipe, evaluator, resume)
     seed_everything(recipe.seed)
     output = Path(recipe.output_dir)
-    check_output_flags(output, overwrite=overwrite, resume=resume)  # before the data: a big card takes minutes
+    # before the data: a big card takes minutes
+    check_output_flags(output, overwrite=overwrite, resume=resume, command="train")
     # bad data, a used output folder and truncated weights fail before the model loads
     datasets, cards, batch_sizes, reports, held, holdout = _training_data(recipe, recipe_dir)
     full_sizes = [reports[name].full_size or len(datasets[name]) for name in datasets]
@@ -318,6 +319,7 @@ def train(
     settings = resume_settings(recipe, per_process_batch=True) | (data := card_fingerprints(cards))
     checkpoint = prepare_output_dir(
         output,
+        command="train",
         overwrite=overwrite,
         resume=resume,
         settings=settings,
