@@ -318,15 +318,10 @@ def train(
     no_duplicates = _batch_plans(recipe, datasets, batch_sizes)
     settings = resume_settings(recipe, per_process_batch=True) | (data := card_fingerprints(cards))
     checkpoint = prepare_output_dir(
-        output,
-        command="train",
-        overwrite=overwrite,
-        resume=resume,
-        settings=settings,
+        output, command="train", overwrite=overwrite, resume=resume, settings=settings,
         defaults=resume_defaults(recipe, per_process_batch=True) | data,  # a run from before data.* resumes
-        main_process=launched_main(),
-        inputs=(recipe.model, *local_data_paths(cards)),
-    )
+        main_process=launched_main(), inputs=(recipe.model, *local_data_paths(cards)),
+    )  # fmt: skip
     _check_checkpoint_format(checkpoint)
     check_same_holdout(output, holdout, resuming=checkpoint is not None)
     check_weight_files(recipe.model)
