@@ -593,3 +593,33 @@ def test_fp16_on_the_cpu_says_it_runs_fp32(tmp_path, tiny_official):
         losses[precision], said[precision] = _losses(out), run.stderr
     assert "precision=fp16 on the CPU" in said["fp16"] and "computes in fp32" in said["fp16"], said["fp16"]
     assert "precision=fp16" not in said["fp32"] and losses["fp16"] == losses["fp32"]
+
+
+def test_every_trainer_trains_fp32_weights_from_a_folder_saved_in_bf16(tmp_path, tiny_official, fake_hub):
+    """transformers keeps a folder's saved dtype: from a bf16 copy, `neoembed train` (precision fp32) trained and
+    saved bf16 weights, AdamW updating them in bf16; so did CDE, GLUE and pre-training's init_from. The recipe's
+    precision is autocast's; the weights stay fp32."""
+    import neoembed
+    from neoembed.cde.modeling_cde import ContextualDocumentEmbedder
+    from neoembed.glue.run import _load_model
+    from neoembed.glue.tasks import get_task
+    from neoembed.pretrain.recipe import PretrainRecipe
+    from neoembed.pretrain.trainer import _build_model
+
+    bf16 = tmp_path / "bf16"
+    neoembed.load(tiny_official, dtype="bf16").save(str(bf16))
+    out = train(_recipe(tmp_path / "run", bf16, "datasets=[{card: pydoc_names, max_rows: 32}]", "steps=2",
+                        "save_steps=2"), recipe_dir=TINY.parent)  # fmt: skip
+    from safetensors.torch import load_file
+
+    assert {t.dtype for t in load_file(str(out / "model.safetensors")).values()} == {torch.float32}
+    stages = ContextualDocumentEmbedder.from_backbone(str(bf16))
+    assert {p.dtype for p in stages.parameters()} == {torch.float32}
+    classifier = _load_model(get_task("MRPC"), str(bf16), transfer=False)
+    assert {p.dtype for p in classifier.parameters()} == {torch.float32}
+    pretrain_tiny = REPO / "recipes" / "pretrain-tiny.yaml"
+    recipe = load_recipe(pretrain_tiny, PretrainRecipe, [f"model={{init_from: {bf16}}}"])
+    from transformers import AutoTokenizer
+
+    model = _build_model(recipe, AutoTokenizer.from_pretrained(str(bf16)))
+    assert {p.dtype for p in model.parameters()} == {torch.float32}

@@ -134,9 +134,10 @@ class ContextualDocumentEmbedder(InputModule):
     # ------------------------------------------------------------------------------------------- building
     @classmethod
     def from_backbone(cls, name_or_path: str, tokenizer=None, **settings) -> ContextualDocumentEmbedder:
-        """Two independent copies of a pre-trained encoder (any AutoModel) as the two stages."""
-        first = AutoModel.from_pretrained(name_or_path)
-        second = AutoModel.from_pretrained(name_or_path)
+        """Two independent copies of a pre-trained encoder (any AutoModel) as the two stages, in fp32 whatever the
+        encoder was saved in (training's precision is autocast's, over fp32 weights)."""
+        first = AutoModel.from_pretrained(name_or_path, dtype=torch.float32)
+        second = AutoModel.from_pretrained(name_or_path, dtype=torch.float32)
         tokenizer = tokenizer or AutoTokenizer.from_pretrained(name_or_path)
         return cls(first, second, tokenizer, **settings)
 

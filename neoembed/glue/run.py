@@ -138,6 +138,7 @@ def _tokenized(task: GlueTask, splits, tokenizer, max_length: int):
 def _load_model(task: GlueTask, model: str, transfer: bool):
     """The classifier: a backbone gets a fresh head; a fine-tuned checkpoint (``--from``) keeps what fits and
     starts the classifier fresh when its label count differs (MNLI's 3 for STS-B's 1)."""
+    import torch
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
     # the source's own problem type goes first: MNLI's single-label one does not fit STS-B's one output
@@ -146,8 +147,8 @@ def _load_model(task: GlueTask, model: str, transfer: bool):
     config.problem_type = "regression" if task.is_regression else "single_label_classification"
     with _quiet_loading():
         classifier, info = AutoModelForSequenceClassification.from_pretrained(
-            model, config=config, ignore_mismatched_sizes=transfer, output_loading_info=True
-        )
+            model, config=config, ignore_mismatched_sizes=transfer, output_loading_info=True, dtype=torch.float32
+        )  # fp32 weights whatever the source was saved in: the recipe's precision is autocast's over them
     _say_loaded(task, model, classifier.base_model_prefix, info)
     return classifier
 

@@ -111,8 +111,8 @@ def _build_model(recipe: PretrainRecipe, tokenizer):
     if m.init_from is not None:
         from neoembed.modeling.convert import resolve_checkpoint
 
-        model = NeoBERTForMaskedLM.from_pretrained(
-            str(resolve_checkpoint(m.init_from)), attn_implementation=m.attn_implementation
+        model = NeoBERTForMaskedLM.from_pretrained(  # fp32 whatever it was saved in: precision is autocast's
+            str(resolve_checkpoint(m.init_from)), attn_implementation=m.attn_implementation, dtype=torch.float32
         )
     else:
         cfg = {"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id, **m.config}

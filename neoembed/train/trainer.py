@@ -326,7 +326,10 @@ def train(
     check_same_holdout(output, holdout, resuming=checkpoint is not None)
     check_weight_files(recipe.model)
     acc = _accelerator(recipe)  # after the folder's checks: a resume on another process count is named there
-    model = load(recipe.model, pooling=recipe.pooling, compile=recipe.compile, device=str(acc.device))
+    # fp32 weights whatever the folder was saved in: the recipe's precision is autocast's, over fp32 weights
+    model = load(
+        recipe.model, pooling=recipe.pooling, dtype="fp32", compile=recipe.compile, device=str(acc.device)
+    )
     final = (_training_length(model, recipe), _query_prompt(recipe, cards))  # what the saved model carries
     _add_adapter(model, recipe)
     seed_everything(recipe.seed)
