@@ -1147,8 +1147,9 @@ def test_mteb_settings_from_config_options_and_set(tmp_path, run_neoembed, monke
     seen = []
     monkeypatch.setattr(mteb_cli, "_run", lambda cfg, out, model: seen.append(cfg))
     monkeypatch.setattr(mteb_cli, "_check_task_names", lambda names: None)  # no mteb registry needed
-    model = tmp_path / "model"  # a folder, so the weight check has nothing to refuse
+    model = tmp_path / "model"  # a folder with a config (never loaded), so the start-up checks have nothing to refuse
     model.mkdir()
+    (model / "config.json").write_text("{}")
     config = tmp_path / "mteb.yaml"
     config.write_text(f"model: {model}\ntasks: STS12, STS13\nbatch_size: 8\nseed: 1\ninstructions: none\n")
     out = tmp_path / "out"
