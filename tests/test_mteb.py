@@ -505,6 +505,8 @@ def test_a_folder_saved_in_bf16_is_scored_with_fp32_weights(tiny_official, small
     assert str(next(rounded.parameters()).dtype) == "torch.float32"
     by_hand = _run(rounded, tmp_path / "b", precision="fp32", data_dir=small / "mteb", tasks=["STS16"])
     assert saved.scores["STS16"]["main_score"] == by_hand.scores["STS16"]["main_score"]
+    with pytest.raises(ValueError, match="holds bfloat16 weights"):  # given loaded in bf16, it said fp32 too
+        _run(neoembed.load(tmp_path / "bf16"), tmp_path / "c", precision="fp32", data_dir=small / "mteb")
 
 
 def test_card_task_instruction_reaches_the_encoder(minilm, small, tmp_path):

@@ -321,6 +321,13 @@ def scoring_settings(cfg: EvalConfig, label: str, model=None, precision: str | N
 
 def _check_given_model(cfg: EvalConfig, model) -> None:
     """A model loaded by the caller must be the one ``cfg`` describes where the run would record ``cfg``'s value."""
+    half = {p.dtype for p in model.parameters()} & {torch.float16, torch.bfloat16}
+    if half:  # the record's precision is autocast's over fp32 weights; half weights score as themselves
+        name = str(half.pop()).removeprefix("torch.")
+        raise ValueError(
+            f"the model given holds {name} weights: its scores would be {name}'s whatever precision the run "
+            "records. Load it in fp32 (neoembed.load(..., dtype='fp32')) and set the precision with precision="
+        )
     width = getattr(model, "truncate_dim", None)
     if cfg.truncate_dim is not None and width != cfg.truncate_dim:
         raise ValueError(
