@@ -58,21 +58,11 @@ def test_bf16_packed_training_on_cuda(tmp_path, shards):
     assert len(rows) == 6 and all(row["loss"] == row["loss"] for row in rows)
 
 
-@pytest.mark.parametrize("stage", [1, 2])
-def test_deepspeed_zero_configs_run_the_tiny_recipe(tmp_path, shards, stage):
-    pytest.importorskip("deepspeed")
-    config = REPO / "recipes" / "accelerate" / f"deepspeed-zero{stage}.yaml"
+def _neoembed(*args, config: Path | None = None) -> None:
+    """``python -m neoembed ARGS`` in this checkout, under ``accelerate launch --config_file CONFIG`` if given."""
+    launch = ["-m", "accelerate.commands.launch", "--config_file", str(config)] if config else []
     r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "accelerate.commands.launch",
-            "--config_file",
-            str(config),
-            "-m",
-            "neoembed",
-            *_args(shards, tmp_path / "ds"),
-        ],
+        [sys.executable, *launch, "-m", "neoembed", *args],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -80,26 +70,16 @@ def test_deepspeed_zero_configs_run_the_tiny_recipe(tmp_path, shards, stage):
         timeout=600,
     )
     assert r.returncode == 0, r.stderr[-3000:]
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_deepspeed_zero_configs_run_the_tiny_recipe(tmp_path, shards, stage):
+    pytest.importorskip("deepspeed")
+    config = REPO / "recipes" / "accelerate" / f"deepspeed-zero{stage}.yaml"
+    _neoembed(*_args(shards, tmp_path / "ds"), config=config)
     assert (tmp_path / "ds" / "checkpoint-3").is_dir() and (tmp_path / "ds" / "model.safetensors").is_file()
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "accelerate.commands.launch",
-            "--config_file",
-            str(config),
-            "-m",
-            "neoembed",
-            *_args(shards, tmp_path / "ds"),
-            "--resume",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
     # a finished run resumes from its last checkpoint and ends at the same step
-    assert r.returncode == 0, r.stderr[-3000:]
+    _neoembed(*_args(shards, tmp_path / "ds"), "--resume", config=config)
 
 
 def test_deepspeed_zero1_on_one_rank_follows_plain_training(tmp_path, shards):
@@ -113,20 +93,10 @@ def test_deepspeed_zero1_on_one_rank_follows_plain_training(tmp_path, shards):
     config.write_text(text.replace("mixed_precision: bf16", "mixed_precision: 'no'"))
     args = ["pretrain", "pretrain-tiny", f"tokenizer={TOKENIZER}", f"data.sources=[{{path: {shards}}}]",
             "precision=fp32", "steps=6", "save_steps=6", "logging_steps=1"]  # fmt: skip
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), "-m", "neoembed"]
     losses = {}
-    for name, command in (("plain", [sys.executable, "-m", "neoembed"]), ("zero1", launch)):
-        out = tmp_path / name
-        r = subprocess.run(
-            [*command, *args, f"output_dir={out}"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            env={**os.environ, "HF_HUB_OFFLINE": "1"},
-            timeout=600,
-        )
-        assert r.returncode == 0, r.stderr[-3000:]
-        rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    for name, launch in (("plain", None), ("zero1", config)):
+        _neoembed(*args, f"output_dir={tmp_path / name}", config=launch)
+        rows = [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
         losses[name] = [row["loss"] for row in rows if "loss" in row]
     assert len(losses["plain"]) == len(losses["zero1"]) == 6, losses
     for plain, zero in zip(losses["plain"], losses["zero1"], strict=True):
