@@ -412,11 +412,19 @@ def set_truncate_dim(model, truncate_dim: int | None) -> None:
     if truncate_dim is None:
         return
     before, model.truncate_dim = model.truncate_dim, None  # the full width, not an earlier truncation's
+    width = model.get_embedding_dimension()
     try:
-        model.truncate_dim = check_truncate_dim(truncate_dim, model.get_embedding_dimension())
+        model.truncate_dim = check_truncate_dim(truncate_dim, width)
     except ValueError:
         model.truncate_dim = before
         raise
+    dims = getattr(model, "matryoshka_dims", None)
+    if dims and truncate_dim not in dims and truncate_dim != width:
+        logger.warning(
+            "truncate_dim=%d is not one of the dimensions this model was trained at (%s): the loss shaped only "
+            "those prefixes of its embeddings",
+            truncate_dim, ", ".join(map(str, dims)),
+        )  # fmt: skip
 
 
 def _prompt_options(model, prompts, default_prompt_name, include_prompt) -> None:

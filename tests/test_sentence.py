@@ -455,6 +455,23 @@ def test_the_model_card_says_what_was_optimised_and_how_queries_go():
     assert PROMPT_NOTE in model_card_text("run", None, query_prompt="query: ")
 
 
+def test_a_width_the_model_was_not_trained_at_is_said(saved, tmp_path, caplog):
+    """truncate_dim=20 on a model trained at 32, 16 and 8 dimensions loaded without a word, though its card says to
+    load with one of them."""
+    from neoembed.sentence import record_matryoshka_dims
+
+    path, _ = saved
+    trained = tmp_path / "trained"
+    shutil.copytree(path, trained)
+    record_matryoshka_dims(trained, [32, 16, 8])
+    for width, said in ((20, True), (16, False), (32, False)):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="neoembed.sentence"):
+            assert neoembed.load(trained, truncate_dim=width).encode(TEXTS).shape[1] == width
+        warned = "truncate_dim=20 is not one of the dimensions this model was trained at (32, 16, 8)" in caplog.text
+        assert warned is said
+
+
 def test_a_saved_copy_keeps_the_matryoshka_dimensions(saved, tmp_path):
     """#43, a walk's E3: `neoembed export` (any load-then-save) wrote config_sentence_transformers.json without
     the dimensions the model was trained for (sentence-transformers keeps no key it does not know)."""
