@@ -80,7 +80,7 @@ def test_an_adapter_whose_base_moved_names_it(tiny_official, tmp_path):
 
 
 def test_lora_run_saves_merged_and_adapter_and_loads_without_neoembed(
-    tmp_path, tiny_official, block_neoembed
+    tmp_path, tiny_official, block_neoembed, run_neoembed
 ):
     out = tmp_path / "lora"
     overrides = [
@@ -127,6 +127,10 @@ def test_lora_run_saves_merged_and_adapter_and_loads_without_neoembed(
         base = AutoModel.from_pretrained(str(tiny_official))(**batch).last_hidden_state[real]
     assert not torch.allclose(base, want, atol=1e-3)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    # trained further as a model, the adapter alone failed in autograd: refused, naming what to train from
+    again = run_neoembed(["train", "tiny", f"model={out / 'adapter'}", f"output_dir={tmp_path / 'again'}"])
+    assert again.exit_code == 2 and "is a LoRA adapter saved alone" in again.stderr, again.stderr
+    assert not (tmp_path / "again").exists()
     short = neoembed.load(out / "adapter", truncate_dim=8).encode(TEXTS)  # its options reach the base model
     assert short == pytest.approx(neoembed.load(out, truncate_dim=8).encode(TEXTS), abs=1e-5)
     assert short.shape == (len(TEXTS), 8)

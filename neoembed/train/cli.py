@@ -62,6 +62,7 @@ def train_command(
     from neoembed.runs import output_lock
 
     check_model_source(parsed.model)  # offline or a typo: said before torch and sentence-transformers import
+    _refuse_adapter(parsed.model)
     with output_lock(parsed.output_dir):  # a second run into this folder is refused before it touches it
         evaluator = _evaluator(parsed, path.parent)
         if isinstance(parsed, CDERecipe):
@@ -93,6 +94,18 @@ def _warn_on_warmup(recipe) -> None:
             f"warning: optimizer.warmup_steps {opt.warmup_steps} is not below steps {steps}: the learning rate "
             f"never reaches optimizer.lr {opt.lr:g} (the last step runs at {last:.2g}); lower warmup_steps",
             err=True,
+        )
+
+
+def _refuse_adapter(model: str) -> None:
+    """A LoRA adapter saved alone (``RUN/adapter``) loads for inference over its frozen base; trained as ``model``
+    it failed in autograd ("element 0 of tensors does not require grad") or was "not a model"."""
+    from neoembed.recipe import RecipeError
+
+    if (Path(model) / "adapter_config.json").is_file():
+        raise RecipeError(
+            f"model={model} is a LoRA adapter saved alone, which trains no further: train from the run's merged "
+            "model (the adapter folder's parent), or from its base model with adapter: to train a new adapter"
         )
 
 
