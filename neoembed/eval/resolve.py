@@ -14,6 +14,7 @@ from neoembed.eval.task_cards import (
     build_card_task,
     dataset_card_task,
     load_task_card,
+    read_dataset_card,
 )
 
 __all__ = ["Unresolvable", "is_registered", "resolve_tasks", "task_folders"]
@@ -36,11 +37,7 @@ def _local_task(name: str, folder: Path):
     (``neoembed_differs``: why its scores do not compare with published ones; recorded with each result)."""
     task, instruction = _task_from_dir(name, folder)
     if (folder / DATASET_CARD_FILE).is_file() and not (folder / CARD_FILE).is_file():  # the card read the task
-        import yaml
-
-        from neoembed.card_schema import DatasetCard
-
-        card = DatasetCard.model_validate(yaml.safe_load((folder / DATASET_CARD_FILE).read_text(encoding="utf8")))
+        card = read_dataset_card(folder)
         if card.mteb_task and (why := card.differs_from_mteb()):
             logger.warning(
                 "%s: its data is not the mteb task %s's (%s): its score does not compare with published ones",

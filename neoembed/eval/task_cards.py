@@ -44,6 +44,7 @@ __all__ = [
     "build_card_task",
     "dataset_card_task",
     "load_task_card",
+    "read_dataset_card",
 ]
 
 logger = logging.getLogger(__name__)
@@ -99,6 +100,18 @@ def load_task_card(path: str | Path) -> tuple[TaskCard, Path]:
     return card, data
 
 
+def read_dataset_card(folder: str | Path) -> DatasetCard:
+    """The folder's dataset card (``card.yaml``), validated; a :class:`LocalDataError` naming the file if not."""
+    path = Path(folder) / DATASET_CARD_FILE
+    raw = yaml.safe_load(path.read_text(encoding="utf8")) or {}
+    if not isinstance(raw, dict):
+        raise LocalDataError(f"{path} is not a mapping")
+    try:  # the dataset card schema is shared with training and corpus cards (neoembed.card_schema)
+        return DatasetCard.model_validate(raw)
+    except ValidationError as e:
+        raise LocalDataError(format_validation_error(e, DatasetCard, str(path))) from None
+
+
 def dataset_card_task(folder: str | Path) -> tuple[str | None, TaskCard | None]:
     """What a folder described by a dataset card (``card.yaml``) holds: ``(mteb task name, card task)``.
 
@@ -108,13 +121,7 @@ def dataset_card_task(folder: str | Path) -> tuple[str | None, TaskCard | None]:
     """
     folder = Path(folder)
     path = folder / DATASET_CARD_FILE
-    raw = yaml.safe_load(path.read_text(encoding="utf8")) or {}
-    if not isinstance(raw, dict):
-        raise LocalDataError(f"{path} is not a mapping")
-    try:  # the dataset card schema is shared with training and corpus cards (neoembed.card_schema)
-        dcard = DatasetCard.model_validate(raw)
-    except ValidationError as e:
-        raise LocalDataError(format_validation_error(e, DatasetCard, str(path))) from None
+    dcard = read_dataset_card(folder)
     mteb_task = dcard.mteb_task or None
     kind = str(dcard.task_type or "").lower()
     card_types = card_type_names()
