@@ -138,15 +138,21 @@ def _describe(folder: Path, limit: int = 5) -> str:
 def _held(folder: Path) -> str:
     """What ``folder`` holds, as a refusal says it: the run its record names (``pretrain``, ``glue``, ...: a
     GLUE command pointed at a pre-training folder reads which run it is), then its first files."""
+    command = _recorded_command(folder)
+    return (f"a {command} run: " if command else "") + _describe(folder)
+
+
+def _recorded_command(folder: Path) -> str | None:
+    """The command its run record names (``train``, ``train-cde``, ``pretrain``, ``glue``, ...), or None."""
     command = _from_record(folder, "command")
-    return (f"a {command} run: " if isinstance(command, str) and command else "") + _describe(folder)
+    return command if isinstance(command, str) and command else None
 
 
 def _check_command(out: Path, command: str | None, what: str) -> None:
     """A folder holding another command's run (its record's ``command``; ``train-cde`` is ``neoembed train``'s) is
     neither resumed nor cleared by this one: ``glue --out PRETRAIN_RUN --overwrite`` deleted a pre-training run."""
-    held = _from_record(out, "command")
-    if command and isinstance(held, str) and held and held.split("-")[0] != command.split("-")[0]:
+    held = _recorded_command(out)
+    if command and held and held.split("-")[0] != command.split("-")[0]:
         raise OutputDirError(
             f"{what} {out} holds a {held} run ({_describe(out)}), not a {command} run: choose a new {what} "
             "(a command resumes or replaces only its own runs; delete that folder yourself to reuse it)"
@@ -267,8 +273,7 @@ def _check_same_run(out: Path, saved: dict | None, settings: dict | None, defaul
         defaults or {},
     )
     if diff:
-        command = _from_record(out, "command")
-        kind = f" (a {command} run)" if isinstance(command, str) and command else ""
+        kind = f" (a {command} run)" if (command := _recorded_command(out)) else ""
         raise OutputDirError(
             f"--resume: {out} holds a different run{kind}; the settings that change the trajectory differ:\n  - "
             + "\n  - ".join(diff)
