@@ -166,10 +166,10 @@ def _cached(repo: str) -> bool:
     """Whether hub dataset ``repo`` has files in the local caches (the hub's, or datasets' own)."""
     import datasets.config
     from huggingface_hub import constants
+    from huggingface_hub.file_download import repo_folder_name
 
-    return (Path(constants.HF_HUB_CACHE) / f"datasets--{repo.replace('/', '--')}").is_dir() or (
-        Path(datasets.config.HF_DATASETS_CACHE) / repo.replace("/", "___")
-    ).is_dir()
+    hub = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo, repo_type="dataset")
+    return hub.is_dir() or (Path(datasets.config.HF_DATASETS_CACHE) / repo.replace("/", "___")).is_dir()
 
 
 def _task_path(task: str, recipe_dir: Path | None) -> str:
