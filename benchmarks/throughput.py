@@ -25,6 +25,7 @@ Model FLOPs per token = 2 x (parameters of all linear layers outside the embeddi
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -34,7 +35,16 @@ import time
 from pathlib import Path
 
 import torch
-from _common import SHARED, header, matmul_rate, median_time, model_flops, real_texts, write_results
+from _common import (
+    SHARED,
+    first_and_median,
+    header,
+    matmul_rate,
+    median_time,
+    model_flops,
+    real_texts,
+    write_results,
+)
 from transformers import AutoTokenizer, BertConfig, BertModel, ModernBertConfig, ModernBertModel
 
 from neoembed.modeling import NeoBERTConfig, NeoBERTModel
@@ -154,17 +164,10 @@ def variable_length(models: dict, texts, device, n_batches: int, batch_size: int
             for ids, mask in batches:
                 model(input_ids=ids, attention_mask=mask)
 
-    # the first pass pays what a process pays once (CUDA loading each kernel at its first launch, library handles,
-    # a graph recorded per shape): recorded apart, not averaged into the timed passes
-    first = {name: median_time(lambda m=model: run(m), device, 1, warmup=0) for name, model in models.items()}
-    times: dict[str, list[float]] = {name: [] for name in models}
-    for _ in range(reps):  # interleave the models so drift hits all of them alike
-        for name, model in models.items():
-            times[name].append(median_time(lambda m=model: run(m), device, 1, warmup=0))
-    for name, ts in times.items():
-        t = statistics.median(ts)
+    timed = first_and_median({name: functools.partial(run, model) for name, model in models.items()}, device, reps)
+    for name, (first, t) in timed.items():
         rows.append({"model": name, "real_tokens": real, "padded_tokens": padded, "tokens_per_s": real / t,
-                     "first_pass_tokens_per_s": real / first[name]})  # fmt: skip
+                     "first_pass_tokens_per_s": real / first})  # fmt: skip
         print(f"  variable-length {name:28s}: {real / t:10.0f} real tok/s", flush=True)
     return rows
 
