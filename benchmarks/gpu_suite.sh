@@ -123,6 +123,7 @@ if [ "$DRY" = 1 ]; then
   for i in "${!NAMES[@]}"; do
     echo "[${NAMES[i]}]$([ "${OPTIONAL[i]}" = 1 ] && echo " (with --only)") limit ${LIMITS[i]} s: ${CMDS[i]}"
   done
+  echo "would run, in order: $(for i in "${ORDER[@]}"; do printf '%s ' "${NAMES[i]}"; done)"
   # scripts present, their --help listing every option used, pytest's gpu selection non-empty (one process)
   "$PY" benchmarks/_suite_check.py "${CMDS[@]}" || fail_check "see above"
   if [ -n "$WHEELS" ]; then  # every pinned wheel of benchmarks/gpu_wheels.txt there, one version each

@@ -53,6 +53,10 @@ def test_only_runs_its_steps_in_its_order_and_refuses_a_misspelt_one():
     # the loop walks ORDER: --only's order, so the GPU tests can come first on a short lease
     text = (REPO / "benchmarks" / "gpu_suite.sh").read_text()
     assert 'for i in "${ORDER[@]}"; do' in text and 'ORDER+=("$found")' in text
+    out = subprocess.run(["bash", suite, "--dry-run", "--only", "gpu-tests,train-step"], capture_output=True, text=True)
+    assert "would run, in order: gpu-tests train-step \n" in out.stdout, out.stdout
+    out = subprocess.run(["bash", suite, "--dry-run"], capture_output=True, text=True)
+    assert "would run, in order: train-step throughput encode profile pretrain-speed \n" in out.stdout
 
 
 def test_training_step_flops_and_mfu():
