@@ -210,6 +210,45 @@ def test_a_failed_evaluation_keeps_its_steps_and_the_resume_runs_it_first(
     assert json.loads((out / "best.json").read_text()) == json.loads((full / "best.json").read_text())
 
 
+def test_eval_data_edited_in_place_before_a_resume_is_refused_with_keep_best(
+    tmp_path, tiny_official, trecqa, monkeypatch, sigterm_at, caplog
+):
+    """keep_best compared the scores after a resume with the best so far even when the eval task's files were
+    edited in place meanwhile (same path, other data): the best step was picked by the data (#43). Now that
+    evaluation fails (the run's steps saved), and with the files put back the resume goes on; without keep_best
+    a warning says from which step the scores do not compare."""
+    task = tmp_path / "TrecQA"
+    task.mkdir()
+    for f in trecqa.iterdir():
+        (task / f.name).write_bytes(f.read_bytes())
+    best = ("keep_best={metric: ndcg_at_10, mode: max}",)
+    out, real = tmp_path / "run", trainer_mod.unified_step
+    sigterm_at(trainer_mod, "unified_step", 3)
+    with pytest.raises(TrainingInterrupted):
+        _train(_recipe(out, tiny_official, task, *best))
+    monkeypatch.setattr(trainer_mod, "unified_step", real)
+    data, kept = task / "test.jsonl.gz", (task / "test.jsonl.gz").read_bytes()
+    with gzip.open(data, "rt") as f:
+        rows = f.readlines()
+    with gzip.open(data, "wt") as f:
+        f.writelines(rows[:5])  # the same task, half its queries
+    resumed = _recipe(out, tiny_official, task, *best)
+    compares = MtebEvaluator(resumed.eval, TINY.parent, compares=True)  # as neoembed train builds it
+    with pytest.raises(ValueError, match=r"eval task\(s\) TrecQA changed since the evaluation at step 4 .*step 6 "
+                       r".*keep_best compares"):  # fmt: skip
+        train(resumed, recipe_dir=TINY.parent, evaluator=compares, resume=True)
+    data.write_bytes(kept)
+    train(resumed, recipe_dir=TINY.parent, evaluator=compares, resume=True)
+    assert sorted(_rows(out, "eval_ndcg_at_10")) == [2, 4, 6]
+    assert json.loads((out / "best.json").read_text())["last_step"] == 6
+    with gzip.open(data, "wt") as f:
+        f.writelines(rows[:5])
+    caplog.clear()
+    plain = MtebEvaluator(resumed.eval, TINY.parent)
+    plain._check_same_data(out / "eval", 8, {"TrecQA": {"data_fingerprint": "edited"}})
+    assert "TrecQA changed since the evaluation at step 6 (its files were edited): scores from step 8" in caplog.text
+
+
 def test_adding_or_changing_eval_does_not_block_a_resume(tmp_path, tiny_official, trecqa):
     from neoembed.runs import resume_settings
 

@@ -11,6 +11,8 @@ JSON of each evaluation is kept in ``OUTPUT/eval/step-N/``.
 from __future__ import annotations
 
 import difflib
+import json
+import logging
 import math
 import re
 import shutil
@@ -22,6 +24,8 @@ from neoembed.eval.runner import EvalConfig, run_mteb
 from neoembed.recipe import resolve_recipe_path
 
 __all__ = ["MtebEvaluator", "task_metric"]
+
+logger = logging.getLogger(__name__)
 
 
 def task_metric(entry: dict, metric: str) -> float:
@@ -49,9 +53,12 @@ class MtebEvaluator(SentenceEvaluator):
     ``recipe_dir``) with :func:`~neoembed.eval.runner.run_mteb`. Returns ``{metric: mean over tasks,
     "<task>_<metric>": per task}``; the trainer prefixes each key with ``eval_``."""
 
-    def __init__(self, settings, recipe_dir: Path | None = None, extra_tasks: list[str] | tuple = ()):
+    def __init__(
+        self, settings, recipe_dir: Path | None = None, extra_tasks: list[str] | tuple = (), compares: bool = False
+    ):
         super().__init__()
         self.settings = settings
+        self.compares = compares  # keep_best: each score is compared with an earlier one, on the same data only
         own = [_task_path(t, recipe_dir) for t in settings.tasks]
         self.task_names = _check_tasks(own, settings.metric)  # mteb's names: the scores are "<name>_<metric>"
         self.tasks = own + list(extra_tasks)  # + the holdout's (written when training starts)
@@ -82,6 +89,7 @@ class MtebEvaluator(SentenceEvaluator):
             raise RuntimeError(
                 f"evaluation at step {steps} failed: {report.failed} (details in {out}/failures)"
             )
+        self._check_same_data(root, steps, report.scores)
         scores = {
             f"{name}_{self.primary_metric}": task_metric(e, self.primary_metric)
             for name, e in report.scores.items()
@@ -89,6 +97,46 @@ class MtebEvaluator(SentenceEvaluator):
         finite = [v for v in scores.values() if math.isfinite(v)]
         scores[self.primary_metric] = sum(finite) / len(finite) if finite else float("nan")
         return scores
+
+    def _check_same_data(self, root: Path, step: int, entries: dict) -> None:
+        """A task's local files edited in place since the run's last evaluation (between a kill and ``--resume``,
+        say) make its scores before and after incomparable: with ``keep_best`` (``compares``) the evaluation
+        fails (the run saves its steps and stops; put the files back and resume), else a warning says from which
+        step on. The holdout's folders are rewritten at every start (``check_same_holdout`` checks them)."""
+        before = _last_fingerprints(root, step)
+        changed = [
+            name for name, e in entries.items()
+            if name in self.task_names and name in before[1] and e.get("data_fingerprint") != before[1][name]
+        ]  # fmt: skip
+        if not changed:
+            return
+        said = (
+            f"the data of eval task(s) {', '.join(changed)} changed since the evaluation at step {before[0]} (its "
+            f"files were edited): scores from step {step} on do not compare with earlier ones"
+        )
+        if self.compares:
+            raise ValueError(
+                f"{said}, and keep_best compares them with the best so far. Put the task's files back as they "
+                "were and continue with --resume, or start a new run in another output_dir"
+            )
+        logger.warning(said)
+
+
+def _last_fingerprints(root: Path, step: int) -> tuple[int | None, dict]:
+    """(step, task -> data fingerprint) of the latest evaluation before ``step`` in ``root`` (``eval/``)."""
+    done = [int(p.name[5:]) for p in root.glob("step-*") if p.name[5:].isdigit() and int(p.name[5:]) < step]
+    if not done:
+        return None, {}
+    last = max(done)
+    out = {}
+    for f in (root / f"step-{last}").glob("*.json"):
+        try:
+            entry = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(entry, dict) and "task" in entry and "mteb" in entry:
+            out[entry["task"]] = entry.get("data_fingerprint")
+    return last, out
 
 
 #: score names whose family is certain: ranking scores exist only for tasks that rank documents, correlations

@@ -128,6 +128,7 @@ def _evaluator(parsed, recipe_dir: Path):
     from neoembed.recipe import check_keep_best_scores
     from neoembed.train.holdout import holdout_task_names, holdout_task_paths
 
-    evaluator = MtebEvaluator(parsed.eval, recipe_dir, extra_tasks=holdout_task_paths(parsed, recipe_dir))
+    compares = getattr(parsed, "keep_best", None) is not None
+    evaluator = MtebEvaluator(parsed.eval, recipe_dir, holdout_task_paths(parsed, recipe_dir), compares=compares)
     check_keep_best_scores(parsed, evaluator.task_names + holdout_task_names(parsed, recipe_dir))
     return evaluator
