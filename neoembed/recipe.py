@@ -418,8 +418,9 @@ class KeepBest(StrictModel):
     def _a_mapping(cls, value):
         if not isinstance(value, dict | KeepBest):  # ``keep_best=true`` read as a switch
             raise ValueError(
-                "keep_best names the score to keep the best checkpoint by: {metric: eval_main_score} (optionally "
-                "mode: max or min, patience: N evaluations without a new best)"
+                "keep_best names the score to keep the best checkpoint by: {metric: main_score} (eval.metric, the "
+                "mean over eval.tasks, or '<task>_<metric>' for one task's; optionally mode: max or min, patience: "
+                "N evaluations without a new best)"
             )
         return value
 

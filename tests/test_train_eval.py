@@ -127,8 +127,11 @@ def test_keep_best_survives_rotation_and_an_interrupted_resumed_run(
 
 def test_keep_best_without_eval_is_refused_with_the_fix(tmp_path, tiny_official, trecqa):
     for switch in ("true", "ndcg_at_10"):  # a switch or a bare name: the form is shown
-        with pytest.raises(RecipeError, match=r"keep_best names the score .*\{metric: eval_main_score\}"):
+        with pytest.raises(RecipeError, match=r"keep_best names the score .*\{metric: main_score\} \(eval.metric"):
             load_recipe(TINY, UnifiedRecipe, [f"model={tiny_official}", f"keep_best={switch}"])
+    # the form shown is one the recipe takes (it showed eval_main_score, which the next check refused)
+    shown = _recipe(tmp_path, tiny_official, trecqa, "eval.metric=main_score", "keep_best={metric: main_score}")
+    check_keep_best_scores(shown, ["TrecQA"])
     with pytest.raises(Exception, match="add an eval: block"):
         load_recipe(TINY, UnifiedRecipe, [f"model={tiny_official}", "keep_best={metric: ndcg_at_10}"])
     with pytest.raises(Exception, match="eval.steps 2 must be a multiple of save_steps 3"):
