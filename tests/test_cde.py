@@ -508,7 +508,7 @@ def test_tiny_cde_recipe_trains_saves_reloads(tmp_path, tiny_official, fake_hub)
     assert np.abs(pushed.encode(DOCS, dataset_embeddings=e) - a).max() <= 1e-6
 
 
-def test_cde_resume_equals_uninterrupted(tmp_path, tiny_official, cached):
+def test_cde_resume_equals_uninterrupted(tmp_path, tiny_official, cached, capsys):
     full = tmp_path / "full"
     train_cde(
         _recipe(full, tiny_official, "steps=6", "save_steps=3", cached), recipe_dir=CDE_TINY.parent, progress=False
@@ -556,6 +556,8 @@ def test_cde_resume_equals_uninterrupted(tmp_path, tiny_official, cached):
             progress=False,
         )
     assert (part / "cde_head.safetensors").is_file() and _losses(part) == _losses(full)
+    said = capsys.readouterr().out.splitlines()[-1]  # no batch was made: "(clustered)" said one was (#43)
+    assert "no batches (no step is left to train: the final model is written)" in said and "clustered" not in said
 
 
 def test_cli_train_dispatches_cde_and_rejects_bad_recipes(tmp_path, tiny_official, run_neoembed):

@@ -475,10 +475,11 @@ def train_cde(
     )
     data_files, extra = _run_record(recipe, cards, sources, module, per_epoch)
     loop.start(checkpoint, "train-cde", data_files=data_files, extra=extra)
+    batching = f"{per_epoch} contextual batches of {recipe.batch_size} per epoch ({_batching(recipe)})" if (
+        steps_left) else "no batches (no step is left to train: the final model is written)"  # fmt: skip
     if acc.is_main_process:
         print(
-            f"CDE: {len(sources)} source(s), {sum(map(len, sources))} pairs, {per_epoch} contextual batches of "
-            f"{recipe.batch_size} per epoch ({_batching(recipe)}), "
+            f"CDE: {len(sources)} source(s), {sum(map(len, sources))} pairs, {batching}, "
             f"N = {recipe.context.n_context}, {acc.num_processes} process(es), {recipe.steps} steps"
         )
     loop.run(*_cde_step(recipe, acc, module, sources, batches, offsets))
