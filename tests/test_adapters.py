@@ -79,6 +79,42 @@ def test_an_adapter_whose_base_moved_names_it(tiny_official, tmp_path):
         neoembed.load(tmp_path / "adapter")
 
 
+def test_an_adapter_of_a_hub_model_names_its_hub_id_and_commit(tiny_official, tmp_path, monkeypatch, caplog):
+    """An adapter trained on a hub model named the base by the machine's cache path (a sentence-transformers
+    model loads from its snapshot folder), which loads nowhere else (#43). It names the hub id and the commit
+    (PEFT's ``revision``); neoembed.load puts it on that commit from the cache, offline too."""
+    import shutil
+
+    import huggingface_hub.constants
+
+    from neoembed.adapters import save_adapter
+    from neoembed.hub import PACKAGED_MINILM, hub_reference, pinned_snapshot, resolve_packaged
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    for name, save in (("tiny", shutil.copytree), ("tiny-st", lambda _, to: neoembed.load(tiny_official).save(to))):
+        repo = tmp_path / "hub" / f"models--someone--{name}"  # a plain checkpoint, a sentence-transformers model
+        save(tiny_official, repo / "snapshots" / commit)
+        (repo / "refs").mkdir()
+        (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    for name in ("someone/tiny", "someone/tiny-st"):
+        model = neoembed.load(name)
+        add_lora(model, r=4, alpha=8)
+        for p in model.parameters():  # a trained adapter: PEFT starts lora_B at zero
+            if p.requires_grad:
+                torch.nn.init.normal_(p, std=0.05)
+        want = model.encode(TEXTS)
+        save_adapter(model, tmp_path / name)
+        config = json.loads((tmp_path / name / "adapter_config.json").read_text())
+        assert (config["base_model_name_or_path"], config["revision"]) == (name, commit)
+        assert neoembed.load(tmp_path / name).encode(TEXTS) == pytest.approx(want, abs=1e-5)
+    assert hub_reference(tiny_official) == (str(tiny_official), None)  # a local folder stays as it is
+    assert hub_reference(resolve_packaged(PACKAGED_MINILM[0]))[0] == PACKAGED_MINILM[1]
+    assert pinned_snapshot("someone/tiny", "f" * 40) == "someone/tiny"  # not cached: the hub's newest, said
+    assert "commit ffff" in caplog.text and "not in the local hub cache" in caplog.text
+
+
 def test_lora_run_saves_merged_and_adapter_and_loads_without_neoembed(
     tmp_path, tiny_official, block_neoembed, run_neoembed
 ):
