@@ -372,6 +372,31 @@ def _stopped_after_the_search(card, model, out, monkeypatch) -> None:
             mine_negatives(card, model, out, config=MineConfig(**SETTINGS), progress=False)
 
 
+def test_a_model_folder_retrained_in_place_is_not_resumed_with_its_old_embeddings(
+    card, tiny_official, tmp_path, monkeypatch
+):
+    """The fingerprint named the model by its path only: a folder whose weights changed between Ctrl-C and
+    --resume (retrained in place) resumed with the old weights' embeddings, and a finished run said "nothing to
+    do" (#43, walk P's B1). The weights' hash counts now, as ``score`` and ``mteb`` count it."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    model = shutil.copytree(tiny_official, tmp_path / "model")
+    out = tmp_path / "out"
+    _stopped_after_the_search(card, model, out, monkeypatch)
+    weights = model / "model.safetensors"
+    state, kept = load_file(str(weights)), weights.read_bytes()
+    save_file({k: v + 0.01 if v.is_floating_point() else v for k, v in state.items()}, str(weights))
+    with pytest.raises(OutputDirError, match=r"model_weights_sha256: '\w+' then, '\w+' now.*weight files changed"):
+        mine_negatives(card, model, out, config=MineConfig(**SETTINGS), resume=True, progress=False)
+    weights.write_bytes(kept)  # put back: the run continues, then is finished
+    mine_negatives(card, model, out, config=MineConfig(**SETTINGS), resume=True, progress=False)
+    save_file({k: v + 0.01 if v.is_floating_point() else v for k, v in state.items()}, str(weights))
+    with pytest.raises(OutputDirError, match=r"finished run made with other settings \(model_weights_sha256"):
+        mine_negatives(card, model, out, config=MineConfig(**SETTINGS), resume=True, progress=False)
+
+
 def test_altered_candidates_are_searched_again_on_resume(mined, card, tiny_official, tmp_path, monkeypatch, caplog):
     # the search stage's file altered (the same size, other bytes), or a shard embedded again after the search
 

@@ -19,7 +19,7 @@ from neoembed.hub import model_name, resolve_packaged
 from neoembed.instructions import DEFAULT_TEMPLATE
 from neoembed.recipe import StrictModel, Template
 from neoembed.record import atomic_write_text, file_sha256
-from neoembed.runs import OutputDirError, prepare_output_dir
+from neoembed.runs import OutputDirError, model_identity, prepare_output_dir
 
 __all__ = [
     "FILTER_SETTINGS",
@@ -216,6 +216,8 @@ def run_fingerprint(src_path: Path, source, model, cfg: MineConfig, corpus, corp
         "corpus": corpus_id,
         "data": {"card": data_of(source), "corpus": data_of(corpus_card[:2]) if corpus_card else None},
         "model": model_name(str(model)),  # the packaged copy by name, not this machine's site-packages path
+        # a folder retrained in place keeps its name: the stored embeddings are its old weights' (None: a hub id)
+        "model_weights_sha256": model_identity(str(model))["weights_sha256"],
         "settings": cfg.model_dump(exclude=set(NOT_IN_FINGERPRINT)),
     }
 
@@ -302,7 +304,7 @@ def prepare_run_folder(
             fix = "resume with the original settings, or mine into a new folder"
             raise OutputDirError(
                 f"--resume: the run in {out} was started with other settings ({changed}); "
-                + (_DATA_CHANGED if "data." in changed else fix)
+                + (_DATA_CHANGED if "data." in changed else _MODEL_CHANGED if "model_weights" in changed else fix)
             )
         # everything else is equal (checked above): what differs beyond may_change is redo's settings
         redone = describe_changes(_without(saved, may_change), _without(fingerprint, may_change))
@@ -350,6 +352,12 @@ _DATA_CHANGED = (
 )
 
 
+_MODEL_CHANGED = (
+    "the model's weight files changed since (the same folder, retrained or replaced), and what is stored was "
+    "embedded with the old weights: pass --overwrite (instead of --resume) to mine again, or write into a new folder"
+)
+
+
 def _in_current_terms(saved: dict, fingerprint: dict, out: Path) -> dict:
     """A recorded fingerprint as this version records one: the packaged model by name (older runs recorded its
     folder); a run recorded before the fingerprint held its data (``data``) resumes, said in a warning:
@@ -357,6 +365,8 @@ def _in_current_terms(saved: dict, fingerprint: dict, out: Path) -> dict:
     --resume`` passes a run from before ``data.*`` likewise)."""
     if isinstance(saved.get("model"), str):
         saved = {**saved, "model": model_name(saved["model"])}
+    if "model_weights_sha256" not in saved:  # recorded before the weights were: taken as they are now
+        saved = {**saved, "model_weights_sha256": fingerprint.get("model_weights_sha256")}
     if "data" in saved or "data" not in fingerprint:
         return saved
     logger.warning(
