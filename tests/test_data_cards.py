@@ -966,3 +966,19 @@ def test_a_drop_too_small_for_two_decimals_is_not_reported_as_0_00_percent():
     report.expected_loss = "unknown"
     assert "measured 0.0031% (37 dropped of 1,200,000 rows)" in report.pin_hint()
     assert "measured 12.50%" in DropReport("small", 8, 7, {"query empty": 1}, expected_loss="unknown").line()
+
+
+def test_a_data_file_replaced_with_the_same_size_and_time_is_read_anew(tmp_path):
+    """datasets keys a local file by its path and modification time: a file replaced by another version with the
+    same time (cp -p, rsync -a, tar x) gave the old rows to data check, training and mining (#43, walk P's B2)."""
+    import os
+
+    rows = [{"query": f"q{i}", "positive": f"AAAA {i}"} for i in range(4)]
+    card, folder = _card(tmp_path, rows, {"query": "query", "positive": "positive"})
+    data = tmp_path / "d.jsonl"
+    assert load_card_rows(card, folder).rows["positive"][0] == "AAAA 0"
+    new = tmp_path / "new.jsonl"  # the other version, written beside and moved in as rsync does
+    new.write_text(data.read_text().replace("AAAA", "BBBB"))
+    os.utime(new, ns=(data.stat().st_atime_ns, data.stat().st_mtime_ns))
+    os.replace(new, data)
+    assert load_card_rows(card, folder).rows["positive"] == [f"BBBB {i}" for i in range(4)]

@@ -1037,6 +1037,26 @@ def test_a_result_is_scored_again_when_its_local_data_changed(minilm, sts_slice,
     assert data_fingerprint(mteb.get_task("STS16")) is None  # the hub's data: compared as they always were
 
 
+def test_a_task_file_replaced_with_the_same_size_and_time_is_read_anew(sts_slice, tmp_path):
+    """The local repository datasets reads a task folder through was keyed by its files' sizes and times, and
+    datasets caches by path: a file replaced by another version of the same size and time (cp -p, rsync -a)
+    was scored as it was (#43, walk P's B2, for cards; the same for eval tasks)."""
+    import os
+
+    from neoembed.eval.local_data import local_dataset_repo
+
+    task = shutil.copytree(sts_slice, tmp_path / "STS16", ignore=shutil.ignore_patterns("*.gz"))
+    rows, data, new = _read_jsonl_gz(sts_slice / "test.jsonl.gz"), task / "test.jsonl", tmp_path / "new.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    before = local_dataset_repo(task, tmp_path / "cache")
+    scores = [r["score"] for r in rows][::-1]  # the same values in another order: the same size
+    new.write_text("".join(json.dumps({**r, "score": v}) + "\n" for r, v in zip(rows, scores, strict=True)))
+    assert new.stat().st_size == data.stat().st_size and new.read_text() != data.read_text()
+    os.utime(new, ns=(data.stat().st_atime_ns, data.stat().st_mtime_ns))
+    os.replace(new, data)
+    assert local_dataset_repo(task, tmp_path / "cache") != before
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # Issue #44: --query-prompt saved|none|TEXT: where a task gives no instruction, its queries get the model's own
 # saved query prompt (default), none, or the text given; every result and the summary's first line say which.

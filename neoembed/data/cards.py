@@ -316,13 +316,27 @@ def _read_local(fmt: str, files: list[str]):
     :func:`explain_data_errors` names by its line. (A later row so wide is an error of pandas' own.)"""
     import datasets
 
+    cache = _content_cache_dir(files)
     if fmt != "csv":
-        return datasets.load_dataset(fmt, data_files=files, split="train")
+        return datasets.load_dataset(fmt, data_files=files, split="train", cache_dir=cache)
     from pandas.errors import ParserWarning
 
     with warnings.catch_warnings():
         warnings.simplefilter("error", ParserWarning)
-        return datasets.load_dataset("csv", data_files=files, split="train", index_col=False)
+        return datasets.load_dataset("csv", data_files=files, split="train", index_col=False, cache_dir=cache)
+
+
+def _content_cache_dir(files: list[str]) -> str:
+    """A datasets cache folder for these files as they are now: datasets keys a local file by its path and
+    modification time alone, so a file edited without a new time (``cp -p``, ``rsync -a``, ``tar x`` of another
+    version) was read back as it was. Keyed by :func:`neoembed.record.file_stamp` (small files by content)."""
+    import datasets.config
+
+    from neoembed.record import file_stamp
+
+    stamps = [(str(Path(f).resolve()), file_stamp(f)) for f in files]
+    key = hashlib.sha256(json.dumps(stamps, sort_keys=True).encode()).hexdigest()[:16]
+    return str(Path(datasets.config.HF_DATASETS_CACHE) / "neoembed-local" / key)
 
 
 def _joined(card: DataCard, joined) -> LoadedRows:

@@ -133,10 +133,12 @@ def local_dataset_repo(
     for alias in aliases:
         if alias and alias not in configs and "default" in configs:
             configs[alias] = configs["default"]
-    # the files' sizes and modification times in the key: datasets caches what it built from the links by their
-    # paths, so a file edited in place would otherwise be scored as it was
+    # the files' stamps in the key (small files by content, as a same-time copy keeps the time): datasets caches
+    # what it built from the links by their paths, so a file edited in place would otherwise be scored as it was
+    from neoembed.record import file_stamp
+
     files = {p.resolve() for f in configs.values() for p in f.values()}  # an alias shares default's files
-    stamps = sorted((str(p), (st := p.stat()).st_size, st.st_mtime_ns) for p in files)
+    stamps = sorted((str(p), sorted(file_stamp(p).items())) for p in files)
     key = hashlib.sha256(f"{folder.resolve()}|{sorted(aliases)}|{stamps}".encode()).hexdigest()[:16]
     root = Path(cache_dir or Path(tempfile.gettempdir()) / "neoembed-local-data") / key
     root.mkdir(parents=True, exist_ok=True)
