@@ -161,8 +161,8 @@ def quickstart_command(
         bool,
         typer.Option(
             "--resume",
-            help="Continue an interrupted quickstart in --output: its training from the newest checkpoint "
-            "(same --steps and --model).",
+            help="Continue an interrupted quickstart in --output: its training from the newest checkpoint, "
+            "with the --steps and --model it started with.",
         ),
     ] = False,
 ) -> None:
@@ -173,17 +173,20 @@ def quickstart_command(
     from neoembed.runs import output_lock
 
     with output_lock(output, what="--output"):
-        _claim_output(output, overwrite, resume)
+        steps, model = _claim_output(output, overwrite, resume, steps, model)
         _run(output, steps, model, t0, resume)
 
 
 MARKER = "quickstart.json"
 
 
-def _claim_output(output: Path, overwrite: bool, resume: bool = False) -> None:
+def _claim_output(
+    output: Path, overwrite: bool, resume: bool = False, steps: int | None = None, model: str | None = None
+) -> tuple[int | None, str | None]:
     """A used --output is refused unless --overwrite or --resume, and cleared (--overwrite) or continued (--resume)
     only if a quickstart wrote it (its marker, or the run record of its model); the marker is written at once, so
-    an interrupted quickstart is one too."""
+    an interrupted quickstart is one too. Returns the --steps and --model to run with: a resume's are the
+    marker's (:func:`_same_quickstart`)."""
     import json
 
     from neoembed.record import RUN_RECORD, atomic_write_text
@@ -194,8 +197,8 @@ def _claim_output(output: Path, overwrite: bool, resume: bool = False) -> None:
     if output.is_dir() and any(output.iterdir()) and not overwrite:
         if not any((output / name).is_file() for name in (MARKER, f"model/{RUN_RECORD}")):
             raise OutputDirError(f"--output {output} holds files no quickstart wrote: choose a new --output")
-        if resume:
-            return  # the training's own --resume checks model/ (its settings, its newest checkpoint)
+        if resume:  # the training's own --resume checks model/ (its settings, its newest checkpoint)
+            return _same_quickstart(output, steps, model)
         raise OutputDirError(
             f"--output {output} is not empty: pass --resume to continue the quickstart it holds, --overwrite to "
             "replace it (its data, model and results), or choose a new --output"
@@ -209,7 +212,35 @@ def _claim_output(output: Path, overwrite: bool, resume: bool = False) -> None:
         what="--output",
         clearable=(MARKER, f"model/{RUN_RECORD}"),
     )
-    atomic_write_text(output / MARKER, json.dumps({"written_by": "neoembed quickstart"}) + "\n")
+    marker = {"written_by": "neoembed quickstart", "steps": steps, "model": model}
+    atomic_write_text(output / MARKER, json.dumps(marker) + "\n")
+    return steps, model
+
+
+def _same_quickstart(output: Path, steps: int | None, model: str | None) -> tuple[int | None, str | None]:
+    """A resume continues the quickstart with the --steps and --model it started with (omitted: those): other
+    ones would train its model on (training extends a run to more steps) and then find the results folders
+    holding the first model's scores. A marker written before it recorded them is taken as it is."""
+    import json
+
+    from neoembed.runs import OutputDirError
+
+    try:
+        then = json.loads((output / MARKER).read_text())
+    except (OSError, ValueError):
+        then = {}
+    if not isinstance(then, dict) or not {"steps", "model"} <= then.keys():
+        return steps, model
+    same_model = model is None or model == then["model"] or (
+        then["model"] is not None and Path(model).exists() and Path(model).resolve() == Path(then["model"]).resolve()
+    )  # fmt: skip
+    if (steps is not None and steps != then["steps"]) or not same_model:
+        was = " ".join(f"--{k} {then[k]}" for k in ("steps", "model") if then[k] is not None) or "the defaults"
+        raise OutputDirError(
+            f"--resume: the quickstart in {output} was started with {was}; it continues with those (omit --steps "
+            "and --model, or give the same), or pass --overwrite to start again with the new ones"
+        )
+    return then["steps"], then["model"]
 
 
 def _run(output: Path, steps: int | None, model: str | None, t0: float, resume: bool = False) -> None:

@@ -71,9 +71,14 @@ def test_an_interrupted_quickstart_continues_with_resume(tmp_path, tiny_official
     assert record["finished"]["step"] == 4
     scored = sorted(out.glob("results/*/PythonDocsRetrieval.json"))
     stamps = [p.stat().st_mtime_ns for p in scored]
-    r = run_neoembed([*args, "--resume"])  # finished: reported again, nothing trained nor scored again
+    # finished: reported again, nothing trained nor scored again; omitted, --steps and --model are the run's
+    r = run_neoembed(["quickstart", "--output", str(out), "--resume"])
     assert r.exit_code == 0 and "after 4 steps" in r.stdout, r.stderr[-3000:]
     assert len(scored) == 3 and [p.stat().st_mtime_ns for p in scored] == stamps
+    # other steps trained the model on to step 6, then failed at the results folders (walk P's B3)
+    r = run_neoembed([*args[:4], "6", *args[5:], "--resume"])
+    assert r.exit_code == 2 and f"was started with --steps 4 --model {tiny_official}" in r.stderr, r.stderr[-2000:]
+    assert json.loads((out / "model" / "run_record.json").read_text())["finished"]["step"] == 4
     r = run_neoembed(["quickstart", "--output", str(tmp_path / "new"), "--resume"])
     assert r.exit_code == 2 and "holds no quickstart to continue" in r.stderr
     early = tmp_path / "early"  # stopped before its training started: nothing in model/ to continue from
