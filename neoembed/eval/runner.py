@@ -29,6 +29,7 @@ from neoembed.eval.config import (
 from neoembed.eval.local_data import data_fingerprint
 from neoembed.eval.resolve import Unresolvable, is_registered, resolve_tasks, task_folders
 from neoembed.instructions import (
+    SHIPPED_SETS,
     load_instruction_set,
     paper_type_instruction,
     task_prompts,
@@ -369,6 +370,29 @@ def _task_instruction(task, card_instruction: str | None, label: str, instructio
     return instruction if instruction is not None else paper_type_instruction(ttype, label)
 
 
+def _warn_unused_instructions(label: str, instruction_map: dict, plan: list) -> None:
+    """An instructions file is the user's: a key that names no task (a typo) is never used, and the task it meant
+    is encoded without an instruction. Both are said; the shipped sets cover tasks this run may not have."""
+    if label in SHIPPED_SETS or not instruction_map:
+        return
+    import difflib
+
+    here = [task.metadata.name for task, _ in plan]
+    unknown = [k for k in instruction_map if k not in here and not is_registered(k)]
+    for key in unknown:
+        close = difflib.get_close_matches(key, here, n=1, cutoff=0.6)
+        logger.warning(
+            "instructions file %s: %r names no task (of this run, or of mteb)%s: its instruction is never used",
+            label, key, f"; did you mean {close[0]!r}?" if close else "",
+        )  # fmt: skip
+    bare = [name for (task, instruction), name in zip(plan, here, strict=True) if not instruction]
+    if bare:
+        logger.warning(
+            "instructions file %s gives no instruction for %s (nor do their cards or task types): encoded "
+            "without one", label, ", ".join(bare),
+        )  # fmt: skip
+
+
 def _task_prompts(cfg: EvalConfig, task, instruction: str | None, query_prompt: str) -> dict[str, str]:
     """The prompts mteb gets for ``task``: its instruction's; where it gives none, ``query_prompt`` before the
     queries of a retrieval or reranking task. Symmetric tasks (STS, pair classification, classification,
@@ -457,6 +481,7 @@ def run_mteb(cfg: EvalConfig, model=None) -> EvalReport:
     stale = {} if cfg.overwrite else changed_data(output, data)
     _require_hub(cfg, tasks, output, stale)
     plan = [(task, _task_instruction(task, card, label, instruction_map)) for task, card in tasks]
+    _warn_unused_instructions(label, instruction_map, plan)
     if model is None:
         if not cfg.overwrite:  # results of other settings are refused before the model loads
             instructions = {t.metadata.name: {"instruction": i} for t, i in plan}
