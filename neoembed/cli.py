@@ -6,6 +6,7 @@ commands, so ``neoembed --help`` stays fast.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -246,6 +247,41 @@ def convert(
             shutil.rmtree(staged, ignore_errors=True)
         readable_weights(dst)
     typer.echo(report.replace(str(staged), str(dst)))  # the report names the folder it wrote
+    if not sentence:
+        _say_left_out(Path(src), dst)
+
+
+def _say_left_out(src: Path, dst: Path) -> None:
+    """What a plain checkpoint of a sentence-transformers folder ``src`` does not keep (its pooling when not the
+    default mean, its saved prompts, its normalisation), said with the way back; nothing when it keeps all."""
+    import json
+
+    try:
+        modules = json.loads((src / "modules.json").read_text())
+        saved = json.loads((src / "config_sentence_transformers.json").read_text())
+    except (OSError, ValueError):
+        return
+    kept_out = []
+    for module in modules:
+        if module.get("type", "").endswith("Pooling"):
+            with contextlib.suppress(OSError, ValueError):
+                config = json.loads((src / module.get("path", "") / "config.json").read_text())
+                flags = [k[13:] for k, v in config.items() if k.startswith("pooling_mode_") and v]  # before ST 6
+                mode = config.get("pooling_mode") or (flags[0] if flags else "mean")
+                kept_out += [f"{mode.replace('_token', '')} pooling"] if mode not in ("mean", "mean_tokens") else []
+        elif module.get("type", "").endswith("Normalize"):
+            kept_out.append("normalisation")
+    prompts = {k: v for k, v in (saved.get("prompts") or {}).items() if v}
+    if prompts:
+        kept_out.append(f"saved prompts ({', '.join(sorted(prompts))})")
+    if kept_out:
+        typer.echo(
+            f"note: {src} is a sentence-transformers model; {dst} is a plain checkpoint without its "
+            f"{', '.join(kept_out)}. `neoembed convert {dst} NEW --sentence"
+            f"{' --pooling cls' if any('cls' in k for k in kept_out) else ''}` makes it one again (the prompts go "
+            "back with neoembed.load(..., prompts=...))",
+            err=True,
+        )
 
 
 # Subcommands of later components are attached below (train, mteb, pretrain, ppl, preprocess, data,

@@ -126,6 +126,10 @@ def test_convert_sentence_keeps_a_folders_pooling_and_names_a_cde_models_checkpo
     r = run_neoembed(["convert", str(cls), str(again), "--sentence"], env=_env())
     assert r.exit_code == 0 and "Pooling[cls]" in r.stdout, r.stderr[-3000:]
     assert np.allclose(neoembed.load(again).encode(TEXTS), neoembed.load(cls).encode(TEXTS), atol=1e-6)
+    # a plain checkpoint of it keeps neither its pooling nor its prompts: said, with the way back (walk P's P2)
+    r = run_neoembed(["convert", str(cls), str(tmp_path / "off"), "--to", "official"], env=_env())
+    assert r.exit_code == 0 and "is a plain checkpoint without its cls pooling" in r.stderr, r.stderr[-3000:]
+    assert "--sentence --pooling cls` makes it one again" in r.stderr
     r = run_neoembed(
         ["convert", str(cls), str(tmp_path / "mean"), "--sentence", "--pooling", "mean"], env=_env()
     )
