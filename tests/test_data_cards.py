@@ -393,6 +393,14 @@ def test_the_first_dropped_row_is_named_by_the_line_an_editor_shows(tmp_path):
     assert r.exit_code == 0 and "positive missing: 1 (first: line 4)" in r.output, r.output
     r = _check(str(tmp_path / "c.yaml"), "--sample", "0", "--max-rows", "7", offline=True)  # rows of a sample
     assert r.exit_code == 0 and re.search(r"positive missing: 1 \(first: row \d\)", r.output), r.output
+    # a row short of hard negatives is named too (walk P's P3: the only reason said without its first row)
+    rows = [f"q {i},p {i}" + ("" if i == 5 else f",n {i}") for i in range(8)]
+    (tmp_path / "n.csv").write_text("\n".join(["query,positive,negative", *rows]) + "\n")  # row 5: line 7
+    card = json.loads(_local_card(tmp_path, "n.csv", "csv").read_text())
+    card["columns"]["negatives"] = ["negative"]
+    (tmp_path / "c.yaml").write_text(json.dumps(card))
+    r = _check(str(tmp_path / "c.yaml"), "--sample", "0", offline=True)
+    assert r.exit_code == 0 and "fewer than 1 hard negatives: 1 (first: line 7)" in r.output, r.output
 
 
 def test_a_later_csv_row_wider_than_its_header_is_named_once_by_its_line(tmp_path, caplog):
@@ -982,3 +990,4 @@ def test_a_data_file_replaced_with_the_same_size_and_time_is_read_anew(tmp_path)
     os.utime(new, ns=(data.stat().st_atime_ns, data.stat().st_mtime_ns))
     os.replace(new, data)
     assert load_card_rows(card, folder).rows["positive"] == [f"BBBB {i}" for i in range(4)]
+

@@ -20,11 +20,12 @@ from pathlib import Path
 
 __all__ = ["building", "cache_root", "data_files", "entry_key", "locked_entry", "read_entry", "seal_entry"]
 
-VERSION = 5  # of the entry layout and of the build: a change here makes every older entry a miss
+VERSION = 6  # of the entry layout and of the build: a change here makes every older entry a miss
 # 2: the build refuses NaN and infinite teacher scores, which version 1 entries may hold
 # 3: a CSV whose first row is wider than its header is refused; older entries may hold it read shifted
 # 4: the report counts what a smaller max_negatives keeps (kept_below_k), which older reports lack
 # 5: a report's first dropped rows count from 1 (file lines where it can), older ones' from 0
+# 6: a report names the first row dropped with fewer than k hard negatives, which older reports lack
 REPORT = "report.json"
 
 

@@ -171,13 +171,14 @@ def build_pairs_report(
         reason = _REASONS[code - 1]
         report.dropped[reason] = report.dropped.get(reason, 0) + int((drop == code).sum())
         report.first_dropped[reason] = int((drop == code).argmax())
-    _number_first_dropped(report, loaded)
     counts = _negative_counts(read)[drop == 0]
     k = _negatives_per_query(counts, max_negatives) if reader.negs else 0
     short = int((counts < k).sum())
     if short:
         report.dropped[f"fewer than {k} hard negatives"] = short
+        report.first_dropped[f"fewer than {k} hard negatives"] = int((drop == 0).nonzero()[0][(counts < k).argmax()])
         report.kept_below_k = [int((counts >= _negatives_per_query(counts, n)).sum()) for n in range(k)]
+    _number_first_dropped(report, loaded)
     report.rows_kept, report.negatives_per_query = int(len(counts) - short), k
     _check_loss(card, report, max_negatives, warn)
     pairs = _keep_rows(read, k, reader.score_spec is not None, workdir)
