@@ -991,3 +991,11 @@ def test_a_data_file_replaced_with_the_same_size_and_time_is_read_anew(tmp_path)
     os.replace(new, data)
     assert load_card_rows(card, folder).rows["positive"] == [f"BBBB {i}" for i in range(4)]
 
+
+def test_a_sample_text_cut_at_its_width_says_so(tmp_path):
+    """`data check`'s sample cut texts at 80 characters without a mark: "...about caf" for "about café ☃",
+    which reads as a broken character (walk P's P4)."""
+    long = "x" * 75 + " about café ☃ 😀"
+    (tmp_path / "d.jsonl").write_text(json.dumps({"query": long, "positive": "short"}) + "\n" * 2)
+    r = _check(str(_local_card(tmp_path, "d.jsonl", "json")), "--sample", "1", offline=True)
+    assert r.exit_code == 0 and f"query: {long[:80]!r}... | positive: 'short'" in r.output, r.output

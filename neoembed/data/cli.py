@@ -125,6 +125,12 @@ def _live(card) -> bool | None:
     return True
 
 
+def _shown(value, width: int = 80) -> str:
+    """A sample's value, its first ``width`` characters; a cut text says so ("...about caf" read as a broken é)."""
+    text = str(value)
+    return f"{text[:width]!r}" + ("..." if len(text) > width else "")
+
+
 def _rows(card, folder, hub: HubStatus, max_rows: int | None, sample: int) -> bool:
     from neoembed.data.cards import DataCardError, HubUnreachable, explain_data_errors, prepare_card
 
@@ -146,7 +152,7 @@ def _rows(card, folder, hub: HubStatus, max_rows: int | None, sample: int) -> bo
     for note in _row_notes(card, report):
         typer.echo(f"   NOTE: {note}")
     for row in pairs.select(range(min(sample, len(pairs)))):
-        typer.echo("   " + " | ".join(f"{k}: {str(v)[:80]!r}" for k, v in row.items()))
+        typer.echo("   " + " | ".join(f"{k}: {_shown(v)}" for k, v in row.items()))
     return True
 
 
