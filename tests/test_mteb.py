@@ -95,6 +95,11 @@ def test_local_data_that_is_not_the_mteb_tasks_is_said_beside_its_score(minilm, 
     write_summary(tmp_path / "r", "m")  # as neoembed mteb writes it after the run
     summary = (tmp_path / "r" / "summary.md").read_text()
     assert f"Not the mteb task's data: STS16 ({said}): its score does not compare with published ones" in summary
+    # a test file cut without an edit of its card: the file's rows count, not the card's (a walk's poor item)
+    cut = shutil.copytree(shared_dir / "data" / "mteb" / "STS13", tmp_path / "STS13")
+    _write_jsonl_gz(cut / "test.jsonl.gz", _read_jsonl_gz(cut / "test.jsonl.gz")[:50])
+    report = _run(minilm, tmp_path / "cut", tasks=[str(cut)])
+    assert report.scores["STS13"]["differs_from_mteb"] == "50 test rows where the mteb task has 1,500"
 
 
 def test_compare_refuses_a_task_scored_on_other_data(minilm, small, shared_dir, tmp_path):

@@ -38,6 +38,9 @@ def _local_task(name: str, folder: Path):
     task, instruction = _task_from_dir(name, folder)
     if (folder / DATASET_CARD_FILE).is_file() and not (folder / CARD_FILE).is_file():  # the card read the task
         card = read_dataset_card(folder)
+        rows = _test_rows(folder) if card.mteb_task and card.mteb_test_rows else None
+        if rows is not None:  # the file as it is: a test split cut without its card's count said nothing
+            card = card.model_copy(update={"splits": {**card.splits, "test": rows}})
         if card.mteb_task and (why := card.differs_from_mteb()):
             logger.warning(
                 "%s: its data is not the mteb task %s's (%s): its score does not compare with published ones",
@@ -45,6 +48,17 @@ def _local_task(name: str, folder: Path):
             )  # fmt: skip
             task.neoembed_differs = why
     return task, instruction
+
+
+def _test_rows(folder: Path) -> int | None:
+    """The rows of a folder's one-file test split (``test.jsonl`` or ``test.jsonl.gz``: pair tasks), or None."""
+    import gzip
+
+    for path, opener in ((folder / "test.jsonl.gz", gzip.open), (folder / "test.jsonl", open)):
+        if path.is_file():
+            with opener(path, "rt", encoding="utf8") as f:
+                return sum(1 for line in f if line.strip())
+    return None
 
 
 def _task_from_dir(name: str, folder: Path):
