@@ -275,20 +275,17 @@ class RunLoop:
         nan_advice: str = "",
         evaluate: Callable[[int], dict[str, float]] | None = None,
         save_model: Callable[[Path], None] | None = None,
+        eval_data: list | None = None,  # the held-out data's fingerprints: a score depends on them as on eval:
     ):
         self.acc, self.recipe, self.output = accelerator, recipe, Path(output)
         # by default the recipe's optimizer block: its schedule over recipe.steps and its clipping
         if scheduler is None:
             scheduler = schedule(recipe.optimizer, optimizer, recipe.steps)
         grad_clip = recipe.optimizer.grad_clip if grad_clip is None else grad_clip
-        self.optimizer, self.scheduler, self.parameters, self.grad_clip = (
-            optimizer,
-            scheduler,
-            parameters,
-            grad_clip,
-        )
+        self.optimizer, self.scheduler = optimizer, scheduler
+        self.parameters, self.grad_clip = parameters, grad_clip
         self.settings, self.trainer_state, self.desc, self.progress = settings, trainer_state, desc, progress
-        self.nan_advice, self.evaluate, self.save_model = nan_advice, evaluate, save_model
+        self.nan_advice, self.evaluate, self.save_model, self.eval_data = nan_advice, evaluate, save_model, eval_data
         self.best: dict | None = None  # keep_best: {"step", "metric", "value"} of the best saved step so far
         self.stale = 0  # keep_best.patience: saved evaluations since the best one
         self._evaluation_due = False  # this step's evaluation failed: a resume from its checkpoint runs it first
@@ -328,17 +325,18 @@ class RunLoop:
         return self.step
 
     def _scored_with(self) -> dict:
-        """The evaluation settings a score depends on: all of ``eval:`` but how often it runs and in what batches."""
+        """The evaluation settings a score depends on: all of ``eval:`` but how often it runs and in what batches,
+        and the held-out data's fingerprints (``eval_data``; a shard folder replaced in place keeps its path)."""
         evaluation = getattr(self.recipe, "eval", None)
         dumped = evaluation.model_dump(mode="json") if evaluation is not None else {}
-        return {k: v for k, v in dumped.items() if k not in ("steps", "batch_size")}
+        return {k: v for k, v in dumped.items() if k not in ("steps", "batch_size")} | {"data": self.eval_data}
 
     def _check_best_comparable(self, then: dict | None) -> None:
         """keep_best compares every later score with the best so far: refuse a resume whose evaluation scores
         another way (other held-out data, tasks or metric), where the comparison would pick by the data."""
         if then is None or self.best is None or getattr(self.recipe, "keep_best", None) is None:
             return  # nothing counted yet, or a checkpoint written before the settings were recorded
-        now = self._scored_with()
+        now = {k: v for k, v in self._scored_with().items() if k in then or k != "data"}  # then: before data was
         changed = [f"eval.{k}: {then.get(k)!r} then, {now.get(k)!r} now" for k in sorted(then.keys() | now.keys())
                    if trajectory_value(k, then.get(k)) != trajectory_value(k, now.get(k))]  # fmt: skip
         if changed:

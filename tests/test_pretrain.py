@@ -795,11 +795,20 @@ def test_evaluation_on_held_out_shards_and_the_best_checkpoint_kept_across_a_res
     from neoembed.pretrain import trainer as pretrain_trainer
 
     # a SIGTERM in step 4: checkpoint-5 is written, and the run stops
+    held = shutil.copytree(held_out, tmp_path / "held")  # the same shards, in a folder of the run's own
+    settings = tuple(x.replace(str(held_out), str(held)) for x in settings)
     sigterm_at(pretrain_trainer, "_mlm_step", 4)
     with pytest.raises(TrainingInterrupted):
         pretrain(_recipe(tmp_path / "part", shards, *settings), progress=False)
     monkeypatch.undo()
     assert (tmp_path / "part" / "checkpoint-5").is_dir() and not (tmp_path / "part" / "best.json").exists()
+    # a held-out shard edited in place (its path kept): keep_best would compare scores of other data (walk Q's B2)
+    shard = sorted(held.glob("shard-*.npy"))[0]
+    kept, tokens = shard.read_bytes(), np.load(shard)
+    np.save(shard, np.roll(tokens, 1))
+    with pytest.raises(ValueError, match=r"best so far \(step \d, .*other evaluation settings \(eval.data: "):
+        pretrain(_recipe(tmp_path / "part", shards, *settings), resume=True, progress=False)
+    shard.write_bytes(kept)
     part = pretrain(_recipe(tmp_path / "part", shards, *settings), resume=True, progress=False)
     assert json.loads((part / "best.json").read_text()) == best
     assert [{k: v for k, v in r.items() if k != "tokens_per_s"} for r in _rows(part)] == [

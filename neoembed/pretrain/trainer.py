@@ -396,6 +396,7 @@ def pretrain(
         progress=progress,
         nan_advice="Lower optimizer.lr, raise schedule.warmup_steps, or use precision bf16/fp32 instead of fp16",
         evaluate=_mlm_evaluator(recipe, accelerator, objective, held_out, tokenizer, special_ids),
+        eval_data=sorted(c.content_key() for c in held_out.corpora) if held_out is not None else None,
     )
     data_files, extra = _run_record(corpora, model, n_global, L, held_out)
     loop.start(checkpoint, "pretrain", data_files=data_files, extra=extra, load_state=load_state)
