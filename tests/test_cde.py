@@ -451,6 +451,40 @@ def test_teacher_pass_embeds_nothing_twice_and_nothing_when_no_step_is_left(tmp_
     assert calls == [16, 16, 32] and done.steps_per_epoch() == first.steps_per_epoch() == 2
 
 
+
+def test_a_teacher_retrained_in_place_is_not_read_from_the_cache(tmp_path, minilm_path, tiny_official, monkeypatch):
+    """The cache was keyed by the teacher's name: a teacher folder whose weights changed (the same path) gave
+    the old clustering and negatives' embeddings, without a word (walk Q's B1). Its weights count now, and a
+    resume with another teacher's weights is refused (its batches would not be the run's)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from neoembed.cde import trainer
+
+    teacher = shutil.copytree(minilm_path, tmp_path / "teacher")
+    rows = [json.loads(x) for x in (CDE_TINY.parent / "tiny/rows/pydoc_names.jsonl").read_text().splitlines()[:16]]
+    source = lambda: [trainer.Source("s", [r["query"] for r in rows], [r["positive"] for r in rows], [[]] * 16)]  # noqa: E731
+    calls, embed = [], trainer.teacher_embeddings
+    monkeypatch.setattr(trainer, "teacher_embeddings", lambda t, x, **kw: calls.append(len(x)) or embed(t, x, **kw))
+    overrides = [f"clustering.cache_dir={tmp_path / 'cache'}", "clustering.niter=2", f"clustering.teacher={teacher}"]
+    recipe = load_recipe(CDE_TINY, CDERecipe, overrides)
+    before = trainer.teacher_identity(str(teacher))
+    trainer._teacher_pass(recipe, source(), progress=False)
+    trainer._teacher_pass(recipe, source(), progress=False)
+    assert calls == [16, 16]  # the second from the cache
+    weights = teacher / "model.safetensors"
+    save_file({k: v * 1.01 for k, v in load_file(str(weights)).items()}, str(weights), metadata={"format": "pt"})
+    trainer._teacher_pass(recipe, source(), progress=False)
+    assert calls == [16, 16, 16, 16]  # embedded again by the changed teacher
+    assert trainer.teacher_identity(str(teacher))["weights"] != before["weights"]
+    run = _recipe(tmp_path / "run", tiny_official, "steps=2", "save_steps=2", *overrides)
+    train_cde(run, recipe_dir=CDE_TINY.parent, progress=False)
+    save_file({k: v * 1.01 for k, v in load_file(str(weights)).items()}, str(weights), metadata={"format": "pt"})
+    with pytest.raises(Exception, match=r"clustering.teacher_identity: .*\"weights\": \"\w+\"} in the folder's run"):
+        train_cde(run.model_copy(update={"steps": 4}), recipe_dir=CDE_TINY.parent, resume=True, progress=False)
+
+
 # --------------------------------------------------------------------------------------------- the trainer
 def _recipe(tmp_path, tiny_official, *overrides):
     return load_recipe(CDE_TINY, CDERecipe, [f"model={tiny_official}", f"output_dir={tmp_path}", *overrides])

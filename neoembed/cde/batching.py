@@ -199,6 +199,16 @@ def clustering_key(**parts) -> str:
     return h.hexdigest()[:24]
 
 
+def teacher_identity(name: str) -> dict:
+    """What a teacher's embeddings depend on beyond its name, for the cache key and a resume's check: a local
+    folder's weights (retrained in place it keeps its path), a hub id's commit in the local cache."""
+    from neoembed.hub import hub_reference, resolve_packaged
+    from neoembed.runs import model_identity
+
+    path, weights = resolve_packaged(name), model_identity(resolve_packaged(name))["weights_sha256"]
+    return {"name": name, "revision": hub_reference(path)[1], "weights": weights[:16] if weights else None}
+
+
 def cached_clustering(cache_dir: Path | None, key: str, compute):
     """(assignment, centroids, teacher query/document embeddings) from ``cache_dir/key.npz``, else computed and
     stored (:func:`cached_arrays`)."""

@@ -41,6 +41,7 @@ from neoembed.cde.batching import (
     clustering_key,
     reduce_dimensions,
     teacher_embeddings,
+    teacher_identity,
 )
 from neoembed.cde.gradcache import TextStage, full_backprop_step, stages, two_stage_gradcache_step
 from neoembed.cde.loss import cde_loss, gathered_documents, step_mask
@@ -173,10 +174,9 @@ def _teacher_pass(recipe: CDERecipe, sources: list[Source], progress: bool, step
 
     clustered = recipe.clustering.enabled and steps_left
     need_teacher = steps_left and (recipe.clustering.enabled or recipe.filtering.enabled)
-    teacher = None
-    cache = None
-    if recipe.clustering.cache_dir:
-        cache = Path(os.path.expanduser(recipe.clustering.cache_dir))
+    teacher_id = teacher_identity(recipe.clustering.teacher) if need_teacher else None  # the weights too
+    teacher, cache = None, recipe.clustering.cache_dir
+    cache = Path(os.path.expanduser(cache)) if cache else None
     size = recipe.clustering.cluster_size or recipe.batch_size
     _warn_small_clusters(recipe)
     assignments, centroids, offsets, offset = [], [], [], 0
@@ -192,7 +192,7 @@ def _teacher_pass(recipe: CDERecipe, sources: list[Source], progress: bool, step
         if not need_teacher:
             continue
         key = clustering_key(
-            teacher=recipe.clustering.teacher,
+            teacher=teacher_id,
             queries=src.queries,
             documents=src.positives,
             size=size,
@@ -225,7 +225,7 @@ def _teacher_pass(recipe: CDERecipe, sources: list[Source], progress: bool, step
                     teacher = SentenceTransformer(resolve_packaged(recipe.clustering.teacher), device="cpu")
                 return (teacher_embeddings(teacher, flat, progress=progress),)
 
-            negatives_key = clustering_key(teacher=recipe.clustering.teacher, negatives=flat)
+            negatives_key = clustering_key(teacher=teacher_id, negatives=flat)
             (n,) = cached_arrays(cache, negatives_key, embed_negatives, ("n",))
             src.teacher_n = torch.from_numpy(n).view(len(src), src.k, -1)
         assignments.append(assign)
@@ -436,10 +436,12 @@ def train_cde(
     # before the data: a big card takes minutes
     check_output_flags(output, overwrite=overwrite, resume=resume, command="train")
     sources, cards = prepare_sources(recipe, recipe_dir)
-    settings = resume_settings(recipe) | (data := card_fingerprints(cards))
+    uses = recipe.clustering.enabled or recipe.filtering.enabled  # its batches or negatives: the teacher's weights
+    teacher = {"clustering.teacher_identity": teacher_identity(recipe.clustering.teacher)} if uses else {}
+    settings = resume_settings(recipe) | (data := card_fingerprints(cards)) | teacher
     checkpoint = prepare_output_dir(
         output, command="train", overwrite=overwrite, resume=resume, settings=settings,
-        defaults=resume_defaults(recipe) | data,  # a run recorded before data.* resumes as before
+        defaults=resume_defaults(recipe) | data | teacher,  # a run recorded before data.* resumes as before
         main_process=acc.is_main_process, inputs=(recipe.model, *local_data_paths(cards)),
     )  # fmt: skip
     check_weight_files(recipe.model)
