@@ -459,7 +459,10 @@ def main() -> None:
     except TrainingStopped as e:
         if debug:
             raise
-        typer.echo(f"{e.label}: {e}", err=True)
+        from neoembed.runs import TrainingInterrupted, launched_main
+
+        if launched_main() or not isinstance(e, TrainingInterrupted):  # every process stops at one checkpoint
+            typer.echo(f"{e.label}: {e}", err=True)
         raise SystemExit(e.exit_code) from None
     except _bad_input_types() as e:
         if debug:

@@ -642,6 +642,7 @@ def test_sigterm_to_one_process_stops_every_process_at_one_checkpoint(tmp_path):
     checkpoints = sorted(out.glob("checkpoint-*"))
     assert len(checkpoints) == 1 and not (out / "model.safetensors").exists(), (checkpoints, err[-2000:])
     assert "143" in err or "SIGTERM" in err, err[-2000:]
+    assert err.count("training stopped: stopped by SIGTERM") == 1, err[-2000:]  # said once, not once a process
     stopped = int(checkpoints[0].name.split("-")[1])
     r = subprocess.run([*_launch(2), *args[:-2], f"steps={stopped + 2}", "save_steps=1000", "--resume"],
                        env=_env(), cwd=REPO, capture_output=True, text=True, timeout=300)  # fmt: skip
