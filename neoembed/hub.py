@@ -15,9 +15,9 @@ __all__ = [
     "folder_label",
     "hub_modules_json",
     "hub_reference",
-    "pinned_snapshot",
     "is_packaged_folder",
     "model_name",
+    "pinned_snapshot",
     "resolve_packaged",
 ]
 
