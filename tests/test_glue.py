@@ -132,6 +132,27 @@ def test_local_hub_layout_and_carve(tmp_path, msrp_rows, shared_dir):
         load_splits(TASKS["mrpc"], shared_dir / "data" / "eval" / "MSRP", "validation")
 
 
+def test_a_glue_split_replaced_with_the_same_size_and_time_is_read_anew(tmp_path):
+    """datasets keys a local file by its path and time: a split replaced by another version of the same size and
+    time (cp -p) was trained and scored as it was (walk R's BAD-1, the route fa76bf1 did not cover)."""
+    import os
+
+    folder = tmp_path / "glue" / "mrpc"
+    folder.mkdir(parents=True)
+    rows = lambda label: "".join(  # noqa: E731
+        json.dumps({"sentence1": f"s{i}a", "sentence2": f"s{i}b", "label": label, "idx": i}) + "\n" for i in range(8)
+    )
+    for split in ("train", "validation"):
+        (folder / f"{split}.jsonl").write_text(rows(0))
+    assert set(load_splits(TASKS["mrpc"], folder.parent, None)["train"]["label"]) == {0}
+    for split in ("train", "validation"):
+        new, old = tmp_path / "new.jsonl", folder / f"{split}.jsonl"
+        new.write_text(rows(1))
+        os.utime(new, ns=(old.stat().st_atime_ns, old.stat().st_mtime_ns))
+        os.replace(new, old)
+    assert set(load_splits(TASKS["mrpc"], folder.parent, None)["train"]["label"]) == {1}
+
+
 def _on(model, folder, out) -> list[str]:
     """The options naming the model, the data folder and the output folder."""
     return ["--model", str(model), "--data-dir", str(folder), "--out", str(out)]

@@ -106,6 +106,7 @@ __all__ = [
     "prepare_card",
     "load_card",
     "load_card_rows",
+    "local_files_cache_dir",
     "check_instruction_overrides",
     "load_recipe_cards",
     "load_rows",
@@ -316,7 +317,7 @@ def _read_local(fmt: str, files: list[str]):
     :func:`explain_data_errors` names by its line. (A later row so wide is an error of pandas' own.)"""
     import datasets
 
-    cache = _content_cache_dir(files)
+    cache = local_files_cache_dir(files)
     if fmt != "csv":
         return datasets.load_dataset(fmt, data_files=files, split="train", cache_dir=cache)
     from pandas.errors import ParserWarning
@@ -326,7 +327,7 @@ def _read_local(fmt: str, files: list[str]):
         return datasets.load_dataset("csv", data_files=files, split="train", index_col=False, cache_dir=cache)
 
 
-def _content_cache_dir(files: list[str]) -> str:
+def local_files_cache_dir(files: list[str]) -> str:
     """A datasets cache folder for these files as they are now: datasets keys a local file by its path and
     modification time alone, so a file edited without a new time (``cp -p``, ``rsync -a``, ``tar x`` of another
     version) was read back as it was. Keyed by :func:`neoembed.record.file_stamp` (small files by content)."""

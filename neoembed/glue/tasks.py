@@ -172,6 +172,8 @@ def load_splits(task: GlueTask, data_dir: str | Path | None, carve: str | None, 
     divided, with a fixed seed, into train (80%) and validation (20%); scores on it are not GLUE dev scores."""
     from datasets import DatasetDict, load_dataset
 
+    from neoembed.data.cards import local_files_cache_dir  # datasets keys local files by path and time alone
+
     if carve is not None:
         if len(task.validation) != 1:
             raise ValueError(
@@ -181,7 +183,7 @@ def load_splits(task: GlueTask, data_dir: str | Path | None, carve: str | None, 
             raise ValueError("--carve divides a local split: pass --data-dir too")
         loader, files = local_splits(data_dir, task, (carve,), carve=True)[carve]
         _refuse_shadowed_splits(Path(files[0]).parent, task, carve)
-        whole = load_dataset(loader, data_files=files, split="train")
+        whole = load_dataset(loader, data_files=files, split="train", cache_dir=local_files_cache_dir(files))
         check_columns(task, {carve: whole})  # rows named as the file numbers them, before the split shuffles
         parts = whole.train_test_split(test_size=0.2, seed=seed)
         return DatasetDict(train=parts["train"], validation=parts["test"])
@@ -207,7 +209,7 @@ def load_splits(task: GlueTask, data_dir: str | Path | None, carve: str | None, 
     found = local_splits(data_dir, task, wanted)
     return DatasetDict(
         {
-            split: load_dataset(loader, data_files=files, split="train")
+            split: load_dataset(loader, data_files=files, split="train", cache_dir=local_files_cache_dir(files))
             for split, (loader, files) in found.items()
         }
     )
