@@ -464,7 +464,8 @@ def test_a_teacher_retrained_in_place_is_not_read_from_the_cache(tmp_path, minil
 
     teacher = shutil.copytree(minilm_path, tmp_path / "teacher")
     rows = [json.loads(x) for x in (CDE_TINY.parent / "tiny/rows/pydoc_names.jsonl").read_text().splitlines()[:16]]
-    source = lambda: [trainer.Source("s", [r["query"] for r in rows], [r["positive"] for r in rows], [[]] * 16)]  # noqa: E731
+    queries, documents = [r["query"] for r in rows], [r["positive"] for r in rows]
+    source = lambda: [trainer.Source("s", queries, documents, [[]] * 16)]  # noqa: E731
     calls, embed = [], trainer.teacher_embeddings
     monkeypatch.setattr(trainer, "teacher_embeddings", lambda t, x, **kw: calls.append(len(x)) or embed(t, x, **kw))
     overrides = [f"clustering.cache_dir={tmp_path / 'cache'}", "clustering.niter=2", f"clustering.teacher={teacher}"]
@@ -478,10 +479,16 @@ def test_a_teacher_retrained_in_place_is_not_read_from_the_cache(tmp_path, minil
     trainer._teacher_pass(recipe, source(), progress=False)
     assert calls == [16, 16, 16, 16]  # embedded again by the changed teacher
     assert trainer.teacher_identity(str(teacher))["weights"] != before["weights"]
+    pooling = teacher / "1_Pooling" / "config.json"  # the same weights, pooled another way (walk R's BAD-3)
+    pooling.write_text(json.dumps({**json.loads(pooling.read_text()), "pooling_mode_mean_tokens": False,
+                                   "pooling_mode_cls_token": True}))  # fmt: skip
+    trainer._teacher_pass(recipe, source(), progress=False)
+    assert calls == [16, 16, 16, 16, 16, 16]
     run = _recipe(tmp_path / "run", tiny_official, "steps=2", "save_steps=2", *overrides)
     train_cde(run, recipe_dir=CDE_TINY.parent, progress=False)
     save_file({k: v * 1.01 for k, v in load_file(str(weights)).items()}, str(weights), metadata={"format": "pt"})
-    with pytest.raises(Exception, match=r"clustering.teacher_identity: .*\"weights\": \"\w+\"} in the folder's run"):
+    said = r"clustering.teacher_identity: .*\"weights\": \"\w+\", \"pipeline\": \"\w+\"} in the folder's run"
+    with pytest.raises(Exception, match=said):
         train_cde(run.model_copy(update={"steps": 4}), recipe_dir=CDE_TINY.parent, resume=True, progress=False)
 
 

@@ -377,7 +377,8 @@ def test_a_model_folder_retrained_in_place_is_not_resumed_with_its_old_embedding
 ):
     """The fingerprint named the model by its path only: a folder whose weights changed between Ctrl-C and
     --resume (retrained in place) resumed with the old weights' embeddings, and a finished run said "nothing to
-    do" (#43, walk P's B1). The weights' hash counts now, as ``score`` and ``mteb`` count it."""
+    do" (#43, walk P's B1). The weights' hash counts now, as ``score`` and ``mteb`` count it, and so do the
+    pipeline files beside them and a hub id's commit (walk R's BAD-2 and BAD-3)."""
     import shutil
 
     from safetensors.torch import load_file, save_file
@@ -388,9 +389,16 @@ def test_a_model_folder_retrained_in_place_is_not_resumed_with_its_old_embedding
     weights = model / "model.safetensors"
     state, kept = load_file(str(weights)), weights.read_bytes()
     save_file({k: v + 0.01 if v.is_floating_point() else v for k, v in state.items()}, str(weights))
-    with pytest.raises(OutputDirError, match=r"model_weights_sha256: '\w+' then, '\w+' now.*weight files changed"):
+    with pytest.raises(OutputDirError, match=r"model_weights_sha256: '\w+' then, '\w+' now.*the model changed"):
         mine_negatives(card, model, out, config=MineConfig(**SETTINGS), resume=True, progress=False)
-    weights.write_bytes(kept)  # put back: the run continues, then is finished
+    weights.write_bytes(kept)
+    # the same weights, another tokenizer setting: the embeddings differ as well (walk R's BAD-3, by another route)
+    tokenizer = model / "tokenizer_config.json"
+    config = tokenizer.read_text()
+    tokenizer.write_text(json.dumps({**json.loads(config), "do_lower_case": False}))
+    with pytest.raises(OutputDirError, match=r"model_pipeline_sha256: '\w+' then, '\w+' now.*the model changed"):
+        mine_negatives(card, model, out, config=MineConfig(**SETTINGS), resume=True, progress=False)
+    tokenizer.write_text(config)  # put back: the run continues, then is finished
     mine_negatives(card, model, out, config=MineConfig(**SETTINGS), resume=True, progress=False)
     save_file({k: v + 0.01 if v.is_floating_point() else v for k, v in state.items()}, str(weights))
     with pytest.raises(OutputDirError, match=r"finished run made with other settings \(model_weights_sha256"):

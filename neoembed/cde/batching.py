@@ -201,12 +201,16 @@ def clustering_key(**parts) -> str:
 
 def teacher_identity(name: str) -> dict:
     """What a teacher's embeddings depend on beyond its name, for the cache key and a resume's check: a local
-    folder's weights (retrained in place it keeps its path), a hub id's commit in the local cache."""
+    folder's weights and pipeline files (retrained in place it keeps its path), a hub id's commit in the cache."""
     from neoembed.hub import hub_reference, resolve_packaged
-    from neoembed.runs import model_identity
+    from neoembed.runs import model_identity, pipeline_sha256
 
-    path, weights = resolve_packaged(name), model_identity(resolve_packaged(name))["weights_sha256"]
-    return {"name": name, "revision": hub_reference(path)[1], "weights": weights[:16] if weights else None}
+    path = resolve_packaged(name)
+    weights, pipeline = model_identity(path)["weights_sha256"], pipeline_sha256(path)
+    return {  # the pipeline too: a pooling changed in place keeps the weights
+        "name": name, "revision": hub_reference(path)[1],
+        "weights": weights[:16] if weights else None, "pipeline": pipeline[:16] if pipeline else None,
+    }  # fmt: skip
 
 
 def cached_clustering(cache_dir: Path | None, key: str, compute):

@@ -15,11 +15,11 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
-from neoembed.hub import model_name, resolve_packaged
+from neoembed.hub import hub_reference, model_name, resolve_packaged
 from neoembed.instructions import DEFAULT_TEMPLATE
 from neoembed.recipe import StrictModel, Template
 from neoembed.record import atomic_write_text, file_sha256
-from neoembed.runs import OutputDirError, model_identity, prepare_output_dir
+from neoembed.runs import OutputDirError, model_identity, pipeline_sha256, prepare_output_dir
 
 __all__ = [
     "FILTER_SETTINGS",
@@ -216,8 +216,11 @@ def run_fingerprint(src_path: Path, source, model, cfg: MineConfig, corpus, corp
         "corpus": corpus_id,
         "data": {"card": data_of(source), "corpus": data_of(corpus_card[:2]) if corpus_card else None},
         "model": model_name(str(model)),  # the packaged copy by name, not this machine's site-packages path
-        # a folder retrained in place keeps its name: the stored embeddings are its old weights' (None: a hub id)
+        # a folder retrained (or its pooling changed) in place keeps its name, as a hub id moved to a new commit does:
+        # the stored embeddings are the old model's
         "model_weights_sha256": model_identity(str(model))["weights_sha256"],
+        "model_pipeline_sha256": pipeline_sha256(str(model)),
+        "model_revision": hub_reference(str(model))[1],
         "settings": cfg.model_dump(exclude=set(NOT_IN_FINGERPRINT)),
     }
 
@@ -304,7 +307,7 @@ def prepare_run_folder(
             fix = "resume with the original settings, or mine into a new folder"
             raise OutputDirError(
                 f"--resume: the run in {out} was started with other settings ({changed}); "
-                + (_DATA_CHANGED if "data." in changed else _MODEL_CHANGED if "model_weights" in changed else fix)
+                + (_DATA_CHANGED if "data." in changed else _MODEL_CHANGED if "model_" in changed else fix)
             )
         # everything else is equal (checked above): what differs beyond may_change is redo's settings
         redone = describe_changes(_without(saved, may_change), _without(fingerprint, may_change))
@@ -353,8 +356,9 @@ _DATA_CHANGED = (
 
 
 _MODEL_CHANGED = (
-    "the model's weight files changed since (the same folder, retrained or replaced), and what is stored was "
-    "embedded with the old weights: pass --overwrite (instead of --resume) to mine again, or write into a new folder"
+    "the model changed since (the same folder retrained, its pooling or tokenizer changed, or the hub id's commit "
+    "moved), and what is stored was embedded by the old one: pass --overwrite (instead of --resume) to mine "
+    "again, or write into a new folder"
 )
 
 
@@ -365,8 +369,9 @@ def _in_current_terms(saved: dict, fingerprint: dict, out: Path) -> dict:
     --resume`` passes a run from before ``data.*`` likewise)."""
     if isinstance(saved.get("model"), str):
         saved = {**saved, "model": model_name(saved["model"])}
-    if "model_weights_sha256" not in saved:  # recorded before the weights were: taken as they are now
-        saved = {**saved, "model_weights_sha256": fingerprint.get("model_weights_sha256")}
+    for key in ("model_weights_sha256", "model_pipeline_sha256", "model_revision"):  # recorded before: as now
+        if key not in saved:
+            saved = {**saved, key: fingerprint.get(key)}
     if "data" in saved or "data" not in fingerprint:
         return saved
     logger.warning(

@@ -83,6 +83,7 @@ from neoembed.runs.results import (
     claim_results_dir,
     default_results_dir,
     model_identity,
+    pipeline_sha256,
 )
 from neoembed.runs.signals import (
     FinalSaveInterrupted,
@@ -142,6 +143,7 @@ __all__ = [
     "model_identity",
     "output_lock",
     "param_groups",
+    "pipeline_sha256",
     "rates_from_schedule",
     "check_output_flags",
     "prepare_output_dir",

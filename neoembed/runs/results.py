@@ -38,6 +38,30 @@ def model_identity(model: str) -> dict[str, Any]:
     return {"model": str(path.resolve()), "weights_sha256": h.hexdigest()}
 
 
+#: the files beside the weights that decide what a model computes: its pipeline (modules, pooling and each module's
+#: config.json, prompts), its configuration and its tokenizer
+PIPELINE_FILES = frozenset({
+    "modules.json", "config_sentence_transformers.json", "sentence_bert_config.json", "config.json",
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json", "merges.txt",
+    "spiece.model", "sentencepiece.bpe.model",
+})  # fmt: skip
+
+
+def pipeline_sha256(model: str) -> str | None:
+    """A SHA-256 over a model folder's :data:`PIPELINE_FILES` (checkpoint folders left out): with
+    :func:`model_identity`'s weights, what a cache of the model's embeddings is keyed by (a pooling changed in
+    place keeps the weights). None for a hub id. Results folders keep the weights alone, as they always did."""
+    path = Path(model)
+    if not path.is_dir():
+        return None
+    h = hashlib.sha256()
+    for f in sorted(path.rglob("*")):
+        rel = f.relative_to(path)
+        if f.name in PIPELINE_FILES and f.is_file() and not rel.parts[0].startswith(("checkpoint-", ".", "eval")):
+            h.update(rel.as_posix().encode() + b"\0" + file_sha256(f).encode())
+    return h.hexdigest()
+
+
 def default_results_dir(model: str, root: str | Path = "results") -> Path:
     """``results/<name>-<8 hex digits of the model's resolved path>``: two models never share a default folder,
     even when both are called ``checkpoint-8``. The name is a local folder's label (a run's ``model`` or
