@@ -223,6 +223,10 @@ def _same_quickstart(output: Path, steps: int | None, model: str | None) -> tupl
     holding the first model's scores. A marker written before it recorded them is taken as it is."""
     import json
 
+    import yaml
+
+    from neoembed.hub import resolve_packaged
+    from neoembed.recipe import resolve_named_file
     from neoembed.runs import OutputDirError
 
     try:
@@ -231,13 +235,18 @@ def _same_quickstart(output: Path, steps: int | None, model: str | None) -> tupl
         then = {}
     if not isinstance(then, dict) or not {"steps", "model"} <= then.keys():
         return steps, model
-    same_model = model is None or model == then["model"] or (
-        then["model"] is not None and Path(model).exists() and Path(model).resolve() == Path(then["model"]).resolve()
-    )  # fmt: skip
-    if (steps is not None and steps != then["steps"]) or not same_model:
-        was = " ".join(f"--{k} {then[k]}" for k in ("steps", "model") if then[k] is not None) or "the defaults"
+    # an option given as its default is the default (--model packaged:all-MiniLM-L6-v2 after none was given)
+    default = yaml.safe_load(resolve_named_file("quickstart", "recipes").read_text(encoding="utf8"))
+    was = {k: then[k] if then[k] is not None else default.get(k) for k in ("steps", "model")}
+
+    def where(name) -> object:  # a folder by where it is, however it is spelt
+        local = Path(resolve_packaged(str(name)))
+        return local.resolve() if local.exists() else name
+
+    if (steps is not None and steps != was["steps"]) or (model is not None and where(model) != where(was["model"])):
+        said = " ".join(f"--{k} {then[k]}" for k in ("steps", "model") if then[k] is not None) or "the defaults"
         raise OutputDirError(
-            f"--resume: the quickstart in {output} was started with {was}; it continues with those (omit --steps "
+            f"--resume: the quickstart in {output} was started with {said}; it continues with those (omit --steps "
             "and --model, or give the same), or pass --overwrite to start again with the new ones"
         )
     return then["steps"], then["model"]

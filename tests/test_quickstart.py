@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from neoembed.quickstart import build_pydoc_retrieval
+from neoembed.runs import OutputDirError
 
 
 def test_pydoc_retrieval_set(tmp_path):
@@ -79,6 +80,14 @@ def test_an_interrupted_quickstart_continues_with_resume(tmp_path, tiny_official
     r = run_neoembed([*args[:4], "6", *args[5:], "--resume"])
     assert r.exit_code == 2 and f"was started with --steps 4 --model {tiny_official}" in r.stderr, r.stderr[-2000:]
     assert json.loads((out / "model" / "run_record.json").read_text())["finished"]["step"] == 4
+    from neoembed.quickstart import _same_quickstart  # an option given as its default is the default (walk R)
+
+    early = tmp_path / "defaults"
+    early.mkdir()
+    (early / "quickstart.json").write_text('{"written_by": "neoembed quickstart", "steps": null, "model": null}\n')
+    assert _same_quickstart(early, None, "packaged:all-MiniLM-L6-v2") == (None, None)
+    with pytest.raises(OutputDirError, match="was started with the defaults"):
+        _same_quickstart(early, None, str(tiny_official))
     r = run_neoembed(["quickstart", "--output", str(tmp_path / "new"), "--resume"])
     assert r.exit_code == 2 and "holds no quickstart to continue" in r.stderr
     early = tmp_path / "early"  # stopped before its training started: nothing in model/ to continue from
