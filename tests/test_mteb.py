@@ -100,6 +100,12 @@ def test_local_data_that_is_not_the_mteb_tasks_is_said_beside_its_score(minilm, 
     _write_jsonl_gz(cut / "test.jsonl.gz", _read_jsonl_gz(cut / "test.jsonl.gz")[:50])
     report = _run(minilm, tmp_path / "cut", tasks=[str(cut)])
     assert report.scores["STS13"]["differs_from_mteb"] == "50 test rows where the mteb task has 1,500"
+    import pandas as pd  # the same rows as parquet (walk R: counted only from JSON lines)
+
+    pd.read_json(cut / "test.jsonl.gz", lines=True).to_parquet(cut / "test.parquet", index=False)
+    (cut / "test.jsonl.gz").unlink()
+    report = _run(minilm, tmp_path / "parquet", tasks=[str(cut)])
+    assert report.scores["STS13"]["differs_from_mteb"] == "50 test rows where the mteb task has 1,500"
 
 
 def test_compare_refuses_a_task_scored_on_other_data(minilm, small, shared_dir, tmp_path):

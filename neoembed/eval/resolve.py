@@ -51,13 +51,22 @@ def _local_task(name: str, folder: Path):
 
 
 def _test_rows(folder: Path) -> int | None:
-    """The rows of a folder's one-file test split (``test.jsonl`` or ``test.jsonl.gz``: pair tasks), or None."""
+    """The rows of a folder's one-file test split (``test.jsonl[.gz]``, ``test.parquet``, ``test.csv``: the pair
+    tasks), or None for other layouts."""
     import gzip
 
     for path, opener in ((folder / "test.jsonl.gz", gzip.open), (folder / "test.jsonl", open)):
         if path.is_file():
             with opener(path, "rt", encoding="utf8") as f:
                 return sum(1 for line in f if line.strip())
+    if (folder / "test.parquet").is_file():
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(folder / "test.parquet").metadata.num_rows
+    if (folder / "test.csv").is_file():
+        import pandas as pd
+
+        return len(pd.read_csv(folder / "test.csv"))
     return None
 
 
