@@ -1273,7 +1273,7 @@ def test_mtebs_own_results_name_the_model(minilm, minilm_path, small, tmp_path, 
 
 def test_an_instructions_file_key_that_names_no_task_is_said(minilm, small, tmp_path, caplog):
     """A typo in a user's instructions file (``STS-16`` for ``STS16``) was ignored without a word, and the task
-    it meant was encoded with no instruction (walk P's P1)."""
+    it meant was encoded with no instruction (walk P's P1). Said once a process, not at every evaluation."""
     file = tmp_path / "i.yaml"
     file.write_text('STS-16: "Retrieve semantically similar text."\n')
     caplog.clear()
@@ -1281,6 +1281,9 @@ def test_an_instructions_file_key_that_names_no_task_is_said(minilm, small, tmp_
     assert report.scores["STS16"]["instruction"] is None
     assert "'STS-16' names no task (of this run, or of mteb); did you mean 'STS16'?" in caplog.text
     assert f"instructions file {file} gives no instruction for STS16" in caplog.text
+    caplog.clear()  # said once: evaluation during training scores with the same file at every evaluation
+    _run(minilm, tmp_path / "twice", tasks=[str(small / "mteb" / "STS16")], instructions=str(file))
+    assert "names no task" not in caplog.text and "gives no instruction" not in caplog.text
     file.write_text('STS16: "Retrieve semantically similar text."\nSTS13: "another task of mteb"\n')
     caplog.clear()
     _run(minilm, tmp_path / "again", tasks=[str(small / "mteb" / "STS16")], instructions=str(file))

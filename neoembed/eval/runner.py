@@ -377,20 +377,20 @@ def _warn_unused_instructions(label: str, instruction_map: dict, plan: list) -> 
         return
     import difflib
 
-    here = [task.metadata.name for task, _ in plan]
-    unknown = [k for k in instruction_map if k not in here and not is_registered(k)]
-    for key in unknown:
+    here, said = [task.metadata.name for task, _ in plan], []
+    for key in [k for k in instruction_map if k not in here and not is_registered(k)]:
         close = difflib.get_close_matches(key, here, n=1, cutoff=0.6)
-        logger.warning(
-            "instructions file %s: %r names no task (of this run, or of mteb)%s: its instruction is never used",
-            label, key, f"; did you mean {close[0]!r}?" if close else "",
-        )  # fmt: skip
-    bare = [name for (task, instruction), name in zip(plan, here, strict=True) if not instruction]
-    if bare:
-        logger.warning(
-            "instructions file %s gives no instruction for %s (nor do their cards or task types): encoded "
-            "without one", label, ", ".join(bare),
-        )  # fmt: skip
+        said.append(f"instructions file {label}: {key!r} names no task (of this run, or of mteb)"
+                    f"{f'; did you mean {close[0]!r}?' if close else ''}: its instruction is never used")  # fmt: skip
+    if bare := [name for (task, instruction), name in zip(plan, here, strict=True) if not instruction]:
+        said.append(f"instructions file {label} gives no instruction for {', '.join(bare)} (nor do their cards or "
+                    "task types): encoded without one")  # fmt: skip
+    for line in [x for x in said if x not in _SAID]:  # once a process: training's evaluations come here each time
+        logger.warning(line)
+    _SAID.update(said)
+
+
+_SAID: set[str] = set()
 
 
 def _task_prompts(cfg: EvalConfig, task, instruction: str | None, query_prompt: str) -> dict[str, str]:
