@@ -30,12 +30,19 @@ def model_identity(model: str) -> dict[str, Any]:
     path = Path(model)
     if not path.is_dir():
         return {"model": str(model), "weights_sha256": None}
+    weights = _files_sha256(path, lambda f: f.suffix in WEIGHT_SUFFIXES)
+    return {"model": str(path.resolve()), "weights_sha256": weights}
+
+
+def _files_sha256(folder: Path, keep) -> str:
+    """A SHA-256 over the files of ``folder`` that ``keep`` takes, each by its path there and its content;
+    checkpoint folders inside a run folder (and hidden ones) left out."""
     h = hashlib.sha256()
-    for f in sorted(path.rglob("*")):
-        rel = f.relative_to(path)
-        if f.is_file() and f.suffix in WEIGHT_SUFFIXES and not rel.parts[0].startswith(("checkpoint-", ".")):
+    for f in sorted(folder.rglob("*")):
+        rel = f.relative_to(folder)
+        if f.is_file() and keep(f) and not rel.parts[0].startswith(("checkpoint-", ".")):
             h.update(rel.as_posix().encode() + b"\0" + file_sha256(f).encode())
-    return {"model": str(path.resolve()), "weights_sha256": h.hexdigest()}
+    return h.hexdigest()
 
 
 #: the files beside the weights that decide what a model computes: its pipeline (modules, pooling and each module's
@@ -52,14 +59,7 @@ def pipeline_sha256(model: str) -> str | None:
     :func:`model_identity`'s weights, what a cache of the model's embeddings is keyed by (a pooling changed in
     place keeps the weights). None for a hub id. Results folders keep the weights alone, as they always did."""
     path = Path(model)
-    if not path.is_dir():
-        return None
-    h = hashlib.sha256()
-    for f in sorted(path.rglob("*")):
-        rel = f.relative_to(path)
-        if f.name in PIPELINE_FILES and f.is_file() and not rel.parts[0].startswith(("checkpoint-", ".", "eval")):
-            h.update(rel.as_posix().encode() + b"\0" + file_sha256(f).encode())
-    return h.hexdigest()
+    return _files_sha256(path, lambda f: f.name in PIPELINE_FILES) if path.is_dir() else None
 
 
 def default_results_dir(model: str, root: str | Path = "results") -> Path:
