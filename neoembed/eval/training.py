@@ -11,7 +11,6 @@ JSON of each evaluation is kept in ``OUTPUT/eval/step-N/``.
 from __future__ import annotations
 
 import difflib
-import json
 import logging
 import math
 import re
@@ -103,15 +102,17 @@ class MtebEvaluator(SentenceEvaluator):
         say) make its scores before and after incomparable: with ``keep_best`` (``compares``) the evaluation
         fails (the run saves its steps and stops; put the files back and resume), else a warning says from which
         step on. The holdout's folders are rewritten at every start (``check_same_holdout`` checks them)."""
-        before = _last_fingerprints(root, step)
-        changed = [
-            name for name, e in entries.items()
-            if name in self.task_names and name in before[1] and e.get("data_fingerprint") != before[1][name]
-        ]  # fmt: skip
+        from neoembed.eval.reuse import changed_data
+
+        done = [int(p.name[5:]) for p in root.glob("step-*") if p.name[5:].isdigit() and int(p.name[5:]) < step]
+        if not done:
+            return
+        now = {name: e.get("data_fingerprint") for name, e in entries.items() if name in self.task_names}
+        changed = changed_data(root / f"step-{max(done)}", now)
         if not changed:
             return
         said = (
-            f"the data of eval task(s) {', '.join(changed)} changed since the evaluation at step {before[0]} (its "
+            f"the data of eval task(s) {', '.join(changed)} changed since the evaluation at step {max(done)} (its "
             f"files were edited): scores from step {step} on do not compare with earlier ones"
         )
         if self.compares:
@@ -120,23 +121,6 @@ class MtebEvaluator(SentenceEvaluator):
                 "were and continue with --resume, or start a new run in another output_dir"
             )
         logger.warning(said)
-
-
-def _last_fingerprints(root: Path, step: int) -> tuple[int | None, dict]:
-    """(step, task -> data fingerprint) of the latest evaluation before ``step`` in ``root`` (``eval/``)."""
-    done = [int(p.name[5:]) for p in root.glob("step-*") if p.name[5:].isdigit() and int(p.name[5:]) < step]
-    if not done:
-        return None, {}
-    last = max(done)
-    out = {}
-    for f in (root / f"step-{last}").glob("*.json"):
-        try:
-            entry = json.loads(f.read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(entry, dict) and "task" in entry and "mteb" in entry:
-            out[entry["task"]] = entry.get("data_fingerprint")
-    return last, out
 
 
 #: score names whose family is certain: ranking scores exist only for tasks that rank documents, correlations
