@@ -135,13 +135,11 @@ def pinned_snapshot(name: str, revision: str | None) -> str:
     hub's newest commit (a warning says so)."""
     if not revision or Path(name).exists():
         return name
-    from huggingface_hub import constants
-    from huggingface_hub.file_download import repo_folder_name
+    from huggingface_hub import try_to_load_from_cache
 
-    repo = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=name, repo_type="model")
-    snapshot = repo / "snapshots" / revision
-    if snapshot.is_dir():
-        return str(snapshot)
+    cached = try_to_load_from_cache(name, "config.json", revision=revision)  # the file hub_reference read
+    if isinstance(cached, str):
+        return str(Path(cached).parent)
     import logging
 
     logging.getLogger(__name__).warning(
