@@ -111,6 +111,13 @@ def file_stamp(path: str | Path) -> dict:
     return out
 
 
+def content_stamp(path: str | Path) -> str:
+    """:func:`file_stamp` as one string that leaves the time out where the content is known (a copy of a small
+    file elsewhere, or touched, has the same stamp; an edit does not)."""
+    st = file_stamp(path)
+    return st.get("sha256") or f"{st['size']}:{st['mtime_ns']}"
+
+
 @functools.lru_cache(maxsize=256)
 def _sha256(path: str, inode: int, size: int, mtime_ns: int, chunk: int) -> str:
     h = hashlib.sha256()

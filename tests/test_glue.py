@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -377,6 +378,42 @@ def test_case5_glue_stopped_by_a_signal_resumes_past_a_torn_checkpoint(
     err = capsys.readouterr().err
     assert changed.value.code == 2 and "learning_rate: 2e-05 in the folder's run, 0.001 now" in err, err
     assert (out / "results.json").stat().st_mtime_ns == written
+
+
+def test_a_split_edited_between_a_kill_and_resume_is_refused_a_moved_copy_resumes(
+    tmp_path, msrp_rows, tiny_official, monkeypatch, capsys
+):
+    """GLUE's resume compared --data-dir by its path: a train split edited between the stop and --resume was
+    continued on (walk R). The splits' files are compared by content: the edit is refused by name, the same
+    files in another folder continue to the uninterrupted run's results."""
+    import shutil
+    import sys
+
+    from neoembed.cli import main
+
+    args, out, full = _a_run_stopped_at_step_4(tmp_path, msrp_rows, tiny_official, monkeypatch, capsys)
+    data = Path(args[args.index("--data-dir") + 1])
+    train = data / "mrpc" / "train-00000-of-00001.parquet"
+    kept = train.read_bytes()
+    edited = pd.read_parquet(train)
+    edited["label"] = 1 - edited["label"]
+    edited.to_parquet(train)
+    monkeypatch.setattr(sys, "argv", ["neoembed", "glue", *args, "--out", str(out), "--resume"])
+    with pytest.raises(SystemExit) as refused:
+        main()
+    err = capsys.readouterr().err
+    assert refused.value.code == 2 and "data.train: " in err and "in the folder's run" in err, err
+    moved = tmp_path / "moved"
+    shutil.copytree(data, moved)
+    (moved / "mrpc" / train.name).write_bytes(kept)
+    args[args.index("--data-dir") + 1] = str(moved)
+    monkeypatch.setattr(sys, "argv", ["neoembed", "glue", *args, "--out", str(out), "--resume"])
+    with pytest.raises(SystemExit) as resumed:
+        main()
+    assert resumed.value.code == 0, capsys.readouterr().err
+    result = json.loads((out / "results.json").read_text())
+    assert result["steps"] == 10
+    assert result["validation"]["validation"] == pytest.approx(full["validation"]["validation"], abs=1e-6)
 
 
 def test_a_resume_of_another_kind_or_model_is_refused_before_it_loads(

@@ -178,9 +178,9 @@ def _check_splits(task, folder: str | Path, repo: Path) -> None:
 def data_fingerprint(task) -> str | None:
     """A hash of the local files ``task`` reads its data from (the folder its metadata points at: a task folder's
     dataset repository, or a task card's data): each file's path in the folder with its SHA-256, or for a large
-    file its size and modification time (:func:`neoembed.record.file_stamp`). None for a task whose data come
+    file its size and modification time (:func:`neoembed.record.content_stamp`). None for a task whose data come
     from the hub. A result records it, so a result scored on other data is not reused (:mod:`neoembed.eval.reuse`)."""
-    from neoembed.record import file_stamp
+    from neoembed.record import content_stamp
 
     path = (getattr(task.metadata, "dataset", None) or {}).get("path")
     root = Path(path) if path else None
@@ -191,7 +191,6 @@ def data_fingerprint(task) -> str | None:
         rel = f.relative_to(root)
         if not f.is_file() or any(part.startswith(".") for part in rel.parts):  # .cache/ of a hub snapshot
             continue
-        st = file_stamp(f)  # a dataset repository's files are links to the folder's: their targets count
-        stamp = st.get("sha256") or f"{st['size']}:{st['mtime_ns']}"  # content alone where known: copies match
-        h.update(f"{rel.as_posix()}\0{stamp}\n".encode())
+        # a dataset repository's files are links to the folder's: their targets count
+        h.update(f"{rel.as_posix()}\0{content_stamp(f)}\n".encode())
     return h.hexdigest()[:16]

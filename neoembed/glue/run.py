@@ -23,7 +23,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, PositiveFloat, PositiveInt, field_validator
 
-from neoembed.glue.tasks import GlueTask, check_columns, compute_metrics, load_splits, task_score
+from neoembed.glue.tasks import GlueTask, check_columns, compute_metrics, data_key, load_splits, task_score
 from neoembed.hub import model_name
 from neoembed.loop import RunLoop, StepOutput, accelerator, adamw, check_engine
 from neoembed.recipe import KeepBest, OptimizerConfig, Recipe, StrictModel, Tracker
@@ -349,7 +349,7 @@ def _resume_point(folder: Path, main: bool = True) -> Path | None:
     return None
 
 
-def _loop(run: GlueRun, acc, model, out: Path, evaluate):
+def _loop(run: GlueRun, acc, model, out: Path, evaluate, settings: dict):
     """The run loop of one GLUE run in ``out``, with AdamW and the official schedule; and the model as accelerate
     prepared it (on its device; DDP-wrapped under several processes), which the step trains."""
     import torch
@@ -365,7 +365,7 @@ def _loop(run: GlueRun, acc, model, out: Path, evaluate):
         scheduler=scheduler,
         parameters=model.parameters,
         grad_clip=1.0,  # the Trainer's max_grad_norm
-        settings=resume_settings(run),
+        settings=settings,
         desc=f"glue {run.task}",
         nan_advice="Lower learning_rate, or use precision fp32",
         evaluate=evaluate,
@@ -388,17 +388,18 @@ def run_one(
     tokenizer = AutoTokenizer.from_pretrained(model)
     data = _tokenized(task, splits, tokenizer, recipe.max_length)
     run = GlueRun.of(recipe, task, len(data["train"]), acc.num_processes)
+    files = data_key(task, **data_options)  # a run recorded before the key resumes
+    settings, defaults = resume_settings(run) | files, resume_defaults(run) | files
     checkpoint = _resume_point(out, acc.is_main_process)
     acc.wait_for_everyone()  # the other processes start after the main one cleared a stale folder
     if checkpoint is not None:  # the folder's run must be this run (a grid point resumes without --resume)
         prepare_output_dir(
-            out, overwrite=False, resume=True, settings=resume_settings(run), defaults=resume_defaults(run),
-            checkpoints=False, what="--out",
-        )  # fmt: skip
+            out, overwrite=False, resume=True, settings=settings, defaults=defaults, checkpoints=False, what="--out"
+        )
     collate = DataCollatorWithPadding(tokenizer, return_tensors="pt")
     classifier = _load_model(task, model, transfer)
     evaluate = _evaluation(acc, classifier, task, data, collate, run.eval_batch_size)
-    loop, prepared = _loop(run, acc, classifier, out, evaluate)
+    loop, prepared = _loop(run, acc, classifier, out, evaluate, settings)
     loop.start(checkpoint, "glue", data_files=[], extra={"model": model, "transfer": transfer})
     loop.run(*_glue_step(run, acc, prepared, data["train"], collate))
     summary: dict = {}

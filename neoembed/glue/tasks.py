@@ -165,6 +165,26 @@ def local_splits(
     return found
 
 
+def data_key(task: GlueTask, data_dir: str | Path | None, carve: str | None) -> dict[str, str]:
+    """What a resume compares of the local data: each split's files by content (a copy of the folder elsewhere
+    matches, a split edited between a kill and ``--resume`` does not). Hub data: nothing here (the run record
+    names the dataset)."""
+    import hashlib
+
+    from neoembed.record import content_stamp
+
+    if data_dir is None:
+        return {}
+    splits = (carve,) if carve is not None else ("train", *task.validation)
+    keys = {}
+    for split, (_, files) in local_splits(data_dir, task, splits, carve=carve is not None).items():
+        h = hashlib.sha256()
+        for f in files:
+            h.update(f"{Path(f).name}\0{content_stamp(f)}\n".encode())
+        keys[f"data.{split}"] = h.hexdigest()[:16]
+    return keys
+
+
 def load_splits(task: GlueTask, data_dir: str | Path | None, carve: str | None, seed: int = 0):
     """``DatasetDict`` with ``train`` and the task's validation splits: from the hub, or from ``data_dir``.
 
