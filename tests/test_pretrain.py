@@ -431,12 +431,16 @@ def test_resume_equals_uninterrupted_and_final_model(tmp_path, shards):
 def test_a_resume_on_other_edited_or_unfinished_shards_is_refused(tmp_path, shards):
     """#43, a walk's T22-T24: --resume continued silently on a shard folder replaced by another corpus or with a
     token edited in place (and rewrote the record's data fingerprint); a folder whose preprocess was interrupted
-    trained on the documents it had so far. A copy of the same shards elsewhere is the same data."""
+    trained on the documents it had so far. A copy of the same shards elsewhere is the same data, and a resume
+    on it continues (it was refused as a changed data.sources path: walk Q)."""
     own = shutil.copytree(shards, tmp_path / "shards")
     pretrain(_recipe(tmp_path / "run", own, "steps=4", "save_steps=2"), progress=False)
     # the same folder spelled another way is the same source (a resume of it is no other run)
     pretrain(_recipe(tmp_path / "run", f"{own}/../shards/", "steps=5", "save_steps=2"), resume=True, progress=False)
-    assert ShardedCorpus(shutil.copytree(own, tmp_path / "copy")).content_key() == ShardedCorpus(own).content_key()
+    copy = shutil.copytree(own, tmp_path / "copy")
+    assert ShardedCorpus(copy).content_key() == ShardedCorpus(own).content_key()
+    # moved: the same shards in another folder continue the run (the path is not compared, the content is)
+    pretrain(_recipe(tmp_path / "run", copy, "steps=6", "save_steps=2"), resume=True, progress=False)
     tokens = np.load(own / "shard-00000.tokens.npy", mmap_mode="r+")
     tokens[100] = 7 if tokens[100] != 7 else 8
     tokens.flush()

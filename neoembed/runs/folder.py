@@ -52,6 +52,9 @@ NON_TRAJECTORY_KEYS = frozenset(
 #: trajectory settings whose values differ but train the same run: GradCache computes its plain loss's gradients
 #: (tests/test_losses.py), so a run that ran out of memory resumes with ``loss.name=cached_infonce``, and back
 SAME_TRAJECTORY: dict[str, dict[Any, Any]] = {"loss.name": {"cached_infonce": "infonce"}}
+#: paths whose contents are a setting of their own (pre-training's ``data.sources.N.shards``, the shards by their
+#: bytes): where the same shards lie does not change the run, so a copy elsewhere resumes
+BY_CONTENT = frozenset({"data.sources.path"})
 
 
 def resume_settings(recipe: Any, per_process_batch: bool = False) -> dict[str, Any]:
@@ -230,13 +233,15 @@ def _gathered(flat: dict[str, Any], sections: set[str]) -> dict[str, Any]:
 def trajectory_value(key: str, value: Any) -> Any:
     """``value`` of setting ``key`` as the run it trains (:data:`SAME_TRAJECTORY`); a local path as the folder or
     file it names (``models/base/`` and ``./models/base`` are one model), inside lists and mappings too (a
-    source's ``path``)."""
+    source's ``path``); a path in :data:`BY_CONTENT` not at all."""
     if isinstance(value, list):
         return [trajectory_value(key, v) for v in value]
     if isinstance(value, dict):
         return {k: trajectory_value(f"{key}.{k}", v) for k, v in value.items()}
     if not isinstance(value, str):
         return value
+    if key in BY_CONTENT:
+        return "(compared by content)"
     if value not in SAME_TRAJECTORY.get(key, {}) and os.path.exists(value):
         return str(Path(value).resolve())
     return SAME_TRAJECTORY.get(key, {}).get(value, value)
