@@ -4,6 +4,7 @@ a typo is said at once."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -131,22 +132,36 @@ def hub_reference(path: str | Path | None) -> tuple[str | None, str | None]:
 
 def pinned_snapshot(name: str, revision: str | None) -> str:
     """Where to load hub id ``name`` at commit ``revision`` from (:func:`hub_reference`'s inverse): the hub
-    cache's snapshot of that commit when the cache holds it (offline too), else ``name`` itself, which loads the
-    hub's newest commit (a warning says so)."""
+    cache's snapshot of that commit when the cache holds it (offline too), else that commit downloaded; where the
+    hub cannot give it (offline, unreachable, the commit gone), ``name`` itself, which loads the newest commit the
+    cache or the hub has (a warning names both)."""
     if not revision or Path(name).exists():
         return name
-    from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub import snapshot_download, try_to_load_from_cache
 
     cached = try_to_load_from_cache(name, "config.json", revision=revision)  # the file hub_reference read
     if isinstance(cached, str):
         return str(Path(cached).parent)
+    # one probe first: unreachable, the hub client retries for about 25 s before it gives up
+    why = "offline mode (HF_HUB_OFFLINE)" if _offline() else hub_unreachable_reason()
+    if why is None:
+        try:
+            return snapshot_download(name, revision=revision)
+        except Exception as e:  # a commit rewritten away, a private repository: the newest is all there is
+            why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     import logging
 
     logging.getLogger(__name__).warning(
-        "%s: commit %s (the one the adapter was trained on) is not in the local hub cache; loading the hub's "
-        "newest commit, which may differ", name, revision,
+        "%s: commit %s (the one the adapter was trained on) is not in the local hub cache and could not be "
+        "downloaded (%s); loading the newest commit instead, which may differ", name, revision, why,
     )  # fmt: skip
     return name
+
+
+def _offline() -> bool:
+    from huggingface_hub import constants
+
+    return hub_offline_mode() or bool(constants.HF_HUB_OFFLINE)
 
 
 def is_packaged_folder(path: str | Path) -> bool:
@@ -206,3 +221,51 @@ def embedding_width(folder: str | Path) -> int | None:
         return int(config["word_embedding_dimension"]) if len(modes) == 1 else None
     except (OSError, ValueError, KeyError, TypeError, StopIteration):
         return None
+
+
+def is_unreachable(e: BaseException) -> bool:
+    """Whether ``e`` (or an exception it was raised from) means "no connection", not "wrong request"."""
+    names = {
+        "ConnectionError",
+        "ConnectTimeout",
+        "ConnectError",
+        "Timeout",
+        "ReadTimeout",
+        "OfflineModeIsEnabled",
+    }
+    names |= {"ProxyError", "NameResolutionError", "MaxRetryError", "TimeoutException"}
+    seen: BaseException | None = e
+    while seen is not None:
+        if type(seen).__name__ in names or isinstance(seen, (ConnectionError, TimeoutError)):
+            return True
+        if "offline mode is enabled" in str(seen).lower():
+            return True
+        seen = seen.__cause__ or seen.__context__
+    # datasets in offline mode reports a missing cache as FileNotFoundError / its own errors naming offline mode
+    return hub_offline_mode() and "offline" in str(e).lower()
+
+
+def hub_offline_mode() -> bool:
+    """Whether the user asked the Hugging Face libraries to stay offline (``HF_HUB_OFFLINE``), read now (not at
+    import, as huggingface_hub's constant is)."""
+    return os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0")
+
+
+def hub_unreachable_reason(timeout: float = 5.0) -> str | None:
+    """Why the hub cannot be reached at all, or None when it answers.
+
+    One HEAD request to the hub's endpoint (``HF_ENDPOINT``), through huggingface_hub's own session so that proxies
+    and certificates are those the real requests use. Any HTTP answer, an error status included, means reachable:
+    only a failure to connect (no DNS, no route, a timeout) is unreachability. Without this, each card's requests
+    retry with back-off for about 40 s before giving up.
+    """
+    from huggingface_hub import constants
+    from huggingface_hub.utils import get_session
+
+    try:
+        get_session().head(constants.ENDPOINT, timeout=timeout)
+    except Exception as e:
+        if is_unreachable(e):
+            return f"{type(e).__name__} from {constants.ENDPOINT}: {e}"
+        # not a connection failure: the hub is there; each card's own requests report what is wrong
+    return None

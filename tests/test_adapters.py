@@ -85,8 +85,10 @@ def test_an_adapter_of_a_hub_model_names_its_hub_id_and_commit(tiny_official, tm
     (PEFT's ``revision``); neoembed.load puts it on that commit from the cache, offline too."""
     import shutil
 
+    import huggingface_hub
     import huggingface_hub.constants
 
+    import neoembed.hub
     from neoembed.adapters import save_adapter
     from neoembed.hub import PACKAGED_MINILM, hub_reference, pinned_snapshot, resolve_packaged
 
@@ -111,8 +113,17 @@ def test_an_adapter_of_a_hub_model_names_its_hub_id_and_commit(tiny_official, tm
         assert neoembed.load(tmp_path / name).encode(TEXTS) == pytest.approx(want, abs=1e-5)
     assert hub_reference(tiny_official) == (str(tiny_official), None)  # a local folder stays as it is
     assert hub_reference(resolve_packaged(PACKAGED_MINILM[0]))[0] == PACKAGED_MINILM[1]
-    assert pinned_snapshot("someone/tiny", "f" * 40) == "someone/tiny"  # not cached: the hub's newest, said
-    assert "commit ffff" in caplog.text and "not in the local hub cache" in caplog.text
+    assert pinned_snapshot("someone/tiny", "f" * 40) == "someone/tiny"  # not cached, offline: the newest, said
+    assert "commit ffff" in caplog.text and "could not be downloaded" in caplog.text
+    # online, a commit the cache lacks is downloaded (it loaded the hub's newest)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(neoembed.hub, "hub_unreachable_reason", lambda: None)
+    asked = []
+    monkeypatch.setattr(
+        huggingface_hub, "snapshot_download", lambda name, revision: asked.append((name, revision)) or "fetched"
+    )
+    assert pinned_snapshot("someone/tiny", "f" * 40) == "fetched" and asked == [("someone/tiny", "f" * 40)]
 
 
 def test_lora_run_saves_merged_and_adapter_and_loads_without_neoembed(

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from neoembed.card_schema import TrainingCard
+from neoembed.hub import hub_unreachable_reason  # noqa: F401  (its home before hub.py)
 
 __all__ = [
     "NOTE",
@@ -108,28 +109,6 @@ def live_differences(card: TrainingCard, builder_fn=None) -> list[str]:
         if live_n and live_n != sch.num_rows:
             out.append(f"split {hub.split!r}: declared {sch.num_rows} rows, live {live_n}")
     return out
-
-
-def hub_unreachable_reason(timeout: float = 5.0) -> str | None:
-    """Why the hub cannot be reached at all, or None when it answers.
-
-    One HEAD request to the hub's endpoint (``HF_ENDPOINT``), through huggingface_hub's own session so that proxies
-    and certificates are those the real requests use. Any HTTP answer, an error status included, means reachable:
-    only a failure to connect (no DNS, no route, a timeout) is unreachability. Without this, each card's requests
-    retry with back-off for about 40 s before giving up.
-    """
-    from huggingface_hub import constants
-    from huggingface_hub.utils import get_session
-
-    from neoembed.data.cards import is_unreachable
-
-    try:
-        get_session().head(constants.ENDPOINT, timeout=timeout)
-    except Exception as e:
-        if is_unreachable(e):
-            return f"{type(e).__name__} from {constants.ENDPOINT}: {e}"
-        # not a connection failure: the hub is there; each card's own requests report what is wrong
-    return None
 
 
 class HubStatus:

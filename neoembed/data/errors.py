@@ -5,9 +5,10 @@ named by file and line."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
+
+from neoembed.hub import hub_offline_mode, is_unreachable  # noqa: F401  (their home before hub.py)
 
 
 class DataCardError(ValueError):
@@ -37,34 +38,6 @@ def hub_error(card, e: Exception) -> DataCardError:
         f"card {card.name}: could not load {where}: {type(e).__name__}: {e}. Check the card's source against the "
         "dataset's page (id, config, split, revision)"
     )
-
-
-def is_unreachable(e: BaseException) -> bool:
-    """Whether ``e`` (or an exception it was raised from) means "no connection", not "wrong request"."""
-    names = {
-        "ConnectionError",
-        "ConnectTimeout",
-        "ConnectError",
-        "Timeout",
-        "ReadTimeout",
-        "OfflineModeIsEnabled",
-    }
-    names |= {"ProxyError", "NameResolutionError", "MaxRetryError", "TimeoutException"}
-    seen: BaseException | None = e
-    while seen is not None:
-        if type(seen).__name__ in names or isinstance(seen, (ConnectionError, TimeoutError)):
-            return True
-        if "offline mode is enabled" in str(seen).lower():
-            return True
-        seen = seen.__cause__ or seen.__context__
-    # datasets in offline mode reports a missing cache as FileNotFoundError / its own errors naming offline mode
-    return hub_offline_mode() and "offline" in str(e).lower()
-
-
-def hub_offline_mode() -> bool:
-    """Whether the user asked the Hugging Face libraries to stay offline (``HF_HUB_OFFLINE``), read now (not at
-    import, as huggingface_hub's constant is)."""
-    return os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0")
 
 
 class RowError(DataCardError):
