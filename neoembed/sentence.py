@@ -209,6 +209,7 @@ def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
 def _local_kind(path: Path, tokenizer: str | None) -> str:
     """'sentence' for a sentence-transformers folder, 'hf' for a plain checkpoint; errors say what is missing."""
     if (path / "modules.json").is_file():
+        _check_sentence_folder(path, tokenizer)
         return "sentence"
     check_model_folder(path)
     if not any(
@@ -224,6 +225,30 @@ def _local_kind(path: Path, tokenizer: str | None) -> str:
             "pass tokenizer=... (a folder or hub id with the model's tokenizer, e.g. 'chandar-lab/NeoBERT')"
         )
     return "hf"
+
+
+def _check_sentence_folder(path: Path, tokenizer: str | None) -> None:
+    """A sentence-transformers folder whose files a copy lost: refused naming the file. Without its tokenizer
+    files, transformers builds a tokenizer of the special tokens alone from ``tokenizer_config.json``, and every
+    word encodes as ``[UNK]`` without a warning."""
+    damaged = "copy or save the model again"
+    try:
+        modules = [(str(m["type"]), str(m.get("path", ""))) for m in json.loads((path / "modules.json").read_text())]
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path / 'modules.json'} cannot be read ({type(e).__name__}: {e}): {damaged}") from None
+    for kind, sub in modules:
+        folder, name = path / sub, kind.rsplit(".", 1)[-1]
+        if name in ("Pooling", "Dense") and not (folder / "config.json").is_file():
+            raise FileNotFoundError(f"{path}: its {name} module has no {Path(sub, 'config.json')}: {damaged}")
+        if name != "Transformer":
+            continue
+        if not (folder / "config.json").is_file():
+            raise FileNotFoundError(f"{path}: its Transformer module has no {Path(sub, 'config.json')}: {damaged}")
+        if tokenizer is None and not any((folder / f).is_file() for f in TOKENIZER_FILES):
+            raise FileNotFoundError(
+                f"{folder} has no tokenizer files (one of {', '.join(TOKENIZER_FILES)}): {damaged}, or pass "
+                "tokenizer=... (the model's tokenizer)"
+            )
 
 
 def _own_module_classes(name_or_path: str) -> dict:

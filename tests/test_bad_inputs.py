@@ -158,6 +158,34 @@ def test_corrupt_weights_are_named(tmp_path):
         neoembed.load(model)
 
 
+@pytest.mark.parametrize(
+    ("damage", "said"),
+    [
+        ("tokenizer.json", r"m has no tokenizer files \(one of tokenizer\.json"),
+        ("1_Pooling", r"its Pooling module has no 1_Pooling/config\.json"),
+        ("config.json", r"its Transformer module has no config\.json"),
+        ("modules.json", r"modules\.json cannot be read \(JSONDecodeError"),
+    ],
+)
+def test_a_model_folder_missing_a_file_is_refused_naming_it(tmp_path, damage, said):
+    """A saved folder without tokenizer.json loaded and encoded every word as [UNK] (transformers builds a
+    tokenizer of the special tokens from tokenizer_config.json) with no warning; without 1_Pooling/ or config.json,
+    or with a cut modules.json, the error named neither file (walk S, 11 and 12)."""
+    import neoembed
+
+    model = tmp_path / "m"
+    neoembed.load(TINY / "model").save(str(model))
+    target = model / damage
+    if damage == "modules.json":
+        target.write_text(target.read_text()[:55])
+    elif target.is_dir():
+        shutil.rmtree(target)
+    else:
+        target.unlink()
+    with pytest.raises((FileNotFoundError, ValueError), match=said):
+        neoembed.load(model)
+
+
 def test_tokenizer_larger_than_the_vocabulary_is_refused(tmp_path, minilm_path):
     import neoembed
 

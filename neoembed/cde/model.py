@@ -39,7 +39,10 @@ def is_cde_folder(path: str | Path) -> bool:
     modules = Path(path) / "modules.json"
     if not modules.is_file():
         return False
-    return any(str(m.get("type", "")).endswith(CLASS_REF) for m in json.loads(modules.read_text()))
+    try:
+        return any(str(m.get("type", "")).endswith(CLASS_REF) for m in json.loads(modules.read_text()))
+    except (ValueError, AttributeError, TypeError):  # a damaged modules.json: the bi-encoder's load names it
+        return False
 
 
 class ContextualSentenceTransformer(EmbeddingModel):
