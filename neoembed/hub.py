@@ -4,6 +4,7 @@ a typo is said at once."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -17,6 +18,7 @@ __all__ = [
     "hub_modules_json",
     "hub_reference",
     "is_packaged_folder",
+    "model_kind",
     "model_name",
     "pinned_snapshot",
     "resolve_packaged",
@@ -45,6 +47,69 @@ def hub_modules_json(name: str) -> bool:
             f"{name!r} is not a local path and the Hugging Face hub could not be asked about it ({e}). "
             "Pass a local folder, or check the id and your network."
         ) from e
+
+
+#: the files a tokenizer is built from (``tokenizer_config.json`` alone builds one of the special tokens)
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "vocab.txt",
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+)
+
+
+def _local_kind(path: Path, tokenizer: str | None) -> str:
+    """'sentence' for a sentence-transformers folder, 'hf' for a plain checkpoint; errors say what is missing."""
+    if (path / "modules.json").is_file():
+        _check_sentence_folder(path, tokenizer)
+        return "sentence"
+    check_model_folder(path)
+    if not any(
+        (path / f).is_file()
+        for f in ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json")
+    ):
+        raise FileNotFoundError(
+            f"{path} has a config.json but no weights (model.safetensors or pytorch_model.bin)"
+        )
+    if tokenizer is None and not any((path / f).is_file() for f in TOKENIZER_FILES):
+        raise FileNotFoundError(
+            f"{path} has no tokenizer files (one of {', '.join(TOKENIZER_FILES)}). Copy them into the folder or "
+            "pass tokenizer=... (a folder or hub id with the model's tokenizer, e.g. 'chandar-lab/NeoBERT')"
+        )
+    return "hf"
+
+
+def _check_sentence_folder(path: Path, tokenizer: str | None) -> None:
+    """A sentence-transformers folder whose files a copy lost: refused naming the file. Without its tokenizer
+    files, transformers builds a tokenizer of the special tokens alone from ``tokenizer_config.json``, and every
+    word encodes as ``[UNK]`` without a warning."""
+    damaged = "copy or save the model again"
+    try:
+        modules = [(str(m["type"]), str(m.get("path", ""))) for m in json.loads((path / "modules.json").read_text())]
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path / 'modules.json'} cannot be read ({type(e).__name__}: {e}): {damaged}") from None
+    for kind, sub in modules:
+        folder, name = path / sub, kind.rsplit(".", 1)[-1]
+        if name in ("Pooling", "Dense") and not (folder / "config.json").is_file():
+            raise FileNotFoundError(f"{path}: its {name} module has no {Path(sub, 'config.json')}: {damaged}")
+        if name != "Transformer":
+            continue
+        if not (folder / "config.json").is_file():
+            raise FileNotFoundError(f"{path}: its Transformer module has no {Path(sub, 'config.json')}: {damaged}")
+        if tokenizer is None and not any((folder / f).is_file() for f in TOKENIZER_FILES):
+            raise FileNotFoundError(
+                f"{folder} has no tokenizer files (one of {', '.join(TOKENIZER_FILES)}): {damaged}, or pass "
+                "tokenizer=... (the model's tokenizer)"
+            )
+
+
+def model_kind(name_or_path: str, tokenizer: str | None = None) -> str:
+    """'sentence' (a sentence-transformers folder or repository) or 'hf' (a plain checkpoint)."""
+    path = Path(name_or_path)
+    if path.exists():
+        return _local_kind(path, tokenizer)
+    return "sentence" if hub_modules_json(name_or_path) else "hf"
 
 
 def check_model_folder(path: Path) -> None:

@@ -36,7 +36,7 @@ from neoembed.encode_checks import (
     empty_result,
     warn_truncation,
 )
-from neoembed.hub import check_model_folder, hub_modules_json, resolve_packaged
+from neoembed.hub import model_kind, resolve_packaged
 from neoembed.instructions import DEFAULT_TEMPLATE, instruction_prefix
 from neoembed.model_card import LOADING_HEADING, PACKAGED_MINILM, base_model_name, with_loading_section
 from neoembed.modeling.positions import position_limit
@@ -61,13 +61,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "vocab.txt",
-    "tokenizer.model",
-    "spiece.model",
-    "sentencepiece.bpe.model",
-)
 DTYPES = {
     "fp32": torch.float32,
     "float32": torch.float32,
@@ -206,51 +199,6 @@ def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
         raise ValueError(f"unknown dtype {dtype!r}; valid: {sorted(DTYPES)}") from None
 
 
-def _local_kind(path: Path, tokenizer: str | None) -> str:
-    """'sentence' for a sentence-transformers folder, 'hf' for a plain checkpoint; errors say what is missing."""
-    if (path / "modules.json").is_file():
-        _check_sentence_folder(path, tokenizer)
-        return "sentence"
-    check_model_folder(path)
-    if not any(
-        (path / f).is_file()
-        for f in ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json")
-    ):
-        raise FileNotFoundError(
-            f"{path} has a config.json but no weights (model.safetensors or pytorch_model.bin)"
-        )
-    if tokenizer is None and not any((path / f).is_file() for f in TOKENIZER_FILES):
-        raise FileNotFoundError(
-            f"{path} has no tokenizer files (one of {', '.join(TOKENIZER_FILES)}). Copy them into the folder or "
-            "pass tokenizer=... (a folder or hub id with the model's tokenizer, e.g. 'chandar-lab/NeoBERT')"
-        )
-    return "hf"
-
-
-def _check_sentence_folder(path: Path, tokenizer: str | None) -> None:
-    """A sentence-transformers folder whose files a copy lost: refused naming the file. Without its tokenizer
-    files, transformers builds a tokenizer of the special tokens alone from ``tokenizer_config.json``, and every
-    word encodes as ``[UNK]`` without a warning."""
-    damaged = "copy or save the model again"
-    try:
-        modules = [(str(m["type"]), str(m.get("path", ""))) for m in json.loads((path / "modules.json").read_text())]
-    except (ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"{path / 'modules.json'} cannot be read ({type(e).__name__}: {e}): {damaged}") from None
-    for kind, sub in modules:
-        folder, name = path / sub, kind.rsplit(".", 1)[-1]
-        if name in ("Pooling", "Dense") and not (folder / "config.json").is_file():
-            raise FileNotFoundError(f"{path}: its {name} module has no {Path(sub, 'config.json')}: {damaged}")
-        if name != "Transformer":
-            continue
-        if not (folder / "config.json").is_file():
-            raise FileNotFoundError(f"{path}: its Transformer module has no {Path(sub, 'config.json')}: {damaged}")
-        if tokenizer is None and not any((folder / f).is_file() for f in TOKENIZER_FILES):
-            raise FileNotFoundError(
-                f"{folder} has no tokenizer files (one of {', '.join(TOKENIZER_FILES)}): {damaged}, or pass "
-                "tokenizer=... (the model's tokenizer)"
-            )
-
-
 def _own_module_classes(name_or_path: str) -> dict:
     """The ``neoembed.*`` module types a local folder's ``modules.json`` names, resolved to the installed classes:
     neoembed's own code, which needs no ``trust_remote_code`` (sentence-transformers asks for it for any type
@@ -356,7 +304,7 @@ def load(
     model_kwargs = {k: v for k, v in given if v is not None}
     name_or_path = str(name_or_path)
     with named_weight_errors(name_or_path):
-        if _kind(name_or_path, tokenizer) == "sentence":
+        if model_kind(name_or_path, tokenizer) == "sentence":
             _refuse_building_options(name_or_path, normalize=normalize, tokenizer=tokenizer)
             model = EmbeddingModel._load_with_module_classes(
                 name_or_path,
@@ -587,14 +535,6 @@ def apply_speedups(
         n = compile_layers(model, compile_mode, dynamic=True)
         logger.info("compiled %d layers (mode %s)", n, compile_mode)
     return model
-
-
-def _kind(name_or_path: str, tokenizer: str | None) -> str:
-    """'sentence' (a sentence-transformers folder or repository) or 'hf' (a plain checkpoint)."""
-    path = Path(name_or_path)
-    if path.exists():
-        return _local_kind(path, tokenizer)
-    return "sentence" if hub_modules_json(name_or_path) else "hf"
 
 
 def convert_to_sentence_transformer(src: str | Path, dst: str | Path, pooling: str | None = None) -> str:
