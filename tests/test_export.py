@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -417,6 +418,21 @@ def test_missing_graph_names_the_folder_files(tiny_export, tiny_official):
         neoembed.load(tiny_official, backend="onnx")  # a model never exported
     with pytest.raises(FileNotFoundError, match=r"neoembed export packaged:all-MiniLM-L6-v2 OUT"):
         neoembed.load("packaged:all-MiniLM-L6-v2", backend="onnx")  # named as given, not by its install path
+    # another folder's graph ran on this folder's tokenizer and pooling (walk S, 25: a 384-wide graph under a
+    # 32-wide model's name); a path out of the folder is refused, one inside it loads
+    other = out.parent / "other.onnx"
+    shutil.copy(out / "onnx" / "model.onnx", other)
+    for name in (str(other), "../other.onnx"):
+        with pytest.raises(ValueError, match=r"is not a file of .*: name a graph of its onnx/ folder"):
+            neoembed.load(out, backend="onnx", file_name=name)
+    same = neoembed.load(out, backend="onnx", file_name="onnx/model.onnx").encode(["a"])
+    assert same == pytest.approx(neoembed.load(out, backend="onnx").encode(["a"]))
+    # an adapter saved alone: the merged model beside it is what exports (walk S, 24: it said to export the adapter)
+    adapter = out.parent / "run" / "adapter"
+    adapter.mkdir(parents=True)
+    (adapter / "adapter_config.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match=r"adapter saved alone.*neoembed export .*run OUT"):
+        neoembed.load(adapter, backend="onnx")
 
 
 def test_a_missing_onnx_package_is_named_with_its_extra_before_any_work(

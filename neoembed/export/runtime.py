@@ -40,10 +40,23 @@ def onnx_file(folder: str | Path, file_name: str | None = None) -> Path:
     """The ONNX file of an exported folder: ``onnx/<file_name>`` (``onnx/model.onnx`` by default)."""
     name = file_name or DEFAULT_FILE
     root = Path(folder)
+    inside = root.resolve()
+    if Path(name).is_absolute() or inside not in (root / name).resolve().parents:
+        # another folder's graph would run on this folder's tokenizer and pooling: a wrong width, or wrong vectors
+        raise ValueError(
+            f"file_name={name!r} is not a file of {root}: name a graph of its {ONNX_SUBFOLDER}/ folder (such as "
+            f"{DEFAULT_FILE!r}), or load the folder that holds {name}"
+        )
     for candidate in (root / name, root / ONNX_SUBFOLDER / Path(name).name):
         if candidate.is_file():
             return candidate
     found = sorted(p.name for p in (root / ONNX_SUBFOLDER).glob("*.onnx"))
+    if not found and (root / "adapter_config.json").is_file():
+        raise FileNotFoundError(
+            f"{root} is a LoRA adapter saved alone, which has no graph of its own: export the model with the "
+            f"adapter merged (neoembed train writes it beside {root.name}/: neoembed export {root.resolve().parent} "
+            "OUT), then load OUT with backend='onnx'"
+        )
     if not found:
         from neoembed.hub import model_name
 
