@@ -913,6 +913,11 @@ def test_data_lost_a_second_writer_into_one_folder_is_refused_naming_the_holder(
         ):
             code, err = _cli(capsys, monkeypatch, *cmd)
             assert code == 2 and f"pid {proc.pid}" in err, (cmd, err)
+        # the folder through a link is the same folder (walk T, 38: both trained, their steps interleaved)
+        link = tmp_path / "link"
+        link.symlink_to(out)
+        code, err = _cli(capsys, monkeypatch, *args[:3], f"output_dir={link}", *RUN, "--resume")
+        assert code == 2 and f"pid {proc.pid}" in err and "in use" in err, err
         assert _snapshot(out) == before  # the refused commands did not touch the folder
     finally:
         proc.kill()  # SIGKILL: no chance to clean up

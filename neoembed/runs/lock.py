@@ -28,8 +28,9 @@ _HELD: dict[str, list[int]] = {}
 
 def lock_path(folder: str | Path) -> Path:
     """The lock file of an output folder: ``.<name>.neoembed-lock`` beside it, so that taking the lock (or being
-    refused it) leaves the folder itself untouched."""
-    folder = Path(os.path.abspath(folder))
+    refused it) leaves the folder itself untouched. Beside the folder a path names after its links are followed:
+    a link to a run's folder is that run, and takes its lock."""
+    folder = Path(os.path.realpath(folder))
     return folder.parent / f".{folder.name}.neoembed-lock"
 
 
