@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -312,6 +313,25 @@ def test_cli_refuses_an_output_folder_that_holds_an_export(tiny_export, tiny_off
     err = capsys.readouterr().err
     stages = [line for line in err.splitlines() if line.startswith("export: ")]
     assert len(stages) == 4 and "tracing model.onnx" in stages[0] and "quantizing" in stages[-1], err
+
+
+def test_an_export_into_the_working_folder_or_a_link_fills_it_in_place(
+    tiny_official, tmp_path, monkeypatch, capsys
+):
+    """``neoembed export MODEL .`` in an empty folder traced the whole export, then failed with "[Errno 22]
+    Invalid argument: '.'" and deleted it; OUT a link to an empty folder, "[Errno 20] Not a directory" (walk S,
+    27 and 28). An existing folder is filled in place: the working folder stays where the shell is."""
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    assert _cli(monkeypatch, "export", str(tiny_official), ".") == 0, capsys.readouterr().err
+    assert (here / "export.json").is_file() and Path.cwd() == here and not list(tmp_path.glob(".*export*"))
+    want = neoembed.load(here, backend="onnx").encode(["a sentence"])
+    (tmp_path / "link").symlink_to(here)
+    assert _cli(monkeypatch, "export", str(tiny_official), str(tmp_path / "link"), "--overwrite") == 0
+    assert (tmp_path / "link").is_symlink() and (here / "export.json").is_file()
+    assert neoembed.load(here, backend="onnx").encode(["a sentence"]) == pytest.approx(want, abs=1e-6)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["here", "link"]  # no staging, lock or old folder left
 
 
 KILLED_EXPORT = """

@@ -278,7 +278,7 @@ def export(
         require_module(module, "onnx", "neoembed export" + (f" --quantize {quantize}" if quantize else ""))
     _refuse_cde(Path(model_path))
     _refuse_adapter(Path(model_path))
-    out = Path(out)
+    out = Path(os.path.realpath(out))  # "." and a link to a folder are the folder they name
     check_output(out, overwrite)
     staged = staging_folder(out)
     with _FinalSaveSignals() as signals:
@@ -328,18 +328,24 @@ def _refuse_adapter(path: Path) -> None:
 
 
 def _move_in(staged: Path, out: Path) -> None:
-    """Rename the finished export to OUT; a previous export there (``--overwrite``) is moved aside first."""
+    """Move the finished export into OUT. A new OUT is the staged folder renamed; an existing one (empty, or a
+    finished export under ``--overwrite``) is filled in place, since it may be the working directory or a link's
+    target, which a rename would leave behind: its old entries are moved aside with ``export.json`` first, the
+    new ones in with it last, so a kill between leaves no folder that passes for a finished export."""
     readable_weights(staged)
-    if out.is_dir() and any(out.iterdir()):
-        aside = out.parent / f".{out.name}.export-old"
-        shutil.rmtree(aside, ignore_errors=True)
-        out.rename(aside)
+    if not out.is_dir():
         staged.rename(out)
-        shutil.rmtree(aside, ignore_errors=True)
         return
-    if out.is_dir():
-        out.rmdir()
-    staged.rename(out)
+    aside = out.parent / f".{out.name}.export-old"
+    shutil.rmtree(aside, ignore_errors=True)
+    aside.mkdir()
+    first = sorted(out.iterdir(), key=lambda p: p.name != EXPORT_RECORD)
+    for entry in first:
+        entry.rename(aside / entry.name)
+    for entry in sorted(staged.iterdir(), key=lambda p: p.name == EXPORT_RECORD):
+        entry.rename(out / entry.name)
+    staged.rmdir()
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def _write(model, model_path: str, out: Path, fmt: str, quantize: str | None) -> dict[str, Any]:
