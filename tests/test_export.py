@@ -326,6 +326,8 @@ def test_an_export_into_the_working_folder_or_a_link_fills_it_in_place(
     monkeypatch.chdir(here)
     assert _cli(monkeypatch, "export", str(tiny_official), ".") == 0, capsys.readouterr().err
     assert (here / "export.json").is_file() and Path.cwd() == here and not list(tmp_path.glob(".*export*"))
+    # the card's loading code names the export (it named the deleted staging folder: walk S, 26)
+    assert 'neoembed.load("here")' in (here / "README.md").read_text()
     want = neoembed.load(here, backend="onnx").encode(["a sentence"])
     (tmp_path / "link").symlink_to(here)
     assert _cli(monkeypatch, "export", str(tiny_official), str(tmp_path / "link"), "--overwrite") == 0
@@ -703,5 +705,5 @@ def test_export_names_a_first_module_it_cannot_write(tmp_path):
     from neoembed.export.onnx import _write
 
     with pytest.raises(ValueError, match="first module is a transformer; m's is Identity"):
-        _write([torch.nn.Identity()], "m", tmp_path / "out", "onnx", None)
+        _write([torch.nn.Identity()], "m", tmp_path / "out", "onnx", None, "out")
     assert not (tmp_path / "out").exists()

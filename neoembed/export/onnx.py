@@ -286,7 +286,7 @@ def export(
             shutil.rmtree(staged, ignore_errors=True)  # left by a killed export
             # fp32 whatever the folder was saved in: ONNX Runtime's CPU kernels have no bf16 MatMul
             model = load(model_path, device="cpu", dtype="fp32")
-            record = _write(model, str(model_path), staged, fmt, quantize)
+            record = _write(model, str(model_path), staged, fmt, quantize, out.name)
             signals.deferring = True  # a signal now waits until OUT is in place
             _move_in(staged, out)
         except _Signalled as e:
@@ -348,13 +348,13 @@ def _move_in(staged: Path, out: Path) -> None:
     shutil.rmtree(aside, ignore_errors=True)
 
 
-def _write(model, model_path: str, out: Path, fmt: str, quantize: str | None) -> dict[str, Any]:
+def _write(model, model_path: str, out: Path, fmt: str, quantize: str | None, name: str) -> dict[str, Any]:
     if getattr(model[0], "auto_model", None) is None:
         raise ValueError(
             f"neoembed export writes the graph of a model whose first module is a transformer; {model_path}'s "
             f"is {type(model[0]).__name__}"
         )
-    model.save(str(out))
+    model.save(str(out), model_name=name)  # the card's loading code names OUT, not the staging folder
     portable_module_types(out / "modules.json")
     graph = out / ONNX_SUBFOLDER / DEFAULT_FILE
     logger.info("export: tracing %s (padded batches) ...", graph.name)  # each stage: seconds to minutes
