@@ -992,6 +992,26 @@ def test_resume_on_changed_card_data_is_refused_naming_the_card(tmp_path, tiny_o
     assert _steps(out) == [1, 2, 3, 4]
 
 
+def test_resume_on_a_base_model_edited_in_place_is_refused_naming_it(tmp_path, tiny_official):
+    """Walk T, 33: a base model folder whose tokenizer was edited in place (the same shapes) was resumed on
+    without a word: the checkpoint brings the weights, the tokenizer loads from the base, and the loss jumped
+    from 0.34 to 1.11. The base model's weights, pipeline files and commit are a resume setting; a copy of the
+    folder elsewhere is the same model."""
+    base = shutil.copytree(tiny_official, tmp_path / "base")
+    out = tmp_path / "run"
+    train(_recipe(out, base, "steps=2"), recipe_dir=TINY.parent)
+    tokenizer = base / "tokenizer_config.json"
+    kept = tokenizer.read_text()
+    tokenizer.write_text(json.dumps({**json.loads(kept), "do_lower_case": False}))
+    before = _snapshot(out)
+    with pytest.raises(OutputDirError, match=r"model_fingerprint: .*\"pipeline\": \"\w+\"} in the folder's run"):
+        train(_recipe(out, base, "steps=4"), recipe_dir=TINY.parent, resume=True)
+    assert _snapshot(out) == before
+    tokenizer.write_text(kept)
+    train(_recipe(out, base, "steps=4"), recipe_dir=TINY.parent, resume=True)
+    assert _steps(out) == [1, 2, 3, 4]
+
+
 def test_a_signal_handled_during_the_stop_reduction_stops_every_process_one_step_later(monkeypatch):
     """`StopSignal.anywhere` on 2 processes: SIGTERM to one of them, handled while it waited in the all-reduce of
     the stop flags, came too late for the other's answer. Answering True there made this process checkpoint and

@@ -200,17 +200,11 @@ def clustering_key(**parts) -> str:
 
 
 def teacher_identity(name: str) -> dict:
-    """What a teacher's embeddings depend on beyond its name, for the cache key and a resume's check: a local
-    folder's weights and pipeline files (retrained in place it keeps its path), a hub id's commit in the cache."""
-    from neoembed.hub import hub_reference, resolve_packaged
-    from neoembed.runs import model_identity, pipeline_sha256
+    """What a teacher's embeddings depend on, for the cache key and a resume's check: its name and
+    :func:`neoembed.runs.model_fingerprint` (a folder's weights and pipeline, a hub id's commit)."""
+    from neoembed.runs import model_fingerprint
 
-    path = resolve_packaged(name)
-    weights, pipeline = model_identity(path)["weights_sha256"], pipeline_sha256(path)
-    return {  # the pipeline too: a pooling changed in place keeps the weights
-        "name": name, "revision": hub_reference(path)[1],
-        "weights": weights[:16] if weights else None, "pipeline": pipeline[:16] if pipeline else None,
-    }  # fmt: skip
+    return {"name": name, **model_fingerprint(name)}
 
 
 def cached_clustering(cache_dir: Path | None, key: str, compute):

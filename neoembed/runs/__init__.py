@@ -82,6 +82,7 @@ from neoembed.runs.results import (
     WEIGHT_SUFFIXES,
     claim_results_dir,
     default_results_dir,
+    model_fingerprint,
     model_identity,
     pipeline_sha256,
 )
@@ -140,6 +141,7 @@ __all__ = [
     "launched_main",
     "lock_path",
     "mlflow_store",
+    "model_fingerprint",
     "model_identity",
     "output_lock",
     "param_groups",

@@ -62,6 +62,21 @@ def pipeline_sha256(model: str) -> str | None:
     return _files_sha256(path, lambda f: f.name in PIPELINE_FILES) if path.is_dir() else None
 
 
+def model_fingerprint(name: str) -> dict[str, str | None]:
+    """What a model computes beyond its name, for a cache key or a resume's check: a local folder's weights and
+    pipeline files (retrained, or its pooling or tokenizer changed, in place it keeps its path), a hub id's commit
+    in the cache (the packaged copy's by its hub id)."""
+    from neoembed.hub import hub_reference, resolve_packaged
+
+    path = resolve_packaged(name)
+    weights, pipeline = model_identity(path)["weights_sha256"], pipeline_sha256(path)
+    return {
+        "revision": hub_reference(path)[1],
+        "weights": weights[:16] if weights else None,
+        "pipeline": pipeline[:16] if pipeline else None,
+    }
+
+
 def default_results_dir(model: str, root: str | Path = "results") -> Path:
     """``results/<name>-<8 hex digits of the model's resolved path>``: two models never share a default folder,
     even when both are called ``checkpoint-8``. The name is a local folder's label (a run's ``model`` or

@@ -58,6 +58,7 @@ from neoembed.runs import (
     check_trackers,
     check_weight_files,
     launched_main,
+    model_fingerprint,
     prepare_output_dir,
     resume_defaults,
     resume_settings,
@@ -316,10 +317,12 @@ def train(
     datasets, cards, batch_sizes, reports, held, holdout = _training_data(recipe, recipe_dir)
     full_sizes = [reports[name].full_size or len(datasets[name]) for name in datasets]
     no_duplicates = _batch_plans(recipe, datasets, batch_sizes)
-    settings = resume_settings(recipe, per_process_batch=True) | (data := card_fingerprints(cards))
+    # the base model by content too: a resume loads its tokenizer and configuration beside the checkpoint's weights
+    data = card_fingerprints(cards) | {"model_fingerprint": model_fingerprint(recipe.model)}
+    settings = resume_settings(recipe, per_process_batch=True) | data
     checkpoint = prepare_output_dir(
         output, command="train", overwrite=overwrite, resume=resume, settings=settings,
-        defaults=resume_defaults(recipe, per_process_batch=True) | data,  # a run from before data.* resumes
+        defaults=resume_defaults(recipe, per_process_batch=True) | data,  # a run from before these keys resumes
         main_process=launched_main(), inputs=(recipe.model, *local_data_paths(cards)),
     )  # fmt: skip
     _check_checkpoint_format(checkpoint)
