@@ -103,6 +103,16 @@ def training_prompts(instructions: Sequence[str | None], template: str) -> dict[
     return {"query": prefixes.pop() if len(prefixes) == 1 else "", "document": ""}
 
 
+def best_checkpoint_sentence(best: dict | None) -> str:
+    """The model card's sentence on which checkpoint the final model is (``keep_best``'s record; "" without)."""
+    if best is None:
+        return ""
+    return (
+        f" The final model is the checkpoint of step {best['step']} of {best['last_step']}, the best by "
+        f"eval_{best['metric']} ({best['mode']}): {best['value']:.6g}."
+    )
+
+
 def model_card_text(
     model_id: str,
     base_model: str | None,

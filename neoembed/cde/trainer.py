@@ -58,7 +58,7 @@ from neoembed.data.cards import (
 )
 from neoembed.data.check import require_hub
 from neoembed.loop import RunLoop, StepOutput, accelerator, adamw, check_engine, mean_loss_and_stop
-from neoembed.model_card import base_model_name, based_on, training_prompts
+from neoembed.model_card import base_model_name, based_on, best_checkpoint_sentence, training_prompts
 from neoembed.recipe import resolve_recipe_path
 from neoembed.runs import (
     TrainingStopped,
@@ -268,7 +268,7 @@ def _model_card(recipe: CDERecipe, cards, steps: int, best: dict | None = None) 
         f"{recipe.context.n_context} context vectors, {recipe.context.n_soft_prompt} soft-prompt vectors, "
         f"{steps} steps, batch {recipe.batch_size}, temperature {recipe.temperature}"
         + (f", Matryoshka dimensions {recipe.matryoshka.dims}." if recipe.matryoshka else ".")
-        + _best_sentence(best),
+        + best_checkpoint_sentence(best),
         "",
         "## Usage",
         "",
@@ -291,16 +291,6 @@ def _model_card(recipe: CDERecipe, cards, steps: int, best: dict | None = None) 
         flag = " — research use only" if card.research_only else ""
         lines.append(f"- {card.name}: licence {card.license}{flag}")
     return "\n".join(lines) + "\n"
-
-
-def _best_sentence(best: dict | None) -> str:
-    """The model card's sentence on which checkpoint the final model is (``keep_best``)."""
-    if best is None:
-        return ""
-    return (
-        f" The final model is the checkpoint of step {best['step']} of {best['last_step']}, the best by "
-        f"eval_{best['metric']} ({best['mode']}): {best['value']:.6g}."
-    )
 
 
 def _accelerator(recipe: CDERecipe):

@@ -48,7 +48,7 @@ from neoembed.data.sampler import check_contrast, dataset_probabilities, plan_no
 from neoembed.instructions import instruction_prefix
 from neoembed.loop import RunLoop, adamw, check_engine
 from neoembed.losses import MaskTally, build_loss
-from neoembed.model_card import base_model_name, training_prompts
+from neoembed.model_card import base_model_name, best_checkpoint_sentence, training_prompts
 from neoembed.modeling.positions import position_limit
 from neoembed.recipe import RecipeError, resolve_recipe_path
 from neoembed.runs import (
@@ -150,16 +150,6 @@ def _query_prompt(recipe: UnifiedRecipe, cards) -> str:
     return training_prompts(instructions, recipe.template)["query"]
 
 
-def _best_line(best: dict | None) -> str:
-    """The model card's sentence on which checkpoint the final model is (``keep_best``)."""
-    if best is None:
-        return ""
-    return (
-        f" The final model is the checkpoint of step {best['step']} of {best['last_step']}, the best by "
-        f"eval_{best['metric']} ({best['mode']}): {best['value']:.6g}."
-    )
-
-
 def _objective_notes(recipe: UnifiedRecipe) -> str:
     """The model card's sentences on what the run optimised: the loss, its options, GradCache, LoRA."""
     contrastive = "GTE's improved contrastive loss" if recipe.improved_contrastive else "InfoNCE"
@@ -225,7 +215,7 @@ def _model_card(
         batch = f"batch size {sizes.pop() if sizes else recipe.batch_size}"
     notes = (
         f"{_objective_notes(recipe)} Dataset sampling alpha {recipe.alpha}, {batch}, max length "
-        f"{recipe.max_length}, seed {recipe.seed}.{_best_line(best)}"
+        f"{recipe.max_length}, seed {recipe.seed}.{best_checkpoint_sentence(best)}"
     )
     trained = recipe.steps if trained is None else trained
     steps = f"{trained}" + (f" of the {recipe.steps} planned" if trained < recipe.steps else "")
