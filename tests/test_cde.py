@@ -484,12 +484,21 @@ def test_a_teacher_retrained_in_place_is_not_read_from_the_cache(tmp_path, minil
                                    "pooling_mode_cls_token": True}))  # fmt: skip
     trainer._teacher_pass(recipe, source(), progress=False)
     assert calls == [16, 16, 16, 16, 16, 16]
-    run = _recipe(tmp_path / "run", tiny_official, "steps=2", "save_steps=2", *overrides)
+    base = shutil.copytree(tiny_official, tmp_path / "base")
+    run = _recipe(tmp_path / "run", base, "steps=2", "save_steps=2", *overrides)
     train_cde(run, recipe_dir=CDE_TINY.parent, progress=False)
+    kept = weights.read_bytes()
     save_file({k: v * 1.01 for k, v in load_file(str(weights)).items()}, str(weights), metadata={"format": "pt"})
     said = r"clustering.teacher_identity: .*\"weights\": \"\w+\", \"pipeline\": \"\w+\"} in the folder's run"
+    more = run.model_copy(update={"steps": 4})
     with pytest.raises(Exception, match=said):
-        train_cde(run.model_copy(update={"steps": 4}), recipe_dir=CDE_TINY.parent, resume=True, progress=False)
+        train_cde(more, recipe_dir=CDE_TINY.parent, resume=True, progress=False)
+    # the backbone's tokenizer edited in place: its tokenizer loads beside the checkpoint's weights (walk T, 33)
+    weights.write_bytes(kept)
+    tokenizer = base / "tokenizer_config.json"
+    tokenizer.write_text(json.dumps({**json.loads(tokenizer.read_text()), "do_lower_case": False}))
+    with pytest.raises(Exception, match=r"\n  - model_fingerprint: .*\"pipeline\": \"\w+\"} in the folder's run"):
+        train_cde(more, recipe_dir=CDE_TINY.parent, resume=True, progress=False)
 
 
 # --------------------------------------------------------------------------------------------- the trainer

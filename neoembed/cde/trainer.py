@@ -65,6 +65,7 @@ from neoembed.runs import (
     check_output_flags,
     check_pairs,
     check_weight_files,
+    model_fingerprint,
     prepare_output_dir,
     require_module,
     resume_defaults,
@@ -403,6 +404,15 @@ def _require_faiss(recipe: CDERecipe) -> None:
         )
 
 
+def _inputs_by_content(recipe: CDERecipe, cards) -> dict:
+    """What a resume compares beside the recipe: the cards' data, the backbone (a resume loads its tokenizer and
+    configuration beside the checkpoint's weights) and, where its embeddings make the batches or negatives, the
+    teacher, each by content (a folder edited in place keeps its path)."""
+    uses = recipe.clustering.enabled or recipe.filtering.enabled
+    teacher = {"clustering.teacher_identity": teacher_identity(recipe.clustering.teacher)} if uses else {}
+    return card_fingerprints(cards) | {"model_fingerprint": model_fingerprint(recipe.model)} | teacher
+
+
 def train_cde(
     recipe: CDERecipe,
     recipe_dir: Path | None = None,
@@ -426,12 +436,11 @@ def train_cde(
     # before the data: a big card takes minutes
     check_output_flags(output, overwrite=overwrite, resume=resume, command="train")
     sources, cards = prepare_sources(recipe, recipe_dir)
-    uses = recipe.clustering.enabled or recipe.filtering.enabled  # its batches or negatives: the teacher's weights
-    teacher = {"clustering.teacher_identity": teacher_identity(recipe.clustering.teacher)} if uses else {}
-    settings = resume_settings(recipe) | (data := card_fingerprints(cards)) | teacher
+    data = _inputs_by_content(recipe, cards)
+    settings = resume_settings(recipe) | data
     checkpoint = prepare_output_dir(
         output, command="train", overwrite=overwrite, resume=resume, settings=settings,
-        defaults=resume_defaults(recipe) | data | teacher,  # a run recorded before data.* resumes as before
+        defaults=resume_defaults(recipe) | data,  # a run recorded before these keys resumes as before
         main_process=acc.is_main_process, inputs=(recipe.model, *local_data_paths(cards)),
     )  # fmt: skip
     check_weight_files(recipe.model)
