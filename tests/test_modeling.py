@@ -325,6 +325,28 @@ def test_yarn_factor_one_is_plain_rope_and_limits_length():
         )
 
 
+@pytest.mark.parametrize(
+    "given", [{"rope_parameters": {"rope_type": "yarn", "factor": 2.0}}, {"rope_scaling": {"type": "yarn", "factor": 2}}]
+)
+def test_yarn_given_to_from_pretrained_equals_yarn_in_the_config(tiny_official, tmp_path, given):
+    """backbone.md's long-context line: from_pretrained(..., rope_parameters={"rope_type": "yarn", "factor": 2})
+    (or the older rope_scaling=) crashed in transformers' YaRN function with "NoneType ** Tensor" (walk U): the
+    mapping is set on the loaded config, after the standardisation that fills rope_theta ran. It equals the
+    checkpoint saved with YaRN in its config.json, past the trained length."""
+    config = json.loads((tiny_official / "config.json").read_text())
+    saved = tmp_path / "yarn"
+    shutil.copytree(tiny_official, saved)
+    yarn = {"rope_type": "yarn", "factor": 2.0}
+    (saved / "config.json").write_text(json.dumps({**config, "rope_parameters": yarn}))
+    want = AutoModel.from_pretrained(saved).eval()
+    got = AutoModel.from_pretrained(tiny_official, **given).eval()
+    assert got.config.rope_parameters == want.config.rope_parameters and got.config.max_sequence_length == 8192
+    ids, mask = random_batch([4200, 17])
+    with torch.no_grad():
+        a = want(input_ids=ids, attention_mask=mask).last_hidden_state
+        assert torch.equal(a, got(input_ids=ids, attention_mask=mask).last_hidden_state)
+
+
 def _yarn_of_the_previous_code(
     dim: int, base: float, original: int, factor: float, beta_fast=32.0, beta_slow=1.0
 ):

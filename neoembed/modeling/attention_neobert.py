@@ -22,7 +22,7 @@ from torch import nn
 from transformers import AttentionInterface
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, dynamic_rope_update
 
-from .configuration_neobert import ATTN_IMPLEMENTATIONS, NeoBERTConfig
+from .configuration_neobert import ATTN_IMPLEMENTATIONS, NeoBERTConfig, _from_rope_scaling
 
 
 class NeoBERTRotaryEmbedding(nn.Module):
@@ -38,6 +38,12 @@ class NeoBERTRotaryEmbedding(nn.Module):
 
     def __init__(self, config: NeoBERTConfig, device=None):
         super().__init__()
+        if (config.rope_parameters or {}).get("rope_theta") is None:
+            # a mapping set on a built config, as from_pretrained(..., rope_parameters=...) or rope_scaling=...
+            # sets it: transformers standardises RoPE settings only as a config is built, so it is built again
+            params = _from_rope_scaling(config.rope_parameters or {})  # unset values dropped, "type" read
+            built = type(config).from_dict({**config.to_dict(), "rope_parameters": params})
+            config.rope_parameters = built.rope_parameters
         self.config = config
         self.rope_type = config.rope_type
         # read by transformers' dynamic_rope_update (the "dynamic" scaling recomputes past this length)
