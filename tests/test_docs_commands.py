@@ -137,7 +137,7 @@ HOW = {
         "neoembed mine CARD --model MODEL --out runs/mined-hnsw/ --corpus OTHER_CARD --index hnsw"
         " --cross-encoder CROSS_ENCODER": "shape",  # no trained cross-encoder offline: tests/test_mine.py rescores
         "neoembed mine CARD --model MODEL --out runs/mined/ --resume": "run",
-        "neoembed train my.yaml 'datasets=[{card: runs/mined/msrp_pairs_mined.yaml}]'": "run",
+        "neoembed train tiny 'datasets=[{card: runs/mined/msrp_pairs_mined.yaml}]'": "run",
     },
     "own-data.md": {
         "neoembed init pairs.jsonl --out mydata --model packaged:all-MiniLM-L6-v2": "own-data",
