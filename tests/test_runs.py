@@ -661,7 +661,15 @@ def test_poor_identical_rows_warn(tmp_path, tiny_official, caplog):
         prepare_datasets(recipe, TINY.parent)
     said = caplog.text
     assert "64 of 64 pairs have the query equal to its positive" in said
-    assert "63 of 64 pairs repeat another pair" in said
+    assert "63 of 64 pairs repeat another pair (1 distinct, one pair: nothing to contrast, the loss is 0)" in said
+    # ten pairs four times each: fewer negatives, not a loss of 0 (it said "the loss is 0": walk T, 23)
+    rows = [{"q": f"question {i}", "p": f"answer {i}"} for i in range(10)] * 4
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="neoembed.runs"):
+        prepare_datasets(recipe, TINY.parent)
+    assert "30 of 40 pairs repeat another pair (10 distinct, each 4.0 times on average" in caplog.text
+    assert "loss is 0" not in caplog.text
 
 
 def test_poor_zero_loss_and_gradient_for_20_logged_steps_warns(tmp_path, caplog):

@@ -78,8 +78,8 @@ def check_weight_files(folder: str | Path) -> None:
 def check_pairs(name: str, queries: list[str], positives: list[str], as_query=lambda text: text) -> list[str]:
     """Warnings for a training set that cannot teach much: over half of its pairs have the query equal to the
     positive (``as_query`` formats a positive the way queries were, instruction included), or over half are
-    repeats of another pair (masked as false negatives, they leave no negative: the loss is 0). Each warning is
-    logged and returned."""
+    repeats of another pair (masked as false negatives, they leave their queries fewer negatives; all one pair,
+    none: the loss is 0). Each warning is logged and returned."""
     same = sum(q == as_query(p) for q, p in zip(queries, positives, strict=True))
     distinct = len(set(zip(queries, positives, strict=True)))
     return check_pair_counts(name, len(queries), same, distinct)
@@ -96,9 +96,15 @@ def check_pair_counts(name: str, pairs: int, same: int, distinct: int) -> list[s
             "a text with itself. Check the card's columns (query and positive may name the same column)"
         )
     if n - distinct > n / 2:
+        effect = (
+            "one pair: nothing to contrast, the loss is 0"
+            if distinct <= 1
+            else f"each {n / distinct:.1f} times on average: a repeat in a batch is masked as a false negative of its "
+            "twin, leaving its query fewer negatives, and the run sees the same few pairs again and again"
+        )
         found.append(
-            f"dataset {name}: {n - distinct} of {n} pairs repeat another pair ({distinct} distinct): in a batch "
-            "they are masked as false negatives and the loss is 0. Deduplicate the data"
+            f"dataset {name}: {n - distinct} of {n} pairs repeat another pair ({distinct} distinct, {effect}). "
+            "Deduplicate the data"
         )
     for w in found:
         logger.warning("degenerate data: %s", w)
