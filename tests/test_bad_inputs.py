@@ -9,6 +9,7 @@ import json
 import shutil
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from test_runs import _cli  # neoembed ARGS in this process: (exit code, stderr + stdout)
 
@@ -33,6 +34,12 @@ def _recipe_on(tmp_path: Path, data: str, fmt: str = "json") -> Path:
     return recipe
 
 
+def _parquet(path: Path) -> Path:
+    rows = [json.loads(line) for line in (TINY / "rows" / "pydoc_names.jsonl").read_text().splitlines()]
+    pd.DataFrame(rows).to_parquet(path)
+    return path
+
+
 def _truncated_gz(path: Path) -> Path:
     path.write_bytes(gzip.compress((TINY / "rows" / "pydoc_names.jsonl").read_bytes())[:3000])
     return path
@@ -44,8 +51,10 @@ def _truncated_gz(path: Path) -> Path:
         (lambda d: (d / "sub" / "deeper").mkdir(parents=True) or d / "sub", "holds no files"),
         (lambda d: (d / "nl.jsonl").write_text("\n") and d / "nl.jsonl", "holds no rows"),
         (lambda d: _truncated_gz(d / "rows.jsonl.gz"), "complete .gz"),
+        # a Parquet file under format: json said "not UTF-8 text ... iconv -f latin1" (walk T, 22)
+        (lambda d: _parquet(d / "rows.parquet"), "is Parquet data, not json: set the card's format to parquet"),
     ],
-    ids=["folder", "newline-only", "truncated-gz"],
+    ids=["folder", "newline-only", "truncated-gz", "parquet-as-json"],
 )
 def test_unreadable_card_data_is_named(tmp_path, capsys, monkeypatch, make, expect):
     data = make(tmp_path)

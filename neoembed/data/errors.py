@@ -68,6 +68,8 @@ def explain_unreadable(path: Path, error: BaseException, fmt: str = "json") -> s
     no rows; a parquet file that pyarrow cannot open. Else the loader's own error. (The datasets library
     names neither.)"""
     path = Path(path)
+    if path.is_file() and (other := _other_format(path, fmt)) is not None:
+        return f"{path} is {other} data, not {fmt}: set the card's format to {other.lower()} (source.local.format)"
     if path.is_file():
         try:
             reason = _explain_parquet(path) if fmt == "parquet" else _explain_text(path, fmt)
@@ -77,6 +79,18 @@ def explain_unreadable(path: Path, error: BaseException, fmt: str = "json") -> s
             return reason
     error = error.__cause__ or error  # datasets wraps its reader's error in "An error occurred ..."
     return f"{path}: cannot be read as data: {type(error).__name__}: {error}"
+
+
+def _other_format(path: Path, fmt: str) -> str | None:
+    """The format a file's first bytes show where the card names another: a Parquet file starts with ``PAR1``
+    (read as text, its first line is "not UTF-8"), JSON lines with ``{``."""
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if fmt != "parquet" and head == b"PAR1":
+        return "Parquet"
+    if fmt == "parquet" and head[:1] == b"{":
+        return "JSON"
+    return None
 
 
 class _NotUtf8(Exception):
