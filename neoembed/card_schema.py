@@ -224,15 +224,28 @@ class TrainingCard(_Strict):
     instruction: str | None = None
     license: str | None = None
     # rows of the full dataset (before max_rows); pi_i uses it where the data is not counted (a dry run)
-    size: int | None = None
+    size: Annotated[int, Field(ge=1)] | None = None
     # the share of rows the card expects to drop (missing values the evidence shows); losing more is an error.
     # "unknown": the evidence publishes no share. Dropped rows are still counted per reason and reported as a
     # warning with the measured share (and how to pin it), but never stop the run.
-    expected_loss: Annotated[float, Field(ge=0.0, le=1.0)] | Literal["unknown"] = 0.0
+    expected_loss: float | Literal["unknown"] = 0.0
     schema_: DeclaredSchema | None = Field(None, alias="schema")
     notes: str | None = None
     # how the data was made, for cards written by tools (``neoembed mine``: source card, model, index, counts)
     provenance: dict[str, Any] | None = None
+
+    @field_validator("expected_loss", mode="before")
+    @classmethod
+    def _share(cls, v):  # one message for the union (pydantic reports each member's failure apart)
+        if v == "unknown":
+            return v
+        try:
+            share = None if isinstance(v, bool) else float(v)
+        except (TypeError, ValueError):
+            share = None
+        if share is None or not 0.0 <= share <= 1.0:
+            raise ValueError("expected a share of the rows from 0 to 1, or 'unknown'")
+        return share
 
     @property
     def pinned(self) -> bool:
@@ -305,7 +318,7 @@ class CorpusCard(_Strict):
     source: Source
     columns: CorpusColumns = CorpusColumns()
     license: str | None = None
-    size: int | None = None
+    size: Annotated[int, Field(ge=1)] | None = None
     notes: str | None = None
 
 

@@ -701,6 +701,25 @@ def _hub(monkeypatch, reachable: bool) -> _Session:
     return session
 
 
+@pytest.mark.parametrize(
+    ("key", "value", "said"),
+    [
+        ("size", -5, r"'size': Input should be greater than or equal to 1 \(got -5\)"),
+        ("expected_loss", 1.5, r"'expected_loss': Value error, expected a share of the rows from 0 to 1, or 'unknown'"),
+        ("expected_loss", "lots", r"'expected_loss': Value error, expected a share .* \(got 'lots'\)$"),
+    ],
+)
+def test_a_card_value_out_of_range_is_one_error_naming_its_key(tmp_path, key, value, said):
+    """Walk T, 25: `size: -5` passed (a NOTE at most); `expected_loss: 1.5` said two things in pydantic's words,
+    one of them 'expected_loss.constrained-float'."""
+    raw = load_card(REPO / "data_cards" / "qqp.yaml")[0].model_dump(by_alias=True, exclude_none=True)
+    card = tmp_path / "c.yaml"
+    card.write_text(json.dumps({**raw, key: value}))
+    with pytest.raises(DataCardError, match=said) as e:
+        load_card(card)
+    assert str(e.value).count("\n  - ") == 1 and "constrained" not in str(e.value)
+
+
 def test_data_check_compares_the_declared_schema_with_the_live_features(monkeypatch):
     _hub(monkeypatch, reachable=True)
     card, _ = load_card(REPO / "data_cards" / "wikihow.yaml")
