@@ -272,6 +272,12 @@ def load_recipe(
         data = source
     else:
         path = resolve_named_file(source, "recipes")
+        if path.is_dir():
+            yamls = sorted(p.name for p in path.glob("*.yaml"))
+            raise RecipeError(
+                f"{path} is a folder, not a recipe file: name a .yaml file"
+                + (f" (it holds {', '.join(yamls[:5])}{', ...' if len(yamls) > 5 else ''})" if yamls else "")
+            )
         try:
             data = load_yaml(path.read_text(encoding="utf-8")) or {}
         except yaml.YAMLError as e:

@@ -57,6 +57,13 @@ def test_unknown_recipe_name_lists_shipped_ones():
         load_recipe("no-such-recipe", Demo)
 
 
+def test_a_folder_given_as_the_recipe_names_its_recipes(tmp_path):
+    """Walk T, 13: `neoembed train FOLDER` said "[Errno 21] Is a directory"."""
+    (tmp_path / "mine.yaml").write_text("seed: 1\n")
+    with pytest.raises(RecipeError, match=r"is a folder, not a recipe file: name a .yaml file \(it holds mine.yaml\)"):
+        load_recipe(tmp_path, Demo)
+
+
 def test_seed_everything_repeats_numbers():
     seed_everything(5)
     a = torch.rand(3)
