@@ -1000,6 +1000,26 @@ def test_resume_on_changed_card_data_is_refused_naming_the_card(tmp_path, tiny_o
     assert _steps(out) == [1, 2, 3, 4]
 
 
+def test_a_changed_dataset_entry_or_card_is_said_by_its_key():
+    """Walk T, 30-31: a resume with one dataset's max_rows changed printed both `datasets` lists whole (600
+    characters each) to compare by eye; a card whose instruction changed showed two hashes and no hint of what
+    they stand for."""
+    from neoembed.runs.folder import _differences
+
+    then = {"datasets": [{"card": "a", "max_rows": 64}, {"card": "b", "max_rows": None}], "data.a": "cb01"}
+    now = {"datasets": [{"card": "a", "max_rows": 60}, {"card": "b", "max_rows": None}], "data.a": "be2f"}
+    assert _differences(then, now, {}) == [
+        'data.a: "cb01" in the folder\'s run, "be2f" now (the card\'s source, columns, filter, labels, instruction '
+        "or size, or its data files differ)",
+        "datasets.0.max_rows: 64 in the folder's run, 60 now",
+    ]
+    swapped = {"datasets": list(reversed(now["datasets"])), "data.a": "cb01"}
+    assert [line.split(":")[0] for line in _differences(now | {"data.a": "cb01"}, swapped, {})] == [
+        "datasets.0.card", "datasets.0.max_rows", "datasets.1.card", "datasets.1.max_rows"
+    ]  # fmt: skip
+    assert _differences(then, then, {}) == []
+
+
 def test_resume_on_a_base_model_edited_in_place_is_refused_naming_it(tmp_path, tiny_official):
     """Walk T, 33: a base model folder whose tokenizer was edited in place (the same shapes) was resumed on
     without a word: the checkpoint brings the weights, the tokenizer loads from the base, and the loss jumped

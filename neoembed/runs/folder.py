@@ -212,12 +212,31 @@ def _differences(saved: dict[str, Any], now: dict[str, Any], defaults: dict[str,
     saved, now, defaults = (_gathered(d, sections) for d in (saved, now, defaults))
     # a key the folder's run predates is no difference while it is at its default now
     keys = sorted(k for k in set(saved) | set(now) if k in saved or now[k] != defaults.get(k, missing))
-    return [
-        f"{k}: {json.dumps(saved.get(k, missing), default=str)} in the folder's run, "
-        f"{json.dumps(now.get(k, missing), default=str)} now"
-        for k in keys
-        if trajectory_value(k, saved.get(k, missing)) != trajectory_value(k, now.get(k, missing))
-    ]
+    return [line for k in keys for line in _differing(k, saved.get(k, missing), now.get(k, missing))]
+
+
+#: what a hashed setting's value stands for, said beside a difference in it (the hashes themselves say nothing)
+HASHED = {
+    "data.": "the card's source, columns, filter, labels, instruction or size, or its data files differ",
+    "model_fingerprint": "the model's weights, its configuration and tokenizer files (pipeline), or its commit",
+}
+
+
+def _differing(key: str, then: Any, now: Any) -> list[str]:
+    """The lines that say how setting ``key`` differs ([] where it trains the same run). Two lists of mappings
+    of one length (``datasets``) are compared item by item and key by key, each difference on its own line."""
+    if trajectory_value(key, then) == trajectory_value(key, now):
+        return []
+    if isinstance(then, list) and isinstance(now, list) and len(then) == len(now):
+        if all(isinstance(item, dict) for item in then + now):
+            return [
+                line
+                for i, (a, b) in enumerate(zip(then, now, strict=True))
+                for field in dict.fromkeys([*a, *b])
+                for line in _differing(f"{key}.{i}.{field}", a.get(field, "(not set)"), b.get(field, "(not set)"))
+            ]
+    hint = next((f" ({said})" for prefix, said in HASHED.items() if key.startswith(prefix)), "")
+    return [f"{key}: {json.dumps(then, default=str)} in the folder's run, {json.dumps(now, default=str)} now{hint}"]
 
 
 def _gathered(flat: dict[str, Any], sections: set[str]) -> dict[str, Any]:
@@ -233,7 +252,8 @@ def _gathered(flat: dict[str, Any], sections: set[str]) -> dict[str, Any]:
 def trajectory_value(key: str, value: Any) -> Any:
     """``value`` of setting ``key`` as the run it trains (:data:`SAME_TRAJECTORY`); a local path as the folder or
     file it names (``models/base/`` and ``./models/base`` are one model), inside lists and mappings too (a
-    source's ``path``); a path in :data:`BY_CONTENT` not at all."""
+    source's ``path``, also as ``data.sources.0.path``); a path in :data:`BY_CONTENT` not at all."""
+    key = ".".join(part for part in key.split(".") if not part.isdigit())  # a list item's key is the list's
     if isinstance(value, list):
         return [trajectory_value(key, v) for v in value]
     if isinstance(value, dict):
