@@ -9,6 +9,7 @@ base encoder in ``cde_adapter.json``) loads as a :class:`~neoembed.cde.model.Con
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,11 @@ def load(
     :data:`CDE_OPTIONS`, ``prompts`` and ``truncate_dim``; a bi-encoder everything :func:`neoembed.sentence.load`
     takes. Remote code runs only where ``trust_remote_code=True`` is passed.
     """
+    if not isinstance(name_or_path, str | os.PathLike):
+        raise TypeError(
+            f"load: the model is a folder or a hub id (a str or a path), got {type(name_or_path).__name__} "
+            f"{name_or_path!r}"
+        )
     if backend not in ("torch", "onnx"):
         raise ValueError(f"unknown backend {backend!r}: choose 'torch' or 'onnx'")
     if quantize is not None and quantize not in QUANTIZE:

@@ -81,6 +81,9 @@ def build_prompts(
 
     The paper puts the task instruction before queries and nothing before documents; ``extra`` adds more
     named prompts (for instance mteb's per-task keys ``"<TaskName>-query"`` / ``"<TaskName>"``)."""
+    for name, given in (("query_instruction", query_instruction), ("document_instruction", document_instruction)):
+        if not isinstance(given, str | None):
+            raise TypeError(f"build_prompts: {name} must be a string or None, got {given!r}")
     prompts = {
         "query": instruction_prefix(query_instruction, template),
         "document": instruction_prefix(document_instruction, template),
@@ -115,6 +118,8 @@ class EmbeddingModel(SentenceTransformer):
                     call.get("convert_to_numpy", True),
                 )  # fmt: skip
             check_items(items)
+            if not isinstance(call.get("prompt"), str | None):
+                raise TypeError(f"prompt must be a string (the text put before each input), got {call['prompt']!r}")
         try:
             if isinstance(items, Sequence):
                 prompt = self._resolve_prompt(call.get("prompt"), call.get("prompt_name"))

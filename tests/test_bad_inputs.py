@@ -195,6 +195,22 @@ def test_a_model_folder_missing_a_file_is_refused_naming_it(tmp_path, damage, sa
         neoembed.load(model)
 
 
+def test_wrongly_typed_api_arguments_are_named(minilm_path):
+    """Walk S, 5, 7 and 9: load(None) said "expected str, bytes or os.PathLike object, not NoneType";
+    encode(..., prompt=1) "object of type 'int' has no len()"; build_prompts(3) returned {"query": "3 ", ...}."""
+    import neoembed
+    from neoembed.sentence import build_prompts
+
+    for model in (None, 123):
+        with pytest.raises(TypeError, match="load: the model is a folder or a hub id"):
+            neoembed.load(model)
+    for instruction in (3, ["a", "b"]):
+        with pytest.raises(TypeError, match="build_prompts: query_instruction must be a string or None"):
+            build_prompts(instruction)
+    with pytest.raises(TypeError, match="prompt must be a string"):
+        neoembed.load(minilm_path).encode(["a"], prompt=1)
+
+
 def test_tokenizer_larger_than_the_vocabulary_is_refused(tmp_path, minilm_path):
     import neoembed
 
