@@ -93,7 +93,7 @@ def _check_sentence_folder(path: Path, tokenizer: str | None) -> None:
         folder, name = path / sub, kind.rsplit(".", 1)[-1]
         if name in ("Pooling", "Dense") and not (folder / "config.json").is_file():
             raise FileNotFoundError(f"{path}: its {name} module has no {Path(sub, 'config.json')}: {damaged}")
-        if name != "Transformer":
+        if name != "Transformer" or (folder / "adapter_config.json").is_file():  # an adapter: its base's files
             continue
         if not (folder / "config.json").is_file():
             raise FileNotFoundError(f"{path}: its Transformer module has no {Path(sub, 'config.json')}: {damaged}")
