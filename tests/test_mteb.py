@@ -462,6 +462,13 @@ def test_summary_averages_by_hand(tmp_path):
     assert written["mean"] == pytest.approx(0.6)
     assert "| m | 40.00 | 70.00 | 60.00 | 3 (partial) |" in (tmp_path / "summary.md").read_text()
     assert "| 40.00 | 70.00 | 60.00 | 3 (partial) |" in compare_runs([tmp_path])
+    # which metric the numbers are (a newcomer found map_at_1000 only in the task's JSON: walk X, 19)
+    for name, metric in (("A", "cosine_spearman"), ("B", "cosine_spearman"), ("C", "ndcg_at_10")):
+        (tmp_path / f"{name}.json").write_text(json.dumps({**results[name], "main_score_name": metric}))
+    write_summary(tmp_path, "m")
+    said = "main score x 100: A cosine_spearman, B cosine_spearman, C ndcg_at_10; a type's column is the mean"
+    assert said in (tmp_path / "summary.md").read_text()
+    assert said in compare_runs([tmp_path])
 
 
 def test_instruction_sets_and_prompt_keys(tmp_path):

@@ -7,6 +7,7 @@ import csv
 import io
 import json
 import logging
+from collections import Counter
 from pathlib import Path
 
 from neoembed.eval.task_types import TASK_TYPES
@@ -54,6 +55,7 @@ def summarize(results: dict[str, dict], model: str, full_suite: dict[str, int] |
         "differs_from_mteb": {
             n: e["differs_from_mteb"] for n, e in sorted(results.items()) if e.get("differs_from_mteb")
         },
+        "metrics": {n: e.get("main_score_name") for n, e in sorted(results.items())},  # each task's main score
         "per_type": {t: sum(by_type[t]) / len(by_type[t]) for t in types},
         "tasks_per_type": {t: len(by_type[t]) for t in types},
         "mean": sum(scores) / len(scores) if scores else None,  # None: no task scored (JSON has no NaN)
@@ -206,7 +208,20 @@ def _markdown(rows: list[dict]) -> str:
         f"\nNot the mteb task's data: {t} ({why}): its score does not compare with published ones.\n"
         for t, why in sorted(differs.items())
     )
-    return _settings_line(rows) + note + head + "\n".join(lines) + "\n" + footnote
+    return _settings_line(rows) + note + head + "\n".join(lines) + "\n" + footnote + _metrics_line(rows)
+
+
+def _metrics_line(rows: list[dict]) -> str:
+    """What the numbers are: each task's main score x 100, named per task (a handful) or counted per metric."""
+    metrics = {t: m for r in rows for t, m in r.get("metrics", {}).items() if m}
+    if not metrics:
+        return ""
+    if len(metrics) <= 6:
+        said = ", ".join(f"{t} {m}" for t, m in sorted(metrics.items()))
+    else:
+        counts = Counter(metrics.values())
+        said = ", ".join(f"{m} ({n} tasks)" for m, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+    return f"\nScores are each task's main score x 100: {said}; a type's column is the mean of its tasks.\n"
 
 
 def _csv(rows: list[dict]) -> str:
