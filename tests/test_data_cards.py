@@ -720,6 +720,16 @@ def test_a_card_value_out_of_range_is_one_error_naming_its_key(tmp_path, key, va
     assert str(e.value).count("\n  - ") == 1 and "constrained" not in str(e.value)
 
 
+def test_a_card_not_found_names_the_folders_searched_in_full(tmp_path, monkeypatch):
+    """Walk X, 23: run from inside mydata/, a recipe's `card_dirs: [mydata]` said "also searched: mydata",
+    which reads as the folder the user stood in; the folder searched is named whole."""
+    from neoembed.data.cards import find_card
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DataCardError, match=re.escape(f"(also searched: {tmp_path / 'mydata'})")):
+        find_card("pairs", ["mydata"])
+
+
 def test_data_check_compares_the_declared_schema_with_the_live_features(monkeypatch):
     _hub(monkeypatch, reachable=True)
     card, _ = load_card(REPO / "data_cards" / "wikihow.yaml")

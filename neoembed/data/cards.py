@@ -260,7 +260,9 @@ def find_card(name_or_path: str | Path, search_dirs: list[str | Path] = ()) -> P
     try:
         return resolve_named_file(name_or_path, "data_cards")
     except RecipeError as e:
-        also = f" (also searched: {', '.join(map(str, search_dirs))})" if search_dirs else ""
+        # a relative card_dirs entry is read from the working folder, which a user may have left
+        searched = ", ".join(str(Path(d).absolute()) for d in search_dirs)
+        also = f" (also searched: {searched})" if search_dirs else ""
         raise DataCardError(str(e) + also) from None
 
 

@@ -155,7 +155,7 @@ def guess_columns(names: list[str]) -> dict:
         raise ValueError(
             f"cannot tell the query and positive columns from {names}: name them e.g. 'query' and 'positive' "
             f"(recognised: {', '.join(QUERY_NAMES)} / {', '.join(POSITIVE_NAMES)}), or write the card by hand "
-            "(docs/own-data.md)"
+            "(docs/training.md, \"Data cards\": its columns map any names)"
         )
     negatives = [n for n in names if NEGATIVE_PATTERN.match(n) and n not in (query, positive)]
     return {"query": query, "positive": positive, "negatives": negatives}
