@@ -1020,7 +1020,7 @@ def test_a_changed_dataset_entry_or_card_is_said_by_its_key():
     assert _differences(then, then, {}) == []
 
 
-def test_resume_on_a_base_model_edited_in_place_is_refused_naming_it(tmp_path, tiny_official):
+def test_resume_on_a_base_model_edited_in_place_is_refused_naming_it(tmp_path, tiny_official, caplog):
     """Walk T, 33: a base model folder whose tokenizer was edited in place (the same shapes) was resumed on
     without a word: the checkpoint brings the weights, the tokenizer loads from the base, and the loss jumped
     from 0.34 to 1.11. The base model's weights, pipeline files and commit are a resume setting; a copy of the
@@ -1036,8 +1036,12 @@ def test_resume_on_a_base_model_edited_in_place_is_refused_naming_it(tmp_path, t
         train(_recipe(out, base, "steps=4"), recipe_dir=TINY.parent, resume=True)
     assert _snapshot(out) == before
     tokenizer.write_text(kept)
-    train(_recipe(out, base, "steps=4"), recipe_dir=TINY.parent, resume=True)
+    with caplog.at_level(logging.WARNING, logger="neoembed.runs"):
+        train(_recipe(out, base, "steps=4"), recipe_dir=TINY.parent, resume=True)
     assert _steps(out) == [1, 2, 3, 4]
+    # more steps: the schedule is the new one's from the next step, said with the step (walk X, 22)
+    assert "steps 2 in the folder's run, 4 now: the learning-rate schedule is recomputed for 4 steps, so from " \
+        "step 3 the rate is the new schedule's" in caplog.text
 
 
 def test_a_signal_handled_during_the_stop_reduction_stops_every_process_one_step_later(monkeypatch):

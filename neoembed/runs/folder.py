@@ -281,10 +281,10 @@ def _check_steps(ckpt: Path, saved: dict | None, settings: dict | None) -> None:
         )
     if saved and saved.get("steps") not in (None, settings["steps"]):
         logger.warning(
-            "--resume: steps %s in the folder's run, %s now: the learning-rate schedule follows the new value",
-            saved["steps"],
-            settings["steps"],
-        )
+            "--resume: steps %s in the folder's run, %s now: the learning-rate schedule is recomputed for %s steps, "
+            "so from step %s the rate is the new schedule's (where the old one had decayed, it rises again)",
+            saved["steps"], settings["steps"], settings["steps"], step + 1,
+        )  # fmt: skip
 
 
 def _check_same_run(out: Path, saved: dict | None, settings: dict | None, defaults: dict | None) -> None:
