@@ -937,6 +937,24 @@ def test_data_lost_a_second_writer_into_one_folder_is_refused_naming_the_holder(
     assert not lock_path(out).exists()
 
 
+def test_a_link_to_a_folder_whose_parent_is_read_only_locks_beside_the_link(tmp_path, monkeypatch):
+    """`~/runs/x -> /scratch/$USER` under a read-only /scratch: the lock beside the link's target (taken so that
+    a link and its target share one lock) could not be made, and the run was refused naming a folder the user
+    never typed (walk W). The lock goes beside the link then; beside the target wherever it can."""
+    import neoembed.runs.lock as lock
+
+    scratch, home = tmp_path / "scratch", tmp_path / "home"
+    (scratch / "user").mkdir(parents=True)
+    home.mkdir()
+    (home / "out").symlink_to(scratch / "user")
+    assert lock_path(home / "out") == scratch / ".user.neoembed-lock"
+    real = lock._writable
+    monkeypatch.setattr(lock, "_writable", lambda folder: folder != scratch and real(folder))
+    assert lock_path(home / "out") == home / ".out.neoembed-lock"
+    with output_lock(home / "out"):
+        assert (home / ".out.neoembed-lock").exists() and not (scratch / ".user.neoembed-lock").exists()
+
+
 def test_case7_score_and_glue_take_the_output_lock(tmp_path, tiny_official, capsys, monkeypatch):
     """``neoembed score`` and ``neoembed glue`` wrote (and resumed into) their folders without the lock every other
     writer holds: two resumes into one folder interleaved. Both are refused now while another process holds it,

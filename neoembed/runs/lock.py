@@ -28,10 +28,20 @@ _HELD: dict[str, list[int]] = {}
 
 def lock_path(folder: str | Path) -> Path:
     """The lock file of an output folder: ``.<name>.neoembed-lock`` beside it, so that taking the lock (or being
-    refused it) leaves the folder itself untouched. Beside the folder a path names after its links are followed:
-    a link to a run's folder is that run, and takes its lock."""
-    folder = Path(os.path.realpath(folder))
-    return folder.parent / f".{folder.name}.neoembed-lock"
+    refused it) leaves the folder itself untouched. Beside the folder a path names after its links are followed
+    (a link to a run's folder is that run, and takes its lock), unless that folder's parent cannot be written to
+    (``~/runs/x -> /scratch/$USER`` under a read-only ``/scratch``): then beside the path as given."""
+    given = Path(os.path.abspath(folder))
+    real = Path(os.path.realpath(folder))
+    beside = real if _writable(real.parent) else given
+    return beside.parent / f".{beside.name}.neoembed-lock"
+
+
+def _writable(folder: Path) -> bool:
+    """Whether a file can be made in ``folder``, or in the nearest existing folder above it (made on the way)."""
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return os.access(folder, os.W_OK | os.X_OK)
 
 
 def _holder(fd: int) -> str:
