@@ -332,6 +332,7 @@ def test_an_export_into_the_working_folder_or_a_link_fills_it_in_place(
     (tmp_path / "link").symlink_to(here)
     assert _cli(monkeypatch, "export", str(tiny_official), str(tmp_path / "link"), "--overwrite") == 0
     assert (tmp_path / "link").is_symlink() and (here / "export.json").is_file()
+    assert 'neoembed.load("link")' in (here / "README.md").read_text()  # the name given, not the target's
     assert neoembed.load(here, backend="onnx").encode(["a sentence"]) == pytest.approx(want, abs=1e-6)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["here", "link"]  # no staging, lock or old folder left
 
@@ -449,6 +450,14 @@ def test_missing_graph_names_the_folder_files(tiny_export, tiny_official):
             neoembed.load(out, backend="onnx", file_name=name)
     same = neoembed.load(out, backend="onnx", file_name="onnx/model.onnx").encode(["a"])
     assert same == pytest.approx(neoembed.load(out, backend="onnx").encode(["a"]))
+    # a hub cache snapshot: its files are links into blobs/, outside the folder, and load all the same (walk W)
+    snapshot, blobs = out.parent / "snapshot", out.parent / "blobs"
+    shutil.copytree(out, snapshot)
+    blobs.mkdir()
+    shutil.move(snapshot / "onnx" / "model.onnx", blobs / "abc123")
+    (snapshot / "onnx" / "model.onnx").symlink_to(blobs / "abc123")
+    linked = neoembed.load(snapshot, backend="onnx", file_name="onnx/model.onnx").encode(["a"])
+    assert linked == pytest.approx(same)
     # an adapter saved alone: the merged model beside it is what exports (walk S, 24: it said to export the adapter)
     adapter = out.parent / "run" / "adapter"
     adapter.mkdir(parents=True)

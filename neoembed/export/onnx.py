@@ -278,6 +278,7 @@ def export(
         require_module(module, "onnx", "neoembed export" + (f" --quantize {quantize}" if quantize else ""))
     _refuse_cde(Path(model_path))
     _refuse_adapter(Path(model_path))
+    name = Path(os.path.abspath(out)).name  # the model card names OUT as given ("." as the folder's name)
     out = Path(os.path.realpath(out))  # "." and a link to a folder are the folder they name
     check_output(out, overwrite)
     staged = staging_folder(out)
@@ -286,7 +287,7 @@ def export(
             shutil.rmtree(staged, ignore_errors=True)  # left by a killed export
             # fp32 whatever the folder was saved in: ONNX Runtime's CPU kernels have no bf16 MatMul
             model = load(model_path, device="cpu", dtype="fp32")
-            record = _write(model, str(model_path), staged, fmt, quantize, out.name)
+            record = _write(model, str(model_path), staged, fmt, quantize, name)
             signals.deferring = True  # a signal now waits until OUT is in place
             _move_in(staged, out)
         except _Signalled as e:
