@@ -1036,6 +1036,13 @@ def test_a_changed_dataset_entry_or_card_is_said_by_its_key():
         "datasets.0.card", "datasets.0.max_rows", "datasets.1.card", "datasets.1.max_rows"
     ]  # fmt: skip
     assert _differences(then, then, {}) == []
+    # a hub id not in the cache as the run started recorded no commit: the one cached since is the same model,
+    # and a run from such a hub id could never be resumed (walk W); a recorded commit still compares
+    hub = {"revision": None, "weights": None, "pipeline": None}
+    assert _differences({"model_fingerprint": hub}, {"model_fingerprint": {**hub, "revision": "aaaa"}}, {}) == []
+    then, now = ({"model_fingerprint": {**hub, "revision": commit}} for commit in ("aaaa", "bbbb"))
+    moved = _differences(then, now, {})
+    assert len(moved) == 1 and moved[0].startswith("model_fingerprint: ")
 
 
 def test_resume_on_a_base_model_edited_in_place_is_refused_naming_it(tmp_path, tiny_official, caplog):
@@ -1060,6 +1067,15 @@ def test_resume_on_a_base_model_edited_in_place_is_refused_naming_it(tmp_path, t
     # more steps: the schedule is the new one's from the next step, said with the step (walk X, 22)
     assert "steps 2 in the folder's run, 4 now: the learning-rate schedule is recomputed for 4 steps, so from " \
         "step 3 the rate is the new schedule's" in caplog.text
+    # the same model copied elsewhere is the same model (it was refused as another `model` path: walk W); a run
+    # recorded before model_fingerprint compares the path, as it did then
+    copy = shutil.copytree(base, tmp_path / "copy")
+    train(_recipe(out, copy, "steps=6"), recipe_dir=TINY.parent, resume=True)
+    assert _steps(out) == [1, 2, 3, 4, 5, 6]
+    from neoembed.runs.folder import _differences
+
+    assert _differences({"model": str(base)}, {"model": str(copy)}, {})[0].startswith("model: ")
+    assert _differences({"model": "org/a", "model_fingerprint": {}}, {"model": "org/b", "model_fingerprint": {}}, {})
 
 
 def test_a_signal_handled_during_the_stop_reduction_stops_every_process_one_step_later(monkeypatch):

@@ -464,7 +464,7 @@ def train_cde(
         output,
         optimizer=optimizer,
         parameters=module.parameters,
-        settings=settings,
+        settings=settings | {"model_fingerprint": model_fingerprint(recipe.model)},  # a hub id's commit: cached now
         registered=(module, optimizer),
         desc="cde",
         progress=progress,

@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from neoembed.model_card import HUB_ID
 from neoembed.record import FINISHED, RUN_RECORD
 from neoembed.runs.checkpoints import (
     CHECKPOINT_MARKER,
@@ -52,9 +53,10 @@ NON_TRAJECTORY_KEYS = frozenset(
 #: trajectory settings whose values differ but train the same run: GradCache computes its plain loss's gradients
 #: (tests/test_losses.py), so a run that ran out of memory resumes with ``loss.name=cached_infonce``, and back
 SAME_TRAJECTORY: dict[str, dict[Any, Any]] = {"loss.name": {"cached_infonce": "infonce"}}
-#: paths whose contents are a setting of their own (pre-training's ``data.sources.N.shards``, the shards by their
-#: bytes): where the same shards lie does not change the run, so a copy elsewhere resumes
-BY_CONTENT = frozenset({"data.sources.path"})
+#: local paths whose contents are a setting of their own (pre-training's ``data.sources.N.shards``, the shards by
+#: their bytes; the trainers' ``model_fingerprint``, the base model's weights and pipeline): where the same files
+#: lie does not change the run, so a copy elsewhere resumes. A hub id is compared by name.
+BY_CONTENT = frozenset({"data.sources.path", "model"})
 
 
 def resume_settings(recipe: Any, per_process_batch: bool = False) -> dict[str, Any]:
@@ -212,20 +214,26 @@ def _differences(saved: dict[str, Any], now: dict[str, Any], defaults: dict[str,
     saved, now, defaults = (_gathered(d, sections) for d in (saved, now, defaults))
     # a key the folder's run predates is no difference while it is at its default now
     keys = sorted(k for k in set(saved) | set(now) if k in saved or now[k] != defaults.get(k, missing))
-    return [line for k in keys for line in _differing(k, saved.get(k, missing), now.get(k, missing))]
+    # a run recorded before the base model's fingerprint was a setting compares the model by its path, as then
+    by_content = BY_CONTENT if "model_fingerprint" in saved else BY_CONTENT - {"model"}
+    return [line for k in keys for line in _differing(k, saved.get(k, missing), now.get(k, missing), by_content)]
 
 
 #: what a hashed setting's value stands for, said beside a difference in it (the hashes themselves say nothing)
 HASHED = {
     "data.": "the card's source, columns, filter, labels, instruction or size, or its data files differ",
     "model_fingerprint": "the model's weights, its configuration and tokenizer files (pipeline), or its commit",
+    "splits.": "the split's files differ: by content, files of 32 MB or more by size and modification time",
 }
 
 
-def _differing(key: str, then: Any, now: Any) -> list[str]:
+def _differing(key: str, then: Any, now: Any, by_content: frozenset[str]) -> list[str]:
     """The lines that say how setting ``key`` differs ([] where it trains the same run). Two lists of mappings
     of one length (``datasets``) are compared item by item and key by key, each difference on its own line."""
-    if trajectory_value(key, then) == trajectory_value(key, now):
+    if isinstance(then, dict) and isinstance(now, dict) and then.get("revision", "") is None:
+        # a commit not known as the run started (a hub id not in the cache yet) is the one the cache holds since
+        now = {**now, "revision": None}
+    if trajectory_value(key, then, by_content) == trajectory_value(key, now, by_content):
         return []
     if isinstance(then, list) and isinstance(now, list) and len(then) == len(now):
         if all(isinstance(item, dict) for item in then + now):
@@ -233,7 +241,9 @@ def _differing(key: str, then: Any, now: Any) -> list[str]:
                 line
                 for i, (a, b) in enumerate(zip(then, now, strict=True))
                 for field in dict.fromkeys([*a, *b])
-                for line in _differing(f"{key}.{i}.{field}", a.get(field, "(not set)"), b.get(field, "(not set)"))
+                for line in _differing(
+                    f"{key}.{i}.{field}", a.get(field, "(not set)"), b.get(field, "(not set)"), by_content
+                )
             ]
     hint = next((f" ({said})" for prefix, said in HASHED.items() if key.startswith(prefix)), "")
     return [f"{key}: {json.dumps(then, default=str)} in the folder's run, {json.dumps(now, default=str)} now{hint}"]
@@ -249,18 +259,18 @@ def _gathered(flat: dict[str, Any], sections: set[str]) -> dict[str, Any]:
     return out
 
 
-def trajectory_value(key: str, value: Any) -> Any:
+def trajectory_value(key: str, value: Any, by_content: frozenset[str] = BY_CONTENT) -> Any:
     """``value`` of setting ``key`` as the run it trains (:data:`SAME_TRAJECTORY`); a local path as the folder or
     file it names (``models/base/`` and ``./models/base`` are one model), inside lists and mappings too (a
     source's ``path``, also as ``data.sources.0.path``); a path in :data:`BY_CONTENT` not at all."""
     key = ".".join(part for part in key.split(".") if not part.isdigit())  # a list item's key is the list's
     if isinstance(value, list):
-        return [trajectory_value(key, v) for v in value]
+        return [trajectory_value(key, v, by_content) for v in value]
     if isinstance(value, dict):
-        return {k: trajectory_value(f"{key}.{k}", v) for k, v in value.items()}
+        return {k: trajectory_value(f"{key}.{k}", v, by_content) for k, v in value.items()}
     if not isinstance(value, str):
         return value
-    if key in BY_CONTENT:
+    if key in by_content and (os.path.exists(value) or not HUB_ID.fullmatch(value)):
         return "(compared by content)"
     if value not in SAME_TRAJECTORY.get(key, {}) and os.path.exists(value):
         return str(Path(value).resolve())

@@ -342,7 +342,7 @@ def train(
         output,
         optimizer=optimizer,
         parameters=wrapped.parameters,
-        settings=settings,
+        settings=settings | {"model_fingerprint": model_fingerprint(recipe.model)},  # a hub id's commit: cached now
         progress=progress,
         nan_advice="Lower optimizer.lr, or use bf16/fp32 instead of fp16",
         evaluate=_evaluation(evaluator, model, output, final),
