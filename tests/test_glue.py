@@ -289,7 +289,7 @@ def test_bad_input_exits_2(tmp_path, run_neoembed):
     assert not (tmp_path / "o").exists()
 
 
-def _a_run_stopped_at_step_4(tmp_path, msrp_rows, tiny_official, monkeypatch, capsys):
+def _a_run_stopped_at_step_4(tmp_path, msrp_rows, tiny_official, monkeypatch, capsys, model=None):
     """MRPC for 2 epochs (10 steps) run whole into ``full``, then the same run stopped by Ctrl-C after step 4
     into ``out``, in this process; returns (args, out, full's results)."""
     import os
@@ -301,7 +301,7 @@ def _a_run_stopped_at_step_4(tmp_path, msrp_rows, tiny_official, monkeypatch, ca
     from neoembed.runs import list_checkpoints, verify_checkpoint
 
     folder = _hub_layout(tmp_path / "data", "mrpc", {"train": msrp_rows[:40], "validation": msrp_rows[40:]})
-    args = ["MRPC", "epochs=2", "--model", str(tiny_official), "--data-dir", str(folder)]
+    args = ["MRPC", "epochs=2", "--model", str(model or tiny_official), "--data-dir", str(folder)]
     _glue(*args, "--out", str(tmp_path / "full"))
     full = json.loads((tmp_path / "full" / "results.json").read_text())
 
@@ -384,14 +384,16 @@ def test_a_split_edited_between_a_kill_and_resume_is_refused_a_moved_copy_resume
     tmp_path, msrp_rows, tiny_official, monkeypatch, capsys
 ):
     """GLUE's resume compared --data-dir by its path: a train split edited between the stop and --resume was
-    continued on (walk R). The splits' files are compared by content: the edit is refused by name, the same
-    files in another folder continue to the uninterrupted run's results."""
+    continued on (walk R), and so was a model whose tokenizer was edited (walk W). The splits' files and the
+    model are compared by content: an edit is refused by name, the same files in another folder continue to the
+    uninterrupted run's results."""
     import shutil
     import sys
 
     from neoembed.cli import main
 
-    args, out, full = _a_run_stopped_at_step_4(tmp_path, msrp_rows, tiny_official, monkeypatch, capsys)
+    model = shutil.copytree(tiny_official, tmp_path / "model")
+    args, out, full = _a_run_stopped_at_step_4(tmp_path, msrp_rows, tiny_official, monkeypatch, capsys, model)
     data = Path(args[args.index("--data-dir") + 1])
     train = data / "mrpc" / "train-00000-of-00001.parquet"
     kept = train.read_bytes()
@@ -402,7 +404,17 @@ def test_a_split_edited_between_a_kill_and_resume_is_refused_a_moved_copy_resume
     with pytest.raises(SystemExit) as refused:
         main()
     err = capsys.readouterr().err
-    assert refused.value.code == 2 and "data.train: " in err and "in the folder's run" in err, err
+    assert refused.value.code == 2 and "splits.train: " in err and "in the folder's run" in err, err
+    # the model's tokenizer edited in place: it loads beside the checkpoint's weights (walk W: resumed, exit 0)
+    train.write_bytes(kept)
+    tokenizer = model / "tokenizer_config.json"
+    saved_tokenizer = tokenizer.read_text()
+    tokenizer.write_text(json.dumps({**json.loads(saved_tokenizer), "do_lower_case": False}))
+    with pytest.raises(SystemExit) as refused:
+        main()
+    err = capsys.readouterr().err
+    assert refused.value.code == 2 and "model_fingerprint: " in err and "splits." not in err, err
+    tokenizer.write_text(saved_tokenizer)
     moved = tmp_path / "moved"
     shutil.copytree(data, moved)
     (moved / "mrpc" / train.name).write_bytes(kept)

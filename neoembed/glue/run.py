@@ -32,6 +32,7 @@ from neoembed.runs import (
     OutputDirError,
     find_resume_checkpoint,
     list_checkpoints,
+    model_fingerprint,
     prepare_output_dir,
     resume_defaults,
     resume_settings,
@@ -388,7 +389,9 @@ def run_one(
     tokenizer = AutoTokenizer.from_pretrained(model)
     data = _tokenized(task, splits, tokenizer, recipe.max_length)
     run = GlueRun.of(recipe, task, len(data["train"]), acc.num_processes)
-    files = data_key(task, **data_options)  # a run recorded before the key resumes
+    # the splits and the model by content (its tokenizer loads beside the checkpoint's weights); a run recorded
+    # before the keys resumes
+    files = data_key(task, **data_options) | {"model_fingerprint": model_fingerprint(model)}
     settings, defaults = resume_settings(run) | files, resume_defaults(run) | files
     checkpoint = _resume_point(out, acc.is_main_process)
     acc.wait_for_everyone()  # the other processes start after the main one cleared a stale folder

@@ -166,7 +166,7 @@ def local_splits(
 
 
 def data_key(task: GlueTask, data_dir: str | Path | None, carve: str | None) -> dict[str, str]:
-    """What a resume compares of the local data: each split's files by content (a copy of the folder elsewhere
+    """What a resume compares of the local data, ``splits.<split>``: each split's files by content (a copy of the folder elsewhere
     matches, a split edited between a kill and ``--resume`` does not). Hub data: nothing here (the run record
     names the dataset)."""
     import hashlib
@@ -181,7 +181,7 @@ def data_key(task: GlueTask, data_dir: str | Path | None, carve: str | None) -> 
         h = hashlib.sha256()
         for f in files:
             h.update(f"{Path(f).name}\0{content_stamp(f)}\n".encode())
-        keys[f"data.{split}"] = h.hexdigest()[:16]
+        keys[f"splits.{split}"] = h.hexdigest()[:16]
     return keys
 
 
