@@ -192,6 +192,16 @@ def test_load_refuses_what_a_cde_model_does_not_take_and_trusts_no_remote_code(s
     torch.testing.assert_close(loaded.encode_context(DOCS[:4]), context, rtol=0, atol=0)
 
 
+def test_a_cde_folder_without_its_tokenizer_is_refused_naming_it(saved_cde, tmp_path):
+    """Walk W: a CDE folder copied without tokenizer.json loaded (through load_cde, which skips the bi-encoder
+    folder's checks) and encoded every word as [UNK], exit 0."""
+    broken = shutil.copytree(saved_cde, tmp_path / "broken")
+    for name in ("tokenizer.json", "vocab.txt"):
+        (broken / name).unlink(missing_ok=True)
+    with pytest.raises(FileNotFoundError, match=r"broken has no tokenizer files \(one of tokenizer.json"):
+        neoembed.load(broken)
+
+
 def test_loads_with_trust_remote_code_where_neoembed_is_not_installed(
     cde, context, saved_cde, tmp_path, block_neoembed
 ):

@@ -151,7 +151,18 @@ def save_cde_adapter(model: ContextualSentenceTransformer, path: str | Path) -> 
 
 
 def load_cde(path: str | Path, device: str | None = None, **kwargs) -> ContextualSentenceTransformer:
-    """Load a saved CDE model with neoembed's own module class (no trust_remote_code needed)."""
+    """Load a saved CDE model with neoembed's own module class (no trust_remote_code needed). A folder that lost
+    a file is refused naming it: without its tokenizer files transformers builds a tokenizer of the special
+    tokens alone, and every word encodes as ``[UNK]``."""
+    from neoembed.hub import TOKENIZER_FILES
+
+    root = Path(path)
+    if not (root / "cde_config.json").is_file():
+        raise FileNotFoundError(f"{root} is a CDE model without its cde_config.json: copy or save the model again")
+    if not any((root / f).is_file() for f in TOKENIZER_FILES):
+        raise FileNotFoundError(
+            f"{root} has no tokenizer files (one of {', '.join(TOKENIZER_FILES)}): copy or save the model again"
+        )
     modules = json.loads((Path(path) / "modules.json").read_text())
     # the repository-local reference, and neoembed's own module path that an earlier version may have written:
     # both are this installed class, so neither needs trust_remote_code
