@@ -53,6 +53,7 @@ def hub_modules_json(name: str) -> bool:
 TOKENIZER_FILES = (
     "tokenizer.json",
     "vocab.txt",
+    "vocab.json",  # a byte-level BPE's, with merges.txt
     "tokenizer.model",
     "spiece.model",
     "sentencepiece.bpe.model",
@@ -211,7 +212,8 @@ def pinned_snapshot(name: str, revision: str | None) -> str:
     why = "offline mode (HF_HUB_OFFLINE)" if _offline() else hub_unreachable_reason()
     if why is None:
         try:
-            return snapshot_download(name, revision=revision)
+            # the files a model loads from, not the copies for other runtimes many repositories carry
+            return snapshot_download(name, revision=revision, ignore_patterns=OTHER_RUNTIMES)
         except Exception as e:  # a commit rewritten away, a private repository: the newest is all there is
             why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     import logging
@@ -221,6 +223,12 @@ def pinned_snapshot(name: str, revision: str | None) -> str:
         "downloaded (%s); loading the newest commit instead, which may differ", name, revision, why,
     )  # fmt: skip
     return name
+
+
+#: what a hub model repository may hold for runtimes other than torch (ONNX, OpenVINO, TensorFlow, Flax, Rust)
+OTHER_RUNTIMES = [
+    "onnx/*", "openvino/*", "*.onnx", "*.h5", "*.msgpack", "*.ot", "tf_model*", "flax_model*", "rust_model*"
+]  # fmt: skip
 
 
 def _offline() -> bool:

@@ -121,9 +121,12 @@ def test_an_adapter_of_a_hub_model_names_its_hub_id_and_commit(tiny_official, tm
     monkeypatch.setattr(neoembed.hub, "hub_unreachable_reason", lambda: None)
     asked = []
     monkeypatch.setattr(
-        huggingface_hub, "snapshot_download", lambda name, revision: asked.append((name, revision)) or "fetched"
+        huggingface_hub,
+        "snapshot_download",
+        lambda name, revision, ignore_patterns: asked.append((name, revision, "onnx/*" in ignore_patterns))
+        or "fetched",
     )
-    assert pinned_snapshot("someone/tiny", "f" * 40) == "fetched" and asked == [("someone/tiny", "f" * 40)]
+    assert pinned_snapshot("someone/tiny", "f" * 40) == "fetched" and asked == [("someone/tiny", "f" * 40, True)]
 
 
 def test_lora_run_saves_merged_and_adapter_and_loads_without_neoembed(

@@ -211,6 +211,18 @@ def test_wrongly_typed_api_arguments_are_named(minilm_path):
         neoembed.load(minilm_path).encode(["a"], prompt=1)
 
 
+def test_a_byte_level_bpe_folder_without_tokenizer_json_passes_the_folder_check(tmp_path):
+    """A slow byte-level BPE tokenizer (vocab.json and merges.txt, as RoBERTa's) builds the real vocabulary: the
+    missing-tokenizer check takes it (walk W: vocab.json was not among the tokenizer files)."""
+    from neoembed.hub import model_kind
+
+    transformer = "sentence_transformers.base.modules.transformer.Transformer"
+    (tmp_path / "modules.json").write_text(json.dumps([{"idx": 0, "name": "0", "path": "", "type": transformer}]))
+    for name in ("config.json", "vocab.json", "merges.txt"):
+        (tmp_path / name).write_text("{}")
+    assert model_kind(str(tmp_path)) == "sentence"
+
+
 def test_tokenizer_larger_than_the_vocabulary_is_refused(tmp_path, minilm_path):
     import neoembed
 
