@@ -953,6 +953,11 @@ def test_a_link_to_a_folder_whose_parent_is_read_only_locks_beside_the_link(tmp_
     assert lock_path(home / "out") == home / ".out.neoembed-lock"
     with output_lock(home / "out"):
         assert (home / ".out.neoembed-lock").exists() and not (scratch / ".user.neoembed-lock").exists()
+    # a link to a folder not made yet: refused before the run (mkdir failed after it, "[Errno 17] File exists")
+    (home / "dangling").symlink_to(scratch / "later")
+    with pytest.raises(OutputDirError, match=r"dangling is a link to .*later, which does not exist: make that"):
+        with output_lock(home / "dangling"):
+            pass
 
 
 def test_case7_score_and_glue_take_the_output_lock(tmp_path, tiny_official, capsys, monkeypatch):

@@ -102,6 +102,11 @@ def output_lock(
         return
     if Path(folder).exists() and not Path(folder).is_dir():  # else mkdir's bare "[Errno 17] File exists"
         raise OutputDirError(f"{what} {folder} is a file, not a folder: choose a folder path")
+    if Path(folder).is_symlink() and not Path(folder).exists():  # the same mkdir error, after the run
+        raise OutputDirError(
+            f"{what} {folder} is a link to {os.readlink(folder)}, which does not exist: make that folder, or "
+            "choose another path"
+        )
     path = lock_path(folder)
     key = str(path)
     if key in _HELD:
