@@ -419,6 +419,8 @@ def test_a_split_edited_between_a_kill_and_resume_is_refused_a_moved_copy_resume
     shutil.copytree(data, moved)
     (moved / "mrpc" / train.name).write_bytes(kept)
     args[args.index("--data-dir") + 1] = str(moved)
+    # the model copied elsewhere too: the same model (it was refused as another --model by its path: walk W)
+    args[args.index("--model") + 1] = str(shutil.copytree(model, tmp_path / "model-copy"))
     monkeypatch.setattr(sys, "argv", ["neoembed", "glue", *args, "--out", str(out), "--resume"])
     with pytest.raises(SystemExit) as resumed:
         main()

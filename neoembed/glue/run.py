@@ -34,6 +34,7 @@ from neoembed.runs import (
     list_checkpoints,
     model_fingerprint,
     prepare_output_dir,
+    recorded_settings,
     resume_defaults,
     resume_settings,
     run_identity,
@@ -540,15 +541,19 @@ def check_same_kind_and_model(out: Path, model: str, grid: bool) -> None:
             "another --out for the grid"
         )
     before = saved.get("model")
-    if before is not None and not _same_model(before, model):
+    recorded = recorded_settings(out).get("model_fingerprint")  # the record, else the newest checkpoint's
+    if before is not None and not _same_model(before, model, recorded):
         raise OutputDirError(
             f"--resume: the run in {out} fine-tunes {before}, this command {model}: resume with the --model "
             "(and --from) it started with, or pass --overwrite to start again from the new one"
         )
 
 
-def _same_model(a: str, b: str) -> bool:
-    """The same hub id, or two paths of one local folder."""
-    if Path(a).exists() and Path(b).exists():
-        return Path(a).resolve() == Path(b).resolve()
+def _same_model(a: str, b: str, recorded: dict | None = None) -> bool:
+    """The same hub id, or two paths of one local folder, or a local folder with the weights and pipeline files
+    the run recorded (``recorded``: its ``model_fingerprint``; a copy elsewhere is the same model)."""
+    if Path(a).exists() and Path(b).exists() and Path(a).resolve() == Path(b).resolve():
+        return True  # edited in place: the resume settings' model_fingerprint names it
+    if Path(b).is_dir() and recorded is not None and recorded.get("weights"):
+        return model_fingerprint(b) == recorded
     return a == b

@@ -193,6 +193,11 @@ def _finished(output: Path, saved: dict | None, settings: dict | None) -> int | 
     return int(finished["step"]) if all((output / name).exists() for name in entries) else None
 
 
+def recorded_settings(output: Path) -> dict[str, Any]:
+    """The settings a resume of ``output`` compares with ({} where none were recorded)."""
+    return _saved_settings(output) or {}
+
+
 def _saved_settings(output: Path) -> dict[str, Any] | None:
     """The trajectory settings of the run that wrote ``output``: its run record, else its newest marker."""
     saved = _from_record(output, "resume_settings")
