@@ -158,6 +158,69 @@ def test_card_tasks_msrp_and_trecqa(minilm, small, tmp_path, capsys):
         assert plain.scores[task]["main_score"] == pytest.approx(report.scores[task]["main_score"], abs=1e-9)
 
 
+def _jsonl(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _own_task(root: Path, name: str, type_: str, files: dict[str, list[dict]], **card) -> Path:
+    for file, rows in files.items():
+        _jsonl(root / name / "data" / file, rows)
+    (root / name / "task.yaml").write_text(yaml.safe_dump({"name": name, "type": type_, "data": "data", **card}))
+    return root / name / "task.yaml"
+
+
+def test_own_task_data_that_would_score_wrong_is_refused_or_read_right(minilm, tmp_path):
+    """Walk Z's bad cases, each scored as a success: a query or document id given twice (80.00 where the clean
+    copy scores 100), qrels naming a document the corpus lacks, no relevance above 0 ("Retrieval 0.00"), pair
+    labels 1/2, a reranking positive given as a string (each character a candidate), constant STS scores
+    (blamed on the model as NaN), an empty file (a bare StopIteration)."""
+    texts = ["Which animal barks?", "The dog barks at the mailman.", "What did the bank do?", "Rates went up."]
+    queries = [{"_id": "q0", "text": texts[0]}, {"_id": "q1", "text": texts[2]}]
+    corpus = [{"_id": "d0", "title": "", "text": texts[1]}, {"_id": "d1", "title": "", "text": texts[3]}]
+    qrels = [{"query-id": "q0", "corpus-id": "d0", "score": 1}, {"query-id": "q1", "corpus-id": "d1", "score": 1}]
+    sts = [{"sentence1": a, "sentence2": b, "score": 3.0} for a, b in zip(texts, texts[::-1], strict=True)]
+    pairs = [{"sentence1": a, "sentence2": b, "label": 2} for a, b in zip(texts, texts[::-1], strict=True)]
+    cases = {
+        "DupQuery": ("Retrieval", {"queries.jsonl": [*queries, {"_id": "q0", "text": "x"}], "corpus.jsonl": corpus,
+                                   "qrels/test.jsonl": qrels}, "the queries file gives id(s) ['q0'] more than once"),
+        "NoDoc": ("Retrieval", {"queries.jsonl": queries, "corpus.jsonl": corpus,
+                                "qrels/test.jsonl": [*qrels, {"query-id": "q0", "corpus-id": "d9", "score": 1}]},
+                  "qrels name document(s) ['d9'] (1 in all) not in the corpus"),
+        "ZeroRel": ("Retrieval", {"queries.jsonl": queries, "corpus.jsonl": corpus,
+                                  "qrels/test.jsonl": [{**q, "score": 0} for q in qrels]},
+                    "no qrels relevance is above 0"),
+        "Labels": ("PairClassification", {"test.jsonl": pairs}, "row 1: label 2; pair labels are 0 or 1"),
+        "Constant": ("STS", {"test.jsonl": sts}, "every gold score is 3.0: nothing to correlate with"),
+        "Empty": ("STS", {"test.jsonl": []}, "holds empty file(s) ['test.jsonl']"),
+    }  # fmt: skip
+    label = {"PairClassification": {"labels": "label"}}
+    cards = [str(_own_task(tmp_path / "t", n, t, f, columns=label.get(t, {}))) for n, (t, f, _) in cases.items()]
+    report = _run(minilm, tmp_path / "out", tasks=cards)
+    for name, (_, _, said) in cases.items():
+        assert said in report.failed[name], (name, report.failed.get(name))
+    rows = [{"query": texts[0], "positive": texts[1], "negative": [texts[3]]}]  # a string: one positive
+    card = _own_task(tmp_path / "t", "RerankStr", "Reranking", {"test.jsonl": rows * 2})
+    scored = _run(minilm, tmp_path / "rr", tasks=[str(card)]).scores["RerankStr"]
+    assert scored["main_score"] == 1.0 and scored["mteb"]["scores"]["test"][0]["recall_at_1"] == 1
+
+
+def test_a_task_card_edited_is_scored_again_and_two_of_one_name_are_refused(minilm, tmp_path):
+    """Walk Z: a card whose columns or main_score changed was "skipped (results exist)" with the old score; two
+    cards of one name scored the first and reported it for both."""
+    texts = ["A man plays a guitar.", "A person plays guitar.", "A cat sleeps.", "Rates went up today."]
+    rows = [{"sentence1": a, "sentence2": b, "score": float(i), "other": 5.0 - i}
+            for i, (a, b) in enumerate(zip(texts, texts[1:] + texts[:1], strict=True))]  # fmt: skip
+    card = _own_task(tmp_path / "t", "MySTS", "STS", {"test.jsonl": rows})
+    first = _run(minilm, tmp_path / "out", tasks=[str(card)]).scores["MySTS"]["main_score"]
+    card.write_text(card.read_text() + "columns: {score: other}\n")
+    again = _run(minilm, tmp_path / "out", tasks=[str(card)])
+    assert "MySTS" not in again.skipped and again.scores["MySTS"]["main_score"] == pytest.approx(-first)
+    twin = _own_task(tmp_path / "u", "MySTS", "STS", {"test.jsonl": rows[::-1]})
+    with pytest.raises(ValueError, match=r"two tasks are named MySTS \(.*t/MySTS/data and .*u/MySTS/data\)"):
+        _run(minilm, tmp_path / "both", tasks=[str(card), str(twin)])
+
+
 def test_mteb_task_data_in_the_card_layout_falls_back_to_a_card_task(minilm, small, tmp_path, caplog):
     """A folder whose card names an mteb task but holds the rows in the card's layout (sentence1, sentence2,
     label) rather than the hub's (SprintDuplicateQuestions renames sent1/sent2): read as a card task under the

@@ -186,7 +186,7 @@ def data_fingerprint(task) -> str | None:
     root = Path(path) if path else None
     if root is None or not root.is_dir():
         return None
-    h = hashlib.sha256()
+    h = hashlib.sha256(getattr(task, "card_fields", "").encode())  # a task card's columns, main score, ...
     for f in sorted(root.rglob("*")):
         rel = f.relative_to(root)
         if not f.is_file() or any(part.startswith(".") for part in rel.parts):  # .cache/ of a hub snapshot

@@ -218,7 +218,23 @@ def resolve_tasks(cfg: EvalConfig) -> list[tuple[object, str | None]]:
                 f"types: {', '.join(types)}): widen --task-types or select other tasks"
             )
         out = kept
+    _refuse_repeated_names(out)
     return out
+
+
+def _refuse_repeated_names(tasks) -> None:
+    """Results are kept by task name: a second task of one name would be reported as the first one's result
+    ("skipped (results exist)") and never scored. Refused, naming where each comes from."""
+    seen: dict[str, str] = {}
+    for task, _ in tasks:
+        name = task.metadata.name
+        where = str((getattr(task.metadata, "dataset", None) or {}).get("path") or "mteb")
+        if name in seen and seen[name] != where:
+            raise ValueError(
+                f"two tasks are named {name} ({seen[name]} and {where}): results are kept by task name, so one "
+                "would never be scored; give each task card its own name"
+            )
+        seen[name] = where
 
 
 def _benchmark(name: str):

@@ -570,7 +570,7 @@ def _run_plan(cfg: EvalConfig, model, plan: list, label: str, output: Path, data
                 cfg, model, task, instruction, prompts[name], settings, output, fingerprints[name]
             )
         except Exception as e:
-            logger.error("task %s failed: %s", name, e)
+            logger.error("task %s failed: %s", name, e if str(e) else type(e).__name__)
             report.failed[name] = f"{type(e).__name__}: {e}"
             (output / "failures").mkdir(exist_ok=True)
             atomic_write_text(output / "failures" / f"{name}.txt", traceback.format_exc())

@@ -26,7 +26,9 @@ task card: as that mteb task, or as a card task of its type (see :func:`dataset_
 
 from __future__ import annotations
 
+import json
 import logging
+from collections import Counter
 from pathlib import Path
 
 import yaml
@@ -96,7 +98,8 @@ def load_task_card(path: str | Path) -> tuple[TaskCard, Path]:
         raise RecipeError(format_validation_error(e, TaskCard, str(path))) from None
     data = (path.parent / card.data).resolve()
     if not data.is_dir():
-        raise LocalDataError(f"task card {path}: data folder {data} does not exist")
+        what = "is a file, not a folder" if data.exists() else "does not exist"
+        raise LocalDataError(f"task card {path}: data folder {data} {what}")
     return card, data
 
 
@@ -163,6 +166,9 @@ def _load_renamed(card: TaskCard, data: Path):
     import datasets
 
     repo = local_dataset_repo(data)
+    empty = sorted(f.name for f in Path(data).iterdir() if f.is_file() and f.stat().st_size == 0)
+    if empty:  # datasets' error for one is a StopIteration without a message
+        raise LocalDataError(f"task {card.name}: {data} holds empty file(s) {empty}: fill or remove them")
     ds = datasets.load_dataset(str(repo))
     spec = task_type(card.type)
     splits = card.eval_splits + ([card.train_split] if spec.fits_on_train else [])
@@ -205,6 +211,8 @@ def reranking_as_retrieval(dataset, task: str = "the task") -> dict:
             )
         corpus, queries, relevant, top_ranked = [], [], {}, {}
         for i, row in enumerate(kept):
+            # one text given as a string is one candidate (enumerate would take each character for one)
+            row = {**row, **{k: [row[k]] if isinstance(row[k], str) else row[k] for k in ("positive", "negative")}}
             qid = f"{split}_query{i}"
             queries.append({"id": qid, "text": row["query"]})
             docs = [(f"apositive_{qid}_{j:05d}", t, 1) for j, t in enumerate(row["positive"])]
@@ -229,7 +237,13 @@ def build_card_task(card: TaskCard, data: Path):
     if spec.loads == "retrieval":  # mteb's own loader reads the folder's corpus / queries / qrels files
 
         class CardTask(base):  # type: ignore[valid-type,misc]
-            pass
+            def load_data(self, num_proc=None, **kwargs):
+                if self.data_loaded:
+                    return
+                super().load_data(num_proc=num_proc, **kwargs)
+                for splits in self.dataset.values():
+                    for split, loaded in splits.items():
+                        check_retrieval_split(card.name, split, loaded)
 
     else:
 
@@ -238,17 +252,68 @@ def build_card_task(card: TaskCard, data: Path):
                 if self.data_loaded:
                     return
                 rows = _load_renamed(card, data)
+                for split, d in rows.items():
+                    check_rows(card, split, d)
                 if spec.loads == "reranking":
                     self.dataset = {s: reranking_as_retrieval(rows, card.name) for s in self.hf_subsets}
                 else:
                     self.dataset = rows
                 self.data_loaded = True
 
+    # the card's fields that change a score, which a result's data fingerprint takes in (eval.local_data)
+    CardTask.card_fields = json.dumps(card.model_dump(include=SCORED_FIELDS), sort_keys=True)
+
     for key, value in spec.settings(card).items():
         setattr(CardTask, key, value)
     CardTask.metadata = metadata
     CardTask.__name__ = f"Card{card.type}_{card.name}"
     return CardTask()
+
+
+#: a task card's fields that change what is scored or how: a result is reused only where they are as they were
+SCORED_FIELDS = {"type", "eval_splits", "columns", "main_score", "score_range", "train_split"}
+
+
+def check_rows(card: TaskCard, split: str, rows) -> None:
+    """The rows mteb would score without a word, or fail on with an error naming neither row nor file: STS scores
+    that are not numbers or all one value (Spearman is NaN, which reads as the model's fault), pair labels
+    other than 0 and 1, fewer than two rows to correlate."""
+    where = f"task {card.name}, {split} split"
+    if card.type in ("STS", "PairClassification") and len(rows) < 2:
+        raise LocalDataError(f"{where}: {len(rows)} row(s); a correlation or an average precision needs 2 or more")
+    if card.type == "STS":
+        for i, score in enumerate(rows["score"]):
+            if isinstance(score, bool) or not isinstance(score, int | float) or score != score:
+                raise LocalDataError(f"{where}, row {i + 1}: score {score!r} is not a number")
+        if len(set(rows["score"])) == 1:
+            raise LocalDataError(f"{where}: every gold score is {rows['score'][0]}: nothing to correlate with")
+    if card.type == "PairClassification":
+        bad = next(((i, v) for i, v in enumerate(rows["labels"]) if v not in (0, 1) or isinstance(v, bool)), None)
+        if bad is not None:
+            raise LocalDataError(f"{where}, row {bad[0] + 1}: label {bad[1]!r}; pair labels are 0 or 1")
+
+
+def check_retrieval_split(task: str, split: str, loaded: dict) -> None:
+    """mteb's retrieval files as mteb read them, refused where the score would be silently wrong: a query or
+    document id given twice (one text replaces the other), qrels naming a document the corpus lacks (counted as a
+    miss), or no relevance above 0 (nothing to find)."""
+    where = f"task {task}, {split} split"
+    for kind in ("queries", "corpus"):
+        repeated = sorted(i for i, n in Counter(loaded[kind]["id"]).items() if n > 1)
+        if repeated:
+            raise LocalDataError(f"{where}: the {kind} file gives id(s) {repeated[:5]} more than once")
+    corpus = set(loaded["corpus"]["id"])
+    missing = sorted({d for docs in loaded["relevant_docs"].values() for d in docs if d not in corpus})
+    if missing:
+        raise LocalDataError(
+            f"{where}: qrels name document(s) {missing[:5]} ({len(missing)} in all) not in the corpus"
+        )
+    if not any(rel > 0 for docs in loaded["relevant_docs"].values() for rel in docs.values()):
+        raise LocalDataError(f"{where}: no qrels relevance is above 0: no query has a document to find")
+    queries = set(loaded["queries"]["id"])
+    unasked = sorted(q for q in loaded["relevant_docs"] if q not in queries)
+    if unasked:
+        logger.warning("%s: qrels name query id(s) %s not in the queries file: left out", where, unasked[:5])
 
 
 def _card_metadata(card: TaskCard, spec, data: Path):
