@@ -214,13 +214,15 @@ def resolve_named_file(name_or_path: str | Path, folder: str, suffixes=(".yaml",
     repository's top level. Both are searched.
     """
     path = Path(name_or_path)
-    if path.exists():
+    if path.is_file():
         return path
     roots = [Path(str(resources.files("neoembed"))) / folder, Path(__file__).resolve().parent.parent / folder]
     candidates = [root / f"{name_or_path}{s}" for root in roots for s in ("", *suffixes)]
     for c in candidates:
-        if c.is_file():
+        if c.is_file():  # before a folder of that name here (./glue/mrpc, GLUE's data, is not recipe glue/mrpc)
             return c
+    if path.exists():
+        return path
     available = sorted({p.stem for root in roots if root.is_dir() for p in root.glob("*.y*ml")})
     raise RecipeError(
         f"{folder[:-1].replace('_', ' ')} {str(name_or_path)!r} not found: it is neither a file nor a shipped name. "

@@ -62,6 +62,14 @@ def test_a_folder_given_as_the_recipe_names_its_recipes(tmp_path):
     (tmp_path / "mine.yaml").write_text("seed: 1\n")
     with pytest.raises(RecipeError, match=r"is a folder, not a recipe file: name a .yaml file \(it holds mine.yaml\)"):
         load_recipe(tmp_path, Demo)
+    # a folder here named as a shipped recipe is not taken for it: ./glue/mrpc holds GLUE's data, and
+    # `neoembed glue MRPC` (recipe glue/mrpc) said "glue/mrpc is a folder, not a recipe file" (walk Y)
+    from neoembed.recipe import resolve_named_file
+
+    (tmp_path / "glue" / "mrpc").mkdir(parents=True)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(tmp_path)
+        assert resolve_named_file("glue/mrpc", "recipes").name == "mrpc.yaml"
 
 
 def test_seed_everything_repeats_numbers():

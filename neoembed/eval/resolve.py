@@ -170,7 +170,8 @@ def resolve_tasks(cfg: EvalConfig) -> list[tuple[object, str | None]]:
     if cfg.data_dir is not None:
         data_dir = Path(cfg.data_dir)
         if not data_dir.is_dir():
-            raise LocalDataError(f"--data-dir {data_dir} does not exist")
+            what = "is a file, not a folder" if data_dir.exists() else "does not exist"
+            raise LocalDataError(f"--data-dir {data_dir} {what}")
         found = task_folders(
             data_dir, skip_non_tasks=not cfg.tasks
         )  # a task asked for by name is never skipped
