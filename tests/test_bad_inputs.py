@@ -40,6 +40,12 @@ def _parquet(path: Path) -> Path:
     return path
 
 
+def _json_array(path: Path) -> Path:
+    rows = [json.loads(line) for line in (TINY / "rows" / "pydoc_names.jsonl").read_text().splitlines()]
+    path.write_text(json.dumps(rows))
+    return path
+
+
 def _truncated_gz(path: Path) -> Path:
     path.write_bytes(gzip.compress((TINY / "rows" / "pydoc_names.jsonl").read_bytes())[:3000])
     return path
@@ -53,12 +59,16 @@ def _truncated_gz(path: Path) -> Path:
         (lambda d: _truncated_gz(d / "rows.jsonl.gz"), "complete .gz"),
         # a Parquet file under format: json said "not UTF-8 text ... iconv -f latin1" (walk T, 22)
         (lambda d: _parquet(d / "rows.parquet"), "is Parquet data, not json: set the card's format to parquet"),
+        # a JSON array under format: parquet, JSON lines under csv (walk Y: "truncated or damaged", "3 fields")
+        (lambda d: _json_array(d / "rows.json"), "is JSON data, not parquet: set the card's format to json"),
+        (lambda d: shutil.copy(TINY / "rows" / "pydoc_names.jsonl", d / "r.csv"), "is JSON data, not csv"),
     ],
-    ids=["folder", "newline-only", "truncated-gz", "parquet-as-json"],
+    ids=["folder", "newline-only", "truncated-gz", "parquet-as-json", "json-as-parquet", "jsonl-as-csv"],
 )
 def test_unreadable_card_data_is_named(tmp_path, capsys, monkeypatch, make, expect):
     data = make(tmp_path)
-    code, out = _cli(capsys, monkeypatch, "train", str(_recipe_on(tmp_path, str(data))))
+    fmt = {".json": "parquet", ".csv": "csv"}.get(Path(data).suffix, "json")
+    code, out = _cli(capsys, monkeypatch, "train", str(_recipe_on(tmp_path, str(data), fmt)))
     assert code == 2, out
     assert "card x" in out and expect in out and str(Path(data).name) in out
     assert not (tmp_path / "out").exists()

@@ -83,12 +83,12 @@ def explain_unreadable(path: Path, error: BaseException, fmt: str = "json") -> s
 
 def _other_format(path: Path, fmt: str) -> str | None:
     """The format a file's first bytes show where the card names another: a Parquet file starts with ``PAR1``
-    (read as text, its first line is "not UTF-8"), JSON lines with ``{``."""
+    (read as text, its first line is "not UTF-8"), JSON lines with ``{``, a JSON array with ``[``."""
     with open(path, "rb") as f:
         head = f.read(4)
     if fmt != "parquet" and head == b"PAR1":
         return "Parquet"
-    if fmt == "parquet" and head[:1] == b"{":
+    if fmt != "json" and head.lstrip()[:1] in (b"{", b"["):  # JSON lines, or a JSON array
         return "JSON"
     return None
 
