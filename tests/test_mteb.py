@@ -193,9 +193,12 @@ def test_own_task_data_that_would_score_wrong_is_refused_or_read_right(minilm, t
         "Labels": ("PairClassification", {"test.jsonl": pairs}, "row 1: label 2; pair labels are 0 or 1"),
         "Constant": ("STS", {"test.jsonl": sts}, "every gold score is 3.0: nothing to correlate with"),
         "Empty": ("STS", {"test.jsonl": []}, "holds empty file(s) ['test.jsonl']"),
+        # a main_score the type does not compute: a bare KeyError: 'accuracy' after the scoring
+        "Metric": ("STS", {"test.jsonl": [{**r, "score": float(i)} for i, r in enumerate(sts)]},
+                   "main_score 'accuracy' is not a score a STS task computes; choose one of ["),
     }  # fmt: skip
-    label = {"PairClassification": {"labels": "label"}}
-    cards = [str(_own_task(tmp_path / "t", n, t, f, columns=label.get(t, {}))) for n, (t, f, _) in cases.items()]
+    extra = {"Labels": {"columns": {"labels": "label"}}, "Metric": {"main_score": "accuracy"}}
+    cards = [str(_own_task(tmp_path / "t", n, t, f, **extra.get(n, {}))) for n, (t, f, _) in cases.items()]
     report = _run(minilm, tmp_path / "out", tasks=cards)
     for name, (_, _, said) in cases.items():
         assert said in report.failed[name], (name, report.failed.get(name))

@@ -263,6 +263,16 @@ def build_card_task(card: TaskCard, data: Path):
     # the card's fields that change a score, which a result's data fingerprint takes in (eval.local_data)
     CardTask.card_fields = json.dumps(card.model_dump(include=SCORED_FIELDS), sort_keys=True)
 
+    def _add_main_score(self, scores: dict) -> None:  # mteb's own: a bare KeyError after the scoring
+        if self.metadata.main_score not in scores:
+            computed = sorted(k for k, v in scores.items() if isinstance(v, int | float))
+            raise LocalDataError(
+                f"task {card.name}: main_score {self.metadata.main_score!r} is not a score a {card.type} task "
+                f"computes; choose one of {computed}"
+            )
+        base._add_main_score(self, scores)
+
+    CardTask._add_main_score = _add_main_score
     for key, value in spec.settings(card).items():
         setattr(CardTask, key, value)
     CardTask.metadata = metadata
