@@ -1041,6 +1041,8 @@ def test_a_changed_dataset_entry_or_card_is_said_by_its_key():
         "datasets.0.card", "datasets.0.max_rows", "datasets.1.card", "datasets.1.max_rows"
     ]  # fmt: skip
     assert _differences(then, then, {}) == []
+    dropped = _differences(then, {**then, "data.a": "(not set)"}, {})  # walk Y: it said the card's fields differ
+    assert dropped == ['data.a: "cb01" in the folder\'s run, "(not set)" now (trained on in one run only)']
     # a hub id not in the cache as the run started recorded no commit: the one cached since is the same model,
     # and a run from such a hub id could never be resumed (walk W); a recorded commit still compares
     hub = {"revision": None, "weights": None, "pipeline": None}

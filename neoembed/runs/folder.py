@@ -251,6 +251,8 @@ def _differing(key: str, then: Any, now: Any, by_content: frozenset[str]) -> lis
                 )
             ]
     hint = next((f" ({said})" for prefix, said in HASHED.items() if key.startswith(prefix)), "")
+    if "(not set)" in (then, now):  # a card trained on one side only: added or dropped, not changed
+        hint = " (trained on in one run only)" if key.startswith("data.") else ""
     return [f"{key}: {json.dumps(then, default=str)} in the folder's run, {json.dumps(now, default=str)} now{hint}"]
 
 
