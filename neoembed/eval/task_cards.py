@@ -297,6 +297,12 @@ def check_rows(card: TaskCard, split: str, rows) -> None:
                 raise LocalDataError(f"{where}, row {i + 1}: score {score!r} is not a number")
         if len(set(rows["score"])) == 1:
             raise LocalDataError(f"{where}: every gold score is {rows['score'][0]}: nothing to correlate with")
+    if card.type == "Clustering" and len(rows) and not isinstance(rows[0]["sentences"], str):
+        raise LocalDataError(
+            f"{where}, row 1: sentences is a {type(rows[0]['sentences']).__name__}, not a text: a Clustering card "
+            "takes one text and its label per row (mteb's older layout, one clustering set of lists per row, is "
+            "not read)"
+        )
     if card.type == "PairClassification":
         bad = next(((i, v) for i, v in enumerate(rows["labels"]) if v not in (0, 1) or isinstance(v, bool)), None)
         if bad is not None:
