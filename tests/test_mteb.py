@@ -119,8 +119,14 @@ def test_compare_refuses_a_task_scored_on_other_data(minilm, small, shared_dir, 
     for name, folder in (("a", small / "mteb" / "STS16"), ("b", small / "mteb" / "STS16"), ("c", cut)):
         assert not _run(minilm, tmp_path / name, tasks=[str(folder)], name=f"model-{name}").failed
     compare_runs([tmp_path / "a", tmp_path / "b"])
-    with pytest.raises(ValueError, match=r"task STS16 was scored on different data in these runs \(.*a, .*c: its"):
+    with pytest.raises(ValueError, match=r"task STS16 was scored on different data in these runs \(.*a, .*c: the"):
         compare_runs([tmp_path / "a", tmp_path / "c"])
+    # two tasks whose data differ are named together (walk Z: only the first was, and a rerun met the next)
+    from neoembed.eval.summary import _check_data
+
+    rows = [{"run": r, "tasks": {t: {"data_fingerprint": f"{r}{t}"} for t in ("X", "Y")}} for r in "ab"]
+    with pytest.raises(ValueError, match=r"tasks X, Y were scored on different data in these runs \(a, b: the"):
+        _check_data(rows)
 
 
 def _first_rows(src: Path, dst: Path, n: int) -> None:

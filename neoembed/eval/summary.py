@@ -358,14 +358,19 @@ def _check_data(rows: list[dict]) -> None:
     """A local task scored on other data in another run (its fingerprint differs: the held-out file edited or cut
     between the runs) is not compared: the data alone can move a score more than a fine-tune does."""
     tasks = {t for r in rows for t in r["tasks"]}
+    differ, runs = [], set()
     for task in sorted(tasks):
         prints = {r["run"]: r["tasks"][task].get("data_fingerprint") for r in rows if task in r["tasks"]}
         if len({json.dumps(v, sort_keys=True) for v in prints.values() if v is not None}) > 1:
-            raise ValueError(
-                f"task {task} was scored on different data in these runs ({', '.join(prints)}: its data "
-                "fingerprints differ): their scores are not comparable. Re-run neoembed mteb on the same data for "
-                "every model (--overwrite re-scores a folder)"
-            )
+            differ.append(task)
+            runs.update(prints)
+    if differ:  # every such task named at once: a rerun for the first would meet the next
+        raise ValueError(
+            f"task{'s' if len(differ) > 1 else ''} {', '.join(differ)} {'were' if len(differ) > 1 else 'was'} "
+            f"scored on different data in these runs ({', '.join(sorted(runs))}: the data fingerprints differ): "
+            "their scores are not comparable. Re-run neoembed mteb on the same data for every model "
+            "(--overwrite re-scores a folder)"
+        )
 
 
 def _check_prompts(rows: list[dict]) -> None:
