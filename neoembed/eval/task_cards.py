@@ -304,7 +304,7 @@ def check_rows(card: TaskCard, split: str, rows) -> None:
             "not read)"
         )
     if card.type == "PairClassification":
-        bad = next(((i, v) for i, v in enumerate(rows["labels"]) if v not in (0, 1) or isinstance(v, bool)), None)
+        bad = next(((i, v) for i, v in enumerate(rows["labels"]) if v not in (0, 1)), None)  # 1.0 and True are 1
         if bad is not None:
             raise LocalDataError(f"{where}, row {bad[0] + 1}: label {bad[1]!r}; pair labels are 0 or 1")
 
@@ -315,11 +315,11 @@ def check_retrieval_split(task: str, split: str, loaded: dict) -> None:
     miss), or no relevance above 0 (nothing to find)."""
     where = f"task {task}, {split} split"
     for kind in ("queries", "corpus"):
-        repeated = sorted(i for i, n in Counter(loaded[kind]["id"]).items() if n > 1)
+        repeated = sorted((i for i, n in Counter(loaded[kind]["id"]).items() if n > 1), key=str)
         if repeated:
             raise LocalDataError(f"{where}: the {kind} file gives id(s) {repeated[:5]} more than once")
     corpus = set(loaded["corpus"]["id"])
-    missing = sorted({d for docs in loaded["relevant_docs"].values() for d in docs if d not in corpus})
+    missing = sorted({d for docs in loaded["relevant_docs"].values() for d in docs if d not in corpus}, key=str)
     if missing:
         raise LocalDataError(
             f"{where}: qrels name document(s) {missing[:5]} ({len(missing)} in all) not in the corpus"
@@ -327,7 +327,7 @@ def check_retrieval_split(task: str, split: str, loaded: dict) -> None:
     if not any(rel > 0 for docs in loaded["relevant_docs"].values() for rel in docs.values()):
         raise LocalDataError(f"{where}: no qrels relevance is above 0: no query has a document to find")
     queries = set(loaded["queries"]["id"])
-    unasked = sorted(q for q in loaded["relevant_docs"] if q not in queries)
+    unasked = sorted((q for q in loaded["relevant_docs"] if q not in queries), key=str)
     if unasked:
         logger.warning("%s: qrels name query id(s) %s not in the queries file: left out", where, unasked[:5])
 
