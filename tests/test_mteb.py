@@ -212,6 +212,7 @@ def test_own_task_data_that_would_score_wrong_is_refused_or_read_right(minilm, t
         assert said in report.failed[name], (name, report.failed.get(name))
     rows = [{"query": texts[0], "positive": texts[1], "negative": [texts[3]]}]  # a string: one positive
     card = _own_task(tmp_path / "t", "RerankStr", "Reranking", {"test.jsonl": rows * 2})
+    (card.parent / "data" / ".gitkeep").touch()  # an empty file that is no data file (walk V: refused the task)
     scored = _run(minilm, tmp_path / "rr", tasks=[str(card)]).scores["RerankStr"]
     assert scored["main_score"] == 1.0 and scored["mteb"]["scores"]["test"][0]["recall_at_1"] == 1
 
@@ -1117,7 +1118,7 @@ def test_a_result_is_scored_again_when_its_local_data_changed(minilm, sts_slice,
     _write_jsonl_gz(data / "STS16" / "test.jsonl.gz", _read_jsonl_gz(data / "STS16" / "test.jsonl.gz")[:40])
     caplog.clear()
     again = _run(minilm, out, data_dir=data)
-    assert not again.skipped and "STS16: its data differ from those its result in" in caplog.text
+    assert not again.skipped and "STS16: its data (a task card's with its columns" in caplog.text
     fresh = _run(minilm, tmp_path / "fresh", data_dir=data).scores["STS16"]
     assert again.scores["STS16"]["main_score"] == fresh["main_score"] != first["main_score"]
     assert load_json(out / "STS16.json")["data_fingerprint"] == fresh["data_fingerprint"] != first["data_fingerprint"]

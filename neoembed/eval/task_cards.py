@@ -35,7 +35,7 @@ import yaml
 from pydantic import ValidationError, field_validator
 
 from neoembed.card_schema import DatasetCard
-from neoembed.eval.local_data import LocalDataError, NotAnEvaluationTask, local_dataset_repo
+from neoembed.eval.local_data import LocalDataError, NotAnEvaluationTask, is_data_file, local_dataset_repo
 from neoembed.eval.task_types import card_type_names, task_type
 from neoembed.recipe import RecipeError, StrictModel, format_validation_error
 
@@ -166,8 +166,8 @@ def _load_renamed(card: TaskCard, data: Path):
     import datasets
 
     repo = local_dataset_repo(data)
-    empty = sorted(f.name for f in Path(data).iterdir() if f.is_file() and f.stat().st_size == 0)
-    if empty:  # datasets' error for one is a StopIteration without a message
+    empty = sorted(f.name for f in Path(data).iterdir() if is_data_file(f) and f.stat().st_size == 0)
+    if empty:  # datasets' error for one is a StopIteration without a message (a .gitkeep is no data file)
         raise LocalDataError(f"task {card.name}: {data} holds empty file(s) {empty}: fill or remove them")
     ds = datasets.load_dataset(str(repo))
     spec = task_type(card.type)
