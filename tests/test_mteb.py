@@ -199,6 +199,8 @@ def test_own_task_data_that_would_score_wrong_is_refused_or_read_right(minilm, t
         "Labels": ("PairClassification", {"test.jsonl": pairs}, "row 1: label 2; pair labels are 0 or 1"),
         "Constant": ("STS", {"test.jsonl": sts}, "every gold score is 3.0: nothing to correlate with"),
         "Empty": ("STS", {"test.jsonl": []}, "holds empty file(s) ['test.jsonl']"),
+        "NoNegative": ("Reranking", {"test.jsonl": [{"query": texts[0], "positive": [texts[1]], "negative": []}]},
+                       "test split: no query has both a positive and a negative to rank"),
         "Sets": ("Clustering", {"test.jsonl": [{"sentences": texts, "labels": [0, 0, 1, 1]}]},
                  "row 1: sentences is a list, not a text: a Clustering card takes one text and its label per row"),
         # a main_score the type does not compute: a bare KeyError: 'accuracy' after the scoring

@@ -209,6 +209,8 @@ def reranking_as_retrieval(dataset, task: str = "the task") -> dict:
                 len(rows) - len(kept),
                 len(rows),
             )
+        if not kept:  # else mteb's "Column 'id' doesn't exist", naming neither
+            raise LocalDataError(f"{task}, {split} split: no query has both a positive and a negative to rank")
         corpus, queries, relevant, top_ranked = [], [], {}, {}
         for i, row in enumerate(kept):
             # one text given as a string is one candidate (enumerate would take each character for one)
