@@ -41,7 +41,7 @@ def onnx_file(folder: str | Path, file_name: str | None = None) -> Path:
     """The ONNX file of an exported folder: ``onnx/<file_name>`` (``onnx/model.onnx`` by default)."""
     name = file_name or DEFAULT_FILE
     root = Path(folder)
-    # by the names alone: a hub cache snapshot's files are links into its blobs/ folder, and belong to it all the same
+    # by the names alone: a hub cache snapshot's files are links into its blobs/ folder and belong to it
     if Path(name).is_absolute() or ".." in Path(os.path.normpath(name)).parts:
         # another folder's graph would run on this folder's tokenizer and pooling: a wrong width, or wrong vectors
         raise ValueError(

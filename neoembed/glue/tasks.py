@@ -166,9 +166,9 @@ def local_splits(
 
 
 def data_key(task: GlueTask, data_dir: str | Path | None, carve: str | None) -> dict[str, str]:
-    """What a resume compares of the local data, ``splits.<split>``: each split's files by content (a copy of the folder elsewhere
-    matches, a split edited between a kill and ``--resume`` does not). Hub data: nothing here (the run record
-    names the dataset)."""
+    """What a resume compares of the local data, ``splits.<split>``: each split's files by content (a copy of the
+    folder elsewhere matches, a split edited between a kill and ``--resume`` does not). Hub data: nothing here
+    (the run record names the dataset)."""
     import hashlib
 
     from neoembed.record import content_stamp

@@ -99,8 +99,8 @@ def check_pair_counts(name: str, pairs: int, same: int, distinct: int) -> list[s
         effect = (
             "one pair: nothing to contrast, the loss is 0"
             if distinct <= 1
-            else f"each {n / distinct:.1f} times on average: a repeat in a batch is masked as a false negative of its "
-            "twin, leaving its query fewer negatives, and the run sees the same few pairs again and again"
+            else f"each {n / distinct:.1f} times on average: a repeat in a batch is masked as a false negative of "
+            "its twin, leaving its query fewer negatives, and the run sees the same few pairs again and again"
         )
         found.append(
             f"dataset {name}: {n - distinct} of {n} pairs repeat another pair ({distinct} distinct, {effect}). "
