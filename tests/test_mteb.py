@@ -1218,6 +1218,33 @@ def test_query_prompt_leaves_task_instructions_and_symmetric_tasks_alone(minilm_
     assert sorted(again.skipped) == ["STS16", "TrecQA"]
 
 
+def test_summary_says_what_each_score_rests_on_and_which_tasks_are_own(minilm, small, tmp_path):
+    """#44's walk X: a run of one's own held-out task was labelled "1 (partial)" (of MTEB(eng, v1), which it is
+    no part of) under "Instructions: released" with a hint to try `--instructions none`, although no task had an
+    instruction; own-data.md says to read a difference against the number of queries the summary reports, which
+    it did not report. Each result records the texts mteb encoded; the summary names the queries (a search) or
+    texts each score rests on, counts own tasks apart from the suite, and says when no task has an instruction."""
+    from neoembed.eval.summary import write_summary
+
+    trecqa, sts = str(small / "eval" / "TrecQA"), str(small / "mteb" / "STS16")
+    report = _run(minilm, tmp_path / "own", tasks=[trecqa], instructions="released")
+    entry = report.scores["TrecQA"]
+    assert entry["own_task"] is True and entry["texts_encoded"]["query"] == SMALL_ROWS["TrecQA"]
+    write_summary(tmp_path / "own", "m")
+    summary = (tmp_path / "own" / "summary.md").read_text()
+    assert summary.startswith("Instructions: released (none of these tasks has one) · precision")
+    assert "`--instructions none`" not in summary
+    assert "| m | " in summary and "| 1 (own) |" in summary and "partial" not in summary
+    assert "TrecQA map_at_1000 over 8 queries" in summary
+    report = _run(minilm, tmp_path / "mixed", tasks=[sts, trecqa], instructions="paper")
+    assert "own_task" not in report.scores["STS16"]  # an mteb task's name, its data local
+    assert sum(report.scores["STS16"]["texts_encoded"].values()) == 2 * SMALL_ROWS["STS16"]
+    write_summary(tmp_path / "mixed", "m")
+    summary = (tmp_path / "mixed" / "summary.md").read_text()
+    assert summary.startswith("Instructions: paper · ") and "`--instructions none` scores" in summary
+    assert "| 2 (partial; 1 own) |" in summary and "STS16 cosine_spearman over 200 texts" in summary
+
+
 def test_case_saved_then_none_query_prompt_is_one_setting_for_reuse_summary_and_compare(minilm, small, tmp_path):
     """#43's walk: for a model that saved no query prompt, ``saved`` and ``none`` give the queries the same empty
     prompt, so a result of one is reused under the other, and the folder is then one setting: its summary names
@@ -1233,7 +1260,7 @@ def test_case_saved_then_none_query_prompt_is_one_setting_for_reuse_summary_and_
     row = write_summary(out, "m")
     assert row["query_prompt_label"] == "saved (none)" and row["query_prompt_setting"] == "saved"
     assert "query prompt: saved (none) ·" in (out / "summary.md").read_text().splitlines()[0]
-    assert "| 2 (partial) |" in compare_runs([out], out=tmp_path / "q3")
+    assert "| 2 (partial; 1 own) |" in compare_runs([out], out=tmp_path / "q3")  # TrecQA: not an mteb task
     assert "query prompt: saved (none) ·" in compare_runs([out, shutil.copytree(out, tmp_path / "twin")])
     plain = tmp_path / "plain"  # a run of --query-prompt none alone
     plain.mkdir()

@@ -18,7 +18,16 @@ import numpy as np
 
 from neoembed.quantization import RESCORE_DOCS, QuantizedIndex, rescored_search
 
-__all__ = ["RESCORE_K", "RESCORE_TYPES", "RescoringIndex", "rescore_label", "rescoring_search_model"]
+__all__ = [
+    "RESCORE_K",
+    "RESCORE_TYPES",
+    "RescoringIndex",
+    "check_rescore",
+    "rescore_fields",
+    "rescore_label",
+    "rescoring_search_model",
+    "scoring_model",
+]
 
 RESCORE_K = 10  # the cut-off of nDCG@10
 RESCORE_TYPES = ("Retrieval", "Reranking")
@@ -109,3 +118,50 @@ def rescoring_search_model(wrapper, precision: str, multiplier: int, rescore_doc
         precision, multiplier, rescore_docs, normalize=similarity is ScoringFunction.COSINE
     )
     return SearchEncoderWrapper(wrapper, index_backend=index)
+
+
+def check_rescore(cfg) -> None:
+    """Refuse an evaluation config's (``neoembed.eval.config.EvalConfig``) rescoring settings that cannot run."""
+    if cfg.rescore is None:
+        return
+    if cfg.rescore < 1:
+        raise ValueError(f"rescore {cfg.rescore}: the multiplier is 1 or more (candidates = N x 10)")
+    if cfg.embedding_precision == "fp32":
+        raise ValueError(
+            "rescore needs quantized documents: add --embedding-precision int8 or binary (fp32 has nothing to rescore)"
+        )
+    if cfg.rescore_docs not in RESCORE_DOCS:
+        raise ValueError(f"rescore_docs {cfg.rescore_docs!r}: choose one of {', '.join(RESCORE_DOCS)}")
+
+
+def _rescores(cfg, task) -> bool:
+    """Whether ``task`` runs with rescoring: asked for, and a task type with a search to rescore."""
+    return bool(cfg.rescore) and task.metadata.type in RESCORE_TYPES
+
+
+def rescore_fields(cfg, task) -> dict:
+    """What a task's result says of rescoring (``rescore``: the run's setting, the same for every task)."""
+    fields = {"rescore": rescore_label(cfg.rescore, cfg.rescore_docs)}
+    if cfg.rescore:
+        fields |= {
+            "rescore_multiplier": cfg.rescore,
+            "rescore_docs": cfg.rescore_docs,
+            "rescore_applied": _rescores(cfg, task),
+        }
+    return fields
+
+
+def scoring_model(wrapper, cfg, task):
+    """What mteb scores ``task`` with: ``wrapper`` searching quantized documents with rescoring where the task
+    has a search to rescore, else mteb's ``CompressionWrapper`` for int8 / binary embeddings (int8 maps each
+    dimension to 256 levels between the ranges seen on the task's embeddings; binary keeps the sign bits, scored
+    with Hamming-equivalent similarities), else ``wrapper`` as is."""
+    if _rescores(cfg, task):
+        return rescoring_search_model(wrapper, cfg.embedding_precision, cfg.rescore, cfg.rescore_docs)
+    if cfg.embedding_precision == "fp32":
+        return wrapper
+    from mteb.models import CompressionWrapper
+    from mteb.types import OutputDType
+
+    dtype = OutputDType.INT8 if cfg.embedding_precision == "int8" else OutputDType.BINARY
+    return CompressionWrapper(wrapper, dtype)

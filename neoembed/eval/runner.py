@@ -27,6 +27,7 @@ from neoembed.eval.config import (
     EvalReport,
 )
 from neoembed.eval.local_data import data_fingerprint
+from neoembed.eval.rescore import check_rescore, rescore_fields, scoring_model
 from neoembed.eval.resolve import Unresolvable, is_registered, resolve_tasks, task_folders
 from neoembed.instructions import (
     SHIPPED_SETS,
@@ -120,7 +121,8 @@ def _mteb_wrapper(
     similarities and metrics stay in float32 (an autocast around the whole evaluation would also run
     ``model.similarity``'s matmul in float16, reordering near-tied neighbours). With a CDE ``context``, every
     encode call of this task carries it as ``dataset_embeddings`` (nothing is left on the model). ``seen``
-    collects the width of the embeddings mteb scored (``seen["dims"]``: every width met). With
+    collects the width of the embeddings mteb scored (``seen["dims"]``: every width met) and how many texts it
+    encoded as queries, documents or neither (``seen["encoded"]``). With
     ``max_batch_tokens``, every encode call fills its batches to that many tokens (:mod:`neoembed.batching`).
     ``name``: the model's name in mteb's results where mteb finds none (:func:`mteb_model_name`)."""
     from mteb.models import SentenceTransformerEncoderWrapper
@@ -137,6 +139,9 @@ def _mteb_wrapper(
                 out = super().encode(inputs, **kwargs)
             if seen is not None:
                 seen.setdefault("dims", set()).add(int(out.shape[-1]))
+                kind = getattr(kwargs.get("prompt_type"), "value", None) or "other"
+                encoded = seen.setdefault("encoded", {})
+                encoded[kind] = encoded.get(kind, 0) + int(out.shape[0])
             return out
 
     # mteb warns and logs when given prompts (neoembed chose them; the summary's first line says which), when a
@@ -165,41 +170,6 @@ def mteb_model_name(model: str) -> str:
     return f"local/{folder_label(text)}"
 
 
-def _compressed(wrapper, embedding_precision: str):
-    """mteb's CompressionWrapper around ``wrapper`` for int8 / binary embeddings (fp32: the wrapper as is).
-
-    int8 maps each dimension to 256 levels between the ranges seen on the task's embeddings; binary keeps the
-    sign bits (mteb scores them with Hamming-equivalent similarities)."""
-    if embedding_precision == "fp32":
-        return wrapper
-    from mteb.models import CompressionWrapper
-    from mteb.types import OutputDType
-
-    dtype = OutputDType.INT8 if embedding_precision == "int8" else OutputDType.BINARY
-    return CompressionWrapper(wrapper, dtype)
-
-
-def _rescores(cfg: EvalConfig, task) -> bool:
-    """Whether ``task`` runs with rescoring: asked for, and a task type with a search to rescore."""
-    from neoembed.eval.rescore import RESCORE_TYPES
-
-    return bool(cfg.rescore) and task.metadata.type in RESCORE_TYPES
-
-
-def _rescore_fields(cfg: EvalConfig, task) -> dict:
-    """What a task's result says of rescoring (``rescore``: the run's setting, the same for every task)."""
-    from neoembed.eval.rescore import rescore_label
-
-    fields = {"rescore": rescore_label(cfg.rescore, cfg.rescore_docs)}
-    if cfg.rescore:
-        fields |= {
-            "rescore_multiplier": cfg.rescore,
-            "rescore_docs": cfg.rescore_docs,
-            "rescore_applied": _rescores(cfg, task),
-        }
-    return fields
-
-
 def _evaluate_task(
     cfg: EvalConfig, model, task, prompts: dict, precision: str, output: Path, seen: dict, data: str | None
 ):
@@ -216,12 +186,7 @@ def _evaluate_task(
     tokens = cfg.max_batch_tokens or default_max_batch_tokens(model.device, model.max_seq_length)
     context = _task_context(cfg, model, task, output, seen, tokens, data)
     wrapper = _mteb_wrapper(model, prompts, context, precision, seen, tokens, mteb_model_name(cfg.model))
-    if _rescores(cfg, task):
-        from neoembed.eval.rescore import rescoring_search_model
-
-        wrapper = rescoring_search_model(wrapper, cfg.embedding_precision, cfg.rescore, cfg.rescore_docs)
-    else:
-        wrapper = _compressed(wrapper, cfg.embedding_precision)
+    wrapper = scoring_model(wrapper, cfg, task)
     with torch.inference_mode():
         result = mteb.evaluate(
             wrapper,
@@ -239,21 +204,6 @@ def _evaluate_task(
     return task_result, score
 
 
-def _check_rescore(cfg: EvalConfig) -> None:
-    from neoembed.quantization import RESCORE_DOCS
-
-    if cfg.rescore is None:
-        return
-    if cfg.rescore < 1:
-        raise ValueError(f"rescore {cfg.rescore}: the multiplier is 1 or more (candidates = N x 10)")
-    if cfg.embedding_precision == "fp32":
-        raise ValueError(
-            "rescore needs quantized documents: add --embedding-precision int8 or binary (fp32 has nothing to rescore)"
-        )
-    if cfg.rescore_docs not in RESCORE_DOCS:
-        raise ValueError(f"rescore_docs {cfg.rescore_docs!r}: choose one of {', '.join(RESCORE_DOCS)}")
-
-
 def backend_label(cfg: EvalConfig) -> str:
     """How the model ran: ``torch`` (``torch:int8`` quantized), or ``onnx:<graph file>`` (an int8 graph scores
     differently from fp32)."""
@@ -268,7 +218,7 @@ def _check_settings(cfg: EvalConfig) -> None:
         raise ValueError(
             f"embedding_precision {cfg.embedding_precision!r}: choose one of {', '.join(EMBEDDING_PRECISIONS)}"
         )
-    _check_rescore(cfg)
+    check_rescore(cfg)
     if cfg.cde_context not in ("corpus", "null"):
         raise ValueError(f"cde_context must be 'corpus' or 'null', got {cfg.cde_context!r}")
 
@@ -420,7 +370,7 @@ def _score_task(
         "main_score": score,
         "wall_time_s": round(time.perf_counter() - t0, 3),
         **settings,
-        **_rescore_fields(cfg, task),
+        **rescore_fields(cfg, task),
         "query_prompt_source": _query_prompt_source(cfg.query_prompt),
         "instruction": instruction,
         "prompts": prompts,
@@ -428,9 +378,16 @@ def _score_task(
         **({"differs_from_mteb": why} if (why := getattr(task, "neoembed_differs", None)) else {}),
         **_context_sample(seen),
         "embedding_dim": dims[0] if len(dims) == 1 else dims,  # the width of the embeddings mteb scored
+        "texts_encoded": dict(sorted(seen.get("encoded", {}).items())),  # how much a score rests on
+        **({"own_task": True} if _own_task(task) else {}),
         "model": cfg.model,
         "mteb": _task_result_dict(task_result),
     }
+
+
+def _own_task(task) -> bool:
+    """A task of the user's own card (an mteb task's name is scored as the mteb task, whatever its data)."""
+    return getattr(task, "card_fields", None) is not None and not is_registered(task.metadata.name)
 
 
 def _context_sample(seen: dict) -> dict:

@@ -42,7 +42,10 @@ def summarize(results: dict[str, dict], model: str, full_suite: dict[str, int] |
     types = [t for t in TYPE_ORDER if t in by_type] + sorted(set(by_type) - set(TYPE_ORDER))
     scores = [s for v in by_type.values() for s in v]
     suite = full_suite or MTEB_ENG_V1_TASKS_PER_TYPE
-    partial = any(len(by_type.get(t, [])) < n for t, n in suite.items())
+    own = sum(1 for entry in results.values() if entry.get("own_task"))  # tasks of the user's own cards
+    mteb_types = Counter(e["type"] for e in results.values() if not e.get("own_task"))
+    # a suite is partial against MTEB(eng, v1); a run of own tasks alone is no part of it
+    partial = len(results) > own and any(mteb_types[t] < n for t, n in suite.items())
     return {
         "model": model,
         **{key: _setting(results, key) for key in COMPARED_SETTINGS},
@@ -56,12 +59,29 @@ def summarize(results: dict[str, dict], model: str, full_suite: dict[str, int] |
             n: e["differs_from_mteb"] for n, e in sorted(results.items()) if e.get("differs_from_mteb")
         },
         "metrics": {n: e.get("main_score_name") for n, e in sorted(results.items())},  # each task's main score
+        "sizes": {n: _size(e["texts_encoded"]) for n, e in sorted(results.items()) if e.get("texts_encoded")},
+        # None where a result predates the record of its instruction
+        "tasks_with_instruction": (
+            sum(1 for e in results.values() if e.get("instruction"))
+            if all("instruction" in e for e in results.values())
+            else None
+        ),
         "per_type": {t: sum(by_type[t]) / len(by_type[t]) for t in types},
         "tasks_per_type": {t: len(by_type[t]) for t in types},
         "mean": sum(scores) / len(scores) if scores else None,  # None: no task scored (JSON has no NaN)
         "n_tasks": len(scores),
+        "own_tasks": own,
         "partial": partial,
     }
+
+
+def _size(encoded: dict[str, int]) -> str:
+    """What a score rests on: the queries a search scored, else every text encoded (an STS task's two
+    sentences of each pair, a classification task's training and test texts)."""
+    if encoded.get("query"):
+        return f"{encoded['query']:,} quer{'y' if encoded['query'] == 1 else 'ies'}"
+    total = sum(encoded.values())
+    return f"{total:,} text{'' if total == 1 else 's'}"
 
 
 #: Result settings that change scores: two runs are comparable only when each is the same in both.
@@ -170,8 +190,11 @@ def _settings_line(rows: list[dict]) -> str:
     note += f" · CDE context: {', '.join(contexts)}" if contexts else ""
     none = " (`--instructions none` scores a model without task instructions)"
     hint = "" if said["instructions"] == ["none"] else none
+    instructions = ", ".join(said["instructions"])
+    if hint and all(r.get("tasks_with_instruction") == 0 for r in rows):  # the set named gave none of them one
+        instructions, hint = f"{instructions} (none of these tasks has one)", ""
     return (
-        f"Instructions: {', '.join(said['instructions'])} · precision: {', '.join(said['precision'])} · "
+        f"Instructions: {instructions} · precision: {', '.join(said['precision'])} · "
         f"query prompt: {', '.join(prompts)} · dims: {', '.join(said['truncate_dim'])} · "
         f"max length: {', '.join(said['max_length'])} · backend: {', '.join(said['backend'])} · "
         f"embeddings: {', '.join(said['embedding_precision'])} · rescore: {', '.join(said['rescore'])}{note}{hint}\n\n"
@@ -192,7 +215,10 @@ def _markdown(rows: list[dict]) -> str:
     lines = []
     for r in rows:
         cells = [f"{100 * r['per_type'][t]:.2f}" if t in r["per_type"] else "–" for t in types]
-        label = f"{r['n_tasks']} (partial)" if r["partial"] else str(r["n_tasks"])
+        own = r.get("own_tasks")
+        mine = "" if not own else "own" if own == r["n_tasks"] else f"{own} own"
+        said = [x for x in ("partial" if r["partial"] else "", mine) if x]
+        label = f"{r['n_tasks']} ({'; '.join(said)})" if said else str(r["n_tasks"])
         cells += [f"{100 * r['mean']:.2f}", label]
         if extra:
             cells.append("–" if r["shared_mean"] is None else f"{100 * r['shared_mean']:.2f}")
@@ -217,7 +243,11 @@ def _metrics_line(rows: list[dict]) -> str:
     if not metrics:
         return ""
     if len(metrics) <= 6:
-        said = ", ".join(f"{t} {m}" for t, m in sorted(metrics.items()))
+        sizes = {t: {r["sizes"][t] for r in rows if t in r.get("sizes", {})} for t in metrics}
+        said = ", ".join(
+            f"{t} {m}" + (f" over {next(iter(sizes[t]))}" if len(sizes[t]) == 1 else "")
+            for t, m in sorted(metrics.items())
+        )
     else:
         counts = Counter(metrics.values())
         said = ", ".join(f"{m} ({n} tasks)" for m, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
