@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import zlib
 from pathlib import Path
 
@@ -38,6 +39,8 @@ __all__ = [
     "split_holdout",
     "write_holdout_tasks",
 ]
+
+logger = logging.getLogger(__name__)
 
 
 def _holdout(recipe):
@@ -125,7 +128,25 @@ def split_holdout(recipe, datasets: dict, cards, batch_sizes: dict[str, int]):
                 "eval.holdout.rows, or name other cards in eval.holdout.cards"
             )
         out[name] = ds if len(keep) == len(ds) else ds.select(keep)
+        _say_lost(name, len(ds), len(taken), len(keep))
     return out, held
+
+
+def _say_lost(name: str, rows: int, held: int, kept: int) -> None:
+    """A card's rows lost to the holdout, said: rows sharing a text with held-out ones (a query asked in several
+    rows, one positive for several queries) go too, which can take many times the held-out count."""
+    if kept == rows:
+        return
+    shared = rows - held - kept
+    also = f" and {shared:,} more that share a query, positive or hard negative with them" if shared else ""
+    (logger.warning if shared > held else logger.info)(
+        "card %s: eval.holdout keeps %s%s out of training: %s of its %s rows train",
+        name,
+        f"{held:,} held-out rows" if held else "no rows of this card",
+        also,
+        f"{kept:,}",
+        f"{rows:,}",
+    )
 
 
 def holdout_record(recipe, held: dict, datasets_before: dict[str, int], datasets_after: dict) -> dict:
@@ -170,15 +191,21 @@ def write_holdout_tasks(output: Path, held: dict, cards, recipe) -> None:
     for name, h in held.items():
         rows, folder = h["rows"], Path(output) / "eval" / f"holdout-{name}"
         corpus: dict[str, str] = {}  # text -> id: a text shared by rows is one document
-        queries, qrels = [], []
+        # text -> id: a query asked in several rows is one query with each of its positives relevant (as one
+        # query per row, each would count its own row's positive alone and the others' as misses)
+        asked: dict[str, str] = {}
+        qrels: dict[tuple[str, str], dict] = {}
         negatives = [c for c in rows.column_names if c not in ("query", "positive")]
-        for i, row in enumerate(rows):
+        for row in rows:
             for text in [row["positive"]] + [row[c] for c in negatives if row[c]]:
                 corpus.setdefault(text, f"d{len(corpus)}")
-            queries.append({"_id": f"q{i}", "text": row["query"]})
-            qrels.append({"query-id": f"q{i}", "corpus-id": corpus[row["positive"]], "score": 1})
+            qid = asked.setdefault(row["query"], f"q{len(asked)}")
+            pair = (qid, corpus[row["positive"]])
+            qrels[pair] = {"query-id": qid, "corpus-id": pair[1], "score": 1}
+        queries = [{"_id": i, "text": t} for t, i in asked.items()]
         docs = [{"_id": i, "title": "", "text": t} for t, i in corpus.items()]
-        for file, lines in (("queries.jsonl", queries), ("corpus.jsonl", docs), ("qrels/test.jsonl", qrels)):
+        files = (("queries.jsonl", queries), ("corpus.jsonl", docs), ("qrels/test.jsonl", list(qrels.values())))
+        for file, lines in files:
             (folder / file).parent.mkdir(parents=True, exist_ok=True)
             (folder / file).write_text(
                 "".join(json.dumps(x, ensure_ascii=False) + "\n" for x in lines), "utf8"
@@ -188,6 +215,7 @@ def write_holdout_tasks(output: Path, held: dict, cards, recipe) -> None:
             task["instruction"] = instructions[name]
         task["description"] = (
             f"{len(rows)} rows of training card {name} held out of training (eval.holdout, seed "
-            f"{recipe.eval.holdout.seed}): each query against the held-out positives and hard negatives."
+            f"{recipe.eval.holdout.seed}), {len(queries)} distinct queries: each query against the held-out "
+            "positives and hard negatives, its own positives relevant."
         )
         (folder / "task.yaml").write_text(yaml.safe_dump(task, sort_keys=False), encoding="utf8")
