@@ -112,6 +112,39 @@ def test_init_writes_commands_that_run_where_it_says(tmp_path, shared_dir, tiny_
         assert not bare, bare
 
 
+def test_init_holdout_keeps_rows_out_and_prints_the_base_models_command(
+    tmp_path, shared_dir, tiny_official, run_neoembed
+):
+    """#44 (walk X): own pairs without held-out rows needed `eval.holdout` typed into the train line by hand.
+    `init --holdout N` writes it into the recipe (steps sized on the rows left to train on), and prints the command
+    that scores the base model on the same held-out rows; the run scores them at its last step, and the fine-tuned
+    model scored by `neoembed mteb` on the written task gives the logged score. Bad counts are refused."""
+    from neoembed.data.starter import write_starter
+
+    _write_data(tmp_path, shared_dir)
+    with pytest.raises(ValueError, match="hold out 1 to 62 of the 64 rows"):
+        write_starter(tmp_path / "pairs.jsonl", tmp_path / "mydata", holdout=63)
+    init = ["init", "pairs.jsonl", "--out", "mydata", "--model", str(tiny_official), "--holdout", "12"]
+    r = run_neoembed(init, cwd=tmp_path)
+    assert r.exit_code == 0, r.stderr[-3000:]
+    recipe = (tmp_path / "mydata" / "pairs-recipe.yaml").read_text()
+    assert "batch_size: 13" in recipe and "eval: {steps: 10, holdout: {rows: 12}}" in recipe  # 52 rows // 4
+    base = [shlex.split(line.strip()) for line in r.stdout.splitlines() if line.strip().startswith("neoembed mteb")]
+    assert len(base) == 1 and base[0][-1] == "results/base", r.stdout
+    r = run_neoembed(["train", "mydata/pairs-recipe.yaml"], cwd=tmp_path)
+    assert r.exit_code == 0, r.stderr[-3000:]
+    assert "eval.holdout keeps 12 held-out rows out of training: 52 of its 64 rows train" in r.stderr + r.stdout
+    record = json.loads((tmp_path / "runs" / "pairs" / "run_record.json").read_text())
+    assert len(record["holdout"]["cards"]["pairs"]["indices"]) == 12
+    logged = [json.loads(line) for line in (tmp_path / "runs/pairs/metrics.jsonl").read_text().splitlines()]
+    score = next(row[k] for row in logged for k in row if k.startswith("eval_Holdout-pairs_"))
+    for argv in (base[0], ["neoembed", "mteb", "--model", "runs/pairs", "--tasks", base[0][5], "--output", "r/p"]):
+        r = run_neoembed(argv[1:], cwd=tmp_path)
+        assert r.exit_code == 0, r.stderr[-3000:]
+    assert json.loads((tmp_path / "r/p/Holdout-pairs.json").read_text())["main_score"] == pytest.approx(score)
+    assert (tmp_path / "results/base/Holdout-pairs.json").is_file()
+
+
 def test_init_card_passes_data_check_on_a_file_where_some_rows_lack_a_negative(tmp_path):
     """Own data mixes triplets and pairs: init's card must pass `neoembed data check` as written (it failed:
     expected_loss 0.0 against the rows without a hard negative), and the check reports the share dropped."""

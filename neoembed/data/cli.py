@@ -191,6 +191,14 @@ def init_command(
     overwrite: Annotated[
         bool, typer.Option("--overwrite", help="Replace a card or recipe already there.")
     ] = False,
+    holdout: Annotated[
+        int | None,
+        typer.Option(
+            "--holdout",
+            help="Keep N rows out of training and score them at the last step (eval.holdout), and the base model "
+            "on the same rows with the command printed.",
+        ),
+    ] = None,
 ) -> None:
     """Write a commented starter data card and training recipe for DATA (columns recognised by name)."""
     from neoembed.data.cards import load_card
@@ -198,7 +206,7 @@ def init_command(
     from neoembed.recipe import load_recipe
 
     # bad input is refused here, before the recipe's import below loads torch
-    starter = write_starter(data, out, model=model, overwrite=overwrite)
+    starter = write_starter(data, out, model=model, overwrite=overwrite, holdout=holdout)
     load_card(starter.card)  # what was written validates as it stands
     from neoembed.train.recipe import UnifiedRecipe
 
@@ -211,3 +219,10 @@ def init_command(
         f"wrote {starter.card} and {starter.recipe}; edit the instruction and licence, then:\n"
         f"  neoembed data check {card}\n  neoembed train {recipe}"
     )
+    if starter.holdout:
+        task = shlex.quote(f"runs/{starter.name}/eval/holdout-{starter.name}")
+        typer.echo(
+            f"{starter.holdout} rows are held out and scored at the last step (runs/{starter.name}/metrics.jsonl); "
+            "once training has started, score the base model on the same rows:\n"
+            f"  neoembed mteb --model {shlex.quote(model)} --tasks {task} --output results/base"
+        )

@@ -34,6 +34,8 @@ class Starter:
     recipe: Path
     rows: int
     columns: dict
+    name: str = ""  # the card's name: the run folder is runs/<name>
+    holdout: int = 0  # rows the recipe holds out of training (eval.holdout)
 
 
 FORMATS = {
@@ -196,10 +198,15 @@ def _warmup(steps: int) -> int:
     return warmup if warmup >= 2 else 0
 
 
-def _recipe_text(name: str, card_dir: str, rows: int, model: str, recipe_path: str) -> str:
+def _recipe_text(name: str, card_dir: str, rows: int, model: str, recipe_path: str, holdout: int = 0) -> str:
+    total, rows = rows, rows - holdout  # the held-out rows are never trained on
     batch = max(2, min(32, rows // 4))
     steps = max(10, min(1000, rows // batch))
     run = shlex.quote(recipe_path)
+    held = [
+        (f"eval: {{steps: {steps}, holdout: {{rows: {holdout}}}}}", f"{holdout} of the {total} rows kept out of "
+         f"training and scored at step {steps} as runs/{name}/eval/holdout-{name}/"),
+    ] if holdout else []
     return _commented([
         ("", f"Training recipe written by `neoembed init` for the card {name}: the unified contrastive recipe (InfoNCE"),
         ("", "with in-batch and hard negatives, the card's instruction before queries)."),
@@ -221,13 +228,19 @@ def _recipe_text(name: str, card_dir: str, rows: int, model: str, recipe_path: s
         (f"save_steps: {steps}", "a checkpoint every this many steps"),
         (f"logging_steps: {max(1, steps // 20)}", "a row of metrics.jsonl (a point of training_curves.png) every this many steps"),
         (f"output_dir: runs/{name}", "the trained model, relative to the folder you run neoembed from"),
+        *held,
     ])  # fmt: skip
 
 
 def write_starter(
-    data: str | Path, out: str | Path = ".", model: str = DEFAULT_MODEL, overwrite: bool = False
+    data: str | Path,
+    out: str | Path = ".",
+    model: str = DEFAULT_MODEL,
+    overwrite: bool = False,
+    holdout: int | None = None,
 ):
-    """Write ``out/<name>.yaml`` (card) and ``out/<name>-recipe.yaml`` for ``data``; returns a :class:`Starter`."""
+    """Write ``out/<name>.yaml`` (card) and ``out/<name>-recipe.yaml`` for ``data``; returns a :class:`Starter`.
+    ``holdout``: rows the recipe keeps out of training and scores at its last step (``eval.holdout``)."""
     data, out = Path(data), Path(out)
     if not data.is_file():
         raise FileNotFoundError(f"{data}: no such data file")
@@ -241,6 +254,13 @@ def write_starter(
             f"{data} holds {rows} row{'s' * (rows != 1)}: contrastive training needs at least {MIN_ROWS} (each "
             "query's in-batch negatives are the other rows' positives): add rows"
         )
+    if holdout is not None and not 1 <= holdout <= rows - MIN_ROWS:
+        raise ValueError(
+            f"--holdout {holdout}: hold out 1 to {rows - MIN_ROWS} of the {rows} rows in {data} (at least "
+            f"{MIN_ROWS} stay to train on)"
+            if rows > MIN_ROWS
+            else f"--holdout: {data} holds {rows} rows, all needed to train on: add rows to hold some out"
+        )
     columns = guess_columns(names)
     name = re.sub(r"[^A-Za-z0-9_-]+", "_", data.name.split(".")[0]) or "mydata"
     card, recipe = out / f"{name}.yaml", out / f"{name}-recipe.yaml"
@@ -252,5 +272,6 @@ def write_starter(
     out.mkdir(parents=True, exist_ok=True)
     rel = os.path.relpath(data.resolve(), out.resolve())
     card.write_text(_card_text(name, rel, _format(data), columns, rows, card.as_posix()), encoding="utf8")
-    recipe.write_text(_recipe_text(name, out.as_posix(), rows, model, recipe.as_posix()), encoding="utf8")
-    return Starter(card, recipe, rows, columns)
+    text = _recipe_text(name, out.as_posix(), rows, model, recipe.as_posix(), holdout or 0)
+    recipe.write_text(text, encoding="utf8")
+    return Starter(card, recipe, rows, columns, name, holdout or 0)
