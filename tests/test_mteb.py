@@ -1120,7 +1120,7 @@ def test_a_result_is_scored_again_when_its_local_data_changed(minilm, sts_slice,
     _write_jsonl_gz(data / "STS16" / "test.jsonl.gz", _read_jsonl_gz(data / "STS16" / "test.jsonl.gz")[:40])
     caplog.clear()
     again = _run(minilm, out, data_dir=data)
-    assert not again.skipped and "STS16: its data (a task card's with its columns" in caplog.text
+    assert not again.skipped and "STS16: its data differ from those its result in" in caplog.text
     fresh = _run(minilm, tmp_path / "fresh", data_dir=data).scores["STS16"]
     assert again.scores["STS16"]["main_score"] == fresh["main_score"] != first["main_score"]
     assert load_json(out / "STS16.json")["data_fingerprint"] == fresh["data_fingerprint"] != first["data_fingerprint"]

@@ -503,9 +503,9 @@ def _run_plan(cfg: EvalConfig, model, plan: list, label: str, output: Path, data
     fingerprints, stale = data
     for name, was in stale.items():
         logger.warning(
-            "%s: its data (a task card's with its columns, main_score and splits, which older results did not "
-            "record) differ from those its result in %s was scored on (data fingerprint %s, now %s): scoring it "
-            "again",
+            "%s: its data differ from those its result in %s was scored on (data fingerprint %s, now %s: its "
+            "files changed, or its task card's columns, main_score or splits, or the result is older than the "
+            "record of a card's fields): scoring it again",
             name,
             output,
             was or "none (the hub's data, or local data before neoembed recorded them)",
