@@ -117,6 +117,28 @@ def test_batches_hold_no_question_twice_on_cards_whose_questions_repeat(trecqa):
     assert batches == list(no_duplicate_batches("auto", dataset, generator=torch.Generator(), **kwargs))
 
 
+def test_a_duplicate_free_pass_short_of_batches_is_said_in_neoembeds_words(trecqa, caplog):
+    """Walk AA: a raw sentence-transformers line ("NoDuplicatesBatchSampler produced only 7 of the expected 10
+    batches ... this epoch's samples") between the step lines of own-data.md's run. Said in neoembed's terms."""
+    import logging
+
+    from neoembed.data.sampler import say_sampler_shortfall
+
+    rows = [{"query": r["query"], "positive": r["positive"]} for r in trecqa[:150]]
+    say_sampler_shortfall()
+    say_sampler_shortfall()  # once a process, however many runs
+    sampler = NoDuplicatesBatchSampler(
+        Dataset.from_list(rows), batch_size=23, drop_last=True, generator=torch.Generator(), seed=0
+    )
+    with caplog.at_level(logging.WARNING):
+        batches = list(sampler)
+    said = [r.getMessage() for r in caplog.records if "batches with no text twice" in r.getMessage()]
+    assert len(said) == 1 and "NoDuplicatesBatchSampler" not in caplog.text and len(batches) == len(sampler)
+    made = int(said[0].split("made ")[1].split()[0])
+    assert said[0].startswith(f"a pass over a card's rows made {made} batches with no text twice of the 6 ")
+    assert 0 < made < 6 and f"the other {6 - made} are drawn again" in said[0]
+
+
 def test_cards_without_repeats_keep_the_plain_sampler(trecqa):
     unique, seen = [], set()
     for r in trecqa:

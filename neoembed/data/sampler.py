@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import re
 from collections.abc import Iterator
 from itertools import accumulate
 from pathlib import Path
@@ -27,6 +28,7 @@ __all__ = [
     "duplicate_free_rows",
     "no_duplicate_batches",
     "plan_no_duplicates",
+    "say_sampler_shortfall",
     "text_hashes",
     "text_repeats",
 ]
@@ -93,6 +95,31 @@ def text_hashes(dataset, columns: list[str]):
                 text_hash(t if isinstance(t, str) else repr(t)) for t in batch[c]
             ]
     return out
+
+
+class _Shortfall(logging.Filter):
+    """sentence-transformers' note that a duplicate-free pass made fewer batches than planned, in neoembed's words:
+    it names its own class and an "epoch" that neoembed's step-counted runs do not have."""
+
+    SAID = re.compile(r"NoDuplicatesBatchSampler produced only (\d+) of the expected (\d+) batches")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if m := self.SAID.match(str(record.msg)):
+            made, planned = map(int, m.groups())
+            record.msg = (
+                "a pass over a card's rows made %d batches with no text twice of the %d it has rows for (its rows "
+                "share texts: a query asked in several rows, one positive of several queries); the other %d are "
+                "drawn again, so up to %.0f%% of a pass's batches repeat rows"
+            )
+            record.args = (made, planned, planned - made, 100 * (planned - made) / planned)
+        return True
+
+
+def say_sampler_shortfall() -> None:
+    """Put sentence-transformers' duplicate-free sampler's shortfall note into neoembed's words (once a process)."""
+    sampler_logger = logging.getLogger(NoDuplicatesBatchSampler.__module__)
+    if not any(isinstance(f, _Shortfall) for f in sampler_logger.filters):
+        sampler_logger.addFilter(_Shortfall())
 
 
 def no_duplicate_batches(mode: bool | str, dataset, **sampler_kwargs) -> NoDuplicatesBatchSampler | None:

@@ -19,7 +19,7 @@ import logging
 
 import torch
 
-from neoembed.data.sampler import NoDuplicatesBatchSampler, PowerLawDatasetBatchSampler
+from neoembed.data.sampler import NoDuplicatesBatchSampler, PowerLawDatasetBatchSampler, say_sampler_shortfall
 from neoembed.loop import StepOutput, mean_loss_and_stop
 
 __all__ = ["batches", "place_model_in_loss", "unified_step"]
@@ -63,6 +63,7 @@ def batches(
         }
         if no_duplicates.get(name):
             logger.info("card %s: a text repeats across rows, so no batch holds it twice", name)
+            say_sampler_shortfall()
             samplers.append(NoDuplicatesBatchSampler(dataset, **kwargs))
         else:
             samplers.append(DefaultBatchSampler(RandomSampler(dataset, generator=generator), **kwargs))
