@@ -231,7 +231,7 @@ def test_a_cached_card_warns_as_the_first_run(tmp_path, monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger="neoembed.data.cards"):
         prepare_card(card, folder)
         prepare_card(card, folder)
-    hints = [r.getMessage() for r in caplog.records if "expected_loss is unknown" in r.getMessage()]
+    hints = [r.getMessage() for r in caplog.records if "expected_loss: unknown, so" in r.getMessage()]
     assert len(hints) == 2 and hints[0] == hints[1]
 
 

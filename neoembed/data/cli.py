@@ -68,7 +68,8 @@ def _check_card(card, folder, hub: HubStatus, load: bool, max_rows: int | None, 
     from neoembed.data.cards import UNKNOWN
     from neoembed.data.check import offline_problems
 
-    pin = "pinned" if card.pinned else "revision unpinned"
+    # pinned: a local file, or a hub dataset at a named revision (not the latest, which moves)
+    pin = "source pinned" if card.pinned else "source revision unpinned"
     typer.echo(f"{card.name}: card valid ({pin}; licence: {card.license or 'not stated'})")
     problems = offline_problems(card)
     for p in problems:

@@ -74,23 +74,27 @@ class DropReport:
             else f"{self.rows_read:,} rows"
         )
         return (
-            f"card {self.card}: expected_loss is unknown (its evidence publishes no share), so the run goes on: "
-            f"measured {_percent(self.loss)} ({n:,} dropped of {where}). To pin it, set expected_loss: "
-            f"{_round_up(self.loss)} in the card and cite this card's `neoembed data check` output in its notes"
-            + (f"; to keep more of the rows instead, {hint}" if (hint := self.negatives_hint()) else "")
+            f"card {self.card}: expected_loss: unknown, so the run goes on having dropped {n:,} of {where} "
+            f"({_percent(self.loss)}); pin the share with expected_loss: {_round_up(self.loss)} in the card (its notes "
+            "citing `neoembed data check`)"
+            + (f", or keep the rows: {hint}" if (hint := self.negatives_hint()) else "")
         )
 
     def negatives_hint(self) -> str | None:
         """For rows dropped with fewer than k hard negatives: what each smaller ``max_negatives`` keeps."""
         if not self.kept_below_k:
             return None
-        smaller = [f"N={n} keeps {kept:,}" for n, kept in reversed(list(enumerate(self.kept_below_k))) if n]
-        here = f" (here {', '.join(smaller)})" if smaller else ""
         every = self.kept_below_k[0]
+        if self.negatives_per_query == 1:
+            return (
+                f"max_negatives: 0 in the recipe (datasets: [{{card: {self.card}, max_negatives: 0}}]) keeps every "
+                f"row ({every:,}), with in-batch negatives only"
+            )
+        smaller = [f"N={n} keeps {kept:,}" for n, kept in reversed(list(enumerate(self.kept_below_k))) if n]
         return (
-            f"max_negatives: N (below {self.negatives_per_query}) for this dataset in the recipe keeps the "
-            f"rows with at least N hard negatives{here}, and max_negatives: 0 keeps every row ({every:,}), "
-            f"with in-batch negatives only (datasets: [{{card: {self.card}, max_negatives: N}}])"
+            f"max_negatives: N in the recipe (datasets: [{{card: {self.card}, max_negatives: N}}]) keeps the rows "
+            f"with at least N hard negatives: {', '.join(smaller)}, N=0 every row ({every:,}), with in-batch "
+            "negatives only"
         )
 
     def as_dict(self) -> dict:
