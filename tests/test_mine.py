@@ -712,6 +712,20 @@ def test_corpus_from_another_card(card, tiny_official, tmp_path, shared_dir):
     assert negatives <= own | trec_docs and negatives & trec_docs  # the other card's documents are candidates
 
 
+def test_rows_without_negatives_of_their_own_are_mined_too(tiny_official, tmp_path, shared_dir):
+    """Walk AB: mining the TrecQA card (348 rows, 6 without a negative) read "218 of 342 rows": the card's own
+    negatives, which a mined card does not carry over, dropped the 6 rows as too short of them, 5 queries and
+    their positives with them. Every row with a query and a positive is mined."""
+    trec = REPO / "tests/data_cards/trecqa_pairs.yaml"
+    rows = [json.loads(line) for line in gzip.open(shared_dir / "data/train/trecqa_pairs/train.jsonl.gz", "rt")]
+    assert sum(1 for r in rows if not r.get("negative")) == 6
+    cfg = MineConfig(**{**SETTINGS, "max_rows": None})
+    result = mine_negatives(trec, tiny_official, tmp_path / "out", config=cfg, progress=False)
+    prov = yaml.safe_load(result.card.read_text())["provenance"]
+    assert prov["counts"]["rows_in"] == len(rows) and prov["counts"]["queries"] == len({r["query"] for r in rows})
+    assert prov["counts"]["documents"] == len({r["positive"] for r in rows})
+
+
 def test_embedding_progress_counts_texts_batch_by_batch(shared_dir, tiny_official):
     """The mining bar moves per batch, not per shard (a single shard holds every text of a small card): the lean
     encoder and its forked workers report each batch's texts, and the embeddings are those of a silent run."""

@@ -229,7 +229,9 @@ def _card_documents(card: DataCard, folder: Path, max_rows: int | None) -> list[
 
 
 def _load_pairs(src: DataCard, folder: Path, cfg: MineConfig, corpus, corpus_card) -> _Pairs:
-    pairs = build_pairs(src, load_rows(src, folder, cfg.max_rows), with_instruction=False)
+    # max_negatives=0: the card's own negatives are not carried over, so a row without them is mined like any
+    # other (with the card's k, the rows short of k negatives were dropped, their queries with them)
+    pairs = build_pairs(src, load_rows(src, folder, cfg.max_rows), max_negatives=0, with_instruction=False)
     raw_q, raw_p = list(pairs["query"]), list(pairs["positive"])
     queries = list(dict.fromkeys(raw_q))
     q_index = {q: i for i, q in enumerate(queries)}
