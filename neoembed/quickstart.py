@@ -254,7 +254,7 @@ def _same_quickstart(output: Path, steps: int | None, model: str | None) -> tupl
 
 def _run(output: Path, steps: int | None, model: str | None, t0: float, resume: bool = False) -> None:
     from neoembed.eval.runner import EvalConfig, run_mteb
-    from neoembed.runs import RunFinished
+    from neoembed.runs import RunFinished, stopped_before_a_checkpoint
     from neoembed.train.trainer import train
 
     timings: dict[str, float] = {}
@@ -306,6 +306,9 @@ def _run(output: Path, steps: int | None, model: str | None, t0: float, resume: 
         # quickstart stopped before its training started has no model/ to continue: it starts there)
         model_dir = Path(recipe.output_dir)
         resume = resume and model_dir.is_dir() and any(model_dir.iterdir())
+        if resume and stopped_before_a_checkpoint(model_dir):  # killed before its first save (save_steps 1000)
+            typer.echo("   the training was stopped before its first checkpoint: it starts again")
+            resume = False
         try:
             trained = train(recipe, recipe_dir=recipe_path.parent, overwrite=not resume, resume=resume)
         except RunFinished:  # --resume after the training finished (stopped while scoring it): score it now

@@ -97,6 +97,34 @@ def test_an_interrupted_quickstart_continues_with_resume(tmp_path, tiny_official
     assert r.exit_code == 0 and "after 2 steps" in r.stdout, r.stderr[-3000:]
 
 
+def test_a_quickstart_killed_before_its_first_checkpoint_trains_again_on_resume(
+    tmp_path, tiny_official, run_neoembed, sigterm_at
+):
+    """Walk AB: the quickstart's recipe saves at the end only (save_steps 1000), so a SIGKILL in its training left
+    model/ without a checkpoint; --resume then said "holds no complete checkpoint: start the run again without
+    --resume" and a run without it "is not empty: pass --resume". --resume trains again from the start, and the
+    scores before training are kept, not scored again."""
+    import shutil
+
+    from neoembed.train import trainer as trainer_mod
+
+    out = tmp_path / "q"
+    args = ["quickstart", "--output", str(out), "--steps", "4", "--model", str(tiny_official)]
+    real = trainer_mod.unified_step
+    sigterm_at(trainer_mod, "unified_step", 2)
+    assert run_neoembed(args).exit_code == 143
+    trainer_mod.unified_step = real
+    for ckpt in (out / "model").glob("checkpoint-*"):  # what a SIGKILL leaves: the run record, no checkpoint
+        shutil.rmtree(ckpt)
+    before = sorted(out.glob("results/before*/PythonDocsRetrieval.json"))
+    stamps = [p.stat().st_mtime_ns for p in before]
+    r = run_neoembed([*args, "--resume"])
+    assert r.exit_code == 0 and "stopped before its first checkpoint: it starts again" in r.stdout, r.stderr[-3000:]
+    assert "after 4 steps" in r.stdout
+    assert json.loads((out / "model" / "run_record.json").read_text())["finished"]["step"] == 4
+    assert len(before) == 2 and [p.stat().st_mtime_ns for p in before] == stamps
+
+
 @pytest.mark.slow
 def test_quickstart_end_to_end_short(tmp_path):
     """The README's command with its real backbone (packaged MiniLM), 2 steps instead of the recipe's 120."""

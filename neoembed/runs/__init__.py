@@ -60,6 +60,7 @@ from neoembed.runs.folder import (
     recorded_settings,
     resume_defaults,
     resume_settings,
+    stopped_before_a_checkpoint,
     trajectory_value,
 )
 from neoembed.runs.lock import launched_main, lock_path, output_lock
@@ -158,6 +159,7 @@ __all__ = [
     "recipe_hyperparameters",
     "resume_defaults",
     "resume_settings",
+    "stopped_before_a_checkpoint",
     "trajectory_value",
     "run_identity",
     "save_final_model",

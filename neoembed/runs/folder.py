@@ -164,9 +164,9 @@ def _check_command(out: Path, command: str | None, what: str) -> None:
         )
 
 
-def _stopped_before_a_checkpoint(output: Path) -> bool:
+def stopped_before_a_checkpoint(output: Path) -> bool:
     """A run folder whose run started (its record is there), never finished and holds no complete checkpoint:
-    ``--resume`` has nothing to continue from (a second Ctrl-C, or a full disk, before the first save)."""
+    ``--resume`` has nothing to continue from (a SIGKILL, a second Ctrl-C or a full disk before the first save)."""
     if not (output / RECORD).is_file() or _from_record(output, FINISHED) is not None:
         return False
     return not any(verify_checkpoint(c) is None for c in list_checkpoints(output))
@@ -444,7 +444,7 @@ def _check_used(
     """A used folder without --resume: an error, unless --overwrite and the folder is this command's. A command
     that resumes from checkpoints (``checkpoints``) says when there is none to resume from."""
     if not overwrite:
-        if checkpoints and _stopped_before_a_checkpoint(out):
+        if checkpoints and stopped_before_a_checkpoint(out):
             raise OutputDirError(
                 f"{what} {out} holds a run stopped before its first checkpoint ({_describe(out)}): there is nothing "
                 f"to resume; pass --overwrite to start it again, or choose a new {what}"
