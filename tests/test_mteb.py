@@ -219,6 +219,29 @@ def test_own_task_data_that_would_score_wrong_is_refused_or_read_right(minilm, t
     assert scored["main_score"] == 1.0 and scored["mteb"]["scores"]["test"][0]["recall_at_1"] == 1
 
 
+def test_a_nan_score_names_its_cause(tiny_official, tmp_path):
+    """Walk AB: texts cut to two tokens ([CLS] [SEP]: --max-length below the prompt) all embed alike, every
+    similarity is equal and Spearman's correlation undefined; the failure blamed "non-finite embeddings"."""
+    import torch
+
+    from neoembed.eval.runner import _note_degenerate, _why_nan
+
+    texts = ["Which animal barks?", "The dog barks at the mailman.", "What did the bank do?", "Rates went up."]
+    pairs = zip(texts, texts[::-1], strict=True)
+    sts = [{"sentence1": a, "sentence2": b, "score": float(i)} for i, (a, b) in enumerate(pairs)]
+    card = _own_task(tmp_path / "t", "Cut", "STS", {"test.jsonl": sts})
+    report = run_mteb(
+        EvalConfig(
+            model=str(tiny_official), output=tmp_path / "out", instructions="none", tasks=[str(card)], max_length=2
+        )
+    )
+    assert "every text got the same embedding" in report.failed["Cut"], report.failed
+    assert "non-finite" not in report.failed["Cut"]
+    seen: dict = {}
+    _note_degenerate(torch.tensor([[1.0, float("nan")], [0.0, 1.0]]), seen)
+    assert _why_nan(seen) == "the model produced non-finite embeddings"
+
+
 def test_a_task_card_edited_is_scored_again_and_two_of_one_name_are_refused(minilm, tmp_path):
     """Walk Z: a card whose columns or main_score changed was "skipped (results exist)" with the old score; two
     cards of one name scored the first and reported it for both."""

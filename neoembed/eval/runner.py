@@ -139,6 +139,7 @@ def _mteb_wrapper(
                 out = super().encode(inputs, **kwargs)
             if seen is not None:
                 seen.setdefault("dims", set()).add(int(out.shape[-1]))
+                _note_degenerate(out, seen)
                 kind = getattr(kwargs.get("prompt_type"), "value", None) or "other"
                 encoded = seen.setdefault("encoded", {})
                 encoded[kind] = encoded.get(kind, 0) + int(out.shape[0])
@@ -152,6 +153,17 @@ def _mteb_wrapper(
         # mteb names a local model "no_model_name/available" in its results' folders and JSON
         wrapper.mteb_model_meta = wrapper.mteb_model_meta.model_copy(update={"name": name})
     return wrapper
+
+
+def _note_degenerate(out, seen: dict) -> None:
+    """What a NaN score would come from: non-finite embeddings (``seen["non_finite"]``), or every text of every
+    call given one embedding (``seen["varied"]`` stays False: all similarities equal, a correlation undefined)."""
+    emb = torch.as_tensor(out).float()
+    if not bool(torch.isfinite(emb).all()):
+        seen["non_finite"] = True
+    if len(emb) > 1 and not bool((emb == emb[:1]).all()):
+        seen["varied"] = True
+    seen.setdefault("varied", False)
 
 
 def mteb_model_name(model: str) -> str:
@@ -200,7 +212,7 @@ def _evaluate_task(
     task_result = result.task_results[0]
     score = float(task_result.get_score())
     if score != score:  # NaN
-        raise FloatingPointError("the main score is NaN: the model produced non-finite embeddings")
+        raise FloatingPointError(f"the main score is NaN: {_why_nan(seen)}")
     return task_result, score
 
 
@@ -210,6 +222,17 @@ def backend_label(cfg: EvalConfig) -> str:
     if cfg.backend == "torch":
         return f"torch:{cfg.quantize}" if cfg.quantize else "torch"
     return f"onnx:{cfg.onnx_file or 'model.onnx'}"
+
+
+def _why_nan(seen: dict) -> str:
+    if seen.get("non_finite"):
+        return "the model produced non-finite embeddings"
+    if seen.get("varied") is False:
+        return (
+            "every text got the same embedding, so every similarity is equal (texts cut to the same tokens: is "
+            "--max-length shorter than the prompt?)"
+        )
+    return "the metric is undefined on these scores (equal similarities, or one label only)"
 
 
 def _check_settings(cfg: EvalConfig) -> None:
