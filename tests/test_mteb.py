@@ -771,6 +771,17 @@ def test_summaries_state_their_settings_and_comparisons_refuse_mixes(tmp_path):
         compare_runs([a, _write_results(tmp_path / "c", "none")])
     with pytest.raises(ValueError, match=r"different precision .*fp32.*fp16.*--precision"):
         compare_runs([a, _write_results(tmp_path / "d", "released", "fp16")])
+    # walk AB: one Matryoshka model at its full width and cut to 16 was refused ("different truncate_dim"), the
+    # comparison such a model is scored for: each row names its width; a run mixing widths is still refused
+    full, cut = _write_results(tmp_path / "full", "released"), _write_results(tmp_path / "cut", "released")
+    for folder, dims in ((full, None), (cut, 16)):
+        for f in folder.glob("*.json"):
+            f.write_text(json.dumps(json.loads(f.read_text()) | {"truncate_dim": dims}))
+    table = compare_runs([full, cut])
+    assert "| m (full) |" in table and "| m (16 dims) |" in table and "dims: 16, full" in table
+    (cut / "A.json").write_text(json.dumps(json.loads((cut / "A.json").read_text()) | {"truncate_dim": None}))
+    with pytest.raises(ValueError, match=r"different truncate_dim .*cut: 16 \+ full"):
+        compare_runs([full, cut])
 
 
 def test_a_cde_models_context_is_stated_and_compared(tmp_path):

@@ -309,6 +309,10 @@ def compare_runs(run_dirs: list[str | Path], out: str | Path | None = None, over
         rows.append({**summarize(results, model), "run": str(d), "tasks": results})
     _check_comparable(rows)
     _add_shared_mean(rows)
+    if len({r["truncate_dim"] for r in rows}) > 1:  # a Matryoshka model at several widths: each row says its own
+        for r in rows:
+            dims = r["truncate_dim"]
+            r["model"] = f"{r['model']} ({dims if dims == 'full' else f'{dims} dims'})"
     if len({r["model"] for r in rows}) < len(rows):  # the same model in several runs: name the runs
         for r in rows:
             r["model"] = f"{r['model']} [{Path(r['run']).name}]"
@@ -357,8 +361,10 @@ def _refuse_an_earlier_comparison(out: Path) -> None:
 
 #: settings two models' runs must share to be compared: those the user chooses. A model's own max length and the
 #: text of its own saved query prompt belong to the model (a base model and its fine-tune differ in both), so the
-#: table states them and the query prompt is compared by :func:`_check_prompts`
+#: table states them and the query prompt is compared by :func:`_check_prompts`; the width is what a Matryoshka
+#: model is compared across, so each row names its own (one run scored at two widths is still refused)
 ACROSS_MODELS = tuple(k for k in COMPARED_SETTINGS if k not in ("max_length", "query_prompt"))
+PER_ROW = ("truncate_dim",)
 
 
 def _check_comparable(rows: list[dict]) -> None:
@@ -366,7 +372,7 @@ def _check_comparable(rows: list[dict]) -> None:
     all-MiniLM-L6-v2 by 7 points on STS13, more than most fine-tunes gain."""
     for key in ACROSS_MODELS:
         values = {r["run"]: r[key] for r in rows}
-        if len(set(values.values())) > 1 or any(" + " in v for v in values.values()):
+        if (len(set(values.values())) > 1 and key not in PER_ROW) or any(" + " in v for v in values.values()):
             runs = ", ".join(f"{run}: {v}" for run, v in values.items())
             flag = "--" + key.replace("_", "-")
             raise ValueError(
