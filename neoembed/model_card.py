@@ -123,10 +123,12 @@ def model_card_text(
     neobert: bool = True,
     query_prompt: str | None = None,
     prefixed: bool = True,
+    load_as: str | None = None,
 ) -> str:
     """A model card (README.md) naming the base model, the training data and their licences, the training
     length, scores, how queries were prompted (``query_prompt``: the saved ``query`` prompt; ``prefixed``: whether
-    any training query carried a prefix) and how to load the model with and without neoembed."""
+    any training query carried a prefix) and how to load the model with and without neoembed (``load_as``: the
+    name its loading code gives, default ``model_id``)."""
     lines = [
         "---",
         "library_name: sentence-transformers",
@@ -165,7 +167,7 @@ def model_card_text(
         lines += ["", notes]
     if query_prompt is not None:
         lines += ["", _usage_section(query_prompt, prefixed)]
-    lines += ["", loading_section(model_id, neobert, query_prompt)]
+    lines += ["", loading_section(load_as or model_id, neobert, query_prompt)]
     return "\n".join(lines)
 
 

@@ -53,6 +53,8 @@ def test_the_own_data_page_runs_as_written(tmp_path, shared_dir, tiny_official, 
         scores = json.loads((tmp_path / "results" / run / "MyHeldout.json").read_text())
         assert 0.0 <= scores["main_score"] <= 1.0
     assert (tmp_path / "results" / "compare" / "compare.png").is_file()
+    # the model card's loading code runs from where training ran (it named the folder alone: walk X)
+    assert 'neoembed.load("runs/pairs")' in (tmp_path / "runs" / "pairs" / "README.md").read_text()
     from sentence_transformers import SentenceTransformer
 
     model = SentenceTransformer(str(tmp_path / "runs" / "pairs"), trust_remote_code=True)

@@ -231,6 +231,9 @@ def _model_card(
         neobert=neobert,
         query_prompt=_query_prompt(recipe, cards),
         prefixed=any(instruction_prefix(i, recipe.template) for i in instructions),
+        # the folder as the recipe names it, from where training ran (its name alone would load from nowhere);
+        # an absolute path stays a name (a card names no machine's paths; push_to_hub writes the hub id)
+        load_as=output.as_posix() if not output.is_absolute() else None,
     )
     atomic_write_text(output / "README.md", text)
 
