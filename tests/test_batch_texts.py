@@ -145,6 +145,10 @@ def test_the_model_card_states_the_texts_per_step(tmp_path):
     assert "128 texts per step (query, positive and hard negatives)" in (tmp_path / "README.md").read_text()
     _model_card(load_recipe("tiny", UnifiedRecipe), [], tmp_path)
     assert "batch size 16," in (tmp_path / "README.md").read_text()
+    # walk AD: a dataset's own batch_size beside the rule was not said (the card read "48 texts per step" alone)
+    _model_card(load_recipe(FLAGSHIP, UnifiedRecipe), [], tmp_path, batch_sizes={"msrp": 16, "sts2012": 8})
+    said = "128 texts per step (query, positive and hard negatives) with queries per step msrp 16, sts2012 8,"
+    assert said in (tmp_path / "README.md").read_text()
 
 
 def _card_of_rows(tmp_path: Path, name: str, rows: list[dict], negatives: str, expected_loss: str) -> Path:

@@ -209,6 +209,8 @@ def _model_card(
     sizes = set((batch_sizes or {}).values())
     if recipe.batch_texts is not None:  # each dataset's queries per step follow from its negatives
         batch = f"{recipe.batch_texts} texts per step (query, positive and hard negatives)"
+        if batch_sizes:  # a dataset's own batch_size stands beside the rule: each one's, as trained
+            batch += " with queries per step " + ", ".join(f"{n} {b}" for n, b in batch_sizes.items())
     elif len(sizes) > 1:
         batch = "batch size per dataset: " + ", ".join(f"{n} {b}" for n, b in batch_sizes.items())
     else:
