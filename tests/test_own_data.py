@@ -133,6 +133,8 @@ def test_init_holdout_keeps_rows_out_and_prints_the_base_models_command(
     assert "batch_size: 13" in recipe and "eval: {steps: 10, holdout: {rows: 12}}" in recipe  # 52 rows // 4
     base = [shlex.split(line.strip()) for line in r.stdout.splitlines() if line.strip().startswith("neoembed mteb")]
     assert len(base) == 1 and base[0][-1] == "results/base", r.stdout
+    r = run_neoembed(["train", "mydata/pairs-recipe.yaml", "--dry-run"], cwd=tmp_path)
+    assert "eval.holdout: 12 rows of every card held out, and every row sharing" in r.stdout  # walk AD
     r = run_neoembed(["train", "mydata/pairs-recipe.yaml"], cwd=tmp_path)
     assert r.exit_code == 0, r.stderr[-3000:]
     assert "eval.holdout keeps 12 held-out rows out of training: 52 of its 64 rows train" in r.stderr + r.stdout

@@ -177,6 +177,14 @@ def dry_run(recipe, recipe_dir: Path | None = None) -> str:
             f"{'pinned  ' if r.pinned else 'UNPINNED'}  licence: {r.license or 'not stated'}  "
             f"instruction: {r.instruction!r}"
         )
+    holdout = getattr(getattr(recipe, "eval", None), "holdout", None)
+    if holdout is not None:  # which rows go is known from their texts only, which the dry run does not read
+        cards = ", ".join(holdout.cards) if holdout.cards else "every card"
+        lines.append(
+            f"eval.holdout: {holdout.rows:,} rows of {cards} held out, and every row sharing a query, positive or "
+            "hard negative with them: not counted above; the run logs what each card keeps, and stops if a card "
+            "is left with less than a batch"
+        )
     unknown = [r.name for r in rows if not r.rows]
     if unknown:
         lines.append(
