@@ -92,6 +92,23 @@ def _losses(out: Path):
     return [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+def test_a_metrics_row_names_every_dataset_its_steps_drew(tmp_path, tiny_official):
+    """Walk AD: with logging_steps 4 a row's `dataset` was its last step's, though its loss is the mean over four
+    steps of up to three datasets. A row names each dataset of its window, with their steps where several."""
+    rows = {}
+    for every in (1, 4):
+        recipe = _recipe(tmp_path / f"log{every}", tiny_official, f"logging_steps={every}", "save_steps=8")
+        out = train(recipe, recipe_dir=TINY.parent)
+        rows[every] = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    drawn = [r["dataset"] for r in rows[1]]
+    assert len(drawn) == 8 and len(set(drawn)) > 1
+    for row in rows[4]:
+        window = drawn[row["step"] - 4 : row["step"]]
+        counts = {n: window.count(n) for n in dict.fromkeys(window)}
+        assert row["dataset"] == "+".join(counts)
+        assert row.get("dataset_steps", counts if len(counts) > 1 else None) == (counts if len(counts) > 1 else None)
+
+
 def test_tiny_recipe_trains_saves_reloads_and_loss_decreases(
     tmp_path, tiny_official, block_neoembed, fake_hub
 ):

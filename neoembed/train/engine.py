@@ -128,7 +128,7 @@ def unified_step(acc, loss_fn, loader, sampler, names: list[str], batch_sizes: d
         with torch.random.fork_rng(devices=[]):
             first = next(iterator, None)  # None: a run stopped at its last step has no batch left
         iterator = itertools.chain([first] if first is not None else [], iterator)
-    seen = {"dataset": None, "step": first_step}
+    seen: dict = {"datasets": {}, "step": first_step}  # datasets: each one's steps since the last row
 
     def step_fn(step: int, stop_requested: bool) -> StepOutput:
         features, labels = _features(next(iterator))
@@ -137,7 +137,8 @@ def unified_step(acc, loss_fn, loader, sampler, names: list[str], batch_sizes: d
         acc.backward(loss)
         stats = mean_loss_and_stop(float(loss.detach()), stop_requested, world, device)
         name = names[sampler.history[step]] if step < len(sampler.history) else None
-        seen["dataset"], seen["step"] = name, step + 1
+        seen["datasets"][name] = seen["datasets"].get(name, 0) + 1
+        seen["step"] = step + 1
         samples = batch_sizes.get(name, 0) * world
         sums = {"loss": float(stats[0]), "samples": samples}
         return StepOutput(loss=float(stats[0]), stop=bool(stats[1] > 0), sums=sums)
@@ -147,11 +148,14 @@ def unified_step(acc, loss_fn, loader, sampler, names: list[str], batch_sizes: d
             "loss": sums["loss"] / sums["steps"],
             "learning_rate": lr,
             "grad_norm": grad_norm,
-            "dataset": seen["dataset"],
+            # the row's steps' datasets: one name, or "a+b" where its window drew several (with each one's steps)
+            "dataset": "+".join(str(n) for n in seen["datasets"]) or None,
+            **({"dataset_steps": dict(seen["datasets"])} if len(seen["datasets"]) > 1 else {}),
             "samples_per_s": sums["samples"] / max(seconds, 1e-9),
             "peak_memory_mib": round(_peak_memory_mib(), 1),
             "world_size": world,
         }
+        seen["datasets"] = {}
         counts = tally.pop() if tally is not None else {}  # what the loss masked, when it masks anything
         row.update(counts)
         if counts.get("false_negative_fraction", 0.0) >= 0.99:
