@@ -189,10 +189,10 @@ def adamw(model, opt):
 
 
 def _tracked(tracker, row: dict) -> dict:
-    """A logged row as ``tracker`` takes it: MLflow's metrics are numbers (accelerate drops a text value such as
-    the step's dataset name with a warning per name); the other trackers keep text."""
-    numbers_only = getattr(tracker, "name", "") == "mlflow"
-    return {k: v for k, v in row.items() if k != "step" and not (numbers_only and isinstance(v, str))}
+    """A logged row as ``tracker`` takes it: no mapping (``dataset_steps``: metrics.jsonl's), and for MLflow only
+    numbers (accelerate drops a text value, the dataset's name, with a warning per name); the others keep text."""
+    dropped = (dict, str) if getattr(tracker, "name", "") == "mlflow" else dict
+    return {k: v for k, v in row.items() if k != "step" and not isinstance(v, dropped)}
 
 
 def _start_trackers(report_to, output: Path, resumed: bool, main: bool) -> list:

@@ -107,6 +107,14 @@ def test_a_metrics_row_names_every_dataset_its_steps_drew(tmp_path, tiny_officia
         counts = {n: window.count(n) for n in dict.fromkeys(window)}
         assert row["dataset"] == "+".join(counts)
         assert row.get("dataset_steps", counts if len(counts) > 1 else None) == (counts if len(counts) > 1 else None)
+    from types import SimpleNamespace
+
+    from neoembed.loop import _tracked
+
+    mixed = next(r for r in rows[4] if "dataset_steps" in r)  # a tracker takes no nested value; MLflow no text
+    assert "dataset_steps" not in _tracked(SimpleNamespace(name="wandb"), mixed)
+    assert _tracked(SimpleNamespace(name="wandb"), mixed)["dataset"] == mixed["dataset"]
+    assert "dataset" not in _tracked(SimpleNamespace(name="mlflow"), mixed)
 
 
 def test_tiny_recipe_trains_saves_reloads_and_loss_decreases(
