@@ -77,11 +77,17 @@ def test_batch_size_and_batch_texts_together_is_an_error_that_says_which_to_keep
         load_recipe(FLAGSHIP, UnifiedRecipe, ["batch_size=64"])
     assert str(e.value).endswith(
         "  - Value error, batch_size 64 (queries per step) and batch_texts 128 (texts per step) are both set; keep "
-        "one: batch_texts=null gives every dataset batch_size queries, or remove batch_size (a dataset's own "
+        "one: batch_texts=null gives every dataset batch_size queries, or batch_size=null (a dataset's own "
         "batch_size still wins)"
     )
     queries = load_recipe(FLAGSHIP, UnifiedRecipe, ["batch_texts=null", "batch_size=32"])
     assert {queries.dataset_batch_size(e, 20) for e in queries.datasets} == {32, 64}  # allnli keeps its own
+    # and back (walk AD: `batch_size=null` was "Input should be a valid integer", so the tiny recipe's batch_size
+    # could not give way to batch_texts from the command line)
+    texts = load_recipe("tiny", UnifiedRecipe, ["batch_size=null", "batch_texts=48"])
+    assert texts.batch_texts == 48 and "batch_size" not in texts.model_fields_set
+    with pytest.raises(RecipeError, match="batch_size: null leaves no batch size: give batch_texts"):
+        load_recipe("tiny", UnifiedRecipe, ["batch_size=null"])
 
 
 def test_rows_wider_than_the_budget_are_an_error_naming_the_fix():

@@ -96,13 +96,24 @@ class UnifiedRecipe(RunSettings):
             f"{' and '.join(given)}: the loss is a sub-config now; write loss: {form}}} (on the command line: {flags})"
         )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _batch_size_null(cls, data):
+        """``batch_size: null`` unsets it, so that a recipe of batch_size can switch to batch_texts from the command
+        line (``batch_size=null batch_texts=512``); without batch_texts it would leave no batch rule."""
+        if isinstance(data, dict) and "batch_size" in data and data["batch_size"] is None:
+            if data.get("batch_texts") is None:
+                raise ValueError("batch_size: null leaves no batch size: give batch_texts (texts per step) with it")
+            data = {k: v for k, v in data.items() if k != "batch_size"}
+        return data
+
     @model_validator(mode="after")
     def _one_batch_rule(self):
         if self.batch_texts is not None and "batch_size" in self.model_fields_set:
             raise ValueError(
                 f"batch_size {self.batch_size} (queries per step) and batch_texts {self.batch_texts} (texts per step) "
-                "are both set; keep one: batch_texts=null gives every dataset batch_size queries, or remove "
-                "batch_size (a dataset's own batch_size still wins)"
+                "are both set; keep one: batch_texts=null gives every dataset batch_size queries, or batch_size=null "
+                "(a dataset's own batch_size still wins)"
             )
         return self
 
