@@ -420,6 +420,19 @@ def test_a_bad_holdout_is_refused_before_the_model_loads(tmp_path, tiny_official
     )
     with pytest.raises(DataCardError, match="card x: the held-out rows differ"):
         check_same_holdout(tmp_path / "e", {"cards": {"x": {"texts_sha256": "1"}}})
+    # walk AD: an eval.tasks folder named as the holdout's task failed at the first evaluation, after training,
+    # naming two temporary folders
+    from neoembed.train.cli import _evaluator
+
+    task = tmp_path / "copy"
+    (task / "qrels").mkdir(parents=True)
+    (task / "task.yaml").write_text("name: Holdout-pydoc_names\ntype: Retrieval\ndata: .\n")
+    (task / "queries.jsonl").write_text('{"_id": "q0", "text": "a"}\n')
+    (task / "corpus.jsonl").write_text('{"_id": "d0", "title": "", "text": "b"}\n')
+    (task / "qrels" / "test.jsonl").write_text('{"query-id": "q0", "corpus-id": "d0", "score": 1}\n')
+    recipe = _holdout_recipe(tmp_path / "f", missing_model, "keep_best=null", f"eval.tasks=[{task}]")
+    with pytest.raises(RecipeError, match="eval.tasks holds a task named Holdout-pydoc_names, the name of"):
+        _evaluator(recipe, TINY.parent)
 
 
 def test_keep_best_patience_ends_the_run_at_the_first_unbeaten_evaluations(tmp_path, tiny_official, trecqa):

@@ -155,6 +155,7 @@ def point_task_at(task, folder: str | Path, cache_dir: str | Path | None = None)
     _check_splits(task, folder, repo)
     dataset = {**task.metadata.dataset, "path": str(repo), "revision": "local"}
     task.metadata = task.metadata.model_copy(update={"dataset": dataset})
+    task.neoembed_folder = str(folder)  # the user's folder, as errors name it (the dataset path is the repo's)
     return task
 
 

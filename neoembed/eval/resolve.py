@@ -229,7 +229,8 @@ def _refuse_repeated_names(tasks) -> None:
     seen: dict[str, str] = {}
     for task, _ in tasks:
         name = task.metadata.name
-        where = str((getattr(task.metadata, "dataset", None) or {}).get("path") or "mteb")
+        where = getattr(task, "neoembed_folder", None) or (getattr(task.metadata, "dataset", None) or {}).get("path")
+        where = str(where or "mteb")
         if name in seen and seen[name] != where:
             raise ValueError(
                 f"two tasks are named {name} ({seen[name]} and {where}): results are kept by task name, so one "

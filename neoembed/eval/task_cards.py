@@ -278,6 +278,7 @@ def build_card_task(card: TaskCard, data: Path):
     for key, value in spec.settings(card).items():
         setattr(CardTask, key, value)
     CardTask.metadata = metadata
+    CardTask.neoembed_folder = str(data)  # as errors name it (a retrieval card's dataset path is a local repo's)
     CardTask.__name__ = f"Card{card.type}_{card.name}"
     return CardTask()
 

@@ -125,10 +125,16 @@ def _evaluator(parsed, recipe_dir: Path):
     if parsed.eval is None:
         return None
     from neoembed.eval.training import MtebEvaluator
-    from neoembed.recipe import check_keep_best_scores
+    from neoembed.recipe import RecipeError, check_keep_best_scores
     from neoembed.train.holdout import holdout_task_names, holdout_task_paths
 
     compares = getattr(parsed, "keep_best", None) is not None
     evaluator = MtebEvaluator(parsed.eval, recipe_dir, holdout_task_paths(parsed, recipe_dir), compares=compares)
-    check_keep_best_scores(parsed, evaluator.task_names + holdout_task_names(parsed, recipe_dir))
+    held = holdout_task_names(parsed, recipe_dir)
+    if clash := sorted(set(evaluator.task_names) & set(held)):  # results are kept by task name: one would be lost
+        raise RecipeError(
+            f"eval.tasks holds a task named {', '.join(clash)}, the name of eval.holdout's own task: rename that "
+            "task's card (name:), or drop it from eval.tasks"
+        )
+    check_keep_best_scores(parsed, evaluator.task_names + held)
     return evaluator
