@@ -726,6 +726,24 @@ def test_rows_without_negatives_of_their_own_are_mined_too(tiny_official, tmp_pa
     assert prov["counts"]["documents"] == len({r["positive"] for r in rows})
 
 
+def test_a_run_interrupted_before_every_row_was_mined_is_not_resumed(card, tiny_official, tmp_path, monkeypatch):
+    """Walk AC: a run stopped under the version that dropped the rows without negatives of their own stored
+    embeddings of fewer queries; its resume under this version failed in the search with "IndexError: index 78
+    is out of bounds" and "please report it". Such a run (its fingerprint without `rows`) is refused, saying why."""
+    from neoembed.runs import OutputDirError
+
+    out = tmp_path / "out"
+    _stopped_after_the_search(card, tiny_official, out, monkeypatch)
+    settings = out / ".mine" / "settings.json"
+    recorded = json.loads(settings.read_text())
+    assert recorded.pop("rows") == "every row with a query and a positive"
+    settings.write_text(json.dumps(recorded))  # as the earlier version recorded it
+    cfg = MineConfig(**SETTINGS)
+    with pytest.raises(OutputDirError, match="mined by an earlier neoembed, which dropped the card's rows without"):
+        mine_negatives(card, tiny_official, out, config=cfg, progress=False, resume=True)
+    assert mine_negatives(card, tiny_official, out, config=cfg, progress=False, overwrite=True).card.is_file()
+
+
 def test_embedding_progress_counts_texts_batch_by_batch(shared_dir, tiny_official):
     """The mining bar moves per batch, not per shard (a single shard holds every text of a small card): the lean
     encoder and its forked workers report each batch's texts, and the embeddings are those of a silent run."""

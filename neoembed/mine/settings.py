@@ -222,7 +222,13 @@ def run_fingerprint(src_path: Path, source, model, cfg: MineConfig, corpus, corp
         "model_pipeline_sha256": pipeline_sha256(str(model)),
         "model_revision": hub_reference(str(model))[1],
         "settings": cfg.model_dump(exclude=set(NOT_IN_FINGERPRINT)),
+        "rows": ROWS_MINED,
     }
+
+
+#: which of the card's rows are mined: recorded since the rows without negatives of their own are mined too (a
+#: run recorded before lost them, and its stored embeddings hold fewer queries and documents)
+ROWS_MINED = "every row with a query and a positive"
 
 
 def fresh_folder(out: Path) -> bool:
@@ -367,6 +373,12 @@ def _in_current_terms(saved: dict, fingerprint: dict, out: Path) -> dict:
     folder); a run recorded before the fingerprint held its data (``data``) resumes, said in a warning:
     refusing it would throw its embeddings away for a check it never had a chance to pass (``neoembed train
     --resume`` passes a run from before ``data.*`` likewise)."""
+    if "rows" in fingerprint and "rows" not in saved:
+        raise OutputDirError(
+            f"--resume: the run in {out} was mined by an earlier neoembed, which dropped the card's rows without "
+            "negatives of their own (they are mined now): its stored embeddings do not match these rows; pass "
+            "--overwrite (instead of --resume) to mine again, or choose a new --out"
+        )
     if isinstance(saved.get("model"), str):
         saved = {**saved, "model": model_name(saved["model"])}
     for key in ("model_weights_sha256", "model_pipeline_sha256", "model_revision"):  # recorded before: as now
