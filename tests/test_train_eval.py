@@ -420,6 +420,12 @@ def test_a_bad_holdout_is_refused_before_the_model_loads(tmp_path, tiny_official
     )
     with pytest.raises(DataCardError, match="card x: the held-out rows differ"):
         check_same_holdout(tmp_path / "e", {"cards": {"x": {"texts_sha256": "1"}}})
+    # walk AC: a run recorded before repeated held-out queries were grouped logged scores on one query per row;
+    # resumed, its task was rewritten grouped and keep_best compared the two. Refused where the grouping differs.
+    grouped = {"cards": {"x": {"texts_sha256": "0", "rows": 50, "queries": 26}}}
+    with pytest.raises(DataCardError, match="its 50 rows hold 26 distinct queries, so the scores logged so far"):
+        check_same_holdout(tmp_path / "e", grouped)
+    check_same_holdout(tmp_path / "e", {"cards": {"x": {"texts_sha256": "0", "rows": 50, "queries": 50}}})
     # walk AD: an eval.tasks folder named as the holdout's task failed at the first evaluation, after training,
     # naming two temporary folders
     from neoembed.train.cli import _evaluator

@@ -160,6 +160,7 @@ def holdout_record(recipe, held: dict, datasets_before: dict[str, int], datasets
         texts = "\n".join(f"{q}\t{p}" for q, p in zip(rows["query"], rows["positive"], strict=True))
         cards[name] = {
             "rows": len(rows),
+            "queries": len(set(rows["query"])),  # the task's queries: one per distinct text
             "seed": recipe.eval.holdout.seed,
             "indices": h["indices"],
             "texts_sha256": hashlib.sha256(texts.encode()).hexdigest(),
@@ -182,6 +183,14 @@ def check_same_holdout(output: Path, record: dict, resuming: bool = True) -> Non
                 f"card {name}: the held-out rows differ from those of the run being resumed ({path}): its data "
                 "changed since, and rows already trained on would be scored. Resume with the data the run started "
                 "with, or start a new run (another output_dir)"
+            )
+        if "queries" not in old and card["queries"] < card["rows"]:
+            raise DataCardError(
+                f"card {name}: the run being resumed ({path}) scored its held-out task as one query per row, as "
+                f"neoembed did before a query asked in several rows became one query with all its positives; its "
+                f"{card['rows']} rows hold {card['queries']} distinct queries, so the scores logged so far do not "
+                "compare with the ones to come (nor keep_best's choice): start a new run (another output_dir, or "
+                "--overwrite)"
             )
 
 
