@@ -137,7 +137,7 @@ def test_init_holdout_keeps_rows_out_and_prints_the_base_models_command(
     assert "eval.holdout: 12 rows of every card held out, and every row sharing" in r.stdout  # walk AD
     r = run_neoembed(["train", "mydata/pairs-recipe.yaml"], cwd=tmp_path)
     assert r.exit_code == 0, r.stderr[-3000:]
-    assert "eval.holdout keeps 12 held-out rows out of training: 52 of its 64 rows train" in r.stderr + r.stdout
+    assert "eval.holdout takes 12 held-out rows out of training: 52 of its 64 rows train" in r.stderr + r.stdout
     record = json.loads((tmp_path / "runs" / "pairs" / "run_record.json").read_text())
     assert len(record["holdout"]["cards"]["pairs"]["indices"]) == 12
     logged = [json.loads(line) for line in (tmp_path / "runs/pairs/metrics.jsonl").read_text().splitlines()]

@@ -390,7 +390,7 @@ def test_a_query_held_out_in_several_rows_is_one_query_with_all_its_positives(tm
     assert "4 rows" in yaml.safe_load((folder / "task.yaml").read_text())["description"]
 
 
-def test_a_bad_holdout_is_refused_before_the_model_loads(tmp_path, tiny_official):
+def test_a_bad_holdout_is_refused_before_the_model_loads(tmp_path, tiny_official, caplog):
     """rows > 0, cards of the recipe, and a card left with a batch to train on: each refused naming the fix."""
     from neoembed.data.cards import DataCardError
     from neoembed.train.holdout import check_same_holdout
@@ -420,6 +420,18 @@ def test_a_bad_holdout_is_refused_before_the_model_loads(tmp_path, tiny_official
     )
     with pytest.raises(DataCardError, match="card x: the held-out rows differ"):
         check_same_holdout(tmp_path / "e", {"cards": {"x": {"texts_sha256": "1"}}})
+    # walk AC: a card holding no rows out read "keeps no rows of this card and 69 more ... with them"
+    from neoembed.train.holdout import _say_lost
+
+    with caplog.at_level("INFO", logger="neoembed.train.holdout"):
+        _say_lost("other", 120, 0, 51)
+        _say_lost("held", 342, 50, 124)
+    assert caplog.messages == [
+        "card other: eval.holdout takes 69 rows that share a query, positive or hard negative with held-out rows out "
+        "of training: 51 of its 120 rows train",
+        "card held: eval.holdout takes 50 held-out rows and 168 rows that share a query, positive or hard negative "
+        "with held-out rows out of training: 124 of its 342 rows train",
+    ]
     # walk AC: a run recorded before repeated held-out queries were grouped logged scores on one query per row;
     # resumed, its task was rewritten grouped and keep_best compared the two. Refused where the grouping differs.
     grouped = {"cards": {"x": {"texts_sha256": "0", "rows": 50, "queries": 26}}}

@@ -134,18 +134,15 @@ def split_holdout(recipe, datasets: dict, cards, batch_sizes: dict[str, int]):
 
 def _say_lost(name: str, rows: int, held: int, kept: int) -> None:
     """A card's rows lost to the holdout, said: rows sharing a text with held-out ones (a query asked in several
-    rows, one positive for several queries) go too, which can take many times the held-out count."""
+    rows, one positive for several queries; of any held card) go too, which can take many times the held count."""
     if kept == rows:
         return
     shared = rows - held - kept
-    also = f" and {shared:,} more that share a query, positive or hard negative with them" if shared else ""
+    said = f"{shared:,} rows that share a query, positive or hard negative with held-out rows"
+    if held:
+        said = f"{held:,} held-out rows" + (f" and {said}" if shared else "")
     (logger.warning if shared > held else logger.info)(
-        "card %s: eval.holdout keeps %s%s out of training: %s of its %s rows train",
-        name,
-        f"{held:,} held-out rows" if held else "no rows of this card",
-        also,
-        f"{kept:,}",
-        f"{rows:,}",
+        "card %s: eval.holdout takes %s out of training: %s of its %s rows train", name, said, f"{kept:,}", f"{rows:,}"
     )
 
 
