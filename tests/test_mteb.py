@@ -780,7 +780,7 @@ def test_summaries_state_their_settings_and_comparisons_refuse_mixes(tmp_path):
     table = compare_runs([full, cut])
     assert "| m (full) |" in table and "| m (16 dims) |" in table and "dims: 16, full" in table
     (cut / "A.json").write_text(json.dumps(json.loads((cut / "A.json").read_text()) | {"truncate_dim": None}))
-    with pytest.raises(ValueError, match=r"different truncate_dim .*cut: 16 \+ full"):
+    with pytest.raises(ValueError, match=r"cut: 16 \+ full: the folder's results were scored at different "):
         compare_runs([full, cut])
 
 
@@ -1277,6 +1277,16 @@ def test_summary_says_what_each_score_rests_on_and_which_tasks_are_own(minilm, s
     summary = (tmp_path / "mixed" / "summary.md").read_text()
     assert summary.startswith("Instructions: paper · ") and "`--instructions none` scores" in summary
     assert "| 2 (partial; 1 own) |" in summary and "STS16 cosine_spearman over 200 texts" in summary
+    many = tmp_path / "many"  # past six tasks the metrics are counted, and an own task's queries still said
+    many.mkdir()
+    for i in range(6):
+        entry = {"task": f"STS{i}", "type": "STS", "main_score": 0.5, "main_score_name": "cosine_spearman"}
+        (many / f"STS{i}.json").write_text(json.dumps(entry | {"texts_encoded": {"other": 10}}))
+    own = {"task": "Mine", "type": "Reranking", "main_score": 0.7, "main_score_name": "map_at_1000", "own_task": True}
+    (many / "Mine.json").write_text(json.dumps(own | {"texts_encoded": {"query": 26, "document": 90}}))
+    write_summary(many, "m")
+    said = "cosine_spearman (6 tasks), map_at_1000 (1 task); own tasks: Mine over 26 queries;"
+    assert said in (many / "summary.md").read_text()
 
 
 def test_case_saved_then_none_query_prompt_is_one_setting_for_reuse_summary_and_compare(minilm, small, tmp_path):

@@ -42,7 +42,8 @@ def summarize(results: dict[str, dict], model: str, full_suite: dict[str, int] |
     types = [t for t in TYPE_ORDER if t in by_type] + sorted(set(by_type) - set(TYPE_ORDER))
     scores = [s for v in by_type.values() for s in v]
     suite = full_suite or MTEB_ENG_V1_TASKS_PER_TYPE
-    own = sum(1 for entry in results.values() if entry.get("own_task"))  # tasks of the user's own cards
+    own_names = sorted(n for n, entry in results.items() if entry.get("own_task"))  # tasks of the user's own cards
+    own = len(own_names)
     mteb_types = Counter(e["type"] for e in results.values() if not e.get("own_task"))
     # a suite is partial against MTEB(eng, v1); a run of own tasks alone is no part of it
     partial = len(results) > own and any(mteb_types[t] < n for t, n in suite.items())
@@ -71,6 +72,7 @@ def summarize(results: dict[str, dict], model: str, full_suite: dict[str, int] |
         "mean": sum(scores) / len(scores) if scores else None,  # None: no task scored (JSON has no NaN)
         "n_tasks": len(scores),
         "own_tasks": own,
+        "own_task_names": own_names,
         "partial": partial,
     }
 
@@ -250,7 +252,12 @@ def _metrics_line(rows: list[dict]) -> str:
         )
     else:
         counts = Counter(metrics.values())
-        said = ", ".join(f"{m} ({n} tasks)" for m, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+        said = ", ".join(
+            f"{m} ({n} task{'s' * (n != 1)})" for m, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+        )
+        own = {t: r["sizes"][t] for r in rows for t in r.get("own_task_names", []) if t in r.get("sizes", {})}
+        if own:  # a few dozen queries of one's own move a score by whole points: their number stays in sight
+            said += "; own tasks: " + ", ".join(f"{t} over {size}" for t, size in sorted(own.items()))
     return f"\nScores are each task's main score x 100: {said}; a type's column is the mean of its tasks.\n"
 
 
@@ -372,7 +379,14 @@ def _check_comparable(rows: list[dict]) -> None:
     all-MiniLM-L6-v2 by 7 points on STS13, more than most fine-tunes gain."""
     for key in ACROSS_MODELS:
         values = {r["run"]: r[key] for r in rows}
-        if (len(set(values.values())) > 1 and key not in PER_ROW) or any(" + " in v for v in values.values()):
+        mixed = {run: v for run, v in values.items() if " + " in v}
+        if key in PER_ROW and mixed:  # another width per run is a row of its own; one run at two is no row
+            runs = ", ".join(f"{run}: {v}" for run, v in mixed.items())
+            raise ValueError(
+                f"{runs}: the folder's results were scored at different {key} values, so its row would mix them. "
+                f"Re-score it at one --{key.replace('_', '-')} (--overwrite), or keep each width in its own folder"
+            )
+        if (len(set(values.values())) > 1 and key not in PER_ROW) or mixed:
             runs = ", ".join(f"{run}: {v}" for run, v in values.items())
             flag = "--" + key.replace("_", "-")
             raise ValueError(
