@@ -712,7 +712,7 @@ def test_corpus_from_another_card(card, tiny_official, tmp_path, shared_dir):
     assert negatives <= own | trec_docs and negatives & trec_docs  # the other card's documents are candidates
 
 
-def test_rows_without_negatives_of_their_own_are_mined_too(tiny_official, tmp_path, shared_dir):
+def test_rows_without_negatives_of_their_own_are_mined_too(tiny_official, tmp_path, shared_dir, caplog):
     """Walk AB: mining the TrecQA card (348 rows, 6 without a negative) read "218 of 342 rows": the card's own
     negatives, which a mined card does not carry over, dropped the 6 rows as too short of them, 5 queries and
     their positives with them. Every row with a query and a positive is mined."""
@@ -724,6 +724,17 @@ def test_rows_without_negatives_of_their_own_are_mined_too(tiny_official, tmp_pa
     prov = yaml.safe_load(result.card.read_text())["provenance"]
     assert prov["counts"]["rows_in"] == len(rows) and prov["counts"]["queries"] == len({r["query"] for r in rows})
     assert prov["counts"]["documents"] == len({r["positive"] for r in rows})
+    # the card as its own corpus (walk AC): its negatives are documents too, and reading that column for them
+    # warned of "6 dropped of 348 rows" (expected_loss unknown) where nothing is dropped from anything
+    data = shared_dir / "data/train/trecqa_pairs/train.jsonl.gz"
+    unknown = tmp_path / "trec_unknown.yaml"  # as `neoembed init` writes a card: its expected loss unmeasured
+    text = trec.read_text().replace("../shared/data/train/trecqa_pairs/train.jsonl.gz", str(data))
+    unknown.write_text(text.split("expected_loss")[0] + "expected_loss: unknown\n")
+    with caplog.at_level("WARNING"):
+        result = mine_negatives(trec, tiny_official, tmp_path / "c", corpus=unknown, config=cfg, progress=False)
+    assert "dropped" not in caplog.text, caplog.text
+    docs = {r[c] for r in rows for c in ("positive", "negative") if r.get(c)}
+    assert yaml.safe_load(result.card.read_text())["provenance"]["counts"]["documents"] == len(docs)
 
 
 def test_a_run_interrupted_before_every_row_was_mined_is_not_resumed(card, tiny_official, tmp_path, monkeypatch):

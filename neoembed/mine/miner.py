@@ -47,6 +47,7 @@ from neoembed.data.cards import (
     DataCard,
     DataCardError,
     build_pairs,
+    build_pairs_report,
     find_card,
     load_card,
     load_rows,
@@ -218,9 +219,9 @@ def _card_documents(card: DataCard, folder: Path, max_rows: int | None) -> list[
     for spec in (card.columns.positive, *card.columns.negatives):
         columns = card.columns.model_copy(update={"positive": spec, "negatives": []})
         with contextlib.suppress(DataCardError):  # a column with no text rows (lists, or all missing)
-            docs += build_pairs(card.model_copy(update={"columns": columns}), rows, with_instruction=False)[
-                "positive"
-            ]
+            # warn=False: a row this column lacks is no row dropped from training (nothing trains on it here)
+            copy = card.model_copy(update={"columns": columns})
+            docs += build_pairs_report(copy, rows, with_instruction=False, warn=False)[0]["positive"]
         if spec in rows.column_names:
             docs += [
                 x for v in rows[spec] if isinstance(v, list) for x in v if isinstance(x, str) and x.strip()
