@@ -124,8 +124,8 @@ def test_init_holdout_keeps_rows_out_and_prints_the_base_models_command(
     from neoembed.data.starter import write_starter
 
     _write_data(tmp_path, shared_dir)
-    with pytest.raises(ValueError, match="hold out 1 to 62 of the 64 rows"):
-        write_starter(tmp_path / "pairs.jsonl", tmp_path / "mydata", holdout=63)
+    with pytest.raises(ValueError, match=r"hold out 1 to 32 of the 64 rows .* \(at most half"):
+        write_starter(tmp_path / "pairs.jsonl", tmp_path / "mydata", holdout=33)
     init = ["init", "pairs.jsonl", "--out", "mydata", "--model", str(tiny_official), "--holdout", "12"]
     r = run_neoembed(init, cwd=tmp_path)
     assert r.exit_code == 0, r.stderr[-3000:]

@@ -223,7 +223,8 @@ def init_command(
     if starter.holdout:
         task = shlex.quote(f"runs/{starter.name}/eval/holdout-{starter.name}")
         typer.echo(
-            f"{starter.holdout} rows are held out and scored at the last step (runs/{starter.name}/metrics.jsonl); "
-            "once training has started, score the base model on the same rows:\n"
+            f"{starter.holdout} rows are held out and scored at the last step (runs/{starter.name}/metrics.jsonl), "
+            "and rows sharing a query, positive or negative with them are not trained on either (the training log "
+            "says how many); once training has started, score the base model on the same rows:\n"
             f"  neoembed mteb --model {shlex.quote(model)} --tasks {task} --output results/base"
         )

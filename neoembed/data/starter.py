@@ -254,11 +254,12 @@ def write_starter(
             f"{data} holds {rows} row{'s' * (rows != 1)}: contrastive training needs at least {MIN_ROWS} (each "
             "query's in-batch negatives are the other rows' positives): add rows"
         )
-    if holdout is not None and not 1 <= holdout <= rows - MIN_ROWS:
+    # at most half: the rows sharing a text with held-out ones leave training too (many more where a query repeats)
+    if holdout is not None and not 1 <= holdout <= rows // 2:
         raise ValueError(
-            f"--holdout {holdout}: hold out 1 to {rows - MIN_ROWS} of the {rows} rows in {data} (at least "
-            f"{MIN_ROWS} stay to train on)"
-            if rows > MIN_ROWS
+            f"--holdout {holdout}: hold out 1 to {rows // 2} of the {rows} rows in {data} (at most half: the rows "
+            "sharing a query, positive or negative with held-out ones leave training too)"
+            if rows >= 2 * MIN_ROWS
             else f"--holdout: {data} holds {rows} rows, all needed to train on: add rows to hold some out"
         )
     columns = guess_columns(names)
