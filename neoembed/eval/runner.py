@@ -158,10 +158,10 @@ def _mteb_wrapper(
 def _note_degenerate(out, seen: dict) -> None:
     """What a NaN score would come from: non-finite embeddings (``seen["non_finite"]``), or every text of every
     call given one embedding (``seen["varied"]`` stays False: all similarities equal, a correlation undefined)."""
-    emb = torch.as_tensor(out).float()
-    if not bool(torch.isfinite(emb).all()):
+    emb = torch.as_tensor(out)
+    if not seen.get("non_finite") and not bool(torch.isfinite(emb).all()):
         seen["non_finite"] = True
-    if len(emb) > 1 and not bool((emb == emb[:1]).all()):
+    if not seen.get("varied") and len(emb) > 1 and not bool((emb == emb[:1]).all()):  # once seen, never again
         seen["varied"] = True
     seen.setdefault("varied", False)
 
