@@ -423,10 +423,11 @@ def test_a_bad_holdout_is_refused_before_the_model_loads(tmp_path, tiny_official
     # walk AC: a card holding no rows out read "keeps no rows of this card and 69 more ... with them"
     from neoembed.train.holdout import _say_lost
 
+    caplog.clear()
     with caplog.at_level("INFO", logger="neoembed.train.holdout"):
         _say_lost("other", 120, 0, 51)
         _say_lost("held", 342, 50, 124)
-    assert caplog.messages == [
+    assert [r.getMessage() for r in caplog.records if r.name == "neoembed.train.holdout"] == [
         "card other: eval.holdout takes 69 rows that share a query, positive or hard negative with held-out rows out "
         "of training: 51 of its 120 rows train",
         "card held: eval.holdout takes 50 held-out rows and 168 rows that share a query, positive or hard negative "
