@@ -1282,7 +1282,8 @@ def test_summary_says_what_each_score_rests_on_and_which_tasks_are_own(minilm, s
     for i in range(6):
         entry = {"task": f"STS{i}", "type": "STS", "main_score": 0.5, "main_score_name": "cosine_spearman"}
         (many / f"STS{i}.json").write_text(json.dumps(entry | {"texts_encoded": {"other": 10}}))
-    own = {"task": "Mine", "type": "Reranking", "main_score": 0.7, "main_score_name": "map_at_1000", "own_task": True}
+    own = {"task": "Mine", "type": "Reranking", "main_score": 0.7, "main_score_name": "map_at_1000"}
+    own["own_task"] = True
     (many / "Mine.json").write_text(json.dumps(own | {"texts_encoded": {"query": 26, "document": 90}}))
     write_summary(many, "m")
     said = "cosine_spearman (6 tasks), map_at_1000 (1 task); own tasks: Mine over 26 queries;"

@@ -428,8 +428,8 @@ def test_a_bad_holdout_is_refused_before_the_model_loads(tmp_path, tiny_official
         _say_lost("other", 120, 0, 51)
         _say_lost("held", 342, 50, 124)
     assert [r.getMessage() for r in caplog.records if r.name == "neoembed.train.holdout"] == [
-        "card other: eval.holdout takes 69 rows that share a query, positive or hard negative with held-out rows out "
-        "of training: 51 of its 120 rows train",
+        "card other: eval.holdout takes 69 rows that share a query, positive or hard negative with held-out rows "
+        "out of training: 51 of its 120 rows train",
         "card held: eval.holdout takes 50 held-out rows and 168 rows that share a query, positive or hard negative "
         "with held-out rows out of training: 124 of its 342 rows train",
     ]

@@ -75,8 +75,8 @@ class DropReport:
         )
         return (
             f"card {self.card}: expected_loss: unknown, so the run goes on having dropped {n:,} of {where} "
-            f"({_percent(self.loss)}); pin the share with expected_loss: {_round_up(self.loss)} in the card (its notes "
-            "citing `neoembed data check`)"
+            f"({_percent(self.loss)}); pin the share with expected_loss: {_round_up(self.loss)} in the card "
+            "(its notes citing `neoembed data check`)"
             + (f", or keep the rows: {hint}" if (hint := self.negatives_hint()) else "")
         )
 

@@ -142,7 +142,11 @@ def _say_lost(name: str, rows: int, held: int, kept: int) -> None:
     if held:
         said = f"{held:,} held-out rows" + (f" and {said}" if shared else "")
     (logger.warning if shared > held else logger.info)(
-        "card %s: eval.holdout takes %s out of training: %s of its %s rows train", name, said, f"{kept:,}", f"{rows:,}"
+        "card %s: eval.holdout takes %s out of training: %s of its %s rows train",
+        name,
+        said,
+        f"{kept:,}",
+        f"{rows:,}",
     )
 
 

@@ -112,8 +112,8 @@ class UnifiedRecipe(RunSettings):
         if self.batch_texts is not None and "batch_size" in self.model_fields_set:
             raise ValueError(
                 f"batch_size {self.batch_size} (queries per step) and batch_texts {self.batch_texts} (texts per step) "
-                "are both set; keep one: batch_texts=null gives every dataset batch_size queries, or batch_size=null "
-                "(a dataset's own batch_size still wins)"
+                "are both set; keep one: batch_texts=null gives every dataset batch_size queries, or "
+                "batch_size=null (a dataset's own batch_size still wins)"
             )
         return self
 
