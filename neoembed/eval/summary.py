@@ -42,11 +42,10 @@ def summarize(results: dict[str, dict], model: str, full_suite: dict[str, int] |
     types = [t for t in TYPE_ORDER if t in by_type] + sorted(set(by_type) - set(TYPE_ORDER))
     scores = [s for v in by_type.values() for s in v]
     suite = full_suite or MTEB_ENG_V1_TASKS_PER_TYPE
-    own_names = sorted(n for n, entry in results.items() if entry.get("own_task"))  # tasks of the user's own cards
-    own = len(own_names)
+    own = sorted(n for n, entry in results.items() if entry.get("own_task"))  # tasks of the user's own cards
     mteb_types = Counter(e["type"] for e in results.values() if not e.get("own_task"))
     # a suite is partial against MTEB(eng, v1); a run of own tasks alone is no part of it
-    partial = len(results) > own and any(mteb_types[t] < n for t, n in suite.items())
+    partial = len(results) > len(own) and any(mteb_types[t] < n for t, n in suite.items())
     return {
         "model": model,
         **{key: _setting(results, key) for key in COMPARED_SETTINGS},
@@ -72,7 +71,6 @@ def summarize(results: dict[str, dict], model: str, full_suite: dict[str, int] |
         "mean": sum(scores) / len(scores) if scores else None,  # None: no task scored (JSON has no NaN)
         "n_tasks": len(scores),
         "own_tasks": own,
-        "own_task_names": own_names,
         "partial": partial,
     }
 
@@ -217,7 +215,7 @@ def _markdown(rows: list[dict]) -> str:
     lines = []
     for r in rows:
         cells = [f"{100 * r['per_type'][t]:.2f}" if t in r["per_type"] else "–" for t in types]
-        own = r.get("own_tasks")
+        own = len(r.get("own_tasks", []))
         mine = "" if not own else "own" if own == r["n_tasks"] else f"{own} own"
         said = [x for x in ("partial" if r["partial"] else "", mine) if x]
         label = f"{r['n_tasks']} ({'; '.join(said)})" if said else str(r["n_tasks"])
@@ -255,7 +253,7 @@ def _metrics_line(rows: list[dict]) -> str:
         said = ", ".join(
             f"{m} ({n} task{'s' * (n != 1)})" for m, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
         )
-        own = {t: r["sizes"][t] for r in rows for t in r.get("own_task_names", []) if t in r.get("sizes", {})}
+        own = {t: r["sizes"][t] for r in rows for t in r.get("own_tasks", []) if t in r.get("sizes", {})}
         if own:  # a few dozen queries of one's own move a score by whole points: their number stays in sight
             said += "; own tasks: " + ", ".join(f"{t} over {size}" for t, size in sorted(own.items()))
     return f"\nScores are each task's main score x 100: {said}; a type's column is the mean of its tasks.\n"
